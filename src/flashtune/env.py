@@ -1,0 +1,160 @@
+"""Every FLASHTUNE_* setting, typed, with its default and meaning, read lazily.
+
+Read a setting with ``env.DATASET.get()``; nothing is read at import time, so tests and
+users can change ``os.environ`` at any point. ``flashtune env`` prints them all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Setting", "SETTINGS", "describe"]
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+
+
+def _parse_path(name: str, raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+def _parse_str(name: str, raw: str) -> str:
+    return raw
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One environment variable: its name, default, meaning and parser."""
+
+    name: str
+    default: Callable[[], T]
+    meaning: str
+    parse: Callable[[str, str], T]
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default()
+        return self.parse(self.name, raw)
+
+    def source(self) -> str:
+        return "environment" if self.name in os.environ else "default"
+
+
+SETTINGS: dict[str, Setting[Any]] = {}
+
+
+def _setting(
+    name: str, default: Callable[[], T], meaning: str, parse: Callable[[str, str], T]
+) -> Setting[T]:
+    setting = Setting(name, default, meaning, parse)
+    SETTINGS[name] = setting
+    return setting
+
+
+def _cache_root() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "flashtune"
+
+
+DATASET = _setting(
+    "FLASHTUNE_DATASET",
+    lambda: _cache_root() / "dataset",
+    "Root of the benchmark database (definitions/, solutions/, workloads/, traces/, blob/).",
+    _parse_path,
+)
+CACHE_DIR = _setting(
+    "FLASHTUNE_CACHE_DIR",
+    _cache_root,
+    "Where flashtune keeps build caches (compiled CUDA solutions) and autotune files.",
+    _parse_path,
+)
+LOG_LEVEL = _setting(
+    "FLASHTUNE_LOG_LEVEL",
+    lambda: "WARNING",
+    "Logging level of the 'flashtune' logger (DEBUG, INFO, WARNING, ERROR).",
+    _parse_str,
+)
+TRACE_CORPUS = _setting(
+    "FLASHTUNE_TRACE_CORPUS",
+    lambda: Path("../shared/flashinfer-trace"),
+    "The FlashInfer-Trace compatibility corpus used by the tests; a relative path is taken from the "
+    "repository root. Tests that need it skip, saying why, when it is absent.",
+    _parse_path,
+)
+DUMP_DEFINITIONS = _setting(
+    "FLASHTUNE_DUMP_DEFINITIONS",
+    lambda: False,
+    "When on, every schema'd op call writes its Definition JSON (once per name) before launching.",
+    _parse_bool,
+)
+DUMP_DIR = _setting(
+    "FLASHTUNE_DUMP_DIR",
+    lambda: Path.cwd() / "flashtune-definitions",
+    "Folder that FLASHTUNE_DUMP_DEFINITIONS writes into.",
+    _parse_path,
+)
+AUTOTUNE_LOAD_BUNDLED = _setting(
+    "FLASHTUNE_AUTOTUNE_LOAD_BUNDLED",
+    lambda: False,
+    "When on (and not tuning), use the autotune configs bundled with the package for known GPUs.",
+    _parse_bool,
+)
+CAPTURE = _setting(
+    "FLASHTUNE_CAPTURE",
+    lambda: False,
+    "When on, every schema'd op call records its workload into FLASHTUNE_DATASET.",
+    _parse_bool,
+)
+APPLY = _setting(
+    "FLASHTUNE_APPLY",
+    lambda: False,
+    "When on, schema'd ops dispatch to the best solution the dataset's traces prove correct.",
+    _parse_bool,
+)
+DEBUG_CHECKS = _setting(
+    "FLASHTUNE_DEBUG_CHECKS",
+    lambda: False,
+    "When on, run input checks that need a device-to-host sync (index bounds, monotone indptr).",
+    _parse_bool,
+)
+FORCE_REFERENCE = _setting(
+    "FLASHTUNE_FORCE_REFERENCE",
+    lambda: False,
+    "When on, public ops compute with the PyTorch reference even where a kernel could run.",
+    _parse_bool,
+)
+
+
+def describe() -> list[tuple[str, str, str, str]]:
+    """(name, value, source, meaning) for every setting, for `flashtune env`."""
+    rows = []
+    for setting in SETTINGS.values():
+        try:
+            value = str(setting.get())
+        except ValueError as exc:
+            value = f"<invalid: {exc}>"
+        rows.append((setting.name, value, setting.source(), setting.meaning))
+    return rows

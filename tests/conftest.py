@@ -1,0 +1,61 @@
+"""Shared test setup.
+
+Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors: TRITON_INTERPRET
+must be set before triton is first imported, hence here, at collection time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_cuda = pytest.mark.skip(
+        reason="needs an NVIDIA GPU (run `pytest -m cuda` on the GPU machine)"
+    )
+    for item in items:
+        if "cuda" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_cuda)
+
+
+def corpus_root() -> Path:
+    """The FlashInfer-Trace corpus (FLASHTUNE_TRACE_CORPUS, default ../shared/flashinfer-trace)."""
+    from flashtune import env
+
+    path = env.TRACE_CORPUS.get()
+    return path if path.is_absolute() else (REPO_ROOT / path).resolve()
+
+
+@pytest.fixture(scope="session")
+def trace_corpus() -> Path:
+    root = corpus_root()
+    if not (root / "definitions").is_dir():
+        pytest.skip(
+            f"FlashInfer-Trace corpus not found at {root}; set FLASHTUNE_TRACE_CORPUS to a copy "
+            "of flashinfer_trace/ to run these tests"
+        )
+    return root
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """Where kernel tests run: the GPU when present, else CPU under the Triton interpreter."""
+    return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request: pytest.FixtureRequest) -> None:
+    # Fresh random inputs each run, but reproducible from the printed seed on failure.
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    request.node.user_properties.append(("seed", seed))
