@@ -150,7 +150,7 @@ def _measure_events(fn, input_sets, warmup, repetitions, max_seconds) -> Timing:
             if time.perf_counter() > deadline:
                 break
     torch.cuda.synchronize()
-    return _stats([s.elapsed_time(e) for s, e in zip(starts[:done], ends[:done])])
+    return _stats([s.elapsed_time(e) for s, e in zip(starts[:done], ends[:done], strict=True)])
 
 
 def _measure_graph(fn, input_sets, warmup, repetitions, calls_per_graph, max_seconds) -> Timing:
