@@ -1,0 +1,342 @@
+"""A Dataset: Definitions, Solutions, Workloads and Traces on disk, in the FlashInfer Trace layout.
+
+    <root>/definitions/<op_type>/<name>.json
+    <root>/solutions/<author>/<op_type>/<definition>/<name>.json
+    <root>/workloads/<op_type>/<definition>.jsonl
+    <root>/traces/<author>/<op_type>/<definition>.jsonl
+    <root>/blob/...                      (safetensors referenced by workloads)
+
+Several roots can be combined: reads see all of them (the first root wins on a name clash),
+writes go to the first. Files are loaded lazily and once; a bad file or line is recorded in
+`errors` (file, line, field, problem) and the rest of the dataset still loads.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from flashtune.data.io import (
+    DatasetFileError,
+    LoadError,
+    append_line,
+    atomic_write_text,
+    iter_jsonl,
+    parse_model,
+    read_json,
+)
+from flashtune.data.models import Definition, Solution, Trace, Workload
+
+__all__ = ["Dataset", "LoadError"]
+
+
+class Dataset:
+    """Lazy, indexed view over one or more dataset roots."""
+
+    def __init__(self, roots: str | Path | Sequence[str | Path]) -> None:
+        if isinstance(roots, (str, Path)):
+            roots = [roots]
+        if not roots:
+            raise ValueError("Dataset needs at least one root folder")
+        self.roots: list[Path] = [Path(r).expanduser().resolve() for r in roots]
+        self._lock = threading.RLock()
+        self._definitions: dict[str, Definition] | None = None
+        self._definition_paths: dict[str, Path] = {}
+        self._solutions: dict[str, list[Solution]] | None = None
+        self._workloads: dict[str, list[Trace]] = {}
+        self._traces: dict[str, list[Trace]] = {}
+        self._errors: dict[Path, list[LoadError]] = {}
+
+    @property
+    def root(self) -> Path:
+        """Where writes go."""
+        return self.roots[0]
+
+    def __repr__(self) -> str:
+        return f"Dataset({', '.join(str(r) for r in self.roots)})"
+
+    # ----------------------------------------------------------------- errors
+    @property
+    def errors(self) -> list[LoadError]:
+        """Every problem met so far (load everything first with `load_all()`)."""
+        return [e for errs in self._errors.values() for e in errs]
+
+    def _record(self, path: Path, errors: list[LoadError]) -> None:
+        self._errors.setdefault(path, []).extend(errors)
+
+    # ----------------------------------------------------------------- definitions
+    @property
+    def definitions(self) -> dict[str, Definition]:
+        with self._lock:
+            if self._definitions is None:
+                self._definitions = {}
+                for root in self.roots:
+                    for path in sorted((root / "definitions").rglob("*.json")):
+                        self._load_definition(path)
+            return self._definitions
+
+    def _load_definition(self, path: Path) -> None:
+        assert self._definitions is not None
+        try:
+            definition = parse_model(Definition, read_json(path), path)
+        except DatasetFileError as exc:
+            self._record(path, exc.errors)
+            return
+        if definition.name in self._definitions:
+            first = self._definition_paths[definition.name]
+            if first.parent.parent.parent == path.parent.parent.parent:  # same root: a real clash
+                self._record(
+                    path,
+                    [
+                        LoadError(
+                            path, f"duplicate definition name {definition.name!r} (also in {first})"
+                        )
+                    ],
+                )
+            return
+        if path.stem != definition.name:
+            self._record(
+                path,
+                [
+                    LoadError(
+                        path,
+                        f"file name does not match definition name {definition.name!r}",
+                        field="name",
+                    )
+                ],
+            )
+        self._definitions[definition.name] = definition
+        self._definition_paths[definition.name] = path
+
+    def definition(self, name: str) -> Definition:
+        try:
+            return self.definitions[name]
+        except KeyError:
+            raise KeyError(f"no definition named {name!r} in {self}") from None
+
+    def find_definitions(
+        self, op_type: str | None = None, name: str | None = None
+    ) -> list[Definition]:
+        """Definitions filtered by op_type and a name glob, sorted by name."""
+        return [
+            d
+            for n, d in sorted(self.definitions.items())
+            if (op_type is None or d.op_type == op_type)
+            and (name is None or fnmatch.fnmatchcase(n, name))
+        ]
+
+    # ----------------------------------------------------------------- solutions
+    @property
+    def solutions(self) -> dict[str, list[Solution]]:
+        """Solutions by definition name."""
+        with self._lock:
+            if self._solutions is None:
+                self._solutions = {}
+                seen: set[tuple[str, str]] = set()
+                for root in self.roots:
+                    for path in sorted((root / "solutions").rglob("*.json")):
+                        try:
+                            sol = parse_model(Solution, read_json(path), path)
+                        except DatasetFileError as exc:
+                            self._record(path, exc.errors)
+                            continue
+                        if (sol.definition, sol.name) in seen:
+                            continue
+                        seen.add((sol.definition, sol.name))
+                        self._solutions.setdefault(sol.definition, []).append(sol)
+            return self._solutions
+
+    def solutions_for(self, definition: str, name: str | None = None) -> list[Solution]:
+        sols = self.solutions.get(definition, [])
+        return [s for s in sols if name is None or fnmatch.fnmatchcase(s.name, name)]
+
+    def all_solutions(self) -> list[Solution]:
+        return [s for sols in self.solutions.values() for s in sols]
+
+    # ----------------------------------------------------------------- workloads and traces
+    def workloads_for(self, definition: str) -> list[Trace]:
+        """The workload records (Traces without solution) of a definition."""
+        with self._lock:
+            if definition not in self._workloads:
+                records = []
+                for root in self.roots:
+                    for path in sorted((root / "workloads").glob(f"*/{definition}.jsonl")):
+                        records.extend(self._read_traces(path))
+                self._workloads[definition] = records
+            return self._workloads[definition]
+
+    def traces_for(self, definition: str) -> list[Trace]:
+        with self._lock:
+            if definition not in self._traces:
+                records = []
+                for root in self.roots:
+                    for path in sorted((root / "traces").glob(f"*/*/{definition}.jsonl")):
+                        records.extend(self._read_traces(path))
+                self._traces[definition] = records
+            return self._traces[definition]
+
+    def all_traces(self) -> list[Trace]:
+        names = set(self.definitions)
+        for root in self.roots:
+            names |= {p.stem for p in (root / "traces").glob("*/*/*.jsonl")}
+        return [t for n in sorted(names) for t in self.traces_for(n)]
+
+    def _read_traces(self, path: Path) -> list[Trace]:
+        records = []
+        for lineno, raw in iter_jsonl(path):
+            if isinstance(raw, DatasetFileError):
+                self._record(path, raw.errors)
+                continue
+            try:
+                records.append(parse_model(Trace, raw, path, line=lineno))
+            except DatasetFileError as exc:
+                self._record(path, exc.errors)
+        return records
+
+    # ----------------------------------------------------------------- blobs
+    def blob_path(self, relative: str) -> Path:
+        """Resolve a workload's blob path; it may not escape its dataset root."""
+        for root in self.roots:
+            candidate = (root / relative).resolve()
+            if not candidate.is_relative_to(root):
+                raise ValueError(f"blob path {relative!r} escapes the dataset root {root}")
+            if candidate.exists():
+                return candidate
+        return (self.root / relative).resolve()
+
+    # ----------------------------------------------------------------- validation
+    def load_all(self) -> list[LoadError]:
+        """Load every file of every kind, cross-check them, and return all problems."""
+        definitions = self.definitions
+        self.solutions  # noqa: B018 - loads them
+        names = set(definitions)
+        for root in self.roots:
+            names |= {p.stem for p in (root / "workloads").glob("*/*.jsonl")}
+        for name in sorted(names):
+            for record in self.workloads_for(name):
+                self._check_workload(name, record)
+        self.all_traces()
+        for sol in self.all_solutions():
+            if sol.definition not in definitions:
+                self._record(
+                    self.root / "solutions",
+                    [
+                        LoadError(
+                            self.root / "solutions",
+                            f"solution {sol.name!r} names unknown definition {sol.definition!r}",
+                        )
+                    ],
+                )
+        return self.errors
+
+    def _check_workload(self, file_stem: str, record: Trace) -> None:
+        path = self._workload_path_hint(file_stem)
+        definition = self.definitions.get(record.definition)
+        if definition is None:
+            self._record(
+                path,
+                [
+                    LoadError(
+                        path,
+                        f"workload {record.workload.uuid} names unknown definition {record.definition!r}",
+                    )
+                ],
+            )
+            return
+        try:
+            record.workload.check_against(definition)
+            for spec in record.workload.inputs.values():
+                if spec.type == "safetensors":
+                    self.blob_path(spec.path)
+        except ValueError as exc:
+            self._record(
+                path, [LoadError(path, str(exc), field=f"workload.{record.workload.uuid}")]
+            )
+
+    def _workload_path_hint(self, definition: str) -> Path:
+        for root in self.roots:
+            for path in (root / "workloads").glob(f"*/{definition}.jsonl"):
+                return path
+        return self.root / "workloads" / f"{definition}.jsonl"
+
+    def counts(self) -> dict[str, int]:
+        self.load_all()
+        return {
+            "definitions": len(self.definitions),
+            "solutions": len(self.all_solutions()),
+            "workloads": sum(len(v) for v in self._workloads.values()),
+            "traces": sum(len(v) for v in self._traces.values()),
+        }
+
+    # ----------------------------------------------------------------- writes (first root)
+    def add_definition(self, definition: Definition, overwrite: bool = False) -> Path:
+        path = self.root / "definitions" / definition.op_type / f"{definition.name}.json"
+        with self._lock:
+            if path.exists() and not overwrite:
+                raise FileExistsError(f"definition {definition.name!r} already exists at {path}")
+            atomic_write_text(path, definition.to_json(indent=2) + "\n")
+            if self._definitions is not None:
+                self._definitions[definition.name] = definition
+                self._definition_paths[definition.name] = path
+        return path
+
+    def add_solution(self, solution: Solution, overwrite: bool = False) -> Path:
+        op_type = (
+            self.definition(solution.definition).op_type
+            if solution.definition in self.definitions
+            else "unknown"
+        )
+        path = (
+            self.root
+            / "solutions"
+            / solution.author
+            / op_type
+            / solution.definition
+            / f"{solution.name}.json"
+        )
+        with self._lock:
+            if path.exists() and not overwrite:
+                raise FileExistsError(f"solution {solution.name!r} already exists at {path}")
+            atomic_write_text(path, solution.to_json(indent=2) + "\n")
+            if self._solutions is not None:
+                sols = self._solutions.setdefault(solution.definition, [])
+                sols[:] = [s for s in sols if s.name != solution.name] + [solution]
+        return path
+
+    def add_workloads(self, definition: Definition, workloads: Iterable[Workload]) -> Path:
+        path = self.root / "workloads" / definition.op_type / f"{definition.name}.jsonl"
+        with self._lock:
+            for workload in workloads:
+                record = Trace(
+                    definition=definition.name, solution=None, workload=workload, evaluation=None
+                )
+                append_line(path, record.to_json())
+                if definition.name in self._workloads:
+                    self._workloads[definition.name].append(record)
+        return path
+
+    def trace_path(self, trace: Trace, author: str, op_type: str) -> Path:
+        return self.root / "traces" / author / op_type / f"{trace.definition}.jsonl"
+
+    def append_trace(self, trace: Trace, author: str = "unknown") -> Path:
+        """Append one Trace as a whole, flushed line."""
+        definition = self.definitions.get(trace.definition)
+        op_type = definition.op_type if definition else "unknown"
+        path = self.trace_path(trace, author, op_type)
+        with self._lock:
+            append_line(path, trace.to_json())
+            if trace.definition in self._traces:
+                self._traces[trace.definition].append(trace)
+        return path
+
+    def refresh(self) -> None:
+        """Forget everything loaded, so the next access re-reads the files."""
+        with self._lock:
+            self._definitions = None
+            self._definition_paths = {}
+            self._solutions = None
+            self._workloads = {}
+            self._traces = {}
+            self._errors = {}

@@ -1,0 +1,402 @@
+"""The FlashInfer Trace data model: Definition, Solution, Workload, Trace, Evaluation.
+
+Field names and JSON shapes follow the FlashInfer Trace format field for field. Unknown
+fields are kept (``extra="allow"``) and fields absent from a file stay absent when it is
+written back, so load -> dump -> load round-trips files written by other tools.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from enum import Enum
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "DTYPES",
+    "ConstAxis",
+    "VarAxis",
+    "Axis",
+    "TensorSpec",
+    "Definition",
+    "SourceFile",
+    "BuildSpec",
+    "Solution",
+    "RandomInput",
+    "ScalarInput",
+    "SafetensorsInput",
+    "InputSpec",
+    "Workload",
+    "EvaluationStatus",
+    "Correctness",
+    "Performance",
+    "Evaluation",
+    "Trace",
+    "dumps",
+]
+
+DType = Literal[
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+]
+DTYPES: tuple[str, ...] = DType.__args__  # type: ignore[attr-defined]
+
+
+class _Model(BaseModel):
+    """Base: keep unknown fields, validate on assignment, dump only what was set."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def dumps(model: _Model, indent: int | None = 2) -> str:
+    return model.to_json(indent=indent)
+
+
+# --------------------------------------------------------------------------- definitions
+
+
+class ConstAxis(_Model):
+    type: Literal["const"]
+    value: int
+    description: str | None = None
+
+
+class VarAxis(_Model):
+    type: Literal["var"]
+    description: str | None = None
+
+
+Axis = Annotated[Union[ConstAxis, VarAxis], Field(discriminator="type")]
+
+
+class TensorSpec(_Model):
+    """An input or output: `shape` lists axis names; None is a Python scalar, [] a 0-d tensor."""
+
+    shape: list[str] | None
+    dtype: DType
+    description: str | None = None
+
+
+def _check_python(source: str, what: str) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(f"{what} does not parse: {exc.msg} (line {exc.lineno})") from None
+
+
+class Definition(_Model):
+    """An operator's contract: axes, inputs, outputs, constraints and a reference `run`."""
+
+    name: str
+    op_type: str
+    description: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    axes: dict[str, Axis]
+    constraints: list[str] = Field(default_factory=list)
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    reference: str
+
+    @field_validator("name", "op_type")
+    @classmethod
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("reference")
+    @classmethod
+    def _reference_defines_run(cls, source: str) -> str:
+        tree = _check_python(source, "reference")
+        defined = {
+            node.name
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        assigned = {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        if "run" not in defined | assigned:
+            raise ValueError("reference must define a function `run`")
+        return source
+
+    @field_validator("constraints")
+    @classmethod
+    def _constraints_parse(cls, constraints: list[str]) -> list[str]:
+        for i, expr in enumerate(constraints):
+            try:
+                ast.parse(expr, mode="eval")
+            except SyntaxError as exc:
+                raise ValueError(f"constraint [{i}] {expr!r} does not parse: {exc.msg}") from None
+        return constraints
+
+    @model_validator(mode="after")
+    def _shapes_use_declared_axes(self) -> Definition:
+        both = set(self.inputs) & set(self.outputs)
+        if both:
+            raise ValueError(f"names used as both input and output: {sorted(both)}")
+        for kind, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
+            for tensor_name, spec in specs.items():
+                for axis in spec.shape or ():
+                    if axis not in self.axes:
+                        raise ValueError(
+                            f"{kind}.{tensor_name}.shape names axis {axis!r}, which is not declared in "
+                            f"axes (declared: {sorted(self.axes)})"
+                        )
+        names = set(self.axes) | set(self.inputs) | set(self.outputs)
+        for i, expr in enumerate(self.constraints):
+            tree = ast.parse(expr, mode="eval")
+            unknown = {
+                node.id
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Name) and node.id not in names
+            } - _CONSTRAINT_BUILTINS
+            if unknown:
+                raise ValueError(
+                    f"constraint [{i}] {expr!r} names {sorted(unknown)}, which are neither axes nor inputs"
+                )
+        return self
+
+    # convenience -------------------------------------------------------------------
+    @property
+    def const_axes(self) -> dict[str, int]:
+        return {k: a.value for k, a in self.axes.items() if isinstance(a, ConstAxis)}
+
+    @property
+    def var_axes(self) -> list[str]:
+        return [k for k, a in self.axes.items() if isinstance(a, VarAxis)]
+
+    def tags_with(self, prefix: str) -> list[str]:
+        return [t[len(prefix) :] for t in self.tags if t.startswith(prefix)]
+
+
+_CONSTRAINT_BUILTINS = {
+    "len",
+    "min",
+    "max",
+    "abs",
+    "int",
+    "all",
+    "any",
+    "sum",
+    "torch",
+    "True",
+    "False",
+}
+
+
+# --------------------------------------------------------------------------- solutions
+
+
+def _safe_relative_path(path: str) -> str:
+    p = PurePosixPath(path.replace("\\", "/"))
+    if not path or p.is_absolute() or ".." in p.parts or (len(path) > 1 and path[1] == ":"):
+        raise ValueError(f"unsafe source path {path!r}: must be relative, without '..'")
+    return path
+
+
+class SourceFile(_Model):
+    path: str
+    content: str
+
+    @field_validator("path")
+    @classmethod
+    def _safe(cls, path: str) -> str:
+        return _safe_relative_path(path)
+
+
+Language = Literal["python", "torch", "triton", "cuda", "cpp"]
+
+
+class BuildSpec(_Model):
+    """How to build a solution. `entry_point` is "file.py::function" (a file among the
+    sources) or the flashtune extension "package.module:function" (an installed package,
+    no sources needed)."""
+
+    language: Language
+    target_hardware: list[str] = Field(default_factory=list)
+    entry_point: str
+    dependencies: list[str] = Field(default_factory=list)
+    # False (the default when absent): `run(*inputs)` returns the outputs. True: outputs are
+    # pre-allocated and passed after the inputs, `run(*inputs, *outputs)`.
+    destination_passing_style: bool = False
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point_form(cls, value: str) -> str:
+        if "::" in value:
+            file, _, func = value.partition("::")
+            _safe_relative_path(file)
+            if not func.isidentifier():
+                raise ValueError(f"entry_point {value!r}: {func!r} is not a function name")
+        elif ":" in value:
+            module, _, func = value.partition(":")
+            if not all(part.isidentifier() for part in module.split(".")) or not all(
+                part.isidentifier() for part in func.split(".")
+            ):
+                raise ValueError(f"entry_point {value!r}: expected 'package.module:function'")
+        else:
+            raise ValueError(
+                f"entry_point {value!r}: expected 'file.py::function' or 'package.module:function'"
+            )
+        return value
+
+    @property
+    def is_importable(self) -> bool:
+        return "::" not in self.entry_point
+
+
+class Solution(_Model):
+    name: str
+    definition: str
+    author: str
+    description: str | None = None
+    spec: BuildSpec
+    sources: list[SourceFile] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _entry_file_present(self) -> Solution:
+        paths = [s.path for s in self.sources]
+        if len(paths) != len(set(paths)):
+            raise ValueError(
+                f"duplicate source paths: {sorted(p for p in paths if paths.count(p) > 1)}"
+            )
+        if not self.spec.is_importable:
+            entry_file = self.spec.entry_point.partition("::")[0]
+            if entry_file not in paths:
+                raise ValueError(
+                    f"entry_point file {entry_file!r} is not among the sources {paths}"
+                )
+        return self
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+class RandomInput(_Model):
+    type: Literal["random"]
+
+
+class ScalarInput(_Model):
+    type: Literal["scalar"]
+    value: Union[int, float, bool]
+
+
+class SafetensorsInput(_Model):
+    type: Literal["safetensors"]
+    path: str
+    tensor_key: str
+
+    @field_validator("path")
+    @classmethod
+    def _no_absolute(cls, path: str) -> str:
+        if PurePosixPath(path).is_absolute():
+            raise ValueError(f"blob path {path!r} must be relative to the dataset root")
+        return path
+
+
+InputSpec = Annotated[
+    Union[RandomInput, ScalarInput, SafetensorsInput], Field(discriminator="type")
+]
+
+
+class Workload(_Model):
+    uuid: str
+    axes: dict[str, int]
+    inputs: dict[str, InputSpec] = Field(default_factory=dict)
+
+    def check_against(self, definition: Definition) -> None:
+        """Raise ValueError if this workload does not fit `definition`."""
+        unknown = set(self.axes) - set(definition.axes)
+        if unknown:
+            raise ValueError(
+                f"workload {self.uuid}: unknown axes {sorted(unknown)} for {definition.name}"
+            )
+        missing = [a for a in definition.var_axes if a not in self.axes]
+        if missing:
+            raise ValueError(
+                f"workload {self.uuid}: var axes {missing} of {definition.name} are not set"
+            )
+        for name, value in self.axes.items():
+            if value < 0:
+                raise ValueError(f"workload {self.uuid}: axis {name}={value} is negative")
+            axis = definition.axes[name]
+            if isinstance(axis, ConstAxis) and axis.value != value:
+                raise ValueError(
+                    f"workload {self.uuid}: axis {name}={value} but {definition.name} fixes it to {axis.value}"
+                )
+        unknown_inputs = set(self.inputs) - set(definition.inputs)
+        if unknown_inputs:
+            raise ValueError(
+                f"workload {self.uuid}: unknown inputs {sorted(unknown_inputs)} for {definition.name}"
+            )
+
+
+# --------------------------------------------------------------------------- traces
+
+
+class EvaluationStatus(str, Enum):
+    PASSED = "PASSED"
+    INCORRECT_SHAPE = "INCORRECT_SHAPE"
+    INCORRECT_DTYPE = "INCORRECT_DTYPE"
+    INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    TIMEOUT = "TIMEOUT"
+    SKIPPED = "SKIPPED"
+
+
+class Correctness(_Model):
+    max_absolute_error: float | None = None
+    max_relative_error: float | None = None
+    matched_ratio: float | None = None
+
+
+class Performance(_Model):
+    latency_ms: float
+    latency_spread_ms: float | None = None
+    reference_latency_ms: float | None = None
+    speedup_factor: float | None = None
+    baseline_solution: str | None = None
+    baseline_latency_ms: float | None = None
+    speedup_vs_baseline: float | None = None
+
+
+class Evaluation(_Model):
+    status: EvaluationStatus
+    environment: dict[str, Any] = Field(default_factory=dict)
+    timestamp: str
+    log: str = ""
+    reason: str | None = None
+    correctness: Correctness | None = None
+    performance: Performance | None = None
+
+
+class Trace(_Model):
+    definition: str
+    workload: Workload
+    solution: str | None = None
+    evaluation: Evaluation | None = None

@@ -1,0 +1,399 @@
+"""Input synthesis: build a definition's inputs for a workload, seeded and reproducible.
+
+- floats: random normal (never zeros); probability inputs (`*probs`) are rows of a softmax;
+- scalars: the workload's value, or a sensible default (`sm_scale` = 1/sqrt(head_dim));
+- safetensors blobs: loaded when present (paths may not escape the dataset root);
+- index tensors (int inputs that are "random", or whose blob is missing) are synthesized to
+  satisfy the axes and constraints: `*indptr` non-decreasing from 0 and ending at the total a
+  constraint names (`num_kv_indices == kv_indptr[-1].item()`), `*indices` within the page
+  count, `*last_page_len` in 1..page_size, positions within the cos/sin cache, query
+  segments no longer than their KV segments (causal prefill).
+Constraints are then evaluated on the result; a failure names the constraint and values.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashtune.data.models import ConstAxis, Definition, ScalarInput, TensorSpec, Workload
+
+__all__ = [
+    "TORCH_DTYPES",
+    "torch_dtype",
+    "resolve_axes",
+    "synthesize_inputs",
+    "check_constraints",
+    "small_workload",
+    "ConstraintError",
+]
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+class ConstraintError(ValueError):
+    """The synthesized (or loaded) inputs do not satisfy a definition's constraints."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return TORCH_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(TORCH_DTYPES)}") from None
+
+
+def resolve_axes(definition: Definition, workload: Workload) -> dict[str, int]:
+    """Every axis value: the definition's consts and the workload's vars."""
+    workload.check_against(definition)
+    axes = dict(definition.const_axes)
+    axes.update(workload.axes)
+    return axes
+
+
+def _shape(spec: TensorSpec, axes: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(axes[a] for a in spec.shape or ())
+
+
+# ------------------------------------------------------------------------- constraints
+
+
+def _totals_from_constraints(definition: Definition) -> dict[str, str]:
+    """{input name: axis} for constraints of the form `axis == input[-1].item()` (either side)."""
+    totals: dict[str, str] = {}
+    for expr in definition.constraints:
+        tree = ast.parse(expr, mode="eval").body
+        if not (
+            isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Eq)
+        ):
+            continue
+        sides = [tree.left, tree.comparators[0]]
+        for a, b in (sides, sides[::-1]):
+            tensor = _last_element_of(b)
+            if isinstance(a, ast.Name) and a.id in definition.axes and tensor in definition.inputs:
+                totals[tensor] = a.id
+    return totals
+
+
+def _last_element_of(node: ast.AST) -> str | None:
+    """`x[-1].item()`, `x[-1]` or `int(x[-1])` -> "x"."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "item"
+    ):
+        node = node.func.value
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "int"
+        and node.args
+    ):
+        node = node.args[0]
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        index = node.slice
+        if (
+            isinstance(index, ast.UnaryOp)
+            and isinstance(index.op, ast.USub)
+            and getattr(index.operand, "value", None) == 1
+        ):
+            return node.value.id
+    return None
+
+
+def check_constraints(
+    definition: Definition, axes: Mapping[str, int], inputs: Mapping[str, Any]
+) -> None:
+    """Evaluate every constraint; raise ConstraintError naming the first one that fails."""
+    names: dict[str, Any] = {
+        "torch": torch,
+        "len": len,
+        "min": min,
+        "max": max,
+        "abs": abs,
+        "int": int,
+    }
+    names.update(axes)
+    names.update(inputs)
+    for expr in definition.constraints:
+        try:
+            ok = eval(compile(expr, "<constraint>", "eval"), {"__builtins__": {}}, names)  # noqa: S307
+        except Exception as exc:  # an input missing, a bad expression
+            raise ConstraintError(
+                f"{definition.name}: constraint {expr!r} could not be evaluated: {exc}"
+            ) from None
+        if isinstance(ok, torch.Tensor):
+            ok = bool(ok.all())
+        if not ok:
+            values = {n: axes[n] for n in axes if n in expr}
+            raise ConstraintError(
+                f"{definition.name}: constraint {expr!r} does not hold (axes {values})"
+            )
+
+
+# ------------------------------------------------------------------------- synthesis
+
+
+def _split(
+    total: int, parts: int, gen: torch.Generator, minimum: list[int] | None = None
+) -> list[int]:
+    """Random non-negative integers summing to `total`, each >= minimum[i] when possible."""
+    if parts <= 0:
+        return []
+    base = list(minimum) if minimum and sum(minimum) <= total else [0] * parts
+    rest = total - sum(base)
+    if rest > 0:
+        cuts = sorted(torch.randint(0, rest + 1, (parts - 1,), generator=gen).tolist())
+        bounds = [0, *cuts, rest]
+        base = [b + bounds[i + 1] - bounds[i] for i, b in enumerate(base)]
+    return base
+
+
+class _Synth:
+    def __init__(
+        self, definition: Definition, axes: Mapping[str, int], gen: torch.Generator
+    ) -> None:
+        self.d = definition
+        self.axes = axes
+        self.gen = gen
+        self.totals = _totals_from_constraints(definition)
+        self.page_size = axes.get("page_size", 1)
+        self.lengths: dict[str, list[int]] = {}  # indptr name -> segment lengths
+
+    def tensor(self, name: str, spec: TensorSpec, done: dict[str, Any]) -> torch.Tensor:
+        shape = _shape(spec, self.axes)
+        dtype = torch_dtype(spec.dtype)
+        lname = name.lower()
+        if dtype.is_floating_point:
+            return self._float(lname, shape, dtype)
+        if dtype == torch.bool:
+            return torch.rand(shape, generator=self.gen) < 0.5
+        if lname.endswith("indptr") and len(shape) == 1:
+            return self._indptr(name, shape[0], dtype, done)
+        if lname.endswith("last_page_len"):
+            return self._last_page_len(shape, dtype, done)
+        if lname.endswith("indices") and len(shape) == 1:
+            return self._indices(shape[0], dtype)
+        if lname in {"positions", "pos_ids", "offsets"}:
+            limit = self.axes.get("max_seq_len", max(shape[0] if shape else 1, 1))
+            return torch.randint(0, max(limit, 1), shape, generator=self.gen, dtype=torch.int64).to(
+                dtype
+            )
+        if lname == "top_k":
+            vocab = self.axes.get("vocab_size", 64)
+            return torch.randint(
+                1, min(vocab, 128) + 1, shape, generator=self.gen, dtype=torch.int64
+            ).to(dtype)
+        high = max(min(self.axes.values(), default=16), 2)
+        return torch.randint(0, high, shape, generator=self.gen, dtype=torch.int64).to(dtype)
+
+    def _float(self, lname: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if lname.endswith("probs"):
+            return torch.softmax(torch.randn(shape, generator=self.gen) * 3, dim=-1).to(dtype)
+        if lname == "top_p":
+            return (0.5 + 0.5 * torch.rand(shape, generator=self.gen)).to(dtype)
+        if lname == "cos_sin_cache":
+            # Real caches hold cos/sin values, in [-1, 1].
+            return (torch.rand(shape, generator=self.gen) * 2 - 1).to(dtype)
+        x = torch.randn(shape, generator=self.gen)
+        if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            return x.clamp(-8, 8).to(dtype)
+        return x.to(dtype)
+
+    def _indptr(
+        self, name: str, length: int, dtype: torch.dtype, done: dict[str, Any]
+    ) -> torch.Tensor:
+        batch = max(length - 1, 0)
+        total_axis = self.totals.get(name)
+        if total_axis is not None:
+            total = self.axes[total_axis]
+        else:  # no constraint: one segment per batch entry of a random small size
+            total = batch * 4
+        minimum = self._min_lengths(name, batch)
+        lengths = _split(total, batch, self.gen, minimum)
+        self.lengths[name] = lengths
+        ptr = [0]
+        for n in lengths:
+            ptr.append(ptr[-1] + n)
+        return torch.tensor(ptr, dtype=dtype)
+
+    def _min_lengths(self, name: str, batch: int) -> list[int] | None:
+        # Causal prefill needs qo_len <= kv_len per request: query segments are drawn first
+        # (see _input_order) and each KV segment gets at least the pages its queries need.
+        if "qo" in name.lower() or name.lower().startswith("q"):
+            return None
+        qo = next((v for k, v in self.lengths.items() if "qo" in k.lower()), None)
+        if qo is None or len(qo) != batch:
+            return None
+        return [math.ceil(n / self.page_size) for n in qo]
+
+    def _last_page_len(
+        self, shape: tuple[int, ...], dtype: torch.dtype, done: dict[str, Any]
+    ) -> torch.Tensor:
+        out = torch.randint(1, self.page_size + 1, shape, generator=self.gen, dtype=torch.int64)
+        # For causal prefill, a request's KV tokens must cover its queries: fill last pages.
+        qo = next((v for k, v in self.lengths.items() if "qo" in k.lower()), None)
+        kv = next((v for k, v in self.lengths.items() if "kv" in k.lower()), None)
+        if qo is not None and kv is not None:
+            for i, (q, pages) in enumerate(zip(qo, kv, strict=False)):
+                if i < out.numel() and pages > 0 and (pages - 1) * self.page_size + int(out[i]) < q:
+                    out[i] = self.page_size
+        return out.to(dtype)
+
+    def _indices(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        pages = self.axes.get("num_pages", n)
+        if pages <= 0:
+            if n:
+                raise ConstraintError(f"{self.d.name}: {n} page indices but num_pages={pages}")
+            return torch.zeros(0, dtype=dtype)
+        if n <= pages:  # distinct pages, shuffled: as a real allocator hands them out
+            return torch.randperm(pages, generator=self.gen)[:n].to(dtype)
+        return torch.randint(0, pages, (n,), generator=self.gen, dtype=torch.int64).to(dtype)
+
+
+def _scalar_default(name: str, spec: TensorSpec, axes: Mapping[str, int]) -> Any:
+    if "scale" in name.lower():
+        head_dim = axes.get("head_dim", axes.get("head_size"))
+        return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
+    if spec.dtype.startswith("float") or spec.dtype == "bfloat16":
+        return 1.0
+    if spec.dtype == "bool":
+        return False
+    return 1
+
+
+def _input_order(definition: Definition) -> list[str]:
+    # Query index tensors before KV ones, so each KV segment can be drawn long enough to
+    # cover its queries (causal prefill needs qo_len <= kv_len).
+    names = list(definition.inputs)
+    return sorted(
+        names,
+        key=lambda n: (0 if "qo" in n.lower() else 1 if "kv" in n.lower() else 2, names.index(n)),
+    )
+
+
+def synthesize_inputs(
+    definition: Definition,
+    workload: Workload,
+    *,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    blob_root: Path | Any = None,
+) -> dict[str, Any]:
+    """Inputs for `definition` at `workload`, keyed by input name, in definition order.
+
+    blob_root: a Dataset or a folder that the workload's safetensors paths are relative to.
+    """
+    axes = resolve_axes(definition, workload)
+    gen = torch.Generator().manual_seed(seed)
+    synth = _Synth(definition, axes, gen)
+    values: dict[str, Any] = {}
+    for name in _input_order(definition):
+        spec = definition.inputs[name]
+        given = workload.inputs.get(name)
+        if spec.shape is None:
+            values[name] = (
+                given.value if isinstance(given, ScalarInput) else _scalar_default(name, spec, axes)
+            )
+            continue
+        if isinstance(given, ScalarInput):
+            values[name] = torch.full(
+                _shape(spec, axes), given.value, dtype=torch_dtype(spec.dtype)
+            )
+            continue
+        tensor = (
+            _load_blob(given, blob_root, name)
+            if given is not None and given.type == "safetensors"
+            else None
+        )
+        if tensor is None:
+            tensor = synth.tensor(name, spec, values)
+        elif tensor.dtype != torch_dtype(spec.dtype):
+            raise ValueError(
+                f"{definition.name}: blob for {name!r} has dtype {tensor.dtype}, expected {spec.dtype}"
+            )
+        values[name] = tensor
+    ordered = {name: values[name] for name in definition.inputs}
+    check_constraints(definition, axes, ordered)
+    dev = torch.device(device)
+    return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in ordered.items()}
+
+
+def _load_blob(spec: Any, blob_root: Any, name: str) -> torch.Tensor | None:
+    if blob_root is None:
+        return None
+    if hasattr(blob_root, "blob_path"):
+        path = blob_root.blob_path(spec.path)
+    else:
+        root = Path(blob_root).resolve()
+        path = (root / spec.path).resolve()
+        if not path.is_relative_to(root):
+            raise ValueError(f"blob path {spec.path!r} escapes the dataset root {root}")
+    if not path.exists():
+        return None  # missing blob: synthesize valid data instead
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    if spec.tensor_key not in tensors:
+        raise ValueError(
+            f"{path}: no tensor {spec.tensor_key!r} for input {name!r} (has {sorted(tensors)})"
+        )
+    return tensors[spec.tensor_key]
+
+
+def small_workload(definition: Definition, size: int = 4) -> Workload:
+    """A small workload that satisfies the definition's axis-only equality constraints:
+    every var axis set to `size` (page/pool axes a little larger), then each constraint of
+    the form `axis == <expression of axes>` applied."""
+    axes: dict[str, int] = {}
+    for name in definition.var_axes:
+        lname = name.lower()
+        if "pages" in lname or "max_seq" in lname:
+            axes[name] = size * 4
+        elif "heads" in lname:
+            axes[name] = 2
+        elif lname.startswith("total_kv") or "indices" in lname:
+            axes[name] = size * 2
+        else:
+            axes[name] = size
+    const = {k: a.value for k, a in definition.axes.items() if isinstance(a, ConstAxis)}
+    for expr in definition.constraints:
+        tree = ast.parse(expr, mode="eval").body
+        if not (
+            isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Eq)
+        ):
+            continue
+        left, right = tree.left, tree.comparators[0]
+        for target, source in ((left, right), (right, left)):
+            if isinstance(target, ast.Name) and target.id in axes:
+                used = {n.id for n in ast.walk(source) if isinstance(n, ast.Name)}
+                if used and used <= set(axes) | set(const):
+                    axes[target.id] = int(
+                        eval(
+                            compile(ast.Expression(source), "<axis>", "eval"),
+                            {"__builtins__": {}},
+                            {**const, **axes},
+                        )
+                    )  # noqa: S307
+                    break
+    # GQA: the query head count must be a multiple of the KV head count.
+    if "num_qo_heads" in axes and "num_kv_heads" in axes:
+        axes["num_qo_heads"] = axes["num_kv_heads"] * 2
+    return Workload(uuid="small", axes=axes, inputs={})
