@@ -273,30 +273,26 @@ class OpSchema:
         axes: dict[str, Any] = {}
         for axis, spec in self.axes.items():
             if isinstance(spec, Const):
-                axes[axis] = ConstAxis(
-                    type="const", value=call.axes[axis], description=spec.description or None
-                )
+                axes[axis] = ConstAxis(type="const", value=call.axes[axis], **_described(spec))
             else:
-                axes[axis] = VarAxis(type="var", description=spec.description or None)
+                axes[axis] = VarAxis(type="var", **_described(spec))
         inputs = {}
         for name, spec in self.inputs.items():
             if spec.optional and name not in call.inputs:
                 continue
             if isinstance(spec, Scalar):
-                inputs[name] = TensorSpec(
-                    shape=None, dtype=spec.dtype, description=spec.description or None
-                )
+                inputs[name] = TensorSpec(shape=None, dtype=spec.dtype, **_described(spec))
             else:
                 inputs[name] = TensorSpec(
                     shape=list(spec.dims),
                     dtype=self._dtype_of(spec, call),
-                    description=spec.description or None,
+                    **_described(spec),
                 )
         outputs = {
             name: TensorSpec(
                 shape=list(spec.dims),
                 dtype=self._dtype_of(spec, call),
-                description=spec.description or None,
+                **_described(spec),
             )
             for name, spec in self.outputs.items()
         }
