@@ -1,0 +1,235 @@
+"""The `flashtune` command.
+
+Sub-commands live beside what they drive (bench/cli.py, report/cli.py, tune/cli.py, ...);
+this module mounts them and holds the dataset commands (validate, list, env, definitions).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from flashtune import __version__, env
+
+app = typer.Typer(
+    name="flashtune",
+    help="Fast, autotuned LLM-inference kernels and a FlashInfer-Trace benchmark database.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+definitions_app = typer.Typer(
+    help="Generate Definitions from flashtune's op schemas.", no_args_is_help=True
+)
+app.add_typer(definitions_app, name="definitions")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def bundled_dataset() -> Path:
+    """The dataset shipped inside the package (the default benchmark)."""
+    return Path(__file__).resolve().parent / "dataset"
+
+
+def _datasets(paths: Optional[list[Path]]) -> list[Path]:
+    if paths:
+        return list(paths)
+    return [bundled_dataset()]
+
+
+@app.callback()
+def _main(
+    log_level: Optional[str] = typer.Option(
+        None, "--log-level", help="DEBUG, INFO, WARNING or ERROR"
+    ),
+) -> None:
+    level = (log_level or env.LOG_LEVEL.get()).upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s"
+    )
+
+
+@app.command()
+def version() -> None:
+    """Print flashtune's version."""
+    console.print(__version__)
+
+
+@app.command("env")
+def env_command(
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Print the platform snapshot and every FLASHTUNE_* setting with its value and source."""
+    from flashtune import platform
+
+    snap = platform.snapshot()
+    settings = env.describe()
+    if as_json:
+        payload = {
+            "platform": snap,
+            "settings": {n: {"value": v, "source": s} for n, v, s, _ in settings},
+        }
+        console.print_json(json.dumps(payload))
+        return
+    table = Table(title="platform", show_header=False)
+    for key, value in snap.items():
+        table.add_row(key, str(value))
+    console.print(table)
+    table = Table(title="settings")
+    for column in ("name", "value", "source", "meaning"):
+        table.add_column(column, overflow="fold")
+    for row in settings:
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def validate(
+    paths: Optional[list[Path]] = typer.Argument(
+        None, help="dataset roots (default: the bundled dataset)"
+    ),
+) -> None:
+    """Check datasets: print counts per kind and every error found; exit 1 on errors."""
+    from flashtune.data import Dataset
+
+    total_errors = 0
+    for path in _datasets(paths):
+        if not path.is_dir():
+            err_console.print(f"[red]error[/red]: {path}: not a folder")
+            total_errors += 1
+            continue
+        ds = Dataset(path)
+        counts = ds.counts()
+        errors = ds.errors
+        total_errors += len(errors)
+        summary = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        status = "[green]ok[/green]" if not errors else f"[red]{len(errors)} error(s)[/red]"
+        console.print(f"{path}: {summary}: {status}")
+        for error in errors:
+            console.print(f"  {error}", markup=False, highlight=False)
+    raise typer.Exit(1 if total_errors else 0)
+
+
+_KINDS = ("definitions", "solutions", "workloads", "traces")
+
+
+@app.command("list")
+def list_command(
+    kind: str = typer.Argument(..., help="definitions | solutions | workloads | traces"),
+    dataset: Optional[list[Path]] = typer.Option(
+        None, "--dataset", "-d", help="dataset roots (repeatable)"
+    ),
+    op_type: Optional[str] = typer.Option(None, "--op-type", help="only this op_type"),
+    name: Optional[str] = typer.Option(None, "--name", help="definition name glob"),
+) -> None:
+    """List what a dataset holds."""
+    from flashtune.data import Dataset
+
+    if kind not in _KINDS:
+        err_console.print(
+            f"[red]error[/red]: kind must be one of {', '.join(_KINDS)}, got {kind!r}"
+        )
+        raise typer.Exit(2)
+    ds = Dataset(_datasets(dataset))
+    defs = ds.find_definitions(op_type=op_type, name=name)
+    table = Table()
+    if kind == "definitions":
+        for col in ("name", "op_type", "const axes", "var axes"):
+            table.add_column(col)
+        for d in defs:
+            consts = ", ".join(f"{k}={v}" for k, v in d.const_axes.items())
+            table.add_row(d.name, d.op_type, consts, ", ".join(d.var_axes))
+    elif kind == "solutions":
+        for col in ("name", "definition", "author", "language", "entry point"):
+            table.add_column(col)
+        for d in defs:
+            for s in ds.solutions_for(d.name):
+                table.add_row(s.name, s.definition, s.author, s.spec.language, s.spec.entry_point)
+    elif kind == "workloads":
+        for col in ("definition", "uuid", "axes"):
+            table.add_column(col)
+        for d in defs:
+            for w in ds.workloads_for(d.name):
+                axes = ", ".join(f"{k}={v}" for k, v in w.workload.axes.items())
+                table.add_row(d.name, w.workload.uuid, axes)
+    else:
+        for col in ("definition", "solution", "workload", "status", "latency ms"):
+            table.add_column(col)
+        for d in defs:
+            for t in ds.traces_for(d.name):
+                ev = t.evaluation
+                lat = f"{ev.performance.latency_ms:.4f}" if ev and ev.performance else ""
+                table.add_row(
+                    d.name, t.solution or "", t.workload.uuid, ev.status.value if ev else "", lat
+                )
+    console.print(table)
+    console.print(f"{table.row_count} {kind}")
+    for error in ds.errors:
+        err_console.print(f"[yellow]warning[/yellow]: {error}", markup=True, highlight=False)
+
+
+@definitions_app.command("dump")
+def definitions_dump(
+    out: Path = typer.Argument(..., help="folder to write definitions/<op_type>/<name>.json into"),
+    model: Optional[list[str]] = typer.Option(
+        None, "--model", help="model configuration (repeatable); default all"
+    ),
+) -> None:
+    """Write the Definitions of every schema'd op at the shapes of known models."""
+    from flashtune.schema.dump import dump_definitions
+
+    try:
+        written = dump_definitions(out, model or None)
+    except ValueError as exc:
+        err_console.print(f"[red]error[/red]: {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {len(written)} definitions under {out}")
+
+
+# Sub-commands owned by other packages: each module exposes `register(app)`, or a typer
+# `app` mounted under the package's name (tune/cli.py -> `flashtune tune`).
+_SUBCOMMANDS = (
+    "flashtune.bench.cli",
+    "flashtune.report.cli",
+    "flashtune.tune.cli",
+    "flashtune.capture.cli",
+    "flashtune.apply.cli",
+)
+
+
+def _mount_subcommands() -> None:
+    for module_name in _SUBCOMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        if hasattr(module, "register"):
+            module.register(app)
+        else:
+            app.add_typer(module.app, name=module_name.split(".")[1])
+
+
+_mount_subcommands()
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
