@@ -197,12 +197,19 @@ class _Synth:
                 dtype
             )
         if lname == "top_k":
-            vocab = self.axes.get("vocab_size", 64)
+            vocab = self._vocab_size()
             return torch.randint(
                 1, min(vocab, 128) + 1, shape, generator=self.gen, dtype=torch.int64
             ).to(dtype)
         high = max(min(self.axes.values(), default=16), 2)
         return torch.randint(0, high, shape, generator=self.gen, dtype=torch.int64).to(dtype)
+
+    def _vocab_size(self) -> int:
+        """The last axis of the probabilities/logits input: what top-k counts within."""
+        for name, spec in self.d.inputs.items():
+            if name.lower().endswith(("probs", "logits")) and spec.shape:
+                return self.axes[spec.shape[-1]]
+        return self.axes.get("vocab_size", 64)
 
     def _float(self, lname: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if lname.endswith("probs"):
