@@ -255,7 +255,11 @@ class OpSchema:
         if not self._reference_source:
             self._reference_source.append(textwrap.dedent(inspect.getsource(self.reference)))
         fn_source = self._reference_source[0]
-        params = list(self.inputs)
+        params = [
+            n
+            for n in self.inputs
+            if call is None or n in call.inputs or not self.inputs[n].optional
+        ]
         keywords = [f"{p}={p}" for p in params]
         for name in self.bound:
             value = call.bound.get(name) if call is not None else None

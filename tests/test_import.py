@@ -1,0 +1,53 @@
+"""`import flashtune` (and its op modules) works without a GPU and never initializes CUDA."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from flashtune.cli import app
+
+
+def test_import_does_not_initialize_cuda() -> None:
+    code = (
+        "import pkgutil, importlib, torch, flashtune, flashtune.ops as ops\n"
+        "for m in pkgutil.walk_packages(ops.__path__, 'flashtune.ops.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "import flashtune.cli, flashtune.data, flashtune.schema\n"
+        "assert not torch.cuda.is_initialized(), 'CUDA was initialized at import'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_env_command_lists_every_setting() -> None:
+    from flashtune import env
+
+    result = CliRunner().invoke(app, ["env"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for name in env.SETTINGS:
+        assert name in result.output
+    assert "torch" in result.output
+
+
+def test_env_json_reports_source(monkeypatch) -> None:
+    import json
+
+    monkeypatch.setenv("FLASHTUNE_LOG_LEVEL", "INFO")
+    result = CliRunner().invoke(app, ["env", "--json"])
+    payload = json.loads(result.output)
+    assert payload["settings"]["FLASHTUNE_LOG_LEVEL"] == {"value": "INFO", "source": "environment"}
+    assert payload["settings"]["FLASHTUNE_DATASET"]["source"] == "default"
+    assert payload["platform"]["hardware"] in ("cpu",) or payload["platform"]["sm_count"]
+
+
+def test_invalid_setting_is_reported_not_crashing(monkeypatch) -> None:
+    from flashtune import env
+
+    monkeypatch.setenv("FLASHTUNE_CAPTURE", "maybe")
+    row = {name: value for name, value, _, _ in env.describe()}
+    assert row["FLASHTUNE_CAPTURE"].startswith("<invalid")
