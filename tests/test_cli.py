@@ -53,10 +53,10 @@ def test_list_workloads_by_name_glob(dataset: Path) -> None:
 def test_list_rejects_unknown_kind(dataset: Path) -> None:
     result = runner.invoke(app, ["list", "things", "-d", str(dataset)])
     assert result.exit_code == 2
-    assert "kind must be one of" in result.output
+    assert "kind must be one of" in result.stderr
 
 
 def test_validate_missing_folder(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "nope")])
     assert result.exit_code == 1
-    assert "not a folder" in result.output
+    assert "not a folder" in result.stderr
