@@ -1,0 +1,60 @@
+"""Attention over paged KV caches: FlashInfer-compatible wrappers over Triton kernels.
+
+Decode (decode.py), merging of attention states (merge.py), cascade (cascade.py), the paged
+KV cache helpers (page.py) and the CPU scheduler (scheduler.py); prefill lives in prefill.py.
+"""
+
+from __future__ import annotations
+
+from flashtune.ops.attention.cascade import MultiLevelCascadeAttentionWrapper
+from flashtune.ops.attention.decode import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    single_decode_with_kv_cache,
+)
+from flashtune.ops.attention.merge import merge_state, merge_state_in_place, merge_states
+from flashtune.ops.attention.page import (
+    append_paged_kv_cache,
+    get_batch_indices_positions,
+    get_seq_lens,
+    split_kv_cache,
+)
+from flashtune.ops.attention.reference import (
+    batch_decode_ref,
+    merge_state_ref,
+    merge_states_ref,
+    paged_attention_ref,
+    single_decode_ref,
+)
+
+__all__ = [
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "MultiLevelCascadeAttentionWrapper",
+    "single_decode_with_kv_cache",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+    "append_paged_kv_cache",
+    "get_batch_indices_positions",
+    "get_seq_lens",
+    "split_kv_cache",
+    "batch_decode_ref",
+    "single_decode_ref",
+    "paged_attention_ref",
+    "merge_state_ref",
+    "merge_states_ref",
+]
+
+try:  # prefill.py is written concurrently; export it once it exists.
+    from flashtune.ops.attention.prefill import (  # noqa: F401
+        BatchPrefillWithPagedKVCacheWrapper,
+        BatchPrefillWithRaggedKVCacheWrapper,
+        single_prefill_with_kv_cache,
+    )
+
+    __all__ += [
+        "BatchPrefillWithPagedKVCacheWrapper",
+        "BatchPrefillWithRaggedKVCacheWrapper",
+        "single_prefill_with_kv_cache",
+    ]
+except ImportError:
+    pass

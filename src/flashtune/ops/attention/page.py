@@ -11,8 +11,21 @@ either as one 5-D tensor [num_pages, 2, ...] (k at index 0, v at 1) or as a (k, 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-__all__ = ["KV_LAYOUTS", "split_kv_cache"]
+from flashtune import env, platform
+
+__all__ = [
+    "KV_LAYOUTS",
+    "split_kv_cache",
+    "get_seq_lens",
+    "get_batch_indices_positions",
+    "get_batch_indices_positions_ref",
+    "append_paged_kv_cache",
+    "append_paged_kv_cache_ref",
+    "build_page_table",
+]
 
 KV_LAYOUTS = ("NHD", "HND")
 
@@ -55,3 +68,280 @@ def split_kv_cache(
     if kv_layout == "HND":
         k, v = k.transpose(1, 2), v.transpose(1, 2)
     return k, v
+
+
+def build_page_table(
+    kv_lens: list[int],
+    page_size: int,
+    *,
+    shuffle: bool = True,
+    extra_pages: int = 0,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """A page table for requests of the given KV lengths (tests, benchmarks, examples).
+
+    Returns (kv_indptr [B+1], kv_indices [nnz], kv_last_page_len [B], num_pages), int32 on
+    `device`; pages are a random permutation of the cache when `shuffle` (so neighbours in
+    a sequence are not neighbours in memory) and `extra_pages` unused pages are added.
+    Empty requests get no pages and last_page_len 0.
+    """
+    counts = [-(-int(n) // page_size) for n in kv_lens]
+    nnz = sum(counts)
+    num_pages = nnz + extra_pages
+    order = torch.randperm(num_pages, generator=generator) if shuffle else torch.arange(num_pages)
+    indptr = torch.zeros(len(kv_lens) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0).to(torch.int32)
+    last = torch.tensor(
+        [(int(n) - 1) % page_size + 1 if n else 0 for n in kv_lens], dtype=torch.int32
+    )
+    indices = order[:nnz].to(torch.int32)
+    return indptr.to(device), indices.to(device), last.to(device), num_pages
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _batch_indices_positions_kernel(
+    append_indptr_ptr,  # [B+1] int32/int64
+    seq_lens_ptr,  # [B] int32/int64
+    batch_indices_ptr,  # [nnz] int32
+    positions_ptr,  # [nnz] int32
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    start = tl.load(append_indptr_ptr + b).to(tl.int32)
+    end = tl.load(append_indptr_ptr + b + 1).to(tl.int32)
+    first_pos = tl.load(seq_lens_ptr + b).to(tl.int32) - (end - start)
+    for off in range(0, end - start, BLOCK):
+        j = off + tl.arange(0, BLOCK)
+        ok = j < end - start
+        tl.store(batch_indices_ptr + start + j, tl.zeros([BLOCK], tl.int32) + b, mask=ok)
+        tl.store(positions_ptr + start + j, first_pos + j, mask=ok)
+
+
+@triton.jit
+def _append_paged_kv_kernel(
+    key_ptr,  # [nnz, H, D]
+    value_ptr,  # [nnz, H, D]
+    batch_indices_ptr,  # [nnz] int32
+    positions_ptr,  # [nnz] int32
+    k_ptr,  # [num_pages, page_size, H, D] logical (NHD or HND storage)
+    v_ptr,  # [num_pages, page_size, H, D] logical
+    kv_indices_ptr,  # [nnz_pages] int32
+    kv_indptr_ptr,  # [B+1] int32
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_cp,
+    stride_ct,
+    stride_ch,
+    stride_dp,
+    stride_dt,
+    stride_dh,
+    num_heads,
+    PAGE_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64)
+    b = tl.load(batch_indices_ptr + i)
+    pos = tl.load(positions_ptr + i)
+    page = tl.load(kv_indices_ptr + tl.load(kv_indptr_ptr + b) + pos // PAGE_SIZE).to(tl.int64)
+    slot = pos % PAGE_SIZE
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    mask = (h[:, None] < num_heads) & (d[None, :] < HEAD_DIM)
+    key = tl.load(key_ptr + i * stride_kn + h[:, None] * stride_kh + d[None, :], mask=mask)
+    val = tl.load(value_ptr + i * stride_vn + h[:, None] * stride_vh + d[None, :], mask=mask)
+    k_dst = k_ptr + page * stride_cp + slot * stride_ct + h[:, None] * stride_ch + d[None, :]
+    v_dst = v_ptr + page * stride_dp + slot * stride_dt + h[:, None] * stride_dh + d[None, :]
+    tl.store(k_dst, key.to(k_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst, val.to(v_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------- references
+
+
+def get_seq_lens(
+    kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int
+) -> torch.Tensor:
+    """KV length of each request [B] (int64) from its page count and last page's fill."""
+    num_pages = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
+    lens = (num_pages - 1).clamp(min=0) * page_size + kv_last_page_len.to(torch.int64)
+    return torch.where(num_pages > 0, lens, torch.zeros_like(lens))
+
+
+def get_batch_indices_positions_ref(
+    append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each appended token, its request and its position in that request's KV."""
+    counts = (append_indptr[1:] - append_indptr[:-1]).to(torch.int64)
+    batch = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
+    within = torch.arange(batch.numel(), device=counts.device) - append_indptr[:-1].to(
+        torch.int64
+    ).repeat_interleave(counts)
+    pos = seq_lens.to(torch.int64)[batch] - counts[batch] + within
+    out_b = torch.zeros(nnz, dtype=torch.int32, device=counts.device)
+    out_p = torch.zeros(nnz, dtype=torch.int32, device=counts.device)
+    out_b[: batch.numel()] = batch.to(torch.int32)
+    out_p[: batch.numel()] = pos.to(torch.int32)
+    return out_b, out_p
+
+
+def append_paged_kv_cache_ref(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    kv_layout: str = "NHD",
+) -> None:
+    """Write each appended token's K/V into its page and slot (in place)."""
+    k, v = split_kv_cache(paged_kv_cache, kv_layout)
+    page_size = k.shape[1]
+    bi = batch_indices.to(torch.long)
+    pos = positions.to(torch.long)
+    pages = kv_indices.to(torch.long)[kv_indptr.to(torch.long)[bi] + pos // page_size]
+    slots = pos % page_size
+    k[pages, slots] = append_key.to(k.dtype)
+    v[pages, slots] = append_value.to(v.dtype)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _int_1d(name: str, t: torch.Tensor, length: int | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != 1 or (length is not None and t.numel() != length):
+        want = f"({length},)" if length is not None else "1-D"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def _kernels(device: torch.device) -> bool:
+    return platform.kernels_available(device) and not env.FORCE_REFERENCE.get()
+
+
+def get_batch_indices_positions(
+    append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request index and KV position of each of `nnz` appended tokens (FlashInfer API).
+
+    append_indptr: [B+1] offsets of each request's new tokens; seq_lens: [B] KV lengths
+    after the append (`get_seq_lens`). Returns (batch_indices, positions), int32 [nnz].
+    """
+    _int_1d("append_indptr", append_indptr)
+    batch = append_indptr.numel() - 1
+    _int_1d("seq_lens", seq_lens, batch)
+    if seq_lens.device != append_indptr.device:
+        raise ValueError(
+            f"seq_lens is on {seq_lens.device} but append_indptr is on {append_indptr.device}"
+        )
+    if env.DEBUG_CHECKS.get() or append_indptr.device.type == "cpu":
+        counts = append_indptr[1:] - append_indptr[:-1]
+        if (counts < 0).any():
+            raise ValueError("append_indptr must be non-decreasing")
+        if int(append_indptr[-1]) > nnz:
+            raise ValueError(f"append_indptr[-1] = {int(append_indptr[-1])} > nnz = {nnz}")
+        if (counts > seq_lens).any():
+            raise ValueError("seq_lens must count the appended tokens (seq_lens >= appended)")
+    if not _kernels(append_indptr.device):
+        return get_batch_indices_positions_ref(append_indptr, seq_lens, nnz)
+    batch_indices = torch.zeros(nnz, dtype=torch.int32, device=append_indptr.device)
+    positions = torch.zeros(nnz, dtype=torch.int32, device=append_indptr.device)
+    if batch > 0 and nnz > 0:
+        _batch_indices_positions_kernel[(batch,)](
+            append_indptr, seq_lens, batch_indices, positions, BLOCK=128
+        )
+    return batch_indices, positions
+
+
+def append_paged_kv_cache(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    kv_layout: str = "NHD",
+) -> None:
+    """Write new tokens' K/V into the paged cache in place (FlashInfer API).
+
+    append_key, append_value: [nnz, num_kv_heads, head_dim]; batch_indices, positions:
+    [nnz] (from `get_batch_indices_positions`); the page table must already include the
+    pages the new tokens land in.
+    """
+    k, v = split_kv_cache(paged_kv_cache, kv_layout)
+    for name, t in (("append_key", append_key), ("append_value", append_value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 3 or tuple(t.shape[1:]) != tuple(k.shape[2:]):
+            raise ValueError(
+                f"{name} must be [nnz, num_kv_heads, head_dim] = [nnz, {k.shape[2]}, "
+                f"{k.shape[3]}], got {tuple(t.shape)}"
+            )
+        if t.device != k.device:
+            raise ValueError(f"{name} is on {t.device} but paged_kv_cache is on {k.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in head_dim")
+    nnz = append_key.shape[0]
+    if append_value.shape[0] != nnz:
+        raise ValueError(f"append_value has {append_value.shape[0]} tokens, append_key {nnz}")
+    _int_1d("batch_indices", batch_indices, nnz)
+    _int_1d("positions", positions, nnz)
+    _int_1d("kv_indices", kv_indices)
+    _int_1d("kv_indptr", kv_indptr)
+    _int_1d("kv_last_page_len", kv_last_page_len, kv_indptr.numel() - 1)
+    for name, t in (
+        ("batch_indices", batch_indices),
+        ("positions", positions),
+        ("kv_indices", kv_indices),
+        ("kv_indptr", kv_indptr),
+    ):
+        if t.device != k.device:
+            raise ValueError(f"{name} is on {t.device} but paged_kv_cache is on {k.device}")
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("paged_kv_cache must be contiguous in head_dim")
+    page_size = k.shape[1]
+    if env.DEBUG_CHECKS.get() or k.device.type == "cpu":
+        if nnz:
+            b_max, p_min = int(batch_indices.max()), int(positions.min())
+            if int(batch_indices.min()) < 0 or b_max >= kv_indptr.numel() - 1 or p_min < 0:
+                raise ValueError("batch_indices/positions out of range for the page table")
+            lens = get_seq_lens(kv_indptr, kv_last_page_len, page_size)
+            if (positions.to(torch.int64) >= lens[batch_indices.to(torch.long)]).any():
+                raise ValueError("a position lies beyond its request's KV length")
+        if kv_indices.numel() and (
+            int(kv_indices.min()) < 0 or int(kv_indices.max()) >= k.shape[0]
+        ):
+            raise ValueError(f"kv_indices hold page ids outside 0..{k.shape[0] - 1}")
+    if not _kernels(k.device):
+        append_paged_kv_cache_ref(
+            append_key, append_value, batch_indices, positions, (k, v),
+            kv_indices, kv_indptr, kv_last_page_len, "NHD",
+        )  # fmt: skip
+        return
+    if nnz == 0:
+        return
+    heads, head_dim = k.shape[2], k.shape[3]
+    _append_paged_kv_kernel[(nnz,)](
+        append_key, append_value, batch_indices, positions, k, v, kv_indices, kv_indptr,
+        append_key.stride(0), append_key.stride(1),
+        append_value.stride(0), append_value.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        heads,
+        PAGE_SIZE=page_size, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(head_dim),
+    )  # fmt: skip

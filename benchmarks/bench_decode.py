@@ -1,0 +1,245 @@
+"""Paged decode, the skewed-batch balance test and cascade, vs FlashInfer 0.2.14 (GPU).
+
+    python benchmarks/bench_decode.py [--quick]
+
+Rows go to benchmarks/results/decode.jsonl and cascade.jsonl (and $OUT). Every kernel is
+timed with flashtune.timing.measure (cold L2, CUDA graph of 20 calls, median). KV GB/s counts
+the K and V bytes read once; bw_frac divides by copy_bandwidth_gbs().
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
+
+from flashtune.ops.attention import (  # noqa: E402
+    BatchDecodeWithPagedKVCacheWrapper,
+    MultiLevelCascadeAttentionWrapper,
+)
+from flashtune.ops.attention.page import build_page_table  # noqa: E402
+from flashtune.timing import measure  # noqa: E402
+
+HQ, HK, D = 32, 8, 128
+DT = torch.bfloat16
+
+
+def _time(fn, args):
+    try:
+        return measure(fn, args, warmup=5, repetitions=30, use_cuda_graph=True).median_ms
+    except Exception:  # a peer that cannot be captured: plain events
+        torch.cuda.synchronize()
+        return measure(fn, args, warmup=5, repetitions=30).median_ms
+
+
+def _flashinfer():
+    try:
+        import flashinfer
+
+        return flashinfer
+    except Exception as exc:
+        print(f"FlashInfer unavailable ({exc!r}); peer recorded as missing")
+        return None
+
+
+def _setup(lens, page_size):
+    indptr, indices, last, n_pages = build_page_table(lens, page_size, device="cuda")
+    cache = torch.randn(n_pages, 2, page_size, HK, D, dtype=DT, device="cuda")
+    q = torch.randn(len(lens), HQ, D, dtype=DT, device="cuda")
+    return indptr, indices, last, cache, q
+
+
+def _ours(ws, table, page_size, **kw):
+    w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(*table, HQ, HK, D, page_size, q_data_type=DT, **kw)
+    return w
+
+
+def _peer(fi, ws, table, page_size, tensor_cores):
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
+    w.plan(*table, HQ, HK, D, page_size, q_data_type=DT, kv_data_type=DT)
+    return w
+
+
+def bench_grid(fi, ws, rows, bw, quick):
+    page_sizes = [16] if quick else [1, 16, 64]
+    batches = [1, 16, 64, 256]
+    kv_lens = [512, 2048, 8192, 32768]
+    ratios = []
+    for ps in page_sizes:
+        for b in batches:
+            for kv in kv_lens:
+                if b * kv > 2**21 or (quick and b * kv < 2**14):
+                    continue
+                indptr, indices, last, cache, q = _setup([kv] * b, ps)
+                table = (indptr, indices, last)
+                nbytes = 2 * b * kv * HK * D * cache.element_size()
+                shape = dict(batch=b, kv_len=kv, page_size=ps, hq=HQ, hk=HK, d=D)
+                w = _ours(ws, table, ps)
+                ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+                peer_ms = {}
+                if fi is not None:
+                    for tc in (True, False):
+                        try:
+                            pw = _peer(fi, ws_fi, table, ps, tc)
+                            peer_ms[tc] = _time(lambda q_, c_, pw=pw: pw.run(q_, c_), [q, cache])
+                        except Exception as exc:
+                            print(f"flashinfer tc={tc} failed: {exc!r}")
+                best_peer = min(peer_ms.values()) if peer_ms else None
+                ratio = best_peer / ms if best_peer else None
+                if ratio:
+                    ratios.append(ratio)
+                gbs = nbytes / (ms * 1e-3) / 1e9
+                rows.write(
+                    "batch_decode", shape, "flashtune", ms, gbs=gbs, bw_frac=gbs / bw,
+                    speedup_vs_flashinfer=ratio,
+                )  # fmt: skip
+                for tc, pms in peer_ms.items():
+                    pg = nbytes / (pms * 1e-3) / 1e9
+                    name = "flashinfer_tc" if tc else "flashinfer_cuda_core"
+                    rows.write("batch_decode", shape, name, pms, gbs=pg, bw_frac=pg / bw)
+                print(
+                    f"ps={ps:3d} b={b:4d} kv={kv:6d}  ours {ms * 1e3:8.1f} us {gbs:7.0f} GB/s "
+                    f"({gbs / bw:4.0%})  fi_tc {peer_ms.get(True, float('nan')) * 1e3:8.1f} "
+                    f"fi_cc {peer_ms.get(False, float('nan')) * 1e3:8.1f}  "
+                    f"x{ratio if ratio else float('nan'):.2f}",
+                    flush=True,
+                )
+                del cache
+    if ratios:
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(f"geomean speedup vs FlashInfer(best of tc/cc): {geo:.3f}  min {min(ratios):.3f}")
+        rows.write("batch_decode_summary", {}, "flashtune", 0.0, geomean_vs_flashinfer=geo,
+                   min_vs_flashinfer=min(ratios), n=len(ratios))  # fmt: skip
+
+
+def bench_sweep(ws, rows, bw):
+    """Tactics of the decode kernel on a few shapes (until the autotuner picks per shape)."""
+    from flashtune.ops.attention import decode
+
+    tactics = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 3)]
+    for ps, b, kv in ((1, 64, 8192), (1, 1, 32768), (16, 64, 8192), (16, 1, 32768)):
+        indptr, indices, last, cache, q = _setup([kv] * b, ps)
+        nbytes = 2 * b * kv * HK * D * cache.element_size()
+        shape = dict(batch=b, kv_len=kv, page_size=ps, hq=HQ, hk=HK, d=D)
+        line = []
+        for bn, nw, ns in tactics:
+            decode.TACTIC_OVERRIDE = decode.DecodeTactic(bn, nw, ns)
+            try:
+                w = _ours(ws, (indptr, indices, last), ps)
+                ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+            except Exception as exc:
+                line.append(f"{bn}/{nw}/{ns}: fail {type(exc).__name__}")
+                continue
+            finally:
+                decode.TACTIC_OVERRIDE = None
+            gbs = nbytes / (ms * 1e-3) / 1e9
+            rows.write("batch_decode_tactic_sweep", shape, f"flashtune_bn{bn}_w{nw}_s{ns}", ms,
+                       gbs=gbs, bw_frac=gbs / bw)  # fmt: skip
+            line.append(f"{bn}/{nw}/{ns}: {ms * 1e3:.1f}us")
+        print(f"sweep ps={ps} b={b} kv={kv}: " + "  ".join(line), flush=True)
+        del cache
+
+
+def bench_skewed(ws, rows, bw):
+    lens = [32768] + [512] * 63
+    indptr, indices, last, cache, q = _setup(lens, 16)
+    table = (indptr, indices, last)
+    nbytes = 2 * sum(lens) * HK * D * cache.element_size()
+    res = {}
+    for name, kw in (("balanced", {}), ("no_split", {"disable_split_kv": True})):
+        w = _ours(ws, table, 16, **kw)
+        res[name] = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+    speedup = res["no_split"] / res["balanced"]
+    shape = dict(batch=64, kv_lens="1x32768+63x512", page_size=16, hq=HQ, hk=HK, d=D)
+    for name, ms in res.items():
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        rows.write("batch_decode_skewed", shape, f"flashtune_{name}", ms, gbs=gbs,
+                   bw_frac=gbs / bw, balanced_speedup=speedup)  # fmt: skip
+    print(f"skewed: balanced {res['balanced'] * 1e3:.1f} us, no split "
+          f"{res['no_split'] * 1e3:.1f} us -> x{speedup:.2f}")  # fmt: skip
+
+
+def bench_cascade(ws, rows, bw, fi):
+    batch, prefix, suffix, ps = 64, 16384, 512, 16
+    n_prefix, n_suffix = prefix // ps, suffix // ps
+    n_pages = n_prefix + batch * n_suffix
+    cache = torch.randn(n_pages, 2, ps, HK, D, dtype=DT, device="cuda")
+    q = torch.randn(batch, HQ, D, dtype=DT, device="cuda")
+    i32 = dict(dtype=torch.int32, device="cuda")
+    prefix_pages = torch.arange(n_prefix, **i32)
+    suffix_pages = torch.arange(n_prefix, n_pages, **i32).view(batch, n_suffix)
+    # Plain decode: every request's table lists the prefix pages, then its own.
+    flat = torch.cat([prefix_pages.expand(batch, -1), suffix_pages], dim=1).reshape(-1)
+    indptr = torch.arange(batch + 1, **i32) * (n_prefix + n_suffix)
+    last = torch.full((batch,), ps, **i32)
+    plain = _ours(ws, (indptr, flat, last), ps)
+    t_plain = _time(lambda q_, c_: plain.run(q_, c_), [q, cache])
+    casc = MultiLevelCascadeAttentionWrapper(2, ws, "NHD")
+    casc.plan(
+        [torch.tensor([0, batch], **i32), torch.arange(batch + 1, **i32)],
+        [torch.tensor([0, n_prefix], **i32), torch.arange(batch + 1, **i32) * n_suffix],
+        [prefix_pages, suffix_pages.reshape(-1)],
+        [torch.tensor([ps], **i32), last],
+        HQ, HK, D, ps, q_data_type=DT,
+    )  # fmt: skip
+    t_casc = _time(lambda q_, c_: casc.run(q_, c_), [q, cache])
+    ref = plain.run(q, cache)
+    err = (casc.run(q, cache).float() - ref.float()).abs().max().item()
+    shape = dict(batch=batch, prefix=prefix, suffix=suffix, page_size=ps, hq=HQ, hk=HK, d=D)
+    t_fi = None
+    if fi is not None:
+        try:
+            pw = _peer(fi, ws_fi, (indptr, flat, last), ps, True)
+            t_fi = _time(lambda q_, c_: pw.run(q_, c_), [q, cache])
+            rows.write("cascade_decode", shape, "flashinfer_tc_plain_decode", t_fi)
+        except Exception as exc:
+            print(f"flashinfer plain decode failed: {exc!r}")
+    rows.write("cascade_decode", shape, "flashtune_plain_decode", t_plain)
+    rows.write("cascade_decode", shape, "flashtune_cascade", t_casc,
+               speedup_vs_plain=t_plain / t_casc, max_abs_err_vs_plain=err,
+               speedup_vs_flashinfer_plain=(t_fi / t_casc) if t_fi else None)  # fmt: skip
+    print(f"cascade: plain {t_plain * 1e3:.1f} us, cascade {t_casc * 1e3:.1f} us -> "
+          f"x{t_plain / t_casc:.2f} (max err {err:.3g}); fi plain {t_fi}")  # fmt: skip
+
+
+def main() -> None:
+    global ws_fi
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=["grid", "skewed", "cascade", "sweep"], default=None)
+    args = ap.parse_args()
+    t0 = time.time()
+    bw = copy_bandwidth_gbs()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw:.0f} GB/s")
+    fi = _flashinfer()
+    ws = torch.empty(128 * 2**20, dtype=torch.uint8, device="cuda")
+    ws_fi = torch.empty(128 * 2**20, dtype=torch.uint8, device="cuda")
+    rows = RowWriter("decode")
+    for part, fn in (
+        ("skewed", lambda: bench_skewed(ws, rows, bw)),
+        ("cascade", lambda: bench_cascade(ws, RowWriter("cascade"), bw, fi)),
+        ("sweep", lambda: bench_sweep(ws, rows, bw)),
+        ("grid", lambda: bench_grid(fi, ws, rows, bw, args.quick)),
+    ):
+        if args.only and args.only != part:
+            continue
+        try:
+            fn()
+        except Exception:
+            traceback.print_exc()
+        print(f"[{part} done at {time.time() - t0:.0f} s]", flush=True)
+
+
+ws_fi: torch.Tensor | None = None
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1098 @@
+"""Batch decode attention over a paged KV cache: a split-KV Triton kernel with a CPU plan.
+
+The kernel processes *work items* (see scheduler.py): one query tile of one request against
+one chunk of its KV, for one KV head. All query heads that share the KV head (and, for
+multi-token queries, all query tokens) are packed into the rows of one MMA tile, so each KV
+block is read once per group instead of once per query head. A CTA is persistent: it runs
+the list of items the plan dealt to it. Requests whose KV was split write partial (V, LSE)
+rows to the workspace, combined afterwards by `merge.merge_partials`; the others write their
+final output directly.
+
+`plan` runs on the CPU (one device-to-host copy of indptr and last_page_len, as FlashInfer's
+does) and is shared by all layers of a step; `run` launches two kernels and never syncs, so
+it can be captured in a CUDA graph. With use_cuda_graph=True every buffer handed to the
+kernels lives at a fixed place in the workspace and the grid is fixed, so a graph captured
+once replays correctly after plan() is called again with new lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from flashtune import env, platform
+from flashtune.ops.attention.merge import merge_partials
+from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
+from flashtune.ops.attention.reference import (
+    batch_decode_ref,
+    paged_attention_ref,
+    single_decode_ref,
+)
+from flashtune.ops.attention.scheduler import (
+    NUM_WORK_FIELDS,
+    CostModel,
+    WorkPlan,
+    max_work_items,
+    plan_work,
+)
+from flashtune.tune import TunableRunner, TuningConfig, choose_one
+
+__all__ = [
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "single_decode_with_kv_cache",
+    "batch_decode_ref",
+    "single_decode_ref",
+    "PagedAttentionRunner",
+    "DecodeTactic",
+]
+
+_LOG2E = 1.4426950408889634
+
+
+# --------------------------------------------------------------------------- kernel
+
+
+@triton.jit
+def _tanh(x):
+    # tanh through exp2 (portable to the interpreter); saturates correctly at +-inf.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr,  # [total_qo, H_qo, D]
+    k_ptr,  # [num_pages, page_size, H_kv, D] logical (strided: NHD or HND storage)
+    v_ptr,  # [num_pages, page_size, H_kv, D] logical
+    kv_indices_ptr,  # [nnz_pages] int32
+    work_indptr_ptr,  # [num_ctas + 1] int32
+    work_ptr,  # [num_work, 8] int32 (scheduler.WORK_FIELDS)
+    o_ptr,  # [total_qo, H_qo, D]
+    lse_ptr,  # [total_qo, H_qo] fp32
+    po_ptr,  # [num_partial_rows, H_qo, D] fp32
+    plse_ptr,  # [num_partial_rows, H_qo] fp32
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    num_qo_heads,
+    qk_scale,  # sm_scale * log2(e), or sm_scale / soft_cap with SOFT_CAP
+    soft_cap,  # soft_cap * log2(e) with SOFT_CAP
+    window_left,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    cta = tl.program_id(0)
+    kvh = tl.program_id(1)
+    w_begin = tl.load(work_indptr_ptr + cta)
+    w_end = tl.load(work_indptr_ptr + cta + 1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    k_base = k_ptr + kvh * stride_kh
+    v_base = v_ptr + kvh * stride_vh
+    for w in range(w_begin, w_end):
+        item = work_ptr + w * 8
+        qo_start = tl.load(item + 0)
+        qo_len = tl.load(item + 1)
+        row_start = tl.load(item + 2)
+        page_base = tl.load(item + 3)
+        kv_start = tl.load(item + 4)
+        kv_end = tl.load(item + 5)
+        kv_len = tl.load(item + 6)
+        out_row = tl.load(item + 7)
+
+        # Packed rows: (query token, head within the group); see scheduler.WORK_FIELDS.
+        p = row_start + offs_m
+        qi = p // GROUP
+        head = kvh * GROUP + p % GROUP
+        row_ok = p < qo_len * GROUP
+        tok = (qo_start + qi).to(tl.int64)
+        q = tl.load(
+            q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        q_pos = kv_len - qo_len + qi
+
+        m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for start in range(kv_start, kv_end, BLOCK_N):
+            t = start + offs_n
+            t_ok = t < kv_end
+            page = tl.load(kv_indices_ptr + page_base + t // PAGE_SIZE, mask=t_ok, other=0)
+            page = page.to(tl.int64)
+            in_page = t % PAGE_SIZE
+            kv_mask = t_ok[:, None] & d_ok[None, :]
+            k = tl.load(
+                k_base + page[:, None] * stride_kp + in_page[:, None] * stride_kt + offs_d[None, :],
+                mask=kv_mask,
+                other=0.0,
+            )
+            s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
+            if SOFT_CAP:
+                s = soft_cap * _tanh(s * qk_scale)
+            else:
+                s = s * qk_scale
+            valid = t_ok[None, :]
+            if CAUSAL:
+                valid = valid & (t[None, :] <= q_pos[:, None])
+            if WINDOW:
+                valid = valid & (t[None, :] >= q_pos[:, None] - window_left)
+            s = tl.where(valid, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            prob = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(prob, 1)
+            v = tl.load(
+                v_base + page[:, None] * stride_vp + in_page[:, None] * stride_vt + offs_d[None, :],
+                mask=kv_mask,
+                other=0.0,
+            )
+            acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v)
+            m_i = m_new
+
+        has = l_i > 0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), -float("inf"))
+        st_mask = row_ok[:, None] & d_ok[None, :]
+        if out_row < 0:
+            tl.store(
+                o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                out.to(o_ptr.dtype.element_ty),
+                mask=st_mask,
+            )
+            tl.store(lse_ptr + tok * num_qo_heads + head, lse, mask=row_ok)
+        else:
+            prow = (out_row + qi).to(tl.int64) * num_qo_heads + head
+            tl.store(po_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], out, mask=st_mask)
+            tl.store(plse_ptr + prow, lse, mask=row_ok)
+
+
+# --------------------------------------------------------------------------- tactics / runner
+
+
+@dataclass(frozen=True)
+class DecodeTactic:
+    """Launch configuration of `_paged_attn_kernel`."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_tactic(head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
+    """The tactic used when the tuner has nothing better (tactic -1)."""
+    # Wide tiles amortize the per-block softmax work; d256 halves them to stay in registers.
+    block_n = 64 if head_dim <= 128 else 32
+    if block_m >= 64:
+        block_n = 32 if head_dim <= 128 else 16
+    if TACTIC_OVERRIDE is not None:
+        return TACTIC_OVERRIDE
+    # Page size 1: every token's page id is its own load, one more step in the dependency
+    # chain, so one more pipeline stage keeps a KV block in flight.
+    return DecodeTactic(block_n=block_n, num_warps=4, num_stages=3 if page_size == 1 else 2)
+
+
+# Set by benchmarks to sweep tactics until the autotuner picks them per shape.
+TACTIC_OVERRIDE: DecodeTactic | None = None
+
+
+TACTICS: tuple[DecodeTactic, ...] = tuple(
+    DecodeTactic(bn, nw, ns) for bn in (32, 64, 128) for nw in (4, 8) for ns in (2, 3)
+)
+
+
+class PagedAttentionRunner(TunableRunner):
+    """The split-KV Triton kernel; inputs are (q, k, v, plan) with a planned `_DevicePlan`."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[DecodeTactic]:
+        q = inputs[0]
+        if q.device.type != "cuda":
+            return []
+        d = inputs[1].shape[-1]
+        return [t for t in TACTICS if d <= 128 or t.block_n <= 64]
+
+    def forward(self, inputs: Sequence[Any], tactic: Any = -1) -> Any:
+        q, k, v, dplan, out, lse = inputs
+        if not isinstance(tactic, DecodeTactic):
+            tactic = default_tactic(dplan.head_dim, dplan.page_size, dplan.block_m)
+        _launch(dplan, q, k, v, out, lse, tactic)
+        return out
+
+
+_RUNNERS = (PagedAttentionRunner(),)
+_TUNING = TuningConfig(cold_l2=True, use_cuda_graph=True)
+
+
+# --------------------------------------------------------------------------- plan state
+
+
+def _ctas_per_sm() -> int:
+    # 4: persistent CTAs per SM; enough loads in flight to saturate HBM with BLOCK_N=64.
+    return 4
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    # The interpreter runs CTAs one by one: a few are enough to exercise the scheduling.
+    return 2
+
+
+def _block_m(rows_per_tile_hint: int) -> int:
+    # tl.dot needs M >= 16; more rows than 64 per tile only for very large groups.
+    return max(16, min(64, triton.next_power_of_2(max(rows_per_tile_hint, 1))))
+
+
+def _align256(n: int) -> int:
+    return -(-n // 256) * 256
+
+
+@dataclass
+class _DevicePlan:
+    """Everything `run` needs: scalar parameters and device views of the plan arrays."""
+
+    batch: int
+    total_qo: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    group: int
+    block_m: int
+    sm_scale: float
+    logits_soft_cap: float | None
+    window_left: int
+    causal: bool
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    host: WorkPlan
+    grid_ctas: int
+    work_indptr: torch.Tensor  # [grid_ctas + 1] int32 (device)
+    work: torch.Tensor  # [W, 8] int32 (device)
+    merge_info: torch.Tensor  # [total_qo, 3] int32 (device)
+    partial_o: torch.Tensor  # [P, H_qo, D] fp32
+    partial_lse: torch.Tensor  # [P, H_qo] fp32
+    lse_scratch: torch.Tensor  # [total_qo, H_qo] fp32, used when no lse is requested
+    kv_indices: torch.Tensor  # [>= nnz] int32 (device)
+    nnz_pages: int
+    index_range: tuple[int, int] | None  # (min, max) of kv_indices[:nnz] when known cheaply
+    always_merge: bool  # graph mode: launch the merge kernel even when nothing was split
+    mask_window: bool  # mask by window in the kernel (else the plan trimmed the KV range)
+    qo_indptr_host: np.ndarray  # [B+1] int64
+    indptr_host: np.ndarray  # [B+1] int64
+    last_host: np.ndarray  # [B] int64
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Byte offsets of the plan's regions in the workspace buffer."""
+
+    ints: int  # int32 elements of [work_indptr | work | merge_info]
+    max_ctas: int
+    max_work: int
+    max_qo: int
+    max_partial: int
+    num_qo_heads: int
+    head_dim: int
+
+    @property
+    def off_plse(self) -> int:
+        return _align256(self.ints * 4)
+
+    @property
+    def off_lse(self) -> int:
+        return self.off_plse + _align256(self.max_partial * self.num_qo_heads * 4)
+
+    @property
+    def off_po(self) -> int:
+        return self.off_lse + _align256(self.max_qo * self.num_qo_heads * 4)
+
+    @property
+    def nbytes(self) -> int:
+        return self.off_po + self.max_partial * self.num_qo_heads * self.head_dim * 4
+
+
+def _make_layout(
+    max_ctas: int, max_work: int, max_qo: int, max_partial: int, num_qo_heads: int, head_dim: int
+) -> _Layout:
+    ints = (max_ctas + 1) + max_work * NUM_WORK_FIELDS + max_qo * 3
+    return _Layout(ints, max_ctas, max_work, max_qo, max_partial, num_qo_heads, head_dim)
+
+
+def _carve(workspace: torch.Tensor, layout: _Layout) -> dict[str, torch.Tensor]:
+    if workspace.numel() * workspace.element_size() < layout.nbytes:
+        raise ValueError(
+            f"workspace_buffer holds {workspace.numel() * workspace.element_size()} bytes but "
+            f"this plan needs {layout.nbytes}; allocate a larger workspace (FlashInfer's "
+            "recommendation, 128 MB, is always enough for decode)"
+        )
+    raw = workspace.view(torch.uint8).reshape(-1)
+    ints = raw[: layout.ints * 4].view(torch.int32)
+    c, w = layout.max_ctas + 1, layout.max_work * NUM_WORK_FIELDS
+    h, d = layout.num_qo_heads, layout.head_dim
+    return {
+        "ints": ints,
+        "work_indptr": ints[:c],
+        "work": ints[c : c + w].view(layout.max_work, NUM_WORK_FIELDS),
+        "merge_info": ints[c + w : c + w + layout.max_qo * 3].view(layout.max_qo, 3),
+        "partial_lse": raw[layout.off_plse : layout.off_plse + layout.max_partial * h * 4]
+        .view(torch.float32)
+        .view(layout.max_partial, h),
+        "lse_scratch": raw[layout.off_lse : layout.off_lse + layout.max_qo * h * 4]
+        .view(torch.float32)
+        .view(layout.max_qo, h),
+        "partial_o": raw[layout.off_po : layout.off_po + layout.max_partial * h * d * 4]
+        .view(torch.float32)
+        .view(layout.max_partial, h, d),
+    }
+
+
+def _as_int_tensor(name: str, x: Any) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        if x.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+        return x
+    try:
+        return torch.as_tensor(np.asarray(x, dtype=np.int64))
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an integer tensor, got {type(x).__name__}") from None
+
+
+def _dtype(name: str, x: Any, default: torch.dtype) -> torch.dtype:
+    if x is None:
+        return default
+    if isinstance(x, torch.dtype):
+        return x
+    if isinstance(x, str):
+        d = getattr(torch, x, None)
+        if isinstance(d, torch.dtype):
+            return d
+    raise TypeError(f"{name} must be a torch.dtype or its name, got {x!r}")
+
+
+def validate_page_table(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    page_size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Check a CSR page table on the host; return (indptr, last_page_len, kv_lens) as int64.
+
+    Errors name the argument: indptr must be 1-D, non-decreasing, start >= 0 and end within
+    `indices`; last_page_len must be in 1..page_size for requests with pages (0..page_size
+    for requests without).
+    """
+    if indptr.dim() != 1 or indptr.numel() < 1:
+        raise ValueError(
+            f"indptr must be 1-D with batch_size + 1 entries, got {tuple(indptr.shape)}"
+        )
+    batch = indptr.numel() - 1
+    if last_page_len.shape != (batch,):
+        raise ValueError(
+            f"last_page_len must have shape ({batch},) (batch_size from indptr), got "
+            f"{tuple(last_page_len.shape)}"
+        )
+    if indices.dim() != 1:
+        raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
+    ip = indptr.detach().cpu().numpy().astype(np.int64)
+    lp = last_page_len.detach().cpu().numpy().astype(np.int64)
+    if ip[0] < 0:
+        raise ValueError(f"indptr[0] must be >= 0, got {ip[0]}")
+    steps = np.diff(ip)
+    if (steps < 0).any():
+        b = int(np.argmax(steps < 0))
+        raise ValueError(f"indptr must be non-decreasing, but indptr[{b + 1}] < indptr[{b}]")
+    if ip[-1] > indices.numel():
+        raise ValueError(
+            f"indptr[-1] = {ip[-1]} pages but indices has only {indices.numel()} entries"
+        )
+    has_pages = steps > 0
+    bad = has_pages & ((lp < 1) | (lp > page_size)) | ~has_pages & ((lp < 0) | (lp > page_size))
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise ValueError(
+            f"last_page_len[{b}] = {lp[b]} is outside 1..page_size ({page_size}) for a request "
+            "with pages"
+            if has_pages[b]
+            else f"last_page_len[{b}] = {lp[b]} is outside 0..page_size for an empty request"
+        )
+    kv_lens = np.where(has_pages, (steps - 1) * page_size + lp, 0)
+    return ip, lp, kv_lens
+
+
+def _index_range(indices: torch.Tensor, nnz: int) -> tuple[int, int] | None:
+    """(min, max) of indices[:nnz] if that costs no device sync (or DEBUG_CHECKS is on)."""
+    if nnz == 0:
+        return None
+    if indices.device.type == "cpu" or env.DEBUG_CHECKS.get():
+        head = indices[:nnz]
+        return int(head.min()), int(head.max())
+    return None
+
+
+class _Planner:
+    """Shared plan/run machinery of the decode and cascade wrappers (one level each)."""
+
+    def __init__(
+        self,
+        workspace: torch.Tensor,
+        use_cuda_graph: bool,
+        indices_buffer: torch.Tensor | None,
+        max_batch: int | None,
+        max_qo: int | None,
+    ) -> None:
+        self.workspace = workspace
+        self.device = workspace.device
+        self.use_cuda_graph = use_cuda_graph
+        self.indices_buffer = indices_buffer
+        self.max_batch = max_batch
+        self.max_qo = max_qo
+        self._graph_layout: _Layout | None = None
+        self.plan: _DevicePlan | None = None
+
+    def make(
+        self,
+        qo_indptr: np.ndarray,
+        indptr: Any,
+        indices: Any,
+        last_page_len: Any,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *,
+        causal: bool,
+        window_left: int,
+        logits_soft_cap: float | None,
+        sm_scale: float | None,
+        q_dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+        disable_split_kv: bool,
+        fixed_split_size: int | None,
+    ) -> _DevicePlan:
+        for name, val in (
+            ("num_qo_heads", num_qo_heads),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+            ("page_size", page_size),
+        ):
+            if not isinstance(val, (int, np.integer)) or val < 1:
+                raise ValueError(f"{name} must be a positive integer, got {val!r}")
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(
+                f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        if head_dim < 16 or head_dim > 256:
+            raise ValueError(f"head_dim must be in 16..256, got {head_dim}")
+        if q_dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"q_data_type must be float16 or bfloat16, got {q_dtype}")
+        if kv_dtype != q_dtype:
+            raise NotImplementedError(
+                f"kv_data_type {kv_dtype} differs from q_data_type {q_dtype}: only matching "
+                "fp16/bf16 KV is implemented"
+            )
+        indptr_t = _as_int_tensor("indptr", indptr)
+        indices_t = _as_int_tensor("indices", indices)
+        last_t = _as_int_tensor("last_page_len", last_page_len)
+        ip, lp, kv_lens = validate_page_table(indptr_t, indices_t, last_t, page_size)
+        batch = ip.shape[0] - 1
+        total_qo = int(qo_indptr[-1])
+        if qo_indptr.shape[0] != batch + 1:
+            raise ValueError(
+                f"qo_indptr has {qo_indptr.shape[0]} entries but indptr has {batch + 1}"
+            )
+        qo_lens = np.diff(qo_indptr)
+        if (qo_lens < 0).any():
+            raise ValueError("qo_indptr must be non-decreasing")
+        if (qo_lens > kv_lens).any() and causal:
+            b = int(np.argmax(qo_lens > kv_lens))
+            raise ValueError(
+                f"request {b}: qo_len {qo_lens[b]} > kv_len {kv_lens[b]} (causal queries are "
+                "aligned bottom-right and need qo_len <= kv_len)"
+            )
+        group = num_qo_heads // num_kv_heads
+        max_rows = int(qo_lens.max()) * group if batch else group
+        block_m = _block_m(max_rows)
+        # With a single query per request, a window only trims the KV range: no masking.
+        single = bool((qo_lens <= 1).all())
+        kv_starts = None
+        if window_left >= 0 and single:
+            kv_starts = np.maximum(kv_lens - 1 - window_left, 0)
+        sm_count = _sm_count(self.device)
+        num_ctas = max(1, (sm_count * _ctas_per_sm()) // num_kv_heads)
+        tactic = default_tactic(head_dim, page_size, block_m)
+        align = max(tactic.block_n, 16)
+
+        if self.use_cuda_graph:
+            if self.max_batch is not None and batch != self.max_batch:
+                raise ValueError(
+                    f"CUDA-graph wrapper was built for batch_size {self.max_batch} (from the "
+                    f"indptr buffer), but plan got {batch}"
+                )
+            max_qo = self.max_qo if self.max_qo is not None else total_qo
+            if total_qo > max_qo:
+                raise ValueError(f"plan has {total_qo} query tokens; the wrapper holds {max_qo}")
+            max_tiles = batch * max(1, -(-max_rows // block_m))
+            max_work = max_work_items(num_ctas, max_tiles)
+            layout = _make_layout(
+                num_ctas, max_work, max_qo, max_work * max(1, max_qo // max(batch, 1)),
+                num_qo_heads, head_dim,
+            )  # fmt: skip
+            if self._graph_layout is not None and self._graph_layout != layout:
+                raise ValueError(
+                    "CUDA-graph wrapper re-planned with different heads/head_dim/batch: the "
+                    "captured graph's buffers would move; build a new wrapper"
+                )
+            self._graph_layout = layout
+        else:
+            max_work = None
+
+        host = plan_work(
+            qo_indptr,
+            kv_lens,
+            ip,
+            num_ctas,
+            group_size=group,
+            block_m=block_m,
+            kv_starts=kv_starts,
+            split_kv=not disable_split_kv,
+            kv_chunk_size=fixed_split_size if fixed_split_size and fixed_split_size > 0 else None,
+            chunk_align=align,
+            min_chunk=256,
+            max_work=max_work,
+            cost=CostModel(qo=1.0, kv=1.0, fixed=32.0),
+        )
+        if not self.use_cuda_graph:
+            layout = _make_layout(
+                num_ctas, max(host.num_work, 1), max(total_qo, 1), max(host.num_partial_rows, 1),
+                num_qo_heads, head_dim,
+            )  # fmt: skip
+        regions = _carve(self.workspace, layout)
+
+        # One host-to-device copy of all integer plan arrays.
+        ints = np.zeros(layout.ints, dtype=np.int32)
+        c, w = layout.max_ctas + 1, layout.max_work * NUM_WORK_FIELDS
+        ints[: host.num_ctas + 1] = host.work_indptr
+        ints[host.num_ctas + 1 : c] = host.work_indptr[-1]
+        ints[c : c + host.work.size] = host.work.reshape(-1)
+        ints[c + w : c + w + host.merge_info.size] = host.merge_info.reshape(-1)
+        regions["ints"].copy_(torch.from_numpy(ints))
+
+        nnz = int(ip[-1])
+        if self.indices_buffer is not None:
+            if indices_t.numel() > self.indices_buffer.numel():
+                raise ValueError(
+                    f"indices has {indices_t.numel()} entries but paged_kv_indices_buffer holds "
+                    f"{self.indices_buffer.numel()}"
+                )
+            if indices_t.data_ptr() != self.indices_buffer.data_ptr():
+                self.indices_buffer[: indices_t.numel()].copy_(indices_t)
+            dev_indices = self.indices_buffer
+        else:
+            dev_indices = indices_t.to(device=self.device, dtype=torch.int32)
+        index_range = _index_range(indices_t, nnz)
+
+        plan = _DevicePlan(
+            batch=batch,
+            total_qo=total_qo,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            group=group,
+            block_m=block_m,
+            sm_scale=float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim),
+            logits_soft_cap=logits_soft_cap if logits_soft_cap else None,
+            window_left=window_left,
+            causal=causal,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            host=host,
+            # LPT fills CTAs in index order, so without a graph the empty tail is not launched.
+            grid_ctas=layout.max_ctas
+            if self.use_cuda_graph
+            else max(1, min(host.num_ctas, host.num_work)),
+            work_indptr=regions["work_indptr"],
+            work=regions["work"],
+            merge_info=regions["merge_info"][:total_qo],
+            partial_o=regions["partial_o"],
+            partial_lse=regions["partial_lse"],
+            lse_scratch=regions["lse_scratch"][:total_qo],
+            kv_indices=dev_indices,
+            nnz_pages=nnz,
+            index_range=index_range,
+            always_merge=self.use_cuda_graph,
+            mask_window=window_left >= 0 and not single,
+            qo_indptr_host=qo_indptr,
+            indptr_host=ip,
+            last_host=lp,
+        )
+        self.plan = plan
+        return plan
+
+    def check_run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor | None,
+        lse: torch.Tensor | None,
+        q_shape: tuple[int, ...],
+    ) -> _DevicePlan:
+        plan = self.plan
+        if plan is None:
+            raise RuntimeError("run() called before plan(): call plan() once per step first")
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"q must be a tensor, got {type(q).__name__}")
+        if tuple(q.shape) != q_shape:
+            raise ValueError(
+                f"q must have shape {q_shape} (tokens, num_qo_heads, head_dim as planned), got "
+                f"{tuple(q.shape)}"
+            )
+        if q.dtype != plan.q_dtype:
+            raise TypeError(
+                f"q dtype {q.dtype} differs from the planned q_data_type {plan.q_dtype}"
+            )
+        if q.device != self.device:
+            raise ValueError(f"q is on {q.device} but the workspace buffer is on {self.device}")
+        if q.stride(-1) != 1:
+            raise ValueError("q must be contiguous in its last dimension")
+        expect = (plan.page_size, plan.num_kv_heads, plan.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if tuple(t.shape[1:]) != expect:
+                raise ValueError(
+                    f"paged_kv_cache {name}: expected pages of (page_size, num_kv_heads, "
+                    f"head_dim) = {expect} as planned, got {tuple(t.shape[1:])}"
+                )
+            if t.dtype != plan.kv_dtype:
+                raise TypeError(
+                    f"paged_kv_cache dtype {t.dtype} differs from the planned kv_data_type "
+                    f"{plan.kv_dtype}"
+                )
+            if t.device != self.device:
+                raise ValueError(f"paged_kv_cache is on {t.device}, expected {self.device}")
+            if t.stride(-1) != 1:
+                raise ValueError("paged_kv_cache must be contiguous in head_dim")
+        if plan.index_range is not None:
+            lo, hi = plan.index_range
+            if lo < 0 or hi >= k.shape[0]:
+                raise ValueError(
+                    f"indices hold page ids in [{lo}, {hi}] but the cache has {k.shape[0]} pages"
+                )
+        if out is not None:
+            if tuple(out.shape) != q_shape or out.dtype != q.dtype or out.device != q.device:
+                raise ValueError(
+                    f"out must be a {q.dtype} tensor of shape {q_shape} on {q.device}, got "
+                    f"{out.dtype} {tuple(out.shape)} on {out.device}"
+                )
+            if out.stride(-1) != 1:
+                raise ValueError("out must be contiguous in its last dimension")
+        if lse is not None:
+            want = q_shape[:2]
+            if (
+                tuple(lse.shape) != want
+                or lse.dtype != torch.float32
+                or lse.device != q.device
+                or not lse.is_contiguous()
+            ):
+                raise ValueError(
+                    f"lse must be a contiguous float32 tensor of shape {want} on {q.device}, got "
+                    f"{lse.dtype} {tuple(lse.shape)} on {lse.device}"
+                )
+        return plan
+
+    def run(
+        self,
+        plan: _DevicePlan,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor | None,
+        lse: torch.Tensor | None,
+        scale: tuple[float, float],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compute into out/lse (allocated if None); scale = (logit scale, output scale)."""
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse_buf = lse if lse is not None else plan.lse_scratch
+        logit_scale, out_scale = scale
+        use_kernel = platform.kernels_available(q.device) and not env.FORCE_REFERENCE.get()
+        if not use_kernel:
+            o_ref, l_ref = _reference(plan, q, k, v, logit_scale)
+            out.copy_(o_ref)
+            lse_buf.copy_(l_ref)
+        elif plan.total_qo > 0:
+            inputs = [q, k, v, plan, out, lse_buf]
+            runner, tactic = choose_one("attention.paged_decode", _RUNNERS, _TUNING, inputs)
+            if logit_scale != 1.0:
+                plan = _scaled(plan, logit_scale)
+                inputs[3] = plan
+            runner(inputs, tactic)
+        if out_scale != 1.0:
+            out.mul_(out_scale)
+        return out, lse_buf
+
+
+def _reference(
+    plan: _DevicePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU path: the float64 reference on the planned page table."""
+    dev = q.device
+    return paged_attention_ref(
+        q,
+        k,
+        v,
+        torch.as_tensor(plan.qo_indptr_host, device=dev),
+        torch.as_tensor(plan.indptr_host, device=dev),
+        plan.kv_indices.to(dev),
+        torch.as_tensor(plan.last_host, device=dev),
+        causal=plan.causal,
+        sm_scale=plan.sm_scale * logit_scale,
+        window_left=plan.window_left,
+        logits_soft_cap=plan.logits_soft_cap,
+    )
+
+
+def _scaled(plan: _DevicePlan, factor: float) -> _DevicePlan:
+    from dataclasses import replace
+
+    return replace(plan, sm_scale=plan.sm_scale * factor)
+
+
+def _launch(
+    plan: _DevicePlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    tactic: DecodeTactic,
+) -> None:
+    """Launch the attention kernel and, where the plan split KV, the merge kernel."""
+    cap = plan.logits_soft_cap
+    if cap:
+        qk_scale, cap_arg = plan.sm_scale / cap, cap * _LOG2E
+    else:
+        qk_scale, cap_arg = plan.sm_scale * _LOG2E, 0.0
+    grid = (plan.grid_ctas, plan.num_kv_heads)
+    _paged_attn_kernel[grid](
+        q, k, v, plan.kv_indices, plan.work_indptr, plan.work,
+        out, lse, plan.partial_o, plan.partial_lse,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1),
+        plan.num_qo_heads, qk_scale, cap_arg, max(plan.window_left, 0),
+        GROUP=plan.group, HEAD_DIM=plan.head_dim,
+        BLOCK_D=triton.next_power_of_2(plan.head_dim), PAGE_SIZE=plan.page_size,
+        BLOCK_M=plan.block_m, BLOCK_N=tactic.block_n,
+        SOFT_CAP=bool(cap), CAUSAL=plan.causal, WINDOW=plan.mask_window,
+        num_warps=tactic.num_warps, num_stages=tactic.num_stages,
+    )  # fmt: skip
+    if plan.always_merge or plan.host.has_split:
+        merge_partials(plan.partial_o, plan.partial_lse, plan.merge_info, out, lse)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Batch decode over a paged KV cache (FlashInfer's wrapper of the same name).
+
+    Call `plan` once per step with the page table (it runs the CPU scheduler and fills the
+    workspace), then `run` for every layer. With use_cuda_graph=True, pass the page-table
+    buffers at construction: their sizes fix the batch size and the most pages, and `run`
+    can be captured once and replayed after each `plan`.
+
+    Extra plan keywords (as in later FlashInfer releases): disable_split_kv=True keeps each
+    request in one CTA; fixed_split_size=n splits KV into chunks of n tokens.
+    """
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer: torch.Tensor | None = None,
+        paged_kv_indices_buffer: torch.Tensor | None = None,
+        paged_kv_last_page_len_buffer: torch.Tensor | None = None,
+        backend: str = "auto",
+        jit_args: list[Any] | None = None,
+    ) -> None:
+        if not isinstance(float_workspace_buffer, torch.Tensor):
+            raise TypeError("float_workspace_buffer must be a tensor")
+        if not float_workspace_buffer.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous")
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = use_cuda_graph
+        self.use_tensor_cores = use_tensor_cores  # accepted for compatibility: always MMA
+        max_batch = None
+        if use_cuda_graph:
+            bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
+            if any(b is None for b in bufs):
+                raise ValueError(
+                    "use_cuda_graph=True needs paged_kv_indptr_buffer, paged_kv_indices_buffer "
+                    "and paged_kv_last_page_len_buffer (their sizes fix the batch and page count)"
+                )
+            max_batch = paged_kv_indptr_buffer.numel() - 1
+            if max_batch < 1:
+                raise ValueError("paged_kv_indptr_buffer must hold at least 2 entries")
+            if paged_kv_last_page_len_buffer.numel() != max_batch:
+                raise ValueError(
+                    f"paged_kv_last_page_len_buffer holds {paged_kv_last_page_len_buffer.numel()} "
+                    f"entries; paged_kv_indptr_buffer implies batch_size {max_batch}"
+                )
+            for name, b in (
+                ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer),
+            ):
+                if b.device != float_workspace_buffer.device or b.dtype != torch.int32:
+                    raise ValueError(
+                        f"{name} must be int32 on {float_workspace_buffer.device}, got "
+                        f"{b.dtype} on {b.device}"
+                    )
+        self._indptr_buf = paged_kv_indptr_buffer
+        self._last_buf = paged_kv_last_page_len_buffer
+        self._planner = _Planner(
+            float_workspace_buffer,
+            use_cuda_graph,
+            paged_kv_indices_buffer if use_cuda_graph else None,
+            max_batch,
+            max_batch,
+        )
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor | None = None
+    ) -> None:
+        """Use another workspace (FlashInfer API); the next plan() fills it."""
+        self._planner.workspace = float_workspace_buffer
+        self._planner.plan = None
+
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        pos_encoding_mode: str = "NONE",
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        q_data_type: str | torch.dtype = "float16",
+        kv_data_type: str | torch.dtype | None = None,
+        data_type: str | torch.dtype | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        non_blocking: bool = True,
+        *,
+        disable_split_kv: bool = False,
+        fixed_split_size: int | None = None,
+    ) -> None:
+        """Schedule decode for one step (see the class docstring).
+
+        indptr [B+1], indices [nnz_pages], last_page_len [B]: the page table (int32).
+        """
+        if pos_encoding_mode != "NONE":
+            raise NotImplementedError(
+                f"pos_encoding_mode={pos_encoding_mode!r}: only 'NONE' is implemented (apply "
+                "RoPE before writing the KV cache)"
+            )
+        q_dtype = _dtype("q_data_type", q_data_type, torch.float16)
+        if data_type is not None:  # FlashInfer's deprecated alias
+            q_dtype = _dtype("data_type", data_type, q_dtype)
+        kv_dtype = _dtype("kv_data_type", kv_data_type, q_dtype)
+        if not isinstance(window_left, int):
+            raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
+        indptr_t = _as_int_tensor("indptr", indptr)
+        last_t = _as_int_tensor("last_page_len", last_page_len)
+        batch = indptr_t.numel() - 1
+        qo_indptr = np.arange(batch + 1, dtype=np.int64)
+        self._planner.make(
+            qo_indptr,
+            indptr_t,
+            indices,
+            last_t,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            causal=False,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            disable_split_kv=disable_split_kv,
+            fixed_split_size=fixed_split_size,
+        )
+        if self._use_cuda_graph:
+            # Keep the caller-visible buffers in sync, as FlashInfer's graph mode does.
+            if indptr_t.data_ptr() != self._indptr_buf.data_ptr():
+                self._indptr_buf.copy_(indptr_t.to(torch.int32))
+            if last_t.data_ptr() != self._last_buf.data_ptr():
+                self._last_buf.copy_(last_t.to(torch.int32))
+
+    begin_forward = plan
+
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        *args: Any,
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+        enable_pdl: bool | None = None,
+        window_left: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Decode attention for q [B, num_qo_heads, head_dim] over the planned page table.
+
+        Returns out [B, num_qo_heads, head_dim] (q's dtype), and with return_lse=True also
+        the base-2 log-sum-exp [B, num_qo_heads] float32.
+        """
+        plan = self._planner.plan
+        if plan is None:
+            raise RuntimeError("run() called before plan(): call plan() once per step first")
+        if window_left is not None and window_left != plan.window_left:
+            raise ValueError(
+                f"run(window_left={window_left}) differs from plan(window_left="
+                f"{plan.window_left}); the plan trims KV to the window, so pass it to plan()"
+            )
+        k, v = split_kv_cache(paged_kv_cache, self._kv_layout)
+        q_shape = (plan.batch, plan.num_qo_heads, plan.head_dim)
+        self._planner.check_run(q, k, v, out, lse if return_lse else None, q_shape)
+        logit_scale = (q_scale if q_scale is not None else 1.0) * (
+            k_scale if k_scale is not None else 1.0
+        )
+        out_t, lse_t = self._planner.run(
+            plan,
+            q,
+            k,
+            v,
+            out,
+            lse if return_lse else None,
+            (logit_scale, v_scale if v_scale is not None else 1.0),
+        )
+        return (out_t, lse_t) if return_lse else out_t
+
+    def forward(self, q: torch.Tensor, paged_kv_cache: Any, **kwargs: Any) -> Any:
+        """Deprecated FlashInfer alias of run (plan must have been called)."""
+        return self.run(q, paged_kv_cache, **kwargs)
+
+    def end_forward(self) -> None:
+        """FlashInfer compatibility no-op."""
+
+
+def single_decode_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    sm_scale: float | None = None,
+    rope_scale: float | None = None,
+    rope_theta: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention of one request (FlashInfer `single_decode_with_kv_cache`).
+
+    q: [num_qo_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim] (NHD) or
+    [num_kv_heads, kv_len, head_dim] (HND). Returns out [num_qo_heads, head_dim] and, with
+    return_lse, the base-2 LSE [num_qo_heads].
+    """
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if q.dim() != 2:
+        raise ValueError(f"q must be [num_qo_heads, head_dim], got shape {tuple(q.shape)}")
+    if k.dim() != 3 or k.shape != v.shape:
+        raise ValueError(
+            f"k and v must be 3-D of equal shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if kv_layout == "HND":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+    kv_len, num_kv_heads, head_dim = k.shape
+    if q.shape[1] != head_dim:
+        raise ValueError(f"q head_dim {q.shape[1]} != k head_dim {head_dim}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    # Each token is a page of size 1 (indices 0..kv_len-1): one kernel serves both APIs, and
+    # the 4-byte index per 512-byte token costs under 1% of the traffic.
+    workspace = torch.empty(32 * 2**20, dtype=torch.uint8, device=q.device)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    dev = q.device
+    has = kv_len > 0
+    wrapper.plan(
+        torch.tensor([0, kv_len], dtype=torch.int32),
+        torch.arange(kv_len, dtype=torch.int32, device=dev),
+        torch.tensor([1 if has else 0], dtype=torch.int32),
+        q.shape[0],
+        num_kv_heads,
+        head_dim,
+        1,
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        q_data_type=q.dtype,
+        kv_data_type=k.dtype,
+        sm_scale=sm_scale,
+    )
+    res = wrapper.run(
+        q[None],
+        (k[:, None], v[:, None]),
+        q_scale=q_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        return_lse=return_lse,
+    )
+    if return_lse:
+        o, s = res
+        return o[0], s[0]
+    return res[0]

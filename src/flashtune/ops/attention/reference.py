@@ -1,0 +1,210 @@
+"""Plain-PyTorch references for paged decode attention and attention-state merging.
+
+They compute in float64 (or any `compute_dtype`) one request at a time, written for clarity,
+not speed: tests, benchmarks and the CPU path import them. Conventions follow FlashInfer:
+- caches are given as logical NHD views [num_pages, page_size, num_kv_heads, head_dim]
+  (`page.split_kv_cache` turns any layout into that view);
+- query head h reads KV head h // (num_qo_heads // num_kv_heads);
+- the log-sum-exp (LSE) is in base 2: lse = logsumexp(logits) / ln 2;
+- an empty sequence yields output 0 and LSE -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "paged_kv_lens",
+    "gather_paged_kv",
+    "paged_attention_ref",
+    "batch_decode_ref",
+    "single_decode_ref",
+    "merge_state_ref",
+    "merge_states_ref",
+]
+
+
+def paged_kv_lens(
+    kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int
+) -> torch.Tensor:
+    """KV length of each request [B] (int64): full pages plus the last page's tokens."""
+    num_pages = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
+    lens = (num_pages - 1).clamp(min=0) * page_size + kv_last_page_len.to(torch.int64)
+    return torch.where(num_pages > 0, lens, torch.zeros_like(lens))
+
+
+def gather_paged_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    b: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request b's keys and values as contiguous [kv_len, num_kv_heads, head_dim] tensors."""
+    page_size = k_cache.shape[1]
+    start, end = int(kv_indptr[b]), int(kv_indptr[b + 1])
+    pages = kv_indices[start:end].to(torch.long)
+    kv_len = 0 if end == start else (end - start - 1) * page_size + int(kv_last_page_len[b])
+    k = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:kv_len]
+    v = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:kv_len]
+    return k, v
+
+
+def _attend(
+    q: torch.Tensor,  # [qo_len, H_qo, D]
+    k: torch.Tensor,  # [kv_len, H_kv, D]
+    v: torch.Tensor,  # [kv_len, H_kv, D]
+    causal: bool,
+    sm_scale: float,
+    window_left: int,
+    logits_soft_cap: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of one request in q's dtype: (out [qo_len, H_qo, D], lse2 [qo_len, H_qo])."""
+    qo_len, num_qo_heads, head_dim = q.shape
+    kv_len, num_kv_heads = k.shape[0], k.shape[1]
+    group = num_qo_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    logits = torch.einsum("qhd,khd->hqk", q, k) * sm_scale
+    if logits_soft_cap is not None and logits_soft_cap > 0:
+        logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+    # Queries are aligned bottom-right: query i sits at KV position kv_len - qo_len + i.
+    q_pos = torch.arange(qo_len, device=q.device)[:, None] + (kv_len - qo_len)
+    k_pos = torch.arange(kv_len, device=q.device)[None, :]
+    allowed = torch.ones(qo_len, kv_len, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed &= k_pos <= q_pos
+    if window_left >= 0:
+        allowed &= k_pos >= q_pos - window_left
+    logits = logits.masked_fill(~allowed[None], float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)  # [H, qo]
+    probs = torch.exp(logits - lse[..., None]).nan_to_num(0.0)  # rows with no key: all zeros
+    out = torch.einsum("hqk,khd->qhd", probs, v)
+    return out, (lse / math.log(2.0)).transpose(0, 1)
+
+
+@torch.no_grad()
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch attention over a paged KV cache: (out like q, lse2 [total_qo, H_qo] float32).
+
+    q: [total_qo, H_qo, D], rows of request b are qo_indptr[b]:qo_indptr[b+1].
+    k_cache, v_cache: [num_pages, page_size, H_kv, D] (NHD view).
+    """
+    head_dim = q.shape[-1]
+    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    out = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=compute_dtype, device=q.device)
+    for b in range(len(kv_indptr) - 1):
+        q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        k, v = gather_paged_kv(k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, b)
+        if q1 == q0 or k.shape[0] == 0:
+            continue
+        o_b, lse_b = _attend(
+            q[q0:q1].to(compute_dtype),
+            k.to(compute_dtype),
+            v.to(compute_dtype),
+            causal,
+            sm_scale,
+            window_left,
+            logits_soft_cap,
+        )
+        out[q0:q1], lse[q0:q1] = o_b, lse_b
+    return out.to(q.dtype), lse.to(torch.float32)
+
+
+def batch_decode_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    sm_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch decode (one query token per request, q [B, H_qo, D]): (out, lse2 float32)."""
+    qo_indptr = torch.arange(q.shape[0] + 1, device=q.device)
+    return paged_attention_ref(
+        q,
+        k_cache,
+        v_cache,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+        causal=False,
+        sm_scale=sm_scale,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        compute_dtype=compute_dtype,
+    )
+
+
+def single_decode_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request: q [H_qo, D], k/v [kv_len, H_kv, D] (NHD): (out [H_qo, D], lse2 [H_qo])."""
+    kv_len = k.shape[0]
+    dev = q.device
+    indptr = torch.tensor([0, 1 if kv_len else 0], device=dev)
+    out, lse = batch_decode_ref(
+        q[None],
+        k[None],
+        v[None],
+        indptr,
+        torch.zeros(1, dtype=torch.int32, device=dev),
+        torch.tensor([kv_len], device=dev),
+        sm_scale=sm_scale,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        compute_dtype=compute_dtype,
+    )
+    return out[0], lse[0]
+
+
+def merge_states_ref(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge n attention states: v [seq, n, H, D], s [seq, n, H] (base-2 LSE).
+
+    Returns (v_merged [seq, H, D] in v's dtype, s_merged [seq, H] float32). States with
+    s = -inf carry no weight; if all are -inf the result is (0, -inf).
+    """
+    s64 = s.to(torch.float64)
+    s_max = s64.amax(dim=1, keepdim=True)
+    s_max = torch.where(torch.isinf(s_max) & (s_max < 0), torch.zeros_like(s_max), s_max)
+    w = torch.exp2(s64 - s_max)  # [seq, n, H]
+    total = w.sum(dim=1)  # [seq, H]
+    merged = (w[..., None] * v.to(torch.float64)).sum(dim=1) / total[..., None].clamp_min(1e-300)
+    merged = torch.where(total[..., None] > 0, merged, torch.zeros_like(merged))
+    s_out = torch.log2(total) + s_max[:, 0]
+    return merged.to(v.dtype), s_out.to(torch.float32)
+
+
+def merge_state_ref(
+    v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two attention states ([seq, H, D], [seq, H]) into one."""
+    return merge_states_ref(torch.stack([v_a, v_b], dim=1), torch.stack([s_a, s_b], dim=1))

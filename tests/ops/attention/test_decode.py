@@ -1,0 +1,353 @@
+"""Batch/single decode over a paged KV cache against the float64 reference and the corpus."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from flashtune.ops.attention import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    batch_decode_ref,
+    single_decode_ref,
+    single_decode_with_kv_cache,
+    split_kv_cache,
+)
+from flashtune.ops.attention.page import build_page_table
+
+# (dtype, atol, rtol) of the output; the LSE is compared with LSE_ATOL (base-2 units).
+TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+LSE_ATOL = 1e-3
+
+
+def _cache(num_pages, page_size, hk, d, layout, dtype, device, five_d=True):
+    shape = (num_pages, page_size, hk, d) if layout == "NHD" else (num_pages, hk, page_size, d)
+    if five_d:
+        return torch.randn(num_pages, 2, *shape[1:], dtype=dtype, device=device)
+    return (
+        torch.randn(shape, dtype=dtype, device=device),
+        torch.randn(shape, dtype=dtype, device=device),
+    )
+
+
+def _check(
+    lens,
+    hq,
+    hk,
+    d,
+    page_size,
+    layout,
+    dtype,
+    device,
+    *,
+    five_d=True,
+    split=None,
+    window_left=-1,
+    soft_cap=None,
+    sm_scale=None,
+    wrapper=None,
+):
+    indptr, indices, last, num_pages = build_page_table(lens, page_size, extra_pages=2)
+    cache = _cache(num_pages, page_size, hk, d, layout, dtype, device, five_d)
+    q = torch.randn(len(lens), hq, d, dtype=dtype, device=device)
+    if wrapper is None:
+        # FlashInfer's recommended 128 MB on the GPU (batch 257 with MQA needs ~20 MB).
+        mb = 128 if torch.device(device).type == "cuda" else 8
+        ws = torch.empty(mb * 2**20, dtype=torch.uint8, device=device)
+        wrapper = BatchDecodeWithPagedKVCacheWrapper(ws, layout)
+    wrapper.plan(
+        indptr.to(device),
+        indices.to(device),
+        last.to(device),
+        hq,
+        hk,
+        d,
+        page_size,
+        window_left=window_left,
+        logits_soft_cap=soft_cap,
+        q_data_type=dtype,
+        sm_scale=sm_scale,
+        fixed_split_size=split,
+    )
+    out, lse = wrapper.run(q, cache, return_lse=True)
+    k, v = split_kv_cache(cache, layout)
+    ref_o, ref_lse = batch_decode_ref(
+        q,
+        k,
+        v,
+        indptr.to(device),
+        indices.to(device),
+        last.to(device),
+        sm_scale=sm_scale,
+        window_left=window_left,
+        logits_soft_cap=soft_cap,
+    )
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, ref_o, atol=atol, rtol=rtol)
+    torch.testing.assert_close(
+        lse, ref_lse, atol=LSE_ATOL * (10 if dtype == torch.bfloat16 else 1), rtol=0
+    )
+    return wrapper
+
+
+# Small interpreter grid: every group size, head dims 64/128, page sizes 1/16/odd, both
+# layouts, with and without split KV; lengths include empty and partial-page requests.
+CASES = [
+    # lens, hq, hk, d, page_size, layout, split
+    ([0, 1, 37, 100, 16], 8, 2, 64, 16, "NHD", None),
+    ([0, 1, 37, 100, 16], 8, 2, 64, 16, "HND", 16),
+    ([50], 4, 4, 64, 1, "NHD", 16),
+    ([33, 7], 10, 2, 64, 4, "HND", None),  # group 5
+    ([33, 0, 70], 12, 2, 128, 16, "NHD", 32),  # group 6
+    ([65, 3], 16, 2, 64, 5, "NHD", 16),  # group 8, odd page size
+    ([20], 2, 1, 128, 16, "HND", None),
+    ([9, 64, 17, 1, 30, 45, 2, 80, 5, 11, 23, 60], 4, 1, 64, 16, "NHD", 32),  # larger batch
+]
+
+
+@pytest.mark.parametrize("lens,hq,hk,d,page_size,layout,split", CASES)
+def test_batch_decode_matches_reference(lens, hq, hk, d, page_size, layout, split, device):
+    _check(lens, hq, hk, d, page_size, layout, torch.float16, device, split=split)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(window_left=20),
+        dict(window_left=0, split=16),
+        dict(soft_cap=5.0, split=16),
+        dict(sm_scale=0.3),
+        dict(five_d=False),
+    ],
+)
+def test_batch_decode_variants(variant, device):
+    _check([70, 1, 33], 8, 2, 64, 16, "NHD", torch.float16, device, **variant)
+
+
+def test_decode_is_deterministic_and_replans(device):
+    lens = [100, 5, 64]
+    indptr, indices, last, n = build_page_table(lens, 16)
+    cache = torch.randn(n, 2, 16, 2, 64, dtype=torch.float16, device=device)
+    q = torch.randn(3, 8, 64, dtype=torch.float16, device=device)
+    ws = torch.empty(2**22, dtype=torch.uint8, device=device)
+    w = BatchDecodeWithPagedKVCacheWrapper(ws)
+    w.plan(indptr, indices, last, 8, 2, 64, 16, fixed_split_size=32)
+    a = w.run(q, cache)
+    b = w.run(q, cache)
+    assert torch.equal(a, b)
+    # Re-planning the same wrapper for other lengths gives the other lengths' result.
+    _check([3, 90], 8, 2, 64, 16, "NHD", torch.float16, device, split=16, wrapper=w)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_single_decode(layout, device):
+    kv_len, hq, hk, d = 45, 8, 2, 64
+    q = torch.randn(hq, d, dtype=torch.float16, device=device)
+    shape = (kv_len, hk, d) if layout == "NHD" else (hk, kv_len, d)
+    k = torch.randn(shape, dtype=torch.float16, device=device)
+    v = torch.randn(shape, dtype=torch.float16, device=device)
+    out, lse = single_decode_with_kv_cache(q, k, v, kv_layout=layout, return_lse=True)
+    kn, vn = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
+    ref_o, ref_lse = single_decode_ref(q, kn, vn)
+    torch.testing.assert_close(out, ref_o, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse, ref_lse, atol=LSE_ATOL, rtol=0)
+
+
+def test_matches_corpus_definition_reference(trace_corpus, device):
+    """The FlashInfer-Trace reference of gqa_paged_decode_h32_kv8_d128_ps64 agrees."""
+    path = trace_corpus / "definitions/gqa_paged/gqa_paged_decode_h32_kv8_d128_ps64.json"
+    defn = json.loads(path.read_text())
+    ns: dict = {}
+    exec(defn["reference"], ns)
+    lens = [70, 1, 128]
+    indptr, indices, last, n = build_page_table(lens, 64)
+    k_cache = torch.randn(n, 64, 8, 128, dtype=torch.float16, device=device)
+    v_cache = torch.randn(n, 64, 8, 128, dtype=torch.float16, device=device)
+    q = torch.randn(3, 32, 128, dtype=torch.float16, device=device)
+    scale = 1 / math.sqrt(128)
+    ref_o, ref_lse = ns["run"](q, k_cache, v_cache, indptr, indices, last, scale)
+    ws = torch.empty(2**22, dtype=torch.uint8, device=device)
+    w = BatchDecodeWithPagedKVCacheWrapper(ws)
+    w.plan(indptr, indices, last, 32, 8, 128, 64, q_data_type=torch.float16, sm_scale=scale)
+    out, lse = w.run(q, (k_cache, v_cache), return_lse=True)
+    # The corpus reference rounds its output to bf16.
+    torch.testing.assert_close(out.float(), ref_o.float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=0)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _planned(device, **kw):
+    indptr, indices, last, n = build_page_table([20, 5], 16)
+    ws = torch.empty(2**22, dtype=torch.uint8, device=device)
+    w = BatchDecodeWithPagedKVCacheWrapper(ws)
+    w.plan(indptr, indices, last, 8, 2, 64, 16, **kw)
+    cache = torch.randn(n, 2, 16, 2, 64, dtype=torch.float16, device=device)
+    q = torch.randn(2, 8, 64, dtype=torch.float16, device=device)
+    return w, q, cache, (indptr, indices, last, n)
+
+
+def test_run_before_plan(device):
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device=device))
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(torch.randn(1, 8, 64, device=device), torch.randn(1, 2, 16, 2, 64, device=device))
+
+
+def test_bad_shapes_at_run(device):
+    w, q, cache, _ = _planned(device)
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.run(torch.randn(2, 4, 64, dtype=torch.float16, device=device), cache)
+    with pytest.raises(ValueError, match="head_dim"):
+        w.run(q, torch.randn(cache.shape[0], 2, 16, 2, 32, dtype=torch.float16, device=device))
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        w.run(q, torch.randn(cache.shape[0], 2, 16, 4, 64, dtype=torch.float16, device=device))
+    with pytest.raises(TypeError, match="dtype"):
+        w.run(q.float(), cache)
+    with pytest.raises(ValueError, match="meta"):
+        w.run(q.to("meta"), cache)
+
+
+def test_bad_page_tables(device):
+    ws = torch.empty(2**22, dtype=torch.uint8, device=device)
+    w = BatchDecodeWithPagedKVCacheWrapper(ws)
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    with pytest.raises(ValueError, match="non-decreasing"):
+        w.plan(i32([0, 2, 1]), i32([0, 1]), i32([1, 1]), 8, 2, 64, 16)
+    with pytest.raises(ValueError, match="last_page_len"):
+        w.plan(i32([0, 1, 2]), i32([0, 1]), i32([0, 1]), 8, 2, 64, 16)
+    with pytest.raises(ValueError, match="last_page_len"):
+        w.plan(i32([0, 1, 2]), i32([0, 1]), i32([17, 1]), 8, 2, 64, 16)
+    with pytest.raises(ValueError, match="indices"):
+        w.plan(i32([0, 1, 3]), i32([0, 1]), i32([1, 1]), 8, 2, 64, 16)
+    with pytest.raises(ValueError, match="multiple"):
+        w.plan(i32([0, 1]), i32([0]), i32([1]), 6, 4, 64, 16)
+    # Page ids outside the cache: caught at run, before any launch.
+    w.plan(i32([0, 1, 2]), i32([0, 9]), i32([3, 4]), 8, 2, 64, 16)
+    cache = torch.randn(4, 2, 16, 2, 64, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="pages"):
+        w.run(torch.randn(2, 8, 64, dtype=torch.float16, device=device), cache)
+
+
+def test_graph_mode_buffer_checks(device):
+    ws = torch.empty(2**22, dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match="needs"):
+        BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
+    i32 = lambda n: torch.zeros(n, dtype=torch.int32, device=device)  # noqa: E731
+    with pytest.raises(ValueError, match="last_page_len_buffer"):
+        BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", True, False, i32(5), i32(10), i32(3))
+    w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", True, False, i32(3), i32(4), i32(2))
+    indptr, indices, last, _ = build_page_table([20, 5, 7], 16)
+    with pytest.raises(ValueError, match="batch_size 2"):
+        w.plan(indptr, indices, last, 8, 2, 64, 16)
+    indptr, indices, last, _ = build_page_table([100, 5], 16)
+    with pytest.raises(ValueError, match="indices_buffer"):
+        w.plan(indptr, indices, last, 8, 2, 64, 16)
+    small = BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(64, dtype=torch.uint8, device=device),
+        "NHD",
+        True,
+        False,
+        i32(3),
+        i32(4),
+        i32(2),
+    )
+    indptr, indices, last, _ = build_page_table([20, 5], 16)
+    with pytest.raises(ValueError, match="workspace"):
+        small.plan(indptr, indices, last, 8, 2, 64, 16)
+
+
+def test_window_left_must_match_plan(device):
+    w, q, cache, _ = _planned(device, window_left=4)
+    with pytest.raises(ValueError, match="window_left"):
+        w.run(q, cache, window_left=8)
+
+
+# --------------------------------------------------------------------------- GPU (bf16, large)
+
+
+GPU_GRID = [
+    # layout, hq, hk, d, page_size: every head dim x page size, every group size 1..8
+    ("NHD", 32, 8, 64, 1),
+    ("HND", 32, 8, 64, 16),
+    ("NHD", 32, 8, 64, 64),
+    ("HND", 32, 8, 128, 1),
+    ("NHD", 32, 8, 128, 16),
+    ("HND", 32, 8, 128, 64),
+    ("NHD", 32, 8, 256, 1),
+    ("HND", 32, 8, 256, 16),
+    ("NHD", 32, 8, 256, 64),
+    ("NHD", 8, 8, 128, 16),
+    ("HND", 16, 8, 128, 16),
+    ("NHD", 24, 8, 128, 64),
+    ("HND", 40, 8, 128, 16),
+    ("NHD", 48, 8, 128, 16),
+    ("HND", 56, 8, 128, 16),
+    ("NHD", 64, 8, 128, 16),
+    ("NHD", 32, 1, 128, 16),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout,hq,hk,d,page_size", GPU_GRID)
+def test_batch_decode_gpu_grid(layout, hq, hk, d, page_size):
+    g = torch.Generator().manual_seed(hq * 1000 + d + page_size)
+    lens = torch.randint(0, 3000, (257,), generator=g).tolist()
+    lens[0], lens[1], lens[2] = 0, 1, 20000
+    _check(lens, hq, hk, d, page_size, layout, torch.bfloat16, "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "variant",
+    [dict(window_left=500), dict(soft_cap=30.0), dict(sm_scale=0.05), dict(five_d=False)],
+)
+def test_batch_decode_gpu_variants(variant):
+    lens = [0, 1, 7000, 300, 64, 4097] * 8
+    _check(lens, 32, 8, 128, 16, "NHD", torch.bfloat16, "cuda", **variant)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_after_replan():
+    dev = torch.device("cuda")
+    batch, hq, hk, d, ps = 33, 32, 8, 128, 16
+    max_pages = 4096
+    ws = torch.empty(128 * 2**20, dtype=torch.uint8, device=dev)
+    ip_buf = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
+    idx_buf = torch.zeros(max_pages, dtype=torch.int32, device=dev)
+    last_buf = torch.zeros(batch, dtype=torch.int32, device=dev)
+    w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", True, False, ip_buf, idx_buf, last_buf)
+    cache = torch.randn(max_pages, 2, ps, hk, d, dtype=torch.bfloat16, device=dev)
+    q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device=dev)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, hq, dtype=torch.float32, device=dev)
+
+    def plan(lens):
+        indptr, indices, last, _ = build_page_table(
+            lens, ps, extra_pages=max_pages - sum(-(-n // ps) for n in lens)
+        )
+        w.plan(indptr, indices, last, hq, hk, d, ps, q_data_type=torch.bfloat16)
+        return indptr, indices, last
+
+    plan([100] * batch)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w.run(q, cache, out=out, lse=lse, return_lse=True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, cache, out=out, lse=lse, return_lse=True)
+    for lens in ([100] * batch, [30000] + [1] * (batch - 1), [0, 5000] * 16 + [17]):
+        indptr, indices, last = plan(lens)
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        k, v = split_kv_cache(cache, "NHD")
+        ref_o, ref_lse = batch_decode_ref(
+            q, k, v, indptr.cuda(), indices.cuda(), last.cuda(), compute_dtype=torch.float32
+        )
+        torch.testing.assert_close(out, ref_o, atol=1.6e-2, rtol=1.6e-2)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=0)

@@ -1,0 +1,96 @@
+"""The CPU scheduler: coverage, determinism, balance and graph-mode bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashtune.ops.attention.scheduler import lpt_assign, max_work_items, plan_work
+
+
+def _coverage(plan, kv_lens, qo_indptr, group, block_m, kv_starts=None):
+    """Each (tile, KV token) is in exactly one item; merge rows match the split requests."""
+    seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for row in plan.work:
+        qo_start, qo_len, row_start, _, s, e, kv_len, out_row = (int(x) for x in row)
+        seen.setdefault((qo_start, row_start), []).append((s, e))
+    for b, n in enumerate(kv_lens):
+        qo_len = qo_indptr[b + 1] - qo_indptr[b]
+        start = 0 if kv_starts is None else kv_starts[b]
+        for row_start in range(0, qo_len * group, block_m):
+            ranges = sorted(seen.pop((int(qo_indptr[b]), row_start)))
+            assert ranges[0][0] == start and ranges[-1][1] == n
+            assert all(a[1] == b_[0] for a, b_ in zip(ranges, ranges[1:], strict=False))
+    assert not seen
+
+
+@pytest.mark.parametrize(
+    "kv_lens",
+    [[512] * 64, [32768] + [512] * 63, [0, 1, 5, 0], [100000], list(range(0, 3000, 37))],
+)
+def test_plan_covers_every_token_once(kv_lens):
+    b = len(kv_lens)
+    qo = np.arange(b + 1)
+    plan = plan_work(qo, kv_lens, np.zeros(b + 1, np.int64), 33, group_size=4, block_m=16)
+    _coverage(plan, kv_lens, qo, 4, 16)
+    assert plan.work_indptr[-1] == plan.num_work
+    # Partial rows are exactly those of split requests, one per chunk.
+    counts = plan.merge_info[:, 1]
+    assert plan.num_partial_rows == counts.sum()
+    assert all(c != 1 for c in counts)
+
+
+def test_plan_is_deterministic():
+    lens = np.random.default_rng(0).integers(0, 20000, 100)
+    a = plan_work(np.arange(101), lens, np.arange(101), 66, group_size=4)
+    b = plan_work(np.arange(101), lens, np.arange(101), 66, group_size=4)
+    assert np.array_equal(a.work, b.work) and np.array_equal(a.work_indptr, b.work_indptr)
+    assert np.array_equal(a.merge_info, b.merge_info)
+
+
+def test_skewed_batch_is_balanced():
+    lens = [32768] + [512] * 63
+    qo, ip = np.arange(65), np.zeros(65, np.int64)
+    balanced = plan_work(qo, lens, ip, 33, group_size=4)
+    unsplit = plan_work(qo, lens, ip, 33, group_size=4, split_kv=False)
+    ideal = sum(lens) / 33
+    assert balanced.has_split and not unsplit.has_split
+    assert balanced.makespan < 1.5 * ideal
+    assert unsplit.makespan > 3 * balanced.makespan
+
+
+def test_uniform_batch_is_not_split():
+    lens = [8192] * 256
+    plan = plan_work(np.arange(257), lens, np.zeros(257, np.int64), 66, group_size=4)
+    assert not plan.has_split and plan.num_work == 256
+
+
+def test_window_trims_ranges_and_multi_query_tiles():
+    lens, starts = [1000, 50, 3000], [900, 0, 2000]
+    qo = np.array([0, 40, 41, 43])
+    plan = plan_work(qo, lens, np.zeros(4, np.int64), 8, group_size=4, block_m=64, kv_starts=starts)
+    _coverage(plan, lens, qo, 4, 64, kv_starts=starts)
+
+
+def test_max_work_bound_holds():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        b = int(rng.integers(1, 300))
+        lens = rng.integers(0, 40000, b)
+        plan = plan_work(
+            np.arange(b + 1),
+            lens,
+            np.zeros(b + 1, np.int64),
+            33,
+            group_size=4,
+            max_work=max_work_items(33, b),
+        )
+        assert plan.num_work <= max_work_items(33, b)
+
+
+def test_lpt_assign():
+    cta, cost = lpt_assign([5, 5, 4, 3, 3, 3], 2)
+    assert sorted(cost.tolist()) == [11, 12]
+    assert lpt_assign([1, 1, 1], 3)[0].tolist() == [0, 1, 2]
+    with pytest.raises(ValueError):
+        lpt_assign([1], 0)
