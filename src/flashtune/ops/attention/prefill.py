@@ -1,0 +1,1234 @@
+"""Batch prefill attention over a paged or ragged KV cache (FlashInfer-compatible API).
+
+- `BatchPrefillWithPagedKVCacheWrapper`: plan(qo_indptr, paged_kv_indptr, ...) / run(q, cache).
+- `BatchPrefillWithRaggedKVCacheWrapper`: plan(qo_indptr, kv_indptr, ...) / run(q, k, v).
+- `single_prefill_with_kv_cache(q, k, v, ...)`: one request, no plan.
+
+plan runs on the CPU from the lengths alone: it validates the batch and builds the flat work
+list of (request, query tile) items, heaviest first (the number of KV tiles a tile visits),
+so the long causal tiles start first and the short ones fill the tail. run validates the
+tensors against the plan and launches one Triton program per (work item, head group); the
+kernel is in prefill_kernels.py.
+
+Semantics follow FlashInfer: causal masks align bottom-right (query i of a request with
+qo_len queries and kv_len keys sees keys j <= i + kv_len - qo_len); `window_left` keeps keys
+j >= i + kv_len - qo_len - window_left; `logits_soft_cap` c maps a logit x to c*tanh(x/c);
+a custom mask (flattened booleans, request after request, each [qo_len, kv_len] row-major)
+replaces the causal mask; the LSE is base 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flashtune import platform
+from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
+from flashtune.schema import Const, OpSchema, Scalar, Tensor, Var, api
+from flashtune.tune import TunableRunner, TuningConfig, choose_one
+from flashtune.tune.runner import DEFAULT_TACTIC, Tactic
+
+__all__ = [
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "single_prefill_with_kv_cache",
+    "batch_prefill_ragged_ref",
+    "batch_prefill_paged_ref",
+    "single_prefill_ref",
+    "PrefillTactic",
+    "TritonPrefillRunner",
+    "PREFILL_TACTICS",
+    "GQA_PAGED_PREFILL",
+    "GQA_RAGGED_PREFILL",
+    "gqa_paged_prefill",
+    "gqa_ragged_prefill",
+    "gqa_paged_prefill_ref",
+    "gqa_ragged_prefill_ref",
+]
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+_LOG2E = 1.4426950408889634
+
+
+# --------------------------------------------------------------------------------------------
+# Reference (plain PyTorch)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def batch_prefill_ragged_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    sm_scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    custom_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch prefill over ragged KV: q [total_q, Hq, D], k/v [total_kv, Hkv, D].
+
+    Returns (output [total_q, Hq, D] in q's dtype, lse [total_q, Hq] float32, base 2).
+    Rows that see no key give output 0 and lse -inf. `custom_mask` is FlashInfer's flattened
+    boolean mask (request after request, [qo_len, kv_len] row-major); it replaces `causal`.
+    """
+    total_q, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_qo_heads // num_kv_heads
+    out = torch.zeros(total_q, num_qo_heads, v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.full((total_q, num_qo_heads), -math.inf, dtype=torch.float32, device=q.device)
+    qo = [int(x) for x in qo_indptr.tolist()]
+    kv = [int(x) for x in kv_indptr.tolist()]
+    mask_off = 0
+    for b in range(len(qo) - 1):
+        qs, qe, ks, ke = qo[b], qo[b + 1], kv[b], kv[b + 1]
+        qo_len, kv_len = qe - qs, ke - ks
+        if qo_len == 0:
+            continue
+        qb = q[qs:qe].to(compute_dtype).transpose(0, 1)  # [Hq, qo, D]
+        kb = k[ks:ke].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
+        vb = v[ks:ke].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
+        logits = torch.matmul(qb, kb.transpose(1, 2)) * sm_scale  # [Hq, qo, kv]
+        if logits_soft_cap is not None and logits_soft_cap > 0:
+            logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+        i = torch.arange(qo_len, device=q.device)[:, None] + (kv_len - qo_len)
+        j = torch.arange(kv_len, device=q.device)[None, :]
+        keep = torch.ones(qo_len, kv_len, dtype=torch.bool, device=q.device)
+        if custom_mask is not None:
+            n = qo_len * kv_len
+            keep = custom_mask[mask_off : mask_off + n].reshape(qo_len, kv_len).to(q.device)
+            mask_off += n
+        elif causal:
+            keep = keep & (j <= i)
+        if window_left >= 0:
+            keep = keep & (j >= i - window_left)
+        logits = logits.masked_fill(~keep, -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)  # [Hq, qo], -inf on empty rows
+        probs = torch.exp(logits - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
+        out[qs:qe] = torch.matmul(probs, vb).transpose(0, 1).to(q.dtype)
+        lse[qs:qe] = (row_lse * _LOG2E).transpose(0, 1).float()
+    return out, lse
+
+
+def _gather_pages(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pages [P, page_size, H, D] -> ragged (k, v) [total_kv, H, D] and token kv_indptr."""
+    page_size = k_cache.shape[1]
+    ptr = [int(x) for x in kv_indptr.tolist()]
+    last = [int(x) for x in kv_last_page_len.tolist()]
+    ks, vs, tok_ptr = [], [], [0]
+    for b in range(len(ptr) - 1):
+        pages = kv_indices[ptr[b] : ptr[b + 1]].long().to(k_cache.device)
+        n = 0 if len(pages) == 0 else (len(pages) - 1) * page_size + last[b]
+        ks.append(k_cache[pages].flatten(0, 1)[:n])
+        vs.append(v_cache[pages].flatten(0, 1)[:n])
+        tok_ptr.append(tok_ptr[-1] + n)
+    shape = (0, *k_cache.shape[2:])
+    k = torch.cat(ks) if ks else k_cache.new_empty(shape)
+    v = torch.cat(vs) if vs else v_cache.new_empty(shape)
+    return k, v, torch.tensor(tok_ptr, dtype=torch.int32)
+
+
+@torch.no_grad()
+def batch_prefill_paged_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    sm_scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    custom_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch prefill over a paged KV cache given as NHD pages [P, page_size, Hkv, D]
+    (pass split_kv_cache(...) views for HND). Same outputs as batch_prefill_ragged_ref."""
+    k, v, tok_ptr = _gather_pages(k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len)
+    return batch_prefill_ragged_ref(
+        q, k, v, qo_indptr, tok_ptr, sm_scale, causal, window_left, logits_soft_cap,
+        custom_mask, compute_dtype,
+    )  # fmt: skip
+
+
+def single_prefill_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    custom_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request: q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD); custom_mask [qo, kv]."""
+    qo_indptr = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, k.shape[0]], dtype=torch.int32)
+    mask = None if custom_mask is None else custom_mask.reshape(-1)
+    return batch_prefill_ragged_ref(
+        q, k, v, qo_indptr, kv_indptr, sm_scale, causal, window_left, logits_soft_cap, mask,
+        compute_dtype,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Plan
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefillTactic:
+    """Tile configuration of the prefill kernel.
+
+    pack_heads: put the GQA group's query heads into the rows of one tile (K/V loaded once
+    per group) instead of one query head per program.
+    """
+
+    block_m: int
+    block_n: int
+    pack_heads: bool
+    num_warps: int
+    num_stages: int
+    tma: bool = False  # ragged only: K/V tiles through TMA tensor descriptors (Hopper+)
+
+    def tokens_per_tile(self, group_size: int) -> int:
+        return self.block_m // (group_size if self.pack_heads else 1)
+
+
+# The search space the autotuner explores (tactic i is PREFILL_TACTICS[i]).
+PREFILL_TACTICS: tuple[PrefillTactic, ...] = tuple(
+    PrefillTactic(bm, bn, pack, w, s, tma)
+    for bm in (64, 128)
+    for bn in (32, 64, 128)
+    for pack in (True, False)
+    for w in (4, 8)
+    for s in (2, 3, 4)
+    for tma in (False, True)
+)
+
+
+def _default_tactic(plan: _PrefillPlan, device: torch.device) -> PrefillTactic:
+    """Tactic -1. Measured on an H200 (bf16, 32/8 heads, d128, causal; benchmarks/
+    bench_prefill.py --sweep): long KV wants 128x128 tiles on 8 warps (ragged, 492 TF/s at
+    b1 L8192 vs 453 for 128x64); the paged gather prefers 4 warps (375 vs 329 TF/s); short
+    KV (<= 1k) prefers narrow 32-key tiles on 4 warps (245 vs 204 TF/s at b16 L512)."""
+    if device.type != "cuda":
+        # Interpreter: small tiles so that small test inputs still cross tile boundaries.
+        return PrefillTactic(32, 16, True, 4, 1)
+    group = plan.group_size
+    pack = group <= 8 and 64 % group == 0
+    if plan.head_dim >= 256:
+        return PrefillTactic(64, 32, pack, 4, 2)
+    max_kv = max(plan.kv_lens, default=0)
+    if max_kv <= 1024:
+        return PrefillTactic(128 if plan.paged else 64, 32, pack, 4, 3)
+    if plan.paged:
+        return PrefillTactic(128, 64, pack, 4, 3)
+    if max_kv >= 4096:
+        return PrefillTactic(128, 128, pack, 8, 3)
+    return PrefillTactic(128, 32, pack, 4, 3)
+
+
+def _host_ints(t: torch.Tensor | Sequence[int], name: str) -> list[int]:
+    if isinstance(t, torch.Tensor):
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+        if t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+        return [int(x) for x in t.tolist()]
+    return [int(x) for x in t]
+
+
+def _check_indptr(ptr: list[int], name: str) -> None:
+    if len(ptr) < 1:
+        raise ValueError(f"{name} must have batch_size + 1 >= 1 entries, got {len(ptr)}")
+    if ptr[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {ptr[0]}")
+    for i in range(len(ptr) - 1):
+        if ptr[i + 1] < ptr[i]:
+            raise ValueError(
+                f"{name} must be non-decreasing, got {name}[{i}]={ptr[i]} > "
+                f"{name}[{i + 1}]={ptr[i + 1]}"
+            )
+
+
+def _canon_dtype(dt: str | torch.dtype | None, name: str) -> torch.dtype | None:
+    if dt is None or isinstance(dt, torch.dtype):
+        return dt
+    try:
+        out = getattr(torch, dt)
+    except AttributeError:
+        raise TypeError(f"{name} must be a torch dtype or its name, got {dt!r}") from None
+    if not isinstance(out, torch.dtype):
+        raise TypeError(f"{name} must be a torch dtype or its name, got {dt!r}")
+    return out
+
+
+@dataclass
+class _PrefillPlan:
+    """Everything run needs, computed once per batch on the CPU."""
+
+    paged: bool
+    qo_indptr: list[int]
+    kv_lens: list[int]  # KV tokens per request
+    kv_indptr: list[int]  # pages (paged) or tokens (ragged)
+    page_size: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    causal: bool
+    window_left: int
+    logits_soft_cap: float
+    sm_scale: float
+    q_dtype: torch.dtype | None
+    kv_dtype: torch.dtype | None
+    device: torch.device
+    num_pages_needed: int = 0  # 1 + the largest page index (paged)
+    # Device tensors.
+    qo_indptr_d: torch.Tensor | None = None
+    kv_indptr_d: torch.Tensor | None = None
+    kv_indices_d: torch.Tensor | None = None
+    kv_lens_d: torch.Tensor | None = None
+    kv_last_page_len_d: torch.Tensor | None = None
+    mask_d: torch.Tensor | None = None  # uint8, flattened
+    mask_indptr_d: torch.Tensor | None = None  # int64
+    works: dict[int, torch.Tensor] = field(default_factory=dict)  # tokens/tile -> work list
+    tactic: Tactic = DEFAULT_TACTIC
+
+    @property
+    def group_size(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def total_q(self) -> int:
+        return self.qo_indptr[-1]
+
+    def work_list(self, tokens_per_tile: int, block_n: int) -> torch.Tensor:
+        """[num_items, 2] int32 (request, first token), heaviest first; cached per tile."""
+        key = tokens_per_tile * 4096 + block_n
+        if key not in self.works:
+            items: list[tuple[int, int, int]] = []
+            for b in range(len(self.kv_lens)):
+                qo_len = self.qo_indptr[b + 1] - self.qo_indptr[b]
+                kv_len = self.kv_lens[b]
+                delta = kv_len - qo_len
+                for t0 in range(0, qo_len, tokens_per_tile):
+                    last = min(t0 + tokens_per_tile, qo_len) - 1
+                    hi = min(kv_len, last + delta + 1) if self.causal else kv_len
+                    lo = max(0, t0 + delta - self.window_left) if self.window_left >= 0 else 0
+                    cost = max(0, hi - lo) // block_n + 1
+                    items.append((-cost, b, t0))
+            items.sort()  # stable on (cost, request, tile): deterministic for equal inputs
+            flat = [x for _, b, t0 in items for x in (b, t0)]
+            work = torch.tensor(flat, dtype=torch.int32).reshape(-1, 2)
+            self.works[key] = work.to(self.device, non_blocking=True)
+        return self.works[key]
+
+
+def _plan(
+    *,
+    paged: bool,
+    device: torch.device,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor | None,
+    kv_last_page_len: torch.Tensor | None,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim_qk: int,
+    head_dim_vo: int | None,
+    page_size: int,
+    custom_mask: torch.Tensor | None,
+    packed_custom_mask: torch.Tensor | None,
+    causal: bool,
+    pos_encoding_mode: str,
+    sm_scale: float | None,
+    window_left: int,
+    logits_soft_cap: float | None,
+    q_data_type: str | torch.dtype | None,
+    kv_data_type: str | torch.dtype | None,
+) -> _PrefillPlan:
+    if packed_custom_mask is not None:
+        raise NotImplementedError("packed_custom_mask is not supported; pass custom_mask (bool)")
+    if pos_encoding_mode != "NONE":
+        raise NotImplementedError(f"pos_encoding_mode must be 'NONE', got {pos_encoding_mode!r}")
+    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+        raise NotImplementedError(
+            f"head_dim_vo ({head_dim_vo}) != head_dim_qk ({head_dim_qk}) is not supported"
+        )
+    if num_qo_heads <= 0 or num_kv_heads <= 0 or num_qo_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_qo_heads ({num_qo_heads}) must be a positive multiple of num_kv_heads "
+            f"({num_kv_heads})"
+        )
+    if head_dim_qk not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim_qk must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim_qk}")
+    if page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    if logits_soft_cap is not None and logits_soft_cap < 0:
+        raise ValueError(f"logits_soft_cap must be >= 0 or None, got {logits_soft_cap}")
+    qo = _host_ints(qo_indptr, "qo_indptr")
+    kvp = _host_ints(kv_indptr, "paged_kv_indptr" if paged else "kv_indptr")
+    _check_indptr(qo, "qo_indptr")
+    _check_indptr(kvp, "paged_kv_indptr" if paged else "kv_indptr")
+    if len(kvp) != len(qo):
+        raise ValueError(
+            f"qo_indptr and kv_indptr must both have batch_size + 1 entries, got {len(qo)} "
+            f"and {len(kvp)}"
+        )
+    batch = len(qo) - 1
+    num_pages_needed = 0
+    if paged:
+        assert kv_indices is not None and kv_last_page_len is not None
+        last = _host_ints(kv_last_page_len, "paged_kv_last_page_len")
+        if len(last) != batch:
+            raise ValueError(
+                f"paged_kv_last_page_len must have batch_size={batch} entries, got {len(last)}"
+            )
+        if kv_indices.dim() != 1 or kv_indices.shape[0] < kvp[-1]:
+            raise ValueError(
+                f"paged_kv_indices must be 1-D with >= paged_kv_indptr[-1]={kvp[-1]} entries, "
+                f"got shape {tuple(kv_indices.shape)}"
+            )
+        kv_lens = []
+        for b in range(batch):
+            n_pages = kvp[b + 1] - kvp[b]
+            if n_pages > 0 and not 1 <= last[b] <= page_size:
+                raise ValueError(
+                    f"paged_kv_last_page_len[{b}]={last[b]} must be in 1..page_size={page_size}"
+                )
+            kv_lens.append(0 if n_pages == 0 else (n_pages - 1) * page_size + last[b])
+        idx_host = kv_indices[: kvp[-1]]
+        if idx_host.numel():
+            lo, hi = int(idx_host.min()), int(idx_host.max())
+            if lo < 0:
+                raise ValueError(f"paged_kv_indices must be >= 0, got {lo}")
+            num_pages_needed = hi + 1
+    else:
+        kv_lens = [kvp[b + 1] - kvp[b] for b in range(batch)]
+    qo_lens = [qo[b + 1] - qo[b] for b in range(batch)]
+    if causal and custom_mask is None:
+        for b in range(batch):
+            if qo_lens[b] > kv_lens[b]:
+                raise ValueError(
+                    f"causal prefill needs qo_len <= kv_len for every request; request {b} has "
+                    f"qo_len={qo_lens[b]} > kv_len={kv_lens[b]}"
+                )
+    plan = _PrefillPlan(
+        paged=paged,
+        qo_indptr=qo,
+        kv_lens=kv_lens,
+        kv_indptr=kvp,
+        page_size=page_size if paged else 1,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim_qk,
+        causal=bool(causal) and custom_mask is None,
+        window_left=int(window_left) if window_left is not None and window_left >= 0 else -1,
+        logits_soft_cap=float(logits_soft_cap or 0.0),
+        sm_scale=float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim_qk),
+        q_dtype=_canon_dtype(q_data_type, "q_data_type"),
+        kv_dtype=_canon_dtype(kv_data_type, "kv_data_type"),
+        device=device,
+        num_pages_needed=num_pages_needed,
+    )
+    if custom_mask is not None:
+        expected = sum(a * b for a, b in zip(qo_lens, kv_lens, strict=True))
+        if custom_mask.dim() != 1 or custom_mask.numel() != expected:
+            raise ValueError(
+                f"custom_mask must be flat with sum(qo_len * kv_len) = {expected} elements, got "
+                f"shape {tuple(custom_mask.shape)}"
+            )
+        if custom_mask.dtype != torch.bool:
+            raise TypeError(f"custom_mask must be torch.bool, got {custom_mask.dtype}")
+        offs = [0]
+        for a, b in zip(qo_lens, kv_lens, strict=True):
+            offs.append(offs[-1] + a * b)
+        plan.mask_d = custom_mask.to(device).view(torch.uint8).contiguous()
+        plan.mask_indptr_d = torch.tensor(offs, dtype=torch.int64).to(device)
+    i32 = dict(dtype=torch.int32)
+    plan.qo_indptr_d = torch.tensor(qo, **i32).to(device, non_blocking=True)
+    plan.kv_indptr_d = torch.tensor(kvp, **i32).to(device, non_blocking=True)
+    plan.kv_lens_d = torch.tensor(kv_lens, **i32).to(device, non_blocking=True)
+    if paged:
+        assert kv_indices is not None and kv_last_page_len is not None
+        plan.kv_indices_d = kv_indices.to(device=device, dtype=torch.int32)
+        plan.kv_last_page_len_d = kv_last_page_len.to(device=device, dtype=torch.int32)
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# Schemas (the Definitions of the FlashInfer-Trace gqa_paged / gqa_ragged prefill ops)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def gqa_paged_prefill_ref(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, kv_last_page_len=None,
+    causal=True, window_left=None, logits_soft_cap=None,
+):  # fmt: skip
+    """Self-contained reference of a gqa_paged prefill Definition (emitted into the JSON).
+    k_cache/v_cache [num_pages, page_size, Hkv, D]; kv_last_page_len None means full pages."""
+    out = torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float32, device=q.device)
+    group = q.shape[1] // k_cache.shape[2]
+    page_size = k_cache.shape[1]
+    for b in range(qo_indptr.shape[0] - 1):
+        qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        pages = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
+        if qe == qs or pages.numel() == 0:
+            continue
+        last = page_size if kv_last_page_len is None else int(kv_last_page_len[b])
+        n = (pages.numel() - 1) * page_size + last
+        k = k_cache[pages].flatten(0, 1)[:n].float().transpose(0, 1).repeat_interleave(group, 0)
+        v = v_cache[pages].flatten(0, 1)[:n].float().transpose(0, 1).repeat_interleave(group, 0)
+        logits = torch.matmul(q[qs:qe].float().transpose(0, 1), k.transpose(1, 2)) * sm_scale
+        if logits_soft_cap:
+            logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+        i = torch.arange(qe - qs, device=q.device)[:, None] + (n - (qe - qs))
+        j = torch.arange(n, device=q.device)[None, :]
+        keep = (j <= i) if causal else torch.ones_like(j <= i)
+        if window_left is not None and window_left >= 0:
+            keep = keep & (j >= i - window_left)
+        logits = logits.masked_fill(~keep, -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)
+        p = torch.exp(logits - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
+        out[qs:qe] = torch.matmul(p, v).transpose(0, 1).to(q.dtype)
+        lse[qs:qe] = (row_lse / math.log(2.0)).transpose(0, 1)
+    return out, lse
+
+
+@torch.no_grad()
+def gqa_ragged_prefill_ref(
+    q, k, v, qo_indptr, kv_indptr, sm_scale, causal=True, window_left=None, logits_soft_cap=None
+):
+    """Self-contained reference of a gqa_ragged prefill Definition (emitted into the JSON)."""
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float32, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    for b in range(qo_indptr.shape[0] - 1):
+        qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        ks, ke = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        if qe == qs or ke == ks:
+            continue
+        kb = k[ks:ke].float().transpose(0, 1).repeat_interleave(group, 0)
+        vb = v[ks:ke].float().transpose(0, 1).repeat_interleave(group, 0)
+        logits = torch.matmul(q[qs:qe].float().transpose(0, 1), kb.transpose(1, 2)) * sm_scale
+        if logits_soft_cap:
+            logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+        i = torch.arange(qe - qs, device=q.device)[:, None] + ((ke - ks) - (qe - qs))
+        j = torch.arange(ke - ks, device=q.device)[None, :]
+        keep = (j <= i) if causal else torch.ones_like(j <= i)
+        if window_left is not None and window_left >= 0:
+            keep = keep & (j >= i - window_left)
+        logits = logits.masked_fill(~keep, -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)
+        p = torch.exp(logits - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
+        out[qs:qe] = torch.matmul(p, vb).transpose(0, 1).to(q.dtype)
+        lse[qs:qe] = (row_lse / math.log(2.0)).transpose(0, 1)
+    return out, lse
+
+
+def _heads_axes() -> dict[str, Var | Const]:
+    return {
+        "num_qo_heads": Const("Number of query/output attention heads.", abbrev="h"),
+        "num_kv_heads": Const("Number of key-value attention heads.", abbrev="kv"),
+        "head_dim": Const("Dimension of each attention head.", abbrev="d"),
+    }
+
+
+_LEN_INDPTR = Var(
+    "Length of indptr arrays. Should be the same for qo_indptr and kv_indptr (batch_size + 1)."
+)
+_TOTAL_Q = Var("Total number of query tokens.")
+_QO = ["total_q", "num_qo_heads", "head_dim"]
+_OUTPUTS = {
+    "output": Tensor(_QO, dtype_from="q"),
+    "lse": Tensor(
+        ["total_q", "num_qo_heads"], dtype="float32",
+        description="The 2-based log-sum-exp of attention logits.",
+    ),
+}  # fmt: skip
+_SM_SCALE = Scalar("float32", description="Softmax scale. Default is (1/sqrt(head_dim)).")
+_BOUND = ("window_left", "logits_soft_cap")
+
+
+def _paged_schema(causal: bool, last_page_len: bool) -> OpSchema:
+    kv = ["num_pages", "page_size", "num_kv_heads", "head_dim"]
+    axes: dict[str, Var | Const] = {
+        **_heads_axes(),
+        "page_size": Const("Number of tokens stored per page.", abbrev="ps"),
+        "len_indptr": _LEN_INDPTR,
+        "total_q": _TOTAL_Q,
+        "num_kv_indices": Var("Total number of KV page indices."),
+        "num_pages": Var("Total number of allocated pages in the KV cache."),
+    }
+    inputs: dict[str, Tensor | Scalar] = {
+        "q": Tensor(_QO, dtype_from="q"),
+        "k_cache": Tensor(kv, dtype_from="k_cache"),
+        "v_cache": Tensor(kv, dtype_from="k_cache"),
+        "qo_indptr": Tensor(["len_indptr"], dtype="int32",
+                            description="Query offsets for each sequence."),
+        "kv_indptr": Tensor(["len_indptr"], dtype="int32",
+                            description="KV page offsets for each sequence."),
+        "kv_indices": Tensor(["num_kv_indices"], dtype="int32",
+                             description="Page IDs for KV cache lookups."),
+    }  # fmt: skip
+    if last_page_len:
+        axes["batch_size"] = Var("Number of sequences in the batch.")
+        inputs["kv_last_page_len"] = Tensor(
+            ["batch_size"], dtype="int32", description="Number of valid tokens in the last page."
+        )
+    inputs["sm_scale"] = _SM_SCALE
+    mask = "causal" if causal else "noncausal"
+    return OpSchema(
+        op_type="gqa_paged",
+        name_prefix=f"gqa_paged_prefill_{mask}",
+        axes=axes,
+        inputs=inputs,
+        outputs=_OUTPUTS,
+        reference=gqa_paged_prefill_ref,
+        bound=("causal", *_BOUND),
+        constraints=[
+            "total_q == qo_indptr[-1].item()",
+            "num_kv_indices == kv_indptr[-1].item()",
+        ],
+        tags=["stage:prefill", "fi_api:flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper"],
+        description=f"Batched Grouped Query Attention prefill with a paged KV cache ({mask}).",
+    )
+
+
+def _ragged_schema(causal: bool) -> OpSchema:
+    kv = ["total_kv", "num_kv_heads", "head_dim"]
+    mask = "causal" if causal else "noncausal"
+    return OpSchema(
+        op_type="gqa_ragged",
+        name_prefix=f"gqa_ragged_prefill_{mask}",
+        axes={
+            **_heads_axes(),
+            "len_indptr": _LEN_INDPTR,
+            "total_q": _TOTAL_Q,
+            "total_kv": Var("Total key-value tokens across all sequences."),
+        },
+        inputs={
+            "q": Tensor(_QO, dtype_from="q"),
+            "k": Tensor(kv, dtype_from="k"),
+            "v": Tensor(kv, dtype_from="k"),
+            "qo_indptr": Tensor(
+                ["len_indptr"], dtype="int32", description="Query offsets for each sequence."
+            ),
+            "kv_indptr": Tensor(
+                ["len_indptr"], dtype="int32", description="Key-value offsets for each sequence."
+            ),
+            "sm_scale": _SM_SCALE,
+        },  # fmt: skip
+        outputs=_OUTPUTS,
+        reference=gqa_ragged_prefill_ref,
+        bound=("causal", *_BOUND),
+        constraints=["total_q == qo_indptr[-1].item()", "total_kv == kv_indptr[-1].item()"],
+        tags=["stage:prefill", "fi_api:flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper"],
+        description=f"Batched Grouped Query Attention prefill with ragged KV ({mask}).",
+    )
+
+
+# Page size 1 has no kv_last_page_len input (every page is full), as in the corpus.
+GQA_PAGED_PREFILL = {
+    (causal, ps1): _paged_schema(causal, not ps1)
+    for causal in (True, False)
+    for ps1 in (True, False)
+}
+GQA_RAGGED_PREFILL = {causal: _ragged_schema(causal) for causal in (True, False)}
+
+
+def _paged_schema_for(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                      kv_last_page_len=None, causal=True, **_: Any) -> OpSchema:  # fmt: skip
+    return GQA_PAGED_PREFILL[(bool(causal), k_cache.shape[1] == 1)]
+
+
+def _ragged_schema_for(*args: Any, causal: bool = True, **_: Any) -> OpSchema:
+    return GQA_RAGGED_PREFILL[bool(causal)]
+
+
+@api(schema=_paged_schema_for, schemas=list(GQA_PAGED_PREFILL.values()))
+def gqa_paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    kv_last_page_len: torch.Tensor | None = None,
+    causal: bool = True,
+    window_left: int | None = None,
+    logits_soft_cap: float | None = None,
+    *,
+    plan: _PrefillPlan,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+) -> None:
+    """The schema'd op behind BatchPrefillWithPagedKVCacheWrapper.run (arguments named as
+    the Definition's inputs; `plan` carries the device copies and the work list)."""
+    _execute(plan, q, k_cache, v_cache, out, lse)
+
+
+@api(schema=_ragged_schema_for, schemas=list(GQA_RAGGED_PREFILL.values()))
+def gqa_ragged_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    sm_scale: float,
+    causal: bool = True,
+    window_left: int | None = None,
+    logits_soft_cap: float | None = None,
+    *,
+    plan: _PrefillPlan,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+) -> None:
+    """The schema'd op behind BatchPrefillWithRaggedKVCacheWrapper.run."""
+    _execute(plan, q, k, v, out, lse)
+
+
+# --------------------------------------------------------------------------------------------
+# Runners and launch
+# --------------------------------------------------------------------------------------------
+
+
+def _launch(
+    plan: _PrefillPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    tactic: PrefillTactic,
+) -> None:
+    """Launch the Triton kernel. k/v: paged [P, page_size, Hkv, D] views or ragged [T, Hkv, D]."""
+    from flashtune.ops.attention.prefill_kernels import _prefill_kernel
+
+    group = plan.group_size
+    pack = group if tactic.pack_heads else 1
+    if tactic.block_m < pack:
+        raise ValueError(f"tactic {tactic} cannot hold a group of {group} heads")
+    tpt = tactic.tokens_per_tile(group)
+    work = plan.work_list(tpt, tactic.block_n)
+    num_head_groups = plan.num_qo_heads // pack
+    grid = (work.shape[0] * num_head_groups,)
+    if grid[0] == 0:
+        return
+    dummy_i32 = plan.qo_indptr_d
+    if plan.paged:
+        stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
+        stride_vp, stride_vs, stride_vh = v.stride(0), v.stride(1), v.stride(2)
+    else:
+        stride_kp, stride_ks, stride_kh = k.stride(0), 0, k.stride(1)
+        stride_vp, stride_vs, stride_vh = v.stride(0), 0, v.stride(1)
+    soft_cap = plan.logits_soft_cap > 0
+    if soft_cap:
+        qk_scale = plan.sm_scale / plan.logits_soft_cap
+        soft_cap_log2 = plan.logits_soft_cap * _LOG2E
+    else:
+        qk_scale = plan.sm_scale * _LOG2E
+        soft_cap_log2 = 0.0
+    lse_t = lse if lse is not None else out
+    use_tma = tactic.tma and not plan.paged
+    k_arg: Any = k
+    v_arg: Any = v
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        block = [tactic.block_n, 1, plan.head_dim]
+        k_arg = TensorDescriptor(k, list(k.shape), list(k.stride()), block)
+        v_arg = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
+    _prefill_kernel[grid](
+        q, k_arg, v_arg, out, lse_t, work,
+        plan.qo_indptr_d, plan.kv_indptr_d,
+        plan.kv_indices_d if plan.paged else dummy_i32,
+        plan.kv_lens_d,
+        plan.mask_d if plan.mask_d is not None else dummy_i32,
+        plan.mask_indptr_d if plan.mask_indptr_d is not None else dummy_i32,
+        qk_scale, soft_cap_log2, plan.window_left,
+        q.stride(0), q.stride(1),
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        out.stride(0), out.stride(1),
+        lse_t.stride(0) if lse is not None else 0, lse_t.stride(1) if lse is not None else 0,
+        NUM_HEAD_GROUPS=num_head_groups,
+        GROUP_SIZE=group,
+        PACK=pack,
+        HEAD_DIM=plan.head_dim,
+        PAGE_SIZE=plan.page_size,
+        PAGED=plan.paged,
+        USE_TMA=use_tma,
+        CAUSAL=plan.causal,
+        WINDOW=plan.window_left >= 0,
+        CUSTOM_MASK=plan.mask_d is not None,
+        SOFT_CAP=soft_cap,
+        RETURN_LSE=lse is not None,
+        BLOCK_M=tactic.block_m,
+        BLOCK_N=tactic.block_n,
+        num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
+    )  # fmt: skip
+
+
+def _tactic_fits(t: PrefillTactic, head_dim: int, group: int) -> bool:
+    if t.pack_heads and t.block_m < group:
+        return False
+    if head_dim >= 256:
+        # Shared memory: Q tile + stages x (K + V tiles) in 16-bit must stay under ~227 KB.
+        smem = 2 * head_dim * (t.block_m + t.num_stages * 2 * t.block_n)
+        return smem <= 200 * 1024 and t.block_m * t.block_n <= 64 * 64
+    return True
+
+
+class TritonPrefillRunner(TunableRunner):
+    """The Triton FlashAttention-2 prefill kernel; tactics index PREFILL_TACTICS.
+
+    inputs: (q, k, v, out, lse_or_None, plan) with k/v as the kernel reads them.
+    """
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        q, plan = inputs[0], inputs[5]
+        cap = platform.compute_capability(q.device) or (0, 0)
+        return [
+            i
+            for i, t in enumerate(PREFILL_TACTICS)
+            if _tactic_fits(t, plan.head_dim, plan.group_size)
+            and not (t.tma and (plan.paged or cap < (9, 0)))
+        ]
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        q, k, v, out, lse, plan = inputs
+        if tactic == DEFAULT_TACTIC:
+            t = _default_tactic(plan, q.device)
+        elif isinstance(tactic, PrefillTactic):
+            t = tactic
+        else:
+            t = PREFILL_TACTICS[int(tactic)]  # type: ignore[call-overload]
+        _launch(plan, q, k, v, out, lse, t)
+        return out
+
+
+_RUNNERS: tuple[TunableRunner, ...] = (TritonPrefillRunner(),)
+_TUNING = TuningConfig(make_inputs=lambda inputs, profile: inputs)
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def _check_tensor(t: Any, name: str, dim: int, device: torch.device | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of q)")
+
+
+def _check_q(q: torch.Tensor, plan: _PrefillPlan) -> None:
+    _check_tensor(q, "q", 3)
+    expected = (plan.total_q, plan.num_qo_heads, plan.head_dim)
+    if tuple(q.shape) != expected:
+        raise ValueError(
+            f"q must have shape [qo_indptr[-1], num_qo_heads, head_dim] = {list(expected)} as "
+            f"planned, got {list(q.shape)}"
+        )
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    if plan.q_dtype is not None and q.dtype != plan.q_dtype:
+        raise TypeError(f"q has dtype {q.dtype}, planned q_data_type is {plan.q_dtype}")
+    if q.device != plan.device and not (q.device.type == plan.device.type == "cuda"):
+        raise ValueError(
+            f"q is on device {q.device}, the wrapper's workspace is on device {plan.device}"
+        )
+    if q.stride(-1) != 1:
+        raise ValueError("q must be contiguous in its last dimension")
+
+
+def _check_kv(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, plan: _PrefillPlan) -> None:
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, expected {q.device} (the device of q)")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}, expected {q.dtype} (the dtype of q)")
+        if plan.kv_dtype is not None and t.dtype != plan.kv_dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}, planned kv_data_type {plan.kv_dtype}")
+        if t.shape[-2] != plan.num_kv_heads or t.shape[-1] != plan.head_dim:
+            raise ValueError(
+                f"{name} must have num_kv_heads={plan.num_kv_heads}, head_dim={plan.head_dim} "
+                f"as planned, got shape {list(t.shape)}"
+            )
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+
+
+def _prepare_out(
+    q: torch.Tensor,
+    plan: _PrefillPlan,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if out is None:
+        out = torch.empty_like(q)
+    else:
+        if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(
+                f"out must be {list(q.shape)} {q.dtype} on {q.device}, got "
+                f"{list(out.shape)} {out.dtype} on {out.device}"
+            )
+    if return_lse:
+        shape = (plan.total_q, plan.num_qo_heads)
+        if lse is None:
+            lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+        elif tuple(lse.shape) != shape or lse.dtype != torch.float32 or lse.device != q.device:
+            raise ValueError(
+                f"lse must be {list(shape)} float32 on {q.device}, got {list(lse.shape)} "
+                f"{lse.dtype} on {lse.device}"
+            )
+    else:
+        lse = None
+    return out, lse
+
+
+def _run(
+    plan: _PrefillPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    return_lse: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _prepare_out(q, plan, out, lse, return_lse)
+    variant = dict(
+        causal=plan.causal,
+        window_left=plan.window_left if plan.window_left >= 0 else None,
+        logits_soft_cap=plan.logits_soft_cap or None,
+        plan=plan,
+        out=out,
+        lse=lse,
+    )
+    if plan.paged:
+        gqa_paged_prefill(
+            q, k, v, plan.qo_indptr_d, plan.kv_indptr_d, plan.kv_indices_d, plan.sm_scale,
+            None if plan.page_size == 1 else plan.kv_last_page_len_d, **variant,
+        )  # fmt: skip
+    else:
+        gqa_ragged_prefill(q, k, v, plan.qo_indptr_d, plan.kv_indptr_d, plan.sm_scale, **variant)
+    return (out, lse) if return_lse else out  # type: ignore[return-value]
+
+
+def _execute(
+    plan: _PrefillPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+) -> None:
+    """Kernel when one can run on q's device, else the reference (CPU without interpreter)."""
+    if platform.kernels_available(q.device):
+        inputs = (q, k, v, out, lse, plan)
+        runner, tactic = choose_one("attention.prefill", _RUNNERS, _TUNING, inputs)
+        runner.forward(inputs, tactic)
+        return
+    mask = plan.mask_d.view(torch.bool) if plan.mask_d is not None else None
+    common = dict(
+        sm_scale=plan.sm_scale,
+        causal=plan.causal,
+        window_left=plan.window_left,
+        logits_soft_cap=plan.logits_soft_cap or None,
+        custom_mask=mask,
+    )
+    if plan.paged:
+        assert plan.kv_indices_d is not None and plan.kv_last_page_len_d is not None
+        o, s = batch_prefill_paged_ref(
+            q, k, v, plan.qo_indptr_d, plan.kv_indptr_d, plan.kv_indices_d,
+            plan.kv_last_page_len_d, **common,
+        )  # fmt: skip
+    else:
+        o, s = batch_prefill_ragged_ref(q, k, v, plan.qo_indptr_d, plan.kv_indptr_d, **common)
+    out.copy_(o)
+    if lse is not None:
+        lse.copy_(s)
+
+
+class _PrefillWrapperBase:
+    def __init__(self, workspace_buffer: torch.Tensor, kv_layout: str, use_cuda_graph: bool):
+        if not isinstance(workspace_buffer, torch.Tensor):
+            raise TypeError(
+                f"workspace_buffer must be a torch.Tensor, got {type(workspace_buffer).__name__}"
+            )
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+        self._workspace = workspace_buffer
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = use_cuda_graph
+        self._plan: _PrefillPlan | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self._workspace.device
+
+    def _require_plan(self) -> _PrefillPlan:
+        if self._plan is None:
+            raise RuntimeError(f"{type(self).__name__}.run called before plan()")
+        return self._plan
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, *args: Any) -> None:
+        self._workspace = float_workspace_buffer
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
+    """Batch prefill/append attention over a paged KV cache (FlashInfer-compatible)."""
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: torch.Tensor | None = None,
+        paged_kv_indptr_buf: torch.Tensor | None = None,
+        paged_kv_indices_buf: torch.Tensor | None = None,
+        paged_kv_last_page_len_buf: torch.Tensor | None = None,
+        custom_mask_buf: torch.Tensor | None = None,
+        mask_indptr_buf: torch.Tensor | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph)
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        paged_kv_indptr: torch.Tensor,
+        paged_kv_indices: torch.Tensor,
+        paged_kv_last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        head_dim_vo: int | None = None,
+        custom_mask: torch.Tensor | None = None,
+        packed_custom_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        q_data_type: str | torch.dtype | None = None,
+        kv_data_type: str | torch.dtype | None = None,
+        non_blocking: bool = True,
+    ) -> None:
+        """Validate the batch and build the work list (CPU, from the lengths alone).
+
+        q_data_type / kv_data_type: when given, run checks q / the cache against them.
+        """
+        for name, t in (
+            ("paged_kv_indices", paged_kv_indices),
+            ("paged_kv_last_page_len", paged_kv_last_page_len),
+        ):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        self._plan = _plan(
+            paged=True, device=self.device, qo_indptr=qo_indptr, kv_indptr=paged_kv_indptr,
+            kv_indices=paged_kv_indices, kv_last_page_len=paged_kv_last_page_len,
+            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
+            head_dim_vo=head_dim_vo, page_size=page_size, custom_mask=custom_mask,
+            packed_custom_mask=packed_custom_mask, causal=causal,
+            pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
+        )  # fmt: skip
+
+    begin_forward = plan
+
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        *args: Any,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attention of q [qo_indptr[-1], Hq, D] over the planned pages of `paged_kv_cache`.
+
+        Returns out [qo_indptr[-1], Hq, D], and the base-2 LSE [qo_indptr[-1], Hq] float32
+        when return_lse.
+        """
+        plan = self._require_plan()
+        _check_q(q, plan)
+        k, v = split_kv_cache(paged_kv_cache, self._kv_layout)
+        _check_kv(k, v, q, plan)
+        if k.shape[1] != plan.page_size:
+            raise ValueError(
+                f"paged_kv_cache has page_size {k.shape[1]} ({self._kv_layout}), planned "
+                f"{plan.page_size}"
+            )
+        if plan.num_pages_needed > k.shape[0]:
+            raise ValueError(
+                f"paged_kv_indices reference page {plan.num_pages_needed - 1} but the cache "
+                f"holds {k.shape[0]} pages"
+            )
+        return _run(plan, q, k, v, out, lse, return_lse)
+
+    def run_return_lse(
+        self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)  # type: ignore
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
+    """Batch prefill attention over ragged (concatenated) K/V tensors (FlashInfer-compatible)."""
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: torch.Tensor | None = None,
+        kv_indptr_buf: torch.Tensor | None = None,
+        custom_mask_buf: torch.Tensor | None = None,
+        mask_indptr_buf: torch.Tensor | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph)
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        head_dim_vo: int | None = None,
+        custom_mask: torch.Tensor | None = None,
+        packed_custom_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        q_data_type: str | torch.dtype | None = None,
+        kv_data_type: str | torch.dtype | None = None,
+        non_blocking: bool = True,
+    ) -> None:
+        """Validate the batch and build the work list (CPU, from the lengths alone)."""
+        self._plan = _plan(
+            paged=False, device=self.device, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+            kv_indices=None, kv_last_page_len=None, num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk, head_dim_vo=head_dim_vo,
+            page_size=1, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
+            causal=causal, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
+            window_left=window_left, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+        )  # fmt: skip
+
+    begin_forward = plan
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *args: Any,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attention of q [qo_indptr[-1], Hq, D] over k/v [kv_indptr[-1], Hkv, D] (NHD) or
+        [Hkv, kv_indptr[-1], D] (HND)."""
+        plan = self._require_plan()
+        _check_q(q, plan)
+        _check_tensor(k, "k", 3)
+        _check_tensor(v, "v", 3)
+        if self._kv_layout == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        if k.shape != v.shape:
+            raise ValueError(f"k shape {list(k.shape)} != v shape {list(v.shape)}")
+        _check_kv(k, v, q, plan)
+        if k.shape[0] != plan.kv_indptr[-1]:
+            raise ValueError(
+                f"k/v must hold kv_indptr[-1]={plan.kv_indptr[-1]} tokens as planned, got "
+                f"{k.shape[0]}"
+            )
+        return _run(plan, q, k, v, out, lse, return_lse)
+
+    def run_return_lse(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.run(q, k, v, *args, return_lse=True, **kwargs)  # type: ignore
+
+
+def single_prefill_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    custom_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    kv_layout: str = "NHD",
+    sm_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    return_lse: bool = False,
+    **kwargs: Any,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Prefill attention of one request: q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD) or
+    [Hkv, kv_len, D] (HND); custom_mask [qo_len, kv_len] bool (replaces causal)."""
+    unsupported = {
+        k_: v_ for k_, v_ in kwargs.items() if v_ is not None and k_ != "pos_encoding_mode"
+    }
+    if unsupported or kwargs.get("pos_encoding_mode", "NONE") != "NONE":
+        raise NotImplementedError(f"unsupported arguments: {sorted(kwargs)}")
+    _check_tensor(q, "q", 3)
+    _check_tensor(k, "k", 3, q.device)
+    _check_tensor(v, "v", 3, q.device)
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+    if kv_layout == "HND":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+    qo_len, kv_len = q.shape[0], k.shape[0]
+    mask = None
+    if custom_mask is not None:
+        if tuple(custom_mask.shape) != (qo_len, kv_len):
+            raise ValueError(
+                f"custom_mask must have shape [qo_len, kv_len] = [{qo_len}, {kv_len}], got "
+                f"{list(custom_mask.shape)}"
+            )
+        mask = custom_mask.reshape(-1)
+    wrapper = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(0, device=q.device))
+    wrapper.plan(
+        torch.tensor([0, qo_len], dtype=torch.int32),
+        torch.tensor([0, kv_len], dtype=torch.int32),
+        q.shape[1], k.shape[1], q.shape[2], custom_mask=mask, causal=causal,
+        window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+    )  # fmt: skip
+    return wrapper.run(q, k, v, return_lse=return_lse)

@@ -1,0 +1,279 @@
+"""Triton kernel of batch prefill attention (FlashAttention-2 style), paged or ragged KV.
+
+One program computes one *work item* (a request and a tile of its query tokens) for one
+*head group*: PACK query heads that share a KV head. Rows of the query tile are
+(token, head) pairs, token-major: row r is token r // PACK, head r % PACK, so with PACK equal
+to the GQA group size every K/V tile loaded is used by all the heads that read it.
+
+Inside a program the KV range is walked in three segments: masked tiles at the left edge
+(sliding window), unmasked tiles in the middle (no mask arithmetic at all), masked tiles at
+the right edge (causal diagonal, the KV boundary). Tiles that a causal or window mask fully
+hides are never visited. Softmax is online, in base 2: sm_scale * log2(e) is folded into one
+multiply, so the LSE comes out in base 2 as FlashInfer returns it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["_prefill_kernel"]
+
+
+@triton.jit
+def _tile_step(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_base,  # K pointer offset by the KV head
+    v_base,  # V pointer offset by the KV head
+    kv_indices_ptr,  # pages of this request (paged) or unused
+    kv_tok0,  # first KV token of this request (ragged) or 0
+    start,  # first KV position of this tile
+    q_pos,  # [BLOCK_M] query position in the request (token index)
+    offs_d,
+    kv_len,
+    qo_len,
+    delta,  # kv_len - qo_len: bottom-right alignment of causal and window masks
+    window_left,
+    qk_scale,  # sm_scale * log2(e), or the pre-tanh scale with soft-cap
+    soft_cap_log2,  # soft_cap * log2(e) (soft-cap only)
+    mask_ptr,  # custom mask of this request, [qo_len, kv_len] flattened (uint8)
+    stride_kp,
+    stride_ks,
+    stride_vp,
+    stride_vs,
+    kv_head,
+    PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CUSTOM_MASK: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if USE_TMA:
+        # k_base / v_base are [total_kv, H, D] tensor descriptors here (ragged only); rows
+        # past this request belong to the next one (or are zero-filled past the tensor) and
+        # are masked below like any position >= kv_len.
+        pass
+    elif PAGED:
+        if PAGE_SIZE % BLOCK_N == 0:
+            # The tile lies in one page: one index load, contiguous rows.
+            page = tl.load(kv_indices_ptr + start // PAGE_SIZE).to(tl.int64)
+            slot = (start % PAGE_SIZE) + tl.arange(0, BLOCK_N)
+            k_rows = page * stride_kp + slot * stride_ks
+            v_rows = page * stride_vp + slot * stride_vs
+        else:
+            if MASKED:
+                page = tl.load(kv_indices_ptr + offs_n // PAGE_SIZE, mask=offs_n < kv_len, other=0)
+            else:
+                page = tl.load(kv_indices_ptr + offs_n // PAGE_SIZE)
+            page = page.to(tl.int64)
+            slot = offs_n % PAGE_SIZE
+            k_rows = page * stride_kp + slot * stride_ks
+            v_rows = page * stride_vp + slot * stride_vs
+    else:
+        tok = (kv_tok0 + offs_n).to(tl.int64)
+        k_rows = tok * stride_kp
+        v_rows = tok * stride_vp
+    if MASKED:
+        in_kv = offs_n < kv_len
+    if USE_TMA:
+        k = k_base.load([kv_tok0 + start, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=in_kv[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+    qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], fp32
+    if SOFT_CAP:
+        # cap * tanh(x * sm_scale / cap), tanh through exp2 (no tanh in tl); the log2(e) of
+        # the base-2 softmax rides on the outer multiply.
+        x = qk * qk_scale
+        e = tl.exp2(x * 2.8853900817779268)  # exp(2x)
+        qk = (1.0 - 2.0 / (e + 1.0)) * soft_cap_log2
+        scale = 1.0
+    else:
+        # The scale is applied inside the exp2 argument (one FMA per logit) below.
+        scale = qk_scale
+    if MASKED:
+        keep = in_kv[None, :] & (q_pos[:, None] >= 0)
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= q_pos[:, None] + delta)
+        if WINDOW:
+            keep = keep & (offs_n[None, :] + window_left >= q_pos[:, None] + delta)
+        if CUSTOM_MASK:
+            m_off = q_pos.to(tl.int64)[:, None] * kv_len + offs_n[None, :]
+            cm = tl.load(mask_ptr + m_off, mask=keep & (q_pos[:, None] < qo_len), other=0)
+            keep = keep & (cm != 0)
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
+        # A row that has seen only masked logits keeps m = -inf: shift by 0 to avoid inf-inf.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
+        m_use = m_new
+    p = tl.exp2(qk * scale - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if USE_TMA:
+        v = v_base.load([kv_tok0 + start, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :]
+        if MASKED:
+            v = tl.load(v_ptrs, mask=in_kv[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_kernel(
+    Q,  # [total_q, num_qo_heads, HEAD_DIM]
+    K,  # paged: [num_pages, PAGE_SIZE, num_kv_heads, HEAD_DIM] (strided); ragged: [total_kv, H, D]
+    V,  # same as K
+    O,  # [total_q, num_qo_heads, HEAD_DIM]
+    LSE,  # [total_q, num_qo_heads] float32 (written when RETURN_LSE)
+    WORK,  # [num_items, 2] int32: (request, first query token of the tile)
+    QO_INDPTR,  # [batch + 1] int32
+    KV_INDPTR,  # [batch + 1] int32: pages (paged) or tokens (ragged)
+    KV_INDICES,  # [nnz_pages] int32 (paged)
+    KV_LENS,  # [batch] int32: KV tokens per request
+    MASK,  # [sum(qo_len * kv_len)] uint8 custom mask (CUSTOM_MASK)
+    MASK_INDPTR,  # [batch + 1] int64 offsets into MASK
+    qk_scale,
+    soft_cap_log2,
+    window_left,
+    stride_qt,
+    stride_qh,
+    stride_kp,  # page stride (paged) or token stride (ragged)
+    stride_ks,  # slot-in-page stride (paged)
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    NUM_HEAD_GROUPS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,  # num_qo_heads // num_kv_heads
+    PACK: tl.constexpr,  # query heads per program (GROUP_SIZE or 1)
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr,
+    USE_TMA: tl.constexpr,  # K, V are tensor descriptors [total_kv, H, D], block [BLOCK_N, 1, D]
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CUSTOM_MASK: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    TOKENS: tl.constexpr = BLOCK_M // PACK  # query tokens per tile
+    pid = tl.program_id(0)
+    item = pid // NUM_HEAD_GROUPS
+    hg = pid % NUM_HEAD_GROUPS
+    req = tl.load(WORK + item * 2)
+    tok0 = tl.load(WORK + item * 2 + 1)
+    qo_start = tl.load(QO_INDPTR + req)
+    qo_len = tl.load(QO_INDPTR + req + 1) - qo_start
+    kv_len = tl.load(KV_LENS + req)
+    kv_off = tl.load(KV_INDPTR + req)
+    delta = kv_len - qo_len
+    head0 = hg * PACK  # first query head of this program
+    kv_head = head0 // GROUP_SIZE
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = tok0 + rows // PACK
+    head = head0 + rows % PACK
+    row_ok = (rows < TOKENS * PACK) & (tok < qo_len)
+    # Rows outside the tile get position -1 so masked tiles drop them entirely.
+    q_pos = tl.where(row_ok, tok, -1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = (qo_start + tok).to(tl.int64) * stride_qt + head * stride_qh
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    # KV range this tile can see, in positions of the request.
+    last_tok = tl.minimum(tok0 + TOKENS, qo_len) - 1
+    hi = kv_len
+    if CAUSAL:
+        hi = tl.minimum(kv_len, last_tok + delta + 1)
+    lo = 0
+    if WINDOW:
+        lo = tl.maximum(0, tok0 + delta - window_left)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    # Tiles in [full_lo, full_hi) need no mask: inside the KV, left of every row's diagonal,
+    # right of every row's window edge.
+    if CUSTOM_MASK:
+        full_lo = lo
+        full_hi = lo
+    else:
+        full_hi = kv_len
+        if CAUSAL:
+            full_hi = tl.minimum(full_hi, tok0 + delta + 1)
+        full_hi = tl.maximum(lo, (full_hi // BLOCK_N) * BLOCK_N)
+        full_lo = lo
+        if WINDOW:
+            # Window edge of the last row: every row keeps kv >= its edge.
+            edge = tl.maximum(0, last_tok + delta - window_left)
+            full_lo = tl.minimum(full_hi, tl.cdiv(edge, BLOCK_N) * BLOCK_N)
+
+    if USE_TMA:
+        k_base = K
+        v_base = V
+    else:
+        k_base = K + kv_head * stride_kh
+        v_base = V + kv_head * stride_vh
+    kv_indices_ptr = KV_INDICES + kv_off
+    mask_ptr = MASK
+    if CUSTOM_MASK:
+        mask_ptr = MASK + tl.load(MASK_INDPTR + req)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    for start in range(lo, full_lo, BLOCK_N):
+        acc, m_i, l_i = _tile_step(
+            acc, m_i, l_i, q, k_base, v_base, kv_indices_ptr, kv_off, start, q_pos, offs_d,
+            kv_len, qo_len, delta, window_left, qk_scale, soft_cap_log2, mask_ptr,
+            stride_kp, stride_ks, stride_vp, stride_vs, kv_head,
+            PAGE_SIZE, PAGED, USE_TMA, HEAD_DIM, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFT_CAP, BLOCK_N,
+        )  # fmt: skip
+    for start in range(full_lo, full_hi, BLOCK_N):
+        acc, m_i, l_i = _tile_step(
+            acc, m_i, l_i, q, k_base, v_base, kv_indices_ptr, kv_off, start, q_pos, offs_d,
+            kv_len, qo_len, delta, window_left, qk_scale, soft_cap_log2, mask_ptr,
+            stride_kp, stride_ks, stride_vp, stride_vs, kv_head,
+            PAGE_SIZE, PAGED, USE_TMA, HEAD_DIM, False, CAUSAL, WINDOW, CUSTOM_MASK, SOFT_CAP, BLOCK_N,
+        )  # fmt: skip
+    for start in range(full_hi, hi, BLOCK_N):
+        acc, m_i, l_i = _tile_step(
+            acc, m_i, l_i, q, k_base, v_base, kv_indices_ptr, kv_off, start, q_pos, offs_d,
+            kv_len, qo_len, delta, window_left, qk_scale, soft_cap_log2, mask_ptr,
+            stride_kp, stride_ks, stride_vp, stride_vs, kv_head,
+            PAGE_SIZE, PAGED, USE_TMA, HEAD_DIM, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFT_CAP, BLOCK_N,
+        )  # fmt: skip
+
+    # Rows that saw no KV at all (empty request, fully masked row) give 0 and LSE -inf.
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    o_rows = (qo_start + tok).to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(
+        O + o_rows[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None]
+    )
+    if RETURN_LSE:
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        l_rows = (qo_start + tok).to(tl.int64) * stride_lt + head * stride_lh
+        tl.store(LSE + l_rows, lse, mask=row_ok)
