@@ -1,30 +1,58 @@
 """Autotuner: runners, tactics, shape buckets, profiling and a persistent config cache.
 
-`choose_one` is what ops call to pick (runner, tactic) for their inputs.
+Ops call `choose_one(op_name, runners, tuning_config, inputs)` to get the (runner, tactic)
+to launch; users control tuning with `autotune` and `load_configs`::
+
+    import flashtune
+
+    with flashtune.autotune(cache="h100.json"):   # tune shapes no source covers, save on exit
+        model(batch)
+    with flashtune.autotune(False, cache="h100.json"):  # later runs: load, never profile
+        model(batch)
+
+Lookup priority: in-memory profiling results, then user-loaded files, then configs bundled
+in flashtune/tune/configs/ (FLASHTUNE_AUTOTUNE_LOAD_BUNDLED=1, not while tuning), then the
+first runner's default tactic -1. See docs/autotune.md for the file format, several
+processes (one cache file per rank, then `flashtune tune merge`) and the CLI.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from flashtune.tune.cache_file import FileRead
 from flashtune.tune.runner import (
     DEFAULT_TACTIC,
     DynamicDim,
+    Profile,
     Tactic,
     TunableRunner,
     TuningConfig,
+    bucket_values,
+    pow2_bucketer,
     pow2_buckets,
 )
+from flashtune.tune.tuner import AutoTuner, AutotuneWarning, TacticFailure, autotune
 
 __all__ = [
     "DEFAULT_TACTIC",
+    "AutoTuner",
+    "AutotuneWarning",
     "DynamicDim",
+    "FileRead",
+    "Profile",
     "Tactic",
+    "TacticFailure",
     "TunableRunner",
     "TuningConfig",
-    "pow2_buckets",
+    "autotune",
+    "bucket_values",
     "choose_one",
+    "load_configs",
+    "pow2_bucketer",
+    "pow2_buckets",
 ]
 
 
@@ -34,6 +62,15 @@ def choose_one(
     tuning_config: TuningConfig,
     inputs: Sequence[Any],
 ) -> tuple[TunableRunner, Tactic]:
-    """Pick the (runner, tactic) for `inputs`. Placeholder until the AutoTuner lands:
-    the first runner with its default tactic."""
-    return runners[0], DEFAULT_TACTIC
+    """Pick the (runner, tactic) for `inputs`: a memoized dict lookup once the shape has
+    been seen; profiles the shape's bucket first when inside `autotune()` and no source
+    covers it; otherwise the first runner's default tactic -1."""
+    return AutoTuner.get().choose_one(op_name, runners, tuning_config, inputs)
+
+
+def load_configs(path: str | os.PathLike[str]) -> int:
+    """Load a tuned config file into the tuner (consulted before bundled configs and the
+    fallback, and also while tuning). Returns how many entries were loaded: 0 (with an
+    AutotuneWarning) for a corrupt file or one made on another GPU / software versions.
+    Raises FileNotFoundError when `path` does not exist."""
+    return len(AutoTuner.get().load_configs(path).entries)

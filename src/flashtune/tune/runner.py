@@ -4,10 +4,15 @@ A *runner* is one way to compute an op (cuBLAS, a tiled Triton GEMM, ...). Each 
 offers *tactics* (block sizes, warps, stages, split-K, ...): ints or tuples of hashable
 values. Tactic -1 is the runner's default; every runner implements it for every shape, so
 the tuner can always fall back to it.
+
+A `TuningConfig` says which input dimensions vary at run time and how a value maps to its
+*bucket*; the bucketed shapes of all inputs form the *optimization profile*, the unit the
+tuner profiles and caches.
 """
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -18,18 +23,35 @@ import torch
 __all__ = [
     "Tactic",
     "DEFAULT_TACTIC",
+    "Profile",
     "TunableRunner",
     "DynamicDim",
     "TuningConfig",
     "pow2_buckets",
+    "pow2_bucketer",
+    "bucket_values",
+    "make_profile",
+    "make_tuning_inputs",
 ]
 
 Tactic = Hashable
 DEFAULT_TACTIC: Tactic = -1
+# One bucketed shape per input (() for a non-tensor input): the key the tuner caches under.
+Profile = tuple[tuple[int, ...], ...]
 
 
 class TunableRunner(ABC):
-    """One implementation of an op, with the tactics it can run."""
+    """One implementation of an op, with the tactics it can run.
+
+    Optional hooks a runner may override:
+    - `warmup(inputs, tactic)`: compile/load the tactic without timing it. The tuner calls it
+      for all candidate tactics in a thread pool before timing them one at a time, so that
+      compilation (the slow part of tuning a Triton kernel) runs in parallel.
+    - `supports_cuda_graph`: False when the runner cannot be captured in a CUDA graph (host
+      syncs, allocations the graph would not replay); profiling then times it with events.
+    """
+
+    supports_cuda_graph: bool = True
 
     @abstractmethod
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
@@ -38,6 +60,11 @@ class TunableRunner(ABC):
     @abstractmethod
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         """Run the op on `inputs` with `tactic`; tactic -1 must work for any valid input."""
+
+    def warmup(self, inputs: Sequence[Any], tactic: Tactic) -> None:  # noqa: B027
+        """Compile `tactic` for `inputs` ahead of timing (may run in a worker thread).
+
+        The default does nothing: the first timed call's warm-up compiles instead."""
 
     def __call__(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         return self.forward(inputs, tactic)
@@ -52,13 +79,40 @@ class TunableRunner(ABC):
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other)
 
+    def __repr__(self) -> str:
+        return f"{self.name}()"
+
 
 def pow2_buckets(value: int, max_value: int = 8192) -> int:
-    """Map a dimension to the smallest power of two >= value, capped at `max_value`."""
+    """Map a dimension to the smallest power of two >= value, capped at `max_value`.
+
+    Rounding up means a shape is tuned at a size at least as large as itself, so a tactic
+    chosen there has seen the real shape's tiling (masking, tail tiles) or a superset of it.
+    """
     if value <= 1:
         return 1
     bucket = 1 << (int(value) - 1).bit_length()
     return min(bucket, max_value)
+
+
+def pow2_bucketer(max_value: int) -> Callable[[int], int]:
+    """`pow2_buckets` with another cap, e.g. `DynamicDim(0, 0, pow2_bucketer(16384))`."""
+    return functools.partial(pow2_buckets, max_value=max_value)
+
+
+def bucket_values(bucket: Callable[[int], int], limit: int = 1 << 20) -> list[int]:
+    """Every bucket a monotone bucket function produces for values 1..limit, ascending.
+
+    Used to tune a model ahead of time over all buckets of a dynamic dimension."""
+    values: list[int] = []
+    value = 1
+    while value <= limit:
+        b = int(bucket(value))
+        if values and b <= values[-1]:  # capped: larger values map to the last bucket
+            break
+        values.append(b)
+        value = max(b, value) + 1
+    return values
 
 
 @dataclass(frozen=True)
@@ -69,17 +123,29 @@ class DynamicDim:
     dim: int
     bucket: Callable[[int], int] = pow2_buckets
 
+    def buckets(self, limit: int = 1 << 20) -> list[int]:
+        """All bucket values of this dimension (see `bucket_values`)."""
+        return bucket_values(self.bucket, limit)
+
 
 @dataclass(frozen=True)
 class TuningConfig:
     """How the tuner treats an op's inputs.
 
     dynamic_dims: the dimensions tuned per bucket (the rest of the shape is part of the key).
-    constraints: (input_idx, dim) -> function of the (bucketed) inputs' shapes giving that
-        dimension, for dimensions derived from others.
-    make_inputs: builds random, valid inputs for a bucketed profile; None means "randomize
-        the given inputs' float tensors at the bucketed shape".
-    cold_l2 / use_cuda_graph: how profiling times each tactic.
+    constraints: (input_idx, dim, fn): fn(bucketed shapes of all inputs) gives that
+        dimension, for dimensions derived from others (e.g. a scale vector's length = M).
+    make_inputs: make_inputs(inputs, profile) builds random, valid inputs at the profile's
+        shapes; None randomizes float tensors (never zeros) and keeps integer tensors whose
+        shape does not change (their values are the caller's, hence valid).
+    cold_l2 / use_cuda_graph: how profiling times each tactic (see flashtune.timing.measure).
+    key_dtypes: also key the cache on the inputs' dtypes (ops whose best tactic depends on
+        dtype and whose op_name does not already say it).
+    warmup / repetitions / max_seconds_per_tactic: the timing effort per tactic; tuning many
+        tactics per shape must stay within seconds, and medians converge fast on a GPU.
+    check_tolerance: a tactic whose output differs from the default tactic's by more than
+        this relative (Frobenius) error is excluded as wrong; None picks one from the dtype.
+    compile_workers: threads for the runners' `warmup` hooks (parallel compilation).
     """
 
     dynamic_dims: tuple[DynamicDim, ...] = ()
@@ -88,3 +154,55 @@ class TuningConfig:
     cold_l2: bool = True
     use_cuda_graph: bool = False
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    key_dtypes: bool = False
+    warmup: int = 3
+    repetitions: int = 20
+    max_seconds_per_tactic: float = 1.0
+    check_tolerance: float | None = None
+    compile_workers: int = 8
+
+
+def _shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else ()
+
+
+def make_profile(inputs: Sequence[Any], config: TuningConfig) -> Profile:
+    """The optimization profile of `inputs`: their shapes with every dynamic dimension
+    replaced by its bucket, then the constrained dimensions derived from those."""
+    shapes = [list(_shape_of(x)) for x in inputs]
+    for d in config.dynamic_dims:
+        shape = shapes[d.input_idx]
+        if not shape:  # an optional input left out (None): nothing to bucket
+            continue
+        dim = d.dim % len(shape)
+        shape[dim] = int(d.bucket(shape[dim]))
+    for input_idx, dim, fn in config.constraints:
+        shape = shapes[input_idx]
+        if not shape:
+            continue
+        shape[dim % len(shape)] = int(fn([torch.Size(s) for s in shapes]))
+    return tuple(tuple(s) for s in shapes)
+
+
+def make_tuning_inputs(inputs: Sequence[Any], profile: Profile, config: TuningConfig) -> list[Any]:
+    """Random, valid inputs at the profile's shapes (never the caller's tensors, which a
+    runner writing in place would clobber)."""
+    if config.make_inputs is not None:
+        return list(config.make_inputs(inputs, profile))
+    out: list[Any] = []
+    for i, (x, shape) in enumerate(zip(inputs, profile, strict=True)):
+        if not isinstance(x, torch.Tensor):
+            out.append(x)
+        elif x.dtype.is_floating_point:
+            # randn in fp32 then cast: randn has no fp8 kernels, and the cast keeps the
+            # values' distribution identical across dtypes.
+            out.append(torch.randn(shape, device=x.device, dtype=torch.float32).to(x.dtype))
+        elif tuple(x.shape) == tuple(shape):
+            out.append(x.clone())
+        else:
+            raise ValueError(
+                f"input {i} is a {x.dtype} tensor of shape {tuple(x.shape)} that the tuning "
+                f"profile resizes to {tuple(shape)}; random values would not be valid indices: "
+                "give the op's TuningConfig a make_inputs"
+            )
+    return out

@@ -1,0 +1,227 @@
+"""The autotune config file: reading, checking, merging and writing it.
+
+Format (FlashInfer's): a JSON dict whose keys are ``str((op_name, runner_class_name,
+optimization_profile))`` and whose values are ``[runner_class_name, tactic]``; compound
+tactics are nested lists, restored to tuples on load. ``_metadata`` records the environment
+the file was made in (compared on load, ``"*"`` matches anything) and ``_last_updated_by``
+the environment of the last writer (informational).
+
+```json
+{
+  "_metadata": {"flashtune_version": "0.1.0", "torch_version": "2.13.0", "triton_version": "3.6.0",
+                "cuda_version": "12.8", "gpu_name": "NVIDIA H100 80GB HBM3"},
+  "('gemm', 'TritonGemmRunner', ((128, 4096), (4096, 4096)))": ["TritonGemmRunner", [64, 128, 64, 4, 3]]
+}
+```
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import datetime as _dt
+import functools
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from flashtune.tune.runner import Tactic
+
+__all__ = [
+    "CacheKey",
+    "Entry",
+    "FileRead",
+    "METADATA_KEY",
+    "METADATA_FIELDS",
+    "current_metadata",
+    "metadata_mismatch",
+    "read_cache_file",
+    "write_cache_file",
+    "backup_file",
+    "encode_key",
+    "decode_key",
+]
+
+logger = logging.getLogger("flashtune.tune")
+
+METADATA_KEY = "_metadata"
+LAST_UPDATED_KEY = "_last_updated_by"
+WILDCARD = "*"
+METADATA_FIELDS = (
+    "flashtune_version",
+    "torch_version",
+    "triton_version",
+    "cuda_version",
+    "gpu_name",
+)
+
+CacheKey = tuple[str, str, Any]  # (op_name, runner_class_name, profile)
+Entry = tuple[str, Tactic]  # (runner_class_name, tactic)
+
+
+@functools.lru_cache(maxsize=1)
+def current_metadata() -> dict[str, Any]:
+    """The environment tuned configs are valid for (touches CUDA only if a GPU exists)."""
+    from flashtune import platform
+
+    snap_gpu = platform.device_name()
+    import torch
+
+    return {
+        "flashtune_version": platform._flashtune_version(),
+        "torch_version": torch.__version__,
+        "triton_version": platform._triton_version(),
+        "cuda_version": torch.version.cuda,
+        "gpu_name": snap_gpu,
+    }
+
+
+def metadata_mismatch(
+    found: Mapping[str, Any], expected: Mapping[str, Any]
+) -> tuple[str, Any, Any] | None:
+    """The first field where `found` (from a file) disagrees with `expected`, as
+    (field, found, expected); None when all agree. "*" on either side matches anything."""
+    for name, want in expected.items():
+        if name not in found:
+            return name, "<missing>", want
+        have = found[name]
+        if have == WILDCARD or want == WILDCARD or have == want:
+            continue
+        return name, have, want
+    return None
+
+
+def _to_tuple(value: Any) -> Any:
+    """Nested JSON lists -> nested tuples (tactics and profiles must be hashable)."""
+    if isinstance(value, list | tuple):
+        return tuple(_to_tuple(v) for v in value)
+    return value
+
+
+def encode_key(key: CacheKey) -> str:
+    return str(key)
+
+
+def decode_key(text: str) -> CacheKey:
+    """Parse ``str((op, runner, profile))`` back; ValueError when it is not one."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"key {text!r} is not a Python literal: {exc}") from None
+    if not (
+        isinstance(value, tuple)
+        and len(value) == 3
+        and isinstance(value[0], str)
+        and isinstance(value[1], str)
+    ):
+        raise ValueError(f"key {text!r} is not (op_name, runner_class_name, profile)")
+    return value[0], value[1], _to_tuple(value[2])
+
+
+@dataclass
+class FileRead:
+    """What reading a config file found. status:
+    absent: no file; ok: entries loaded; mismatch: environment differs (entries empty);
+    corrupt: not a valid config file (entries empty)."""
+
+    path: Path
+    status: Literal["absent", "ok", "mismatch", "corrupt"]
+    entries: dict[CacheKey, Entry] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
+    reason: str = ""
+
+
+def read_cache_file(
+    path: str | os.PathLike[str], expected: Mapping[str, Any] | None = None
+) -> FileRead:
+    """Read and check a config file. Never raises for a bad file: the status says why."""
+    path = Path(path)
+    expected = current_metadata() if expected is None else expected
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return FileRead(path, "absent")
+    except OSError as exc:
+        return FileRead(path, "corrupt", reason=f"cannot read it: {exc}")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return FileRead(path, "corrupt", reason=f"invalid JSON ({exc})")
+    if not isinstance(raw, dict):
+        return FileRead(
+            path, "corrupt", reason=f"expected a JSON object, found {type(raw).__name__}"
+        )
+    metadata = raw.get(METADATA_KEY)
+    if metadata is not None and not isinstance(metadata, dict):
+        return FileRead(path, "corrupt", reason=f"{METADATA_KEY} is not an object")
+    entries: dict[CacheKey, Entry] = {}
+    for key_text, value in raw.items():
+        if key_text.startswith("_"):
+            continue
+        try:
+            key = decode_key(key_text)
+        except ValueError as exc:
+            return FileRead(path, "corrupt", reason=str(exc))
+        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)):
+            return FileRead(
+                path, "corrupt", reason=f"value of {key_text!r} is not [runner_class_name, tactic]"
+            )
+        if value[0] != key[1]:
+            return FileRead(
+                path, "corrupt", reason=f"value of {key_text!r} names runner {value[0]!r}"
+            )
+        entries[key] = (value[0], _to_tuple(value[1]))
+    if metadata is not None:
+        bad = metadata_mismatch(metadata, expected)
+        if bad is not None:
+            name, have, want = bad
+            return FileRead(
+                path,
+                "mismatch",
+                metadata=metadata,
+                reason=f"_metadata.{name} is {have!r} but this environment has {want!r}",
+            )
+    return FileRead(path, "ok", entries, metadata)
+
+
+def backup_file(path: Path) -> Path:
+    """Copy a file aside (``<name>.<UTC time>.<pid>.bak``) before it is overwritten."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    backup = path.with_name(f"{path.name}.{stamp}.{os.getpid()}.bak")
+    shutil.copy2(path, backup)
+    return backup
+
+
+def write_cache_file(
+    path: str | os.PathLike[str],
+    entries: Mapping[CacheKey, Entry],
+    metadata: Mapping[str, Any],
+    last_updated_by: Mapping[str, Any] | None = None,
+) -> None:
+    """Write a config file atomically (temporary file in the same folder + os.replace), so a
+    reader or a killed writer never sees half a file."""
+    path = Path(path)
+    doc: dict[str, Any] = {METADATA_KEY: dict(metadata)}
+    if last_updated_by is not None:
+        doc[LAST_UPDATED_KEY] = dict(last_updated_by)
+    for key_text, (runner, tactic) in sorted((encode_key(k), v) for k, v in entries.items()):
+        doc[key_text] = [runner, tactic]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,728 @@
+"""The AutoTuner: picks (runner, tactic) per shape bucket, profiles on first sight when
+tuning, and keeps the winners in memory and in JSON config files.
+
+Lookup priority for a shape's bucket (first match wins):
+1. the in-memory profiling cache (live tuning in this process);
+2. user-loaded file configs (`load_configs`, `autotune(cache=...)`), also while tuning, so a
+   shape tuned in a file is never profiled again;
+3. configs bundled under flashtune/tune/configs/ (FLASHTUNE_AUTOTUNE_LOAD_BUNDLED=1, and
+   only when not tuning);
+4. the fallback: the first runner's default tactic -1.
+
+The answer for a runtime shape is memoized, so a repeated call costs a few dict lookups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from filelock import FileLock, Timeout
+
+from flashtune import env, timing
+from flashtune.tune.cache_file import (
+    CacheKey,
+    Entry,
+    FileRead,
+    backup_file,
+    current_metadata,
+    read_cache_file,
+    write_cache_file,
+)
+from flashtune.tune.runner import (
+    DEFAULT_TACTIC,
+    Profile,
+    Tactic,
+    TunableRunner,
+    TuningConfig,
+    make_profile,
+    make_tuning_inputs,
+)
+
+__all__ = ["AutoTuner", "AutotuneWarning", "TacticFailure", "TuneStats", "autotune"]
+
+logger = logging.getLogger("flashtune.tune")
+
+BUNDLED_DIR = Path(__file__).resolve().parent / "configs"
+# A runtime shape -> answer memo; bounded so a serving loop with ever-new shapes cannot grow
+# it without limit (a miss only costs a bucket mapping and a few dict lookups).
+_MEMO_MAX = 1 << 16
+# Relative (Frobenius) error above which a tactic's output is "different from the default
+# tactic's". Wrong tactics are off by O(1); these leave room for reordered fp32 sums (split-K),
+# TF32 and one rounding of the output dtype.
+_CHECK_TOL = {
+    torch.float64: 1e-8,
+    torch.float32: 5e-3,
+    torch.float16: 1e-2,
+    torch.bfloat16: 2e-2,
+}
+_CHECK_TOL_LOW_PRECISION = 0.15  # fp8 and other sub-16-bit floats
+# Show a progress bar when one shape has at least this many tactics to time.
+_PROGRESS_MIN_TACTICS = 8
+
+
+class AutotuneWarning(UserWarning):
+    """A config file that could not be used, or tuning that could not happen."""
+
+
+@dataclass(frozen=True)
+class TacticFailure:
+    """A candidate excluded while profiling, and why."""
+
+    op_name: str
+    runner: str
+    tactic: Tactic
+    profile: Profile
+    reason: str
+
+
+@dataclass
+class TuneStats:
+    """Counters for the summary logged when an `autotune` context exits."""
+
+    shapes_tuned: int = 0
+    tactics_timed: int = 0
+    tactics_failed: int = 0
+    cache_hits: int = 0
+    seconds: float = 0.0
+
+
+def _measure(fn: Any, args: Sequence[Any], **kwargs: Any) -> timing.Timing:
+    """Time one candidate (a seam for tests, which replace it with a fake clock)."""
+    return timing.measure(fn, args, **kwargs)
+
+
+def _is_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (profiling would break it)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class AutoTuner:
+    """The process-wide tuner; get it with `AutoTuner.get()`.
+
+    One re-entrant lock guards search, choose_one's slow path, save, load, clear and the
+    tune-mode switch; profiling therefore runs one shape at a time within a process, which is
+    also what a fair measurement needs. The memoized fast path reads a dict without the lock
+    (a dict read is atomic in CPython; writes happen under the lock).
+    """
+
+    _instance: ClassVar[AutoTuner | None] = None
+    _instance_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.tune_mode = False
+        self.profiling_cache: dict[CacheKey, Entry] = {}
+        self.file_configs: dict[CacheKey, Entry] = {}
+        self.failures: list[TacticFailure] = []
+        self.stats = TuneStats()
+        # (op_name, profile) -> {(runner_name, tactic): median ms}: what profiling measured,
+        # for reports (the winner's margin over the default, over cuBLAS, ...).
+        self.timings: dict[tuple[str, Profile], dict[tuple[str, Tactic], float]] = {}
+        self.show_progress = True
+        self.file_lock_timeout_s = 120.0
+        self._bundled: dict[CacheKey, Entry] | None = None
+        self._memo: dict[Any, tuple[int, Tactic]] = {}
+        self._once: set[Any] = set()
+
+    @classmethod
+    def get(cls) -> AutoTuner:
+        inst = cls._instance
+        if inst is None:
+            with cls._instance_lock:
+                if cls._instance is None:
+                    cls._instance = cls()
+                inst = cls._instance
+        return inst
+
+    # ----------------------------------------------------------------- dispatch
+    def choose_one(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        tuning_config: TuningConfig,
+        inputs: Sequence[Any],
+    ) -> tuple[TunableRunner, Tactic]:
+        """The (runner, tactic) to run `inputs` with: see the module docstring for the order
+        of sources. In tune mode, a bucket no source covers is profiled first."""
+        try:  # optional tensors (None) are common, other non-tensors rare
+            shapes = tuple([None if x is None else x.shape for x in inputs])
+        except AttributeError:  # a non-tensor argument (a Python scalar, ...)
+            shapes = tuple([getattr(x, "shape", None) for x in inputs])
+        if tuning_config.key_dtypes:
+            shapes += tuple([getattr(x, "dtype", None) for x in inputs])
+        # The runner classes are part of the key: the answer is an index into `runners`.
+        key = (op_name, shapes, *[type(r) for r in runners])
+        hit = self._memo.get(key)
+        if hit is not None:
+            return runners[hit[0]], hit[1]
+        return self._choose_slow(key, op_name, runners, tuning_config, inputs)
+
+    def _choose_slow(
+        self,
+        memo_key: Any,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        config: TuningConfig,
+        inputs: Sequence[Any],
+    ) -> tuple[TunableRunner, Tactic]:
+        if not runners:
+            raise ValueError(f"choose_one({op_name!r}): runners is empty; give at least one")
+        with self.lock:
+            hit = self._memo.get(memo_key)
+            if hit is not None:
+                return runners[hit[0]], hit[1]
+            profile = self.profile_of(inputs, config)
+            found = self._search(op_name, runners, profile, inputs)
+            if found is not None:
+                index, tactic, source = found
+                if self.tune_mode:
+                    self.stats.cache_hits += 1
+                    self._log_once(
+                        ("hit", op_name, runners[index].name),
+                        "autotune: %s/%s found in the %s configs; not profiling shapes they cover",
+                        op_name,
+                        runners[index].name,
+                        source,
+                    )
+                return self._remember(memo_key, runners, index, tactic)
+            if not self.tune_mode:
+                return self._remember(memo_key, runners, 0, DEFAULT_TACTIC)
+            if _is_capturing():
+                # Not memoized: the shape is profiled once capture is over.
+                self._warn_once(
+                    ("capture", op_name),
+                    f"autotune: {op_name} at profile {profile} is not tuned and a CUDA graph is "
+                    "being captured, so it cannot be profiled now; using the default tactic "
+                    "(tune it before capturing)",
+                )
+                return runners[0], DEFAULT_TACTIC
+            index, tactic = self._profile(op_name, runners, config, inputs, profile)
+            return self._remember(memo_key, runners, index, tactic)
+
+    def _remember(
+        self, memo_key: Any, runners: Sequence[TunableRunner], index: int, tactic: Tactic
+    ) -> tuple[TunableRunner, Tactic]:
+        if len(self._memo) >= _MEMO_MAX:
+            self._memo.clear()
+        self._memo[memo_key] = (index, tactic)
+        return runners[index], tactic
+
+    @staticmethod
+    def profile_of(inputs: Sequence[Any], config: TuningConfig) -> Profile:
+        """The optimization profile (bucketed shapes) `inputs` are tuned and cached under."""
+        profile = make_profile(inputs, config)
+        if config.key_dtypes:
+            dtypes = tuple(
+                str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else ""
+                for x in inputs
+            )
+            profile = (*profile, dtypes)
+        return profile
+
+    def _sources(self) -> list[tuple[str, Mapping[CacheKey, Entry]]]:
+        sources: list[tuple[str, Mapping[CacheKey, Entry]]] = [
+            ("in-memory", self.profiling_cache),
+            ("file", self.file_configs),
+        ]
+        if not self.tune_mode and env.AUTOTUNE_LOAD_BUNDLED.get():
+            sources.append(("bundled", self._bundled_configs()))
+        return sources
+
+    def _search(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        profile: Profile,
+        inputs: Sequence[Any],
+    ) -> tuple[int, Tactic, str] | None:
+        for source, table in self._sources():
+            for index, runner in enumerate(runners):
+                entry = table.get((op_name, runner.name, profile))
+                if entry is None:
+                    continue
+                tactic = entry[1]
+                if source != "in-memory" and not self._tactic_still_valid(
+                    runner, tactic, inputs, profile
+                ):
+                    self._warn_once(
+                        ("stale", source, op_name, runner.name, tactic),
+                        f"autotune: {source} config for {op_name}/{runner.name} at {profile} "
+                        f"names tactic {tactic!r}, which the runner no longer offers; ignoring it "
+                        "(re-tune to refresh the file)",
+                    )
+                    continue
+                return index, tactic, source
+        return None
+
+    @staticmethod
+    def _tactic_still_valid(
+        runner: TunableRunner, tactic: Tactic, inputs: Sequence[Any], profile: Profile
+    ) -> bool:
+        # Files outlive code: a tactic a newer runner dropped must not reach its kernel. The
+        # tactic was offered for the bucket's shape (where it was tuned), which a runner may
+        # prune differently from the runtime shape: accept either.
+        if tactic == DEFAULT_TACTIC:
+            return True
+        at_profile = [
+            x.new_empty(shape)
+            if isinstance(x, torch.Tensor) and tuple(x.shape) != tuple(shape)
+            else x
+            for x, shape in zip(inputs, profile, strict=False)  # key_dtypes adds one
+        ]
+        for candidate_inputs in (at_profile, inputs):
+            try:
+                if tactic in runner.get_valid_tactics(candidate_inputs, profile):
+                    return True
+            except Exception:
+                continue
+        return False
+
+    # ----------------------------------------------------------------- profiling
+    def _profile(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        config: TuningConfig,
+        inputs: Sequence[Any],
+        profile: Profile,
+    ) -> tuple[int, Tactic]:
+        start = time.perf_counter()
+        tuning_inputs = make_tuning_inputs(inputs, profile, config)
+        candidates: list[tuple[int, Tactic]] = []
+        for index, runner in enumerate(runners):
+            tactics: list[Tactic] = [DEFAULT_TACTIC]
+            try:
+                for tactic in runner.get_valid_tactics(tuning_inputs, profile):
+                    if tactic not in tactics:
+                        tactics.append(tactic)
+            except Exception as exc:
+                self._fail(op_name, runner, "*", profile, f"get_valid_tactics raised {exc!r}")
+            candidates += [(index, t) for t in tactics]
+
+        candidates = self._compile(op_name, runners, candidates, tuning_inputs, profile, config)
+        baseline = self._baseline(op_name, runners, candidates, tuning_inputs, profile)
+        if baseline is None:
+            candidates = [c for c in candidates if c != (0, DEFAULT_TACTIC)]
+        input_sets = self._input_sets(tuning_inputs, config)
+
+        best: tuple[int, Tactic, float] | None = None
+        timings = self.timings.setdefault((op_name, profile), {})
+        with self._progress(op_name, profile, len(candidates)) as advance:
+            for index, tactic in candidates:
+                runner = runners[index]
+                try:
+                    if baseline is not None and (index, tactic) != (0, DEFAULT_TACTIC):
+                        wrong = self._check(runner, tactic, tuning_inputs, baseline, config)
+                        if wrong:
+                            self._fail(op_name, runner, tactic, profile, wrong)
+                            continue
+                    measured = _measure(
+                        functools.partial(_call, runner, tactic),
+                        tuning_inputs,
+                        warmup=config.warmup,
+                        repetitions=config.repetitions,
+                        cold_l2=config.cold_l2,
+                        use_cuda_graph=config.use_cuda_graph and runner.supports_cuda_graph,
+                        input_sets=input_sets,
+                        max_seconds=config.max_seconds_per_tactic,
+                    )
+                except Exception as exc:
+                    self._fail(op_name, runner, tactic, profile, f"raised {exc!r}")
+                    _recover_device(exc)
+                    continue
+                finally:
+                    advance()
+                self.stats.tactics_timed += 1
+                median = _nan_safe(measured.median_ms)
+                timings[(runner.name, tactic)] = median
+                logger.debug(
+                    "autotune: %s %s %s tactic %r: %.4f ms",
+                    op_name,
+                    profile,
+                    runner.name,
+                    tactic,
+                    median,
+                )
+                if best is None or median < best[2]:
+                    best = (index, tactic, median)
+
+        elapsed = time.perf_counter() - start
+        self.stats.seconds += elapsed
+        if best is None:
+            # Nothing ran, not even the default: not cached, so a later call can retry.
+            warnings.warn(
+                f"autotune: every candidate of {op_name} at {profile} failed "
+                f"(see AutoTuner.get().failures); using {runners[0].name} tactic -1",
+                AutotuneWarning,
+                stacklevel=4,
+            )
+            return 0, DEFAULT_TACTIC
+        index, tactic, median = best
+        name = runners[index].name
+        self.profiling_cache[(op_name, name, profile)] = (name, tactic)
+        self.stats.shapes_tuned += 1
+        logger.info(
+            "autotune: %s %s -> %s tactic %r (%.4f ms; %d candidates in %.2f s)",
+            op_name,
+            profile,
+            name,
+            tactic,
+            median,
+            len(candidates),
+            elapsed,
+        )
+        return index, tactic
+
+    def _compile(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        candidates: list[tuple[int, Tactic]],
+        inputs: Sequence[Any],
+        profile: Profile,
+        config: TuningConfig,
+    ) -> list[tuple[int, Tactic]]:
+        """Run the runners' `warmup` hooks for all candidates in a thread pool (compilers
+        release the GIL), dropping candidates whose compilation fails."""
+        hooked = [c for c in candidates if type(runners[c[0]]).warmup is not TunableRunner.warmup]
+        if not hooked:
+            return candidates
+        device = _device_of(inputs)
+
+        def warm(index: int, tactic: Tactic) -> None:
+            ctx = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+            with ctx:
+                runners[index].warmup(inputs, tactic)
+
+        failed: set[tuple[int, Tactic]] = set()
+        workers = max(1, min(config.compile_workers, len(hooked)))
+        with ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="flashtune-compile"
+        ) as pool:
+            futures = {pool.submit(warm, i, t): (i, t) for i, t in hooked}
+            for future in as_completed(futures):
+                exc = future.exception()
+                if exc is not None:
+                    index, tactic = futures[future]
+                    failed.add((index, tactic))
+                    self._fail(op_name, runners[index], tactic, profile, f"warmup raised {exc!r}")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return [c for c in candidates if c not in failed]
+
+    def _baseline(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        candidates: list[tuple[int, Tactic]],
+        inputs: Sequence[Any],
+        profile: Profile,
+    ) -> list[torch.Tensor] | None:
+        """The default tactic's output, which every other tactic must reproduce."""
+        if (0, DEFAULT_TACTIC) not in candidates:
+            return None
+        args = timing.clone_inputs(inputs)
+        try:
+            out = runners[0].forward(args, DEFAULT_TACTIC)
+            return _tensors_of(out, args)
+        except Exception as exc:
+            self._fail(op_name, runners[0], DEFAULT_TACTIC, profile, f"raised {exc!r}")
+            _recover_device(exc)
+            self._warn_once(
+                ("no-baseline", op_name, profile),
+                f"autotune: the default tactic of {runners[0].name} failed for {op_name} at "
+                f"{profile}; other tactics are timed without a correctness check",
+            )
+            return None
+
+    @staticmethod
+    def _check(
+        runner: TunableRunner,
+        tactic: Tactic,
+        inputs: Sequence[Any],
+        baseline: list[torch.Tensor],
+        config: TuningConfig,
+    ) -> str:
+        """Why this tactic's result differs from the default's ("" when it does not)."""
+        args = timing.clone_inputs(inputs)
+        got = _tensors_of(runner.forward(args, tactic), args)
+        if len(got) != len(baseline):
+            return f"wrong result: {len(got)} tensors out, the default tactic gives {len(baseline)}"
+        for i, (g, w) in enumerate(zip(got, baseline, strict=True)):
+            if g.shape != w.shape:
+                return f"wrong result: tensor {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
+            if not w.dtype.is_floating_point:
+                if not torch.equal(g, w):
+                    return f"wrong result: tensor {i} differs from the default tactic's"
+                continue
+            wf = w.float()
+            if not bool(torch.isfinite(wf).all()):
+                continue  # nothing meaningful to compare against
+            err = float((g.float() - wf).norm() / wf.norm().clamp_min(1e-30))
+            tol = config.check_tolerance
+            if tol is None:
+                tol = _CHECK_TOL.get(w.dtype, _CHECK_TOL_LOW_PRECISION)
+            if not err <= tol:  # also catches NaN
+                return f"wrong result: tensor {i} relative error {err:.3g} > {tol:g} vs the default tactic"
+        return ""
+
+    @staticmethod
+    def _input_sets(inputs: Sequence[Any], config: TuningConfig) -> list[list[Any]]:
+        """Input copies every tactic rotates through (made once per shape, not per tactic)."""
+        device = _device_of(inputs)
+        copies = 1
+        if config.cold_l2 and device.type == "cuda":
+            copies = timing.copies_for_cold_l2(inputs, device)
+        return [list(inputs)] + [timing.clone_inputs(inputs) for _ in range(copies - 1)]
+
+    @contextlib.contextmanager
+    def _progress(self, op_name: str, profile: Profile, total: int) -> Iterator[Any]:
+        if not self.show_progress or total < _PROGRESS_MIN_TACTICS:
+            yield lambda: None
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        progress = Progress(
+            TextColumn("[bold]autotune[/] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        task = progress.add_task(f"{op_name} {profile}", total=total)
+        with progress:
+            yield lambda: progress.advance(task)
+
+    def _fail(
+        self, op_name: str, runner: TunableRunner, tactic: Tactic, profile: Profile, reason: str
+    ) -> None:
+        self.failures.append(TacticFailure(op_name, runner.name, tactic, profile, reason))
+        self.stats.tactics_failed += 1
+        logger.warning(
+            "autotune: excluding %s %s tactic %r at %s: %s",
+            op_name,
+            runner.name,
+            tactic,
+            profile,
+            reason,
+        )
+
+    def _warn_once(self, key: Any, message: str) -> None:
+        if key in self._once:
+            return
+        self._once.add(key)
+        warnings.warn(message, AutotuneWarning, stacklevel=5)
+
+    def _log_once(self, key: Any, message: str, *args: Any) -> None:
+        if key in self._once:
+            return
+        self._once.add(key)
+        logger.info(message, *args)
+
+    # ----------------------------------------------------------------- state
+    def set_tune_mode(self, tune_mode: bool) -> None:
+        with self.lock:
+            self.tune_mode = bool(tune_mode)
+            # Memoized answers depend on the mode (fallbacks are only final when not tuning).
+            self._memo.clear()
+
+    def clear(self) -> None:
+        """Forget everything: profiling results, loaded configs, failures, statistics."""
+        with self.lock:
+            self.profiling_cache.clear()
+            self.file_configs.clear()
+            self.failures.clear()
+            self.timings.clear()
+            self.stats = TuneStats()
+            self._bundled = None
+            self._memo.clear()
+            self._once.clear()
+
+    def _bundled_configs(self) -> dict[CacheKey, Entry]:
+        if self._bundled is None:
+            bundled: dict[CacheKey, Entry] = {}
+            for path in sorted(BUNDLED_DIR.glob("*.json")):
+                found = read_cache_file(path)
+                if found.status == "ok":
+                    bundled.update(found.entries)
+                elif found.status == "corrupt":
+                    self._warn_once(
+                        ("bundled", str(path)),
+                        f"autotune: bundled config {path} is corrupt ({found.reason}); skipped",
+                    )
+                else:  # configs of other GPUs and versions are expected not to match
+                    logger.debug("autotune: bundled config %s skipped: %s", path, found.reason)
+            self._bundled = bundled
+        return self._bundled
+
+    def load_configs(self, path: str | os.PathLike[str], *, missing_ok: bool = False) -> FileRead:
+        """Add a config file's entries to the user-loaded configs (priority 2).
+
+        A missing file raises FileNotFoundError unless `missing_ok`; a corrupt file or one made
+        in another environment warns and loads nothing."""
+        with self.lock:
+            found = read_cache_file(path)
+            if found.status == "absent":
+                if missing_ok:
+                    return found
+                raise FileNotFoundError(f"autotune config file {found.path} does not exist")
+            if found.status == "corrupt":
+                warnings.warn(
+                    f"autotune config file {found.path} is corrupt: {found.reason}; treating it as "
+                    "absent (a backup is kept before it is ever overwritten)",
+                    AutotuneWarning,
+                    stacklevel=3,
+                )
+            elif found.status == "mismatch":
+                warnings.warn(
+                    f"autotune config file {found.path} was made in another environment: "
+                    f"{found.reason}; nothing loaded and the file will not be overwritten. Use "
+                    "another cache path for this environment (e.g. one per GPU type), or set the "
+                    'field to "*" in the file to accept any value',
+                    AutotuneWarning,
+                    stacklevel=3,
+                )
+            else:
+                self.file_configs.update(found.entries)
+                self._memo.clear()
+                logger.info("autotune: loaded %d configs from %s", len(found.entries), found.path)
+            return found
+
+    def save_configs(
+        self, path: str | os.PathLike[str], base: Mapping[CacheKey, Entry] | None = None
+    ) -> bool:
+        """Merge this process's results into `path`: on-disk entries, overlaid by `base` (the
+        configs loaded on entry), overlaid by the in-memory profiling cache; all under a file
+        lock so concurrent writers lose no update, written atomically. False when not saved
+        (the file is from another environment, or the lock timed out)."""
+        path = Path(path)
+        with self.lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with FileLock(str(path) + ".lock", timeout=self.file_lock_timeout_s):
+                    on_disk = read_cache_file(path)
+                    if on_disk.status == "mismatch":
+                        warnings.warn(
+                            f"autotune: not saving to {path}: {on_disk.reason}; the file belongs "
+                            "to another environment, use another cache path",
+                            AutotuneWarning,
+                            stacklevel=3,
+                        )
+                        return False
+                    if on_disk.status == "corrupt":
+                        backup = backup_file(path)
+                        warnings.warn(
+                            f"autotune: {path} is corrupt ({on_disk.reason}); kept a copy at "
+                            f"{backup} and writing a fresh file",
+                            AutotuneWarning,
+                            stacklevel=3,
+                        )
+                    merged = dict(on_disk.entries)
+                    merged.update(base or {})
+                    merged.update(self.profiling_cache)
+                    metadata = on_disk.metadata if on_disk.metadata else current_metadata()
+                    write_cache_file(path, merged, metadata, last_updated_by=current_metadata())
+            except Timeout:
+                warnings.warn(
+                    f"autotune: could not lock {path}.lock within {self.file_lock_timeout_s:.0f} s; "
+                    "results not saved",
+                    AutotuneWarning,
+                    stacklevel=3,
+                )
+                return False
+            logger.info("autotune: saved %d configs to %s", len(merged), path)
+            return True
+
+
+def _call(runner: TunableRunner, tactic: Tactic, *args: Any) -> Any:
+    return runner.forward(args, tactic)
+
+
+def _device_of(inputs: Sequence[Any]) -> torch.device:
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def _tensors_of(out: Any, args: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors a call produced: its return value(s), then every tensor argument (which
+    covers ops that write in place or into `out=`)."""
+    found: list[torch.Tensor] = []
+    stack = [out]
+    while stack:
+        item = stack.pop(0)
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, list | tuple):
+            stack[:0] = list(item)
+    return found + [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def _recover_device(exc: BaseException) -> None:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def autotune(
+    tune_mode: bool = True, cache: str | os.PathLike[str] | None = None
+) -> Iterator[AutoTuner]:
+    """Tune (True) or only use known configs (False) inside the block.
+
+    | tune_mode | cache | on entry                  | on exit                         |
+    |-----------|-------|---------------------------|---------------------------------|
+    | True      | path  | load the file if it exists | save incrementally (merge)     |
+    | True      | None  | -                         | - (results stay in memory)      |
+    | False     | path  | load the file if it exists | never saves                    |
+    | False     | None  | -                         | - (no profiling inside)         |
+
+    Configs loaded on entry stay loaded after exit (they are this GPU's answers); the tune
+    mode is restored on exit. Results tuned in memory are kept for the process's lifetime.
+    """
+    tuner = AutoTuner.get()
+    with tuner.lock:
+        loaded: dict[CacheKey, Entry] = {}
+        if cache is not None:
+            loaded = tuner.load_configs(cache, missing_ok=True).entries
+        previous = tuner.tune_mode
+        before = replace(tuner.stats)
+        tuner.set_tune_mode(tune_mode)
+    try:
+        yield tuner
+    finally:
+        with tuner.lock:
+            tuner.set_tune_mode(previous)
+            saved = False
+            if tune_mode and cache is not None:
+                saved = tuner.save_configs(cache, base=loaded)
+            if tune_mode:
+                now = tuner.stats
+                logger.info(
+                    "autotune: %d shapes tuned (%d tactics timed, %d excluded, %d cache hits) in "
+                    "%.1f s%s",
+                    now.shapes_tuned - before.shapes_tuned,
+                    now.tactics_timed - before.tactics_timed,
+                    now.tactics_failed - before.tactics_failed,
+                    now.cache_hits - before.cache_hits,
+                    now.seconds - before.seconds,
+                    f"; saved to {cache}" if saved else "",
+                )
+
+
+def _nan_safe(x: float) -> float:
+    return x if math.isfinite(x) else float("inf")
