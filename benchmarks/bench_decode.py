@@ -122,11 +122,14 @@ def bench_grid(fi, ws, rows, bw, quick):
 
 
 def bench_sweep(ws, rows, bw):
-    """Tactics of the decode kernel on a few shapes (until the autotuner picks per shape)."""
+    """Tactics of the decode kernel and the split granularity at batch 1 on a few shapes
+    (until the autotuner picks them per shape)."""
     from flashtune.ops.attention import decode
 
-    tactics = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 3)]
-    for ps, b, kv in ((1, 64, 8192), (1, 1, 32768), (16, 64, 8192), (16, 1, 32768)):
+    tactics = [(64, 4, 2), (64, 4, 3), (32, 4, 3), (32, 4, 4), (128, 4, 3), (64, 8, 3)]
+    shapes = ((1, 64, 8192), (1, 1, 512), (1, 1, 32768), (16, 64, 8192), (16, 1, 512),
+              (16, 1, 8192), (16, 1, 32768))  # fmt: skip
+    for ps, b, kv in shapes:
         indptr, indices, last, cache, q = _setup([kv] * b, ps)
         nbytes = 2 * b * kv * HK * D * cache.element_size()
         shape = dict(batch=b, kv_len=kv, page_size=ps, hq=HQ, hk=HK, d=D)
@@ -146,6 +149,20 @@ def bench_sweep(ws, rows, bw):
                        gbs=gbs, bw_frac=gbs / bw)  # fmt: skip
             line.append(f"{bn}/{nw}/{ns}: {ms * 1e3:.1f}us")
         print(f"sweep ps={ps} b={b} kv={kv}: " + "  ".join(line), flush=True)
+        if b == 1:  # split granularity in the latency regime
+            line = []
+            for mc in (64, 128, 256, 512):
+                decode.MIN_CHUNK_OVERRIDE = mc
+                try:
+                    w = _ours(ws, (indptr, indices, last), ps)
+                    ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+                finally:
+                    decode.MIN_CHUNK_OVERRIDE = None
+                chunks = w._planner.plan.max_partials
+                rows.write("batch_decode_min_chunk_sweep", shape, f"flashtune_min_chunk{mc}",
+                           ms, chunks=chunks)  # fmt: skip
+                line.append(f"{mc}({chunks}): {ms * 1e3:.1f}us")
+            print("  min_chunk (chunks): " + "  ".join(line), flush=True)
         del cache
 
 
@@ -216,6 +233,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["grid", "skewed", "cascade", "sweep"], default=None)
+    ap.add_argument("--skip", choices=["grid", "skewed", "cascade", "sweep"], nargs="*", default=[])
     args = ap.parse_args()
     t0 = time.time()
     bw = copy_bandwidth_gbs()
@@ -225,12 +243,12 @@ def main() -> None:
     ws_fi = torch.empty(128 * 2**20, dtype=torch.uint8, device="cuda")
     rows = RowWriter("decode")
     for part, fn in (
-        ("skewed", lambda: bench_skewed(ws, rows, bw)),
-        ("cascade", lambda: bench_cascade(ws, RowWriter("cascade"), bw, fi)),
         ("sweep", lambda: bench_sweep(ws, rows, bw)),
         ("grid", lambda: bench_grid(fi, ws, rows, bw, args.quick)),
+        ("skewed", lambda: bench_skewed(ws, rows, bw)),
+        ("cascade", lambda: bench_cascade(ws, RowWriter("cascade"), bw, fi)),
     ):
-        if args.only and args.only != part:
+        if (args.only and args.only != part) or part in args.skip:
             continue
         try:
             fn()

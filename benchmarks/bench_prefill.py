@@ -76,7 +76,7 @@ def make_batch(batch: int, seq: int, seed: int = 0) -> dict[str, Any]:
 
 
 def ours(mode: str, x: dict[str, Any], tactic: PrefillTactic | None = None):
-    ws = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # as FlashInfer's below
     if mode == "paged":
         w = BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
         w.plan(x["qo_indptr"], x["page_indptr"], x["page_indices"], x["last"], HQ, HKV, D, PAGE,
@@ -125,15 +125,22 @@ def timeit(fn, args, graph: bool = False) -> float:
 
 
 # Candidates the per-shape tuning tries (a slice of PREFILL_TACTICS around the sweep winners).
+_T = PrefillTactic
 TUNE_CANDIDATES = {
     "ragged": [
-        PrefillTactic(128, 128, True, 8, 3), PrefillTactic(128, 128, True, 8, 3, tma=True),
-        PrefillTactic(128, 64, True, 8, 3, tma=True), PrefillTactic(128, 32, True, 4, 3),
-        PrefillTactic(64, 32, True, 4, 3), PrefillTactic(128, 64, True, 8, 3),
+        _T(128, 128, True, 8, 2), _T(128, 128, True, 8, 3),
+        _T(128, 128, True, 8, 2, tma=True), _T(128, 128, True, 8, 3, tma=True),
+        _T(128, 64, True, 8, 3, tma=True), _T(128, 64, True, 4, 3, tma=True),
+        _T(128, 64, True, 8, 3), _T(128, 32, True, 4, 3), _T(64, 32, True, 4, 3),
+        _T(64, 64, True, 4, 3, tma=True), _T(128, 128, False, 8, 2, tma=True),
     ],
     "paged": [
-        PrefillTactic(128, 128, True, 8, 3), PrefillTactic(128, 64, True, 4, 3),
-        PrefillTactic(128, 32, True, 4, 3), PrefillTactic(128, 64, True, 4, 4),
+        _T(128, 128, True, 8, 2), _T(128, 128, True, 8, 3), _T(128, 64, True, 4, 3),
+        _T(128, 64, True, 8, 3), _T(128, 64, True, 4, 4), _T(128, 32, True, 4, 3),
+        _T(64, 64, True, 4, 3), _T(64, 32, True, 4, 3),
+        # tma on paged: pages staged into the workspace, then the ragged TMA kernel.
+        _T(128, 128, True, 8, 2, tma=True), _T(128, 128, True, 8, 3, tma=True),
+        _T(128, 64, True, 8, 3, tma=True), _T(128, 64, True, 4, 3, tma=True),
     ],
 }  # fmt: skip
 
@@ -187,6 +194,8 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool) -> None:
             print(f"FlashInfer unavailable: {type(e).__name__}: {e}")
             fi_ok = False
     table = []
+    candidates: list[dict[str, Any]] = []  # every tactic timing, for picking defaults
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     for seq in seqs:
         for batch in batches:
             x = make_batch(batch, seq)
@@ -215,8 +224,13 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool) -> None:
                     except Exception as e:
                         print(f"  tactic {t} failed: {type(e).__name__}: {e}"[:300])
                         continue
+                    candidates.append(dict(mode=mode, batch=batch, seq=seq, tactic=t.__dict__,
+                                           ms=t_ms, tflops=flops / t_ms / 1e9,
+                                           default_ms=ms))  # fmt: skip
                     if t_ms < best_ms:
                         best_ms, best_t = t_ms, str(t)
+                if out_dir is not None:
+                    (out_dir / "prefill_candidates.json").write_text(json.dumps(candidates))
                 fi_ms, err = None, None
                 if fi_ok:
                     try:
@@ -269,12 +283,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument(
+        "--warmup-peer", action="store_true", help="only JIT-build FlashInfer's kernels"
+    )
     ap.add_argument("--seqs", type=int, nargs="*", default=list(SEQS))
     ap.add_argument("--batches", type=int, nargs="*", default=list(BATCHES))
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), "tactics in space:", len(PREFILL_TACTICS))
     t0 = time.time()
-    if a.sweep:
+    if a.warmup_peer:  # run beside the tests so the grid finds FlashInfer compiled
+        x = make_batch(1, 512)
+        for mode in ("paged", "ragged"):
+            fi, fargs = flashinfer_fn(mode, x)
+            fi(*fargs)
+        torch.cuda.synchronize()
+    elif a.sweep:
         sweep(Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     else:
         grid(tuple(a.seqs), tuple(a.batches), not a.no_peer)

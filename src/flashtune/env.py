@@ -128,6 +128,32 @@ CAPTURE = _setting(
     "When on, every schema'd op call records its workload into FLASHTUNE_DATASET.",
     _parse_bool,
 )
+CAPTURE_DUMP_POLICY = _setting(
+    "FLASHTUNE_CAPTURE_DUMP_POLICY",
+    lambda: "dump_int",
+    "input_dump_policy of FLASHTUNE_CAPTURE=1: dump_none, dump_int, dump_all or a "
+    "comma-separated list of input names.",
+    lambda name, raw: raw.strip(),
+)
+CAPTURE_FILTER_POLICY = _setting(
+    "FLASHTUNE_CAPTURE_FILTER_POLICY",
+    lambda: "shape_only",
+    "filter_policy of FLASHTUNE_CAPTURE=1: keep_all, keep_first, keep_first_k, "
+    "keep_first_k_by_axes, shape_only or keep_none.",
+    lambda name, raw: raw.strip(),
+)
+CAPTURE_QUEUE = _setting(
+    "FLASHTUNE_CAPTURE_QUEUE",
+    lambda: 1024,
+    "Capture queue bound in records; beyond it records are dropped (one warning).",
+    _parse_int,
+)
+CAPTURE_QUEUE_MB = _setting(
+    "FLASHTUNE_CAPTURE_QUEUE_MB",
+    lambda: 256,
+    "Capture queue bound in MiB of dumped tensors (host memory, pinned on CUDA).",
+    _parse_int,
+)
 APPLY = _setting(
     "FLASHTUNE_APPLY",
     lambda: False,

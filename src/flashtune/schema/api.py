@@ -93,8 +93,19 @@ def register_env_hook(factory: Callable[[], CallHook | None]) -> None:
         _HOOKS.rebuild()
 
 
+# Switches whose hooks live in packages that an op call would not otherwise import: when
+# the switch is on, the package is imported so that it can register its env hook. (Named
+# by string: capture and apply sit above schema and are loaded only when asked for.)
+_SWITCH_PLUGINS = ((env.CAPTURE, "flashtune.capture"), (env.APPLY, "flashtune.apply"))
+
+
 def refresh_hooks() -> None:
     """Re-read the FLASHTUNE_* switches (the first op call does this once)."""
+    import importlib
+
+    for switch, module in _SWITCH_PLUGINS:
+        if switch.get():
+            importlib.import_module(module)  # registers its env hook (re-entrant lock)
     with _HOOKS.lock:
         _HOOKS.from_env = [h for h in (f() for f in _ENV_HOOK_FACTORIES) if h is not None]
         _HOOKS.env_read = True

@@ -351,3 +351,100 @@ def test_cuda_graph_replay_after_replan():
         )
         torch.testing.assert_close(out, ref_o, atol=1.6e-2, rtol=1.6e-2)
         torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=0)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _schema_wrapper(hq, hk, d, page_size, lens=(37, 100, 16)):
+    indptr, indices, last, num_pages = build_page_table(list(lens), page_size)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(2**20, dtype=torch.uint8), "NHD")
+    w.plan(indptr, indices, last, hq, hk, d, page_size, q_data_type=torch.bfloat16)
+    return w, num_pages
+
+
+@pytest.mark.parametrize("layout,five_d", [("NHD", True), ("HND", False)])
+def test_definition_matches_corpus(trace_corpus, layout, five_d, monkeypatch):
+    """The Definition of run() at Llama-3.1-8B shapes equals the corpus file's contract."""
+    from flashtune.data import Definition
+
+    path = trace_corpus / "definitions/gqa_paged/gqa_paged_decode_h32_kv8_d128_ps64.json"
+    corpus = Definition.model_validate_json(path.read_text())
+    indptr, indices, last, num_pages = build_page_table([70, 200, 1], 64)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(2**20, dtype=torch.uint8), layout)
+    w.plan(indptr, indices, last, 32, 8, 128, 64, q_data_type=torch.bfloat16)
+    q = torch.empty(3, 32, 128, dtype=torch.bfloat16, device="meta")
+    kv = _cache(num_pages, 64, 8, 128, layout, torch.bfloat16, "meta", five_d)
+
+    # No kernel may run: the definition comes from shapes and the plan alone.
+    def boom(*a, **k):
+        raise AssertionError("definition() launched the op")
+
+    monkeypatch.setattr(w._planner, "run", boom)
+    ours = w.run.definition(q, kv)
+    assert ours.name == corpus.name == "gqa_paged_decode_h32_kv8_d128_ps64"
+    assert ours.op_type == corpus.op_type
+    dump = lambda m: {k: v.model_dump(exclude_none=True) for k, v in m.items()}  # noqa: E731
+    assert dump(ours.axes) == dump(corpus.axes)
+    assert dump(ours.inputs) == dump(corpus.inputs)
+    assert dump(ours.outputs) == dump(corpus.outputs)
+    assert ours.constraints == corpus.constraints
+    bound = w.run.bind(q, kv)
+    assert bound.var_axes == {
+        "batch_size": 3, "num_pages": num_pages, "len_indptr": 4, "num_kv_indices": 7
+    }  # fmt: skip
+
+
+def test_definition_reference_agrees_with_corpus_reference(trace_corpus):
+    """Our emitted reference and the corpus's compute the same thing (float32, CPU)."""
+    from flashtune.data import Definition
+
+    path = trace_corpus / "definitions/gqa_paged/gqa_paged_decode_h32_kv8_d128_ps64.json"
+    corpus = Definition.model_validate_json(path.read_text())
+    w, num_pages = _schema_wrapper(32, 8, 128, 64, lens=(70, 0, 130))
+    q = torch.randn(3, 32, 128).to(torch.bfloat16)
+    kv = _cache(num_pages, 64, 8, 128, "NHD", torch.bfloat16, "cpu")
+    ours = w.run.definition(q, kv)
+    args = dict(
+        q=q, k_cache=kv[:, 0], v_cache=kv[:, 1], kv_indptr=w._kv_indptr,
+        kv_indices=w._kv_indices, kv_last_page_len=w._kv_last_page_len, sm_scale=w._sm_scale,
+    )  # fmt: skip
+    results = []
+    for definition in (ours, corpus):
+        scope: dict = {}
+        exec(compile(definition.reference, definition.name, "exec"), scope)
+        results.append(scope["run"](**args))
+    (o1, l1), (o2, l2) = results
+    assert o1.dtype == torch.bfloat16 and l1.dtype == torch.float32
+    torch.testing.assert_close(o1.float(), o2.float(), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(l1, l2, atol=1e-4, rtol=0)
+
+
+def test_definition_names_follow_shapes_and_variants():
+    w, num_pages = _schema_wrapper(24, 4, 64, 16)
+    q = torch.empty(3, 24, 64, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(num_pages, 2, 16, 4, 64, dtype=torch.bfloat16, device="meta")
+    definition = w.run.definition(q, kv)
+    assert definition.name == "gqa_paged_decode_h24_kv4_d64_ps16"
+    assert "window_left=-1" in definition.reference
+    indptr, indices, last, _ = build_page_table([37, 100, 16], 16)
+    w.plan(indptr, indices, last, 24, 4, 64, 16, q_data_type=torch.bfloat16,
+           window_left=7, logits_soft_cap=30.0)  # fmt: skip
+    definition = w.run.definition(q, kv)
+    assert "window_left=7, logits_soft_cap=30.0" in definition.reference
+
+
+def test_definition_before_plan_is_an_error():
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(2**20, dtype=torch.uint8), "NHD")
+    q = torch.empty(3, 8, 64, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(4, 2, 16, 2, 64, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="kv_indptr"):
+        w.run.definition(q, kv)
+
+
+def test_model_examples_register_decode():
+    from flashtune.schema.dump import model_definitions
+
+    defs = model_definitions(["llama-3.1-8b", "llama-3.1-70b-tp8"])
+    assert "gqa_paged_decode_h32_kv8_d128_ps16" in defs
+    assert "gqa_paged_decode_h8_kv1_d128_ps16" in defs

@@ -103,3 +103,37 @@ def test_merge_bad_input(device):
         merge_state_in_place(v, s, v, s, mask=torch.ones(2, dtype=torch.bool, device=device))
     with pytest.raises(ValueError, match="4-D"):
         merge_states(v, s)
+
+
+@pytest.mark.parametrize("max_count,sm_count,d", [(None, 2, 64), (3, 132, 64), (5, 132, 96)])
+def test_merge_partials_head_dim_split(max_count, sm_count, d, device):
+    """The split-KV merge, with head_dim split over CTAs (few rows) or not, and one or
+    several steps of partials; rows with count 0 are left untouched."""
+    from flashtune.ops.attention.merge import merge_partials
+
+    h, counts = 3, [3, 0, 1, 5]
+    rows = sum(counts)
+    po = torch.randn(rows, h, d, device=device)
+    plse = torch.randn(rows, h, device=device) * 4
+    plse[0, 1] = -float("inf")  # an empty chunk carries no weight
+    info, first = [], 0
+    for c in counts:
+        info.append((first, c, 1))
+        first += c
+    info = torch.tensor(info, dtype=torch.int32, device=device)
+    out = torch.randn(len(counts), h, d, device=device)
+    lse = torch.randn(len(counts), h, device=device)
+    out0, lse0 = out.clone(), lse.clone()
+    merge_partials(po, plse, info, out, lse, max_count=max_count, sm_count=sm_count)
+    first = 0
+    for t, c in enumerate(counts):
+        if c == 0:
+            torch.testing.assert_close(out[t], out0[t])
+            torch.testing.assert_close(lse[t], lse0[t])
+        else:
+            ref_v, ref_s = merge_states_ref(
+                po[None, first : first + c], plse[None, first : first + c]
+            )
+            torch.testing.assert_close(out[t], ref_v[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(lse[t], ref_s[0], atol=1e-5, rtol=1e-5)
+        first += c

@@ -6,6 +6,7 @@ KV cache helpers (page.py) and the CPU scheduler (scheduler.py); prefill lives i
 
 from __future__ import annotations
 
+from flashtune.ops.attention import examples as _examples  # noqa: F401  (registers them)
 from flashtune.ops.attention.cascade import MultiLevelCascadeAttentionWrapper
 from flashtune.ops.attention.decode import (
     BatchDecodeWithPagedKVCacheWrapper,
@@ -20,6 +21,7 @@ from flashtune.ops.attention.page import (
 )
 from flashtune.ops.attention.reference import (
     batch_decode_ref,
+    gqa_paged_decode_ref,
     merge_state_ref,
     merge_states_ref,
     paged_attention_ref,
@@ -38,6 +40,7 @@ __all__ = [
     "get_seq_lens",
     "split_kv_cache",
     "batch_decode_ref",
+    "gqa_paged_decode_ref",
     "single_decode_ref",
     "paged_attention_ref",
     "merge_state_ref",

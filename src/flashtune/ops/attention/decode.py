@@ -32,6 +32,7 @@ from flashtune.ops.attention.merge import merge_partials
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 from flashtune.ops.attention.reference import (
     batch_decode_ref,
+    gqa_paged_decode_ref,
     paged_attention_ref,
     single_decode_ref,
 )
@@ -42,13 +43,16 @@ from flashtune.ops.attention.scheduler import (
     max_work_items,
     plan_work,
 )
+from flashtune.schema import REGISTRY, ApiOp, BoundCall, Const, OpSchema, Scalar, Tensor, Var
 from flashtune.tune import TunableRunner, TuningConfig, choose_one
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "single_decode_with_kv_cache",
     "batch_decode_ref",
+    "gqa_paged_decode_ref",
     "single_decode_ref",
+    "GQA_PAGED_DECODE",
     "PagedAttentionRunner",
     "DecodeTactic",
 ]
@@ -138,11 +142,21 @@ def _paged_attn_kernel(
         m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        # Page ids are loaded one block ahead (loop-carried): otherwise each block waits for
+        # its index load before its K/V copies can start, a full memory latency per block
+        # (page size 1 reads a fresh 256 B of indices per block: 73% of HBM bandwidth).
+        t_next = kv_start + offs_n
+        page_next = tl.load(
+            kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_end, other=0
+        )
         for start in range(kv_start, kv_end, BLOCK_N):
             t = start + offs_n
             t_ok = t < kv_end
-            page = tl.load(kv_indices_ptr + page_base + t // PAGE_SIZE, mask=t_ok, other=0)
-            page = page.to(tl.int64)
+            page = page_next.to(tl.int64)
+            t_next = t + BLOCK_N
+            page_next = tl.load(
+                kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_end, other=0
+            )
             in_page = t % PAGE_SIZE
             kv_mask = t_ok[:, None] & d_ok[None, :]
             k = tl.load(
@@ -192,6 +206,138 @@ def _paged_attn_kernel(
             tl.store(plse_ptr + prow, lse, mask=row_ok)
 
 
+# --------------------------------------------------------------------------- schema
+
+_KV_DIMS = ["num_pages", "page_size", "num_kv_heads", "head_dim"]
+_QO_DIMS = ["batch_size", "num_qo_heads", "head_dim"]
+
+# Axes, inputs and outputs as in the FlashInfer-Trace corpus (gqa_paged_decode_*.json).
+# The page table and sm_scale are plan() state, read from the wrapper (`self`); the cache
+# comes from run()'s paged_kv_cache as a logical NHD (k, v) pair (see _WrapperRunOp).
+GQA_PAGED_DECODE = OpSchema(
+    op_type="gqa_paged",
+    name_prefix="gqa_paged_decode",
+    axes={
+        "batch_size": Var("Total number of query tokens."),
+        "num_qo_heads": Const("Number of query/output attention heads.", abbrev="h"),
+        "num_kv_heads": Const("Number of key-value attention heads.", abbrev="kv"),
+        "head_dim": Const("Dimension of each attention head.", abbrev="d"),
+        "num_pages": Var("Total number of allocated pages in the KV cache."),
+        "page_size": Const("Number of tokens stored per page.", abbrev="ps"),
+        "len_indptr": Var("Length of kv_indptr array."),
+        "num_kv_indices": Var("Total number of KV page indices."),
+    },
+    inputs={
+        "q": Tensor(_QO_DIMS, dtype_from="q", description="Query tensor for decode."),
+        "k_cache": Tensor(
+            _KV_DIMS, dtype_from="k_cache", param="paged_kv_cache.k",
+            description="Paged key cache.",
+        ),
+        "v_cache": Tensor(
+            _KV_DIMS, dtype_from="k_cache", param="paged_kv_cache.v",
+            description="Paged value cache.",
+        ),
+        "kv_indptr": Tensor(
+            ["len_indptr"], dtype="int32", param="self._kv_indptr",
+            description="KV page offsets for each sequence.",
+        ),
+        "kv_indices": Tensor(
+            ["num_kv_indices"], dtype="int32", param="self._kv_indices",
+            description="Page IDs for KV cache lookups.",
+        ),
+        "kv_last_page_len": Tensor(
+            ["batch_size"], dtype="int32", param="self._kv_last_page_len",
+            description="Number of valid tokens in the last page for each sequence.",
+        ),
+        "sm_scale": Scalar(
+            "float32", param="self._sm_scale",
+            description="Softmax scale. Default is (1/sqrt(head_dim)).",
+        ),
+    },
+    outputs={
+        "output": Tensor(_QO_DIMS, dtype_from="q", description="Attention output tensor."),
+        "lse": Tensor(
+            ["batch_size", "num_qo_heads"], dtype="float32",
+            description="The 2-based log-sum-exp of attention logits.",
+        ),
+    },
+    reference=gqa_paged_decode_ref,
+    bound=("window_left", "logits_soft_cap"),
+    constraints=["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"],
+    tags=["stage:decode", "fi_api:flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper"],
+    description="Batched Grouped Query Attention decode with a paged KV cache.",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _PagedKV:
+    """run()'s paged_kv_cache as the schema sees it: logical NHD views of K and V."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class _WrapperRunOp(ApiOp):
+    """`@api` for the wrapper's run method.
+
+    Differs from a plain ApiOp in two ways: `wrapper.run` is a bound op that still offers
+    `.definition(q, paged_kv_cache)` and `.bind(...)` (ApiOp.__get__ returns a bare
+    partial), and the bound arguments see paged_kv_cache split into (k, v) in NHD order
+    (a 5-D tensor or an HND pair would give wrong axes) plus the plan's window and
+    soft-cap, which the emitted reference bakes in.
+    """
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else _BoundRunOp(self, obj)
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        arguments = super().arguments(args, kwargs)
+        wrapper = arguments["self"]
+        k, v = split_kv_cache(arguments["paged_kv_cache"], wrapper._kv_layout)
+        arguments["paged_kv_cache"] = _PagedKV(k, v)
+        plan = wrapper._planner.plan
+        if plan is not None:
+            # Only non-defaults, so a plain decode's Definition matches the corpus.
+            if plan.window_left >= 0:
+                arguments["window_left"] = plan.window_left
+            if plan.logits_soft_cap:
+                arguments["logits_soft_cap"] = float(plan.logits_soft_cap)
+        return arguments
+
+
+class _BoundRunOp:
+    """`wrapper.run`: call it, or ask for the Definition of a call without running it."""
+
+    def __init__(self, op: _WrapperRunOp, wrapper: Any) -> None:
+        self.op = op
+        self.__self__ = wrapper
+        self.__func__ = op
+        self.__doc__ = op.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.op(self.__self__, *args, **kwargs)
+
+    def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
+        return self.op.bind(self.__self__, *args, **kwargs)
+
+    def definition(self, *args: Any, **kwargs: Any) -> Any:
+        """The Definition of run(*args, **kwargs) on this wrapper; no kernel runs."""
+        return self.op.definition(self.__self__, *args, **kwargs)
+
+    @property
+    def schemas(self) -> tuple[OpSchema, ...]:
+        return self.op.schemas
+
+    def __repr__(self) -> str:
+        return f"<bound {self.op!r}>"
+
+
+def _schema_run(fn: Any) -> _WrapperRunOp:
+    op = _WrapperRunOp(fn, GQA_PAGED_DECODE, None)
+    REGISTRY[op.qualname] = op
+    return op
+
+
 # --------------------------------------------------------------------------- tactics / runner
 
 
@@ -206,15 +352,15 @@ class DecodeTactic:
 
 def default_tactic(head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
     """The tactic used when the tuner has nothing better (tactic -1)."""
+    if TACTIC_OVERRIDE is not None:
+        return TACTIC_OVERRIDE
     # Wide tiles amortize the per-block softmax work; d256 halves them to stay in registers.
     block_n = 64 if head_dim <= 128 else 32
     if block_m >= 64:
         block_n = 32 if head_dim <= 128 else 16
-    if TACTIC_OVERRIDE is not None:
-        return TACTIC_OVERRIDE
-    # Page size 1: every token's page id is its own load, one more step in the dependency
-    # chain, so one more pipeline stage keeps a KV block in flight.
-    return DecodeTactic(block_n=block_n, num_warps=4, num_stages=3 if page_size == 1 else 2)
+    # 3 stages: with the page ids loaded a block ahead, Triton double-buffers the K/V tiles
+    # (the copy of block i+1 overlaps the math of block i); 2 stages single-buffer them.
+    return DecodeTactic(block_n=block_n, num_warps=4, num_stages=3)
 
 
 # Set by benchmarks to sweep tactics until the autotuner picks them per shape.
@@ -251,9 +397,39 @@ _TUNING = TuningConfig(cold_l2=True, use_cuda_graph=True)
 # --------------------------------------------------------------------------- plan state
 
 
-def _ctas_per_sm() -> int:
-    # 4: persistent CTAs per SM; enough loads in flight to saturate HBM with BLOCK_N=64.
-    return 4
+_SMEM_PER_SM = 227 * 1024  # H100/H200: usable shared memory per SM (bytes)
+
+
+def _ctas_per_sm(tactic: DecodeTactic, head_dim: int, block_m: int) -> int:
+    """Persistent CTAs per SM: as many as fit in shared memory, at most 4.
+
+    The plan balances work over all CTAs assuming they run at once; a grid larger than
+    what is resident would run in waves and double the makespan of the last ones.
+    """
+    d = triton.next_power_of_2(head_dim)
+    # Buffered K and V tiles (stages - 1 copies of each), the Q tile twice (staging and
+    # layout conversion) and the P tile, bf16: within 10% of what Triton 3.6 allocates
+    # (checked on sm_90 for d 64-256, BLOCK_N 32-128, BLOCK_M 16-64, 2-4 stages).
+    kv_tile = 2 * tactic.block_n * d * 2
+    smem = max(tactic.num_stages - 1, 1) * kv_tile + 2 * block_m * d * 2
+    smem += block_m * tactic.block_n * 2 + 1024  # + page-id buffers and alignment slack
+    return max(1, min(4, _SMEM_PER_SM // smem))
+
+
+# Set by benchmarks to sweep the split granularity: the smallest KV chunk of a split.
+MIN_CHUNK_OVERRIDE: int | None = None
+
+
+def _min_chunk(batch: int, num_kv_heads: int, sm_count: int) -> int:
+    if MIN_CHUNK_OVERRIDE is not None:
+        return MIN_CHUNK_OVERRIDE
+    # Latency regime (batch 1-4 at 8 KV heads): a CTA's chain of dependent block loads,
+    # not bandwidth, sets the time, so short chunks spread one request over all SMs.
+    if batch * num_kv_heads * 4 <= sm_count:
+        return 64
+    # 256: the merge re-reads a 2 KB partial per chunk and head group; below 256 tokens
+    # (128 KB of KV per head) that traffic and the extra items cost more than they balance.
+    return 256
 
 
 def _sm_count(device: torch.device) -> int:
@@ -303,6 +479,8 @@ class _DevicePlan:
     index_range: tuple[int, int] | None  # (min, max) of kv_indices[:nnz] when known cheaply
     always_merge: bool  # graph mode: launch the merge kernel even when nothing was split
     mask_window: bool  # mask by window in the kernel (else the plan trimmed the KV range)
+    max_partials: int  # most partials merged into one output row (0: nothing split)
+    sm_count: int
     qo_indptr_host: np.ndarray  # [B+1] int64
     indptr_host: np.ndarray  # [B+1] int64
     last_host: np.ndarray  # [B] int64
@@ -544,8 +722,8 @@ class _Planner:
         if window_left >= 0 and single:
             kv_starts = np.maximum(kv_lens - 1 - window_left, 0)
         sm_count = _sm_count(self.device)
-        num_ctas = max(1, (sm_count * _ctas_per_sm()) // num_kv_heads)
         tactic = default_tactic(head_dim, page_size, block_m)
+        num_ctas = max(1, (sm_count * _ctas_per_sm(tactic, head_dim, block_m)) // num_kv_heads)
         align = max(tactic.block_n, 16)
 
         if self.use_cuda_graph:
@@ -583,7 +761,7 @@ class _Planner:
             split_kv=not disable_split_kv,
             kv_chunk_size=fixed_split_size if fixed_split_size and fixed_split_size > 0 else None,
             chunk_align=align,
-            min_chunk=256,
+            min_chunk=_min_chunk(batch, num_kv_heads, sm_count),
             max_work=max_work,
             cost=CostModel(qo=1.0, kv=1.0, fixed=32.0),
         )
@@ -648,6 +826,8 @@ class _Planner:
             index_range=index_range,
             always_merge=self.use_cuda_graph,
             mask_window=window_left >= 0 and not single,
+            max_partials=int(host.merge_info[:, 1].max()) if host.merge_info.size else 0,
+            sm_count=sm_count,
             qo_indptr_host=qo_indptr,
             indptr_host=ip,
             last_host=lp,
@@ -815,7 +995,11 @@ def _launch(
         num_warps=tactic.num_warps, num_stages=tactic.num_stages,
     )  # fmt: skip
     if plan.always_merge or plan.host.has_split:
-        merge_partials(plan.partial_o, plan.partial_lse, plan.merge_info, out, lse)
+        merge_partials(
+            plan.partial_o, plan.partial_lse, plan.merge_info, out, lse,
+            max_count=None if plan.always_merge else plan.max_partials,
+            sm_count=plan.sm_count,
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- public API
@@ -881,6 +1065,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
                         f"{b.dtype} on {b.device}"
                     )
         self._indptr_buf = paged_kv_indptr_buffer
+        # The planned page table and scale as the schema reads them (see GQA_PAGED_DECODE).
+        self._kv_indptr: torch.Tensor | None = None
+        self._kv_indices: torch.Tensor | None = None
+        self._kv_last_page_len: torch.Tensor | None = None
+        self._sm_scale: float | None = None
         self._last_buf = paged_kv_last_page_len_buffer
         self._planner = _Planner(
             float_workspace_buffer,
@@ -943,7 +1132,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         last_t = _as_int_tensor("last_page_len", last_page_len)
         batch = indptr_t.numel() - 1
         qo_indptr = np.arange(batch + 1, dtype=np.int64)
-        self._planner.make(
+        dplan = self._planner.make(
             qo_indptr,
             indptr_t,
             indices,
@@ -961,6 +1150,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             disable_split_kv=disable_split_kv,
             fixed_split_size=fixed_split_size,
         )
+        # Host copies already made by the plan; indices stay where they are (no sync).
+        self._kv_indptr = torch.from_numpy(dplan.indptr_host.astype(np.int32))
+        self._kv_last_page_len = torch.from_numpy(dplan.last_host.astype(np.int32))
+        idx = _as_int_tensor("indices", indices)[: dplan.nnz_pages]
+        self._kv_indices = idx if idx.dtype == torch.int32 else idx.to(torch.int32)
+        self._sm_scale = dplan.sm_scale
         if self._use_cuda_graph:
             # Keep the caller-visible buffers in sync, as FlashInfer's graph mode does.
             if indptr_t.data_ptr() != self._indptr_buf.data_ptr():
@@ -970,6 +1165,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     begin_forward = plan
 
+    @_schema_run
     def run(
         self,
         q: torch.Tensor,

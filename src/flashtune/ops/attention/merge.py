@@ -135,13 +135,15 @@ def _merge_partials_kernel(
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)
+    # Axis 2 splits head_dim: with few rows (batch 1) more CTAs load the partials at once.
+    d0 = tl.program_id(2) * BLOCK_D
     first = tl.load(info_ptr + t * 3)
     count = tl.load(info_ptr + t * 3 + 1)
     stride = tl.load(info_ptr + t * 3 + 2)
     # count == 0: the attention kernel wrote this row's final result itself. The grid stays
     # sized for the largest batch so that a captured CUDA graph survives re-planning.
     if count > 0:
-        d = tl.arange(0, BLOCK_D)
+        d = d0 + tl.arange(0, BLOCK_D)
         dmask = d < HEAD_DIM
         m = -float("inf")
         total = 0.0
@@ -173,7 +175,8 @@ def _merge_partials_kernel(
             out.to(o_ptr.dtype.element_ty),
             mask=dmask,
         )
-        tl.store(lse_ptr + t64 * num_heads + h, lse)
+        if d0 == 0:
+            tl.store(lse_ptr + t64 * num_heads + h, lse)
 
 
 # --------------------------------------------------------------------------- validation
@@ -300,20 +303,33 @@ def merge_partials(
     merge_info: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    max_count: int | None = None,
+    sm_count: int = 132,
 ) -> None:
     """Combine split-KV partial results into `out`/`lse` rows (internal, used by plan/run).
 
     partial_o: [P, H, D] fp32; partial_lse: [P, H] fp32; merge_info: [T, 3] int32 giving,
     for output row t, (first partial row, count, row stride); count 0 leaves row t as is.
     out: [T, H, D] (last dim contiguous); lse: [T, H] fp32 contiguous.
+    max_count: the most partials of any row when known (sizes the step; None: 32).
     """
     t, h, d = out.shape
     if t == 0 or h == 0:
         return
-    _merge_partials_kernel[(t, h)](
+    block_d_full = triton.next_power_of_2(d)
+    # Fewer (row, head) pairs than SMs: split head_dim so the partials of a row are read by
+    # several CTAs in one step (batch 1: 32 pairs -> 128 CTAs of 32 dims).
+    splits = 1
+    while t * h * splits < sm_count and block_d_full // (splits * 2) >= 32:
+        splits *= 2
+    block_d = block_d_full // splits
+    count = 32 if max_count is None else max(1, max_count)
+    # All partials of a row in one step when they fit: <= 64 x 32 fp32 or 32 x 128 per CTA.
+    block_s = max(2, min(triton.next_power_of_2(count), 8192 // block_d, 64))
+    _merge_partials_kernel[(t, h, splits)](
         partial_o, partial_lse, merge_info, out, lse, h,
         out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=16 if d <= 128 else 8,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s,
     )  # fmt: skip
 
 

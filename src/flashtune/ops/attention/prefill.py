@@ -205,7 +205,11 @@ class PrefillTactic:
     pack_heads: bool
     num_warps: int
     num_stages: int
-    tma: bool = False  # ragged only: K/V tiles through TMA tensor descriptors (Hopper+)
+    # K/V tiles through TMA tensor descriptors (Hopper+). Paged: the planned pages are first
+    # copied page after page into the workspace (two index_select launches, ~2-5% of the
+    # attention time at 2k+ tokens) and read as ragged KV, trading a copy for the per-token
+    # page-table gather in the inner loop.
+    tma: bool = False
 
     def tokens_per_tile(self, group_size: int) -> int:
         return self.block_m // (group_size if self.pack_heads else 1)
@@ -309,6 +313,10 @@ class _PrefillPlan:
     mask_d: torch.Tensor | None = None  # uint8, flattened
     mask_indptr_d: torch.Tensor | None = None  # int64
     works: dict[int, torch.Tensor] = field(default_factory=dict)  # tokens/tile -> work list
+    # Paged + TMA tactic: the planned pages are staged contiguously (page after page) and read
+    # as ragged KV; request b's tokens start at kv_indptr[b] * page_size there (work list).
+    workspace: torch.Tensor | None = None
+    stage_pages_d: torch.Tensor | None = None  # int64 [nnz_pages]: kv_indices[:nnz]
     tactic: Tactic = DEFAULT_TACTIC
 
     @property
@@ -320,7 +328,8 @@ class _PrefillPlan:
         return self.qo_indptr[-1]
 
     def work_list(self, tokens_per_tile: int, block_n: int) -> torch.Tensor:
-        """[num_items, 2] int32 (request, first token), heaviest first; cached per tile."""
+        """[num_items, 8] int32, heaviest first, cached per tile shape: (request, first
+        token, qo_start, qo_len, kv_len, KV offset in pages, KV offset in tokens, 0)."""
         key = tokens_per_tile * 4096 + block_n
         if key not in self.works:
             items: list[tuple[int, int, int]] = []
@@ -335,8 +344,13 @@ class _PrefillPlan:
                     cost = max(0, hi - lo) // block_n + 1
                     items.append((-cost, b, t0))
             items.sort()  # stable on (cost, request, tile): deterministic for equal inputs
-            flat = [x for _, b, t0 in items for x in (b, t0)]
-            work = torch.tensor(flat, dtype=torch.int32).reshape(-1, 2)
+            qo, kvp, ps = self.qo_indptr, self.kv_indptr, self.page_size
+            flat = [
+                x
+                for _, b, t0 in items
+                for x in (b, t0, qo[b], qo[b + 1] - qo[b], self.kv_lens[b], kvp[b], kvp[b] * ps, 0)
+            ]
+            work = torch.tensor(flat, dtype=torch.int32).reshape(-1, 8)
             self.works[key] = work.to(self.device, non_blocking=True)
         return self.works[key]
 
@@ -470,6 +484,7 @@ def _plan(
         assert kv_indices is not None and kv_last_page_len is not None
         plan.kv_indices_d = kv_indices.to(device=device, dtype=torch.int32)
         plan.kv_last_page_len_d = kv_last_page_len.to(device=device, dtype=torch.int32)
+        plan.stage_pages_d = plan.kv_indices_d[: kvp[-1]].long()
     return plan
 
 
@@ -735,8 +750,12 @@ def _launch(
     grid = (work.shape[0] * num_head_groups,)
     if grid[0] == 0:
         return
+    paged = plan.paged
+    if paged and tactic.tma:
+        k, v = _stage_pages(plan, k, v)
+        paged = False
     dummy_i32 = plan.qo_indptr_d
-    if plan.paged:
+    if paged:
         stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
         stride_vp, stride_vs, stride_vh = v.stride(0), v.stride(1), v.stride(2)
     else:
@@ -750,20 +769,20 @@ def _launch(
         qk_scale = plan.sm_scale * _LOG2E
         soft_cap_log2 = 0.0
     lse_t = lse if lse is not None else out
-    use_tma = tactic.tma and not plan.paged
+    use_tma = tactic.tma and not paged and _tma_ok(k) and _tma_ok(v)
     k_arg: Any = k
     v_arg: Any = v
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        block = [tactic.block_n, 1, plan.head_dim]
-        k_arg = TensorDescriptor(k, list(k.shape), list(k.stride()), block)
-        v_arg = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
+        # 2-D view [total_kv, H * D] (heads adjacent, as NHD storage has them): one TMA box
+        # [BLOCK_N, D] per tile at column kv_head * D, the layout TMA and wgmma like best.
+        block = [tactic.block_n, plan.head_dim]
+        k_arg = TensorDescriptor(k, [k.shape[0], k.shape[1] * k.shape[2]], [k.stride(0), 1], block)
+        v_arg = TensorDescriptor(v, [v.shape[0], v.shape[1] * v.shape[2]], [v.stride(0), 1], block)
     _prefill_kernel[grid](
         q, k_arg, v_arg, out, lse_t, work,
-        plan.qo_indptr_d, plan.kv_indptr_d,
-        plan.kv_indices_d if plan.paged else dummy_i32,
-        plan.kv_lens_d,
+        plan.kv_indices_d if paged else dummy_i32,
         plan.mask_d if plan.mask_d is not None else dummy_i32,
         plan.mask_indptr_d if plan.mask_indptr_d is not None else dummy_i32,
         qk_scale, soft_cap_log2, plan.window_left,
@@ -776,8 +795,8 @@ def _launch(
         GROUP_SIZE=group,
         PACK=pack,
         HEAD_DIM=plan.head_dim,
-        PAGE_SIZE=plan.page_size,
-        PAGED=plan.paged,
+        PAGE_SIZE=plan.page_size if paged else 1,
+        PAGED=paged,
         USE_TMA=use_tma,
         CAUSAL=plan.causal,
         WINDOW=plan.window_left >= 0,
@@ -789,6 +808,41 @@ def _launch(
         num_warps=tactic.num_warps,
         num_stages=tactic.num_stages,
     )  # fmt: skip
+
+
+def _stage_pages(
+    plan: _PrefillPlan, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy the planned pages of k/v [P, page_size, H, D] (any layout) page after page into
+    [nnz_pages * page_size, H, D] NHD tensors, in the workspace when it is large enough."""
+    assert plan.stage_pages_d is not None
+    pages = plan.stage_pages_d
+    n, ps, h, d = pages.numel(), k.shape[1], k.shape[2], k.shape[3]
+    elems = n * ps * h * d
+    ws = plan.workspace
+    nbytes = 2 * elems * k.element_size()
+    if ws is not None and ws.device == k.device and ws.numel() * ws.element_size() >= nbytes:
+        buf = ws.view(torch.uint8)[:nbytes].view(k.dtype)
+    else:
+        buf = torch.empty(2 * elems, dtype=k.dtype, device=k.device)
+    ks = buf[:elems].view(n, ps, h, d)
+    vs = buf[elems:].view(n, ps, h, d)
+    torch.index_select(k, 0, pages, out=ks)
+    torch.index_select(v, 0, pages, out=vs)
+    return ks.view(n * ps, h, d), vs.view(n * ps, h, d)
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A ragged [T, H, D] K/V the 2-D TMA view [T, H * D] can describe: heads adjacent, rows
+    16-byte aligned (TMA's rule for the base address and the row stride)."""
+    es = t.element_size()
+    return (
+        t.shape[0] > 0
+        and t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and (t.stride(0) * es) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
 
 
 def _tactic_fits(t: PrefillTactic, head_dim: int, group: int) -> bool:
@@ -813,8 +867,7 @@ class TritonPrefillRunner(TunableRunner):
         return [
             i
             for i, t in enumerate(PREFILL_TACTICS)
-            if _tactic_fits(t, plan.head_dim, plan.group_size)
-            and not (t.tma and (plan.paged or cap < (9, 0)))
+            if _tactic_fits(t, plan.head_dim, plan.group_size) and not (t.tma and cap < (9, 0))
         ]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
@@ -1000,6 +1053,8 @@ class _PrefillWrapperBase:
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, *args: Any) -> None:
         self._workspace = float_workspace_buffer
+        if self._plan is not None:
+            self._plan.workspace = float_workspace_buffer
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
@@ -1064,6 +1119,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
             logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
         )  # fmt: skip
+        self._plan.workspace = self._workspace
 
     begin_forward = plan
 

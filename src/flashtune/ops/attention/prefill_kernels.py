@@ -58,9 +58,9 @@ def _tile_step(
 ):
     offs_n = start + tl.arange(0, BLOCK_N)
     if USE_TMA:
-        # k_base / v_base are [total_kv, H, D] tensor descriptors here (ragged only); rows
-        # past this request belong to the next one (or are zero-filled past the tensor) and
-        # are masked below like any position >= kv_len.
+        # k_base / v_base are 2-D [total_kv, H * D] tensor descriptors here (ragged only);
+        # rows past this request belong to the next one (or are zero-filled past the tensor)
+        # and are masked below like any position >= kv_len.
         pass
     elif PAGED:
         if PAGE_SIZE % BLOCK_N == 0:
@@ -85,7 +85,7 @@ def _tile_step(
     if MASKED:
         in_kv = offs_n < kv_len
     if USE_TMA:
-        k = k_base.load([kv_tok0 + start, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
+        k = k_base.load([kv_tok0 + start, kv_head * HEAD_DIM])
     else:
         k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
         if MASKED:
@@ -125,7 +125,7 @@ def _tile_step(
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if USE_TMA:
-        v = v_base.load([kv_tok0 + start, kv_head, 0]).reshape(BLOCK_N, HEAD_DIM)
+        v = v_base.load([kv_tok0 + start, kv_head * HEAD_DIM])
     else:
         v_ptrs = v_base + v_rows[:, None] + offs_d[None, :]
         if MASKED:
@@ -143,11 +143,12 @@ def _prefill_kernel(
     V,  # same as K
     O,  # [total_q, num_qo_heads, HEAD_DIM]
     LSE,  # [total_q, num_qo_heads] float32 (written when RETURN_LSE)
-    WORK,  # [num_items, 2] int32: (request, first query token of the tile)
-    QO_INDPTR,  # [batch + 1] int32
-    KV_INDPTR,  # [batch + 1] int32: pages (paged) or tokens (ragged)
+    # [num_items, 8] int32, one row per tile: (request, first query token of the tile,
+    # qo_start, qo_len, kv_len, KV offset in pages (paged), KV offset in tokens (ragged or
+    # staged pages), 0). Everything a program needs in one cache line: one load round trip
+    # instead of two dependent ones (work item, then the request's indptr entries).
+    WORK,
     KV_INDICES,  # [nnz_pages] int32 (paged)
-    KV_LENS,  # [batch] int32: KV tokens per request
     MASK,  # [sum(qo_len * kv_len)] uint8 custom mask (CUSTOM_MASK)
     MASK_INDPTR,  # [batch + 1] int64 offsets into MASK
     qk_scale,
@@ -171,7 +172,7 @@ def _prefill_kernel(
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr,
-    USE_TMA: tl.constexpr,  # K, V are tensor descriptors [total_kv, H, D], block [BLOCK_N, 1, D]
+    USE_TMA: tl.constexpr,  # K, V: 2-D descriptors [total_kv, H * D], block [BLOCK_N, D]
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     CUSTOM_MASK: tl.constexpr,
@@ -184,12 +185,16 @@ def _prefill_kernel(
     pid = tl.program_id(0)
     item = pid // NUM_HEAD_GROUPS
     hg = pid % NUM_HEAD_GROUPS
-    req = tl.load(WORK + item * 2)
-    tok0 = tl.load(WORK + item * 2 + 1)
-    qo_start = tl.load(QO_INDPTR + req)
-    qo_len = tl.load(QO_INDPTR + req + 1) - qo_start
-    kv_len = tl.load(KV_LENS + req)
-    kv_off = tl.load(KV_INDPTR + req)
+    w = WORK + item * 8
+    req = tl.load(w)
+    tok0 = tl.load(w + 1)
+    qo_start = tl.load(w + 2)
+    qo_len = tl.load(w + 3)
+    kv_len = tl.load(w + 4)
+    if PAGED:
+        kv_off = tl.load(w + 5)
+    else:
+        kv_off = tl.load(w + 6)
     delta = kv_len - qo_len
     head0 = hg * PACK  # first query head of this program
     kv_head = head0 // GROUP_SIZE

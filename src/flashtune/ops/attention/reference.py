@@ -19,6 +19,7 @@ __all__ = [
     "paged_kv_lens",
     "gather_paged_kv",
     "paged_attention_ref",
+    "gqa_paged_decode_ref",
     "batch_decode_ref",
     "single_decode_ref",
     "merge_state_ref",
@@ -128,6 +129,55 @@ def paged_attention_ref(
     return out.to(q.dtype), lse.to(torch.float32)
 
 
+@torch.no_grad()
+def gqa_paged_decode_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    sm_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch decode over a paged KV cache: the reference of the gqa_paged_decode schema.
+
+    Self-contained (only torch and math), since its source is emitted into Definitions.
+    q: [B, H_qo, D]; k_cache, v_cache: [num_pages, page_size, H_kv, D] (NHD view);
+    kv_indptr [B+1], kv_indices [nnz], kv_last_page_len [B]: the CSR page table.
+    Returns (output [B, H_qo, D] in q's dtype, lse [B, H_qo] float32, base 2); an empty
+    request gives output 0 and lse -inf.
+    """
+    batch, num_qo_heads, head_dim = q.shape
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_qo_heads // num_kv_heads
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    out = torch.zeros((batch, num_qo_heads, head_dim), dtype=compute_dtype, device=q.device)
+    lse = torch.full((batch, num_qo_heads), -math.inf, dtype=compute_dtype, device=q.device)
+    for b in range(batch):
+        start, end = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        if end <= start:
+            continue
+        kv_len = (end - start - 1) * page_size + int(kv_last_page_len[b])
+        pages = kv_indices[start:end].to(device=k_cache.device, dtype=torch.long)
+        # [kv_len, H_kv, D] -> [H_qo, kv_len, D]: query head h reads KV head h // group.
+        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:kv_len].to(compute_dtype)
+        v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:kv_len].to(compute_dtype)
+        k = k.transpose(0, 1).repeat_interleave(group, dim=0)
+        v = v.transpose(0, 1).repeat_interleave(group, dim=0)
+        logits = torch.einsum("hd,hkd->hk", q[b].to(compute_dtype), k) * scale
+        if logits_soft_cap is not None and logits_soft_cap > 0:
+            logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+        if window_left >= 0:  # the query sits at position kv_len - 1
+            logits[:, : max(kv_len - 1 - window_left, 0)] = -math.inf
+        lse_b = torch.logsumexp(logits, dim=-1)
+        out[b] = torch.einsum("hk,hkd->hd", torch.exp(logits - lse_b[:, None]), v)
+        lse[b] = lse_b / math.log(2.0)
+    return out.to(q.dtype), lse.to(torch.float32)
+
+
 def batch_decode_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -140,17 +190,17 @@ def batch_decode_ref(
     logits_soft_cap: float | None = None,
     compute_dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch decode (one query token per request, q [B, H_qo, D]): (out, lse2 float32)."""
-    qo_indptr = torch.arange(q.shape[0] + 1, device=q.device)
-    return paged_attention_ref(
+    """Batch decode (one query token per request, q [B, H_qo, D]): (out, lse2 float32).
+
+    `gqa_paged_decode_ref` computing in float64 by default (the tests' ground truth).
+    """
+    return gqa_paged_decode_ref(
         q,
         k_cache,
         v_cache,
-        qo_indptr,
         kv_indptr,
         kv_indices,
         kv_last_page_len,
-        causal=False,
         sm_scale=sm_scale,
         window_left=window_left,
         logits_soft_cap=logits_soft_cap,

@@ -1,0 +1,180 @@
+"""The bundled dataset on a GPU: `flashtune run`, result rows, comparison table, repeatability.
+
+    python benchmarks/bench_bundled.py warm               # compile FlashInfer/Triton kernels in parallel
+    python benchmarks/bench_bundled.py run OUT [--definitions GLOB] [--resume]
+    python benchmarks/bench_bundled.py rows OUT           # -> benchmarks/results/bundled_run.jsonl
+    python benchmarks/bench_bundled.py repeat OUT_A OUT_B # same solution, two runs: within 3%?
+
+`run` drives flashtune.bench.runner directly (no CLI dependencies needed on the GPU box).
+Rows: op (definition), shape (workload axes), solution, latency_ms, spread, speedups, plus
+gpu / versions / commit / date from benchmarks.common.RowWriter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _traces(out: Path):
+    from flashtune.data import Trace
+
+    traces = []
+    for path in sorted((out / "traces").rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                traces.append(Trace.model_validate_json(line))
+            except ValueError:
+                print(f"skipping a corrupt line in {path}")
+    return traces
+
+
+def warm() -> None:
+    """Compile each definition's FlashInfer and flashtune kernels once, 8 processes at a time,
+    so that JIT compilation does not count against the per-solution timeout of the run."""
+    from flashtune.cli import bundled_dataset
+    from flashtune.data import Dataset
+
+    names = sorted(Dataset(bundled_dataset()).definitions)
+    code = (
+        "import sys, torch; from flashtune.cli import bundled_dataset;"
+        "from flashtune.data import Dataset, small_workload, synthesize_inputs;"
+        "from flashtune.bench.build import build_solution;"
+        "ds = Dataset(bundled_dataset()); d = ds.definition(sys.argv[1]);"
+        "x = synthesize_inputs(d, small_workload(d), device='cuda');"
+        "[print(sys.argv[1], s.name, type(build_solution(s)(*x.values())).__name__)"
+        " for s in ds.solutions_for(d.name) if s.name != 'torch']"
+    )
+    procs: list[subprocess.Popen] = []
+    start = time.time()
+    for name in names:
+        while len([p for p in procs if p.poll() is None]) >= 8:
+            time.sleep(0.5)
+        procs.append(subprocess.Popen([sys.executable, "-c", code, name]))
+    for p in procs:
+        p.wait()
+    print(f"warm-up: {len(names)} definitions in {time.time() - start:.0f} s")
+
+
+def run(out: Path, definitions: str | None, resume: bool, timeout: float) -> None:
+    from flashtune.bench.evaluate import BenchConfig
+    from flashtune.bench.runner import RunOptions, run_benchmark
+    from flashtune.bench.worker import default_devices
+    from flashtune.cli import bundled_dataset
+
+    def show(trace) -> None:
+        ev = trace.evaluation
+        lat = f"{ev.performance.latency_ms * 1e3:9.1f} us" if ev.performance else ""
+        print(f"{trace.definition:46s} {trace.solution:11s} {str(trace.workload.axes)[:60]:60s} "
+              f"{ev.status.value:20s} {lat} {(ev.reason or '')[:80]}", flush=True)  # fmt: skip
+
+    opts = RunOptions(
+        datasets=[bundled_dataset()], out=out, definitions=definitions,
+        devices=default_devices(), timeout=timeout, config=BenchConfig(), resume=resume,
+    )  # fmt: skip
+    result = run_benchmark(opts, progress=False, on_trace=show)
+    print(f"{len(result.traces)} triples in {result.seconds:.0f} s ({result.resumed} resumed)")
+
+
+def rows(out: Path) -> None:
+    from common import RowWriter
+
+    traces = _traces(out)
+    writer = RowWriter("bundled_run")
+    lat: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for t in traces:
+        ev = t.evaluation
+        if ev is None:
+            continue
+        perf = ev.performance
+        extra = {"status": ev.status.value}
+        if perf is not None:
+            extra.update(
+                spread_ms=perf.latency_spread_ms, reference_ms=perf.reference_latency_ms,
+                speedup_vs_reference=perf.speedup_factor,
+                speedup_vs_torch=perf.speedup_vs_baseline,
+            )  # fmt: skip
+            lat[(t.definition, t.workload.uuid)][t.solution] = perf.latency_ms
+        else:
+            extra["reason"] = (ev.reason or "")[:200]
+        writer.write(t.definition, t.workload.axes, t.solution or "", perf.latency_ms if perf else
+                     None, **extra)  # type: ignore[arg-type]  # fmt: skip
+    print_table(lat)
+
+
+def _geo(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def print_table(lat: dict[tuple[str, str], dict[str, float]]) -> None:
+    """flashtune vs FlashInfer vs torch per definition: geomean speedups over workloads."""
+    per_def: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (definition, _), sols in lat.items():
+        ft = sols.get("flashtune")
+        for other in ("flashinfer", "torch"):
+            if ft and other in sols:
+                per_def[definition][other].append(sols[other] / ft)
+        for sol, ms in sols.items():
+            per_def[definition]["lat:" + sol].append(ms)
+    fmt = lambda v: f"{v:6.2f}x" if v else "     - "  # noqa: E731
+    print(f"\n{'definition':46s} {'n':>2s} {'ft us':>9s} {'fi us':>9s} {'torch us':>9s} "
+          f"{'ft/fi':>7s} {'ft/torch':>8s}   (speedup of flashtune = other latency / flashtune)")  # fmt: skip
+    all_fi, all_torch = [], []
+    for definition in sorted(per_def):
+        d = per_def[definition]
+        g = {k: _geo(v) for k, v in d.items()}
+        us = lambda k, g=g: f"{g[k] * 1e3:9.1f}" if g.get(k) else f"{'-':>9s}"  # noqa: E731
+        n = len(d.get("lat:flashtune", []))
+        print(f"{definition:46s} {n:2d} {us('lat:flashtune')} {us('lat:flashinfer')} "
+              f"{us('lat:torch')} {fmt(g.get('flashinfer'))} {fmt(g.get('torch'))}")  # fmt: skip
+        all_fi += d.get("flashinfer", [])
+        all_torch += d.get("torch", [])
+    print(f"{'geomean over all workloads':46s} {'':2s} {'':9s} {'':9s} {'':9s} "
+          f"{fmt(_geo(all_fi))} {fmt(_geo(all_torch))}")  # fmt: skip
+
+
+def repeat(a: Path, b: Path, floor_ms: float = 0.02) -> None:
+    """Same (definition, solution, workload) in two runs: relative difference of medians."""
+    first = {(t.definition, t.solution, t.workload.uuid): t for t in _traces(a)}
+    diffs = []
+    for t in _traces(b):
+        key = (t.definition, t.solution, t.workload.uuid)
+        other = first.get(key)
+        if not (other and t.evaluation.performance and other.evaluation.performance):
+            continue
+        x, y = other.evaluation.performance.latency_ms, t.evaluation.performance.latency_ms
+        if min(x, y) >= floor_ms:
+            diffs.append((abs(x - y) / min(x, y), key, x, y))
+    diffs.sort(reverse=True)
+    within = sum(d[0] <= 0.03 for d in diffs)
+    print(f"repeatability (kernels >= {floor_ms * 1e3:.0f} us): {within}/{len(diffs)} within 3%; "
+          f"median diff {sorted(d[0] for d in diffs)[len(diffs) // 2]:.2%}" if diffs else "no pairs")  # fmt: skip
+    for d, key, x, y in diffs[:8]:
+        print(f"  {d:6.2%} {key[0]} {key[1]} {x * 1e3:.1f} us vs {y * 1e3:.1f} us")
+    out = {"pairs": len(diffs), "within_3pct": within,
+           "worst": [(d, list(k), x, y) for d, k, x, y in diffs[:8]]}  # fmt: skip
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "warm":
+        warm()
+    elif cmd == "run":
+        args = sys.argv[2:]
+        defs = args[args.index("--definitions") + 1] if "--definitions" in args else None
+        run(Path(args[0]), defs, "--resume" in args, 180.0)
+    elif cmd == "rows":
+        rows(Path(sys.argv[2]))
+    elif cmd == "repeat":
+        repeat(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        raise SystemExit(__doc__)

@@ -1,0 +1,269 @@
+"""RMSNorm benchmark (issue 3): rmsnorm and fused_add_rmsnorm vs FlashInfer and torch eager.
+
+Shapes: hidden {2048, 4096, 5120, 8192} x batch {1, 8, 64, 256, 1024, 4096, 16384}, bf16.
+Each candidate is checked against the reference, then timed with flashtune.timing.measure
+(cold L2 by rotating input copies, CUDA graphs of 20 calls so microsecond kernels are not
+timed as launch overhead). flashtune is measured with its default tactic and with every
+tactic of its runner ("tuned": the best one, what the autotuner would pick).
+
+Writes rows to benchmarks/results/rmsnorm.jsonl (and $OUT), the custom-op boundary cost as
+"custom_op_overhead" rows, and prints a table plus geomean ratios vs FlashInfer and the share
+of measured copy bandwidth for inputs over 64 MB.
+Usage: python benchmarks/bench_norm.py [--quick] [--no-sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
+
+from flashtune.ops import norm as N  # noqa: E402
+from flashtune.timing import measure  # noqa: E402
+
+EPS = 1e-6
+HIDDEN = [2048, 4096, 5120, 8192]
+BATCH = [1, 8, 64, 256, 1024, 4096, 16384]
+
+
+# ------------------------------------------------------------------------ shared bench helpers
+
+
+def load_flashinfer() -> tuple[Any, str]:
+    """(module or None, why not): import failures never kill the benchmark."""
+    try:
+        import flashinfer  # noqa: F401
+        import flashinfer.activation  # noqa: F401
+        import flashinfer.norm  # noqa: F401
+        import flashinfer.rope  # noqa: F401
+
+        return flashinfer, ""
+    except Exception as exc:  # broad on purpose: the peer is optional
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+
+
+def try_peer(name: str, fn: Callable[[], Any]) -> bool:
+    """Run a peer once (JIT compile, correctness); False and a message if it fails."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return True
+    except Exception as exc:
+        print(f"  peer {name} unavailable: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return False
+
+
+def time_ms(fn: Callable[..., Any], args: list[Any], reps: int = 30) -> float:
+    return measure(
+        fn, args, warmup=3, repetitions=reps, cold_l2=True, use_cuda_graph=True
+    ).median_ms
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def host_overhead_us(fn: Callable[[], Any], n: int = 3000) -> float:
+    """Host time per call of `fn` (a back-to-back loop; the GPU work is tiny)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+# ------------------------------------------------------------------------------- rmsnorm bench
+
+
+def custom_op_overhead(writer: RowWriter) -> None:
+    x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(x)
+    r = torch.randn_like(x)
+    res = {
+        "launch_only": host_overhead_us(lambda: N._rmsnorm_into(x, w, out, EPS, 0.0)),
+        "custom_op": host_overhead_us(lambda: torch.ops.flashtune.rmsnorm_out(x, w, out, EPS, 0.0)),
+        "public_api": host_overhead_us(lambda: N.rmsnorm(x, w, EPS, out=out)),
+        "fused_launch_only": host_overhead_us(
+            lambda: N._fused_add_rmsnorm_inplace(x, r, w, EPS, 0.0)
+        ),
+        "fused_custom_op": host_overhead_us(
+            lambda: torch.ops.flashtune.fused_add_rmsnorm(x, r, w, EPS, 0.0)
+        ),
+    }
+    res["boundary_us"] = res["custom_op"] - res["launch_only"]
+    res["fused_boundary_us"] = res["fused_custom_op"] - res["fused_launch_only"]
+    print("custom op boundary (host us per call):", {k: round(v, 2) for k, v in res.items()})
+    for key, value in res.items():
+        writer.write(
+            "custom_op_overhead", {"batch_size": 1, "hidden_size": 4096}, key, value / 1e3,
+            host_us=round(value, 3),
+        )  # fmt: skip
+
+
+def bench_shape(op: str, b: int, h: int, fi: Any, sweep: bool) -> list[dict[str, Any]]:
+    dt = torch.bfloat16
+    x = torch.randn(b, h, dtype=dt, device="cuda")
+    w = torch.randn(h, dtype=dt, device="cuda")
+    r = torch.randn(b, h, dtype=dt, device="cuda")
+    fused = op == "fused_add_rmsnorm"
+    nbytes = (4 if fused else 2) * b * h * x.element_size() + h * w.element_size()
+    runner = N.RMSNormRunner()
+    results: list[dict[str, Any]] = []
+
+    def record(solution: str, ms: float, **extra: Any) -> None:
+        results.append({"solution": solution, "latency_ms": ms, "bytes": nbytes, **extra})
+
+    if fused:
+        ref_out = N.fused_add_rmsnorm_ref(x, r, w, EPS)
+        ref_res = (x.float() + r.float()).to(r.dtype)
+
+        def check(fn: Callable[..., Any]) -> None:
+            xc, rc = x.clone(), r.clone()
+            fn(xc, rc, w)
+            torch.testing.assert_close(xc, ref_out, atol=3e-2, rtol=3e-2)
+            torch.testing.assert_close(rc, ref_res, atol=3e-2, rtol=3e-2)
+
+        def ft(tactic: Any) -> Callable[..., Any]:
+            return lambda xx, rr, ww: runner.forward([xx, ww, xx, rr, EPS, 0.0], tactic)
+
+        def torch_eager(xx, rr, ww):
+            rr.add_(xx)
+            xx.copy_(F.rms_norm(rr, (h,), ww, EPS))
+
+        args = [x.clone(), r.clone(), w]  # timing mutates them; checks use x and r
+        peer = (lambda xx, rr, ww: fi.norm.fused_add_rmsnorm(xx, rr, ww, EPS)) if fi else None
+    else:
+        ref_out = N.rmsnorm_ref(x, w, EPS)
+
+        def check(fn: Callable[..., Any]) -> None:
+            o = torch.empty_like(x)
+            fn(x, w, o)
+            torch.testing.assert_close(o, ref_out, atol=3e-2, rtol=3e-2)
+
+        def ft(tactic: Any) -> Callable[..., Any]:
+            return lambda xx, ww, oo: runner.forward([xx, ww, oo, None, EPS, 0.0], tactic)
+
+        def torch_eager(xx, ww, oo):
+            return F.rms_norm(xx, (h,), ww, EPS)
+
+        args = [x, w, torch.empty_like(x)]
+        peer = (lambda xx, ww, oo: fi.norm.rmsnorm(xx, ww, EPS, out=oo)) if fi else None
+
+    check(ft(-1))
+    default_ms = time_ms(ft(-1), args)
+    record("flashtune", default_ms, tactic=str(N._default_tactic(h, b)))
+    best = (default_ms, "default")
+    swept: dict[str, float] = {}
+    if sweep:
+        for tactic in runner.get_valid_tactics(args, None):
+            check(ft(tactic))
+            ms = time_ms(ft(tactic), args, reps=20)
+            swept[str(tactic)] = round(ms, 5)
+            if ms < best[0]:
+                best = (ms, tactic)
+    tuned_ms = time_ms(ft(best[1] if best[1] != "default" else -1), args) if sweep else default_ms
+    record("flashtune_tuned", min(tuned_ms, best[0]), tactic=str(best[1]), sweep_ms=swept)
+    if peer is not None and try_peer("flashinfer", lambda: check(peer)):
+        record("flashinfer", time_ms(peer, args))
+    record("torch", time_ms(torch_eager, args))
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--no-sweep", action="store_true", help="default tactic only")
+    opts = ap.parse_args()
+    hidden = [4096] if opts.quick else HIDDEN
+    batch = [1, 1024, 16384] if opts.quick else BATCH
+    torch.manual_seed(0)
+    bw = copy_bandwidth_gbs()
+    print(f"GPU {torch.cuda.get_device_name()}  copy bandwidth {bw:.0f} GB/s", flush=True)
+    fi, why = load_flashinfer()
+    print("flashinfer:", fi.__version__ if fi else f"missing ({why})", flush=True)
+    writer = RowWriter("rmsnorm")
+    custom_op_overhead(writer)
+    table = []
+    for op in ("rmsnorm", "fused_add_rmsnorm"):
+        for h in hidden:
+            for b in batch:
+                t0 = time.perf_counter()
+                rows = bench_shape(op, b, h, fi, not opts.no_sweep)
+                by = {r["solution"]: r for r in rows}
+                for r in rows:
+                    gbs = r["bytes"] / (r["latency_ms"] * 1e-3) / 1e9
+                    extra = {k: v for k, v in r.items() if k not in ("solution", "latency_ms")}
+                    peer_ms = by.get("flashinfer", {}).get("latency_ms")
+                    writer.write(
+                        op, {"batch_size": b, "hidden_size": h, "dtype": "bfloat16"},
+                        r["solution"], r["latency_ms"], gbs=round(gbs, 1),
+                        pct_copy_bw=round(100 * gbs / bw, 1), copy_bw_gbs=round(bw, 1),
+                        speedup_vs_flashinfer=(
+                            round(peer_ms / r["latency_ms"], 3) if peer_ms else None
+                        ),
+                        speedup_vs_torch=round(by["torch"]["latency_ms"] / r["latency_ms"], 3),
+                        **extra,
+                    )  # fmt: skip
+                table.append((op, b, h, by))
+                print(
+                    f"{op:18s} b={b:6d} h={h:5d} "
+                    + " ".join(f"{s}={r['latency_ms'] * 1e3:8.2f}us" for s, r in by.items())
+                    + f"  [{time.perf_counter() - t0:.1f}s]",
+                    flush=True,
+                )
+    summarize(table, bw)
+
+
+def summarize(table: list[tuple[str, int, int, dict[str, dict[str, Any]]]], bw: float) -> None:
+    print(f"\n{'op':18s} {'batch':>6s} {'h':>5s} {'tuned us':>9s} {'GB/s':>7s} {'%bw':>5s} "
+          f"{'vs FI':>6s} {'vs torch':>8s}  tactic")  # fmt: skip
+    for op, b, h, by in table:
+        t = by["flashtune_tuned"]
+        gbs = t["bytes"] / (t["latency_ms"] * 1e-3) / 1e9
+        fi = by.get("flashinfer")
+        vs_fi = f"{fi['latency_ms'] / t['latency_ms']:6.2f}" if fi else "   n/a"
+        print(
+            f"{op:18s} {b:6d} {h:5d} {t['latency_ms'] * 1e3:9.2f} {gbs:7.0f} "
+            f"{100 * gbs / bw:5.1f} {vs_fi} {by['torch']['latency_ms'] / t['latency_ms']:8.2f}"
+            f"  {t['tactic']}"
+        )
+    for op in ("rmsnorm", "fused_add_rmsnorm"):
+        rows = [by for o, _, _, by in table if o == op]
+        for sol in ("flashtune", "flashtune_tuned"):
+            vs_fi = [
+                by["flashinfer"]["latency_ms"] / by[sol]["latency_ms"]
+                for by in rows
+                if "flashinfer" in by
+            ]
+            vs_torch = [by["torch"]["latency_ms"] / by[sol]["latency_ms"] for by in rows]
+            print(
+                f"{op} {sol}: geomean vs FlashInfer {geomean(vs_fi):.3f}x "
+                f"(min {min(vs_fi, default=float('nan')):.2f}), vs torch {geomean(vs_torch):.3f}x"
+            )
+        big = [
+            (by["flashtune_tuned"]["bytes"], by["flashtune_tuned"]["latency_ms"])
+            for o, b, h, by in table
+            if o == op and b * h * 2 > 64e6
+        ]
+        if big:
+            pct = [100 * nb / (ms * 1e-3) / 1e9 / bw for nb, ms in big]
+            print(f"{op}: inputs > 64 MB: {min(pct):.1f}%..{max(pct):.1f}% of copy bandwidth")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,505 @@
+"""Dispatch at run time: each call of a schema'd op (or of `apply(...)`) runs the solution
+the apply table names for its definition and shape, or falls back to the original code."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashtune import env
+from flashtune.apply.table import ApplyConfig, ApplyTable
+from flashtune.capture import api as capture_api
+from flashtune.data.dataset import Dataset
+from flashtune.data.io import atomic_write_text
+from flashtune.data.models import Definition, Solution
+from flashtune.data.synth import torch_dtype
+from flashtune.schema import NOT_HANDLED, add_hook, register_env_hook, remove_hook
+from flashtune.schema.api import ApiOp
+from flashtune.schema.core import BoundCall, Tensor
+
+__all__ = [
+    "ApplyHandle",
+    "ApplyHook",
+    "ApplyRuntime",
+    "UnsupportedSolution",
+    "apply",
+    "disable_apply",
+    "enable_apply",
+    "load_solution",
+]
+
+log = logging.getLogger("flashtune.apply")
+
+_LOADABLE = {"python", "torch", "triton"}
+
+
+class UnsupportedSolution(RuntimeError):
+    """A solution apply cannot load in this process (a language it does not build)."""
+
+
+# --------------------------------------------------------------------------- loading solutions
+
+
+def _sources_hash(solution: Solution) -> str:
+    h = hashlib.sha256(solution.spec.entry_point.encode())
+    for src in sorted(solution.sources, key=lambda s: s.path):
+        h.update(src.path.encode() + b"\0" + src.content.encode() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def load_solution(solution: Solution, cache_dir: Path | None = None) -> Callable[..., Any]:
+    """The solution's entry point as a callable `run(*inputs)`.
+
+    "pkg.mod:func" is imported; "file.py::func" has its sources written once to
+    <cache>/apply/solutions/<content hash>/ (so Triton can read kernel source from real
+    files) and the entry file imported from there, siblings importable."""
+    spec = solution.spec
+    if spec.is_importable:
+        module_name, _, attr = spec.entry_point.partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+    if spec.language not in _LOADABLE:
+        raise UnsupportedSolution(
+            f"solution {solution.name!r}: language {spec.language!r} is not loaded by apply "
+            f"(only {sorted(_LOADABLE)})"
+        )
+    digest = _sources_hash(solution)
+    folder = (cache_dir or env.CACHE_DIR.get()) / "apply" / "solutions" / digest
+    for src in solution.sources:
+        path = folder / src.path
+        if not path.exists() or path.read_text(encoding="utf-8") != src.content:
+            atomic_write_text(path, src.content)
+    entry_file, _, func = spec.entry_point.partition("::")
+    module_name = f"flashtune_solution_{digest}_{Path(entry_file).stem}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        mod_spec = importlib.util.spec_from_file_location(module_name, folder / entry_file)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ImportError(f"cannot import {folder / entry_file}")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.path.insert(0, str(folder))
+        try:
+            sys.modules[module_name] = module
+            mod_spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+        finally:
+            sys.path.remove(str(folder))
+    return getattr(module, func)
+
+
+def _with_destinations(
+    fn: Callable[..., Any], definition: Definition
+) -> Callable[[Mapping[str, int], Sequence[Any]], Any]:
+    """Adapt a destination-passing `run(*inputs, *outputs)` to return its outputs."""
+
+    def run(axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
+        device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), "cpu")
+        outs = [
+            torch.empty(
+                [axes[a] for a in spec.shape or ()], dtype=torch_dtype(spec.dtype), device=device
+            )
+            for spec in definition.outputs.values()
+        ]
+        fn(*inputs, *outs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return run
+
+
+# --------------------------------------------------------------------------- the runtime
+
+
+class ApplyRuntime:
+    """A dataset's apply table plus the loaded solutions it names."""
+
+    def __init__(
+        self,
+        dataset: Dataset | str | Path | None = None,
+        config: ApplyConfig | None = None,
+        table: ApplyTable | None = None,
+    ) -> None:
+        if not isinstance(dataset, Dataset):
+            dataset = Dataset(dataset if dataset is not None else env.DATASET.get())
+        self.dataset = dataset
+        self.config = config or ApplyConfig()
+        self.table = table if table is not None else ApplyTable.load(dataset, self.config)
+        self._runners: dict[tuple[str, str], Callable[..., Any] | None] = {}
+        self._input_dims: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {}
+        self._const_axes: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def reload(self) -> None:
+        """Re-read the traces (rebuilding the table if they changed)."""
+        self.table = ApplyTable.load(self.dataset, self.config)
+        self._runners.clear()
+
+    def runner(self, definition: str, var_axes: Mapping[str, int]) -> Callable[..., Any] | None:
+        """`run(axes, inputs_in_definition_order)` of the winning solution, or None."""
+        name = self.table.lookup(definition, var_axes)
+        if name is None:
+            return None
+        key = (definition, name)
+        try:
+            return self._runners[key]
+        except KeyError:
+            pass
+        with self._lock:
+            if key not in self._runners:
+                self._runners[key] = self._load(definition, name)
+            return self._runners[key]
+
+    def _load(self, definition_name: str, solution_name: str) -> Callable[..., Any] | None:
+        found = self.dataset.solutions_for(definition_name, solution_name)
+        definition = self.dataset.definitions.get(definition_name)
+        if not found:
+            log.warning(
+                "apply: %s wins %s in the traces but no such solution is in %s; falling back",
+                solution_name,
+                definition_name,
+                self.dataset,
+            )
+            return None
+        solution = found[0]
+        try:
+            fn = load_solution(solution)
+        except Exception as exc:  # noqa: BLE001 - any load failure means: use the fallback
+            log.warning(
+                "apply: cannot load %s for %s (%s); falling back",
+                solution_name,
+                definition_name,
+                exc,
+            )
+            return None
+        if solution.spec.destination_passing_style:
+            if definition is None:
+                log.warning("apply: %s needs its definition to allocate outputs", solution_name)
+                return None
+            return _with_destinations(fn, definition)
+        return lambda axes, inputs: fn(*inputs)
+
+    # ----------------------------------------------------------------- apply() by kwargs
+    def input_order(self, definition: str) -> list[str]:
+        """The definition's input names in order ([] when the dataset lacks it)."""
+        if definition not in self._input_dims:
+            self.axes_from_kwargs(definition, {})
+        return [n for n, _ in self._input_dims[definition]]
+
+    def axes_from_kwargs(self, definition: str, kwargs: Mapping[str, Any]) -> dict[str, int]:
+        """Var-axes values read off the shapes of named inputs."""
+        dims = self._input_dims.get(definition)
+        if dims is None:
+            d = self.dataset.definitions.get(definition)
+            dims = (
+                [(n, tuple(s.shape) if s.shape is not None else None) for n, s in d.inputs.items()]
+                if d is not None
+                else []
+            )
+            self._input_dims[definition] = dims
+            self._const_axes[definition] = d.const_axes if d is not None else {}
+        axes: dict[str, int] = dict(self._const_axes[definition])
+        for name, shape in dims:
+            value = kwargs.get(name)
+            if shape and isinstance(value, torch.Tensor):
+                for axis, size in zip(shape, _logical_shape(value, len(shape)), strict=False):
+                    axes[axis] = int(size)
+        return axes
+
+
+def _logical_shape(value: torch.Tensor, rank: int) -> tuple[int, ...]:
+    shape = tuple(value.shape)
+    if len(shape) > rank >= 1:
+        lead = 1
+        for s in shape[: len(shape) - rank + 1]:
+            lead *= s
+        return (lead, *shape[len(shape) - rank + 1 :])
+    return shape
+
+
+# --------------------------------------------------------------------------- op dispatch
+
+
+class _Plan:
+    """How one call signature of one op runs a solution: where each definition input comes
+    from (positional index, keyword, default), which need leading dims merged, and where the
+    outputs go (an `out=` argument) — computed once, replayed with list indexing."""
+
+    def __init__(
+        self,
+        op: ApiOp,
+        call: BoundCall,
+        runner: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+    ) -> None:
+        self.runner = runner
+        self.axes = dict(call.axes)
+        self.schema = call.schema
+        params = list(op.signature.parameters.values())
+        position = {
+            p.name: i
+            for i, p in enumerate(params)
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        }
+        self.sources: list[tuple[str, Any, int]] = []  # (kind, where, rank)
+        for name in call.inputs:
+            param = self.schema.param_of(name)
+            spec = self.schema.inputs[name]
+            rank = len(spec.dims) if isinstance(spec, Tensor) else 0
+            if param in kwargs:
+                self.sources.append(("kw", param, rank))
+            elif param in position and position[param] < len(args):
+                self.sources.append(("arg", position[param], rank))
+            else:
+                self.sources.append(("const", call.bound[param], rank))
+        # Output arguments (out=): where each would come from, so a call that passes none
+        # skips binding its arguments altogether.
+        self.out_sources: list[tuple[int, str, int]] = []  # (output index, param, position)
+        for i, o in enumerate(self.schema.outputs):
+            param = self.schema.param_of(o)
+            if param in op.signature.parameters:
+                self.out_sources.append((i, param, position.get(param, -1)))
+        self.result_adapter = _result_adapter(op)
+        self.output_names = list(self.schema.outputs)
+
+    def run(self, op: ApiOp, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        inputs = []
+        lead: tuple[int, ...] | None = None
+        for kind, where, rank in self.sources:
+            value = args[where] if kind == "arg" else kwargs[where] if kind == "kw" else where
+            if rank and isinstance(value, torch.Tensor) and value.dim() > rank:
+                lead = tuple(value.shape[: value.dim() - rank + 1])
+                value = value.reshape(-1, *value.shape[value.dim() - rank + 1 :])
+            inputs.append(value)
+        result = self.runner(self.axes, inputs)
+        if isinstance(result, torch.Tensor) or not isinstance(result, (tuple, list, Mapping)):
+            result = (result,)
+        if isinstance(result, Mapping):
+            outputs = [result[n] for n in self.output_names]
+        else:
+            outputs = list(result)
+        if lead is not None:
+            n = 1
+            for s in lead:
+                n *= s
+            outputs = [
+                o.reshape(*lead, *o.shape[1:])
+                if isinstance(o, torch.Tensor) and o.dim() >= 1 and o.shape[0] == n
+                else o
+                for o in outputs
+            ]
+        if self.result_adapter is not None:
+            arguments = op.arguments(args, dict(kwargs))
+            return self.result_adapter(
+                arguments, dict(zip(self.output_names, outputs, strict=False))
+            )
+        for i, param, pos in self.out_sources:
+            dest = (
+                kwargs.get(param)
+                if param in kwargs
+                else (args[pos] if 0 <= pos < len(args) else None)
+            )
+            if isinstance(dest, torch.Tensor) and i < len(outputs):
+                dest.copy_(outputs[i].reshape(dest.shape))
+                outputs[i] = dest
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _result_adapter(op: ApiOp) -> Callable[[dict[str, Any], dict[str, Any]], Any] | None:
+    from flashtune.apply.adapters import RESULT_ADAPTERS
+
+    return RESULT_ADAPTERS.get(op.qualname) or RESULT_ADAPTERS.get(op.schemas[0].op_type)
+
+
+_MISS = object()
+
+
+class ApplyHook:
+    """The per-call hook that sends schema'd op calls to their winning solution."""
+
+    def __init__(self, runtime: ApplyRuntime) -> None:
+        self.runtime = runtime
+        self._plans: dict[tuple, Any] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def __call__(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if capture_api._ACTIVE:
+            capture_api.observe(op, args, kwargs)
+        fast = capture_api.call_signature(op, args, kwargs)
+        if fast is not None:
+            plan = self._plans.get(fast)
+            if plan is _MISS:
+                self.misses += 1
+                return NOT_HANDLED
+            if plan is not None:
+                self.hits += 1
+                return plan.run(op, args, kwargs)
+        try:
+            call = op.bind(*args, **kwargs)
+            name = call.name
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return NOT_HANDLED  # the op's own validation reports bad input
+        runner = self.runtime.runner(name, call.var_axes)
+        if runner is None:
+            if fast is not None:
+                self._plans[fast] = _MISS
+            self.misses += 1
+            return NOT_HANDLED
+        plan = _Plan(op, call, runner, args, kwargs)
+        if fast is not None:
+            self._plans[fast] = plan
+        self.hits += 1
+        return plan.run(op, args, kwargs)
+
+
+# --------------------------------------------------------------------------- enable / apply()
+
+_ENABLED: list[ApplyHook] = []
+_ENV_HOOK: list[ApplyHook] = []
+_RUNTIMES: dict[tuple[str, ApplyConfig], ApplyRuntime] = {}
+_RT_LOCK = threading.Lock()
+
+
+def _sync_forwarding() -> None:
+    capture_api.set_forwarded(bool(_ENABLED or _ENV_HOOK))
+
+
+def _runtime_for(dataset: Dataset | str | Path | None, config: ApplyConfig | None) -> ApplyRuntime:
+    if isinstance(dataset, Dataset):
+        return ApplyRuntime(dataset, config)
+    raw = str(dataset if dataset is not None else env.DATASET.get())
+    config = config or ApplyConfig()
+    rt = _RUNTIMES.get((raw, config))  # per-call path: no filesystem access on a hit
+    if rt is not None:
+        return rt
+    root = str(Path(raw).expanduser().resolve())
+    with _RT_LOCK:
+        rt = _RUNTIMES.get((root, config))
+        if rt is None:
+            rt = ApplyRuntime(root, config)
+        _RUNTIMES[(root, config)] = _RUNTIMES[(raw, config)] = rt
+        return rt
+
+
+class ApplyHandle:
+    """Returned by enable_apply: `.disable()`, or use it as a context manager."""
+
+    def __init__(self, hook: ApplyHook) -> None:
+        self.hook = hook
+
+    @property
+    def runtime(self) -> ApplyRuntime:
+        return self.hook.runtime
+
+    def disable(self) -> None:
+        remove_hook(self.hook)
+        if self.hook in _ENABLED:
+            _ENABLED.remove(self.hook)
+        _sync_forwarding()
+
+    def __enter__(self) -> ApplyHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.disable()
+
+
+def enable_apply(
+    dataset: Dataset | str | Path | None = None, config: ApplyConfig | None = None
+) -> ApplyHandle:
+    """Dispatch every schema'd op to the winners of `dataset`'s traces (default
+    FLASHTUNE_DATASET); calls the table does not cover run the op's own (autotuned) path."""
+    hook = ApplyHook(
+        ApplyRuntime(dataset, config)
+        if isinstance(dataset, Dataset)
+        else _runtime_for(dataset, config)
+    )
+    _ENABLED.append(hook)
+    add_hook(hook)
+    _sync_forwarding()
+    return ApplyHandle(hook)
+
+
+def disable_apply() -> None:
+    """Turn off every hook enable_apply installed."""
+    for hook in list(_ENABLED):
+        ApplyHandle(hook).disable()
+
+
+def _active_runtime(dataset: Dataset | str | Path | None) -> ApplyRuntime:
+    if dataset is None and _ENABLED:
+        return _ENABLED[-1].runtime
+    if dataset is None and _ENV_HOOK:
+        return _ENV_HOOK[0].runtime
+    return _runtime_for(dataset, None)
+
+
+def apply(
+    def_name_or_resolver: str | Callable[[Mapping[str, Any]], str],
+    runtime_kwargs: Mapping[str, Any] | None = None,
+    fallback: Callable[..., Any] | None = None,
+    *,
+    dataset: Dataset | str | Path | None = None,
+) -> Any:
+    """Run the winning solution of a definition on `runtime_kwargs` (inputs by definition
+    name), else `fallback(**runtime_kwargs)`.
+
+    Without runtime_kwargs, a decorator: `@apply("gemm_n4096_k4096")` on a function whose
+    parameters are the definition's inputs; the function itself is the fallback."""
+    if runtime_kwargs is None:
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            signature = inspect.signature(fn)
+
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                return apply(def_name_or_resolver, bound.arguments, fn, dataset=dataset)
+
+            return wrapper
+
+        return decorate
+    rt = _active_runtime(dataset)
+    name = (
+        def_name_or_resolver(runtime_kwargs)
+        if callable(def_name_or_resolver)
+        else def_name_or_resolver
+    )
+    if name is not None and name in rt.table.definitions:
+        axes = rt.axes_from_kwargs(name, runtime_kwargs)
+        runner = rt.runner(name, axes)
+        if runner is not None:
+            order = rt.input_order(name) or list(runtime_kwargs)
+            return runner(axes, [runtime_kwargs[n] for n in order if n in runtime_kwargs])
+    if fallback is None:
+        raise LookupError(
+            f"apply: no solution for {name!r} at these shapes in {rt.dataset} and no fallback"
+        )
+    return fallback(**runtime_kwargs)
+
+
+def _apply_hook_from_env() -> ApplyHook | None:
+    _ENV_HOOK.clear()
+    if env.APPLY.get():
+        _ENV_HOOK.append(ApplyHook(_runtime_for(None, None)))
+    _sync_forwarding()
+    return _ENV_HOOK[0] if _ENV_HOOK else None
+
+
+register_env_hook(_apply_hook_from_env)

@@ -1,0 +1,324 @@
+"""Run every selected (definition, solution, workload) triple of a dataset and record Traces.
+
+Work is grouped by (definition, workload), so the reference runs once per workload, and the
+groups are spread over one worker per device (threads feed the workers from one queue).
+Each Trace is appended to ``<out>/traces/<author>/<op_type>/<definition>.jsonl`` as soon as
+it arrives (one whole, flushed line), so a run killed at any point keeps everything that
+finished; `resume` skips triples already traced for the same solution content hash and
+environment (hardware and library versions).
+
+CPU workload cap: on a CPU device only the `CPU_WORKLOAD_CAP` smallest workloads of each
+definition run (by input bytes), unless `max_workloads` says otherwise: CPU numbers are a
+smoke test of the harness and the solutions, not a benchmark.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flashtune.bench.build import solution_hash
+from flashtune.bench.evaluate import BenchConfig, make_trace
+from flashtune.bench.worker import Task, Worker, WorkerError
+from flashtune.data.dataset import Dataset
+from flashtune.data.io import LoadError
+from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace, Workload
+from flashtune.data.synth import resolve_axes
+
+__all__ = ["RunOptions", "RunResult", "run_benchmark", "CPU_WORKLOAD_CAP", "environment_key"]
+
+CPU_WORKLOAD_CAP = 2
+_ENV_KEYS = ("hardware", "torch", "triton", "cuda", "flashtune")
+
+
+@dataclass
+class RunOptions:
+    """What `flashtune run` was asked to do."""
+
+    datasets: list[Path]
+    out: Path
+    definitions: str | None = None
+    solutions: str | None = None
+    op_type: str | None = None
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    timeout: float = 300.0
+    config: BenchConfig = field(default_factory=BenchConfig)
+    resume: bool = False
+    baseline: str = "torch*"
+    max_workloads: int | None = None
+    autotune: bool = False
+    autotune_cache: Path | None = None
+
+
+@dataclass
+class RunResult:
+    traces: list[Trace]
+    out: Path
+    seconds: float
+    total: int
+    resumed: int
+    load_errors: list[LoadError]
+    environment: dict[str, Any]
+    workload_cap: int | None = None
+
+
+def environment_key(environment: dict[str, Any]) -> tuple[Any, ...]:
+    """What must match for an earlier trace to count on --resume."""
+    return tuple(environment.get(k) for k in _ENV_KEYS)
+
+
+def _input_bytes(definition: Definition, workload: Workload) -> int:
+    from flashtune.data.synth import torch_dtype
+
+    try:
+        axes = resolve_axes(definition, workload)
+    except ValueError:
+        return 0
+    total = 0
+    for spec in definition.inputs.values():
+        if spec.shape is None:
+            continue
+        n = math.prod(axes.get(a, 1) for a in spec.shape)
+        total += n * torch_dtype(spec.dtype).itemsize
+    return total
+
+
+def _select(
+    ds: Dataset, opts: RunOptions, cap: int | None
+) -> list[tuple[Definition, Workload, list[Solution]]]:
+    groups = []
+    for definition in ds.find_definitions(opts.op_type, opts.definitions):
+        solutions = ds.solutions_for(definition.name, opts.solutions)
+        if not solutions:
+            continue
+        # Baselines first, so every other solution's speedup over them is known.
+        solutions = sorted(
+            solutions, key=lambda s: (not fnmatch.fnmatchcase(s.name, opts.baseline), s.name)
+        )
+        workloads = []
+        for record in ds.workloads_for(definition.name):
+            try:
+                record.workload.check_against(definition)
+            except ValueError:
+                continue  # reported by `flashtune validate`
+            workloads.append(record.workload)
+        if cap is not None:
+            workloads = sorted(workloads, key=lambda w: _input_bytes(definition, w))[:cap]
+        for workload in workloads:
+            groups.append((definition, workload, solutions))
+    return groups
+
+
+class _Progress:
+    """Live progress (rich), thread-safe: done/total, current definitions, failures."""
+
+    def __init__(self, total: int, console: Any, enabled: bool) -> None:
+        self.done = 0
+        self.failures = 0
+        self.current: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.progress = None
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn("[bold]flashtune run[/bold]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("failures: {task.fields[failures]}"),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=console,
+                transient=False,
+            )
+            self.task = self.progress.add_task("", total=total, failures=0)
+
+    def __enter__(self) -> _Progress:
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def working_on(self, device: str, definition: str) -> None:
+        with self.lock:
+            self.current[device] = definition
+            self._refresh()
+
+    def finished(self, trace: Trace) -> None:
+        with self.lock:
+            self.done += 1
+            status = trace.evaluation.status if trace.evaluation else None
+            if status not in (EvaluationStatus.PASSED, EvaluationStatus.SKIPPED):
+                self.failures += 1
+            self._refresh()
+
+    def _refresh(self) -> None:
+        if self.progress is not None:
+            self.progress.update(
+                self.task,
+                completed=self.done,
+                failures=self.failures,
+                description=", ".join(sorted(set(self.current.values()))),
+            )
+
+
+def run_benchmark(
+    opts: RunOptions,
+    console: Any = None,
+    progress: bool = True,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> RunResult:
+    """Evaluate the selected triples of `opts.datasets` on `opts.devices`; return the traces."""
+    started = time.perf_counter()
+    out = opts.out.expanduser().resolve()
+    roots: list[Path] = []
+    for root in [out, *(Path(d).expanduser().resolve() for d in opts.datasets)]:
+        if root not in roots:
+            roots.append(root)
+    source = Dataset([Path(d) for d in opts.datasets])
+    sink = Dataset(roots)  # writes go to `out`; definitions come from the sources
+    all_cpu = all(d == "cpu" for d in opts.devices)
+    cap = (
+        opts.max_workloads
+        if opts.max_workloads is not None
+        else (CPU_WORKLOAD_CAP if all_cpu else None)
+    )
+    groups = _select(source, opts, cap)
+    worker_options: dict[str, Any] = {
+        "config": {k: v for k, v in vars(opts.config).items()},
+        "roots": [str(Path(d).expanduser().resolve()) for d in opts.datasets],
+        "autotune": opts.autotune,
+    }
+    workers = []
+    for i, device in enumerate(opts.devices):
+        options = dict(worker_options)
+        if opts.autotune and opts.autotune_cache is not None:
+            cache = opts.autotune_cache
+            if len(opts.devices) > 1:  # one file per worker, merge with `flashtune tune merge`
+                cache = cache.with_name(f"{cache.stem}.{i}{cache.suffix}")
+            options["autotune_cache"] = str(cache)
+        workers.append(Worker(device, options))
+    _start_all(workers)
+    environment = workers[0].environment
+
+    # --resume: what is already traced for this content and environment
+    done_keys: set[tuple[Any, ...]] = set()
+    if opts.resume:
+        key = environment_key(environment)
+        for name in sorted({g[0].name for g in groups}):
+            for t in sink.traces_for(name):
+                ev = t.evaluation
+                if ev is None or t.solution is None:
+                    continue
+                if environment_key(ev.environment) == key:
+                    done_keys.add(
+                        (
+                            t.definition,
+                            t.solution,
+                            t.workload.uuid,
+                            getattr(ev, "solution_hash", None),
+                        )
+                    )
+    tasks: list[Task] = []
+    total = resumed = 0
+    for definition, workload, solutions in groups:
+        todo = [
+            s
+            for s in solutions
+            if (definition.name, s.name, workload.uuid, solution_hash(s)) not in done_keys
+        ]
+        resumed += len(solutions) - len(todo)
+        if todo:
+            baselines = [s.name for s in todo if fnmatch.fnmatchcase(s.name, opts.baseline)]
+            tasks.append(Task(definition, workload, todo, baselines))
+            total += len(todo)
+    load_errors = source.errors + sink.errors
+
+    authors = {(d.name, s.name): s.author for d, _, sols in groups for s in sols}
+    traces: list[Trace] = []
+    lock = threading.Lock()
+    work: queue.Queue[Task] = queue.Queue()
+    for task in tasks:
+        work.put(task)
+
+    def record(trace: Trace) -> None:
+        with lock:
+            sink.append_trace(
+                trace, author=authors.get((trace.definition, trace.solution or ""), "unknown")
+            )
+            traces.append(trace)
+        display.finished(trace)
+        if on_trace is not None:
+            on_trace(trace)
+
+    def failure(task: Task, sol: Solution, status: EvaluationStatus, why: str) -> Trace:
+        env = next((w.environment for w in workers if w.environment), environment)
+        return make_trace(task.definition.name, task.workload, sol, status, env, why, why)
+
+    def feed(worker: Worker) -> None:
+        while True:
+            try:
+                task = work.get_nowait()
+            except queue.Empty:
+                return
+            display.working_on(worker.device, task.definition.name)
+            try:
+                worker.run(task, opts.timeout, record, failure)
+            except WorkerError as exc:  # the device cannot host a worker any more
+                for sol in task.solutions:
+                    record(failure(task, sol, EvaluationStatus.RUNTIME_ERROR, str(exc)))
+
+    with _Progress(total, console, progress) as display:
+        threads = [threading.Thread(target=feed, args=(w,), daemon=True) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for w in workers:
+        w.stop()
+    return RunResult(
+        traces=traces,
+        out=out,
+        seconds=time.perf_counter() - started,
+        total=total,
+        resumed=resumed,
+        load_errors=load_errors,
+        environment=environment,
+        workload_cap=cap,
+    )
+
+
+def _start_all(workers: Sequence[Worker]) -> None:
+    errors: list[BaseException] = []
+
+    def start(w: Worker) -> None:
+        try:
+            w.start()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for w in workers:
+            w.kill()
+        raise errors[0]

@@ -1,0 +1,328 @@
+"""One long-lived worker process per device, and the parent's handle on it.
+
+The worker is spawned (never forked: CUDA does not survive a fork), imports torch once and
+keeps built solutions and compiled references across tasks, which keeps the harness cheap
+(100 triples of a trivial op in seconds). A task is one (definition, workload) with its
+solutions; the worker streams ("start", name) and ("trace", json) messages back.
+
+The parent attributes failures to the solution that was running:
+- the process dies (segfault, abort, illegal memory access): RUNTIME_ERROR, new worker;
+- no message within `timeout` seconds of a solution's start: TIMEOUT, the worker is
+  killed and replaced;
+- between tasks a health check (a ping that runs a tiny op and a device synchronize) must
+  answer, else the worker is replaced.
+The remaining solutions of an interrupted task go to the new worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace, Workload
+
+__all__ = ["Task", "Worker", "WorkerError", "default_devices", "parse_devices"]
+
+_STARTUP_TIMEOUT_S = 120.0
+_PING_TIMEOUT_S = 30.0
+
+
+class WorkerError(RuntimeError):
+    """The worker could not be started or stopped answering."""
+
+
+@dataclass
+class Task:
+    """One workload of one definition, with the solutions still to evaluate."""
+
+    definition: Definition
+    workload: Workload
+    solutions: list[Solution]
+    baselines: list[str] = field(default_factory=list)
+    baseline_latency: tuple[str, float] | None = None
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "definition": self.definition.to_json(),
+            "workload": self.workload.to_json(),
+            "solutions": [s.to_json() for s in self.solutions],
+            "baselines": list(self.baselines),
+            "baseline_latency": self.baseline_latency,
+        }
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
+    """Entry point of the worker process."""
+    import contextlib
+
+    import torch
+
+    from flashtune import platform
+    from flashtune.bench.evaluate import BenchConfig, evaluate_workload
+    from flashtune.data.dataset import Dataset
+
+    device = torch.device(device_str)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    cfg = BenchConfig(**options.get("config", {}))
+    blob_root = Dataset(options["roots"]) if options.get("roots") else None
+    stack = contextlib.ExitStack()
+    if options.get("autotune"):
+        try:
+            from flashtune.tune import autotune
+
+            stack.enter_context(autotune(True, cache=options.get("autotune_cache")))
+        except ImportError:  # the tuner is optional: the run goes on untuned
+            pass
+    environment = platform.snapshot(device)
+    conn.send(("ready", environment))
+    with stack:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            kind = msg[0]
+            if kind == "stop":
+                break
+            if kind == "ping":
+                try:
+                    x = torch.ones(8, device=device)
+                    ok = float((x + x).sum().item()) == 16.0
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    conn.send(("pong", ok, ""))
+                except Exception as exc:  # noqa: BLE001 - an unhealthy device is the answer
+                    conn.send(("pong", False, f"{type(exc).__name__}: {exc}"))
+                continue
+            if kind == "task":
+                p = msg[1]
+                definition = Definition.model_validate_json(p["definition"])
+                workload = Workload.model_validate_json(p["workload"])
+                solutions = [Solution.model_validate_json(s) for s in p["solutions"]]
+                baseline = tuple(p["baseline_latency"]) if p["baseline_latency"] else None
+                try:
+                    for event, value in evaluate_workload(
+                        definition, workload, solutions, cfg, device, environment,
+                        blob_root=blob_root, baselines=p["baselines"],
+                        baseline_latency=baseline,  # type: ignore[arg-type]
+                    ):  # fmt: skip
+                        conn.send((event, value.to_json() if event == "trace" else value))
+                except Exception:  # noqa: BLE001 - report, then let the parent decide
+                    conn.send(("error", traceback.format_exc()))
+                conn.send(("done", None))
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "worker stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker process died with {name}"
+    return f"worker process exited with code {code}"
+
+
+class Worker:
+    """The parent's handle on one worker process for one device."""
+
+    def __init__(self, device: str, options: dict[str, Any]) -> None:
+        self.device = device
+        self.options = options
+        self.environment: dict[str, Any] = {}
+        self.process: Any = None
+        self.conn: Any = None
+        self.restarts = 0
+
+    # lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child, self.device, self.options),
+            name=f"flashtune-worker-{self.device}",
+            daemon=True,
+        )
+        self.process.start()
+        child.close()
+        self.conn = parent
+        if not parent.poll(_STARTUP_TIMEOUT_S):
+            self.kill()
+            raise WorkerError(f"worker for {self.device} did not start in {_STARTUP_TIMEOUT_S} s")
+        try:
+            kind, env = parent.recv()
+        except (EOFError, OSError):
+            code = self.process.exitcode if self.process else None
+            self.kill()
+            raise WorkerError(f"worker for {self.device}: {_describe_exit(code)}") from None
+        self.environment = env
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()  # SIGKILL: a hung kernel ignores politer signals
+        if self.process is not None:
+            self.process.join(10)
+        if self.conn is not None:
+            self.conn.close()
+        self.process, self.conn = None, None
+
+    def restart(self) -> None:
+        self.kill()
+        self.restarts += 1
+        self.start()
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        try:
+            self.conn.send(("stop", None))
+            self.process.join(30)  # lets the autotune context save its cache file
+        except (OSError, BrokenPipeError):
+            pass
+        self.kill()
+
+    def healthy(self) -> tuple[bool, str]:
+        if self.process is None or not self.process.is_alive():
+            return False, _describe_exit(self.process.exitcode if self.process else None)
+        try:
+            self.conn.send(("ping", None))
+            if not self.conn.poll(_PING_TIMEOUT_S):
+                return False, "no answer to the health check"
+            _, ok, why = self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            return False, _describe_exit(self.process.exitcode)
+        return bool(ok), why or ""
+
+    # running -------------------------------------------------------------------
+    def run(
+        self,
+        task: Task,
+        timeout: float,
+        on_trace: Callable[[Trace], None],
+        make_failure: Callable[[Task, Solution, EvaluationStatus, str], Trace],
+    ) -> None:
+        """Run `task` to the end, whatever its solutions do; every solution gets one trace."""
+        pending = list(task.solutions)
+        baseline = task.baseline_latency
+        while pending:
+            if self.process is None:
+                self.start()
+            sub = Task(task.definition, task.workload, pending, task.baselines, baseline)
+            outcome = self._run_once(sub, timeout, on_trace)
+            done, current, failure = outcome
+            pending = [s for s in pending if s.name not in done]
+            for trace in done.values():
+                perf = trace.evaluation.performance if trace.evaluation else None
+                if trace.solution in task.baselines and perf is not None:
+                    if baseline is None or perf.latency_ms < baseline[1]:
+                        baseline = (trace.solution, perf.latency_ms)
+            if failure is None:
+                ok, why = self.healthy()
+                if not ok:
+                    self.restart()
+                if pending:  # the worker finished without covering some solutions
+                    for sol in pending:
+                        on_trace(make_failure(task, sol, EvaluationStatus.RUNTIME_ERROR,
+                                              "worker ended the task without evaluating it"))  # fmt: skip
+                break
+            status, why = failure
+            self.restart()
+            if current == "reference":
+                for sol in pending:
+                    on_trace(make_failure(task, sol, status, f"reference: {why}"))
+                break
+            victim = next((s for s in pending if s.name == current), None)
+            if victim is not None:
+                on_trace(make_failure(task, victim, status, why))
+                pending.remove(victim)
+
+    def _run_once(self, task: Task, timeout: float, on_trace: Callable[[Trace], None]):
+        """-> (traces done by name, solution running at the end, (status, why) | None)."""
+        done: dict[str, Trace] = {}
+        current = "reference"
+        try:
+            self.conn.send(("task", task.payload()))
+        except (OSError, BrokenPipeError):
+            return done, current, (EvaluationStatus.RUNTIME_ERROR, _describe_exit(None))
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                ready = self.conn.poll(max(remaining, 0))
+            except (EOFError, OSError):
+                ready = True
+            if not ready:
+                what = "the reference" if current == "reference" else current
+                return (
+                    done,
+                    current,
+                    (
+                        EvaluationStatus.TIMEOUT,
+                        f"{what} ran past the {timeout:g} s timeout; its worker was killed",
+                    ),
+                )
+            try:
+                kind, value = self.conn.recv()
+            except (EOFError, OSError):
+                self.process.join(5)
+                return (
+                    done,
+                    current,
+                    (
+                        EvaluationStatus.RUNTIME_ERROR,
+                        f"{_describe_exit(self.process.exitcode)} while running "
+                        f"{'the reference' if current == 'reference' else current}",
+                    ),
+                )
+            if kind == "start":
+                current = value
+                deadline = time.monotonic() + timeout
+            elif kind == "trace":
+                trace = Trace.model_validate_json(value)
+                done[trace.solution or ""] = trace
+                on_trace(trace)
+            elif kind == "error":
+                return done, current, (EvaluationStatus.RUNTIME_ERROR, value[-2000:])
+            elif kind == "done":
+                return done, current, None
+
+
+def default_devices() -> list[str]:
+    """Every visible GPU, or the CPU when there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return ["cpu"]
+
+
+def parse_devices(spec: str | None) -> list[str]:
+    """'0,1' -> ['cuda:0', 'cuda:1']; 'cpu' -> ['cpu']; None -> default_devices()."""
+    if not spec:
+        return default_devices()
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.isdigit():
+            out.append(f"cuda:{part}")
+        elif part == "cpu" or part.startswith("cuda"):
+            out.append(part)
+        else:
+            raise ValueError(f"--devices: {part!r} is neither a GPU index, 'cuda:N' nor 'cpu'")
+    return out

@@ -1,0 +1,357 @@
+"""Workload capture: `with capture(dataset=...):` or FLASHTUNE_CAPTURE=1 records, for every
+schema'd op call, a Workload (var axes and inputs) in
+<dataset>/workloads/<op_type>/<definition>.jsonl, and the Definition when it is missing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashtune import env
+from flashtune.capture.policies import CaptureConfig, WorkloadFilter, resolve_config, should_dump
+from flashtune.capture.writer import CaptureRecord, CaptureWriter, host_copies
+from flashtune.data.dataset import Dataset
+from flashtune.data.models import (
+    Definition,
+    RandomInput,
+    SafetensorsInput,
+    ScalarInput,
+    Workload,
+)
+from flashtune.schema import NOT_HANDLED, add_hook, register_env_hook, remove_hook
+from flashtune.schema.api import ApiOp
+from flashtune.schema.core import BoundCall, Scalar
+
+__all__ = [
+    "CAPTURE_DUMP_POLICY",
+    "CAPTURE_FILTER_POLICY",
+    "CAPTURE_QUEUE",
+    "CAPTURE_QUEUE_MB",
+    "Capturer",
+    "capture",
+    "observe",
+    "call_signature",
+]
+
+log = logging.getLogger("flashtune.capture")
+
+# Capture's settings live in env.py with every other one.
+CAPTURE_DUMP_POLICY = env.CAPTURE_DUMP_POLICY
+CAPTURE_FILTER_POLICY = env.CAPTURE_FILTER_POLICY
+CAPTURE_QUEUE = env.CAPTURE_QUEUE
+CAPTURE_QUEUE_MB = env.CAPTURE_QUEUE_MB
+
+_PRIMITIVES = frozenset({int, float, bool, str, type(None), torch.dtype})
+_TENSOR = torch.Tensor
+_RANDOM = RandomInput(type="random")  # shared: input specs are never mutated
+
+
+def call_signature(
+    op: ApiOp, args: tuple[Any, ...], kwargs: Mapping[str, Any], dtypes: bool = True
+) -> tuple | None:
+    """A cheap signature of a call (shapes, dtypes, primitive values), or None when an
+    argument is an object whose state could change the definition (a wrapper's self).
+
+    dtypes=False leaves tensor dtypes out (each costs a read on the hot path): safe where
+    only the definition name and var axes matter and the op has a single schema, whose
+    name is built from const axes alone."""
+    key: list[Any] = [op]
+    for a in args:
+        t = type(a)
+        if t is _TENSOR or (t not in _PRIMITIVES and isinstance(a, _TENSOR)):
+            key.append(a.shape)
+            if dtypes:
+                key.append(a.dtype)
+        elif t in _PRIMITIVES:
+            key.append(a)
+        else:
+            return None
+    if kwargs:
+        for k, a in kwargs.items():
+            key.append(k)
+            if isinstance(a, _TENSOR):
+                key.append(a.shape)
+                if dtypes:
+                    key.append(a.dtype)
+            elif type(a) in _PRIMITIVES:
+                key.append(a)
+            else:
+                return None
+    return tuple(key)
+
+
+def _logical(value: torch.Tensor, rank: int) -> torch.Tensor:
+    """The tensor as the definition sees it (leading dimensions merged into the first)."""
+    if value.dim() > rank >= 1:
+        return value.reshape(-1, *value.shape[value.dim() - rank + 1 :])
+    return value
+
+
+@dataclass
+class _DefState:
+    definition: Definition
+    config: CaptureConfig
+    filter: WorkloadFilter
+
+
+@dataclass
+class Capturer:
+    """Records the workloads of schema'd op calls into a dataset (see `capture`)."""
+
+    dataset: Dataset
+    configs: Mapping[str, CaptureConfig] = field(default_factory=dict)
+    default: CaptureConfig | None = field(default_factory=CaptureConfig)
+    max_records: int = 1024
+    max_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        self.writer = CaptureWriter(self.dataset, self.max_records, self.max_bytes)
+        self._states: dict[str, _DefState | None] = {}
+        self._dropped_fast: set[tuple] = set()  # call signatures a sticky filter drops for good
+        self._lock = threading.Lock()
+        self._warned_graph = False
+        self.captured = 0
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> Capturer:
+        self.writer.start()
+        with _ACTIVE_LOCK:
+            if self not in _ACTIVE:
+                _ACTIVE.append(self)
+        return self
+
+    def close(self) -> None:
+        """Stop recording and write everything queued."""
+        with _ACTIVE_LOCK:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+        self.writer.close()
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        w = self.writer
+        return {
+            "captured": self.captured,
+            "written": w.written,
+            "dropped": w.dropped,
+            "pending": w.pending,
+            "errors": w.errors,
+        }
+
+    # ----------------------------------------------------------------- the hook
+    def __call__(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _FORWARDED[0]:  # apply, when on, calls observe() itself (see observe)
+            return NOT_HANDLED
+        # The steady state of a sticky filter: a signature already dropped for good.
+        fast = call_signature(op, args, kwargs, len(op.schemas) > 1)
+        if fast is None or fast not in self._dropped_fast:
+            self._observe(op, args, kwargs, fast)
+        return NOT_HANDLED
+
+    def observe(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Record one call (never raises: a call capture cannot bind is the op's business)."""
+        fast = call_signature(op, args, kwargs, len(op.schemas) > 1)
+        if fast is None or fast not in self._dropped_fast:
+            self._observe(op, args, kwargs, fast)
+
+    def _observe(
+        self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any], fast: tuple | None
+    ) -> None:
+        try:
+            call = op.bind(*args, **kwargs)
+            state = self._state(call)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.debug("capture skipped a call of %s: %s", op.qualname, exc)
+            return
+        if state is None:
+            if fast is not None:
+                self._dropped_fast.add(fast)
+            return
+        if _graph_capturing(call):
+            if not self._warned_graph:
+                self._warned_graph = True
+                warnings.warn(
+                    "flashtune capture: calls made while a CUDA graph is being captured are not "
+                    "recorded (warned once)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return
+        axes = call.var_axes
+        inputs, dumps = self._inputs(call, state.config)
+        workload = Workload.model_construct(uuid=str(uuid.uuid4()), axes=axes, inputs=inputs)
+        if not state.filter.keep(state.definition.name, workload):
+            if fast is not None and state.config.sticky:
+                self._dropped_fast.add(fast)
+            return
+        self._submit(state, workload, dumps)
+
+    def _state(self, call: BoundCall) -> _DefState | None:
+        name = call.name
+        try:
+            return self._states[name]
+        except KeyError:
+            pass
+        with self._lock:
+            if name not in self._states:
+                config = resolve_config(self.configs, self.default, name, call.schema.op_type)
+                if config is None or config.filter_policy == "keep_none":
+                    self._states[name] = None
+                else:
+                    self._states[name] = _DefState(
+                        call.definition(), config, WorkloadFilter(config)
+                    )
+            return self._states[name]
+
+    def _inputs(
+        self, call: BoundCall, config: CaptureConfig
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        inputs: dict[str, Any] = {}
+        dumps: dict[str, torch.Tensor] = {}
+        for name, value in call.inputs.items():
+            spec = call.schema.inputs[name]
+            if isinstance(spec, Scalar):
+                if isinstance(value, (bool, int, float)):
+                    inputs[name] = ScalarInput(type="scalar", value=value)
+                else:
+                    inputs[name] = _RANDOM
+            elif should_dump(config.input_dump_policy, name, value):
+                dumps[name] = _logical(value, len(spec.dims))
+            else:
+                inputs[name] = _RANDOM
+        return inputs, dumps
+
+    def _submit(self, state: _DefState, workload: Workload, dumps: dict[str, torch.Tensor]) -> None:
+        definition = state.definition
+        blob = None
+        if dumps:
+            blob = (
+                f"./blob/workloads/{definition.op_type}/{definition.name}/"
+                f"{definition.name}_{workload.uuid.replace('-', '')}.safetensors"
+            )
+            for name in dumps:
+                workload.inputs[name] = SafetensorsInput(
+                    type="safetensors", path=blob, tensor_key=name
+                )
+            # Keep the definition's input order in the JSON.
+            workload.inputs = {
+                n: workload.inputs[n] for n in definition.inputs if n in workload.inputs
+            }
+        nbytes = sum(t.numel() * t.element_size() for t in dumps.values())
+
+        def make() -> CaptureRecord:
+            tensors, event = host_copies(dumps) if dumps else ({}, None)
+            return CaptureRecord(definition, workload, tensors, blob, event)
+
+        if self.writer.submit(nbytes, make):
+            self.captured += 1
+
+
+def _graph_capturing(call: BoundCall) -> bool:
+    for value in call.inputs.values():
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            return torch.cuda.is_current_stream_capturing()
+    return False
+
+
+# --------------------------------------------------------------------------- registry
+
+_ACTIVE: list[Capturer] = []
+_ACTIVE_LOCK = threading.Lock()
+# [True] while an apply hook is on: it calls observe() for every call before it dispatches,
+# so a call answered by a solution is still captured, whatever the order of the hooks.
+_FORWARDED = [False]
+
+
+def observe(op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Record a call with every active capturer (apply's hook calls this)."""
+    for capturer in _ACTIVE:
+        capturer.observe(op, args, kwargs)
+
+
+def set_forwarded(on: bool) -> None:
+    """Apply turns this on while its hook is installed (see _FORWARDED)."""
+    _FORWARDED[0] = on
+
+
+def _as_dataset(dataset: str | Path | Dataset | None) -> Dataset:
+    if isinstance(dataset, Dataset):
+        return dataset
+    return Dataset(dataset if dataset is not None else env.DATASET.get())
+
+
+@contextmanager
+def capture(
+    dataset: str | Path | Dataset | None = None,
+    configs: Mapping[str, CaptureConfig] | None = None,
+    default: CaptureConfig | None = CaptureConfig(),
+    max_records: int | None = None,
+    max_bytes: int | None = None,
+) -> Iterator[Capturer]:
+    """Record the workloads of every schema'd op called inside the block.
+
+    dataset: a Dataset or root folder (default FLASHTUNE_DATASET). configs: CaptureConfig by
+    definition name, name glob or op_type; ops matching none use `default` (None: not
+    captured). Everything queued is written when the block exits.
+    """
+    capturer = Capturer(
+        _as_dataset(dataset),
+        dict(configs or {}),
+        default,
+        max_records if max_records is not None else CAPTURE_QUEUE.get(),
+        max_bytes if max_bytes is not None else CAPTURE_QUEUE_MB.get() << 20,
+    ).start()
+    add_hook(capturer)
+    try:
+        yield capturer
+    finally:
+        remove_hook(capturer)
+        capturer.close()
+
+
+# --------------------------------------------------------------------------- FLASHTUNE_CAPTURE=1
+
+_ENV_CAPTURER: list[Capturer] = []
+
+
+def _env_config() -> CaptureConfig:
+    dump = CAPTURE_DUMP_POLICY.get()
+    dump_policy: Any = (
+        dump
+        if dump in ("dump_all", "dump_none", "dump_int")
+        else [n.strip() for n in dump.split(",") if n.strip()]
+    )
+    return CaptureConfig(input_dump_policy=dump_policy, filter_policy=CAPTURE_FILTER_POLICY.get())
+
+
+def _capture_hook_from_env() -> Capturer | None:
+    for old in _ENV_CAPTURER:
+        old.close()
+    _ENV_CAPTURER.clear()
+    if not env.CAPTURE.get():
+        return None
+    capturer = Capturer(
+        _as_dataset(None),
+        {},
+        _env_config(),
+        CAPTURE_QUEUE.get(),
+        CAPTURE_QUEUE_MB.get() << 20,
+    ).start()
+    _ENV_CAPTURER.append(capturer)
+    log.info("capture on: recording workloads into %s", capturer.dataset.root)
+    return capturer
+
+
+register_env_hook(_capture_hook_from_env)

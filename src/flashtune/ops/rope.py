@@ -1,0 +1,732 @@
+"""Rotary position embedding (RoPE) for queries and keys, FlashInfer's API.
+
+- `apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox)`:
+  cos/sin looked up per token from a [max_pos, rotary_dim] fp32 cache (cos | sin halves),
+  as in vLLM/SGLang; rotary_dim = cos_sin_cache.shape[-1] may be smaller than head_size.
+- `apply_rope(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta)`: a
+  ragged batch; token i of request b sits at position offsets[b] + i - indptr[b], and cos/sin
+  are computed in the kernel: angle_j = pos / rope_scale * rope_theta ** (-2j / rotary_dim).
+- `apply_rope_pos_ids(q, k, pos_ids, ...)`: the same with explicit positions.
+
+Styles: NeoX (is_neox=True / interleave=False) rotates the pairs (x[j], x[j + rd/2]);
+GPT-J (is_neox=False / interleave=True) rotates (x[2j], x[2j + 1]). Dimensions past
+rotary_dim pass through unchanged. Math in fp32, results cast to the input dtype.
+
+One Triton kernel: program (token, block of BLOCK_H heads), q heads first, then k heads;
+cos/sin for the token are loaded (or computed) once per program and shared by its heads.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from flashtune import platform
+from flashtune.models import ModelConfig
+from flashtune.schema import Const, OpSchema, Tensor, Var, api
+from flashtune.schema.dump import register_examples
+from flashtune.tune import (
+    DEFAULT_TACTIC,
+    DynamicDim,
+    Tactic,
+    TunableRunner,
+    TuningConfig,
+    choose_one,
+)
+
+__all__ = [
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "rope_with_cos_sin_cache_ref",
+    "apply_rope_ref",
+    "ROPE_NEOX",
+    "ROPE_GPTJ",
+    "RopeTactic",
+    "RopeRunner",
+    "ROPE_TUNING",
+]
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernel
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rope_kernel(
+    Q,  # [nnz, Hq, D] (strides sq_t, sq_h, 1)
+    K,  # [nnz, Hk, D] (strides sk_t, sk_h, 1)
+    QO,  # [nnz, Hq, D] output (may alias Q)
+    KO,  # [nnz, Hk, D] output (may alias K)
+    POS,  # [nnz] int32/int64 positions
+    CS,  # [max_pos, RD] fp32 cos | sin (FROM_CACHE only)
+    Hq,
+    Hk,
+    D,
+    half,  # rotary_dim // 2
+    max_pos,
+    sq_t,
+    sq_h,
+    sk_t,
+    sk_h,
+    sqo_t,
+    sqo_h,
+    sko_t,
+    sko_h,
+    s_cs,
+    log2_theta,
+    rcp_scale,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    FROM_CACHE: tl.constexpr,
+    COPY_PASS: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    q_blocks = tl.cdiv(Hq, BLOCK_H)
+    if hb < q_blocks:
+        h0 = hb * BLOCK_H
+        n_heads = Hq
+        src = Q + t * sq_t
+        dst = QO + t * sqo_t
+        s_h = sq_h
+        d_h = sqo_h
+    else:
+        h0 = (hb - q_blocks) * BLOCK_H
+        n_heads = Hk
+        src = K + t * sk_t
+        dst = KO + t * sko_t
+        s_h = sk_h
+        d_h = sko_h
+    heads = h0 + tl.arange(0, BLOCK_H)
+    j = tl.arange(0, BLOCK_HALF)
+    jm = j < half
+    mask = (heads < n_heads)[:, None] & jm[None, :]
+
+    pos = tl.load(POS + t)
+    if FROM_CACHE:
+        # Out-of-range positions read nothing (cos = sin = 0) rather than stray memory.
+        ok = (pos >= 0) & (pos < max_pos)
+        cs = CS + pos.to(tl.int64) * s_cs
+        cos = tl.load(cs + j, mask=jm & ok, other=0.0).to(tl.float32)
+        sin = tl.load(cs + half + j, mask=jm & ok, other=0.0).to(tl.float32)
+    else:
+        inv_freq = tl.exp2(-(2.0 * j.to(tl.float32) / (2 * half)) * log2_theta)
+        angle = (pos.to(tl.float32) * rcp_scale) * inv_freq
+        cos = tl.cos(angle)
+        sin = tl.sin(angle)
+    cos = cos[None, :]
+    sin = sin[None, :]
+
+    row_s = heads.to(tl.int64)[:, None] * s_h
+    row_d = heads.to(tl.int64)[:, None] * d_h
+    if INTERLEAVE:
+        i1 = 2 * j[None, :]
+        i2 = i1 + 1
+    else:
+        i1 = j[None, :]
+        i2 = i1 + half
+    x1 = tl.load(src + row_s + i1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + row_s + i2, mask=mask, other=0.0).to(tl.float32)
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    tl.store(dst + row_d + i1, o1.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + row_d + i2, o2.to(dst.dtype.element_ty), mask=mask)
+
+    if COPY_PASS:
+        p = 2 * half + tl.arange(0, BLOCK_PASS)
+        pmask = (heads < n_heads)[:, None] & (p < D)[None, :]
+        xp = tl.load(src + row_s + p[None, :], mask=pmask, other=0.0)
+        tl.store(dst + row_d + p[None, :], xp, mask=pmask)
+
+
+# ----------------------------------------------------------------------------------------------
+# References
+# ----------------------------------------------------------------------------------------------
+
+
+def rope_with_cos_sin_cache_ref(q, k, cos_sin_cache, positions, head_size=None, is_neox=True):
+    """(q_out, k_out) for q [nnz, Hq, D] or [nnz, Hq * D] (k likewise), rotating the first
+    rotary_dim = cos_sin_cache.shape[-1] dimensions of each head."""
+    import torch
+
+    rotary_dim = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache[positions.long()].to(torch.float32).chunk(2, dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [nnz, 1, rotary_dim / 2]
+
+    def rotate(x):
+        d = head_size if head_size is not None else x.shape[-1]
+        xf = x.to(torch.float32).reshape(x.shape[0], -1, d)
+        if is_neox:
+            x1, x2 = xf[..., : rotary_dim // 2], xf[..., rotary_dim // 2 : rotary_dim]
+        else:
+            x1, x2 = xf[..., 0:rotary_dim:2], xf[..., 1:rotary_dim:2]
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+        if is_neox:
+            rot = torch.cat((o1, o2), dim=-1)
+        else:
+            rot = torch.stack((o1, o2), dim=-1).flatten(-2)
+        return torch.cat((rot, xf[..., rotary_dim:]), dim=-1).reshape(x.shape).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def apply_rope_ref(
+    q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=1.0, rope_theta=1e4
+):
+    """(q_out, k_out) for a ragged batch q [nnz, Hq, D], k [nnz, Hk, D]: token i of request b
+    at position offsets[b] + i - indptr[b], frequencies rope_theta ** (-2j / rotary_dim)."""
+    import torch
+
+    nnz, _, d = q.shape
+    rd = d if rotary_dim is None else rotary_dim
+    counts = (indptr[1:] - indptr[:-1]).long()
+    start = torch.repeat_interleave((indptr[:-1] - offsets).long(), counts, output_size=nnz)
+    pos = torch.arange(nnz, device=q.device) - start
+    inv_freq = 1.0 / (
+        rope_theta ** (torch.arange(0, rd, 2, device=q.device, dtype=torch.float32) / rd)
+    )
+    angle = (pos.to(torch.float32) / rope_scale)[:, None] * inv_freq[None, :]
+    cos, sin = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
+
+    def rotate(x):
+        xf = x.to(torch.float32)
+        if interleave:
+            x1, x2 = xf[..., 0:rd:2], xf[..., 1:rd:2]
+        else:
+            x1, x2 = xf[..., : rd // 2], xf[..., rd // 2 : rd]
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+        rot = torch.stack((o1, o2), -1).flatten(-2) if interleave else torch.cat((o1, o2), -1)
+        return torch.cat((rot, xf[..., rd:]), dim=-1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+# ----------------------------------------------------------------------------------------------
+# Schemas of the cos/sin-cache form (equal to the corpus file
+# rope_with_cos_sin_cache_neox_style_d128_rd64.json in name, axes, inputs and outputs). They
+# bind q/k as [num_tokens, num_heads, head_size]: a Definition for a call with 2-D
+# [num_tokens, num_heads * head_size] query/key cannot be built (the schema layer has no way to
+# split a dimension), so the definition dump skips such calls. The ragged `apply_rope` has no
+# schema yet.
+# ----------------------------------------------------------------------------------------------
+
+
+def _rope_schema(style: str, neox: bool) -> OpSchema:
+    heads = ["num_tokens", "num_qo_heads", "head_size"]
+    kv_heads = ["num_tokens", "num_kv_heads", "head_size"]
+    return OpSchema(
+        op_type="rope",
+        name_prefix=f"rope_with_cos_sin_cache_{style}_style",
+        axes={
+            "num_tokens": Var("Total number of tokens across all sequences."),
+            "num_qo_heads": Var("Number of query heads."),
+            "num_kv_heads": Var("Number of KV heads."),
+            "head_size": Const("Full head dimension.", abbrev="d", param="head_size"),
+            "rotary_dim": Const("Rotated leading dimensions of each head.", abbrev="rd"),
+            "max_seq_len": Var("Maximum sequence length for the cos/sin cache."),
+        },
+        inputs={
+            "q": Tensor(heads, dtype_from="query", param="query"),
+            "k": Tensor(kv_heads, dtype_from="query", param="key"),
+            "cos_sin_cache": Tensor(["max_seq_len", "rotary_dim"], dtype="float32"),
+            "positions": Tensor(["num_tokens"], dtype="int64"),
+        },
+        outputs={
+            "q_out": Tensor(heads, dtype_from="query"),
+            "k_out": Tensor(kv_heads, dtype_from="query"),
+        },
+        reference=rope_with_cos_sin_cache_ref,
+        bound=("head_size", "is_neox"),
+        tags=["fi_api:flashinfer.rope.apply_rope_with_cos_sin_cache_inplace"],
+        description=(
+            "Rotary position embedding with a precomputed cos/sin cache (cos | sin halves of "
+            "rotary_dim), "
+            + (
+                "NeoX style: pairs (x[j], x[j + rd/2])."
+                if neox
+                else "GPT-J style: pairs (x[2j], x[2j+1])."
+            )
+            + " Dimensions past rotary_dim pass through."
+        ),
+    )
+
+
+ROPE_NEOX = _rope_schema("neox", True)
+ROPE_GPTJ = _rope_schema("gptj", False)
+
+
+def _rope_cache_schema(
+    positions: Any, query: Any, key: Any, head_size: Any, cos_sin_cache: Any, is_neox: bool = True
+) -> OpSchema:
+    return ROPE_NEOX if is_neox else ROPE_GPTJ
+
+
+@register_examples
+def _model_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """RoPE over the model's heads (bf16, one token, full rotary dimension), NeoX style as the
+    Llama/Qwen models use it; GPT-J style at the same shape so each schema has an example."""
+    d = model.head_dim
+    q = torch.empty((1, model.num_qo_heads, d), dtype=torch.bfloat16, device="meta")
+    k = torch.empty((1, model.num_kv_heads, d), dtype=torch.bfloat16, device="meta")
+    cache = torch.empty((4096, d), dtype=torch.float32, device="meta")
+    pos = torch.empty((1,), dtype=torch.int64, device="meta")
+    return [
+        (apply_rope_with_cos_sin_cache_inplace, (pos, q, k, d, cache), {"is_neox": neox})
+        for neox in (True, False)
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Runner and tactics
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeTactic:
+    """BLOCK_H heads a program and its warps."""
+
+    block_h: int
+    num_warps: int
+
+    @staticmethod
+    def space(num_heads: int, head_size: int) -> list[RopeTactic]:
+        cap = triton.next_power_of_2(max(num_heads, 1))
+        out = []
+        for block_h in (1, 2, 4, 8, 16, 32):
+            if block_h > cap:
+                continue
+            for warps in (1, 2, 4, 8):
+                per_thread = block_h * head_size / (32 * warps)
+                if 4 <= per_thread <= 32 or (warps == 1 and per_thread < 4):
+                    out.append(RopeTactic(block_h, warps))
+        return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _default_tactic(num_heads: int, head_size: int, nnz: int) -> RopeTactic:
+    # ~1K elements (8 heads of 128) and 4 warps a program: best of the sweep at nnz = 1 on
+    # H200 (1.44 us vs 1.67 us for 4 heads / 2 warps); the cos/sin row is loaded once for them.
+    block_h = min(triton.next_power_of_2(max(num_heads, 1)), max(1, 1024 // max(head_size, 1)))
+    warps = max(1, min(8, block_h * head_size // 256))
+    return RopeTactic(block_h, warps)
+
+
+@dataclass(frozen=True)
+class _RopeArgs:
+    """Everything but the tensors: how cos/sin are obtained and which pairs rotate."""
+
+    rotary_dim: int
+    interleave: bool
+    from_cache: bool
+    rope_scale: float = 1.0
+    rope_theta: float = 1e4
+
+
+def _launch(q, k, q_out, k_out, pos, cos_sin_cache, args: _RopeArgs, tactic: Tactic) -> None:
+    """q, k, q_out, k_out: [nnz, H, D] views (last dim contiguous)."""
+    nnz, hq, d = q.shape
+    hk = k.shape[1]
+    if nnz == 0:
+        return
+    cfg = _default_tactic(max(hq, hk), d, nnz) if tactic == DEFAULT_TACTIC else tactic
+    assert isinstance(cfg, RopeTactic)
+    half = args.rotary_dim // 2
+    copy_pass = args.rotary_dim < d and q_out.data_ptr() != q.data_ptr()
+    cs = cos_sin_cache if args.from_cache else pos  # any tensor; unused without the cache
+    grid = (nnz, triton.cdiv(hq, cfg.block_h) + triton.cdiv(hk, cfg.block_h))
+    _rope_kernel[grid](
+        q, k, q_out, k_out, pos, cs, hq, hk, d, half,
+        cos_sin_cache.shape[0] if args.from_cache else 0,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+        cos_sin_cache.stride(0) if args.from_cache else 0,
+        math.log2(args.rope_theta), 1.0 / args.rope_scale,
+        BLOCK_H=cfg.block_h,
+        BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
+        BLOCK_PASS=triton.next_power_of_2(max(d - 2 * half, 1)),
+        INTERLEAVE=args.interleave, FROM_CACHE=args.from_cache, COPY_PASS=copy_pass,
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+class RopeRunner(TunableRunner):
+    """The Triton RoPE kernel. inputs: [q, k, q_out, k_out, pos, cos_sin_cache | None, args],
+    tensors as [nnz, H, D] views."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        q, k = inputs[0], inputs[1]
+        return list(RopeTactic.space(max(q.shape[1], k.shape[1]), q.shape[2]))
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        q, k, q_out, k_out, pos, cache, args = inputs
+        _launch(q, k, q_out, k_out, pos, cache, args, tactic)
+        return q_out, k_out
+
+
+_RUNNERS: tuple[TunableRunner, ...] = (RopeRunner(),)
+ROPE_TUNING = TuningConfig(dynamic_dims=(DynamicDim(input_idx=0, dim=0),))
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation and execution
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_float(name: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must be contiguous in its last dimension, got strides {tuple(t.stride())}"
+        )
+
+
+def _check_index(name: str, t: Any, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q/query is on {device}")
+
+
+def _heads_view(name: str, t: torch.Tensor, head_size: int) -> torch.Tensor:
+    """[nnz, H, D] view of a [nnz, H * D] or [nnz, H, D] tensor."""
+    if t.dim() == 3:
+        if t.shape[-1] != head_size:
+            raise ValueError(
+                f"{name} has head dimension {t.shape[-1]}, expected head_size={head_size}"
+            )
+        return t
+    if t.dim() == 2:
+        if t.shape[1] % head_size != 0:
+            raise ValueError(
+                f"{name} [nnz, num_heads * head_size] has {t.shape[1]} columns, not a multiple "
+                f"of head_size={head_size}"
+            )
+        return t.view(t.shape[0], t.shape[1] // head_size, head_size)
+    raise ValueError(
+        f"{name} must be [nnz, num_heads * head_size] or [nnz, num_heads, head_size], got "
+        f"shape {tuple(t.shape)}"
+    )
+
+
+def _validate_qk(q: Any, k: Any, qname: str, kname: str) -> None:
+    _check_float(qname, q)
+    _check_float(kname, k)
+    if k.dtype != q.dtype:
+        raise TypeError(f"{kname} must have dtype {q.dtype} (as {qname}), got {k.dtype}")
+    if k.device != q.device:
+        raise ValueError(f"{kname} is on {k.device} but {qname} is on {q.device}")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"{qname} and {kname} must have the same number of tokens, got {q.shape[0]} and "
+            f"{k.shape[0]}"
+        )
+
+
+def _run(q3, k3, qo3, ko3, pos, cache, args: _RopeArgs) -> None:
+    """Rotate q3/k3 into qo3/ko3 ([nnz, H, D] views; outputs may alias inputs)."""
+    if not platform.kernels_available(q3.device):
+        if args.from_cache:
+            qr, kr = rope_with_cos_sin_cache_ref(q3, k3, cache, pos, is_neox=not args.interleave)
+        else:
+            qr, kr = _pos_ids_ref(q3, k3, pos, args)
+        qo3.copy_(qr)
+        ko3.copy_(kr)
+        return
+    inputs = [q3, k3, qo3, ko3, pos, cache, args]
+    runner, tactic = choose_one("flashtune::rope", _RUNNERS, ROPE_TUNING, inputs)
+    runner.forward(inputs, tactic)
+
+
+def _pos_ids_ref(q3, k3, pos, args: _RopeArgs):
+    # Explicit positions = one request per token with offset = its position.
+    n = q3.shape[0]
+    indptr = torch.arange(n + 1, device=q3.device)
+    return apply_rope_ref(
+        q3, k3, indptr, pos, args.rotary_dim, args.interleave, args.rope_scale, args.rope_theta
+    )
+
+
+# torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
+# costs ~21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
+@torch.library.custom_op("flashtune::rope_cos_sin_cache", mutates_args=("q_out", "k_out"))
+def _rope_cache_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    is_neox: bool,
+) -> None:
+    _rope_cache_impl(q, k, q_out, k_out, positions, cos_sin_cache, head_size, is_neox)
+
+
+@_rope_cache_op.register_fake
+def _(q, k, q_out, k_out, positions, cos_sin_cache, head_size, is_neox) -> None:
+    return None
+
+
+@torch.library.custom_op("flashtune::rope_pos_ids", mutates_args=("q_out", "k_out"))
+def _rope_pos_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int,
+    interleave: bool,
+    rope_scale: float,
+    rope_theta: float,
+) -> None:
+    args = _RopeArgs(rotary_dim, interleave, False, rope_scale, rope_theta)
+    _run(q, k, q_out, k_out, pos_ids, None, args)
+
+
+@_rope_pos_op.register_fake
+def _(q, k, q_out, k_out, pos_ids, rotary_dim, interleave, rope_scale, rope_theta) -> None:
+    return None
+
+
+def _rope_cache_impl(q, k, q_out, k_out, positions, cos_sin_cache, head_size, is_neox) -> None:
+    args = _RopeArgs(cos_sin_cache.shape[-1], not is_neox, True)
+    _run(
+        _heads_view("query", q, head_size),
+        _heads_view("key", k, head_size),
+        _heads_view("query", q_out, head_size),
+        _heads_view("key", k_out, head_size),
+        positions,
+        cos_sin_cache,
+        args,
+    )
+
+
+def _validate_cache(positions, query, key, head_size, cos_sin_cache) -> None:
+    _validate_qk(query, key, "query", "key")
+    if not isinstance(head_size, int) or head_size <= 0:
+        raise ValueError(f"head_size must be a positive int, got {head_size!r}")
+    _heads_view("query", query, head_size)
+    _heads_view("key", key, head_size)
+    _check_index("positions", positions, query.device)
+    if positions.shape[0] != query.shape[0]:
+        raise ValueError(
+            f"positions must have one entry per token ({query.shape[0]}), got {positions.shape[0]}"
+        )
+    if not isinstance(cos_sin_cache, torch.Tensor):
+        raise TypeError(f"cos_sin_cache must be a torch.Tensor, got {type(cos_sin_cache)}")
+    if cos_sin_cache.dtype != torch.float32:
+        raise TypeError(f"cos_sin_cache must be float32, got {cos_sin_cache.dtype}")
+    if cos_sin_cache.device != query.device:
+        raise ValueError(
+            f"cos_sin_cache is on {cos_sin_cache.device} but query is on {query.device}"
+        )
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.stride(-1) != 1:
+        raise ValueError(
+            "cos_sin_cache must be 2-D [max_seq_len, rotary_dim] with a contiguous last "
+            f"dimension, got shape {tuple(cos_sin_cache.shape)}"
+        )
+    rd = cos_sin_cache.shape[1]
+    if rd % 2 != 0 or rd == 0 or rd > head_size:
+        raise ValueError(
+            f"cos_sin_cache's rotary_dim (last dimension) must be even and <= head_size="
+            f"{head_size}, got {rd}"
+        )
+    if positions.device.type == "cpu" and positions.numel() and not torch.compiler.is_compiling():
+        # Cheap on CPU; on a GPU it would cost a sync, and the kernel masks stray positions.
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= cos_sin_cache.shape[0]:
+            raise ValueError(
+                f"positions must lie in [0, {cos_sin_cache.shape[0]}) (cos_sin_cache rows), "
+                f"got range [{lo}, {hi}]"
+            )
+
+
+def _rope_cache(positions, query, key, head_size, cos_sin_cache, is_neox, inplace):
+    _validate_cache(positions, query, key, head_size, cos_sin_cache)
+    q_out = query if inplace else torch.empty_like(query, memory_format=torch.contiguous_format)
+    k_out = key if inplace else torch.empty_like(key, memory_format=torch.contiguous_format)
+    if torch.compiler.is_compiling():
+        _rope_cache_op(query, key, q_out, k_out, positions, cos_sin_cache, head_size, is_neox)
+    else:
+        _rope_cache_impl(query, key, q_out, k_out, positions, cos_sin_cache, head_size, is_neox)
+    return q_out, k_out
+
+
+def _validate_ragged(q, k, rotary_dim) -> int:
+    _validate_qk(q, k, "q", "k")
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must be [nnz, num_heads, head_dim], got shape {tuple(t.shape)}"
+            )
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"k must have head_dim {d} (as q), got {k.shape[-1]}")
+    rd = d if rotary_dim is None else rotary_dim
+    if not isinstance(rd, int) or rd <= 0 or rd % 2 != 0 or rd > d:
+        raise ValueError(f"rotary_dim must be an even int in (0, head_dim={d}], got {rd!r}")
+    return rd
+
+
+def _positions_from_ragged(indptr: torch.Tensor, offsets: torch.Tensor, nnz: int) -> torch.Tensor:
+    counts = indptr[1:] - indptr[:-1]
+    # output_size keeps repeat_interleave from syncing with the device to size its result.
+    start = torch.repeat_interleave((indptr[:-1] - offsets).long(), counts, output_size=nnz)
+    return torch.arange(nnz, device=indptr.device) - start
+
+
+def _rope_pos(q, k, pos, rd, interleave, rope_scale, rope_theta, inplace):
+    q_out = q if inplace else torch.empty_like(q, memory_format=torch.contiguous_format)
+    k_out = k if inplace else torch.empty_like(k, memory_format=torch.contiguous_format)
+    args = (q, k, q_out, k_out, pos, rd, interleave, float(rope_scale), float(rope_theta))
+    if torch.compiler.is_compiling():
+        _rope_pos_op(*args)
+    else:
+        _run(q, k, q_out, k_out, pos, None, _RopeArgs(rd, interleave, False, *args[-2:]))
+    return q_out, k_out
+
+
+def _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, inplace):
+    rd = _validate_ragged(q, k, rotary_dim)
+    _check_index("indptr", indptr, q.device)
+    _check_index("offsets", offsets, q.device)
+    if indptr.shape[0] != offsets.shape[0] + 1:
+        raise ValueError(
+            f"indptr must have batch_size + 1 = {offsets.shape[0] + 1} entries (offsets has "
+            f"{offsets.shape[0]}), got {indptr.shape[0]}"
+        )
+    if (
+        indptr.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and int(indptr[-1]) != q.shape[0]
+    ):
+        raise ValueError(f"indptr[-1] must equal nnz={q.shape[0]}, got {int(indptr[-1])}")
+    pos = _positions_from_ragged(indptr, offsets, q.shape[0])
+    return _rope_pos(q, k, pos, rd, interleave, rope_scale, rope_theta, inplace)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API (FlashInfer names and signatures)
+# ----------------------------------------------------------------------------------------------
+
+
+@api(schema=_rope_cache_schema, schemas=[ROPE_NEOX, ROPE_GPTJ])
+def apply_rope_with_cos_sin_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE from a precomputed cache; returns (query_out, key_out).
+
+    positions: [nnz] int; query: [nnz, Hq * head_size] or [nnz, Hq, head_size]; key likewise;
+    cos_sin_cache: [max_seq_len, rotary_dim] float32, cos in the first half, sin in the
+    second. Only the first rotary_dim dimensions of each head rotate.
+    """
+    return _rope_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False)
+
+
+@api(schema=_rope_cache_schema, schemas=[ROPE_NEOX, ROPE_GPTJ])
+def apply_rope_with_cos_sin_cache_inplace(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> None:
+    """In-place form of `apply_rope_with_cos_sin_cache`."""
+    _rope_cache(positions, query, key, head_size, cos_sin_cache, is_neox, True)
+
+
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE over a ragged batch, cos/sin computed in the kernel; returns (q_rope, k_rope).
+
+    q: [nnz, Hq, D], k: [nnz, Hk, D]; indptr: [batch + 1] (request b owns rows
+    indptr[b]:indptr[b+1]); offsets: [batch], the position of each request's first row.
+    """
+    return _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, False)
+
+
+def apply_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> None:
+    """In-place form of `apply_rope`."""
+    _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, True)
+
+
+def apply_rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE with explicit per-token positions pos_ids [nnz]; returns (q_rope, k_rope)."""
+    rd = _validate_ragged(q, k, rotary_dim)
+    _check_index("pos_ids", pos_ids, q.device)
+    if pos_ids.shape[0] != q.shape[0]:
+        raise ValueError(f"pos_ids must have nnz={q.shape[0]} entries, got {pos_ids.shape[0]}")
+    return _rope_pos(q, k, pos_ids, rd, interleave, rope_scale, rope_theta, False)
+
+
+def apply_rope_pos_ids_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> None:
+    """In-place form of `apply_rope_pos_ids`."""
+    rd = _validate_ragged(q, k, rotary_dim)
+    _check_index("pos_ids", pos_ids, q.device)
+    if pos_ids.shape[0] != q.shape[0]:
+        raise ValueError(f"pos_ids must have nnz={q.shape[0]} entries, got {pos_ids.shape[0]}")
+    _rope_pos(q, k, pos_ids, rd, interleave, rope_scale, rope_theta, True)

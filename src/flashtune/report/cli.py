@@ -1,0 +1,121 @@
+"""`flashtune report summary | best | compare A B | html` over the Traces of datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+__all__ = ["register", "report_app"]
+
+console = Console(width=None if Console().is_terminal else 150)
+err_console = Console(stderr=True, soft_wrap=True)  # paths stay on one line
+report_app = typer.Typer(help="Tables, comparisons and HTML from Traces.", no_args_is_help=True)
+
+_DATASET = typer.Option(
+    None, "--dataset", "-d", help="dataset roots with traces/ (default ./flashtune-results)"
+)
+
+
+def _load(dataset: Optional[list[Path]], definition: Optional[str]):
+    from flashtune.cli import bundled_dataset
+    from flashtune.data.dataset import Dataset
+
+    roots = list(dataset) if dataset else [Path("flashtune-results")]
+    missing = [r for r in roots if not r.is_dir()]
+    if missing:
+        err_console.print(f"[red]error[/red]: no such folder: {', '.join(map(str, missing))}")
+        raise typer.Exit(2)
+    # The bundled definitions come last: traces of the bundled run find their definitions.
+    ds = Dataset([*roots, bundled_dataset()])
+    traces = [
+        t
+        for t in ds.all_traces()
+        if definition is None or __import__("fnmatch").fnmatchcase(t.definition, definition)
+    ]
+    for error in ds.errors:  # a corrupt line: reported with file:line, skipped
+        err_console.print(
+            f"[yellow]warning[/yellow]: {error} (skipped)", markup=True, highlight=False
+        )
+    if not traces:
+        err_console.print(f"no traces under {', '.join(map(str, roots))}")
+        raise typer.Exit(1)
+    return ds, traces
+
+
+@report_app.command("summary")
+def summary(
+    dataset: Optional[list[Path]] = _DATASET,
+    definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
+) -> None:
+    """Per definition and solution: statuses, pass rate, geomean latency and speedups."""
+    from flashtune.report.render import summary_table
+    from flashtune.report.tables import summarize
+
+    _, traces = _load(dataset, definition)
+    rows = summarize(traces)
+    console.print(summary_table(rows))
+    by_solution: dict[str, list[int]] = {}
+    for s in rows:
+        ran = s.total - s.statuses.get("SKIPPED", 0)  # type: ignore[call-overload]
+        acc = by_solution.setdefault(s.solution, [0, 0])
+        acc[0] += s.passed
+        acc[1] += ran
+    rates = ", ".join(
+        f"{name} {p}/{n} ({p / n:.0%})" if n else f"{name} skipped"
+        for name, (p, n) in sorted(by_solution.items())
+    )
+    console.print(f"pass rates (of triples that ran): {rates}")
+
+
+@report_app.command("best")
+def best(
+    dataset: Optional[list[Path]] = _DATASET,
+    definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
+) -> None:
+    """Per definition and workload: passed solutions ranked fastest first."""
+    from flashtune.report.render import ranking_table
+    from flashtune.report.tables import rank
+
+    _, traces = _load(dataset, definition)
+    console.print(ranking_table(rank(traces)))
+
+
+@report_app.command("compare")
+def compare(
+    a: str = typer.Argument(..., help="solution name glob (e.g. flashtune)"),
+    b: str = typer.Argument(..., help="solution name glob (e.g. flashinfer)"),
+    dataset: Optional[list[Path]] = _DATASET,
+    definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
+) -> None:
+    """Speedup of A over B (latency B / latency A) per definition: geomean, min, max."""
+    from flashtune.report.render import comparison_table
+    from flashtune.report.tables import compare as compare_traces
+
+    _, traces = _load(dataset, definition)
+    rows, overall = compare_traces(traces, a, b)
+    if not rows:
+        err_console.print(f"no workload where both {a!r} and {b!r} passed")
+        raise typer.Exit(1)
+    console.print(comparison_table(rows, a, b, overall))
+
+
+@report_app.command("html")
+def html_command(
+    out: Path = typer.Option(Path("flashtune-report/index.html"), "--out", "-o"),
+    dataset: Optional[list[Path]] = _DATASET,
+    definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
+) -> None:
+    """Write an HTML page with tables, and PNG plots when matplotlib is installed."""
+    from flashtune.report.html import write_html
+
+    ds, traces = _load(dataset, definition)
+    path = write_html(traces, ds.definitions, out)
+    console.print(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Mount `report` on the flashtune command."""
+    app.add_typer(report_app, name="report")

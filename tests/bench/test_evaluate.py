@@ -1,0 +1,113 @@
+"""evaluate_workload in-process: sampling ops by distribution, baselines, solution building."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashtune import platform
+from flashtune.bench.build import MissingRequirement, check_requirements, solution_hash
+from flashtune.bench.evaluate import BenchConfig, evaluate_workload
+from flashtune.data import Definition, Solution, Workload
+
+from .helpers import python_solution, toy_definition
+
+CFG = BenchConfig(warmup=1, iterations=3, trials=1, sampling_draws=400)
+ENV = platform.snapshot("cpu")
+
+SAMPLING = Definition.model_validate(
+    {
+        "name": "toy_sampling_v16",
+        "op_type": "sampling",
+        "axes": {"batch_size": {"type": "var"}, "vocab_size": {"type": "const", "value": 16}},
+        "inputs": {"probs": {"shape": ["batch_size", "vocab_size"], "dtype": "float32"}},
+        "outputs": {"samples": {"shape": ["batch_size"], "dtype": "int64"}},
+        "reference": "import torch\n\ndef run(probs):\n"
+        "    return torch.multinomial(probs, 1).squeeze(1)\n",
+    }
+)
+
+
+def _traces(definition, solutions, **kw):
+    events = evaluate_workload(
+        definition, Workload(uuid="w", axes={next(iter(definition.var_axes)): 3}),
+        solutions, CFG, torch.device("cpu"), ENV, **kw,
+    )  # fmt: skip
+    return {t.solution: t for kind, t in events if kind == "trace"}
+
+
+def test_sampling_checked_by_distribution():
+    sols = [
+        python_solution("sampler", "import torch\n\ndef run(probs):\n"
+                        "    return torch.multinomial(probs, 1).squeeze(1)\n",
+                        SAMPLING.name),
+        python_solution("argmax", "def run(probs):\n    return probs.argmax(-1)\n", SAMPLING.name),
+        python_solution("int32", "import torch\n\ndef run(probs):\n"
+                        "    return torch.multinomial(probs, 1).squeeze(1).int()\n", SAMPLING.name),
+    ]  # fmt: skip
+    got = _traces(SAMPLING, sols)
+    assert got["sampler"].evaluation.status.value == "PASSED", got["sampler"].evaluation.reason
+    assert got["argmax"].evaluation.status.value == "INCORRECT_NUMERICAL"
+    assert "total variation" in got["argmax"].evaluation.reason
+    assert got["int32"].evaluation.status.value == "INCORRECT_DTYPE"
+
+
+def test_baseline_speedups_recorded():
+    d = toy_definition()
+    fast = "def run(x, w):\n    return x * w\n"
+    slow = "import time\n\ndef run(x, w):\n    time.sleep(0.002)\n    return x * w\n"
+    got = _traces(d, [python_solution("torch", slow), python_solution("mine", fast)],
+                  baselines=["torch"])  # fmt: skip
+    base, mine = got["torch"].evaluation.performance, got["mine"].evaluation.performance
+    assert base.baseline_solution == "torch" and base.speedup_vs_baseline == 1.0
+    assert mine.baseline_solution == "torch"
+    assert mine.speedup_vs_baseline == pytest.approx(base.latency_ms / mine.latency_ms)
+    assert mine.speedup_vs_baseline > 1
+    assert mine.speedup_factor == pytest.approx(mine.reference_latency_ms / mine.latency_ms)
+
+
+def test_requirements_and_hash():
+    sol = python_solution("x", "def run(x, w):\n    return x\n", dependencies=["torch>=2"])
+    check_requirements(sol, torch.device("cpu"))  # installed: no exception
+    gpu_only = python_solution("y", "def run(x, w):\n    return x\n", target_hardware=["H100"])
+    with pytest.raises(MissingRequirement, match="H100"):
+        check_requirements(gpu_only, torch.device("cpu"))
+    importable = Solution.model_validate(
+        {"name": "z", "definition": "d", "author": "a",
+         "spec": {"language": "python", "entry_point": "not_a_pkg_abc.mod:run"}}
+    )  # fmt: skip
+    with pytest.raises(MissingRequirement, match="not_a_pkg_abc"):
+        check_requirements(importable, torch.device("cpu"))
+    assert solution_hash(sol) == solution_hash(sol.model_copy(update={"name": "renamed"}))
+    changed = python_solution("x", "def run(x, w):\n    return w\n")
+    assert solution_hash(sol) != solution_hash(changed)
+
+
+def test_multi_file_solution_with_relative_import():
+    d = toy_definition()
+    sol = Solution.model_validate(
+        {"name": "pkg", "definition": d.name, "author": "t",
+         "spec": {"language": "torch", "entry_point": "src/main.py::run"},
+         "sources": [
+             {"path": "src/main.py", "content": "from .helper import mul\n\n"
+                                                "def run(x, w):\n    return mul(x, w)\n"},
+             {"path": "src/helper.py", "content": "def mul(a, b):\n    return a * b\n"},
+         ]}
+    )  # fmt: skip
+    got = _traces(d, [sol])
+    assert got["pkg"].evaluation.status.value == "PASSED", got["pkg"].evaluation.log
+
+
+@pytest.mark.slow
+def test_cpp_solution_compile_error_has_the_compiler_log():
+    d = toy_definition()
+    sol = Solution.model_validate(
+        {"name": "cpp", "definition": d.name, "author": "t",
+         "spec": {"language": "cpp", "entry_point": "main.cpp::run"},
+         "sources": [{"path": "main.cpp", "content": "#include <torch/extension.h>\n"
+                      "torch::Tensor run(torch::Tensor x, torch::Tensor w) { return x * w }\n"}]}
+    )  # fmt: skip
+    got = _traces(d, [sol])
+    ev = got["cpp"].evaluation
+    assert ev.status.value == "COMPILE_ERROR"
+    assert "error" in ev.log.lower()
