@@ -173,3 +173,21 @@ def test_wrapper_overhead_with_hooks_off_is_under_a_microsecond() -> None:
         plain.append(per_call(scale.fn))
     overhead = min(wrapped) - min(plain)
     assert overhead < 1e-6, f"wrapper costs {overhead * 1e6:.2f} us per call"
+
+
+def test_first_call_inside_torch_compile_traces_past_hooks() -> None:
+    import importlib
+
+    api_module = importlib.import_module(
+        "flashtune.schema.api"
+    )  # `api` in the package is the decorator
+
+    # The state of a fresh process: the FLASHTUNE_* switches not read yet, hooks pending.
+    with api_module._HOOKS.lock:
+        api_module._HOOKS.env_read = False
+        api_module._HOOKS.rebuild()
+    compiled = torch.compile(
+        lambda x, w: scale(x, w, alpha=2.0), fullgraph=True, backend="aot_eager"
+    )
+    x, w = torch.randn(3, 8), torch.randn(8)
+    torch.testing.assert_close(compiled(x, w), x * w * 2.0)

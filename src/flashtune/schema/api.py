@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import torch
+
 from flashtune import env
 from flashtune.data.io import atomic_write_text
 from flashtune.data.models import Definition
@@ -137,7 +139,8 @@ class ApiOp:
         self.qualname = f"{fn.__module__}.{fn.__qualname__}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _HOOKS.active:
+        # Hooks are host-side bookkeeping (locks, file writes): torch.compile traces past them.
+        if _HOOKS.active and not torch.compiler.is_compiling():
             result = _run_hooks(self, args, kwargs)
             if result is not NOT_HANDLED:
                 return result
