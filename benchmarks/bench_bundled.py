@@ -100,6 +100,8 @@ def rows(out: Path) -> None:
                 spread_ms=perf.latency_spread_ms, reference_ms=perf.reference_latency_ms,
                 speedup_vs_reference=perf.speedup_factor,
                 speedup_vs_torch=perf.speedup_vs_baseline,
+                timing_method=getattr(perf, "timing_method", None),
+                timing_trials_ms=getattr(perf, "timing_trials_ms", None),
             )  # fmt: skip
             lat[(t.definition, t.workload.uuid)][t.solution] = perf.latency_ms
         else:
@@ -142,7 +144,8 @@ def print_table(lat: dict[tuple[str, str], dict[str, float]]) -> None:
 
 
 def repeat(a: Path, b: Path, floor_ms: float = 0.02) -> None:
-    """Same (definition, solution, workload) in two runs: relative difference of medians."""
+    """Same (definition, solution, workload) in two runs: relative difference of medians
+    (issue 5: within 3% for kernels of 20 us or more), overall and per timing method."""
     first = {(t.definition, t.solution, t.workload.uuid): t for t in _traces(a)}
     diffs = []
     for t in _traces(b):
@@ -150,17 +153,26 @@ def repeat(a: Path, b: Path, floor_ms: float = 0.02) -> None:
         other = first.get(key)
         if not (other and t.evaluation.performance and other.evaluation.performance):
             continue
-        x, y = other.evaluation.performance.latency_ms, t.evaluation.performance.latency_ms
+        pa, pb = other.evaluation.performance, t.evaluation.performance
+        x, y = pa.latency_ms, pb.latency_ms
+        methods = f"{getattr(pa, 'timing_method', '?')}/{getattr(pb, 'timing_method', '?')}"
         if min(x, y) >= floor_ms:
-            diffs.append((abs(x - y) / min(x, y), key, x, y))
+            diffs.append((abs(x - y) / min(x, y), key, x, y, methods))
     diffs.sort(reverse=True)
     within = sum(d[0] <= 0.03 for d in diffs)
     print(f"repeatability (kernels >= {floor_ms * 1e3:.0f} us): {within}/{len(diffs)} within 3%; "
           f"median diff {sorted(d[0] for d in diffs)[len(diffs) // 2]:.2%}" if diffs else "no pairs")  # fmt: skip
-    for d, key, x, y in diffs[:8]:
-        print(f"  {d:6.2%} {key[0]} {key[1]} {x * 1e3:.1f} us vs {y * 1e3:.1f} us")
+    by_method: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for d in diffs:
+        by_method[d[4]][0] += d[0] <= 0.03
+        by_method[d[4]][1] += 1
+    for m, (ok, n) in sorted(by_method.items()):
+        print(f"  {m:26s} {ok}/{n} within 3%")
+    for d, key, x, y, m in diffs[:8]:
+        print(f"  {d:6.2%} {key[0]} {key[1]} {x * 1e3:.1f} us vs {y * 1e3:.1f} us ({m})")
     out = {"pairs": len(diffs), "within_3pct": within,
-           "worst": [(d, list(k), x, y) for d, k, x, y in diffs[:8]]}  # fmt: skip
+           "by_method": {m: {"within_3pct": ok, "pairs": n} for m, (ok, n) in by_method.items()},
+           "worst": [(d, list(k), x, y, m) for d, k, x, y, m in diffs[:8]]}  # fmt: skip
     print(json.dumps(out))
 
 

@@ -243,10 +243,10 @@ def main() -> None:
     ws_fi = torch.empty(128 * 2**20, dtype=torch.uint8, device="cuda")
     rows = RowWriter("decode")
     for part, fn in (
-        ("sweep", lambda: bench_sweep(ws, rows, bw)),
         ("grid", lambda: bench_grid(fi, ws, rows, bw, args.quick)),
         ("skewed", lambda: bench_skewed(ws, rows, bw)),
         ("cascade", lambda: bench_cascade(ws, RowWriter("cascade"), bw, fi)),
+        ("sweep", lambda: bench_sweep(ws, rows, bw)),
     ):
         if (args.only and args.only != part) or part in args.skip:
             continue

@@ -180,7 +180,7 @@ def _rope_shape(writer, bw, fi, sweep, cache, nnz, hq, hk, d, inplace) -> dict[s
     op = "rope_with_cos_sin_cache" + ("_inplace" if inplace else "")
     shape = {"num_tokens": nnz, "num_qo_heads": hq, "num_kv_heads": hk,
              "head_size": d, "rotary_dim": rd, "dtype": "bfloat16"}  # fmt: skip
-    tact = {"flashtune": str(R._default_tactic(max(hq, hk), d, nnz)), "flashtune_tuned": tt}
+    tact = {"flashtune": str(R._default_tactic(max(hq, hk), rd)), "flashtune_tuned": tt}
     return _emit(writer, op, shape, bw, nbytes, by, tact)
 
 

@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from flashtune.timing import clone_inputs, copies_for_cold_l2, measure
+from flashtune import timing
+from flashtune.timing import Timing, clone_inputs, copies_for_cold_l2, measure, measure_robust
 
 
 def test_cpu_measure_statistics() -> None:
@@ -45,3 +46,108 @@ def test_gpu_measure(graph: bool) -> None:
     x = torch.randn(4096, 4096, device="cuda")
     t = measure(lambda a: a @ a, [x], warmup=3, repetitions=10, use_cuda_graph=graph)
     assert 0 < t.min_ms <= t.median_ms
+
+
+# --------------------------------------------------------------------------- measure_robust
+
+
+def test_robust_cpu_method_trials_and_minimum_time() -> None:
+    calls = []
+    t = measure_robust(
+        lambda a: calls.append(1), [torch.ones(2)], warmup=3, repetitions=4, trials=3, trial_ms=0
+    )
+    assert t.method == "cpu" and t.fallback is None
+    assert len(calls) == 3 + 3 * 4 and t.repetitions == 12
+    assert len(t.trial_medians_ms) == 3 and t.min_ms <= t.median_ms <= t.max_ms
+    # trial_ms is a minimum: 1 ms calls need ~20 samples to fill 20 ms
+    t = measure_robust(
+        lambda: time.sleep(0.001), [], warmup=0, repetitions=2, trials=1, trial_ms=20
+    )
+    assert t.repetitions >= 10
+    assert t.trial_spread_ms == 0.0
+
+
+class _FakeCalls:
+    """Stands in for timing._Calls: a capture that succeeds or raises, no GPU needed."""
+
+    def __init__(self, capturable: bool) -> None:
+        self.capturable, self.stream, self.warmups, self.captured = capturable, None, 0, []
+
+    def warm_up(self, calls: int, min_ms: float, max_seconds: float) -> float:
+        self.warmups += 1
+        return 0.01  # ms per call, as the eager warm-up would measure it
+
+    def capture(self, calls: int) -> object:
+        if not self.capturable:
+            raise timing.CaptureError("RuntimeError: operation not permitted when capturing")
+        self.captured.append(calls)
+        return object()
+
+
+def _robust_with_fakes(
+    monkeypatch, capturable: bool, method: str = "auto", replay_ms: float = 1.0
+) -> tuple:
+    fake = _FakeCalls(capturable)
+    monkeypatch.setattr(timing, "_Calls", lambda fn, sets: fake)
+    monkeypatch.setattr(timing, "_replay_ms", lambda graph, stream, replays=3: replay_ms)
+
+    def sample(kind):
+        def fn(*args, **kw):
+            return Timing(0.01, 0.01, 0.01, 0.0, 0.01, 10, method=kind, calls_per_sample=args[1])
+
+        return fn
+
+    monkeypatch.setattr(timing, "_sample_graph", sample("cuda_graph"))
+    monkeypatch.setattr(timing, "_sample_events", sample("cuda_events"))
+    t = timing._measure_robust_gpu(
+        lambda: None, [[]], method, 1, 25.0, 10, 100.0, 3, 1.0, 1000, 10.0
+    )
+    return t, fake
+
+
+def test_robust_gpu_prefers_a_graph(monkeypatch) -> None:
+    t, fake = _robust_with_fakes(monkeypatch, capturable=True)
+    assert t.method == "cuda_graph" and t.fallback is None
+    # 0.01 ms per call from the warm-up -> 100 calls make a ~1 ms replay
+    assert fake.captured == [100] and t.calls_per_sample == 100
+    assert len(t.trial_medians_ms) == 3
+    # a replay much shorter than 1 ms (the warm-up estimate included host time): recapture
+    t, fake = _robust_with_fakes(monkeypatch, capturable=True, replay_ms=0.1)
+    assert fake.captured == [100, 1000] and t.calls_per_sample == 1000
+
+
+def test_robust_gpu_falls_back_to_events_when_capture_fails(monkeypatch) -> None:
+    t, fake = _robust_with_fakes(monkeypatch, capturable=False)
+    assert t.method == "cuda_events" and "not permitted" in t.fallback
+    assert fake.warmups == 2  # warmed up again after the failed capture
+    assert t.calls_per_sample == 100  # events also time ~1 ms samples of back-to-back calls
+
+
+def test_robust_gpu_forced_methods(monkeypatch) -> None:
+    with pytest.raises(timing.CaptureError):
+        _robust_with_fakes(monkeypatch, capturable=False, method="cuda_graph")
+    t, fake = _robust_with_fakes(monkeypatch, capturable=True, method="cuda_events")
+    assert t.method == "cuda_events" and fake.captured == [] and t.fallback is None
+
+
+def _syncs(a: torch.Tensor) -> torch.Tensor:
+    """Not capturable: reads a value on the host."""
+    return a * float(a.sum().item())
+
+
+@pytest.mark.cuda
+def test_gpu_robust_graph_and_fallback_leave_a_sane_context() -> None:
+    x = torch.randn(1024, 1024, device="cuda")
+    t = measure_robust(lambda a: a @ a, [x], trials=2, trial_ms=20)
+    assert t.method == "cuda_graph" and t.calls_per_sample >= 1 and 0 < t.median_ms
+    assert t.calls_per_sample * t.median_ms >= 0.5  # one replay lasts ~1 ms
+    default = torch.cuda.current_stream()
+    t = measure_robust(_syncs, [x], trials=2, trial_ms=20)
+    assert t.method == "cuda_events" and t.fallback
+    assert torch.cuda.current_stream() == default and not torch.cuda.is_current_stream_capturing()
+    with pytest.raises(timing.CaptureError):
+        measure(_syncs, [x], warmup=1, repetitions=3, use_cuda_graph=True)
+    assert torch.cuda.current_stream() == default
+    # the context still works, graphs included
+    assert measure_robust(lambda a: a + 1, [x], trials=1, trial_ms=5).method == "cuda_graph"
+    torch.testing.assert_close((x + 1).sum(), x.sum() + x.numel())

@@ -1,13 +1,23 @@
 """The one timer used by the autotuner and the benchmark runner.
 
-Both use `measure`, so a tactic that wins tuning also wins the benchmark. On a GPU it:
-- warms up (compilation, module load, allocator) outside the timed region;
+Both use this module, so a tactic that wins tuning also wins the benchmark. On a GPU it:
+- warms up (compilation, module load, allocator, GPU clocks) outside the timed region;
 - rotates through several copies of the inputs, more bytes than the L2 holds, so no timed
   call finds its inputs cache-resident (cold L2);
-- times with CUDA events, optionally replaying a CUDA graph of many calls so that
-  launch-bound kernels are not measured as launch overhead;
+- times with CUDA events, or replays a CUDA graph of many calls so that launch-bound and
+  multi-kernel solutions are not measured as host launch overhead;
 - reports the median and the spread (min, max, interquartile range) over repetitions.
 On the CPU it times with `time.perf_counter` with the same statistics.
+
+Two entry points:
+- `measure`: fixed call counts, one method chosen by the caller (the autotuner's timer: it
+  times many tactics and keeps each cheap). `use_cuda_graph=True` raises when the callable
+  cannot be captured.
+- `measure_robust`: the benchmark runner's timer. It tries a CUDA graph first for every
+  callable and falls back to CUDA events when capture is impossible, sizes each sample to
+  last about `target_sample_ms`, warms up and samples for a minimum *time* rather than a
+  call count, and takes the median over several trials. `Timing.method` records which
+  method produced the numbers.
 """
 
 from __future__ import annotations
@@ -16,20 +26,42 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
 
 import torch
 
-__all__ = ["Timing", "measure", "l2_bytes", "clone_inputs", "copies_for_cold_l2"]
+__all__ = [
+    "Timing",
+    "TimingMethod",
+    "CaptureError",
+    "measure",
+    "measure_robust",
+    "l2_bytes",
+    "clone_inputs",
+    "copies_for_cold_l2",
+]
 
 # An L2 size to assume when the device cannot tell us (H100: 50 MB, H200: 60 MB).
 _DEFAULT_L2_BYTES = 64 * 2**20
 
+TimingMethod = Literal["cuda_graph", "cuda_events", "cpu"]
+
+
+class CaptureError(RuntimeError):
+    """The callable cannot be captured into a CUDA graph (e.g. it syncs with the host)."""
+
 
 @dataclass(frozen=True)
 class Timing:
-    """Latency statistics of one measured callable, in milliseconds."""
+    """Latency statistics of one measured callable, in milliseconds per call.
+
+    method: how it was timed ("cuda_graph", "cuda_events" or "cpu").
+    calls_per_sample: calls inside one timed sample (one graph replay, or one event pair).
+    trial_medians_ms: the median of each trial (`measure_robust`); `median_ms` is their
+    median, and their range says how stable the measurement was.
+    fallback: why a CUDA graph was not used, when one was tried and failed.
+    """
 
     median_ms: float
     min_ms: float
@@ -37,9 +69,19 @@ class Timing:
     iqr_ms: float
     mean_ms: float
     repetitions: int
+    method: str = "cpu"
+    calls_per_sample: int = 1
+    trial_medians_ms: tuple[float, ...] = ()
+    fallback: str | None = None
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def trial_spread_ms(self) -> float:
+        """max - min of the trial medians (0 with a single trial)."""
+        t = self.trial_medians_ms
+        return (max(t) - min(t)) if len(t) > 1 else 0.0
 
 
 def l2_bytes(device: torch.device) -> int:
@@ -65,7 +107,7 @@ def copies_for_cold_l2(args: Sequence[Any], device: torch.device, max_copies: in
     return max(1, min(max_copies, math.ceil(2 * l2_bytes(device) / nbytes)))
 
 
-def _stats(samples_ms: list[float]) -> Timing:
+def _stats(samples_ms: list[float], method: str = "cpu", calls_per_sample: int = 1) -> Timing:
     samples_ms = sorted(samples_ms)
     n = len(samples_ms)
     q1 = samples_ms[n // 4]
@@ -77,7 +119,26 @@ def _stats(samples_ms: list[float]) -> Timing:
         iqr_ms=q3 - q1,
         mean_ms=statistics.fmean(samples_ms),
         repetitions=n,
+        method=method,
+        calls_per_sample=calls_per_sample,
     )
+
+
+def _device_of(args: Sequence[Any]) -> torch.device:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return torch.device("cpu")
+
+
+def _default_input_sets(
+    args: Sequence[Any], device: torch.device, cold_l2: bool
+) -> list[Sequence[Any]]:
+    copies = copies_for_cold_l2(args, device) if (cold_l2 and device.type == "cuda") else 1
+    return [list(args)] + [clone_inputs(args) for _ in range(copies - 1)]
+
+
+# --------------------------------------------------------------------------- measure
 
 
 def measure(
@@ -96,88 +157,371 @@ def measure(
 
     input_sets: explicit input copies to rotate through (e.g. with freshly randomized
     values); by default `args` is cloned as often as cold L2 needs on a GPU.
+    use_cuda_graph: replay a graph of `calls_per_graph` calls; raises `CaptureError` when
+    `fn` cannot be captured (the CUDA context stays usable).
     max_seconds: repetitions stop early once this much time has been spent, so one very
     slow candidate cannot stall tuning.
     """
     device = _device_of(args)
     if input_sets is None:
-        copies = copies_for_cold_l2(args, device) if (cold_l2 and device.type == "cuda") else 1
-        input_sets = [list(args)] + [clone_inputs(args) for _ in range(copies - 1)]
+        input_sets = _default_input_sets(args, device, cold_l2)
     if device.type != "cuda":
         return _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds)
-    if use_cuda_graph:
-        return _measure_graph(fn, input_sets, warmup, repetitions, calls_per_graph, max_seconds)
-    return _measure_events(fn, input_sets, warmup, repetitions, max_seconds)
+    with torch.cuda.device(device):
+        calls = _Calls(fn, input_sets)
+        calls.warm_up(warmup, 0.0, max_seconds)
+        if use_cuda_graph:
+            graph = calls.capture(calls_per_graph)
+            return _sample_graph(graph, calls_per_graph, calls.stream, repetitions, 0, max_seconds)
+        return _sample_events(calls, 1, repetitions, 0.0, max_seconds)
 
 
-def _device_of(args: Sequence[Any]) -> torch.device:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a.device
-    return torch.device("cpu")
-
-
-def _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds) -> Timing:
+def _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds, min_ms: float = 0.0) -> Timing:
     for i in range(warmup):
         fn(*input_sets[i % len(input_sets)])
-    samples = []
-    deadline = time.perf_counter() + max_seconds
-    for i in range(repetitions):
+    samples: list[float] = []
+    start_all = time.perf_counter()
+    deadline = start_all + max_seconds
+    i = 0
+    while True:
         start = time.perf_counter()
         fn(*input_sets[i % len(input_sets)])
-        samples.append((time.perf_counter() - start) * 1e3)
-        if time.perf_counter() > deadline:
+        now = time.perf_counter()
+        samples.append((now - start) * 1e3)
+        i += 1
+        if now > deadline or (i >= repetitions and (now - start_all) * 1e3 >= min_ms):
             break
-    return _stats(samples)
+    return _stats(samples, "cpu")
 
 
-def _measure_events(fn, input_sets, warmup, repetitions, max_seconds) -> Timing:
-    for i in range(warmup):
-        fn(*input_sets[i % len(input_sets)])
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
-    deadline = time.perf_counter() + max_seconds
-    done = 0
-    for i in range(repetitions):
-        args = input_sets[i % len(input_sets)]
-        starts[i].record()
-        fn(*args)
-        ends[i].record()
-        done += 1
-        if i % 8 == 7:
-            torch.cuda.synchronize()  # keep the host within a few calls of the device
-            if time.perf_counter() > deadline:
-                break
-    torch.cuda.synchronize()
-    return _stats([s.elapsed_time(e) for s, e in zip(starts[:done], ends[:done], strict=True)])
+# --------------------------------------------------------------------------- GPU building blocks
 
 
-def _measure_graph(fn, input_sets, warmup, repetitions, calls_per_graph, max_seconds) -> Timing:
-    # Warm up on a side stream, as graph capture requires.
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
+class _Calls:
+    """`fn` over rotating input sets on a private stream, remembering which sets it has
+    been called on eagerly (graph capture must only meet sets already seen: whatever is
+    built lazily per input, a Triton specialization or a planner's buffers, must exist
+    before capture, where compiling, loading a module or a host sync is illegal)."""
+
+    def __init__(self, fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]]) -> None:
+        self.fn, self.sets = fn, list(input_sets)
+        # A fresh stream: a failed capture invalidates only work on this stream.
+        self.stream = torch.cuda.Stream()
+        self.touched = 0  # sets[:touched] have had an eager call
+
+    def warm_up(self, calls: int, min_ms: float, max_seconds: float) -> float:
+        """At least `calls` calls and `min_ms` of wall time; the wall time per call (an upper
+        bound of its GPU time), 0.0 when no call was made."""
+        if calls <= 0 and min_ms <= 0:
+            return 0.0
+        calls = max(calls, 1)
+        n = len(self.sets)
+        torch.cuda.current_stream().synchronize()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        start = time.perf_counter()
+        deadline = start + max_seconds
+        i = 0
+        with torch.cuda.stream(self.stream):
+            while True:
+                self.fn(*self.sets[i % n])
+                i += 1
+                self.touched = max(self.touched, min(i, n))
+                if i % 4 == 0 or i >= calls:
+                    self.stream.synchronize()  # wall time must include the GPU work
+                    now = time.perf_counter()
+                    if now > deadline or (i >= calls and (now - start) * 1e3 >= min_ms):
+                        break
+        return (time.perf_counter() - start) * 1e3 / i
+
+    def capture(self, calls: int) -> torch.cuda.CUDAGraph:
+        """A CUDA graph of `calls` calls, call i on input set i mod len(sets).
+
+        Raises CaptureError when capture is impossible (a host sync, a pageable copy, a
+        lazy module load, ...). Unlike `torch.cuda.graph(...)`, whose `__exit__` leaves the
+        capture stream current when `capture_end` raises, this always ends the capture,
+        restores the caller's stream and synchronizes, so later work finds a sane context."""
+        n = len(self.sets)
+        with torch.cuda.stream(self.stream):
+            for i in range(self.touched, min(calls, n)):
+                self.fn(*self.sets[i])
+        self.touched = max(self.touched, min(calls, n))
+        torch.cuda.synchronize()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        error: BaseException | None = None
+        with torch.cuda.stream(self.stream):
+            try:
+                graph.capture_begin(capture_error_mode="global")
+            except Exception as exc:  # noqa: BLE001 - e.g. a capture already under way
+                raise CaptureError(f"capture_begin: {type(exc).__name__}: {exc}") from exc
+            try:
+                for i in range(calls):
+                    self.fn(*self.sets[i % n])
+            except Exception as exc:  # noqa: BLE001 - e.g. .item() / .cpu() in the solution
+                error = exc
+            try:
+                graph.capture_end()
+            except Exception as exc:  # noqa: BLE001 - the capture was invalidated
+                error = error or exc
+        if error is not None:
+            del graph
+            _recover_after_capture()
+            raise CaptureError(f"{type(error).__name__}: {str(error).strip()[:300]}") from error
+        return graph
+
+
+def _reset_cuda_generator() -> None:
+    """Take the default CUDA generator out of capture mode after a failed capture.
+
+    capture_begin puts the generator in capture mode and only a successful capture_end
+    takes it out; when the capture was invalidated (a host sync in the solution), every
+    later random draw on the device fails with "Offset increment outside graph capture
+    encountered unexpectedly" (seen on an H200 in tests that ran after such a capture).
+    A fresh generator state, seeded like the old one, replaces the stuck one."""
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    fresh = torch.Generator(device="cuda")
+    fresh.manual_seed(generator.initial_seed())
+    generator.graphsafe_set_state(fresh.graphsafe_get_state())
+
+
+def _recover_after_capture() -> None:
+    """Leave the CUDA context usable after a failed capture: make sure no stream is still
+    capturing, release the dead graph's memory pool, and clear the non-sticky error the
+    capture left behind (a failed torch CUDA check clears it; a launch by other code, e.g.
+    Triton, may not, and the next kernel launch of an innocent solution would report it)."""
+    import gc
+
+    if torch.cuda.is_current_stream_capturing():  # pragma: no cover - defensive
+        raise RuntimeError("a CUDA stream is still capturing after a failed capture")
+    _reset_cuda_generator()
+    gc.collect()  # the failed graph's private memory pool goes with the graph object
+    for attempt in range(2):
+        try:
+            torch.ones(1, device="cuda").add_(1)  # a launch: reports (and clears) a stale error
+            torch.cuda.synchronize()
+            return
+        except RuntimeError:
+            # cudaErrorStreamCaptureInvalidated/Unsupported are not sticky: reported once,
+            # then the context works again. A sticky error raises again here.
+            if attempt:
+                raise
+
+
+def _sample_events(
+    calls: _Calls, calls_per_sample: int, repetitions: int, min_ms: float, max_seconds: float
+) -> Timing:
+    """Samples of `calls_per_sample` back-to-back calls between two CUDA events."""
+    fn, input_sets, stream = calls.fn, calls.sets, calls.stream
+    samples_ev: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    n = len(input_sets)
+    start_all = time.perf_counter()
+    deadline = start_all + max_seconds
+    call = 0
     with torch.cuda.stream(stream):
-        for i in range(max(warmup, 1)):
+        while True:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(calls_per_sample):
+                fn(*input_sets[call % n])
+                call += 1
+            calls.touched = max(calls.touched, min(call, n))
+            end.record(stream)
+            samples_ev.append((start, end))
+            if len(samples_ev) % 8 == 0 or len(samples_ev) >= repetitions:
+                stream.synchronize()  # keep the host within a few samples of the device
+                now = time.perf_counter()
+                if now > deadline or (
+                    len(samples_ev) >= repetitions and (now - start_all) * 1e3 >= min_ms
+                ):
+                    break
+    stream.synchronize()
+    samples = [s.elapsed_time(e) / calls_per_sample for s, e in samples_ev]
+    return _stats(samples, "cuda_events", calls_per_sample)
+
+
+def _sample_graph(
+    graph: torch.cuda.CUDAGraph,
+    calls_per_graph: int,
+    stream,
+    repetitions: int,
+    min_ms: float,
+    max_seconds: float,
+) -> Timing:
+    """One sample per graph replay, divided by the calls it holds."""
+    samples_ev: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    start_all = time.perf_counter()
+    deadline = start_all + max_seconds
+    with torch.cuda.stream(stream):
+        while True:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            graph.replay()
+            end.record(stream)
+            samples_ev.append((start, end))
+            if len(samples_ev) % 8 == 0 or len(samples_ev) >= repetitions:
+                stream.synchronize()
+                now = time.perf_counter()
+                if now > deadline or (
+                    len(samples_ev) >= repetitions and (now - start_all) * 1e3 >= min_ms
+                ):
+                    break
+    stream.synchronize()
+    samples = [s.elapsed_time(e) / calls_per_graph for s, e in samples_ev]
+    return _stats(samples, "cuda_graph", calls_per_graph)
+
+
+# --------------------------------------------------------------------------- measure_robust
+
+
+def measure_robust(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    method: Literal["auto", "cuda_graph", "cuda_events"] = "auto",
+    input_sets: Sequence[Sequence[Any]] | None = None,
+    cold_l2: bool = True,
+    warmup: int = 1,
+    warmup_ms: float = 25.0,
+    repetitions: int = 5,
+    trial_ms: float = 100.0,
+    trials: int = 3,
+    target_sample_ms: float = 1.0,
+    max_calls_per_sample: int = 1000,
+    max_seconds: float = 10.0,
+) -> Timing:
+    """Time `fn(*args)` reproducibly; return per-call statistics of the median trial.
+
+    The choices, and what each one fixes:
+    - method "auto" captures a CUDA graph first for every callable and falls back to CUDA
+      events only when capture raises, so every solution of a workload, the reference and
+      the baselines are timed the same way whatever their latency. (A latency threshold
+      chose graphs only for fast kernels: multi-kernel solutions just above it were timed
+      with host launch gaps included, and a kernel near it flipped method between runs.)
+    - each sample (one graph replay, or one pair of events around back-to-back calls) lasts
+      about `target_sample_ms`: event resolution (~0.5 us) and replay/launch overhead are
+      then negligible next to the sample, even for a 2 us kernel.
+    - warm-up lasts at least `warmup_ms` (and `warmup` calls) on the GPU: compiling,
+      autotuning caches, allocator growth and the GPU clock ramping up out of idle
+      all happen there, not in the first samples.
+    - each trial samples for at least `trial_ms` (and `repetitions` samples): a fixed,
+      small call count of a fast kernel covered well under a millisecond, where one
+      interruption or clock change moves the median.
+    - the median over `trials` trials (each itself a median) damps a disturbance that
+      spans a whole trial; the trial medians are returned so the spread can be reported.
+    - cold L2: calls rotate over `input_sets` (default: enough clones of `args` to exceed
+      twice the L2), inside the graph as well.
+    On the CPU: perf_counter around each call (method "cpu"), same trials and minimums.
+    """
+    device = _device_of(args)
+    if input_sets is None:
+        input_sets = _default_input_sets(args, device, cold_l2)
+    input_sets = list(input_sets)
+    trials = max(1, trials)
+    if device.type != "cuda":
+        for i in range(warmup):
             fn(*input_sets[i % len(input_sets)])
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls_per_graph):
-            fn(*input_sets[i % len(input_sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    deadline = time.perf_counter() + max_seconds
-    for _ in range(repetitions):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls_per_graph)
-        if time.perf_counter() > deadline:
-            break
-    return _stats(samples)
+        results = [
+            _measure_cpu(fn, input_sets, 0, max(repetitions, 1), max_seconds, trial_ms)
+            for _ in range(trials)
+        ]
+        return _combine(results)
+    with torch.cuda.device(device):
+        return _measure_robust_gpu(
+            fn, input_sets, method, warmup, warmup_ms, max(repetitions, 1), trial_ms, trials,
+            target_sample_ms, max(1, max_calls_per_sample), max_seconds,
+        )  # fmt: skip
+
+
+def _measure_robust_gpu(
+    fn,
+    input_sets,
+    method,
+    warmup,
+    warmup_ms,
+    repetitions,
+    trial_ms,
+    trials,
+    target_sample_ms,
+    max_calls,
+    max_seconds,
+) -> Timing:
+    calls = _Calls(fn, input_sets)
+    per_call_ms = calls.warm_up(max(warmup, 1), warmup_ms, max_seconds)
+    # Wall time per call bounds GPU time from above, so this is a lower bound of the calls a
+    # sample needs; graphs are re-sized below from a measured replay.
+    per_sample = _calls_for(target_sample_ms, per_call_ms, max_calls)
+    fallback = None
+    if method in ("auto", "cuda_graph"):
+        try:
+            graph, per_sample = _sized_graph(calls, per_sample, target_sample_ms, max_calls)
+        except CaptureError as exc:
+            if method == "cuda_graph":
+                raise
+            fallback = str(exc)
+            # The capture may have left lazily built state half-made (a workspace allocated
+            # into the dead graph's pool): warm up again, eagerly, before timing eagerly.
+            per_call_ms = calls.warm_up(max(warmup, 1), warmup_ms, max_seconds)
+            per_sample = _calls_for(target_sample_ms, per_call_ms, max_calls)
+        else:
+            results = [
+                _sample_graph(graph, per_sample, calls.stream, repetitions, trial_ms, max_seconds)
+                for _ in range(trials)
+            ]
+            del graph
+            return _combine(results)
+    results = [
+        _sample_events(calls, per_sample, repetitions, trial_ms, max_seconds) for _ in range(trials)
+    ]
+    return replace(_combine(results), fallback=fallback)
+
+
+def _calls_for(target_ms: float, per_call_ms: float, max_calls: int) -> int:
+    if target_ms <= 0 or per_call_ms <= 0:
+        return 1
+    return max(1, min(max_calls, math.ceil(target_ms / per_call_ms)))
+
+
+def _sized_graph(
+    calls: _Calls, per_graph: int, target_ms: float, max_calls: int
+) -> tuple[torch.cuda.CUDAGraph, int]:
+    """Capture, time a few replays, and recapture with more calls if a replay is shorter
+    than `target_ms` (the eager estimate includes host time, so it undercounts calls for
+    launch-bound solutions). The replays double as warm-up of the graph itself."""
+    graph = calls.capture(per_graph)
+    # Few replays when one lasts long (a slow reference): this is only a size check.
+    replay_ms = _replay_ms(graph, calls.stream, replays=1 if per_graph == 1 else 3)
+    if replay_ms < 0.8 * target_ms and per_graph < max_calls:
+        bigger = _calls_for(target_ms, max(replay_ms / per_graph, 1e-6), max_calls)
+        if bigger > per_graph:
+            del graph
+            graph, per_graph = calls.capture(bigger), bigger
+            _replay_ms(graph, calls.stream)  # uploads the new graph, warms it up
+    return graph, per_graph
+
+
+def _replay_ms(graph: torch.cuda.CUDAGraph, stream, replays: int = 3) -> float:
+    with torch.cuda.stream(stream):
+        graph.replay()  # the first replay uploads the graph: not representative
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(replays):
+            graph.replay()
+        end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def _combine(results: list[Timing]) -> Timing:
+    """Median of the trial medians; IQR: the median trial IQR; min/max/mean over all."""
+    medians = tuple(r.median_ms for r in results)
+    reps = sum(r.repetitions for r in results)
+    return replace(
+        results[0],
+        median_ms=statistics.median(medians),
+        min_ms=min(r.min_ms for r in results),
+        max_ms=max(r.max_ms for r in results),
+        iqr_ms=statistics.median(r.iqr_ms for r in results),
+        mean_ms=sum(r.mean_ms * r.repetitions for r in results) / reps,
+        repetitions=reps,
+        trial_medians_ms=medians,
+    )

@@ -111,3 +111,32 @@ def test_cpp_solution_compile_error_has_the_compiler_log():
     ev = got["cpp"].evaluation
     assert ev.status.value == "COMPILE_ERROR"
     assert "error" in ev.log.lower()
+
+
+def test_timing_method_recorded_on_cpu():
+    d = toy_definition()
+    got = _traces(d, [python_solution("mine", "def run(x, w):\n    return x * w\n")])
+    perf = got["mine"].evaluation.performance
+    assert perf.timing_method == "cpu" and perf.reference_timing_method == "cpu"
+    assert len(perf.timing_trials_ms) == CFG.trials and perf.timing_calls_per_sample == 1
+    assert "timing: cpu" in got["mine"].evaluation.log
+
+
+@pytest.mark.cuda
+def test_gpu_capturable_solutions_use_a_graph_others_fall_back():
+    d = toy_definition()
+    sols = [
+        python_solution("graph", "def run(x, w):\n    return x * w\n"),
+        python_solution("syncs", "def run(x, w):\n    s = float(w.sum().item())\n"
+                        "    return x * w + (s - s)\n"),
+    ]  # fmt: skip
+    events = evaluate_workload(
+        d, Workload(uuid="w", axes={"n": 4096}), sols, BenchConfig(trial_ms=10.0),
+        torch.device("cuda"), platform.snapshot("cuda"), baselines=["graph"],
+    )  # fmt: skip
+    got = {t.solution: t for kind, t in events if kind == "trace"}
+    assert got["graph"].evaluation.performance.timing_method == "cuda_graph"
+    syncs = got["syncs"].evaluation
+    assert syncs.status.value == "PASSED", syncs.log
+    assert syncs.performance.timing_method == "cuda_events"
+    assert "not capturable" in syncs.log and "mixes timing methods" in syncs.log

@@ -143,3 +143,14 @@ def test_out_inside_the_package_is_refused(tmp_path):
     result = CliRunner().invoke(app, ["run", "-o", str(bundled_dataset() / "x"), "-q"])
     assert result.exit_code == 2
     assert "inside the installed package" in result.output
+
+
+def test_work_is_spread_over_several_workers(tmp_path):
+    root = tmp_path / "ds"
+    make_dataset(root, {"a": GOOD, "b": GOOD}, sizes=list(range(1, 9)))
+    opts = _opts(root, tmp_path / "out")
+    opts.devices = ["cpu", "cpu"]  # two workers on one device: the same code path as 2 GPUs
+    result = run_benchmark(opts, progress=False)
+    keys = [(t.solution, t.workload.uuid) for t in result.traces]
+    assert len(keys) == len(set(keys)) == 16
+    assert all(t.evaluation.status.value == "PASSED" for t in result.traces)

@@ -125,6 +125,8 @@ def test_default_tactics_cover_any_hidden():
     for hidden in (1, 5, 127, 128, 4096, 5120, 16384, 16385, 100_000):
         for rows in (1, 100, 100_000):
             t = norm._default_tactic(hidden, rows)
+            for value in (t.block_n, t.rows, t.num_warps):  # Triton needs powers of two
+                assert value >= 1 and value & (value - 1) == 0, t
             assert t.block_n >= hidden or t.rows == 1
             assert t in RMSNormTactic.space(hidden) or t.block_n < hidden
 

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from flashtune.ops import rope
 from flashtune.ops.rope import (
     RopeRunner,
     _RopeArgs,
@@ -254,3 +255,13 @@ def test_definition_equals_corpus(trace_corpus):
         _close(a, b)
     gptj = apply_rope_with_cos_sin_cache.definition(pos, q, k, 128, cache, is_neox=False)
     assert gptj.name == "rope_with_cos_sin_cache_gptj_style_d128_rd64"
+
+
+@pytest.mark.parametrize("heads", [1, 2, 5, 8, 32, 40, 48, 64])
+@pytest.mark.parametrize("rotary_dim", [2, 10, 32, 40, 64, 80, 96, 128, 256])
+def test_default_tactic_is_a_valid_launch(heads, rotary_dim):
+    # Triton needs power-of-two warps and block sizes (the interpreter does not check).
+    t = rope._default_tactic(heads, rotary_dim)
+    for value in (t.block_h, t.num_warps):
+        assert value >= 1 and value & (value - 1) == 0, t
+    assert t.num_warps <= 8

@@ -30,11 +30,21 @@ def run_command(
         None, "--devices", help="GPU indices '0,1' or 'cpu'; default: every GPU, else the CPU"
     ),
     timeout: float = typer.Option(300.0, "--timeout", help="seconds per solution and workload"),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="warm-up calls (GPU 10, CPU 1)"),
-    iterations: Optional[int] = typer.Option(
-        None, "--iterations", help="timed calls per trial (GPU 50, CPU 5)"
+    warmup: Optional[int] = typer.Option(
+        None, "--warmup", help="minimum warm-up calls (GPU 10 and >= 25 ms, CPU 1)"
     ),
-    trials: Optional[int] = typer.Option(None, "--trials", help="timing trials (GPU 3, CPU 1)"),
+    iterations: Optional[int] = typer.Option(
+        None, "--iterations", help="minimum timed samples per trial (GPU 10 and >= 100 ms, CPU 5)"
+    ),
+    trials: Optional[int] = typer.Option(
+        None, "--trials", help="timing trials, median reported (GPU 3, CPU 1)"
+    ),
+    timing: str = typer.Option(
+        "auto",
+        "--timing",
+        help="GPU timing: auto (a CUDA graph when capturable, else CUDA events), "
+        "cuda_graph or cuda_events",
+    ),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="override every relative tolerance"),
     atol: Optional[float] = typer.Option(None, "--atol", help="override every absolute tolerance"),
     max_workloads: Optional[int] = typer.Option(
@@ -67,6 +77,11 @@ def run_command(
     from flashtune.report.render import summary_table
     from flashtune.report.tables import summarize
 
+    if timing not in ("auto", "cuda_graph", "cuda_events"):
+        err_console.print(
+            f"[red]error[/red]: --timing {timing}: expected auto, cuda_graph or cuda_events"
+        )
+        raise typer.Exit(2)
     roots = list(dataset) if dataset else [bundled_dataset()]
     for root in roots:
         if not (root / "definitions").is_dir():
@@ -94,7 +109,12 @@ def run_command(
         devices=device_list,
         timeout=timeout,
         config=BenchConfig(
-            warmup=warmup, iterations=iterations, trials=trials, atol=atol, rtol=rtol
+            warmup=warmup,
+            iterations=iterations,
+            trials=trials,
+            timing_method=timing,
+            atol=atol,
+            rtol=rtol,
         ),
         resume=resume,
         baseline=baseline,

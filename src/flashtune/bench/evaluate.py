@@ -6,9 +6,11 @@ Runs inside a worker process (bench/worker.py). For each workload:
 2. for each solution: requirements (else SKIPPED), build (else COMPILE_ERROR), one call on a
    private copy of the inputs (RUNTIME_ERROR on an exception), outputs checked for shape,
    dtype and values, inputs checked for writes;
-3. timing with `flashtune.timing.measure`, rotating through `input_sets` distinct, freshly
-   synthesized input sets (so inputs change between timed calls), CUDA events, or a CUDA
-   graph of many calls for kernels faster than `graph_below_ms`; median over trials;
+3. timing with `flashtune.timing.measure_robust`, rotating through `input_sets` distinct,
+   freshly synthesized input sets (so inputs change between timed calls) plus clones for a
+   cold L2: a CUDA graph of many calls for everything that can be captured (the reference
+   and baselines included), CUDA events for what cannot; time-based warm-up and samples;
+   median over trials. `Performance.timing_method` says which method was used;
 4. one more call on fresh inputs, checked again: catches solutions that memoize results.
 Each step yields ("start", solution name) before it begins and ("trace", Trace) when done,
 so the parent can attribute a crash or a timeout to the solution that caused it.
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import statistics
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -52,7 +53,7 @@ from flashtune.data.models import (
 )
 from flashtune.data.reference import compile_reference, outputs_as_dict
 from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
-from flashtune.timing import Timing, clone_inputs, copies_for_cold_l2, measure
+from flashtune.timing import Timing, clone_inputs, copies_for_cold_l2, measure_robust
 
 __all__ = ["BenchConfig", "Event", "evaluate_workload", "make_trace", "LOG_LIMIT"]
 
@@ -61,29 +62,42 @@ LOG_LIMIT = 4000  # characters of log kept per Evaluation (the tail: where error
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """How to evaluate. None fields take the device's default (`for_device`)."""
+    """How to evaluate. None fields take the device's default (`for_device`).
+
+    warmup / iterations: minimum warm-up calls and timed samples per trial; on a GPU the
+    time minimums `warmup_ms` / `trial_ms` usually dominate (see timing.measure_robust for
+    what each fixes). timing_method: "auto" (a CUDA graph when the solution can be
+    captured, else CUDA events), or force "cuda_graph" / "cuda_events". The same settings
+    apply to every solution of a workload; only the reference is timed more briefly.
+    """
 
     warmup: int | None = None
     iterations: int | None = None
     trials: int | None = None
     input_sets: int | None = None
+    warmup_ms: float | None = None
+    trial_ms: float | None = None
+    target_sample_ms: float = 1.0
+    timing_method: str = "auto"
     atol: float | None = None
     rtol: float | None = None
     seed: int = 0
-    graph_below_ms: float = 0.05
     sampling_draws: int = 1000
     max_seconds: float = 10.0  # per trial, so one slow solution cannot stall the run
     reference_max_seconds: float = 3.0
 
     def for_device(self, device: torch.device) -> BenchConfig:
         """Fill unset fields. CPU defaults are small: the CPU run of the bundled dataset must
-        finish in minutes on two cores, and CPU timings are indicative only."""
+        finish in minutes on two cores, and CPU timings are indicative only. GPU defaults:
+        >= 25 ms of warm-up, 3 trials of >= 100 ms of samples each (~1 ms per sample)."""
         gpu = device.type == "cuda"
         defaults = {
             "warmup": 10 if gpu else 1,
-            "iterations": 50 if gpu else 5,
+            "iterations": 10 if gpu else 5,
             "trials": 3 if gpu else 1,
             "input_sets": 4 if gpu else 2,
+            "warmup_ms": 25.0 if gpu else 0.0,
+            "trial_ms": 100.0 if gpu else 0.0,
         }
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
@@ -163,7 +177,9 @@ class _Caller:
 
     def outputs(self, args: Sequence[Any], result: Any) -> dict[str, Any]:
         if self.dps:
-            return dict(zip(self.definition.outputs, args[len(self.definition.inputs) :], strict=False))
+            return dict(
+                zip(self.definition.outputs, args[len(self.definition.inputs) :], strict=False)
+            )
         return outputs_as_dict(self.definition, result)
 
     def call(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -197,35 +213,27 @@ def _time(
     device,
     *,
     reference=False,
-) -> tuple[Timing, float, str]:
-    """(timing of the median trial, spread, method). Spread: the median trial's IQR."""
-    # The reference is timed briefly: it is a readable baseline, often slow (Python loops).
-    reps = min(cfg.iterations, 10 if device.type == "cuda" else 3) if reference else cfg.iterations
-    trials = 1 if reference else cfg.trials
-    max_s = cfg.reference_max_seconds if reference else cfg.max_seconds
-    kwargs = dict(warmup=min(cfg.warmup, 2) if reference else cfg.warmup, repetitions=reps)
+) -> Timing:
+    """Time `fn` over the input sets with `timing.measure_robust` (median of trials; the
+    Timing carries the method, the trial medians and any capture fallback).
+
+    Every solution of a workload gets the same policy and the same time budgets, whatever
+    its latency: a graph when capturable, else events. The reference is timed briefly (one
+    trial, a smaller budget): it is a readable baseline, often slow (Python loops)."""
     input_sets = _cold_l2_sets(input_sets, device)
-    results = [
-        measure(fn, input_sets[0], input_sets=input_sets, max_seconds=max_s, **kwargs)
-        for _ in range(trials)
-    ]
-    method = "cuda_events" if device.type == "cuda" else "cpu_perf_counter"
-    median = statistics.median(r.median_ms for r in results)
-    if device.type == "cuda" and median < cfg.graph_below_ms and not reference:
-        # Launch-bound: time a CUDA graph of many calls. Solutions that sync with the host
-        # (e.g. a planner reading indptr) cannot be captured; their event timing stands.
-        try:
-            graph = [
-                measure(fn, input_sets[0], input_sets=input_sets, use_cuda_graph=True,
-                        max_seconds=max_s, **kwargs)
-                for _ in range(trials)
-            ]  # fmt: skip
-            results, method = graph, "cuda_graph"
-        except Exception:  # noqa: BLE001 - capture not possible: keep the event timing
-            _sync(device)
-    results.sort(key=lambda r: r.median_ms)
-    chosen = results[len(results) // 2]
-    return chosen, chosen.iqr_ms, method
+    if reference:
+        return measure_robust(
+            fn, input_sets[0], input_sets=input_sets, method=cfg.timing_method,  # type: ignore[arg-type]
+            warmup=min(cfg.warmup, 2), warmup_ms=min(cfg.warmup_ms, 10.0),
+            repetitions=min(cfg.iterations, 3), trial_ms=min(cfg.trial_ms, 30.0), trials=1,
+            target_sample_ms=cfg.target_sample_ms, max_seconds=cfg.reference_max_seconds,
+        )  # fmt: skip
+    return measure_robust(
+        fn, input_sets[0], input_sets=input_sets, method=cfg.timing_method,  # type: ignore[arg-type]
+        warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, repetitions=cfg.iterations,
+        trial_ms=cfg.trial_ms, trials=cfg.trials, target_sample_ms=cfg.target_sample_ms,
+        max_seconds=cfg.max_seconds,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the workload
@@ -272,11 +280,10 @@ class _Workload:
             self._fresh = (inputs, self.run_reference(inputs))
         return self._fresh
 
-    def reference_latency(self) -> float:
+    def reference_timing(self) -> Timing:
         sets = [_args(self.definition, _clone(s)) for s in self.timing_sets()]
         with torch.no_grad():
-            timing, _, _ = _time(self.reference, sets, self.cfg, self.device, reference=True)
-        return timing.median_ms
+            return _time(self.reference, sets, self.cfg, self.device, reference=True)
 
 
 def evaluate_workload(
@@ -297,7 +304,7 @@ def evaluate_workload(
     try:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             wl = _Workload(definition, workload, cfg, device, blob_root)
-            ref_ms = wl.reference_latency()
+            ref_timing = wl.reference_timing()
     except Exception as exc:  # noqa: BLE001 - a failing reference fails its workload only
         reason = f"reference failed: {type(exc).__name__}: {exc}"
         text = log.getvalue() + traceback.format_exc()
@@ -311,18 +318,26 @@ def evaluate_workload(
             )  # fmt: skip
         return
     best = baseline_latency
+    best_method: str | None = None  # unknown for a baseline timed in an earlier task
     for sol in solutions:
         yield ("start", sol.name)
-        trace = _evaluate_one(definition, workload, sol, wl, ref_ms, best, cfg, environment)
+        trace = _evaluate_one(definition, workload, sol, wl, ref_timing, best, cfg, environment)
         perf = trace.evaluation.performance if trace.evaluation else None
+        method = getattr(perf, "timing_method", None) if perf is not None else None
         if (
             sol.name in baselines
             and perf is not None
             and (best is None or perf.latency_ms < best[1])
         ):
-            best = (sol.name, perf.latency_ms)
+            best, best_method = (sol.name, perf.latency_ms), method
             perf.baseline_solution, perf.baseline_latency_ms = sol.name, perf.latency_ms
             perf.speedup_vs_baseline = 1.0
+        elif perf is not None and best is not None and best_method not in (None, method):
+            # A graph-timed and an event-timed result differ by the launch gaps too.
+            trace.evaluation.log += (
+                f"timing: {method} here but {best_method} for the baseline {best[0]}: "
+                "the speedup mixes timing methods\n"
+            )
         yield ("trace", trace)
 
 
@@ -331,7 +346,7 @@ def _evaluate_one(
     workload: Workload,
     sol: Solution,
     wl: _Workload,
-    ref_ms: float,
+    ref: Timing,
     baseline: tuple[str, float] | None,
     cfg: BenchConfig,
     environment: Mapping[str, Any],
@@ -385,7 +400,7 @@ def _evaluate_one(
         try:
             sets = [caller.args(_clone(s)) for s in wl.timing_sets()]
             with torch.no_grad():
-                timing, spread, method = _time(fn, sets, cfg, device)
+                timing = _time(fn, sets, cfg, device)
         except Exception as exc:  # noqa: BLE001
             return trace(
                 EvaluationStatus.RUNTIME_ERROR,
@@ -423,18 +438,31 @@ def _evaluate_one(
         if stochastic:
             verdict = again
 
+    ref_ms = ref.median_ms
     performance = Performance(
         latency_ms=timing.median_ms,
-        latency_spread_ms=spread,
+        latency_spread_ms=timing.iqr_ms,
         reference_latency_ms=ref_ms,
         speedup_factor=ref_ms / timing.median_ms if timing.median_ms > 0 else None,
+        # Extra fields (the model keeps unknown fields): how the numbers were obtained, so
+        # a report can tell graph-timed from event-timed results and judge their stability.
+        timing_method=timing.method,
+        timing_trials_ms=list(timing.trial_medians_ms),
+        timing_calls_per_sample=timing.calls_per_sample,
+        reference_timing_method=ref.method,
     )
     if baseline is not None:
         performance.baseline_solution, performance.baseline_latency_ms = baseline
         performance.speedup_vs_baseline = (
             baseline[1] / timing.median_ms if timing.median_ms > 0 else None
         )
-    log.write(f"timing: {method}, {timing.repetitions} calls/trial, {cfg.trials} trial(s)\n")
+    log.write(
+        f"timing: {timing.method}, {timing.calls_per_sample} call(s)/sample, "
+        f"{timing.repetitions} samples over {len(timing.trial_medians_ms)} trial(s), "
+        f"trial medians (ms) {', '.join(f'{t:.5g}' for t in timing.trial_medians_ms)}\n"
+    )
+    if timing.fallback:
+        log.write(f"timing: not capturable into a CUDA graph ({timing.fallback})\n")
     return trace(EvaluationStatus.PASSED, None, verdict, performance)
 
 

@@ -16,6 +16,7 @@ The remaining solutions of an interrupted task go to the new worker.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import signal
 import time
@@ -116,9 +117,27 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
                         baseline_latency=baseline,  # type: ignore[arg-type]
                     ):  # fmt: skip
                         conn.send((event, value.to_json() if event == "trace" else value))
+                        if event == "trace":
+                            _release_memory(device)
                 except Exception:  # noqa: BLE001 - report, then let the parent decide
                     conn.send(("error", traceback.format_exc()))
+                _release_memory(device)
                 conn.send(("done", None))
+
+
+def _release_memory(device: Any) -> None:
+    """Give back what one solution left behind before the next one runs.
+
+    Seen on an H200: after a torch baseline hit an out-of-memory error inside graph capture,
+    the CUDA-graph pools and cached blocks it left (kept alive by the exception's frames)
+    filled the 140 GB card, and every later solution of the run failed or fell back from
+    graph timing. Collecting cycles frees the frames; empty_cache returns cached blocks."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------- parent side

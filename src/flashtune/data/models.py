@@ -383,6 +383,13 @@ class Performance(_Model):
     baseline_solution: str | None = None
     baseline_latency_ms: float | None = None
     speedup_vs_baseline: float | None = None
+    # flashtune extensions (see flashtune.timing.measure_robust): how latency was measured
+    # ("cuda_graph", "cuda_events" or "cpu"), each trial's median, calls per timed sample,
+    # and how the reference was measured.
+    timing_method: str | None = None
+    timing_trials_ms: list[float] | None = None
+    timing_calls_per_sample: int | None = None
+    reference_timing_method: str | None = None
 
 
 class Evaluation(_Model):
@@ -391,6 +398,8 @@ class Evaluation(_Model):
     timestamp: str
     log: str = ""
     reason: str | None = None
+    # flashtune extension: content hash of the solution evaluated (what --resume matches on).
+    solution_hash: str | None = None
     correctness: Correctness | None = None
     performance: Performance | None = None
 

@@ -297,7 +297,7 @@ def _act_into(input: torch.Tensor, out: torch.Tensor, act: int) -> None:
 
 
 # torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
-# costs ~21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
+# costs 18-21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
 @torch.library.custom_op("flashtune::gated_act_out", mutates_args=("out",))
 def _act_op(input: torch.Tensor, out: torch.Tensor, act: int) -> None:
     _act_into(input, out, act)

@@ -1,8 +1,10 @@
 """Triton kernels and launchers of the GEMM op (C = A @ B.T, B logically [N, K]).
 
-Both kernels read B through its strides, so one code path serves B stored [N, K] ("nk", the
-corpus layout) and B stored [K, N] (passed as a transposed view). Both accumulate in fp32 and
-apply, in this order, the fp8 per-tensor scales, the bias, and the cast to the output dtype.
+Kernels: a tiled GEMM (group-M swizzle, split-K), a decode kernel for small M (split-K grid)
+and its stream-K variant (equal K-iterations per program). All read B through its strides,
+so one code path serves B stored [N, K] ("nk", the corpus layout) and B stored [K, N]
+(passed as a transposed view). All accumulate in fp32 and apply, in this order, the fp8
+per-tensor scales, the bias, and the cast to the output dtype.
 
 Split-K without a second launch: each split writes its fp32 partial tile to a workspace and
 bumps a per-tile arrival counter; the last split to arrive sums the partials, writes C and

@@ -6,8 +6,9 @@ place: row r lives at (r // inner) * stride0 + (r % inner) * stride1.
 
 - Single pass (hidden <= _MAX_SINGLE_BLOCK): ROWS rows per program, each row held in
   registers; several rows per program keep small hidden sizes from being launch-bound.
-- Two passes (larger hidden): one row per program, a loop of BLOCK_N chunks to accumulate the
-  sum of squares, then a second loop that normalizes (the re-read hits L2).
+- Two passes (larger hidden, or a hidden far from a power of two at large batch): one row per
+  program, a loop of BLOCK_N chunks to accumulate the sum of squares, then a second loop that
+  normalizes (the re-read hits L1/L2).
 
 Numerics follow FlashInfer: x (and x + residual) in fp32, y = x * rsqrt(mean(x^2) + eps) * w
 in fp32, cast to the input dtype; fused_add stores residual = x + residual in the residual
@@ -453,9 +454,9 @@ def _fused_add_rmsnorm_inplace(
 
 
 # torch.compile traces through these custom ops; eager calls skip them. The dispatcher
-# boundary measured 21 us of host time per call on the H200 machine (custom op 42 us vs the
-# direct launch 21 us, bench_norm.py "custom_op_overhead" rows), far above a few us, so the
-# direct eager path stays.
+# boundary measured 18-21 us of host time per call on the H200 machine (custom op 41 us vs
+# the direct launch 21-23 us, bench_norm.py "custom_op_overhead" rows), far above a few us,
+# so the direct eager path stays.
 @torch.library.custom_op("flashtune::rmsnorm_out", mutates_args=("out",))
 def _rmsnorm_op(
     input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float, offset: float

@@ -320,12 +320,20 @@ class RopeTactic:
         return out
 
 
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
 @functools.lru_cache(maxsize=1024)
-def _default_tactic(num_heads: int, head_size: int, nnz: int) -> RopeTactic:
-    # ~1K elements (8 heads of 128) and 4 warps a program: best of the sweep at nnz = 1 on
-    # H200 (1.44 us vs 1.67 us for 4 heads / 2 warps); the cos/sin row is loaded once for them.
-    block_h = min(triton.next_power_of_2(max(num_heads, 1)), max(1, 1024 // max(head_size, 1)))
-    warps = max(1, min(8, block_h * head_size // 256))
+def _default_tactic(num_heads: int, rotary_dim: int) -> RopeTactic:
+    """~1K rotated elements and 4 warps a program, from the sweep of bench_elementwise.py on
+    H200 (bf16, nnz 1..32768): rotary_dim 128 -> 8 heads / 4 warps was best or within 3% at
+    every size (Llama); rotary_dim 64 -> 16 heads / 4 warps (MiniMax-M2), e.g. 34.8 us vs
+    43.9 us for 8 heads in place at nnz 8192. Both counts are powers of two, as Triton needs."""
+    block_h = min(
+        triton.next_power_of_2(max(num_heads, 1)), _pow2_floor(1024 // max(rotary_dim, 1))
+    )
+    warps = max(1, min(8, _pow2_floor(block_h * rotary_dim // 256)))
     return RopeTactic(block_h, warps)
 
 
@@ -346,7 +354,7 @@ def _launch(q, k, q_out, k_out, pos, cos_sin_cache, args: _RopeArgs, tactic: Tac
     hk = k.shape[1]
     if nnz == 0:
         return
-    cfg = _default_tactic(max(hq, hk), d, nnz) if tactic == DEFAULT_TACTIC else tactic
+    cfg = _default_tactic(max(hq, hk), args.rotary_dim) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, RopeTactic)
     half = args.rotary_dim // 2
     copy_pass = args.rotary_dim < d and q_out.data_ptr() != q.data_ptr()
@@ -472,7 +480,7 @@ def _pos_ids_ref(q3, k3, pos, args: _RopeArgs):
 
 
 # torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
-# costs ~21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
+# costs 18-21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
 @torch.library.custom_op("flashtune::rope_cos_sin_cache", mutates_args=("q_out", "k_out"))
 def _rope_cache_op(
     q: torch.Tensor,

@@ -268,6 +268,44 @@ def test_tma_tactic_paged_staging(device, layout, ws_bytes):
     _compare(out, None, ref[0], None, torch.float16)
 
 
+def test_work_list_request_major():
+    """Heaviest request first, then its heaviest tiles; rows carry the request's offsets."""
+    w = BatchPrefillWithRaggedKVCacheWrapper(_ws(torch.device("cpu")))
+    qo_lens = [32, 64, 32]
+    w.plan(_indptr(qo_lens), _indptr(qo_lens), 4, 1, 64, causal=True)
+    work = w._plan.work_list(16, 16).tolist()
+    assert [r[:2] for r in work] == [
+        [1, 48], [1, 32], [1, 16], [1, 0], [0, 16], [0, 0], [2, 16], [2, 0]
+    ]  # fmt: skip
+    # (request, tok0, qo_start, qo_len, kv_len, kv offset in pages, in tokens, 0)
+    assert work[0] == [1, 48, 32, 64, 64, 32, 32, 0]
+
+
+def test_default_tactic_hopper(monkeypatch):
+    """On Hopper tactic -1 reads K/V through TMA, staging pages unless that copy is too big."""
+    import flashtune.ops.attention.prefill as prefill
+
+    monkeypatch.setattr(prefill.platform, "compute_capability", lambda device: (9, 0))
+    monkeypatch.setattr(prefill, "_MAX_STAGING_BYTES", 1 << 20)
+    cuda = torch.device("cuda")
+    ragged = BatchPrefillWithRaggedKVCacheWrapper(_ws(torch.device("cpu")))
+    ragged.plan(_indptr([100]), _indptr([100]), 32, 8, 128, causal=True)
+    t = prefill._pick_default(ragged._plan, cuda)
+    assert (t.block_m, t.block_n, t.pack_heads, t.tma) == (64, 64, True, True)
+
+    def paged_default(num_pages: int, ws_bytes: int):
+        p = BatchPrefillWithPagedKVCacheWrapper(torch.empty(ws_bytes, dtype=torch.uint8))
+        idx = torch.arange(num_pages, dtype=torch.int32)
+        p.plan(_indptr([5]), _indptr([num_pages]), idx, torch.tensor([16], dtype=torch.int32),
+               32, 8, 128, 16, causal=True)  # fmt: skip
+        return prefill._pick_default(p._plan, cuda)
+
+    # 2 (K, V) * 16 tokens * 8 heads * 128 * 2 bytes = 64 KiB per page.
+    assert paged_default(8, 16).tma  # 512 KiB: under the cap
+    assert not paged_default(32, 16).tma  # 2 MiB: over the cap and the workspace
+    assert paged_default(32, 4 << 20).tma  # fits the workspace
+
+
 # ---- the corpus references -------------------------------------------------------------------
 
 
@@ -412,6 +450,18 @@ def test_cuda_paged_bf16_grid(head_dim, group, page_size):
 def test_cuda_variants_bf16(variant):
     _run_paged(torch.device("cuda"), torch.bfloat16, [200, 3, 64], [400, 3, 64], 4, 128, 16,
                "NHD", **variant)  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("variant", "layout"),
+    [(dict(causal=True), "HND"), (dict(causal=False), "NHD"), (dict(window_left=300), "NHD"),
+     (dict(soft_cap=30.0), "HND"), (dict(custom=True), "NHD")],
+)  # fmt: skip
+def test_cuda_staged_pages_bf16(variant, layout):
+    """KV >= 2048 on Hopper: the default tactic stages the pages and reads them through TMA."""
+    _run_paged(torch.device("cuda"), torch.bfloat16, [300, 5, 0], [2100, 2048, 40], 4, 128, 16,
+               layout, **variant)  # fmt: skip
 
 
 @pytest.mark.cuda

@@ -94,3 +94,33 @@ def test_lpt_assign():
     assert lpt_assign([1, 1, 1], 3)[0].tolist() == [0, 1, 2]
     with pytest.raises(ValueError):
         lpt_assign([1], 0)
+
+
+def _lpt_heap_reference(costs, num_ctas):
+    """The item-by-item LPT greedy with a heap: what lpt_assign's rounds must reproduce."""
+    import heapq
+
+    costs = np.asarray(costs, dtype=np.float64)
+    heap = [(0.0, c) for c in range(num_ctas)]
+    cta_of = np.empty(costs.size, dtype=np.int64)
+    for i in np.argsort(-costs, kind="stable"):
+        acc, c = heapq.heappop(heap)
+        cta_of[i] = c
+        heapq.heappush(heap, (acc + float(costs[i]), c))
+    return cta_of
+
+
+@pytest.mark.parametrize("kind", ["spread", "few_values", "equal", "with_zeros"])
+def test_lpt_rounds_match_the_heap_greedy(kind):
+    rng = np.random.default_rng(len(kind))
+    for _ in range(40):
+        n, ctas = int(rng.integers(0, 300)), int(rng.integers(1, 70))
+        costs = {
+            "spread": rng.integers(1, 5000, n),
+            "few_values": rng.integers(1, 4, n) * 32,
+            "equal": np.full(n, 7),
+            "with_zeros": rng.integers(0, 3, n),
+        }[kind].astype(np.float64)
+        cta, acc = lpt_assign(costs, ctas)
+        assert np.array_equal(cta, _lpt_heap_reference(costs, ctas))
+        assert np.array_equal(acc, np.bincount(cta, weights=costs, minlength=ctas))

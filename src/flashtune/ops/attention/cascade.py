@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from flashtune.ops.attention.decode import _as_int_tensor, _dtype, _Planner
+from flashtune.ops.attention.decode import _as_int_tensor, _dtype, _host_int64, _Planner
 from flashtune.ops.attention.merge import merge_state_in_place
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 
@@ -109,7 +108,9 @@ class MultiLevelCascadeAttentionWrapper:
         total = None
         for level in range(self._num_levels):
             qo = _as_int_tensor(f"qo_indptr_arr[{level}]", qo_indptr_arr[level])
-            qo_host = qo.detach().cpu().numpy().astype(np.int64)
+            if qo.dim() != 1:
+                raise ValueError(f"qo_indptr_arr[{level}] must be 1-D and start at 0")
+            (qo_host,) = _host_int64(qo)
             if qo_host.ndim != 1 or qo_host.size < 1 or qo_host[0] != 0:
                 raise ValueError(f"qo_indptr_arr[{level}] must be 1-D and start at 0")
             if total is not None and int(qo_host[-1]) != total:

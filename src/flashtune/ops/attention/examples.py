@@ -16,7 +16,7 @@ from flashtune.ops.attention.decode import BatchDecodeWithPagedKVCacheWrapper
 from flashtune.ops.attention.page import build_page_table
 from flashtune.schema.dump import register_examples
 
-__all__ = ["decode_examples"]
+__all__ = ["decode_examples", "prefill_examples"]
 
 # Page size 16: the common serving default (vLLM, SGLang); the corpus also has 1 and 64.
 _PAGE_SIZE = 16
@@ -35,3 +35,31 @@ def decode_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict
     q = torch.empty(len(lens), hq, d, dtype=_DTYPE, device="meta")
     kv_cache = torch.empty(num_pages, 2, _PAGE_SIZE, hk, d, dtype=_DTYPE, device="meta")
     return [(wrapper.run, (q, kv_cache), {})]
+
+
+@register_examples
+def prefill_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """Paged (page size 16 and 1) and ragged prefill, causal and not, at `model`'s shapes (bf16).
+
+    The schema'd ops behind the prefill wrappers take the Definition's inputs directly; their
+    `plan`/`out`/`lse` keywords are not part of the Definition, so None stands in for them."""
+    from flashtune.ops.attention.prefill import gqa_paged_prefill, gqa_ragged_prefill
+
+    hq, hk, d = model.num_qo_heads, model.num_kv_heads, model.head_dim
+    kv_lens = [37, 100, 16]  # queries 5, 17, 3: each no longer than its KV
+    qo_indptr = torch.tensor([0, 5, 22, 25], dtype=torch.int32)
+    q = torch.empty(25, hq, d, dtype=_DTYPE, device="meta")
+    unused = {"plan": None, "out": None, "lse": None}
+    examples: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+    kv_indptr = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32)
+    kv = torch.empty(sum(kv_lens), hk, d, dtype=_DTYPE, device="meta")
+    for causal in (True, False):
+        for page_size in (_PAGE_SIZE, 1):
+            indptr, indices, last, num_pages = build_page_table(kv_lens, page_size, shuffle=False)
+            cache = torch.empty(num_pages, page_size, hk, d, dtype=_DTYPE, device="meta")
+            args = (q, cache, cache, qo_indptr, indptr, indices, d**-0.5)
+            kwargs = {"kv_last_page_len": last, "causal": causal, **unused}
+            examples.append((gqa_paged_prefill, args, kwargs))
+        args = (q, kv, kv, qo_indptr, kv_indptr, d**-0.5)
+        examples.append((gqa_ragged_prefill, args, {"causal": causal, **unused}))
+    return examples

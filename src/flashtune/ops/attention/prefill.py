@@ -5,16 +5,41 @@
 - `single_prefill_with_kv_cache(q, k, v, ...)`: one request, no plan.
 
 plan runs on the CPU from the lengths alone: it validates the batch and builds the flat work
-list of (request, query tile) items, heaviest first (the number of KV tiles a tile visits),
-so the long causal tiles start first and the short ones fill the tail. run validates the
+list of (request, query tile) items, heaviest request first and, within it, heaviest tile
+first (the number of KV tiles a tile visits), so long causal tiles start early, short ones
+fill the tail, and the programs in flight share one request's K/V in L2. run validates the
 tensors against the plan and launches one Triton program per (work item, head group); the
-kernel is in prefill_kernels.py.
+kernel is in prefill_kernels.py. With a TMA tactic on a paged cache, run first copies the
+planned pages contiguously into the workspace (two index_select launches) and reads them as
+ragged KV.
 
 Semantics follow FlashInfer: causal masks align bottom-right (query i of a request with
 qo_len queries and kv_len keys sees keys j <= i + kv_len - qo_len); `window_left` keeps keys
 j >= i + kv_len - qo_len - window_left; `logits_soft_cap` c maps a logit x to c*tanh(x/c);
 a custom mask (flattened booleans, request after request, each [qo_len, kv_len] row-major)
 replaces the causal mask; the LSE is base 2.
+
+Tuning notes (H200, FlashInfer 0.2.14 = its FA3 backend in the same run; causal, bf16,
+32/8 heads, d128, qo = kv = L, page size 16; benchmarks/bench_prefill.py, 2026-11-21):
+- Before this round (tile-global work order, pointer loads, per-shape rules): geomean 0.73x
+  FlashInfer over 12 shapes (L 512/2048/8192 x batch 1/16 x paged/ragged), min 0.59.
+- Paged through staging + TMA vs the in-loop page-table gather (same 128x128 tile): L8192 b1
+  1.15 vs 1.44 ms, b16 20.2 vs 25.3 ms, L2048 b16 1.52 vs 1.77 ms. Staged paged then costs
+  1-10% more than ragged at L >= 2048 (the copy), 8-35% at L <= 1024, where the in-loop
+  gather is no faster (paged b1 L512: 0.018 ms either way).
+- Work order, default tactic, request-major vs tile-global: ragged b16 L1024 0.40 vs 0.45
+  ms, b16 L4096 5.0 vs 5.4, b16 L8192 19.1 vs 20.3; paged b4 L8192 4.7 vs 5.2 (batch 1 is the
+  same order either way).
+- Tile (10 candidates per shape, 30 shapes L 512..8192 x b 1/4/16 x paged/ragged): 64x64,
+  4 warps, 3 stages, TMA is the best on 25 of 30 shapes and within 5% on 29 (2 CTAs per SM:
+  one's prologue/epilogue overlaps the other's loop); its geomean vs FlashInfer is 0.89x
+  (paged 0.95x, min 0.88; ragged 0.84x, min 0.69 at b4 L8192, where 128x128/8 warps/TMA is
+  4% faster). 128x128/8 warps/TMA everywhere: 0.79x. 64x64 with 2 stages: 0-10% slower.
+  Hence tactic -1 on Hopper.
+- Ragged stays at 0.69-0.81x of FlashInfer's TMA, warp-specialized FA3 kernel for L >= 2048
+  at batch >= 4: what remains is FA3's pipeline (a producer warp, two consumer warp groups
+  in ping-pong) that Triton 3.6 does not generate on Hopper. Paged is faster than
+  FlashInfer's paged kernel (which gathers pages with cp.async) at b1 L1024/L2048, b4 L8192.
 """
 
 from __future__ import annotations
@@ -24,9 +49,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from flashtune import platform
+from flashtune import env, platform
+from flashtune.ops.attention.decode import _host_int64, _staging
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 from flashtune.schema import Const, OpSchema, Scalar, Tensor, Var, api
 from flashtune.tune import TunableRunner, TuningConfig, choose_one
@@ -51,6 +78,10 @@ __all__ = [
 ]
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# Order of the work list: "request" (heaviest request first, then its heaviest tiles) or
+# "tile" (heaviest tile first across the batch). A module switch so the benchmark can
+# measure both; see the notes in the docstring.
+_WORK_ORDER = "request"
 _LOG2E = 1.4426950408889634
 
 
@@ -228,10 +259,23 @@ PREFILL_TACTICS: tuple[PrefillTactic, ...] = tuple(
 
 
 def _default_tactic(plan: _PrefillPlan, device: torch.device) -> PrefillTactic:
-    """Tactic -1. Measured on an H200 (bf16, 32/8 heads, d128, causal; benchmarks/
-    bench_prefill.py --sweep): long KV wants 128x128 tiles on 8 warps (ragged, 492 TF/s at
-    b1 L8192 vs 453 for 128x64); the paged gather prefers 4 warps (375 vs 329 TF/s); short
-    KV (<= 1k) prefers narrow 32-key tiles on 4 warps (245 vs 204 TF/s at b16 L512)."""
+    """Tactic -1, cached on the plan (run stays cheap). Numbers: module notes, "Tuning"."""
+    if plan.default_tactic is None:
+        plan.default_tactic = _pick_default(plan, device)
+    return plan.default_tactic
+
+
+# Staging the pages of a paged batch (tma tactics) allocates a copy of the planned KV when the
+# workspace is too small; above this size the default keeps the in-loop page gather instead.
+_MAX_STAGING_BYTES = 1 << 30
+
+
+def _staging_bytes(plan: _PrefillPlan) -> int:
+    elem = plan.kv_dtype.itemsize if plan.kv_dtype is not None else 2
+    return 2 * int(plan.kv_indptr[-1]) * plan.page_size * plan.num_kv_heads * plan.head_dim * elem
+
+
+def _pick_default(plan: _PrefillPlan, device: torch.device) -> PrefillTactic:
     if device.type != "cuda":
         # Interpreter: small tiles so that small test inputs still cross tile boundaries.
         return PrefillTactic(32, 16, True, 4, 1)
@@ -239,7 +283,17 @@ def _default_tactic(plan: _PrefillPlan, device: torch.device) -> PrefillTactic:
     pack = group <= 8 and 64 % group == 0
     if plan.head_dim >= 256:
         return PrefillTactic(64, 32, pack, 4, 2)
-    max_kv = max(plan.kv_lens, default=0)
+    hopper = (platform.compute_capability(device) or (0, 0)) >= (9, 0)
+    ws = plan.workspace
+    ws_bytes = 0 if ws is None else ws.numel() * ws.element_size()
+    can_stage = not plan.paged or _staging_bytes(plan) <= max(ws_bytes, _MAX_STAGING_BYTES)
+    if hopper and can_stage:
+        # 64x64 tiles on 4 warps, K/V through TMA (paged: pages staged first). Best or within
+        # 5% of the best of 10 tactics on 24 of the 30 shapes of the H200 grid (notes above).
+        return PrefillTactic(64, 64, pack, 4, 3, tma=True)
+    # No TMA (before Hopper, or a paged batch too large to stage): pointer loads, the first
+    # H200 sweep's choices.
+    max_kv = int(plan.kv_lens.max(initial=0))
     if max_kv <= 1024:
         return PrefillTactic(128 if plan.paged else 64, 32, pack, 4, 3)
     if plan.paged:
@@ -249,27 +303,18 @@ def _default_tactic(plan: _PrefillPlan, device: torch.device) -> PrefillTactic:
     return PrefillTactic(128, 32, pack, 4, 3)
 
 
-def _host_ints(t: torch.Tensor | Sequence[int], name: str) -> list[int]:
-    if isinstance(t, torch.Tensor):
-        if t.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-        if t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
-        return [int(x) for x in t.tolist()]
-    return [int(x) for x in t]
-
-
-def _check_indptr(ptr: list[int], name: str) -> None:
+def _check_indptr(ptr: np.ndarray, name: str) -> None:
     if len(ptr) < 1:
         raise ValueError(f"{name} must have batch_size + 1 >= 1 entries, got {len(ptr)}")
     if ptr[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {ptr[0]}")
-    for i in range(len(ptr) - 1):
-        if ptr[i + 1] < ptr[i]:
-            raise ValueError(
-                f"{name} must be non-decreasing, got {name}[{i}]={ptr[i]} > "
-                f"{name}[{i + 1}]={ptr[i + 1]}"
-            )
+    down = ptr[1:] < ptr[:-1]
+    if down.any():
+        i = int(down.argmax())
+        raise ValueError(
+            f"{name} must be non-decreasing, got {name}[{i}]={ptr[i]} > "
+            f"{name}[{i + 1}]={ptr[i + 1]}"
+        )
 
 
 def _canon_dtype(dt: str | torch.dtype | None, name: str) -> torch.dtype | None:
@@ -289,9 +334,9 @@ class _PrefillPlan:
     """Everything run needs, computed once per batch on the CPU."""
 
     paged: bool
-    qo_indptr: list[int]
-    kv_lens: list[int]  # KV tokens per request
-    kv_indptr: list[int]  # pages (paged) or tokens (ragged)
+    qo_indptr: np.ndarray  # [B+1] int64 (host)
+    kv_lens: np.ndarray  # [B] int64: KV tokens per request
+    kv_indptr: np.ndarray  # [B+1] int64: pages (paged) or tokens (ragged)
     page_size: int
     num_qo_heads: int
     num_kv_heads: int
@@ -303,7 +348,8 @@ class _PrefillPlan:
     q_dtype: torch.dtype | None
     kv_dtype: torch.dtype | None
     device: torch.device
-    num_pages_needed: int = 0  # 1 + the largest page index (paged)
+    num_pages_needed: int = 0  # 1 + the largest page index (paged), once checked
+    page_ids_checked: bool = False  # num_pages_needed is known (see _check_page_ids)
     # Device tensors.
     qo_indptr_d: torch.Tensor | None = None
     kv_indptr_d: torch.Tensor | None = None
@@ -312,11 +358,11 @@ class _PrefillPlan:
     kv_last_page_len_d: torch.Tensor | None = None
     mask_d: torch.Tensor | None = None  # uint8, flattened
     mask_indptr_d: torch.Tensor | None = None  # int64
-    works: dict[int, torch.Tensor] = field(default_factory=dict)  # tokens/tile -> work list
+    works: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
     # Paged + TMA tactic: the planned pages are staged contiguously (page after page) and read
     # as ragged KV; request b's tokens start at kv_indptr[b] * page_size there (work list).
     workspace: torch.Tensor | None = None
-    stage_pages_d: torch.Tensor | None = None  # int64 [nnz_pages]: kv_indices[:nnz]
+    default_tactic: PrefillTactic | None = None  # tactic -1 for this plan, picked once
     tactic: Tactic = DEFAULT_TACTIC
 
     @property
@@ -325,34 +371,52 @@ class _PrefillPlan:
 
     @property
     def total_q(self) -> int:
-        return self.qo_indptr[-1]
+        return int(self.qo_indptr[-1])
 
     def work_list(self, tokens_per_tile: int, block_n: int) -> torch.Tensor:
         """[num_items, 8] int32, heaviest first, cached per tile shape: (request, first
         token, qo_start, qo_len, kv_len, KV offset in pages, KV offset in tokens, 0)."""
-        key = tokens_per_tile * 4096 + block_n
+        key = (tokens_per_tile, block_n, _WORK_ORDER)
         if key not in self.works:
-            items: list[tuple[int, int, int]] = []
-            for b in range(len(self.kv_lens)):
-                qo_len = self.qo_indptr[b + 1] - self.qo_indptr[b]
-                kv_len = self.kv_lens[b]
-                delta = kv_len - qo_len
-                for t0 in range(0, qo_len, tokens_per_tile):
-                    last = min(t0 + tokens_per_tile, qo_len) - 1
-                    hi = min(kv_len, last + delta + 1) if self.causal else kv_len
-                    lo = max(0, t0 + delta - self.window_left) if self.window_left >= 0 else 0
-                    cost = max(0, hi - lo) // block_n + 1
-                    items.append((-cost, b, t0))
-            items.sort()  # stable on (cost, request, tile): deterministic for equal inputs
-            qo, kvp, ps = self.qo_indptr, self.kv_indptr, self.page_size
-            flat = [
-                x
-                for _, b, t0 in items
-                for x in (b, t0, qo[b], qo[b + 1] - qo[b], self.kv_lens[b], kvp[b], kvp[b] * ps, 0)
-            ]
-            work = torch.tensor(flat, dtype=torch.int32).reshape(-1, 8)
-            self.works[key] = work.to(self.device, non_blocking=True)
+            work = _work_rows(self, tokens_per_tile, block_n)
+            self.works[key] = torch.from_numpy(work).to(self.device, non_blocking=True)
         return self.works[key]
+
+
+def _work_rows(plan: _PrefillPlan, tokens_per_tile: int, block_n: int) -> np.ndarray:
+    """The work list of `plan` on the host (see _PrefillPlan.work_list), vectorized."""
+    qo = plan.qo_indptr
+    qo_lens = qo[1:] - qo[:-1]
+    kv_lens = plan.kv_lens
+    batch = kv_lens.size
+    ntiles = -(-qo_lens // tokens_per_tile)
+    req = np.repeat(np.arange(batch), ntiles)
+    t0 = (np.arange(req.size) - (np.cumsum(ntiles) - ntiles)[req]) * tokens_per_tile
+    q_len, kv_len = qo_lens[req], kv_lens[req]
+    delta = kv_len - q_len
+    last = np.minimum(t0 + tokens_per_tile, q_len) - 1
+    hi = np.minimum(kv_len, last + delta + 1) if plan.causal else kv_len
+    lo = np.maximum(0, t0 + delta - plan.window_left) if plan.window_left >= 0 else 0
+    cost = np.maximum(0, hi - lo) // block_n + 1
+    if _WORK_ORDER == "request":
+        # Heaviest request first, its heaviest tiles first: the CTAs in flight share one or
+        # two requests' K/V, which stays in L2 (a tile-global order interleaves every
+        # request and streams all K/V from HBM at batch 16).
+        req_cost = np.bincount(req, weights=cost, minlength=batch)[req]
+        order = np.lexsort((t0, -cost, req, -req_cost))
+    else:
+        order = np.lexsort((t0, req, -cost))
+    r = req[order]
+    kvp = plan.kv_indptr
+    work = np.zeros((r.size, 8), dtype=np.int32)
+    work[:, 0] = r
+    work[:, 1] = t0[order]
+    work[:, 2] = qo[r]
+    work[:, 3] = qo_lens[r]
+    work[:, 4] = kv_lens[r]
+    work[:, 5] = kvp[r]
+    work[:, 6] = kvp[r] * plan.page_size
+    return work
 
 
 def _plan(
@@ -377,6 +441,7 @@ def _plan(
     logits_soft_cap: float | None,
     q_data_type: str | torch.dtype | None,
     kv_data_type: str | torch.dtype | None,
+    workspace: torch.Tensor | None = None,
 ) -> _PrefillPlan:
     if packed_custom_mask is not None:
         raise NotImplementedError("packed_custom_mask is not supported; pass custom_mask (bool)")
@@ -397,20 +462,26 @@ def _plan(
         raise ValueError(f"page_size must be positive, got {page_size}")
     if logits_soft_cap is not None and logits_soft_cap < 0:
         raise ValueError(f"logits_soft_cap must be >= 0 or None, got {logits_soft_cap}")
-    qo = _host_ints(qo_indptr, "qo_indptr")
-    kvp = _host_ints(kv_indptr, "paged_kv_indptr" if paged else "kv_indptr")
+    kv_name = "paged_kv_indptr" if paged else "kv_indptr"
+    host_in = [_int_vector(qo_indptr, "qo_indptr"), _int_vector(kv_indptr, kv_name)]
+    if paged:
+        assert kv_indices is not None and kv_last_page_len is not None
+        host_in.append(_int_vector(kv_last_page_len, "paged_kv_last_page_len"))
+    # One device-to-host transfer (one sync) for all index arrays, none on the CPU.
+    host = _host_int64(*host_in)
+    qo, kvp = host[0], host[1]
     _check_indptr(qo, "qo_indptr")
-    _check_indptr(kvp, "paged_kv_indptr" if paged else "kv_indptr")
+    _check_indptr(kvp, kv_name)
     if len(kvp) != len(qo):
         raise ValueError(
             f"qo_indptr and kv_indptr must both have batch_size + 1 entries, got {len(qo)} "
             f"and {len(kvp)}"
         )
     batch = len(qo) - 1
-    num_pages_needed = 0
+    kv_steps = kvp[1:] - kvp[:-1]
     if paged:
-        assert kv_indices is not None and kv_last_page_len is not None
-        last = _host_ints(kv_last_page_len, "paged_kv_last_page_len")
+        assert kv_indices is not None
+        last = host[2]
         if len(last) != batch:
             raise ValueError(
                 f"paged_kv_last_page_len must have batch_size={batch} entries, got {len(last)}"
@@ -420,30 +491,22 @@ def _plan(
                 f"paged_kv_indices must be 1-D with >= paged_kv_indptr[-1]={kvp[-1]} entries, "
                 f"got shape {tuple(kv_indices.shape)}"
             )
-        kv_lens = []
-        for b in range(batch):
-            n_pages = kvp[b + 1] - kvp[b]
-            if n_pages > 0 and not 1 <= last[b] <= page_size:
-                raise ValueError(
-                    f"paged_kv_last_page_len[{b}]={last[b]} must be in 1..page_size={page_size}"
-                )
-            kv_lens.append(0 if n_pages == 0 else (n_pages - 1) * page_size + last[b])
-        idx_host = kv_indices[: kvp[-1]]
-        if idx_host.numel():
-            lo, hi = int(idx_host.min()), int(idx_host.max())
-            if lo < 0:
-                raise ValueError(f"paged_kv_indices must be >= 0, got {lo}")
-            num_pages_needed = hi + 1
+        bad = (kv_steps > 0) & ((last < 1) | (last > page_size))
+        if bad.any():
+            b = int(bad.argmax())
+            raise ValueError(
+                f"paged_kv_last_page_len[{b}]={last[b]} must be in 1..page_size={page_size}"
+            )
+        kv_lens = np.where(kv_steps > 0, (kv_steps - 1) * page_size + last, 0)
     else:
-        kv_lens = [kvp[b + 1] - kvp[b] for b in range(batch)]
-    qo_lens = [qo[b + 1] - qo[b] for b in range(batch)]
-    if causal and custom_mask is None:
-        for b in range(batch):
-            if qo_lens[b] > kv_lens[b]:
-                raise ValueError(
-                    f"causal prefill needs qo_len <= kv_len for every request; request {b} has "
-                    f"qo_len={qo_lens[b]} > kv_len={kv_lens[b]}"
-                )
+        kv_lens = kv_steps
+    qo_lens = qo[1:] - qo[:-1]
+    if causal and custom_mask is None and (qo_lens > kv_lens).any():
+        b = int((qo_lens > kv_lens).argmax())
+        raise ValueError(
+            f"causal prefill needs qo_len <= kv_len for every request; request {b} has "
+            f"qo_len={qo_lens[b]} > kv_len={kv_lens[b]}"
+        )
     plan = _PrefillPlan(
         paged=paged,
         qo_indptr=qo,
@@ -460,10 +523,10 @@ def _plan(
         q_dtype=_canon_dtype(q_data_type, "q_data_type"),
         kv_dtype=_canon_dtype(kv_data_type, "kv_data_type"),
         device=device,
-        num_pages_needed=num_pages_needed,
+        workspace=workspace,
     )
     if custom_mask is not None:
-        expected = sum(a * b for a, b in zip(qo_lens, kv_lens, strict=True))
+        expected = int((qo_lens * kv_lens).sum())
         if custom_mask.dim() != 1 or custom_mask.numel() != expected:
             raise ValueError(
                 f"custom_mask must be flat with sum(qo_len * kv_len) = {expected} elements, got "
@@ -471,21 +534,74 @@ def _plan(
             )
         if custom_mask.dtype != torch.bool:
             raise TypeError(f"custom_mask must be torch.bool, got {custom_mask.dtype}")
-        offs = [0]
-        for a, b in zip(qo_lens, kv_lens, strict=True):
-            offs.append(offs[-1] + a * b)
+        offs = np.zeros(batch + 1, np.int64)
+        np.cumsum(qo_lens * kv_lens, out=offs[1:])
         plan.mask_d = custom_mask.to(device).view(torch.uint8).contiguous()
-        plan.mask_indptr_d = torch.tensor(offs, dtype=torch.int64).to(device)
-    i32 = dict(dtype=torch.int32)
-    plan.qo_indptr_d = torch.tensor(qo, **i32).to(device, non_blocking=True)
-    plan.kv_indptr_d = torch.tensor(kvp, **i32).to(device, non_blocking=True)
-    plan.kv_lens_d = torch.tensor(kv_lens, **i32).to(device, non_blocking=True)
+        plan.mask_indptr_d = torch.from_numpy(offs).to(device)
     if paged:
         assert kv_indices is not None and kv_last_page_len is not None
         plan.kv_indices_d = kv_indices.to(device=device, dtype=torch.int32)
         plan.kv_last_page_len_d = kv_last_page_len.to(device=device, dtype=torch.int32)
-        plan.stage_pages_d = plan.kv_indices_d[: kvp[-1]].long()
+        if kv_indices.device.type != "cpu" and env.DEBUG_CHECKS.get():
+            # On a GPU the page-id bounds cost a pass and a sync: only as a debug check (on
+            # the CPU, run checks them on first use).
+            _check_page_ids(plan, kv_indices)
+    # The index arrays run reads, and the work list of the default tactic (run would build
+    # it on first use), in one host-to-device copy.
+    tactic = _default_tactic(plan, device)
+    tpt = tactic.tokens_per_tile(plan.group_size)
+    work = _work_rows(plan, tpt, tactic.block_n)
+    ints = _pack_ints(device, [qo, kvp, kv_lens, work.reshape(-1)])
+    plan.qo_indptr_d, plan.kv_indptr_d, plan.kv_lens_d, work_d = ints
+    plan.works[(tpt, tactic.block_n, _WORK_ORDER)] = work_d.view(-1, 8)
     return plan
+
+
+def _int_vector(t: torch.Tensor | Sequence[int], name: str) -> torch.Tensor:
+    if isinstance(t, torch.Tensor):
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+        if t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+        return t
+    return torch.as_tensor(np.asarray(t, dtype=np.int64).reshape(-1))
+
+
+def _pack_ints(device: torch.device, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+    """int32 device copies of `arrays`: one buffer, one (async, pinned) host-to-device copy."""
+    sizes = [a.size for a in arrays]
+    total = sum(sizes)
+    if device.type == "cuda":
+        staging = _staging(device)
+        buf = staging.host_buffer(total)
+    else:
+        buf = np.empty(total, np.int32)
+    off = 0
+    for a, n in zip(arrays, sizes, strict=True):
+        buf[off : off + n] = a
+        off += n
+    if device.type == "cuda":
+        dev = torch.empty(total, dtype=torch.int32, device=device)
+        staging.upload(dev, total)
+    else:
+        dev = torch.from_numpy(buf)
+    out, off = [], 0
+    for n in sizes:
+        out.append(dev[off : off + n])
+        off += n
+    return out
+
+
+def _check_page_ids(plan: _PrefillPlan, kv_indices: torch.Tensor) -> None:
+    """Sets plan.num_pages_needed from the planned page ids (raises on a negative one)."""
+    nnz = int(plan.kv_indptr[-1])
+    if nnz:
+        head = kv_indices[:nnz]
+        lo, hi = int(head.min()), int(head.max())
+        if lo < 0:
+            raise ValueError(f"paged_kv_indices must be >= 0, got {lo}")
+        plan.num_pages_needed = hi + 1
+    plan.page_ids_checked = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -815,14 +931,19 @@ def _stage_pages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Copy the planned pages of k/v [P, page_size, H, D] (any layout) page after page into
     [nnz_pages * page_size, H, D] NHD tensors, in the workspace when it is large enough."""
-    assert plan.stage_pages_d is not None
-    pages = plan.stage_pages_d
+    assert plan.kv_indices_d is not None
+    pages = plan.kv_indices_d[: int(plan.kv_indptr[-1])]  # int32 ids: index_select takes them
     n, ps, h, d = pages.numel(), k.shape[1], k.shape[2], k.shape[3]
     elems = n * ps * h * d
     ws = plan.workspace
     nbytes = 2 * elems * k.element_size()
-    if ws is not None and ws.device == k.device and ws.numel() * ws.element_size() >= nbytes:
-        buf = ws.view(torch.uint8)[:nbytes].view(k.dtype)
+    if (
+        ws is not None
+        and ws.device == k.device
+        and ws.is_contiguous()
+        and ws.numel() * ws.element_size() >= nbytes
+    ):
+        buf = ws.view(-1).view(torch.uint8)[:nbytes].view(k.dtype)
     else:
         buf = torch.empty(2 * elems, dtype=k.dtype, device=k.device)
     ks = buf[:elems].view(n, ps, h, d)
@@ -1055,6 +1176,7 @@ class _PrefillWrapperBase:
         self._workspace = float_workspace_buffer
         if self._plan is not None:
             self._plan.workspace = float_workspace_buffer
+            self._plan.default_tactic = None  # staging may (no longer) fit: pick again
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
@@ -1118,8 +1240,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             packed_custom_mask=packed_custom_mask, causal=causal,
             pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
             logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
+            workspace=self._workspace,
         )  # fmt: skip
-        self._plan.workspace = self._workspace
 
     begin_forward = plan
 
@@ -1146,6 +1268,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
                 f"paged_kv_cache has page_size {k.shape[1]} ({self._kv_layout}), planned "
                 f"{plan.page_size}"
             )
+        if not plan.page_ids_checked and plan.kv_indices_d.device.type == "cpu":
+            _check_page_ids(plan, plan.kv_indices_d)  # on the CPU: free of syncs
         if plan.num_pages_needed > k.shape[0]:
             raise ValueError(
                 f"paged_kv_indices reference page {plan.num_pages_needed - 1} but the cache "
@@ -1231,7 +1355,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         if k.shape != v.shape:
             raise ValueError(f"k shape {list(k.shape)} != v shape {list(v.shape)}")
         _check_kv(k, v, q, plan)
-        if k.shape[0] != plan.kv_indptr[-1]:
+        if k.shape[0] != int(plan.kv_indptr[-1]):
             raise ValueError(
                 f"k/v must hold kv_indptr[-1]={plan.kv_indptr[-1]} tokens as planned, got "
                 f"{k.shape[0]}"

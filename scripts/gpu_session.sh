@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (the `device` tool): set up, then run the named stages.
+#   bash scripts/gpu_session.sh tests decode prefill     # cuda tests + attention benchmarks
+#   bash scripts/gpu_session.sh bundled                  # `flashtune run` on the bundled dataset
+# Needs the ignored folder .peer/ carried along: FlashInfer's source archive (the peer) and
+# wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
+# files come back from it: benchmarks write their rows there through RowWriter).
+set -uo pipefail
+OUT=${OUT:-/tmp/flashtune-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --find-links .peer/wheels pydantic filelock safetensors >"$OUT/setup.log" 2>&1
+export PYTHONPATH=$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}
+# shellcheck disable=SC1091
+source .peer/flashinfer-from-sdist.sh .peer/flashinfer_python-0.2.14.post1.tar.gz >>"$OUT/setup.log" 2>&1
+export FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/setup.log"
+python3 -c "import torch, triton, pydantic, flashtune; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$OUT/setup.log"
+
+for stage in "$@"; do
+  start=$(date +%s)
+  case "$stage" in
+    tests)
+      timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops tests/test_timing.py \
+        tests/bench tests/capture tests/tune >"$OUT/cuda_tests.log" 2>&1
+      tail -n 25 "$OUT/cuda_tests.log" ;;
+    decode) timeout 120 python3 benchmarks/bench_decode.py --quick --only grid 2>&1 | tee "$OUT/decode.log" | tail -n 30 ;;
+    prefill) timeout 110 python3 benchmarks/bench_prefill.py 2>&1 | tee "$OUT/prefill.log" | tail -n 25 ;;
+    bundled)
+      timeout 420 python3 benchmarks/bench_bundled.py run /tmp/bundled 2>&1 | tee "$OUT/bundled.log" | tail -n 60
+      python3 benchmarks/bench_bundled.py rows /tmp/bundled 2>&1 | tail -n 5 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+  echo "== stage $stage took $(( $(date +%s) - start )) s"
+done
