@@ -27,48 +27,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import GEMM_CORPUS_M as CORPUS_M  # noqa: E402
+from common import GEMM_CORPUS_NK as CORPUS_NK  # noqa: E402
+from common import GEMM_EXTRA_MNK as EXTRA  # noqa: E402
 from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune.ops import gemm as G  # noqa: E402
 from flashtune.timing import copies_for_cold_l2, measure  # noqa: E402
 
-# (N, K) of ../shared/flashinfer-trace/definitions/gemm/*.json (the GPU machine has no copy).
-CORPUS_NK = [
-    (10240, 8192),
-    (128, 2048),
-    (16384, 3072),
-    (2048, 4096),
-    (2048, 5376),
-    (21504, 5376),
-    (256, 3072),
-    (256, 7168),
-    (28672, 4096),
-    (3072, 3072),
-    (3072, 6144),
-    (3072, 8192),
-    (34816, 5120),
-    (3584, 18944),
-    (3584, 3584),
-    (37888, 3584),
-    (4096, 14336),
-    (4096, 4096),
-    (4096, 5376),
-    (4608, 3584),
-    (5120, 17408),
-    (5120, 2048),
-    (5120, 3072),
-    (5120, 5120),
-    (5376, 21504),
-    (5376, 4096),
-    (57344, 8192),
-    (6144, 4096),
-    (7168, 5120),
-    (8192, 28672),
-    (8192, 3072),
-    (8192, 8192),
-]
-CORPUS_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
-EXTRA = [(m, 11008, 4096) for m in (1, 17, 32, 256, 512)] + [(1, 1024, 8192)]
 PEAK_TFLOPS = 790.0  # H100 SXM dense bf16
 DTYPE = torch.bfloat16
 

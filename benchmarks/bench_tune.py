@@ -29,47 +29,13 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import GEMM_CORPUS_M as M_VALUES  # noqa: E402
+from common import GEMM_CORPUS_NK as GEMM_NK  # noqa: E402
+from common import GEMM_EXTRA_MNK as EXTRA  # noqa: E402
 
 from flashtune.tune import AutoTuner, autotune, choose_one  # noqa: E402
 from flashtune.tune.runner import make_profile  # noqa: E402
 
-# (N, K) of the shared gemm definitions (copied so the GPU machine needs no corpus).
-GEMM_NK = [
-    (10240, 8192),
-    (128, 2048),
-    (16384, 3072),
-    (2048, 4096),
-    (2048, 5376),
-    (21504, 5376),
-    (256, 3072),
-    (256, 7168),
-    (28672, 4096),
-    (3072, 3072),
-    (3072, 6144),
-    (3072, 8192),
-    (34816, 5120),
-    (3584, 18944),
-    (3584, 3584),
-    (37888, 3584),
-    (4096, 14336),
-    (4096, 4096),
-    (4096, 5376),
-    (4608, 3584),
-    (5120, 17408),
-    (5120, 2048),
-    (5120, 3072),
-    (5120, 5120),
-    (5376, 21504),
-    (5376, 4096),
-    (57344, 8192),
-    (6144, 4096),
-    (7168, 5120),
-    (8192, 28672),
-    (8192, 3072),
-    (8192, 8192),
-]
-M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
-EXTRA = [(m, 11008, 4096) for m in (1, 17, 32, 256, 512)] + [(1, 1024, 8192)]
 # Tuned first, so that a time budget still covers every M: the llama-3.1-8b layers.
 PRIORITY_NK = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]
 

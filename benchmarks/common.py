@@ -88,3 +88,18 @@ def copy_bandwidth_gbs(nbytes: int = 2 * 2**30) -> float:
     x = torch.randn(nbytes // 4, device="cuda", dtype=torch.float32)
     t = measure(lambda a: a.sum(), [x], warmup=5, repetitions=30, cold_l2=False)
     return nbytes / (t.median_ms * 1e-3) / 1e9
+
+
+# The issue-3 GEMM table, shared by bench_gemm.py and bench_tune.py: the (N, K) of the
+# corpus gemm definitions (../shared/flashinfer-trace/definitions/gemm/*.json, listed here
+# because the GPU machine has no copy of the corpus) at these M, plus a few extra shapes.
+GEMM_CORPUS_NK = [
+    (10240, 8192), (128, 2048), (16384, 3072), (2048, 4096), (2048, 5376), (21504, 5376),
+    (256, 3072), (256, 7168), (28672, 4096), (3072, 3072), (3072, 6144), (3072, 8192),
+    (34816, 5120), (3584, 18944), (3584, 3584), (37888, 3584), (4096, 14336), (4096, 4096),
+    (4096, 5376), (4608, 3584), (5120, 17408), (5120, 2048), (5120, 3072), (5120, 5120),
+    (5376, 21504), (5376, 4096), (57344, 8192), (6144, 4096), (7168, 5120), (8192, 28672),
+    (8192, 3072), (8192, 8192),
+]  # fmt: skip
+GEMM_CORPUS_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+GEMM_EXTRA_MNK = [(m, 11008, 4096) for m in (1, 17, 32, 256, 512)] + [(1, 1024, 8192)]
