@@ -3,6 +3,7 @@ atomic writes and whole-line appends."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -128,14 +129,17 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def append_line(path: Path, line: str) -> None:
-    """Append one JSONL record as a single write() on an O_APPEND file, then fsync: other
-    processes appending to the same file never interleave inside a line."""
+    """Append one JSONL record as a single write() on an O_APPEND file under an exclusive
+    flock, then fsync: processes appending to the same file never interleave inside a line."""
     if "\n" in line:
         raise ValueError("a JSONL record must be a single line")
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (line + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        # Appenders take turns: the check below must not see another writer's line half
+        # copied into the file (it would then start a needless blank line).
+        fcntl.flock(fd, fcntl.LOCK_EX)
         # A file left without a final newline by a killed writer: start on a fresh line so
         # the new record is not glued to the broken one.
         if os.fstat(fd).st_size > 0:
