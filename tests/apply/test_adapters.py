@@ -127,7 +127,7 @@ def test_context_store() -> None:
 # --------------------------------------------------------------------------- linear
 
 
-def test_linear_adapter_dispatches_and_restores(tmp_path: Path) -> None:
+def test_linear_adapter_dispatches_and_restores(tmp_path: Path, caplog) -> None:
     ds = Dataset(tmp_path)
     ds.add_definition(
         Definition.model_validate(
@@ -167,6 +167,12 @@ def test_linear_adapter_dispatches_and_restores(tmp_path: Path) -> None:
         layer = torch.nn.Linear(4, 8, bias=False)
         layer(torch.randn(1, 4))  # nn.Linear goes through F.linear
         assert len(calls_of(sol)) == n + 1
+        # float64: the same name gemm_n8_k4, but the winner was benchmarked in float32
+        xd, wd = x.double(), w.double()
+        with caplog.at_level("WARNING", "flashtune.apply"):
+            torch.testing.assert_close(F.linear(xd, wd), xd @ wd.T)
+        assert len(calls_of(sol)) == n + 1
+        assert any("float64" in r.getMessage() for r in caplog.records)
     assert F.linear is original
 
 

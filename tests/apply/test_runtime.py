@@ -159,3 +159,44 @@ def test_missing_or_unloadable_winner_falls_back(tmp_path: Path) -> None:
     x, w = torch.randn(4, 16), torch.randn(16)
     with enable_apply(dataset=ds):
         torch.testing.assert_close(toy_norm(x, w), toy_norm_ref(x, w))
+
+
+def test_winner_is_not_used_for_another_dtype(tmp_path: Path, caplog) -> None:
+    # Definition names carry no dtype: toy_norm_h16 here is float32 (its inputs' dtypes), so
+    # a float16 call of the same name and shapes must not get the float32 winner.
+    ds = Dataset(tmp_path)
+    add_definition(ds, toy_norm.definition(torch.randn(2, 16), torch.randn(16)))
+    sol = plant(ds, "toy_norm_h16", "fast32", NORM_SRC)
+    add_traces(ds, [trace("toy_norm_h16", "fast32", {"batch_size": 4}, 0.1)])
+    x, w = torch.randn(4, 16), torch.rand(16) + 0.5
+    xh, wh = x.half(), w.half()
+    with enable_apply(dataset=ds) as handle, caplog.at_level("WARNING", "flashtune.apply"):
+        toy_norm(x, w)
+        n = len(calls_of(sol))
+        for _ in range(3):  # the miss is cached per signature (dtypes included)
+            y = toy_norm(xh, wh)
+            assert y.dtype == torch.float16
+            torch.testing.assert_close(y, toy_norm_ref(xh, wh))
+        assert len(calls_of(sol)) == n  # the op's own path ran
+        toy_norm(x, w)  # float32 still reaches the winner
+        assert len(calls_of(sol)) == n + 1
+        assert handle.hook.hits == 2 and handle.hook.misses == 3
+    assert sum("float16" in r.getMessage() for r in caplog.records) == 1  # logged once
+    # apply(name, kwargs) checks the dtypes too
+    kwargs = {"hidden_states": xh, "weight": wh}
+    assert apply("toy_norm_h16", kwargs, lambda **kw: "fb", dataset=ds.root) == "fb"
+    assert len(calls_of(sol)) == n + 1
+    apply("toy_norm_h16", {"hidden_states": x, "weight": w}, dataset=ds.root)
+    assert len(calls_of(sol)) == n + 2
+
+
+def test_winner_of_a_definition_the_dataset_lacks_is_not_used(tmp_path: Path) -> None:
+    # Traces without their definition: the dtypes cannot be checked, so the op's path runs.
+    ds = Dataset(tmp_path)
+    sol = plant(ds, "toy_norm_h16", "fast", NORM_SRC)
+    add_traces(ds, [trace("toy_norm_h16", "fast", {"batch_size": 4}, 0.1)])
+    x, w = torch.randn(4, 16), torch.randn(16)
+    n = len(calls_of(sol))
+    with enable_apply(dataset=ds) as handle:
+        torch.testing.assert_close(toy_norm(x, w), toy_norm_ref(x, w))
+        assert handle.hook.misses == 1 and len(calls_of(sol)) == n

@@ -252,3 +252,39 @@ def test_capture_run_cli(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert len(_lines(root, "toy_gemm", "toy_gemm_n4_k4")) == 3
+
+
+def test_calls_of_another_dtype_are_not_recorded_under_a_definition(tmp_path: Path) -> None:
+    # Definition names carry no dtype: float32 and float16 calls of toy_norm at hidden 16 both
+    # name toy_norm_h16. The first fixes its dtypes; the other's calls are skipped, warned once.
+    w = torch.rand(16) + 0.5
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with capture(dataset=tmp_path) as cap:
+            toy_norm(torch.randn(2, 16), w)
+            for batch in (2, 3, 3, 5):  # float16: skipped (2 is also a float32 signature)
+                toy_norm(torch.randn(batch, 16).half(), w.half())
+            toy_norm(torch.randn(3, 16), w)  # float32 again: still recorded
+            toy_norm(torch.randn(5, 16), w)  # a shape skipped in float16: recorded
+    dtype_warnings = [w for w in caught if "dtypes" in str(w.message)]
+    assert len(dtype_warnings) == 1 and "float16" in str(dtype_warnings[0].message)
+    assert cap.stats["written"] == 3
+    ds = Dataset(tmp_path)
+    assert ds.definitions["toy_norm_h16"].inputs["hidden_states"].dtype == "float32"
+    rows = _lines(tmp_path, "toy_norm", "toy_norm_h16")
+    assert [r["workload"]["axes"]["batch_size"] for r in rows] == [2, 3, 5]
+
+
+def test_the_datasets_definition_fixes_the_dtypes(tmp_path: Path) -> None:
+    # A dataset that already has toy_norm_h16 in float16 (a corpus definition, say): float32
+    # calls are not written under it; float16 calls are.
+    ds = Dataset(tmp_path)
+    ds.add_definition(toy_norm.definition(torch.randn(2, 16).half(), torch.randn(16).half()))
+    w = torch.rand(16) + 0.5
+    with pytest.warns(RuntimeWarning, match="float32"):
+        with capture(dataset=ds) as cap:
+            toy_norm(torch.randn(4, 16), w)
+            toy_norm(torch.randn(7, 16).half(), w.half())
+    assert cap.stats["written"] == 1
+    rows = _lines(tmp_path, "toy_norm", "toy_norm_h16")
+    assert [r["workload"]["axes"]["batch_size"] for r in rows] == [7]

@@ -234,6 +234,8 @@ def dispatch(name: str, inputs: Mapping[str, Any], runtime: Any = None) -> list[
                 "apply adapters: definition %s is not in %s; falling back", name, rt.dataset
             )
         return None
+    if not rt.kwargs_dtypes_match(name, inputs):  # names carry no dtype: see runtime
+        return None
     axes = rt.axes_from_kwargs(name, inputs)
     runner = rt.runner(name, axes)
     if runner is None:

@@ -1,5 +1,14 @@
 """Dispatch at run time: each call of a schema'd op (or of `apply(...)`) runs the solution
-the apply table names for its definition and shape, or falls back to the original code."""
+the apply table names for its definition and shape, or falls back to the original code.
+
+Dtypes: definition names carry none (rmsnorm_h4096 is bf16 by its inputs' dtypes), so an
+fp16 call can share the name of a bf16 definition. A table winner was benchmarked in the
+definition's dtypes, so it is only used when the call's input dtypes equal the definition's
+(BoundCall.dtypes against a dict precomputed per definition; a definition the dataset lacks
+cannot be checked and falls back too). Otherwise the call runs the op's own path. The check
+runs once per call signature (the cached plans are keyed by shapes AND dtypes), so the
+per-call cost is unchanged.
+"""
 
 from __future__ import annotations
 
@@ -141,12 +150,88 @@ class ApplyRuntime:
         self._runners: dict[tuple[str, str], Callable[..., Any] | None] = {}
         self._input_dims: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {}
         self._const_axes: dict[str, dict[str, int]] = {}
+        # Per definition: input dtypes by name (None: the dataset lacks the definition), and
+        # the same as torch dtypes for apply(name, kwargs).
+        self._dtypes: dict[str, dict[str, str] | None] = {}
+        self._torch_dtypes: dict[str, list[tuple[str, torch.dtype]] | None] = {}
+        self._warned_dtypes: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self._lock = threading.Lock()
 
     def reload(self) -> None:
         """Re-read the traces (rebuilding the table if they changed)."""
         self.table = ApplyTable.load(self.dataset, self.config)
         self._runners.clear()
+        self._dtypes.clear()
+        self._torch_dtypes.clear()
+
+    def input_dtypes(self, definition: str) -> dict[str, str] | None:
+        """The definition's input dtypes by name, or None when the dataset lacks it."""
+        try:
+            return self._dtypes[definition]
+        except KeyError:
+            pass
+        d = self.dataset.definitions.get(definition)
+        dtypes = capture_api.input_dtypes(d) if d is not None else None
+        self._dtypes[definition] = dtypes
+        return dtypes
+
+    def dtypes_match(self, definition: str, dtypes: Mapping[str, str]) -> bool:
+        """Whether a call with these input dtypes (BoundCall.dtypes) may run the definition's
+        winners: they were benchmarked in the definition's dtypes. Logs a mismatch once."""
+        expected = self.input_dtypes(definition)
+        if expected is not None and dtypes == expected:
+            return True
+        wrong = capture_api.dtype_mismatches(dtypes, expected) if expected is not None else {}
+        if expected is not None and not wrong:
+            return True  # only an optional input differs in presence
+        key = (definition, tuple(sorted(dtypes.items())))
+        if key not in self._warned_dtypes:
+            self._warned_dtypes.add(key)
+            if expected is None:
+                log.warning(
+                    "apply: %s is not in %s, so the dtypes of a call cannot be checked "
+                    "against it; falling back",
+                    definition,
+                    self.dataset,
+                )
+            else:
+                log.warning(
+                    "apply: a call of %s has input dtypes %s but its winners were benchmarked "
+                    "with %s; falling back (definition names carry no dtype)",
+                    definition,
+                    wrong,
+                    {n: expected[n] for n in wrong},
+                )
+        return False
+
+    def kwargs_dtypes_match(self, definition: str, kwargs: Mapping[str, Any]) -> bool:
+        """dtypes_match for apply(name, kwargs) and the adapters: the tensors among kwargs
+        (inputs by definition name) against the definition's dtypes, as torch dtypes."""
+        try:
+            expected = self._torch_dtypes[definition]
+        except KeyError:
+            expected = self._torch_dtypes[definition] = self._expected_torch_dtypes(definition)
+        if expected is None:
+            return self.dtypes_match(definition, {})  # logs once, False
+        for name, dtype in expected:
+            # getattr: a missing input or a Python scalar has no dtype and is no mismatch.
+            if getattr(kwargs.get(name), "dtype", dtype) is not dtype:
+                found = {
+                    n: str(v.dtype).removeprefix("torch.")
+                    for n, v in kwargs.items()
+                    if isinstance(v, torch.Tensor)
+                }
+                return self.dtypes_match(definition, found)  # logs once, False
+        return True
+
+    def _expected_torch_dtypes(self, definition: str) -> list[tuple[str, torch.dtype]] | None:
+        d = self.dataset.definitions.get(definition)
+        if d is None:
+            return None
+        try:  # tensor inputs only: scalars are Python values
+            return [(n, torch_dtype(s.dtype)) for n, s in d.inputs.items() if s.shape is not None]
+        except ValueError:  # a dtype torch cannot name: nothing can be checked
+            return None
 
     def runner(self, definition: str, var_axes: Mapping[str, int]) -> Callable[..., Any] | None:
         """`run(axes, inputs_in_definition_order)` of the winning solution, or None."""
@@ -354,7 +439,12 @@ class ApplyHook:
             name = call.name
         except (ValueError, TypeError, KeyError, AttributeError):
             return NOT_HANDLED  # the op's own validation reports bad input
-        runner = self.runtime.runner(name, call.var_axes)
+        # The cached plans are keyed by dtypes too, so this check runs once per signature.
+        runner = (
+            self.runtime.runner(name, call.var_axes)
+            if self.runtime.dtypes_match(name, call.dtypes)
+            else None
+        )
         if runner is None:
             if fast is not None:
                 self._plans[fast] = _MISS
@@ -481,7 +571,11 @@ def apply(
         if callable(def_name_or_resolver)
         else def_name_or_resolver
     )
-    if name is not None and name in rt.table.definitions:
+    if (
+        name is not None
+        and name in rt.table.definitions
+        and rt.kwargs_dtypes_match(name, runtime_kwargs)
+    ):
         axes = rt.axes_from_kwargs(name, runtime_kwargs)
         runner = rt.runner(name, axes)
         if runner is not None:

@@ -1,6 +1,15 @@
 """Workload capture: `with capture(dataset=...):` or FLASHTUNE_CAPTURE=1 records, for every
 schema'd op call, a Workload (var axes and inputs) in
-<dataset>/workloads/<op_type>/<definition>.jsonl, and the Definition when it is missing."""
+<dataset>/workloads/<op_type>/<definition>.jsonl, and the Definition when it is missing.
+
+Dtypes: definition names carry none (FlashInfer Trace convention: rmsnorm_h4096 is bf16 by
+its inputs' dtypes), so a bf16 and an fp16 call of the same shapes share a name. The first
+definition of a name wins (the dataset's own, else the one built from the first call
+captured); a later call whose input dtypes differ from it is NOT recorded (a workload of the
+wrong dtype would be benchmarked in the definition's dtype): capture warns once per
+(definition, dtype signature) and skips it. Names are never suffixed, so they keep matching
+the corpus.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +49,8 @@ __all__ = [
     "capture",
     "observe",
     "call_signature",
+    "dtype_mismatches",
+    "input_dtypes",
 ]
 
 log = logging.getLogger("flashtune.capture")
@@ -89,6 +100,23 @@ def call_signature(
     return tuple(key)
 
 
+def input_dtypes(definition: Definition) -> dict[str, str]:
+    """The dtype of each of a definition's inputs, by input name (what BoundCall.dtypes holds
+    for a call of that definition)."""
+    return {name: spec.dtype for name, spec in definition.inputs.items()}
+
+
+def dtype_mismatches(dtypes: Mapping[str, str], expected: Mapping[str, str]) -> dict[str, str]:
+    """The inputs of a call (`dtypes`: BoundCall.dtypes) whose dtype differs from the
+    definition's (`expected`: input_dtypes), as {name: call dtype}; {} when they agree.
+
+    Inputs the definition lacks (an optional one it was built without) are not a dtype
+    question and are left out."""
+    if dtypes == expected:  # the common case: one dict comparison
+        return {}
+    return {n: d for n, d in dtypes.items() if expected.get(n, d) != d}
+
+
 def _logical(value: torch.Tensor, rank: int) -> torch.Tensor:
     """The tensor as the definition sees it (leading dimensions merged into the first)."""
     if value.dim() > rank >= 1:
@@ -101,6 +129,7 @@ class _DefState:
     definition: Definition
     config: CaptureConfig
     filter: WorkloadFilter
+    dtypes: dict[str, str] = field(default_factory=dict)  # input_dtypes(definition)
 
 
 @dataclass
@@ -117,6 +146,11 @@ class Capturer:
         self.writer = CaptureWriter(self.dataset, self.max_records, self.max_bytes)
         self._states: dict[str, _DefState | None] = {}
         self._dropped_fast: set[tuple] = set()  # call signatures a sticky filter drops for good
+        # Ops seen called with dtypes their definition does not have: from then on their fast
+        # signatures include dtypes, so a skipped dtype can be dropped fast without also
+        # dropping the same shapes in the definition's dtype.
+        self._mixed_ops: set[ApiOp] = set()
+        self._warned_dtypes: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self._lock = threading.Lock()
         self._warned_graph = False
         self.captured = 0
@@ -155,14 +189,14 @@ class Capturer:
         if _FORWARDED[0]:  # apply, when on, calls observe() itself (see observe)
             return NOT_HANDLED
         # The steady state of a sticky filter: a signature already dropped for good.
-        fast = call_signature(op, args, kwargs, len(op.schemas) > 1)
+        fast = call_signature(op, args, kwargs, len(op.schemas) > 1 or op in self._mixed_ops)
         if fast is None or fast not in self._dropped_fast:
             self._observe(op, args, kwargs, fast)
         return NOT_HANDLED
 
     def observe(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Record one call (never raises: a call capture cannot bind is the op's business)."""
-        fast = call_signature(op, args, kwargs, len(op.schemas) > 1)
+        fast = call_signature(op, args, kwargs, len(op.schemas) > 1 or op in self._mixed_ops)
         if fast is None or fast not in self._dropped_fast:
             self._observe(op, args, kwargs, fast)
 
@@ -178,6 +212,8 @@ class Capturer:
         if state is None:
             if fast is not None:
                 self._dropped_fast.add(fast)
+            return
+        if call.dtypes != state.dtypes and self._wrong_dtypes(op, call, state, fast):
             return
         if _graph_capturing(call):
             if not self._warned_graph:
@@ -198,6 +234,33 @@ class Capturer:
             return
         self._submit(state, workload, dumps)
 
+    def _wrong_dtypes(
+        self, op: ApiOp, call: BoundCall, state: _DefState, fast: tuple | None
+    ) -> bool:
+        """True (warned once per definition and dtype signature) when the call's input dtypes
+        are not its definition's: such a call is not recorded (see the module docstring)."""
+        wrong = dtype_mismatches(call.dtypes, state.dtypes)
+        if not wrong:
+            return False
+        if op not in self._mixed_ops:
+            self._mixed_ops.add(op)  # later signatures carry dtypes (see __post_init__)
+        elif fast is not None:
+            self._dropped_fast.add(fast)  # fast already carries dtypes: skip it cheaply
+        name = state.definition.name
+        key = (name, tuple(sorted(call.dtypes.items())))
+        if key not in self._warned_dtypes:
+            self._warned_dtypes.add(key)
+            found = ", ".join(f"{n}={d}" for n, d in wrong.items())
+            want = ", ".join(f"{n}={state.dtypes[n]}" for n in wrong)
+            warnings.warn(
+                f"flashtune capture: a call of {name} has input dtypes {found} but the "
+                f"definition has {want}; definition names carry no dtype, so these calls are "
+                "not recorded (warned once per definition and dtypes)",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return True
+
     def _state(self, call: BoundCall) -> _DefState | None:
         name = call.name
         try:
@@ -210,8 +273,11 @@ class Capturer:
                 if config is None or config.filter_policy == "keep_none":
                     self._states[name] = None
                 else:
+                    # The dataset's definition of this name, when it has one, is the one the
+                    # workloads are written under: its dtypes are the ones to match.
+                    definition = self.dataset.definitions.get(name) or call.definition()
                     self._states[name] = _DefState(
-                        call.definition(), config, WorkloadFilter(config)
+                        definition, config, WorkloadFilter(config), input_dtypes(definition)
                     )
             return self._states[name]
 
