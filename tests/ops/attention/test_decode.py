@@ -449,3 +449,28 @@ def test_model_examples_register_decode():
     defs = model_definitions(["llama-3.1-8b", "llama-3.1-70b-tp8"])
     assert "gqa_paged_decode_h32_kv8_d128_ps16" in defs
     assert "gqa_paged_decode_h8_kv1_d128_ps16" in defs
+
+
+def test_fast_page_table_check_agrees_with_the_detailed_one():
+    """plan()'s one-pass validation accepts exactly the valid tables, with the same lengths."""
+    import numpy as np
+
+    from flashtune.ops.attention import decode
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        batch, ps = int(rng.integers(1, 9)), int(rng.choice([1, 4, 16]))
+        pages = rng.integers(0, 4, batch)
+        ip = np.concatenate([[0], np.cumsum(pages)]).astype(np.int64)
+        lp = np.where(pages > 0, rng.integers(1, ps + 1, batch), 0).astype(np.int64)
+        if rng.random() < 0.5:  # corrupt one entry
+            b = int(rng.integers(batch))
+            lp[b] = int(rng.choice([-1, 0, ps + 1]))
+        try:
+            want = decode._explain_page_table(ip, lp, int(ip[-1]), ps)
+        except ValueError:
+            with pytest.raises(ValueError, match="last_page_len"):
+                decode._validate_host_page_table(ip, lp, int(ip[-1]), ps)
+            continue
+        got = decode._validate_host_page_table(ip, lp, int(ip[-1]), ps)
+        assert np.array_equal(got[2], want[2])

@@ -533,3 +533,26 @@ def test_ragged_schema_matches_corpus(trace_corpus):
     out, lse = scope["run"](q, k, v, qo_indptr, kv_indptr, 0.1)
     ref = _corpus_run(trace_corpus, rel)(q, k, v, qo_indptr, kv_indptr, 0.1)
     _compare(out, lse, *ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("order", ["request", "tile"])
+def test_work_order_matches_the_lexsort_definition(order, monkeypatch):
+    """The radix-sorted launch order equals the 4-key lexsort it replaced (plan-time cost)."""
+    import numpy as np
+
+    from flashtune.ops.attention import prefill
+
+    monkeypatch.setattr(prefill, "_WORK_ORDER", order)
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        batch = int(rng.integers(1, 20))
+        ntiles = rng.integers(0, 50, batch)
+        req = np.repeat(np.arange(batch), ntiles)
+        t0 = np.arange(req.size) - (np.cumsum(ntiles) - ntiles)[req]
+        cost = rng.integers(1, 6, req.size) + t0 // 8
+        if order == "request":
+            req_cost = np.bincount(req, weights=cost, minlength=batch)[req]
+            want = np.lexsort((t0, -cost, req, -req_cost))
+        else:
+            want = np.lexsort((t0, req, -cost))
+        assert np.array_equal(prefill._work_order(req, cost, ntiles), want)

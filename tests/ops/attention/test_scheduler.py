@@ -124,3 +124,22 @@ def test_lpt_rounds_match_the_heap_greedy(kind):
         cta, acc = lpt_assign(costs, ctas)
         assert np.array_equal(cta, _lpt_heap_reference(costs, ctas))
         assert np.array_equal(acc, np.bincount(cta, weights=costs, minlength=ctas))
+
+
+def test_long_request_is_spread_over_many_ctas():
+    # H100/H200 decode at d128 / 8 KV heads schedules ~49-66 CTAs: a 32k request among
+    # 63 short ones must still be split over >= 32 of them, with the CTAs near-balanced.
+    lens = [32768] + [512] * 63
+    qo, ip = np.arange(65), np.zeros(65, np.int64)
+    plan = plan_work(qo, lens, ip, 66, group_size=4, min_chunk=256)
+    cta_of_item = np.repeat(np.arange(66), np.diff(plan.work_indptr))
+    long_ctas = set(cta_of_item[plan.work[:, 0] == 0].tolist())
+    assert len(long_ctas) >= 32
+    assert plan.makespan <= 1.3 * plan.cta_cost.mean()
+
+
+def test_uniform_large_batch_takes_the_no_split_fast_path():
+    lens = np.full(256, 2048)
+    plan = plan_work(np.arange(257), lens, np.zeros(257, np.int64), 49, group_size=4)
+    assert not plan.has_split and plan.num_work == 256
+    assert plan.makespan <= 4 / 3 * plan.cta_cost.mean()
