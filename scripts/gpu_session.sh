@@ -2,7 +2,7 @@
 # One call on the GPU machine (the `device` tool): set up, then run the named stages.
 #   bash scripts/gpu_session.sh tests decode prefill     # cuda tests + attention benchmarks
 #   bash scripts/gpu_session.sh bundled                  # `flashtune run` on the bundled dataset
-# Needs the ignored folder .peer/ carried along: FlashInfer's source archive (the peer) and
+# Needs the ignored folder .peer/ (made by scripts/fetch_gpu_deps.sh) carried along: FlashInfer's source archive (the peer) and
 # wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
 # files come back from it: benchmarks write their rows there through RowWriter).
 set -uo pipefail
