@@ -17,6 +17,7 @@ batch 1..256, KV 512..32k, page size 16 and 1; prefill (paged ps16 and ragged) a
 1..16, L 512..8192. KV lengths are drawn in [KV/2, KV] with a fixed seed.
 
     python benchmarks/bench_plan.py [--quick] [--profile decode|prefill] [--label NAME]
+        [--only decode|prefill_paged|prefill_ragged]
 
 Rows go to benchmarks/results/plan.jsonl (solution "flashtune", gpu = this machine).
 """
@@ -207,6 +208,8 @@ def main() -> None:
     ap.add_argument("--profile", choices=["decode", "prefill_paged", "prefill_ragged"])
     ap.add_argument("--label", default="", help="stored in each row (e.g. before/after)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--only", choices=["decode", "prefill_paged", "prefill_ragged"],
+                    help="time one op only")  # fmt: skip
     ap.add_argument(
         "--sm-count",
         type=int,
@@ -231,6 +234,8 @@ def main() -> None:
     table = []
     for device in devices:
         for op, shape, make in cases(a.quick):
+            if a.only and op != a.only:
+                continue
             plan, call, run, cycle = make(device)
             plan_us = _us(plan, a.reps)
             call_us = _us(call, a.reps)

@@ -474,3 +474,101 @@ def test_fast_page_table_check_agrees_with_the_detailed_one():
             continue
         got = decode._validate_host_page_table(ip, lp, int(ip[-1]), ps)
         assert np.array_equal(got[2], want[2])
+
+
+# --------------------------------------------------------------------------- plan equivalence
+
+
+def _plan_digest(cases: int = 300, seed: int = 1234) -> str:
+    """A SHA-256 of every plan (and every validation error) on `cases` random page tables.
+
+    Host-side plan() optimizations must not change any plan: this digest, frozen below from
+    the planner before they were made, covers the work list, merge info, CTA costs, the
+    packed workspace integers and every scalar of the plan (batch 1..256, KV 0..32k, page
+    sizes 1/16/64, 132 or 2 SMs, split/no-split/fixed chunks, windows, CUDA-graph mode).
+    """
+    import hashlib
+
+    import numpy as np
+
+    from flashtune.ops.attention import decode
+
+    rng = np.random.default_rng(seed)
+    h = hashlib.sha256()
+    ws = torch.empty(64 * 2**20, dtype=torch.uint8)
+    saved = decode._sm_count
+    try:
+        for i in range(cases):
+            sms = int(rng.choice([132, 2, 78]))
+            decode._sm_count = lambda device, sms=sms: sms  # noqa: B023
+            batch = int(rng.choice([1, 2, 3, 5, 8, 16, 17, 33, 64, 100, 256]))
+            ps = int(rng.choice([1, 16, 64]))
+            max_kv = int(rng.choice([0, 1, 100, 2048, 8192, 32768]))
+            lens = rng.integers(0, max_kv + 1, batch) if max_kv else np.zeros(batch, np.int64)
+            if rng.random() < 0.3:
+                lens = np.full(batch, int(lens.max(initial=0)))
+            pages = -(-lens // ps)
+            indptr = np.zeros(batch + 1, np.int64)
+            np.cumsum(pages, out=indptr[1:])
+            last = np.where(pages > 0, lens - (pages - 1) * ps, 0)
+            nnz = int(indptr[-1])
+            hq, hk = [(32, 8), (32, 32), (8, 1), (64, 4)][int(rng.integers(4))]
+            d = int(rng.choice([64, 128, 256]))
+            kind = rng.random()
+            kw: dict = {}
+            if kind < 0.15:
+                kw["fixed_split_size"] = int(rng.choice([16, 100, 512, 4096]))
+            elif kind < 0.25:
+                kw["disable_split_kv"] = True
+            if rng.random() < 0.15:
+                kw["window_left"] = int(rng.integers(0, 4096))
+            graph = rng.random() < 0.2
+            ip_t = torch.from_numpy(indptr.astype(np.int32))
+            last_t = torch.from_numpy(last.astype(np.int32))
+            if rng.random() < 0.05 and batch > 1:  # an invalid table: the error must match
+                last_t = last_t.clone()
+                last_t[int(rng.integers(batch))] = ps + 1
+            idx = torch.zeros(nnz + int(rng.integers(0, 3)), dtype=torch.int32)
+            if graph:
+                w = BatchDecodeWithPagedKVCacheWrapper(
+                    ws, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=ip_t.clone(),
+                    paged_kv_indices_buffer=torch.zeros(nnz + 8, dtype=torch.int32),
+                    paged_kv_last_page_len_buffer=last_t.clone(),
+                )  # fmt: skip
+            else:
+                w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+            h.update(repr((i, sms, batch, ps, hq, hk, d, sorted(kw.items()), graph)).encode())
+            try:
+                w.plan(ip_t, idx, last_t, hq, hk, d, ps, q_data_type=torch.float16, **kw)
+            except (ValueError, TypeError) as e:
+                h.update(f"{type(e).__name__}: {e}".encode())
+                continue
+            p = w._planner.plan
+            host = p.host
+            for a in (host.work_indptr, host.work, host.merge_info, host.cta_cost):
+                h.update(repr((a.dtype.str, a.shape)).encode() + np.ascontiguousarray(a).tobytes())
+            scalars = (
+                host.num_ctas, host.num_partial_rows, host.kv_chunk_size, p.batch, p.total_qo,
+                p.group, p.block_m, p.sm_scale, p.window_left, p.grid_ctas, p.nnz_pages,
+                p.always_merge, p.mask_window, p.max_partials, p.sm_count,
+            )  # fmt: skip
+            h.update(repr(scalars).encode())
+            for t in (p.work_indptr, p.work, p.merge_info, p.partial_o, p.partial_lse,
+                      p.lse_scratch, p.kv_indices):  # fmt: skip
+                h.update(repr((t.shape, t.stride(), t.dtype, t.storage_offset())).encode())
+            for t in (p.work_indptr, p.work[: host.num_work], p.merge_info):
+                h.update(t.numpy().tobytes())
+            for a in (p.qo_indptr_host, p.indptr_host, p.last_host):
+                h.update(repr((a.dtype.str, a.shape)).encode() + a.tobytes())
+    finally:
+        decode._sm_count = saved
+    return h.hexdigest()
+
+
+# Frozen from the planner at commit a90ce93 (before the plan-path optimizations of issue
+# "decode plan host cost, part 3"); recompute with _plan_digest() only for an intended change.
+_PLAN_DIGEST = "666194b6cc917a8e1ac5fee7b986702983af3d92bad8751e17e11ca34a725444"
+
+
+def test_plans_are_unchanged_by_host_optimizations():
+    assert _plan_digest() == _PLAN_DIGEST

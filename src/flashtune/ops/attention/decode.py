@@ -680,9 +680,27 @@ def validate_page_table(
     return _validate_host_page_table(ip, lp, indices.numel(), page_size)
 
 
+# Up to this many requests, the page table is checked in plain Python: ~10 numpy calls of
+# ~1 us each on tiny arrays cost more than a loop over lists.
+_PY_BATCH = 32
+
+
 def _validate_host_page_table(
     ip: np.ndarray, lp: np.ndarray, num_indices: int, page_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if 0 < ip.size <= _PY_BATCH + 1:
+        ipl = ip.tolist()
+        if ipl[0] >= 0 and ipl[-1] <= num_indices:
+            kv: list[int] = []
+            # The same conditions as the numpy check below, request by request.
+            for a, b, last in zip(ipl[:-1], ipl[1:], lp.tolist(), strict=True):
+                s = b - a
+                if s < 0 or last > page_size or last < (1 if s > 0 else 0):
+                    break
+                kv.append((s - 1) * page_size + last if s > 0 else 0)
+            else:
+                return ip, lp, np.array(kv, dtype=np.int64)
+        return _explain_page_table(ip, lp, num_indices, page_size)
     steps = ip[1:] - ip[:-1]
     # The common case in a few numpy calls (each ~1 us, and plan() is timed per call): every
     # step >= 0, every last_page_len in 0..page_size, and 0 only for requests without pages
@@ -732,6 +750,24 @@ def _index_range(indices: torch.Tensor, nnz: int) -> tuple[int, int] | None:
     return int(head.min()), int(head.max())
 
 
+_COST = CostModel(qo=1.0, kv=1.0, fixed=32.0)
+_LAUNCH: dict[tuple[Any, ...], tuple[int, int]] = {}
+
+
+def _launch_shape(
+    sm_count: int, head_dim: int, page_size: int, block_m: int, num_kv_heads: int
+) -> tuple[int, int]:
+    """(CTAs of the persistent grid, KV chunk alignment) of the default tactic, memoized:
+    they depend only on the arguments (and TACTIC_OVERRIDE), and take ~3 us to derive."""
+    key = (sm_count, head_dim, page_size, block_m, num_kv_heads, TACTIC_OVERRIDE)
+    shape = _LAUNCH.get(key)
+    if shape is None:
+        tactic = default_tactic(head_dim, page_size, block_m)
+        num_ctas = max(1, (sm_count * _ctas_per_sm(tactic, head_dim, block_m)) // num_kv_heads)
+        shape = _LAUNCH[key] = (num_ctas, max(tactic.block_n, 16))
+    return shape
+
+
 _CARVED: dict[tuple[Any, ...], dict[str, torch.Tensor]] = {}
 
 
@@ -748,6 +784,11 @@ def _carve_cached(workspace: torch.Tensor, layout: _Layout) -> dict[str, torch.T
             _CARVED.pop(next(iter(_CARVED)))
         _CARVED[key] = regions
     return regions
+
+
+def _head(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t[:n]; t itself when that is all of it (the cached view: no new view per plan)."""
+    return t if t.shape[0] == n else t[:n]
 
 
 class _Planner:
@@ -844,9 +885,7 @@ class _Planner:
         if window_left >= 0 and single:
             kv_starts = np.maximum(kv_lens - 1 - window_left, 0)
         sm_count = _sm_count(self.device)
-        tactic = default_tactic(head_dim, page_size, block_m)
-        num_ctas = max(1, (sm_count * _ctas_per_sm(tactic, head_dim, block_m)) // num_kv_heads)
-        align = max(tactic.block_n, 16)
+        num_ctas, align = _launch_shape(sm_count, head_dim, page_size, block_m, num_kv_heads)
 
         if self.use_cuda_graph:
             if self.max_batch is not None and batch != self.max_batch:
@@ -885,7 +924,7 @@ class _Planner:
             chunk_align=align,
             min_chunk=_min_chunk(batch, num_kv_heads, sm_count),
             max_work=max_work,
-            cost=CostModel(qo=1.0, kv=1.0, fixed=32.0),
+            cost=_COST,
         )
         if not self.use_cuda_graph:
             layout = _make_layout(
@@ -901,7 +940,8 @@ class _Planner:
         ints = staging.host_buffer(layout.ints) if staging else regions["ints"].numpy()
         c, w = layout.max_ctas + 1, layout.max_work * NUM_WORK_FIELDS
         ints[: host.num_ctas + 1] = host.work_indptr
-        ints[host.num_ctas + 1 : c] = host.work_indptr[-1]
+        if c > host.num_ctas + 1:  # graph mode: the CTAs past the plan's run nothing
+            ints[host.num_ctas + 1 : c] = host.work_indptr[-1]
         ints[c : c + host.work.size] = host.work.reshape(-1)
         ints[c + w : c + w + host.merge_info.size] = host.merge_info.reshape(-1)
         if staging:
@@ -917,6 +957,8 @@ class _Planner:
             if indices_t.data_ptr() != self.indices_buffer.data_ptr():
                 self.indices_buffer[: indices_t.numel()].copy_(indices_t)
             dev_indices = self.indices_buffer
+        elif indices_t.dtype == torch.int32 and indices_t.device == self.device:
+            dev_indices = indices_t  # what .to() returns, without its ~2 us of dispatch
         else:
             dev_indices = indices_t.to(device=self.device, dtype=torch.int32)
         # Page-id bounds: a pass over every id (and a sync on a GPU), so on a GPU only under
@@ -948,10 +990,10 @@ class _Planner:
             else max(1, min(host.num_ctas, host.num_work)),
             work_indptr=regions["work_indptr"],
             work=regions["work"],
-            merge_info=regions["merge_info"][:total_qo],
+            merge_info=_head(regions["merge_info"], total_qo),
             partial_o=regions["partial_o"],
             partial_lse=regions["partial_lse"],
-            lse_scratch=regions["lse_scratch"][:total_qo],
+            lse_scratch=_head(regions["lse_scratch"], total_qo),
             kv_indices=dev_indices,
             nnz_pages=nnz,
             index_range=index_range,
