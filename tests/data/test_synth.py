@@ -152,3 +152,15 @@ def test_probabilities_are_distributions() -> None:
     assert torch.allclose(x["probs"].sum(-1), torch.ones(7), atol=1e-5)
     assert bool((x["probs"] >= 0).all())
     assert bool(((x["top_k"] >= 1) & (x["top_k"] <= 50)).all())
+
+
+def test_every_name_validation_allows_can_be_evaluated() -> None:
+    """A constraint that passes Definition validation also evaluates (same name list)."""
+    raw = PAGED.model_dump(mode="json", exclude_unset=True)
+    raw["constraints"] = [
+        *raw["constraints"],
+        "all([len(kv_indices) >= 0, any([True]), sum([1, 2]) == 3, abs(-1) == int(1.0)])",
+        "min(batch_size, 1) <= max(batch_size, 1)",
+    ]
+    definition = Definition.model_validate(raw)
+    synthesize_inputs(definition, _workload())

@@ -17,6 +17,7 @@ from flashtune.data import (
     synthesize_inputs,
     torch_dtype,
 )
+from flashtune.data.models import CONSTRAINT_FUNCTIONS
 from flashtune.models import MODELS
 from flashtune.schema import ApiOp, Const, OpSchema, Scalar, Tensor, registered_ops
 from flashtune.schema.dump import EXAMPLES, model_definitions
@@ -74,7 +75,7 @@ def test_constraints_name_declared_things_only(case) -> None:
         set(schema.axes)
         | set(schema.inputs)
         | set(schema.outputs)
-        | {"torch", "len", "min", "max", "abs", "int"}
+        | {"torch", *CONSTRAINT_FUNCTIONS}
     )
     for expr in schema.constraints:
         names = {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}

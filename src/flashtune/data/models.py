@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 __all__ = [
     "DTYPES",
+    "CONSTRAINT_FUNCTIONS",
     "ConstAxis",
     "VarAxis",
     "Axis",
@@ -193,19 +194,10 @@ class Definition(_Model):
         return [t[len(prefix) :] for t in self.tags if t.startswith(prefix)]
 
 
-_CONSTRAINT_BUILTINS = {
-    "len",
-    "min",
-    "max",
-    "abs",
-    "int",
-    "all",
-    "any",
-    "sum",
-    "torch",
-    "True",
-    "False",
-}
+# What a constraint may name besides axes and inputs: these builtins and the torch module.
+# Validation here and evaluation in synth.check_constraints both use this one list.
+CONSTRAINT_FUNCTIONS: tuple[str, ...] = ("len", "min", "max", "abs", "int", "all", "any", "sum")
+_CONSTRAINT_BUILTINS = {*CONSTRAINT_FUNCTIONS, "torch"}
 
 
 # --------------------------------------------------------------------------- solutions

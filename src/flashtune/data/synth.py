@@ -14,6 +14,7 @@ Constraints are then evaluated on the result; a failure names the constraint and
 from __future__ import annotations
 
 import ast
+import builtins
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +22,14 @@ from typing import Any
 
 import torch
 
-from flashtune.data.models import ConstAxis, Definition, ScalarInput, TensorSpec, Workload
+from flashtune.data.models import (
+    CONSTRAINT_FUNCTIONS,
+    ConstAxis,
+    Definition,
+    ScalarInput,
+    TensorSpec,
+    Workload,
+)
 
 __all__ = [
     "TORCH_DTYPES",
@@ -122,14 +130,8 @@ def check_constraints(
     definition: Definition, axes: Mapping[str, int], inputs: Mapping[str, Any]
 ) -> None:
     """Evaluate every constraint; raise ConstraintError naming the first one that fails."""
-    names: dict[str, Any] = {
-        "torch": torch,
-        "len": len,
-        "min": min,
-        "max": max,
-        "abs": abs,
-        "int": int,
-    }
+    names: dict[str, Any] = {"torch": torch}
+    names.update({name: getattr(builtins, name) for name in CONSTRAINT_FUNCTIONS})
     names.update(axes)
     names.update(inputs)
     for expr in definition.constraints:
