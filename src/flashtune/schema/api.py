@@ -26,6 +26,7 @@ from flashtune.schema.core import BoundCall, OpSchema
 __all__ = [
     "api",
     "ApiOp",
+    "BoundApiOp",
     "CallHook",
     "NOT_HANDLED",
     "REGISTRY",
@@ -147,10 +148,11 @@ class ApiOp:
         return self.fn(*args, **kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        # Used as a method decorator: bind like a function would.
+        # Used as a method decorator: `instance.method` is a bound op that can be called and
+        # still answers `.definition(...)` / `.bind(...)` for that instance.
         if obj is None:
             return self
-        return functools.partial(self.__call__, obj)
+        return BoundApiOp(self, obj)
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         bound = self.signature.bind(*args, **kwargs)
@@ -171,6 +173,34 @@ class ApiOp:
 
     def __repr__(self) -> str:
         return f"<flashtune op {self.qualname} ({', '.join(s.name_prefix for s in self.schemas)})>"
+
+
+class BoundApiOp:
+    """A schema'd method bound to its instance: call it, or ask for the Definition of a call
+    without running it."""
+
+    def __init__(self, op: ApiOp, instance: Any) -> None:
+        self.op = op
+        self.__self__ = instance
+        self.__func__ = op
+        self.__doc__ = op.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.op(self.__self__, *args, **kwargs)
+
+    def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
+        return self.op.bind(self.__self__, *args, **kwargs)
+
+    def definition(self, *args: Any, **kwargs: Any) -> Definition:
+        """The Definition of this call on this instance; no kernel runs."""
+        return self.op.definition(self.__self__, *args, **kwargs)
+
+    @property
+    def schemas(self) -> tuple[OpSchema, ...]:
+        return self.op.schemas
+
+    def __repr__(self) -> str:
+        return f"<bound {self.op!r}>"
 
 
 def api(

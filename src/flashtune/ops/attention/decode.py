@@ -43,7 +43,7 @@ from flashtune.ops.attention.scheduler import (
     max_work_items,
     plan_work,
 )
-from flashtune.schema import REGISTRY, ApiOp, BoundCall, Const, OpSchema, Scalar, Tensor, Var
+from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Scalar, Tensor, Var
 from flashtune.tune import TunableRunner, TuningConfig, choose_one
 
 __all__ = [
@@ -278,17 +278,9 @@ class _PagedKV:
 
 
 class _WrapperRunOp(ApiOp):
-    """`@api` for the wrapper's run method.
-
-    Differs from a plain ApiOp in two ways: `wrapper.run` is a bound op that still offers
-    `.definition(q, paged_kv_cache)` and `.bind(...)` (ApiOp.__get__ returns a bare
-    partial), and the bound arguments see paged_kv_cache split into (k, v) in NHD order
-    (a 5-D tensor or an HND pair would give wrong axes) plus the plan's window and
-    soft-cap, which the emitted reference bakes in.
-    """
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else _BoundRunOp(self, obj)
+    """`@api` for the wrapper's run method: the bound arguments see paged_kv_cache split into
+    (k, v) in NHD order (a 5-D tensor or an HND pair would give wrong axes) plus the plan's
+    window and soft-cap, which the emitted reference bakes in."""
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         arguments = super().arguments(args, kwargs)
@@ -303,33 +295,6 @@ class _WrapperRunOp(ApiOp):
             if plan.logits_soft_cap:
                 arguments["logits_soft_cap"] = float(plan.logits_soft_cap)
         return arguments
-
-
-class _BoundRunOp:
-    """`wrapper.run`: call it, or ask for the Definition of a call without running it."""
-
-    def __init__(self, op: _WrapperRunOp, wrapper: Any) -> None:
-        self.op = op
-        self.__self__ = wrapper
-        self.__func__ = op
-        self.__doc__ = op.__doc__
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.op(self.__self__, *args, **kwargs)
-
-    def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
-        return self.op.bind(self.__self__, *args, **kwargs)
-
-    def definition(self, *args: Any, **kwargs: Any) -> Any:
-        """The Definition of run(*args, **kwargs) on this wrapper; no kernel runs."""
-        return self.op.definition(self.__self__, *args, **kwargs)
-
-    @property
-    def schemas(self) -> tuple[OpSchema, ...]:
-        return self.op.schemas
-
-    def __repr__(self) -> str:
-        return f"<bound {self.op!r}>"
 
 
 def _schema_run(fn: Any) -> _WrapperRunOp:
