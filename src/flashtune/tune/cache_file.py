@@ -18,19 +18,18 @@ the environment of the last writer (informational).
 from __future__ import annotations
 
 import ast
-import contextlib
 import datetime as _dt
 import functools
 import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from flashtune.data.io import atomic_write_text
 from flashtune.tune.runner import Tactic
 
 __all__ = [
@@ -212,16 +211,4 @@ def write_cache_file(
         doc[LAST_UPDATED_KEY] = dict(last_updated_by)
     for key_text, (runner, tactic) in sorted((encode_key(k), v) for k, v in entries.items()):
         doc[key_text] = [runner, tactic]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
