@@ -26,6 +26,7 @@ from flashtune.ops.attention import (  # noqa: E402
     MultiLevelCascadeAttentionWrapper,
 )
 from flashtune.ops.attention.page import build_page_table  # noqa: E402
+from flashtune.ops.attention.planless import paged_decode  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 HQ, HK, D = 32, 8, 128
@@ -73,7 +74,7 @@ def bench_grid(fi, ws, rows, bw, quick):
     page_sizes = [16] if quick else [1, 16, 64]
     batches = [1, 16, 64, 256]
     kv_lens = [512, 2048, 8192, 32768]
-    ratios = []
+    ratios, ratios_nop = [], []
     for ps in page_sizes:
         for b in batches:
             for kv in kv_lens:
@@ -85,6 +86,8 @@ def bench_grid(fi, ws, rows, bw, quick):
                 shape = dict(batch=b, kv_len=kv, page_size=ps, hq=HQ, hk=HK, d=D)
                 w = _ours(ws, table, ps)
                 ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+                # The plan-free call: scheduling on the device, whole call in the graph.
+                ms_nop = _time(lambda q_, c_, t=table: paged_decode(q_, c_, *t), [q, cache])
                 peer_ms = {}
                 if fi is not None:
                     for tc in (True, False):
@@ -95,20 +98,25 @@ def bench_grid(fi, ws, rows, bw, quick):
                             print(f"flashinfer tc={tc} failed: {exc!r}")
                 best_peer = min(peer_ms.values()) if peer_ms else None
                 ratio = best_peer / ms if best_peer else None
+                ratio_nop = best_peer / ms_nop if best_peer else None
                 if ratio:
                     ratios.append(ratio)
+                    ratios_nop.append(ratio_nop)
                 gbs = nbytes / (ms * 1e-3) / 1e9
                 rows.write(
                     "batch_decode", shape, "flashtune", ms, gbs=gbs, bw_frac=gbs / bw,
                     speedup_vs_flashinfer=ratio,
                 )  # fmt: skip
+                g2 = nbytes / (ms_nop * 1e-3) / 1e9
+                rows.write("batch_decode", shape, "flashtune_planless", ms_nop, gbs=g2,
+                           bw_frac=g2 / bw, speedup_vs_flashinfer=ratio_nop)  # fmt: skip
                 for tc, pms in peer_ms.items():
                     pg = nbytes / (pms * 1e-3) / 1e9
                     name = "flashinfer_tc" if tc else "flashinfer_cuda_core"
                     rows.write("batch_decode", shape, name, pms, gbs=pg, bw_frac=pg / bw)
                 print(
                     f"ps={ps:3d} b={b:4d} kv={kv:6d}  ours {ms * 1e3:8.1f} us {gbs:7.0f} GB/s "
-                    f"({gbs / bw:4.0%})  fi_tc {peer_ms.get(True, float('nan')) * 1e3:8.1f} "
+                    f"({gbs / bw:4.0%}) planless {ms_nop * 1e3:8.1f}  fi_tc {peer_ms.get(True, float('nan')) * 1e3:8.1f} "
                     f"fi_cc {peer_ms.get(False, float('nan')) * 1e3:8.1f}  "
                     f"x{ratio if ratio else float('nan'):.2f}",
                     flush=True,
@@ -119,6 +127,41 @@ def bench_grid(fi, ws, rows, bw, quick):
         print(f"geomean speedup vs FlashInfer(best of tc/cc): {geo:.3f}  min {min(ratios):.3f}")
         rows.write("batch_decode_summary", {}, "flashtune", 0.0, geomean_vs_flashinfer=geo,
                    min_vs_flashinfer=min(ratios), n=len(ratios))  # fmt: skip
+        geo2 = math.exp(sum(math.log(r) for r in ratios_nop) / len(ratios_nop))
+        print(f"planless: geomean {geo2:.3f}  min {min(ratios_nop):.3f}")
+        rows.write("batch_decode_summary", {}, "flashtune_planless", 0.0,
+                   geomean_vs_flashinfer=geo2, min_vs_flashinfer=min(ratios_nop),
+                   n=len(ratios_nop))  # fmt: skip
+
+
+def bench_order(ws, rows, bw):
+    """Launch order of the decode grid: work items fastest vs KV heads fastest."""
+    from flashtune.ops.attention import decode
+
+    shapes = ((1, 64, 2048), (1, 64, 8192), (1, 256, 2048), (1, 1, 8192), (16, 64, 512),
+              (16, 64, 2048), (16, 16, 8192), (16, 1, 512), (64, 64, 2048))  # fmt: skip
+    for ps, b, kv in shapes:
+        indptr, indices, last, cache, q = _setup([kv] * b, ps)
+        table = (indptr, indices, last)
+        nbytes = 2 * b * kv * HK * D * cache.element_size()
+        shape = dict(batch=b, kv_len=kv, page_size=ps, hq=HQ, hk=HK, d=D)
+        line = []
+        for heads_first in (False, True):
+            decode.GRID_HEADS_FIRST = heads_first
+            try:
+                w = _ours(ws, table, ps)
+                ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+                ms_nop = _time(lambda q_, c_, t=table: paged_decode(q_, c_, *t), [q, cache])
+            finally:
+                decode.GRID_HEADS_FIRST = False
+            tag = "heads_first" if heads_first else "items_first"
+            for name, t in (("flashtune", ms), ("flashtune_planless", ms_nop)):
+                g = nbytes / (t * 1e-3) / 1e9
+                rows.write("batch_decode_grid_order", shape, f"{name}_{tag}", t, gbs=g,
+                           bw_frac=g / bw)  # fmt: skip
+            line.append(f"{tag}: {ms * 1e3:.1f}/{ms_nop * 1e3:.1f}us")
+        print(f"order ps={ps} b={b} kv={kv} (planned/planless): " + "  ".join(line), flush=True)
+        del cache
 
 
 def bench_sweep(ws, rows, bw):
@@ -232,8 +275,10 @@ def main() -> None:
     global ws_fi
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["grid", "skewed", "cascade", "sweep"], default=None)
-    ap.add_argument("--skip", choices=["grid", "skewed", "cascade", "sweep"], nargs="*", default=[])
+    ap.add_argument("--only", choices=["grid", "skewed", "cascade", "sweep", "order"], default=None)
+    ap.add_argument(
+        "--skip", choices=["grid", "skewed", "cascade", "sweep", "order"], nargs="*", default=[]
+    )
     args = ap.parse_args()
     t0 = time.time()
     bw = copy_bandwidth_gbs()
@@ -247,6 +292,7 @@ def main() -> None:
         ("skewed", lambda: bench_skewed(ws, rows, bw)),
         ("cascade", lambda: bench_cascade(ws, RowWriter("cascade"), bw, fi)),
         ("sweep", lambda: bench_sweep(ws, rows, bw)),
+        ("order", lambda: bench_order(ws, rows, bw)),
     ):
         if (args.only and args.only != part) or part in args.skip:
             continue

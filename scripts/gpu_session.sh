@@ -24,11 +24,21 @@ for stage in "$@"; do
       timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops tests/test_timing.py \
         tests/bench tests/capture tests/tune >"$OUT/cuda_tests.log" 2>&1
       tail -n 25 "$OUT/cuda_tests.log" ;;
+    attn-tests)
+      timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops/attention \
+        >"$OUT/cuda_tests.log" 2>&1
+      tail -n 25 "$OUT/cuda_tests.log" ;;
     decode) timeout 120 python3 benchmarks/bench_decode.py --quick --only grid 2>&1 | tee "$OUT/decode.log" | tail -n 30 ;;
+    decode-full) timeout 300 python3 benchmarks/bench_decode.py --only grid 2>&1 | tee -a "$OUT/decode.log" | tail -n 60 ;;
+    decode-order) timeout 120 python3 benchmarks/bench_decode.py --only order 2>&1 | tee -a "$OUT/decode.log" | tail -n 12 ;;
+    capture) timeout 90 python3 benchmarks/bench_capture.py 2>&1 | tee "$OUT/capture.log" | tail -n 12 ;;
     prefill) timeout 110 python3 benchmarks/bench_prefill.py 2>&1 | tee "$OUT/prefill.log" | tail -n 25 ;;
     bundled)
       timeout 420 python3 benchmarks/bench_bundled.py run /tmp/bundled 2>&1 | tee "$OUT/bundled.log" | tail -n 60
       python3 benchmarks/bench_bundled.py rows /tmp/bundled 2>&1 | tail -n 5 ;;
+    bundled-decode)
+      timeout 200 python3 benchmarks/bench_bundled.py run /tmp/bundled-decode --definitions 'gqa_paged_decode*' \
+        2>&1 | tee "$OUT/bundled_decode.log" | tail -n 40 ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== stage $stage took $(( $(date +%s) - start )) s"

@@ -3,9 +3,10 @@ definition order) to flashtune's ops, to FlashInfer, and to torch eager baseline
 
 In-place ops (fused_add_rmsnorm, paged attention plans) are wrapped so that the solution
 never writes into its inputs: the fused-add adapters clone the two tensors the op updates,
-for flashtune and FlashInfer alike, so their comparison stays fair. Attention adapters call
-`plan` and `run` on every call (the Definition has no separate planning step): the
-host-side planner is part of what is measured, for flashtune and FlashInfer alike.
+for flashtune and FlashInfer alike, so their comparison stays fair. Attention adapters that use
+a plan/run wrapper call `plan` and `run` on every call (the Definition has no separate
+planning step), so the host-side planner is part of what is measured; flashtune's decode
+adapter uses `planless.paged_decode`, which schedules on the device and never syncs.
 
 Imports are lazy: this module imports on a machine without FlashInfer or a GPU, and a
 FlashInfer solution is SKIPPED there by its declared dependency before it is called.
@@ -118,9 +119,13 @@ def _flashtune_attention() -> Any:
 def flashtune_gqa_paged_decode(
     q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale
 ):
-    return _decode(
-        _flashtune_attention(), "flashtune", q, k_cache, v_cache, kv_indptr, kv_indices,
-        kv_last_page_len, sm_scale,
+    # The plan-free path: the split is scheduled on the device from the page table, so a
+    # call never syncs (the planned wrapper's plan() reads indptr on the host).
+    from flashtune.ops.attention.planless import paged_decode
+
+    return paged_decode(
+        q, (k_cache, v_cache), kv_indptr, kv_indices, kv_last_page_len,
+        sm_scale=float(sm_scale), return_lse=True,
     )  # fmt: skip
 
 

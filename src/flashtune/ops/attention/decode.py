@@ -70,6 +70,132 @@ def _tanh(x):
 
 
 @triton.jit
+def _decode_item(
+    q_ptr,
+    k_base,  # K pointer offset by the KV head
+    v_base,  # V pointer offset by the KV head
+    kv_indices_ptr,
+    o_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    kvh,
+    qo_start,  # first query token of the request
+    qo_len,
+    row_start,  # first packed row of this query tile
+    page_base,  # offset of the request's pages in kv_indices
+    kv_start,
+    kv_end,
+    kv_len,
+    out_row,  # -1: write the final output; else the first partial row of this chunk
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_vp,
+    stride_vt,
+    stride_ot,
+    stride_oh,
+    num_qo_heads,
+    qk_scale,
+    soft_cap,
+    window_left,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """One work item: a query tile of one request against KV [kv_start, kv_end)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    # Packed rows: (query token, head within the group); see scheduler.WORK_FIELDS.
+    p = row_start + offs_m
+    qi = p // GROUP
+    head = kvh * GROUP + p % GROUP
+    row_ok = p < qo_len * GROUP
+    tok = (qo_start + qi).to(tl.int64)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    q_pos = kv_len - qo_len + qi
+
+    m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Page ids are loaded one block ahead (loop-carried): otherwise each block waits for
+    # its index load before its K/V copies can start, a full memory latency per block
+    # (page size 1 reads a fresh 256 B of indices per block: 73% of HBM bandwidth).
+    t_next = kv_start + offs_n
+    page_next = tl.load(
+        kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_end, other=0
+    )
+    for start in range(kv_start, kv_end, BLOCK_N):
+        t = start + offs_n
+        t_ok = t < kv_end
+        page = page_next.to(tl.int64)
+        t_next = t + BLOCK_N
+        page_next = tl.load(
+            kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_end, other=0
+        )
+        in_page = t % PAGE_SIZE
+        kv_mask = t_ok[:, None] & d_ok[None, :]
+        k = tl.load(
+            k_base + page[:, None] * stride_kp + in_page[:, None] * stride_kt + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
+        if SOFT_CAP:
+            s = soft_cap * _tanh(s * qk_scale)
+        else:
+            s = s * qk_scale
+        valid = t_ok[None, :]
+        if CAUSAL:
+            valid = valid & (t[None, :] <= q_pos[:, None])
+        if WINDOW:
+            valid = valid & (t[None, :] >= q_pos[:, None] - window_left)
+        s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        prob = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(prob, 1)
+        v = tl.load(
+            v_base + page[:, None] * stride_vp + in_page[:, None] * stride_vt + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v)
+        m_i = m_new
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), -float("inf"))
+    st_mask = row_ok[:, None] & d_ok[None, :]
+    if out_row < 0:
+        tl.store(
+            o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=st_mask,
+        )
+        tl.store(lse_ptr + tok * num_qo_heads + head, lse, mask=row_ok)
+    else:
+        prow = (out_row + qi).to(tl.int64) * num_qo_heads + head
+        tl.store(po_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], out, mask=st_mask)
+        tl.store(plse_ptr + prow, lse, mask=row_ok)
+
+
+@triton.jit
 def _paged_attn_kernel(
     q_ptr,  # [total_qo, H_qo, D]
     k_ptr,  # [num_pages, page_size, H_kv, D] logical (strided: NHD or HND storage)
@@ -104,106 +230,30 @@ def _paged_attn_kernel(
     SOFT_CAP: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
-    cta = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if HEADS_FIRST:
+        # The KV heads of one work item are neighbours in launch order, so they run at the
+        # same time and read a page's rows of all heads together.
+        kvh = tl.program_id(0)
+        cta = tl.program_id(1)
+    else:
+        cta = tl.program_id(0)
+        kvh = tl.program_id(1)
     w_begin = tl.load(work_indptr_ptr + cta)
     w_end = tl.load(work_indptr_ptr + cta + 1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
     for w in range(w_begin, w_end):
         item = work_ptr + w * 8
-        qo_start = tl.load(item + 0)
-        qo_len = tl.load(item + 1)
-        row_start = tl.load(item + 2)
-        page_base = tl.load(item + 3)
-        kv_start = tl.load(item + 4)
-        kv_end = tl.load(item + 5)
-        kv_len = tl.load(item + 6)
-        out_row = tl.load(item + 7)
-
-        # Packed rows: (query token, head within the group); see scheduler.WORK_FIELDS.
-        p = row_start + offs_m
-        qi = p // GROUP
-        head = kvh * GROUP + p % GROUP
-        row_ok = p < qo_len * GROUP
-        tok = (qo_start + qi).to(tl.int64)
-        q = tl.load(
-            q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-            mask=row_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
-        q_pos = kv_len - qo_len + qi
-
-        m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        # Page ids are loaded one block ahead (loop-carried): otherwise each block waits for
-        # its index load before its K/V copies can start, a full memory latency per block
-        # (page size 1 reads a fresh 256 B of indices per block: 73% of HBM bandwidth).
-        t_next = kv_start + offs_n
-        page_next = tl.load(
-            kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_end, other=0
-        )
-        for start in range(kv_start, kv_end, BLOCK_N):
-            t = start + offs_n
-            t_ok = t < kv_end
-            page = page_next.to(tl.int64)
-            t_next = t + BLOCK_N
-            page_next = tl.load(
-                kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_end, other=0
-            )
-            in_page = t % PAGE_SIZE
-            kv_mask = t_ok[:, None] & d_ok[None, :]
-            k = tl.load(
-                k_base + page[:, None] * stride_kp + in_page[:, None] * stride_kt + offs_d[None, :],
-                mask=kv_mask,
-                other=0.0,
-            )
-            s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
-            if SOFT_CAP:
-                s = soft_cap * _tanh(s * qk_scale)
-            else:
-                s = s * qk_scale
-            valid = t_ok[None, :]
-            if CAUSAL:
-                valid = valid & (t[None, :] <= q_pos[:, None])
-            if WINDOW:
-                valid = valid & (t[None, :] >= q_pos[:, None] - window_left)
-            s = tl.where(valid, s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # A row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            prob = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(prob, 1)
-            v = tl.load(
-                v_base + page[:, None] * stride_vp + in_page[:, None] * stride_vt + offs_d[None, :],
-                mask=kv_mask,
-                other=0.0,
-            )
-            acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v)
-            m_i = m_new
-
-        has = l_i > 0
-        out = acc / tl.where(has, l_i, 1.0)[:, None]
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), -float("inf"))
-        st_mask = row_ok[:, None] & d_ok[None, :]
-        if out_row < 0:
-            tl.store(
-                o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-                out.to(o_ptr.dtype.element_ty),
-                mask=st_mask,
-            )
-            tl.store(lse_ptr + tok * num_qo_heads + head, lse, mask=row_ok)
-        else:
-            prow = (out_row + qi).to(tl.int64) * num_qo_heads + head
-            tl.store(po_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], out, mask=st_mask)
-            tl.store(plse_ptr + prow, lse, mask=row_ok)
+        _decode_item(
+            q_ptr, k_base, v_base, kv_indices_ptr, o_ptr, lse_ptr, po_ptr, plse_ptr, kvh,
+            tl.load(item + 0), tl.load(item + 1), tl.load(item + 2), tl.load(item + 3),
+            tl.load(item + 4), tl.load(item + 5), tl.load(item + 6), tl.load(item + 7),
+            stride_qt, stride_qh, stride_kp, stride_kt, stride_vp, stride_vt,
+            stride_ot, stride_oh, num_qo_heads, qk_scale, soft_cap, window_left,
+            GROUP, HEAD_DIM, BLOCK_D, PAGE_SIZE, BLOCK_M, BLOCK_N, SOFT_CAP, CAUSAL, WINDOW,
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- schema
@@ -327,6 +377,9 @@ def default_tactic(head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
     # (the copy of block i+1 overlaps the math of block i); 2 stages single-buffer them.
     return DecodeTactic(block_n=block_n, num_warps=4, num_stages=3)
 
+
+# Launch order of the grid: KV heads fastest (True) or work items fastest (False).
+GRID_HEADS_FIRST = False
 
 # Set by benchmarks to sweep tactics until the autotuner picks them per shape.
 TACTIC_OVERRIDE: DecodeTactic | None = None
@@ -1120,6 +1173,8 @@ def _launch(
     else:
         qk_scale, cap_arg = plan.sm_scale * _LOG2E, 0.0
     grid = (plan.grid_ctas, plan.num_kv_heads)
+    if GRID_HEADS_FIRST:
+        grid = grid[::-1]
     _paged_attn_kernel[grid](
         q, k, v, plan.kv_indices, plan.work_indptr, plan.work,
         out, lse, plan.partial_o, plan.partial_lse,
@@ -1132,6 +1187,7 @@ def _launch(
         BLOCK_D=triton.next_power_of_2(plan.head_dim), PAGE_SIZE=plan.page_size,
         BLOCK_M=plan.block_m, BLOCK_N=tactic.block_n,
         SOFT_CAP=bool(cap), CAUSAL=plan.causal, WINDOW=plan.mask_window,
+        HEADS_FIRST=GRID_HEADS_FIRST,
         num_warps=tactic.num_warps, num_stages=tactic.num_stages,
     )  # fmt: skip
     if plan.always_merge or plan.host.has_split:

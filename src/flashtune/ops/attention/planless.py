@@ -1,0 +1,310 @@
+"""Paged decode without a host-side plan: the split is scheduled on the device.
+
+`BatchDecodeWithPagedKVCacheWrapper.plan` reads the page table on the CPU (one
+device-to-host copy and a sync) and balances chunks with an LPT heap. That suits a serving
+loop (one plan per step, reused by every layer), but a caller with only tensors in hand,
+such as a Definition's function signature or a model step captured whole in a CUDA graph,
+pays the sync and the Python scheduler on every call.
+
+`paged_decode` needs no host copy. The chunk size is chosen on the host from shapes alone
+(the page count bounds the total tokens); every program of the attention kernel then
+derives its own work item from kv_indptr and kv_last_page_len: the chunk count of every
+request (a prefix sum in registers), which request and chunk it owns, its KV range. The
+grid is an upper bound (chunks of the longest possible split plus one per request); the
+programs past the real chunk count exit at once. Requests split into several chunks write
+partial (V, LSE) rows and are combined by the merge kernel of the planned path; the rest
+write their output directly. So a call launches at most two kernels, never syncs, and can
+be captured in a CUDA graph and replayed with new lengths as long as the shapes (batch,
+page count) stay the same.
+
+Load balance: chunks have equal length (the last of each request shorter), and the GPU's
+block scheduler deals them to SMs as they free up, so a 32k request among short ones is
+spread over many SMs, as with the planned path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from flashtune import env, platform
+from flashtune.ops.attention import decode
+from flashtune.ops.attention.decode import (
+    _LOG2E,
+    _block_m,
+    _decode_item,
+    _launch_shape,
+    _min_chunk,
+    _next_pow2,
+    _sm_count,
+    default_tactic,
+    validate_page_table,
+)
+from flashtune.ops.attention.merge import merge_partials
+from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
+from flashtune.ops.attention.reference import paged_attention_ref
+
+__all__ = ["paged_decode"]
+
+# Requests scanned per step when a program looks for its work item: one step covers the
+# batch for batch <= 1024 (more requests take a few steps of cheap L2 hits).
+_MAX_BLOCK_B = 1024
+
+
+@triton.jit
+def _planless_decode_kernel(
+    q_ptr,  # [B, H_qo, D]
+    k_ptr,  # [num_pages, page_size, H_kv, D] logical (strided)
+    v_ptr,
+    kv_indptr_ptr,  # [B + 1] int32
+    kv_indices_ptr,  # [nnz_pages] int32
+    last_ptr,  # [B] int32
+    o_ptr,  # [B, H_qo, D]
+    lse_ptr,  # [B, H_qo] fp32
+    po_ptr,  # [num_programs, H_qo, D] fp32: partial row j belongs to program j
+    plse_ptr,  # [num_programs, H_qo] fp32
+    merge_info_ptr,  # [B, 3] int32: (first partial row, count or 0, stride 1)
+    batch,
+    chunk,  # KV tokens per chunk
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    num_qo_heads,
+    qk_scale,
+    soft_cap,
+    window_left,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    WINDOW: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
+):
+    if HEADS_FIRST:
+        kvh = tl.program_id(0)
+        j = tl.program_id(1)
+    else:
+        j = tl.program_id(0)
+        kvh = tl.program_id(1)
+    offs_b = tl.arange(0, BLOCK_B)
+    # Find the request whose chunks cover program j: chunk counts of every request, prefix
+    # summed; each quantity of the owner is picked out of the block with a masked sum.
+    before = 0  # chunks of the requests of earlier steps
+    req = -1
+    c_first = 0  # the owner's first chunk (= its first partial row)
+    n_req = 0
+    kv_len = 0
+    kv_lo = 0
+    page_base = 0
+    for b0 in range(0, batch, BLOCK_B):
+        idx = b0 + offs_b
+        ok = idx < batch
+        p0 = tl.load(kv_indptr_ptr + idx, mask=ok, other=0)
+        p1 = tl.load(kv_indptr_ptr + idx + 1, mask=ok, other=0)
+        last = tl.load(last_ptr + idx, mask=ok, other=0)
+        length = tl.where(p1 > p0, (p1 - p0 - 1) * PAGE_SIZE + last, 0)
+        lo = tl.zeros_like(length)
+        if WINDOW:
+            # One query per request: the window only trims the KV range.
+            lo = tl.maximum(length - 1 - window_left, 0)
+        n = tl.where(ok, tl.maximum(tl.cdiv(length - lo, chunk), 1), 0)
+        incl = tl.cumsum(n, 0) + before
+        hit = ok & (incl - n <= j) & (j < incl)
+        req += tl.sum(tl.where(hit, idx + 1, 0))
+        c_first += tl.sum(tl.where(hit, incl - n, 0))
+        n_req += tl.sum(tl.where(hit, n, 0))
+        kv_len += tl.sum(tl.where(hit, length, 0))
+        kv_lo += tl.sum(tl.where(hit, lo, 0))
+        page_base += tl.sum(tl.where(hit, p0, 0))
+        before += tl.sum(n)
+    if req >= 0:
+        c = j - c_first
+        kv_start = kv_lo + c * chunk
+        kv_end = tl.minimum(kv_start + chunk, kv_len)
+        out_row = tl.where(n_req > 1, j, -1)
+        if (kvh == 0) & (c == 0):
+            info = merge_info_ptr + req * 3
+            tl.store(info, c_first)
+            tl.store(info + 1, tl.where(n_req > 1, n_req, 0))
+            tl.store(info + 2, 1)
+        _decode_item(
+            q_ptr, k_ptr + kvh * stride_kh, v_ptr + kvh * stride_vh, kv_indices_ptr,
+            o_ptr, lse_ptr, po_ptr, plse_ptr, kvh,
+            req, 1, 0, page_base, kv_start, kv_end, kv_len, out_row,
+            stride_qt, stride_qh, stride_kp, stride_kt, stride_vp, stride_vt,
+            stride_ot, stride_oh, num_qo_heads, qk_scale, soft_cap, window_left,
+            GROUP, HEAD_DIM, BLOCK_D, PAGE_SIZE, BLOCK_M, BLOCK_N, SOFT_CAP, False, False,
+        )  # fmt: skip
+
+
+def _int_table(name: str, t: Any, device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 (or int64), got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def chunk_tokens(
+    batch: int, max_tokens: int, num_kv_heads: int, head_dim: int, group: int, device: torch.device
+) -> tuple[int, int]:
+    """(KV tokens per chunk, programs per KV head) from shapes alone.
+
+    max_tokens bounds the batch's KV tokens (pages x page_size). Chunks are sized so that
+    an even spread of max_tokens fills the persistent grid of the planned path once, and
+    never below the planned path's smallest chunk; the grid adds one program per request
+    for the short last chunks.
+    """
+    sm_count = _sm_count(device)
+    block_m = _block_m(group)
+    # _launch_shape's page-size argument does not enter the CTA count; 16 is a placeholder.
+    ctas, align = _launch_shape(sm_count, head_dim, 16, block_m, num_kv_heads)
+    chunk = max(_min_chunk(batch, num_kv_heads, sm_count), -(-max(max_tokens, 1) // ctas))
+    chunk = -(-chunk // align) * align
+    return chunk, -(-max_tokens // chunk) + batch
+
+
+def paged_decode(
+    q: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    *,
+    kv_layout: str = "NHD",
+    sm_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    window_left: int = -1,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Batch decode attention over a paged KV cache in one call, with no host sync.
+
+    q: [B, num_qo_heads, head_dim]; paged_kv_cache as for the decode wrapper (5-D tensor
+    or (k, v), NHD or HND); kv_indptr [B+1], kv_indices [nnz], kv_last_page_len [B] int32
+    on q's device. Returns out [B, num_qo_heads, head_dim] and, with return_lse, the base-2
+    LSE [B, num_qo_heads] float32. The page table's contents are not checked (that needs a
+    sync) unless FLASHTUNE_DEBUG_CHECKS is on; shapes, dtypes and devices always are.
+    """
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(
+            f"q must be a [batch, num_qo_heads, head_dim] tensor, got "
+            f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}"
+        )
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError("q must be contiguous in its last dimension")
+    k, v = split_kv_cache(paged_kv_cache, kv_layout)
+    batch, num_qo_heads, head_dim = q.shape
+    num_pages, page_size, num_kv_heads, kv_dim = k.shape
+    if kv_dim != head_dim:
+        raise ValueError(f"q head_dim {head_dim} != paged_kv_cache head_dim {kv_dim}")
+    if head_dim < 16 or head_dim > 256:
+        raise ValueError(f"head_dim must be in 16..256, got {head_dim}")
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(
+            f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"paged_kv_cache {name} dtype {t.dtype} differs from q's {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"paged_kv_cache is on {t.device} but q is on {q.device}")
+        if t.stride(-1) != 1:
+            raise ValueError("paged_kv_cache must be contiguous in head_dim")
+    dev = q.device
+    indptr = _int_table("kv_indptr", kv_indptr, dev)
+    indices = _int_table("kv_indices", kv_indices, dev)
+    last = _int_table("kv_last_page_len", kv_last_page_len, dev)
+    if indptr.numel() != batch + 1 or last.numel() != batch:
+        raise ValueError(
+            f"kv_indptr ({indptr.numel()}) and kv_last_page_len ({last.numel()}) must have "
+            f"batch_size + 1 and batch_size entries; q has batch_size {batch}"
+        )
+    if not isinstance(window_left, int):
+        raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
+    if env.DEBUG_CHECKS.get() or dev.type == "cpu":
+        # Contents: a sync on a GPU (debug only); on the CPU they are host memory already.
+        validate_page_table(indptr, indices, last, page_size)
+        nnz = int(indptr[-1])
+        if nnz and (int(indices[:nnz].min()) < 0 or int(indices[:nnz].max()) >= num_pages):
+            raise ValueError(f"kv_indices hold page ids outside the cache's {num_pages} pages")
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != dev or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be a {q.dtype} tensor of shape {tuple(q.shape)} on {dev} (contiguous "
+            f"in its last dimension), got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    lse = torch.empty(batch, num_qo_heads, dtype=torch.float32, device=dev)
+    if batch == 0:
+        return (out, lse) if return_lse else out
+
+    if not platform.kernels_available(dev) or env.FORCE_REFERENCE.get():
+        o_ref, l_ref = paged_attention_ref(
+            q, k, v, torch.arange(batch + 1, device=dev), indptr, indices, last,
+            causal=False, sm_scale=scale, window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+        )  # fmt: skip
+        out.copy_(o_ref)
+        lse.copy_(l_ref)
+        return (out, lse) if return_lse else out
+
+    group = num_qo_heads // num_kv_heads
+    chunk, programs = chunk_tokens(
+        batch, indices.numel() * page_size, num_kv_heads, head_dim, group, dev
+    )
+    # One fp32 allocation for the partial outputs and LSEs (row j belongs to program j).
+    partial = torch.empty(programs * num_qo_heads * (head_dim + 1), dtype=torch.float32, device=dev)
+    partial_o = partial[: programs * num_qo_heads * head_dim].view(programs, num_qo_heads, head_dim)
+    partial_lse = partial[programs * num_qo_heads * head_dim :].view(programs, num_qo_heads)
+    merge_info = torch.empty(batch, 3, dtype=torch.int32, device=dev)
+    block_m = _block_m(group)
+    tactic = default_tactic(head_dim, page_size, block_m)
+    if logits_soft_cap:
+        qk_scale, cap_arg = scale / logits_soft_cap, logits_soft_cap * _LOG2E
+    else:
+        qk_scale, cap_arg = scale * _LOG2E, 0.0
+    heads_first = decode.GRID_HEADS_FIRST
+    grid = (num_kv_heads, programs) if heads_first else (programs, num_kv_heads)
+    _planless_decode_kernel[grid](
+        q, k, v, indptr, indices, last, out, lse, partial_o, partial_lse, merge_info,
+        batch, chunk,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1),
+        num_qo_heads, qk_scale, cap_arg, max(window_left, 0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=_next_pow2(head_dim), PAGE_SIZE=page_size,
+        BLOCK_M=block_m, BLOCK_N=tactic.block_n,
+        BLOCK_B=min(_MAX_BLOCK_B, max(16, _next_pow2(batch))),
+        SOFT_CAP=bool(logits_soft_cap), WINDOW=window_left >= 0, HEADS_FIRST=heads_first,
+        num_warps=tactic.num_warps, num_stages=tactic.num_stages,
+    )  # fmt: skip
+    # Nothing can be split when one chunk holds every token the page table could describe.
+    if programs - batch > 1:
+        merge_partials(partial_o, partial_lse, merge_info, out, lse, sm_count=_sm_count(dev))
+    return (out, lse) if return_lse else out
