@@ -134,78 +134,43 @@ def bench_grid(fi, ws, rows, bw, quick):
                    n=len(ratios_nop))  # fmt: skip
 
 
-def bench_order(ws, rows, bw):
-    """Launch order of the decode grid: work items fastest vs KV heads fastest."""
+def bench_sweep(ws, rows, bw):
+    """Tactics of the decode kernel x the cap on persistent CTAs per SM, planned and
+    plan-free, on shapes where FlashInfer leads (until the autotuner picks per shape)."""
     from flashtune.ops.attention import decode
 
-    shapes = ((1, 64, 2048), (1, 64, 8192), (1, 256, 2048), (1, 1, 8192), (16, 64, 512),
-              (16, 64, 2048), (16, 16, 8192), (16, 1, 512), (64, 64, 2048))  # fmt: skip
+    tactics = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (32, 4, 3), (32, 4, 4), (32, 2, 4),
+               (128, 4, 2), (128, 8, 3), (64, 8, 3)]  # fmt: skip
+    shapes = ((16, 64, 512), (16, 64, 2048), (16, 64, 8192), (16, 16, 8192), (16, 16, 32768),
+              (16, 256, 2048), (1, 64, 2048), (16, 1, 8192))  # fmt: skip
     for ps, b, kv in shapes:
         indptr, indices, last, cache, q = _setup([kv] * b, ps)
         table = (indptr, indices, last)
         nbytes = 2 * b * kv * HK * D * cache.element_size()
         shape = dict(batch=b, kv_len=kv, page_size=ps, hq=HQ, hk=HK, d=D)
         line = []
-        for heads_first in (False, True):
-            decode.GRID_HEADS_FIRST = heads_first
-            try:
-                w = _ours(ws, table, ps)
-                ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
-                ms_nop = _time(lambda q_, c_, t=table: paged_decode(q_, c_, *t), [q, cache])
-            finally:
-                decode.GRID_HEADS_FIRST = False
-            tag = "heads_first" if heads_first else "items_first"
-            for name, t in (("flashtune", ms), ("flashtune_planless", ms_nop)):
-                g = nbytes / (t * 1e-3) / 1e9
-                rows.write("batch_decode_grid_order", shape, f"{name}_{tag}", t, gbs=g,
-                           bw_frac=g / bw)  # fmt: skip
-            line.append(f"{tag}: {ms * 1e3:.1f}/{ms_nop * 1e3:.1f}us")
-        print(f"order ps={ps} b={b} kv={kv} (planned/planless): " + "  ".join(line), flush=True)
-        del cache
-
-
-def bench_sweep(ws, rows, bw):
-    """Tactics of the decode kernel and the split granularity at batch 1 on a few shapes
-    (until the autotuner picks them per shape)."""
-    from flashtune.ops.attention import decode
-
-    tactics = [(64, 4, 2), (64, 4, 3), (32, 4, 3), (32, 4, 4), (128, 4, 3), (64, 8, 3)]
-    shapes = ((1, 64, 8192), (1, 1, 512), (1, 1, 32768), (16, 64, 8192), (16, 1, 512),
-              (16, 1, 8192), (16, 1, 32768))  # fmt: skip
-    for ps, b, kv in shapes:
-        indptr, indices, last, cache, q = _setup([kv] * b, ps)
-        nbytes = 2 * b * kv * HK * D * cache.element_size()
-        shape = dict(batch=b, kv_len=kv, page_size=ps, hq=HQ, hk=HK, d=D)
-        line = []
         for bn, nw, ns in tactics:
-            decode.TACTIC_OVERRIDE = decode.DecodeTactic(bn, nw, ns)
-            try:
-                w = _ours(ws, (indptr, indices, last), ps)
-                ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
-            except Exception as exc:
-                line.append(f"{bn}/{nw}/{ns}: fail {type(exc).__name__}")
-                continue
-            finally:
-                decode.TACTIC_OVERRIDE = None
-            gbs = nbytes / (ms * 1e-3) / 1e9
-            rows.write("batch_decode_tactic_sweep", shape, f"flashtune_bn{bn}_w{nw}_s{ns}", ms,
-                       gbs=gbs, bw_frac=gbs / bw)  # fmt: skip
-            line.append(f"{bn}/{nw}/{ns}: {ms * 1e3:.1f}us")
-        print(f"sweep ps={ps} b={b} kv={kv}: " + "  ".join(line), flush=True)
-        if b == 1:  # split granularity in the latency regime
-            line = []
-            for mc in (64, 128, 256, 512):
-                decode.MIN_CHUNK_OVERRIDE = mc
+            for cap in (4, 8):
+                decode.TACTIC_OVERRIDE = decode.DecodeTactic(bn, nw, ns)
+                decode.CTAS_PER_SM_CAP = cap
                 try:
-                    w = _ours(ws, (indptr, indices, last), ps)
+                    w = _ours(ws, table, ps)
                     ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+                    ms_nop = _time(lambda q_, c_, t=table: paged_decode(q_, c_, *t), [q, cache])
+                except Exception as exc:
+                    line.append(f"{bn}/{nw}/{ns}/c{cap}: fail {type(exc).__name__}")
+                    continue
                 finally:
-                    decode.MIN_CHUNK_OVERRIDE = None
-                chunks = w._planner.plan.max_partials
-                rows.write("batch_decode_min_chunk_sweep", shape, f"flashtune_min_chunk{mc}",
-                           ms, chunks=chunks)  # fmt: skip
-                line.append(f"{mc}({chunks}): {ms * 1e3:.1f}us")
-            print("  min_chunk (chunks): " + "  ".join(line), flush=True)
+                    decode.TACTIC_OVERRIDE = None
+                    decode.CTAS_PER_SM_CAP = 4
+                tag = f"bn{bn}_w{nw}_s{ns}_cap{cap}"
+                for name, t in (("flashtune", ms), ("flashtune_planless", ms_nop)):
+                    g = nbytes / (t * 1e-3) / 1e9
+                    rows.write("batch_decode_tactic_sweep", shape, f"{name}_{tag}", t, gbs=g,
+                               bw_frac=g / bw)  # fmt: skip
+                line.append(f"{bn}/{nw}/{ns}/c{cap}: {ms * 1e3:.1f}/{ms_nop * 1e3:.1f}")
+        print(f"sweep ps={ps} b={b} kv={kv} (planned/planless us): " + "  ".join(line),
+              flush=True)  # fmt: skip
         del cache
 
 
@@ -275,10 +240,8 @@ def main() -> None:
     global ws_fi
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["grid", "skewed", "cascade", "sweep", "order"], default=None)
-    ap.add_argument(
-        "--skip", choices=["grid", "skewed", "cascade", "sweep", "order"], nargs="*", default=[]
-    )
+    ap.add_argument("--only", choices=["grid", "skewed", "cascade", "sweep"], default=None)
+    ap.add_argument("--skip", choices=["grid", "skewed", "cascade", "sweep"], nargs="*", default=[])
     args = ap.parse_args()
     t0 = time.time()
     bw = copy_bandwidth_gbs()
@@ -292,7 +255,6 @@ def main() -> None:
         ("skewed", lambda: bench_skewed(ws, rows, bw)),
         ("cascade", lambda: bench_cascade(ws, RowWriter("cascade"), bw, fi)),
         ("sweep", lambda: bench_sweep(ws, rows, bw)),
-        ("order", lambda: bench_order(ws, rows, bw)),
     ):
         if (args.only and args.only != part) or part in args.skip:
             continue

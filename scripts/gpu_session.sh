@@ -30,7 +30,7 @@ for stage in "$@"; do
       tail -n 25 "$OUT/cuda_tests.log" ;;
     decode) timeout 120 python3 benchmarks/bench_decode.py --quick --only grid 2>&1 | tee "$OUT/decode.log" | tail -n 30 ;;
     decode-full) timeout 300 python3 benchmarks/bench_decode.py --only grid 2>&1 | tee -a "$OUT/decode.log" | tail -n 60 ;;
-    decode-order) timeout 120 python3 benchmarks/bench_decode.py --only order 2>&1 | tee -a "$OUT/decode.log" | tail -n 12 ;;
+    decode-sweep) timeout 240 python3 benchmarks/bench_decode.py --only sweep 2>&1 | tee -a "$OUT/decode.log" | tail -n 12 ;;
     capture) timeout 90 python3 benchmarks/bench_capture.py 2>&1 | tee "$OUT/capture.log" | tail -n 12 ;;
     prefill) timeout 110 python3 benchmarks/bench_prefill.py 2>&1 | tee "$OUT/prefill.log" | tail -n 25 ;;
     bundled)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from flashtune.ops.attention import batch_decode_ref, planless, split_kv_cache
+from flashtune.ops.attention import batch_decode_ref, decode, planless, split_kv_cache
 from flashtune.ops.attention.page import build_page_table
 from flashtune.ops.attention.planless import paged_decode
 
@@ -66,15 +68,21 @@ def test_request_search_spans_several_steps(device, monkeypatch):
     _check(lens, 4, 1, 64, 16, "NHD", device)
 
 
-def test_chunking_splits_a_long_request_and_bounds_the_grid(monkeypatch):
+def test_chunking_splits_a_long_request_and_fills_the_rounds(monkeypatch):
     monkeypatch.setattr(planless, "_sm_count", lambda device: 132)  # an H100/H200
     dev = torch.device("cpu")
     chunk, programs = planless.chunk_tokens(1, 32768, 8, 128, 4, dev)
     assert chunk % 16 == 0 and programs == -(-32768 // chunk) + 1
     assert programs > 32  # batch 1: the request is spread over many programs
-    # Many long requests: about one chunk per request, the grid stays near the batch.
-    chunk, programs = planless.chunk_tokens(256, 256 * 8192, 8, 128, 4, dev)
-    assert chunk >= 8192 and programs <= 256 + 64
+    slots, _ = decode._launch_shape(132, 128, 16, 16, 8)
+    for batch, kv in ((64, 32768), (256, 8192), (64, 2048), (16, 8192)):
+        chunk, programs = planless.chunk_tokens(batch, batch * kv, 8, 128, 4, dev)
+        assert programs == -(-(batch * kv) // chunk) + batch
+        used = batch * -(-kv // chunk)  # programs that do work, per KV head
+        rounds = used / slots
+        # Equal lengths: the last round of programs is nearly full (a half-empty round
+        # would cost as much as a full one).
+        assert rounds / math.ceil(rounds) >= 0.85, (batch, kv, chunk, rounds)
 
 
 def test_bad_inputs_raise_before_any_kernel(device):

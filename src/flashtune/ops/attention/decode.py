@@ -230,16 +230,9 @@ def _paged_attn_kernel(
     SOFT_CAP: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
 ):
-    if HEADS_FIRST:
-        # The KV heads of one work item are neighbours in launch order, so they run at the
-        # same time and read a page's rows of all heads together.
-        kvh = tl.program_id(0)
-        cta = tl.program_id(1)
-    else:
-        cta = tl.program_id(0)
-        kvh = tl.program_id(1)
+    cta = tl.program_id(0)
+    kvh = tl.program_id(1)
     w_begin = tl.load(work_indptr_ptr + cta)
     w_end = tl.load(work_indptr_ptr + cta + 1)
     k_base = k_ptr + kvh * stride_kh
@@ -378,9 +371,6 @@ def default_tactic(head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
     return DecodeTactic(block_n=block_n, num_warps=4, num_stages=3)
 
 
-# Launch order of the grid: KV heads fastest (True) or work items fastest (False).
-GRID_HEADS_FIRST = False
-
 # Set by benchmarks to sweep tactics until the autotuner picks them per shape.
 TACTIC_OVERRIDE: DecodeTactic | None = None
 
@@ -431,8 +421,11 @@ def _ctas_per_sm(tactic: DecodeTactic, head_dim: int, block_m: int) -> int:
     kv_tile = 2 * tactic.block_n * d * 2
     smem = max(tactic.num_stages - 1, 1) * kv_tile + 2 * block_m * d * 2
     smem += block_m * tactic.block_n * 2 + 1024  # + page-id buffers and alignment slack
-    return max(1, min(4, _SMEM_PER_SM // smem))
+    return max(1, min(CTAS_PER_SM_CAP, _SMEM_PER_SM // smem))
 
+
+# Most persistent CTAs per SM (benchmarks sweep it with the tactic).
+CTAS_PER_SM_CAP = 4
 
 # Set by benchmarks to sweep the split granularity: the smallest KV chunk of a split.
 MIN_CHUNK_OVERRIDE: int | None = None
@@ -777,7 +770,7 @@ def _launch_shape(
 ) -> tuple[int, int]:
     """(CTAs of the persistent grid, KV chunk alignment) of the default tactic, memoized:
     they depend only on the arguments (and TACTIC_OVERRIDE), and take ~3 us to derive."""
-    key = (sm_count, head_dim, page_size, block_m, num_kv_heads, TACTIC_OVERRIDE)
+    key = (sm_count, head_dim, page_size, block_m, num_kv_heads, TACTIC_OVERRIDE, CTAS_PER_SM_CAP)
     shape = _LAUNCH.get(key)
     if shape is None:
         tactic = default_tactic(head_dim, page_size, block_m)
@@ -1173,8 +1166,6 @@ def _launch(
     else:
         qk_scale, cap_arg = plan.sm_scale * _LOG2E, 0.0
     grid = (plan.grid_ctas, plan.num_kv_heads)
-    if GRID_HEADS_FIRST:
-        grid = grid[::-1]
     _paged_attn_kernel[grid](
         q, k, v, plan.kv_indices, plan.work_indptr, plan.work,
         out, lse, plan.partial_o, plan.partial_lse,
@@ -1187,7 +1178,6 @@ def _launch(
         BLOCK_D=triton.next_power_of_2(plan.head_dim), PAGE_SIZE=plan.page_size,
         BLOCK_M=plan.block_m, BLOCK_N=tactic.block_n,
         SOFT_CAP=bool(cap), CAUSAL=plan.causal, WINDOW=plan.mask_window,
-        HEADS_FIRST=GRID_HEADS_FIRST,
         num_warps=tactic.num_warps, num_stages=tactic.num_stages,
     )  # fmt: skip
     if plan.always_merge or plan.host.has_split:

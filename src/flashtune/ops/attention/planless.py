@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from flashtune import env, platform
-from flashtune.ops.attention import decode
 from flashtune.ops.attention.decode import (
     _LOG2E,
     _block_m,
@@ -93,14 +92,9 @@ def _planless_decode_kernel(
     BLOCK_B: tl.constexpr,
     SOFT_CAP: tl.constexpr,
     WINDOW: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
 ):
-    if HEADS_FIRST:
-        kvh = tl.program_id(0)
-        j = tl.program_id(1)
-    else:
-        j = tl.program_id(0)
-        kvh = tl.program_id(1)
+    j = tl.program_id(0)
+    kvh = tl.program_id(1)
     offs_b = tl.arange(0, BLOCK_B)
     # Find the request whose chunks cover program j: chunk counts of every request, prefix
     # summed; each quantity of the owner is picked out of the block with a masked sum.
@@ -164,22 +158,47 @@ def _int_table(name: str, t: Any, device: torch.device) -> torch.Tensor:
     return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
 
 
+# Cost model of a chunk choice, in KV tokens of one program: a program's fixed cost (its
+# prologue, the Q load, the epilogue) and the merge kernel's launch when anything splits.
+_PROGRAM_COST = 32
+_MERGE_COST = 64
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def chunk_tokens(
     batch: int, max_tokens: int, num_kv_heads: int, head_dim: int, group: int, device: torch.device
 ) -> tuple[int, int]:
     """(KV tokens per chunk, programs per KV head) from shapes alone.
 
-    max_tokens bounds the batch's KV tokens (pages x page_size). Chunks are sized so that
-    an even spread of max_tokens fills the persistent grid of the planned path once, and
-    never below the planned path's smallest chunk; the grid adds one program per request
-    for the short last chunks.
+    max_tokens bounds the batch's KV tokens (pages x page_size); the lengths themselves are
+    on the device, so the choice assumes max_tokens spread evenly over the batch. Programs
+    run in rounds of `slots` (what the GPU holds at once per KV head); a round costs its
+    longest chunk. Among splits of the mean length into n chunks (never below the planned
+    path's smallest chunk), the one with the least modelled time wins: e.g. 64 requests
+    of 32k on 49 slots per head split in 3 (4 full rounds), not 1 (a second round 30%
+    full). The grid adds one program per request for the short last chunks.
     """
     sm_count = _sm_count(device)
     block_m = _block_m(group)
     # _launch_shape's page-size argument does not enter the CTA count; 16 is a placeholder.
-    ctas, align = _launch_shape(sm_count, head_dim, 16, block_m, num_kv_heads)
-    chunk = max(_min_chunk(batch, num_kv_heads, sm_count), -(-max(max_tokens, 1) // ctas))
-    chunk = -(-chunk // align) * align
+    slots, align = _launch_shape(sm_count, head_dim, 16, block_m, num_kv_heads)
+    min_chunk = _round_up(_min_chunk(batch, num_kv_heads, sm_count), align)
+    mean = -(-max(max_tokens, 1) // max(batch, 1))
+    best: tuple[int, int] | None = None
+    for n in range(1, 257):
+        chunk = max(min_chunk, _round_up(-(-mean // n), align))
+        pieces = -(-mean // chunk)
+        rounds = -(-(batch * pieces) // slots)
+        cost = rounds * (chunk + _PROGRAM_COST) + (_MERGE_COST if pieces > 1 else 0)
+        if best is None or cost < best[0]:
+            best = (cost, chunk)
+        if chunk == min_chunk:
+            break
+    assert best is not None
+    chunk = best[1]
     return chunk, -(-max_tokens // chunk) + batch
 
 
@@ -288,9 +307,7 @@ def paged_decode(
         qk_scale, cap_arg = scale / logits_soft_cap, logits_soft_cap * _LOG2E
     else:
         qk_scale, cap_arg = scale * _LOG2E, 0.0
-    heads_first = decode.GRID_HEADS_FIRST
-    grid = (num_kv_heads, programs) if heads_first else (programs, num_kv_heads)
-    _planless_decode_kernel[grid](
+    _planless_decode_kernel[(programs, num_kv_heads)](
         q, k, v, indptr, indices, last, out, lse, partial_o, partial_lse, merge_info,
         batch, chunk,
         q.stride(0), q.stride(1),
@@ -301,7 +318,7 @@ def paged_decode(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=_next_pow2(head_dim), PAGE_SIZE=page_size,
         BLOCK_M=block_m, BLOCK_N=tactic.block_n,
         BLOCK_B=min(_MAX_BLOCK_B, max(16, _next_pow2(batch))),
-        SOFT_CAP=bool(logits_soft_cap), WINDOW=window_left >= 0, HEADS_FIRST=heads_first,
+        SOFT_CAP=bool(logits_soft_cap), WINDOW=window_left >= 0,
         num_warps=tactic.num_warps, num_stages=tactic.num_stages,
     )  # fmt: skip
     # Nothing can be split when one chunk holds every token the page table could describe.

@@ -10,6 +10,11 @@ Inside a program the KV range is walked in three segments: masked tiles at the l
 the right edge (causal diagonal, the KV boundary). Tiles that a causal or window mask fully
 hides are never visited. Softmax is online, in base 2: sm_scale * log2(e) is folded into one
 multiply, so the LSE comes out in base 2 as FlashInfer returns it.
+
+Work items come from one of two places. The planned wrappers (prefill.py) pass WORK, a list
+built on the host. With DEVICE_WORK (planless_prefill.py) each program finds its own item
+from the indptr arrays: the tile count of every request, prefix summed in registers, names
+the request that owns the program's item; programs past the last item do nothing.
 """
 
 from __future__ import annotations
@@ -137,6 +142,89 @@ def _tile_step(
 
 
 @triton.jit
+def _host_item(WORK, item, PAGED: tl.constexpr):
+    """Fields of work item `item` from the host-built list (see _prefill_kernel's WORK)."""
+    w = WORK + item * 8
+    req = tl.load(w)
+    tok0 = tl.load(w + 1)
+    qo_start = tl.load(w + 2)
+    qo_len = tl.load(w + 3)
+    kv_len = tl.load(w + 4)
+    if PAGED:
+        kv_off = tl.load(w + 5)
+    else:
+        kv_off = tl.load(w + 6)
+    return req, tok0, qo_start, qo_len, kv_len, kv_off
+
+
+@triton.jit
+def _device_item(
+    item,
+    QO_INDPTR,  # [batch + 1] int32
+    KV_INDPTR,  # [batch + 1] int32: pages (INDPTR_PAGE_SIZE > 0) or tokens
+    KV_LAST_PAGE_LEN,  # [batch] int32 (read when INDPTR_PAGE_SIZE > 0)
+    batch,
+    TOKENS: tl.constexpr,  # query tokens per tile
+    INDPTR_PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr,  # KV offset in pages (in-loop page gather) rather than tokens
+    CAUSAL: tl.constexpr,
+    BLOCK_B: tl.constexpr,  # requests scanned per step
+):
+    """The same fields as _host_item, found on the device: item j belongs to the request
+    whose tiles (cdiv(qo_len, TOKENS) each, requests in order) cover j. The owner's values
+    are picked out of each block of requests with masked sums (at most one lane hits).
+    An item past the last tile gets req -1 and empty lengths, so its program does nothing."""
+    offs_b = tl.arange(0, BLOCK_B)
+    before = 0  # tiles of the requests of earlier steps
+    req = -1
+    t_first = 0  # the owner's first item
+    n_req = 0  # the owner's tile count
+    qo_start = 0
+    qo_len = 0
+    kv_len = 0
+    kv_p0 = 0
+    for b0 in range(0, batch, BLOCK_B):
+        idx = b0 + offs_b
+        ok = idx < batch
+        q0 = tl.load(QO_INDPTR + idx, mask=ok, other=0)
+        q1 = tl.load(QO_INDPTR + idx + 1, mask=ok, other=0)
+        k0 = tl.load(KV_INDPTR + idx, mask=ok, other=0)
+        k1 = tl.load(KV_INDPTR + idx + 1, mask=ok, other=0)
+        if INDPTR_PAGE_SIZE > 0:
+            last = tl.load(KV_LAST_PAGE_LEN + idx, mask=ok, other=0)
+            length = tl.where(k1 > k0, (k1 - k0 - 1) * INDPTR_PAGE_SIZE + last, 0)
+        else:
+            length = k1 - k0
+        q_n = tl.maximum(q1 - q0, 0)
+        n = tl.where(ok, tl.cdiv(q_n, TOKENS), 0)
+        incl = tl.cumsum(n, 0) + before
+        hit = ok & (incl - n <= item) & (item < incl)
+        req += tl.sum(tl.where(hit, idx + 1, 0))
+        t_first += tl.sum(tl.where(hit, incl - n, 0))
+        n_req += tl.sum(tl.where(hit, n, 0))
+        qo_start += tl.sum(tl.where(hit, q0, 0))
+        qo_len += tl.sum(tl.where(hit, q_n, 0))
+        kv_len += tl.sum(tl.where(hit, length, 0))
+        kv_p0 += tl.sum(tl.where(hit, k0, 0))
+        before += tl.sum(n)
+    c = item - t_first
+    if CAUSAL:
+        # Heaviest first, as the host plan orders them: under a causal mask the last query
+        # tiles see the most keys, so they take the lowest items (start first).
+        c = n_req - 1 - c
+    # Items past the end: first token 0 of an empty request, so every row is masked off.
+    tok0 = tl.where(n_req > 0, c * TOKENS, 0)
+    if PAGED:
+        kv_off = kv_p0
+    elif INDPTR_PAGE_SIZE > 0:
+        # Staged pages: request b's tokens start at kv_indptr[b] * page_size.
+        kv_off = kv_p0 * INDPTR_PAGE_SIZE
+    else:
+        kv_off = kv_p0
+    return req, tok0, qo_start, qo_len, kv_len, kv_off
+
+
+@triton.jit
 def _prefill_kernel(
     Q,  # [total_q, num_qo_heads, HEAD_DIM]
     K,  # paged: [num_pages, PAGE_SIZE, num_kv_heads, HEAD_DIM] (strided); ragged: [total_kv, H, D]
@@ -180,21 +268,27 @@ def _prefill_kernel(
     RETURN_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    # DEVICE_WORK: WORK is not read; each program finds its item from the indptr arrays
+    # (_device_item). Defaults keep the planned launch (prefill.py) unchanged.
+    DEVICE_WORK: tl.constexpr = False,
+    QO_INDPTR=None,  # [batch + 1] int32 (DEVICE_WORK)
+    KV_INDPTR=None,  # [batch + 1] int32: pages (INDPTR_PAGE_SIZE > 0) or tokens
+    KV_LAST_PAGE_LEN=None,  # [batch] int32 (INDPTR_PAGE_SIZE > 0)
+    batch=0,
+    INDPTR_PAGE_SIZE: tl.constexpr = 0,  # tokens per page of KV_INDPTR; 0: KV_INDPTR counts tokens
+    BLOCK_B: tl.constexpr = 16,
 ):
     TOKENS: tl.constexpr = BLOCK_M // PACK  # query tokens per tile
     pid = tl.program_id(0)
     item = pid // NUM_HEAD_GROUPS
     hg = pid % NUM_HEAD_GROUPS
-    w = WORK + item * 8
-    req = tl.load(w)
-    tok0 = tl.load(w + 1)
-    qo_start = tl.load(w + 2)
-    qo_len = tl.load(w + 3)
-    kv_len = tl.load(w + 4)
-    if PAGED:
-        kv_off = tl.load(w + 5)
+    if DEVICE_WORK:
+        req, tok0, qo_start, qo_len, kv_len, kv_off = _device_item(
+            item, QO_INDPTR, KV_INDPTR, KV_LAST_PAGE_LEN, batch,
+            TOKENS, INDPTR_PAGE_SIZE, PAGED, CAUSAL, BLOCK_B,
+        )  # fmt: skip
     else:
-        kv_off = tl.load(w + 6)
+        req, tok0, qo_start, qo_len, kv_len, kv_off = _host_item(WORK, item, PAGED)
     delta = kv_len - qo_len
     head0 = hg * PACK  # first query head of this program
     kv_head = head0 // GROUP_SIZE
