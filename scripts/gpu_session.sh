@@ -36,6 +36,13 @@ for stage in "$@"; do
     bundled)
       timeout 420 python3 benchmarks/bench_bundled.py run /tmp/bundled 2>&1 | tee "$OUT/bundled.log" | tail -n 60
       python3 benchmarks/bench_bundled.py rows /tmp/bundled 2>&1 | tail -n 5 ;;
+    gemm-tests)
+      timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops/test_gemm.py tests/tune \
+        >"$OUT/gemm_tests.log" 2>&1
+      tail -n 15 "$OUT/gemm_tests.log" ;;
+    bundled-gemm)
+      timeout 200 python3 benchmarks/bench_bundled.py run /tmp/bundled-gemm --definitions 'gemm*' \
+        2>&1 | tee "$OUT/bundled_gemm.log" | tail -n 60 ;;
     bundled-decode)
       timeout 200 python3 benchmarks/bench_bundled.py run /tmp/bundled-decode --definitions 'gqa_paged_decode*' \
         2>&1 | tee "$OUT/bundled_decode.log" | tail -n 40 ;;

@@ -118,8 +118,9 @@ DUMP_DIR = _setting(
 )
 AUTOTUNE_LOAD_BUNDLED = _setting(
     "FLASHTUNE_AUTOTUNE_LOAD_BUNDLED",
-    lambda: False,
-    "When on (and not tuning), use the autotune configs bundled with the package for known GPUs.",
+    lambda: True,
+    "Use the autotune configs bundled with the package (not while tuning); each applies only "
+    "on the GPU and torch/triton/CUDA versions it was measured with (its _metadata).",
     _parse_bool,
 )
 CAPTURE = _setting(

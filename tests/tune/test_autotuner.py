@@ -45,7 +45,7 @@ def fresh_tuner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AutoTuner:
     monkeypatch.setattr(AutoTuner, "_instance", tuner)
     monkeypatch.setattr(tuner_mod, "_measure", H.fake_measure)
     monkeypatch.setattr(tuner_mod, "BUNDLED_DIR", tmp_path / "no-bundled")
-    monkeypatch.delenv("FLASHTUNE_AUTOTUNE_LOAD_BUNDLED", raising=False)
+    monkeypatch.setenv("FLASHTUNE_AUTOTUNE_LOAD_BUNDLED", "0")
     H.TIMED.clear()
     return tuner
 
@@ -143,7 +143,7 @@ def test_lookup_priority(
     user = tmp_path / "user.json"
     write_config(user, {key: ("FakeRunner", 0)})
 
-    # 4. fallback; bundled configs are off by default.
+    # 4. fallback, with bundled configs switched off.
     assert choose_one("fake", runners, CFG, [x(4)])[1] == -1
     # 3. bundled, with the setting on and not tuning.
     monkeypatch.setenv("FLASHTUNE_AUTOTUNE_LOAD_BUNDLED", "1")

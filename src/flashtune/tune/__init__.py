@@ -11,7 +11,7 @@ to launch; users control tuning with `autotune` and `load_configs`::
         model(batch)
 
 Lookup priority: in-memory profiling results, then user-loaded files, then configs bundled
-in flashtune/tune/configs/ (FLASHTUNE_AUTOTUNE_LOAD_BUNDLED=1, not while tuning), then the
+in flashtune/tune/configs/ (where GPU and versions match; not while tuning), then the
 first runner's default tactic -1. See docs/autotune.md for the file format, several
 processes (one cache file per rank, then `flashtune tune merge`) and the CLI.
 """

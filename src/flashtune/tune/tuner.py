@@ -5,8 +5,8 @@ Lookup priority for a shape's bucket (first match wins):
 1. the in-memory profiling cache (live tuning in this process);
 2. user-loaded file configs (`load_configs`, `autotune(cache=...)`), also while tuning, so a
    shape tuned in a file is never profiled again;
-3. configs bundled under flashtune/tune/configs/ (FLASHTUNE_AUTOTUNE_LOAD_BUNDLED=1, and
-   only when not tuning);
+3. configs bundled under flashtune/tune/configs/ whose metadata matches this machine (on
+   unless FLASHTUNE_AUTOTUNE_LOAD_BUNDLED=0; never while tuning);
 4. the fallback: the first runner's default tactic -1.
 
 The answer for a runtime shape is memoized, so a repeated call costs a few dict lookups.
