@@ -34,8 +34,10 @@ for stage in "$@"; do
     capture) timeout 90 python3 benchmarks/bench_capture.py 2>&1 | tee "$OUT/capture.log" | tail -n 12 ;;
     prefill) timeout 110 python3 benchmarks/bench_prefill.py 2>&1 | tee "$OUT/prefill.log" | tail -n 25 ;;
     bundled)
-      timeout 420 python3 benchmarks/bench_bundled.py run /tmp/bundled 2>&1 | tee "$OUT/bundled.log" | tail -n 60
-      python3 benchmarks/bench_bundled.py rows /tmp/bundled 2>&1 | tail -n 5 ;;
+      timeout 500 python3 benchmarks/bench_bundled.py run /tmp/bundled 2>&1 | tee "$OUT/bundled.log" | tail -n 60
+      python3 benchmarks/bench_bundled.py rows /tmp/bundled 2>&1 | tail -n 5
+      # The traces come back too: `bench_bundled.py repeat A B` compares two runs locally.
+      tar czf "$OUT/bundled_traces.tgz" -C /tmp/bundled traces ;;
     gemm-tests)
       timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops/test_gemm.py tests/tune \
         >"$OUT/gemm_tests.log" 2>&1

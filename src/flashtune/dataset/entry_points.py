@@ -5,8 +5,10 @@ In-place ops (fused_add_rmsnorm, paged attention plans) are wrapped so that the 
 never writes into its inputs: the fused-add adapters clone the two tensors the op updates,
 for flashtune and FlashInfer alike, so their comparison stays fair. Attention adapters that use
 a plan/run wrapper call `plan` and `run` on every call (the Definition has no separate
-planning step), so the host-side planner is part of what is measured; flashtune's decode
-adapter uses `planless.paged_decode`, which schedules on the device and never syncs.
+planning step), so the host-side planner is part of what is measured. flashtune's
+attention adapters use its plan-free functions (`planless.paged_decode`,
+`planless_prefill.paged_prefill` / `ragged_prefill`), which find their work on the device
+and never sync; the planned wrappers are what FlashInfer's adapters use.
 
 Imports are lazy: this module imports on a machine without FlashInfer or a GPU, and a
 FlashInfer solution is SKIPPED there by its declared dependency before it is called.
@@ -105,17 +107,6 @@ def _prefill_ragged(lib, owner, q, k, v, qo_indptr, kv_indptr, sm_scale):
     return out, lse
 
 
-def _flashtune_attention() -> Any:
-    from flashtune.ops.attention import decode, prefill
-
-    class _Lib:
-        BatchDecodeWithPagedKVCacheWrapper = decode.BatchDecodeWithPagedKVCacheWrapper
-        BatchPrefillWithPagedKVCacheWrapper = prefill.BatchPrefillWithPagedKVCacheWrapper
-        BatchPrefillWithRaggedKVCacheWrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper
-
-    return _Lib
-
-
 def flashtune_gqa_paged_decode(
     q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale
 ):
@@ -132,15 +123,21 @@ def flashtune_gqa_paged_decode(
 def flashtune_gqa_paged_prefill(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
 ):
-    return _prefill_paged(
-        _flashtune_attention(), "flashtune", q, k_cache, v_cache, qo_indptr, kv_indptr,
-        kv_indices, kv_last_page_len, sm_scale,
+    # The plan-free path: work items are found on the device from the indptr arrays, so a
+    # call never syncs (the planned wrapper's plan() reads them on the host).
+    from flashtune.ops.attention.planless_prefill import paged_prefill
+
+    return paged_prefill(
+        q, (k_cache, v_cache), qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+        causal=True, sm_scale=float(sm_scale), return_lse=True,
     )  # fmt: skip
 
 
 def flashtune_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
-    return _prefill_ragged(
-        _flashtune_attention(), "flashtune", q, k, v, qo_indptr, kv_indptr, sm_scale
+    from flashtune.ops.attention.planless_prefill import ragged_prefill
+
+    return ragged_prefill(
+        q, k, v, qo_indptr, kv_indptr, causal=True, sm_scale=float(sm_scale), return_lse=True
     )
 
 

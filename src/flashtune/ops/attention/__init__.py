@@ -2,6 +2,8 @@
 
 Decode (decode.py), merging of attention states (merge.py), cascade (cascade.py), the paged
 KV cache helpers (page.py) and the CPU scheduler (scheduler.py); prefill lives in prefill.py.
+planless.py and planless_prefill.py offer decode and prefill as single calls that schedule
+their work on the device (no plan, no host sync: CUDA-graph capturable end to end).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from flashtune.ops.attention.page import (
     get_seq_lens,
     split_kv_cache,
 )
+from flashtune.ops.attention.planless import paged_decode
 from flashtune.ops.attention.reference import (
     batch_decode_ref,
     gqa_paged_decode_ref,
@@ -32,6 +35,9 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "MultiLevelCascadeAttentionWrapper",
     "single_decode_with_kv_cache",
+    "paged_decode",
+    "paged_prefill",
+    "ragged_prefill",
     "merge_state",
     "merge_state_in_place",
     "merge_states",
@@ -47,17 +53,15 @@ __all__ = [
     "merge_states_ref",
 ]
 
-try:  # prefill.py is written concurrently; export it once it exists.
-    from flashtune.ops.attention.prefill import (  # noqa: F401
-        BatchPrefillWithPagedKVCacheWrapper,
-        BatchPrefillWithRaggedKVCacheWrapper,
-        single_prefill_with_kv_cache,
-    )
+from flashtune.ops.attention.planless_prefill import paged_prefill, ragged_prefill  # noqa: E402
+from flashtune.ops.attention.prefill import (  # noqa: E402
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
 
-    __all__ += [
-        "BatchPrefillWithPagedKVCacheWrapper",
-        "BatchPrefillWithRaggedKVCacheWrapper",
-        "single_prefill_with_kv_cache",
-    ]
-except ImportError:
-    pass
+__all__ += [
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "single_prefill_with_kv_cache",
+]

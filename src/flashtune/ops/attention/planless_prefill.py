@@ -1,0 +1,521 @@
+"""Batch prefill without a host-side plan: work items are found on the device.
+
+The prefill wrappers (prefill.py) follow FlashInfer's plan/run split: `plan` copies the
+indptr arrays to the host, builds the list of (request, query tile) work items there and
+uploads it. That suits a serving loop that plans once per step for every layer, but a caller
+with only tensors in hand pays the sync and the Python planner (~250 us) on every call, and
+cannot capture the call at all: a Definition's function (the benchmark calls it as one
+function of tensors), or a whole model step captured in a CUDA graph.
+
+`paged_prefill` and `ragged_prefill` launch the same Triton kernel (prefill_kernels.py) with
+DEVICE_WORK: the grid is an upper bound computed on the host from shapes alone, one program
+per (item, head group) for cdiv(total_q, tokens per tile) + batch items (every request
+rounds its last tile up at most once). Each program derives its own item from qo_indptr and
+kv_indptr: the tile count of every request, prefix summed in registers over blocks of
+requests, names the request that owns the item (masked sums pick its offsets and lengths);
+within a request the heaviest tiles (the last query tiles under a causal mask) take the
+lowest items, as in the host plan. Programs past the real item count do nothing. So a call
+launches one kernel (plus, for a staged paged cache, two index_selects), never syncs, and
+can be captured in a CUDA graph and replayed with new indptr contents as long as the shapes
+stay the same.
+
+The tile configuration is chosen from shapes only (Hopper: 64x64, 4 warps, 3 stages, K/V
+through TMA, as the planned path's default). With TMA on a paged cache, every page listed in
+kv_indices is first copied contiguously (index_select over all of kv_indices, whose length
+is a shape) and request b's tokens start at kv_indptr[b] * page_size there.
+
+Differences from the planned path: requests run in batch order (the plan puts the heaviest
+request first); custom masks are not supported (use BatchPrefillWith*KVCacheWrapper); the
+indptr contents are checked only on the CPU or with FLASHTUNE_DEBUG_CHECKS (a sync on a
+GPU). Query rows past qo_indptr[-1] (a q padded to a fixed size for a graph) are not written.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashtune import env, platform
+from flashtune.ops.attention import prefill
+from flashtune.ops.attention.decode import _host_int64, _next_pow2
+from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
+from flashtune.ops.attention.prefill import (
+    _LOG2E,
+    SUPPORTED_HEAD_DIMS,
+    PrefillTactic,
+    _check_indptr,
+    _tma_ok,
+    batch_prefill_paged_ref,
+    batch_prefill_ragged_ref,
+)
+
+__all__ = ["paged_prefill", "ragged_prefill"]
+
+# Requests scanned per step when a program looks for its work item: one step covers the
+# batch for batch <= 1024 (more requests take a few steps of cheap L2 hits).
+_MAX_BLOCK_B = 1024
+_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Tactic (from shapes only)
+# --------------------------------------------------------------------------------------------
+
+
+def _pick_tactic(
+    *, paged: bool, group: int, head_dim: int, mean_kv: int, stage_bytes: int, device: torch.device
+) -> PrefillTactic:
+    """The planned path's default tactic (prefill._pick_default, measurements in prefill.py's
+    notes) with the batch's lengths replaced by bounds a shape gives: the mean KV length per
+    request (KV tokens the tensors can hold / batch) and the staging copy of every listed page.
+    """
+    if device.type != "cuda":
+        # Interpreter: small tiles so that small test inputs still cross tile boundaries.
+        return PrefillTactic(32, 16, 32 >= group, 4, 1)
+    pack = group <= 8 and 64 % group == 0
+    if head_dim >= 256:
+        return PrefillTactic(64, 32, pack, 4, 2)
+    hopper = (platform.compute_capability(device) or (0, 0)) >= (9, 0)
+    if hopper and (not paged or stage_bytes <= prefill._MAX_STAGING_BYTES):
+        return PrefillTactic(64, 64, pack, 4, 3, tma=True)
+    if mean_kv <= 1024:
+        return PrefillTactic(128 if paged else 64, 32, pack, 4, 3)
+    if paged:
+        return PrefillTactic(128, 64, pack, 4, 3)
+    if mean_kv >= 4096:
+        return PrefillTactic(128, 128, pack, 8, 3)
+    return PrefillTactic(128, 32, pack, 4, 3)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _check_q(q: Any) -> None:
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dim() != 3:
+        raise ValueError(
+            f"q must be [total_q, num_qo_heads, head_dim] (3-D), got shape {tuple(q.shape)}"
+        )
+    if q.dtype not in _Q_DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    if q.shape[2] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[2]}")
+    if q.stride(-1) != 1:
+        raise ValueError("q must be contiguous in its last dimension (head_dim)")
+
+
+def _check_kv(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
+    if t.dtype != q.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected {q.dtype} (the dtype of q)")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device}, expected {q.device} (the device of q)")
+    if t.shape[-1] != q.shape[2]:
+        raise ValueError(f"{name} has head_dim {t.shape[-1]}, q has {q.shape[2]}")
+    if q.shape[1] % t.shape[-2]:
+        raise ValueError(
+            f"num_qo_heads ({q.shape[1]}) must be a multiple of {name}'s num_kv_heads "
+            f"({t.shape[-2]})"
+        )
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension (head_dim)")
+
+
+def _index(name: str, t: Any, device: torch.device, numel: int | None = None) -> torch.Tensor:
+    """A 1-D int32 index tensor on q's device (int64 is converted on the device, no sync)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 (or int64), got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of q)")
+    if numel is not None and t.numel() != numel:
+        raise ValueError(f"{name} must have {numel} entries (batch_size + 1), got {t.numel()}")
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def _check_out(out: Any, q: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(q)
+    if (
+        not isinstance(out, torch.Tensor)
+        or out.shape != q.shape
+        or out.dtype != q.dtype
+        or out.device != q.device
+        or out.stride(-1) != 1
+    ):
+        got = (
+            f"{out.dtype} {tuple(out.shape)} on {out.device}"
+            if isinstance(out, torch.Tensor)
+            else type(out).__name__
+        )
+        raise ValueError(
+            f"out must be a {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}, "
+            f"contiguous in its last dimension; got {got}"
+        )
+    return out
+
+
+def _check_options(
+    sm_scale: float | None, logits_soft_cap: float | None, window_left: int, custom_mask: Any
+) -> None:
+    if custom_mask is not None:
+        raise NotImplementedError(
+            "custom_mask is not supported without a plan; use "
+            "BatchPrefillWithPagedKVCacheWrapper / BatchPrefillWithRaggedKVCacheWrapper"
+        )
+    if not isinstance(window_left, int) or isinstance(window_left, bool):
+        raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
+    if logits_soft_cap is not None and logits_soft_cap < 0:
+        raise ValueError(f"logits_soft_cap must be >= 0 or None, got {logits_soft_cap}")
+    if sm_scale is not None and not sm_scale > 0:
+        raise ValueError(f"sm_scale must be > 0 or None, got {sm_scale}")
+
+
+def _check_lengths(
+    qo: np.ndarray, kv_lens: np.ndarray, total_q: int, causal: bool, kv_name: str
+) -> None:
+    """Host checks of the contents (the caller decides when they are free or asked for)."""
+    _check_indptr(qo, "qo_indptr")
+    if qo[-1] > total_q:
+        raise ValueError(f"qo_indptr[-1]={qo[-1]} exceeds q's {total_q} tokens")
+    qo_lens = qo[1:] - qo[:-1]
+    if causal and (qo_lens > kv_lens).any():
+        b = int((qo_lens > kv_lens).argmax())
+        raise ValueError(
+            f"causal prefill needs qo_len <= kv_len for every request; request {b} has "
+            f"qo_len={qo_lens[b]} > kv_len={kv_lens[b]} (from qo_indptr and {kv_name})"
+        )
+
+
+def _check_paged_contents(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    last: torch.Tensor,
+    page_size: int,
+    num_pages: int,
+    total_q: int,
+    causal: bool,
+    all_ids: bool,
+) -> None:
+    qo, kvp, lp = _host_int64(qo_indptr, kv_indptr, last)
+    _check_indptr(kvp, "kv_indptr")
+    if kvp[-1] > kv_indices.numel():
+        raise ValueError(
+            f"kv_indptr[-1]={kvp[-1]} pages but kv_indices has {kv_indices.numel()} entries"
+        )
+    steps = kvp[1:] - kvp[:-1]
+    bad = (steps > 0) & ((lp < 1) | (lp > page_size))
+    if bad.any():
+        b = int(bad.argmax())
+        raise ValueError(
+            f"kv_last_page_len[{b}]={lp[b]} must be in 1..page_size={page_size} for a request "
+            "with pages"
+        )
+    kv_lens = np.where(steps > 0, (steps - 1) * page_size + lp, 0)
+    _check_lengths(qo, kv_lens, total_q, causal, "kv_indptr/kv_last_page_len")
+    # The staged path copies every listed page, so then every entry must be a valid id.
+    ids = kv_indices if all_ids else kv_indices[: int(kvp[-1])]
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_pages:
+            raise ValueError(
+                f"kv_indices hold page ids in {lo}..{hi}, outside the cache's {num_pages} pages"
+                + (" (with TMA every entry is staged, not only the first kv_indptr[-1])"
+                   if all_ids else "")
+            )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Launch
+# --------------------------------------------------------------------------------------------
+
+
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor | None,
+    last: torch.Tensor | None,
+    *,
+    page_size: int,  # 0: ragged k/v [total_kv, H, D]; else pages [P, page_size, H, D]
+    tactic: PrefillTactic,
+    causal: bool,
+    window_left: int,
+    sm_scale: float,
+    soft_cap: float,
+) -> None:
+    from flashtune.ops.attention.prefill_kernels import _prefill_kernel
+
+    total_q, num_qo_heads, head_dim = q.shape
+    batch = qo_indptr.numel() - 1
+    group = num_qo_heads // k.shape[-2]
+    pack = group if tactic.pack_heads else 1
+    if tactic.block_m < pack:
+        raise ValueError(f"tactic {tactic} cannot hold a group of {group} heads")
+    tokens = tactic.tokens_per_tile(group)
+    num_head_groups = num_qo_heads // pack
+    # Every request's tiles but its last are full: sum cdiv(qo_len, T) < total_q / T + batch.
+    items = -(-total_q // tokens) + batch
+    paged = page_size > 0
+    if paged and tactic.tma and kv_indices is not None and kv_indices.numel():
+        k, v = _stage_all_pages(k, v, kv_indices)
+        paged = False  # read as ragged; offsets in tokens (kv_indptr[b] * page_size)
+    if paged:
+        stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
+        stride_vp, stride_vs, stride_vh = v.stride(0), v.stride(1), v.stride(2)
+    else:
+        stride_kp, stride_ks, stride_kh = k.stride(0), 0, k.stride(1)
+        stride_vp, stride_vs, stride_vh = v.stride(0), 0, v.stride(1)
+    use_tma = tactic.tma and not paged and _tma_ok(k) and _tma_ok(v)
+    k_arg: Any = k
+    v_arg: Any = v
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        # As in prefill._launch: 2-D [total_kv, H * D] views, one [BLOCK_N, D] box per tile.
+        block = [tactic.block_n, head_dim]
+        k_arg = TensorDescriptor(k, [k.shape[0], k.shape[1] * k.shape[2]], [k.stride(0), 1], block)
+        v_arg = TensorDescriptor(v, [v.shape[0], v.shape[1] * v.shape[2]], [v.stride(0), 1], block)
+    if soft_cap > 0:
+        qk_scale, soft_cap_log2 = sm_scale / soft_cap, soft_cap * _LOG2E
+    else:
+        qk_scale, soft_cap_log2 = sm_scale * _LOG2E, 0.0
+    lse_t = lse if lse is not None else out
+    dummy = qo_indptr  # int32 stand-in for the tensors this launch never reads
+    _prefill_kernel[(items * num_head_groups,)](
+        q, k_arg, v_arg, out, lse_t, dummy,
+        kv_indices if paged else dummy, dummy, dummy,
+        qk_scale, soft_cap_log2, window_left,
+        q.stride(0), q.stride(1),
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        out.stride(0), out.stride(1),
+        lse_t.stride(0) if lse is not None else 0, lse_t.stride(1) if lse is not None else 0,
+        NUM_HEAD_GROUPS=num_head_groups,
+        GROUP_SIZE=group,
+        PACK=pack,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size if paged else 1,
+        PAGED=paged,
+        USE_TMA=use_tma,
+        CAUSAL=causal,
+        WINDOW=window_left >= 0,
+        CUSTOM_MASK=False,
+        SOFT_CAP=soft_cap > 0,
+        RETURN_LSE=lse is not None,
+        BLOCK_M=tactic.block_m,
+        BLOCK_N=tactic.block_n,
+        DEVICE_WORK=True,
+        QO_INDPTR=qo_indptr,
+        KV_INDPTR=kv_indptr,
+        KV_LAST_PAGE_LEN=last if last is not None else dummy,
+        batch=batch,
+        INDPTR_PAGE_SIZE=page_size,
+        BLOCK_B=min(_MAX_BLOCK_B, max(16, _next_pow2(batch))),
+        num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
+    )  # fmt: skip
+
+
+def _stage_all_pages(
+    k: torch.Tensor, v: torch.Tensor, kv_indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy the pages listed in kv_indices (all of them: how many are used needs a sync) of
+    k/v [P, page_size, H, D] (any layout) into contiguous NHD [n * page_size, H, D]."""
+    n, ps, h, d = kv_indices.numel(), k.shape[1], k.shape[2], k.shape[3]
+    elems = n * ps * h * d
+    buf = torch.empty(2 * elems, dtype=k.dtype, device=k.device)  # one allocation for both
+    ks, vs = buf[:elems].view(n, ps, h, d), buf[elems:].view(n, ps, h, d)
+    torch.index_select(k, 0, kv_indices, out=ks)
+    torch.index_select(v, 0, kv_indices, out=vs)
+    return ks.view(n * ps, h, d), vs.view(n * ps, h, d)
+
+
+def _new_lse(q: torch.Tensor) -> torch.Tensor:
+    return torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+
+
+def _finish(
+    out: torch.Tensor, lse: torch.Tensor | None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return (out, lse) if lse is not None else out
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def paged_prefill(
+    q: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    *,
+    kv_layout: str = "NHD",
+    causal: bool = False,
+    sm_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    window_left: int = -1,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    custom_mask: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Batch prefill attention over a paged KV cache in one call, with no host sync.
+
+    q: [total_q, num_qo_heads, head_dim] (rows qo_indptr[b]..qo_indptr[b+1] are request
+    b's); paged_kv_cache: a 5-D tensor or a (k, v) pair, NHD [num_pages, page_size, H, D] or
+    HND [num_pages, H, page_size, D] pages; qo_indptr and kv_indptr [batch + 1] (kv_indptr
+    counts pages), kv_indices [nnz] page ids, kv_last_page_len [batch], int32 (or int64) on
+    q's device. Masks align bottom-right as in FlashInfer (causal needs qo_len <= kv_len).
+    Returns out [total_q, num_qo_heads, head_dim] and, with return_lse, the base-2 LSE
+    [total_q, num_qo_heads] float32. Shapes, dtypes and devices are always checked; indptr
+    and page-id contents only on the CPU or with FLASHTUNE_DEBUG_CHECKS (a sync on a GPU).
+    """
+    _check_options(sm_scale, logits_soft_cap, window_left, custom_mask)
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+    _check_q(q)
+    k, v = split_kv_cache(paged_kv_cache, kv_layout)
+    _check_kv("paged_kv_cache", k, q)
+    _check_kv("paged_kv_cache", v, q)
+    dev = q.device
+    qo_ptr = _index("qo_indptr", qo_indptr, dev)
+    batch = qo_ptr.numel() - 1
+    if batch < 0:
+        raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries, got 0")
+    kv_ptr = _index("kv_indptr", kv_indptr, dev, batch + 1)
+    indices = _index("kv_indices", kv_indices, dev)
+    last = _index("kv_last_page_len", kv_last_page_len, dev, None)
+    if last.numel() != batch:
+        raise ValueError(
+            f"kv_last_page_len must have batch_size={batch} entries (from qo_indptr), got "
+            f"{last.numel()}"
+        )
+    num_pages, page_size, num_kv_heads, head_dim = k.shape
+    total_q, num_qo_heads = q.shape[0], q.shape[1]
+    group = num_qo_heads // num_kv_heads
+    elem = k.element_size()
+    tactic = _pick_tactic(
+        paged=True, group=group, head_dim=head_dim,
+        mean_kv=indices.numel() * page_size // max(batch, 1),
+        stage_bytes=2 * indices.numel() * page_size * num_kv_heads * head_dim * elem,
+        device=dev,
+    )  # fmt: skip
+    window = window_left if window_left >= 0 else -1
+    if env.DEBUG_CHECKS.get() or dev.type == "cpu":
+        # Contents: a sync on a GPU (debug only); on the CPU they are host memory already.
+        _check_paged_contents(
+            qo_ptr, kv_ptr, indices, last, page_size, num_pages, total_q, causal,
+            all_ids=tactic.tma,
+        )  # fmt: skip
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    out = _check_out(out, q)
+    lse = _new_lse(q) if return_lse else None
+    if total_q == 0 or batch == 0:
+        return _finish(out, lse)
+    if not platform.kernels_available(dev) or env.FORCE_REFERENCE.get():
+        o, s = batch_prefill_paged_ref(
+            q, k, v, qo_ptr, kv_ptr, indices, last, scale, causal=causal, window_left=window,
+            logits_soft_cap=logits_soft_cap or None,
+        )  # fmt: skip
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(s)
+        return _finish(out, lse)
+    _launch(
+        q, k, v, out, lse, qo_ptr, kv_ptr, indices, last, page_size=page_size, tactic=tactic,
+        causal=causal, window_left=window, sm_scale=scale, soft_cap=float(logits_soft_cap or 0),
+    )  # fmt: skip
+    return _finish(out, lse)
+
+
+def ragged_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    window_left: int = -1,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    custom_mask: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Batch prefill attention over ragged K/V in one call, with no host sync.
+
+    q: [total_q, num_qo_heads, head_dim]; k, v: [total_kv, num_kv_heads, head_dim] (NHD);
+    qo_indptr and kv_indptr [batch + 1] int32 (or int64) on q's device, kv_indptr in tokens.
+    Returns out [total_q, num_qo_heads, head_dim] and, with return_lse, the base-2 LSE
+    [total_q, num_qo_heads] float32. Indptr contents are checked only on the CPU or with
+    FLASHTUNE_DEBUG_CHECKS.
+    """
+    _check_options(sm_scale, logits_soft_cap, window_left, custom_mask)
+    _check_q(q)
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must be [total_kv, num_kv_heads, head_dim] (3-D), got shape "
+                f"{tuple(t.shape)}"
+            )
+        _check_kv(name, t, q)
+    if k.shape != v.shape:
+        raise ValueError(f"k shape {tuple(k.shape)} != v shape {tuple(v.shape)}")
+    dev = q.device
+    qo_ptr = _index("qo_indptr", qo_indptr, dev)
+    batch = qo_ptr.numel() - 1
+    if batch < 0:
+        raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries, got 0")
+    kv_ptr = _index("kv_indptr", kv_indptr, dev, batch + 1)
+    total_q, num_qo_heads, head_dim = q.shape
+    total_kv, num_kv_heads = k.shape[0], k.shape[1]
+    window = window_left if window_left >= 0 else -1
+    if env.DEBUG_CHECKS.get() or dev.type == "cpu":
+        qo, kvp = _host_int64(qo_ptr, kv_ptr)
+        _check_indptr(kvp, "kv_indptr")
+        if kvp[-1] > total_kv:
+            raise ValueError(f"kv_indptr[-1]={kvp[-1]} exceeds k/v's {total_kv} tokens")
+        _check_lengths(qo, kvp[1:] - kvp[:-1], total_q, causal, "kv_indptr")
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    out = _check_out(out, q)
+    lse = _new_lse(q) if return_lse else None
+    if total_q == 0 or batch == 0:
+        return _finish(out, lse)
+    if not platform.kernels_available(dev) or env.FORCE_REFERENCE.get():
+        o, s = batch_prefill_ragged_ref(
+            q, k, v, qo_ptr, kv_ptr, scale, causal=causal, window_left=window,
+            logits_soft_cap=logits_soft_cap or None,
+        )  # fmt: skip
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(s)
+        return _finish(out, lse)
+    tactic = _pick_tactic(
+        paged=False, group=num_qo_heads // num_kv_heads, head_dim=head_dim,
+        mean_kv=total_kv // batch, stage_bytes=0, device=dev,
+    )  # fmt: skip
+    _launch(
+        q, k, v, out, lse, qo_ptr, kv_ptr, None, None, page_size=0, tactic=tactic,
+        causal=causal, window_left=window, sm_scale=scale, soft_cap=float(logits_soft_cap or 0),
+    )  # fmt: skip
+    return _finish(out, lse)
