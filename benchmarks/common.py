@@ -18,6 +18,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
+    # The GPU machine gets a copy of the working tree whose .git may be stale: the caller
+    # names the commit being measured there (scripts/gpu_session.sh passes it on).
+    named = os.environ.get("FLASHTUNE_BENCH_COMMIT")
+    if named:
+        return named
     try:
         return (
             subprocess.run(

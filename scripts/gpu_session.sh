@@ -4,7 +4,9 @@
 #   bash scripts/gpu_session.sh bundled                  # `flashtune run` on the bundled dataset
 # Needs the ignored folder .peer/ (made by scripts/fetch_gpu_deps.sh) carried along: FlashInfer's source archive (the peer) and
 # wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
-# files come back from it: benchmarks write their rows there through RowWriter).
+# files come back from it: benchmarks write their rows there through RowWriter). The copy's
+# .git may be stale: name the commit being measured, FLASHTUNE_BENCH_COMMIT=$(git rev-parse
+# --short HEAD), in the command, so the result rows carry it.
 set -uo pipefail
 OUT=${OUT:-/tmp/flashtune-out}
 mkdir -p "$OUT"
