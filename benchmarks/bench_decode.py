@@ -183,6 +183,8 @@ def bench_skewed(ws, rows, bw):
     for name, kw in (("balanced", {}), ("no_split", {"disable_split_kv": True})):
         w = _ours(ws, table, 16, **kw)
         res[name] = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+    # The plan-free call: the split scheduled on the device from the same page table.
+    res["planless"] = _time(lambda q_, c_: paged_decode(q_, c_, *table), [q, cache])
     speedup = res["no_split"] / res["balanced"]
     shape = dict(batch=64, kv_lens="1x32768+63x512", page_size=16, hq=HQ, hk=HK, d=D)
     for name, ms in res.items():
@@ -190,7 +192,8 @@ def bench_skewed(ws, rows, bw):
         rows.write("batch_decode_skewed", shape, f"flashtune_{name}", ms, gbs=gbs,
                    bw_frac=gbs / bw, balanced_speedup=speedup)  # fmt: skip
     print(f"skewed: balanced {res['balanced'] * 1e3:.1f} us, no split "
-          f"{res['no_split'] * 1e3:.1f} us -> x{speedup:.2f}")  # fmt: skip
+          f"{res['no_split'] * 1e3:.1f} us -> x{speedup:.2f}; plan-free "
+          f"{res['planless'] * 1e3:.1f} us")  # fmt: skip
 
 
 def bench_cascade(ws, rows, bw, fi):

@@ -106,6 +106,17 @@ def ours(mode: str, x: dict[str, Any], tactic: PrefillTactic | None = None):
     return fn, [x["q"], kc, vc]
 
 
+def planless_fn(mode: str, x: dict[str, Any]):
+    """The plan-free call (work found on the device): the whole call, graph-capturable."""
+    from flashtune.ops.attention import paged_prefill, ragged_prefill
+
+    if mode == "paged":
+        t = [x[k].cuda() for k in ("qo_indptr", "page_indptr", "page_indices", "last")]
+        return (lambda q, c: paged_prefill(q, c, *t, causal=True)), [x["q"], x["cache"]]
+    qo, kv = x["qo_indptr"].cuda(), x["kv_indptr"].cuda()
+    return (lambda q, k, v: ragged_prefill(q, k, v, qo, kv, causal=True)), [x["q"], x["k"], x["v"]]
+
+
 def flashinfer_fn(mode: str, x: dict[str, Any]):
     import flashinfer
 
@@ -201,7 +212,7 @@ def sweep(out_dir: Path | None) -> None:
         (out_dir / "prefill_sweep.json").write_text(json.dumps(results, indent=1))
 
 
-def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool) -> None:
+def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool = True) -> None:
     writer = RowWriter("prefill")
     fi_ok = peer
     if peer:
@@ -211,6 +222,7 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool) -> None:
             print(f"FlashInfer unavailable: {type(e).__name__}: {e}")
             fi_ok = False
     table = []
+    planless_ratios: list[float | None] = []
     candidates: list[dict[str, Any]] = []  # every tactic timing, for picking defaults
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     for seq in seqs:
@@ -236,7 +248,7 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool) -> None:
                                        order="tile", ms=tile_ms, default_ms=ms))  # fmt: skip
                 # Per-shape tuning over the runner's tactics (what the autotuner does).
                 best_ms, best_t = ms, "default"
-                for t in TUNE_CANDIDATES[mode]:
+                for t in TUNE_CANDIDATES[mode] if tune else ():
                     try:
                         tfn, targs = ours(mode, x, t)
                         t_out = tfn(*targs)
@@ -274,6 +286,13 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool) -> None:
                         print(f"FlashInfer failed on {op} {shp}: {type(e).__name__}: {e}"[:400])
                 ratio = fi_ms / ms if fi_ms else None
                 tuned_ratio = fi_ms / best_ms if fi_ms else None
+                pfn, pargs = planless_fn(mode, x)
+                p_err = (pfn(*pargs).float() - out.float()).abs().max().item()
+                p_ms = timeit(pfn, pargs, graph)
+                writer.write(op, shp, "flashtune_planless", p_ms, tflops=flops / p_ms / 1e9,
+                             speedup_vs_flashinfer=fi_ms / p_ms if fi_ms else None,
+                             max_abs_diff_vs_planned=p_err, cuda_graph=graph)  # fmt: skip
+                planless_ratios.append(fi_ms / p_ms if fi_ms else None)
                 writer.write(op, shp, "flashtune", ms, tflops=tf, tactic=default_t,
                              ratio_to_gemm_peak=tf / GEMM_PEAK_TFLOPS,
                              speedup_vs_flashinfer=ratio, max_abs_diff_vs_flashinfer=err,
@@ -284,6 +303,7 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool) -> None:
                              cuda_graph=graph)  # fmt: skip
                 table.append((mode, batch, seq, ms, tf, fi_ms, ratio, best_ms, tuned_ratio))
                 print(f"{mode:6s} b{batch:<3d} L{seq:<5d} ours {ms:8.3f} ms {tf:6.1f} TF/s  "
+                      f"planless {p_ms:8.3f} ms  "
                       f"tuned {best_ms:8.3f} ms ({best_t})  "
                       + (f"FI {fi_ms:8.3f} ms {flops / fi_ms / 1e9:6.1f} TF/s  x{ratio:.2f} "
                          f"tuned x{tuned_ratio:.2f} err {err:.3g}" if fi_ms else ""),
@@ -295,8 +315,10 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool) -> None:
         fl = causal_flops([s] * b)
         fi_s = f"{fms:8.3f} {fl / fms / 1e9:7.1f}  {r:5.2f}  {tr:5.2f}" if fms else "-"
         print(f"{mode:6s} {b:5d} {s:5d} {ms:8.3f} {tf:7.1f}  {fl / bms / 1e9:7.1f}  {fi_s}")
-    for label, idx in (("default tactic", 6), ("tuned per shape", 8)):
-        ratios = [r[idx] for r in table if r[idx]]
+    columns = [("default tactic", [r[6] for r in table]), ("tuned per shape", [r[8] for r in table]),
+               ("plan-free call", planless_ratios)]  # fmt: skip
+    for label, column in columns:
+        ratios = [r for r in column if r]
         if ratios:
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
             print(f"geomean speedup vs FlashInfer ({label}): {geo:.3f} over {len(ratios)} "
@@ -307,6 +329,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-tune", action="store_true", help="skip the per-shape tactic search")
     ap.add_argument(
         "--warmup-peer", action="store_true", help="only JIT-build FlashInfer's kernels"
     )
@@ -324,7 +347,7 @@ def main() -> None:
     elif a.sweep:
         sweep(Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     else:
-        grid(tuple(a.seqs), tuple(a.batches), not a.no_peer)
+        grid(tuple(a.seqs), tuple(a.batches), not a.no_peer, tune=not a.no_tune)
     print(f"done in {time.time() - t0:.0f} s")
 
 

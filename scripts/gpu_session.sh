@@ -35,6 +35,9 @@ for stage in "$@"; do
     decode-sweep) timeout 240 python3 benchmarks/bench_decode.py --only sweep 2>&1 | tee -a "$OUT/decode.log" | tail -n 12 ;;
     capture) timeout 90 python3 benchmarks/bench_capture.py 2>&1 | tee "$OUT/capture.log" | tail -n 12 ;;
     prefill) timeout 110 python3 benchmarks/bench_prefill.py 2>&1 | tee "$OUT/prefill.log" | tail -n 25 ;;
+    prefill-grid) timeout 240 python3 benchmarks/bench_prefill.py --no-tune 2>&1 | tee "$OUT/prefill.log" | tail -n 40 ;;
+    decode-extra) timeout 120 python3 benchmarks/bench_decode.py --only skewed 2>&1 | tee -a "$OUT/decode.log" | tail -n 3
+      timeout 120 python3 benchmarks/bench_decode.py --only cascade 2>&1 | tee -a "$OUT/decode.log" | tail -n 3 ;;
     bundled)
       timeout 500 python3 benchmarks/bench_bundled.py run /tmp/bundled 2>&1 | tee "$OUT/bundled.log" | tail -n 60
       python3 benchmarks/bench_bundled.py rows /tmp/bundled 2>&1 | tail -n 5
