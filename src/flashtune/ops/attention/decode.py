@@ -514,7 +514,8 @@ class _DevicePlan:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Byte offsets of the plan's regions in the workspace buffer."""
+    """Sizes of the plan's integer arrays (a planner-owned buffer) and byte offsets of its
+    float scratch regions in the workspace buffer."""
 
     ints: int  # int32 elements of [work_indptr | work | merge_info]
     max_ctas: int
@@ -526,7 +527,7 @@ class _Layout:
 
     @property
     def off_plse(self) -> int:
-        return _align256(self.ints * 4)
+        return 0
 
     @property
     def off_lse(self) -> int:
@@ -556,14 +557,8 @@ def _carve(workspace: torch.Tensor, layout: _Layout) -> dict[str, torch.Tensor]:
             "recommendation, 128 MB, is always enough for decode)"
         )
     raw = workspace.view(torch.uint8).reshape(-1)
-    ints = raw[: layout.ints * 4].view(torch.int32)
-    c, w = layout.max_ctas + 1, layout.max_work * NUM_WORK_FIELDS
     h, d = layout.num_qo_heads, layout.head_dim
     return {
-        "ints": ints,
-        "work_indptr": ints[:c],
-        "work": ints[c : c + w].view(layout.max_work, NUM_WORK_FIELDS),
-        "merge_info": ints[c + w : c + w + layout.max_qo * 3].view(layout.max_qo, 3),
         "partial_lse": raw[layout.off_plse : layout.off_plse + layout.max_partial * h * 4]
         .view(torch.float32)
         .view(layout.max_partial, h),
@@ -826,6 +821,12 @@ class _Planner:
         self.max_qo = max_qo
         self._graph_layout: _Layout | None = None
         self.plan: _DevicePlan | None = None
+        # The plan's integer arrays live in a buffer of this planner, not in the shared
+        # workspace (FlashInfer's int workspace does the same): wrappers that share one
+        # float workspace, as serving engines do, run only scratch through it, so one
+        # wrapper's plan() never overwrites another's work list.
+        self._ints_buf: torch.Tensor | None = None
+        self._int_views: tuple[_Layout, dict[str, torch.Tensor]] | None = None
 
     def make(
         self,
@@ -947,7 +948,7 @@ class _Planner:
                 num_ctas, max(host.num_work, 1), max(total_qo, 1), max(host.num_partial_rows, 1),
                 num_qo_heads, head_dim,
             )  # fmt: skip
-        regions = _carve_cached(self.workspace, layout)
+        regions = {**_carve_cached(self.workspace, layout), **self._int_regions(layout)}
 
         # One host-to-device copy of all integer plan arrays: packed in a reused pinned
         # buffer on a GPU (async copy), written in place when the workspace is on the CPU.
@@ -1023,6 +1024,26 @@ class _Planner:
         )
         self.plan = plan
         return plan
+
+    def _int_regions(self, layout: _Layout) -> dict[str, torch.Tensor]:
+        """Views of this planner's integer buffer for `layout` (grown when too small; in
+        graph mode the layout, so the buffer, never changes after the first plan)."""
+        if self._int_views is not None and self._int_views[0] == layout:
+            return self._int_views[1]
+        buf = self._ints_buf
+        if buf is None or buf.numel() < layout.ints:
+            buf = torch.empty(layout.ints, dtype=torch.int32, device=self.device)
+            self._ints_buf = buf
+        ints = buf[: layout.ints]
+        c, w = layout.max_ctas + 1, layout.max_work * NUM_WORK_FIELDS
+        views = {
+            "ints": ints,
+            "work_indptr": ints[:c],
+            "work": ints[c : c + w].view(layout.max_work, NUM_WORK_FIELDS),
+            "merge_info": ints[c + w : c + w + layout.max_qo * 3].view(layout.max_qo, 3),
+        }
+        self._int_views = (layout, views)
+        return views
 
     def check_run(
         self,
