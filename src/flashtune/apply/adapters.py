@@ -62,6 +62,40 @@ def _fused_add_rmsnorm_result(arguments: dict[str, Any], outputs: dict[str, Any]
 register_result_adapter("fused_add_rmsnorm", _fused_add_rmsnorm_result)
 
 
+def _attention_run_result(arguments: dict[str, Any], outputs: dict[str, Any]) -> Any:
+    # A wrapper's run(q, ..., out=None, lse=None, return_lse=False) and the plan-free calls:
+    # fill the caller's buffers when given, return (out, lse) only when asked for.
+    out, lse = outputs["output"], outputs.get("lse")
+    if isinstance(arguments.get("out"), torch.Tensor):
+        arguments["out"].copy_(out.reshape(arguments["out"].shape))
+        out = arguments["out"]
+    if isinstance(arguments.get("lse"), torch.Tensor) and lse is not None:
+        arguments["lse"].copy_(lse.reshape(arguments["lse"].shape))
+        lse = arguments["lse"]
+    return (out, lse) if arguments.get("return_lse") else out
+
+
+def _prefill_op_result(arguments: dict[str, Any], outputs: dict[str, Any]) -> None:
+    # The schema'd ops behind the prefill wrappers write into the wrapper's out/lse buffers.
+    arguments["out"].copy_(outputs["output"].reshape(arguments["out"].shape))
+    if isinstance(arguments.get("lse"), torch.Tensor):
+        arguments["lse"].copy_(outputs["lse"].reshape(arguments["lse"].shape))
+
+
+for _qualname in (
+    "flashtune.ops.attention.decode.BatchDecodeWithPagedKVCacheWrapper.run",
+    "flashtune.ops.attention.planless.paged_decode",
+    "flashtune.ops.attention.planless_prefill.paged_prefill",
+    "flashtune.ops.attention.planless_prefill.ragged_prefill",
+):
+    register_result_adapter(_qualname, _attention_run_result)
+for _qualname in (
+    "flashtune.ops.attention.prefill.gqa_paged_prefill",
+    "flashtune.ops.attention.prefill.gqa_ragged_prefill",
+):
+    register_result_adapter(_qualname, _prefill_op_result)
+
+
 # --------------------------------------------------------------------------- patching
 
 

@@ -341,6 +341,11 @@ class _Plan:
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         }
         self.sources: list[tuple[str, Any, int]] = []  # (kind, where, rank)
+        # An input read through another object (a wrapper's plan state "self._kv_indptr", a
+        # field of an argument "paged_kv_cache.k") is not a plain argument: such calls are
+        # bound again every time (their values and var axes change between calls).
+        self.derived = False
+        self.input_names = list(call.inputs)
         for name in call.inputs:
             param = self.schema.param_of(name)
             spec = self.schema.inputs[name]
@@ -349,8 +354,11 @@ class _Plan:
                 self.sources.append(("kw", param, rank))
             elif param in position and position[param] < len(args):
                 self.sources.append(("arg", position[param], rank))
-            else:
+            elif param in call.bound:
                 self.sources.append(("const", call.bound[param], rank))
+            else:
+                self.derived = True
+                self.sources.append(("bound", name, rank))
         # Output arguments (out=): where each would come from, so a call that passes none
         # skips binding its arguments altogether.
         self.out_sources: list[tuple[int, str, int]] = []  # (output index, param, position)
@@ -364,13 +372,20 @@ class _Plan:
     def run(self, op: ApiOp, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         inputs = []
         lead: tuple[int, ...] | None = None
+        axes = self.axes
+        call = op.bind(*args, **kwargs) if self.derived else None
+        if call is not None:
+            axes = dict(call.axes)
         for kind, where, rank in self.sources:
-            value = args[where] if kind == "arg" else kwargs[where] if kind == "kw" else where
+            if kind == "bound":
+                value = call.inputs[where]  # type: ignore[union-attr]
+            else:
+                value = args[where] if kind == "arg" else kwargs[where] if kind == "kw" else where
             if rank and isinstance(value, torch.Tensor) and value.dim() > rank:
                 lead = tuple(value.shape[: value.dim() - rank + 1])
                 value = value.reshape(-1, *value.shape[value.dim() - rank + 1 :])
             inputs.append(value)
-        result = self.runner(self.axes, inputs)
+        result = self.runner(axes, inputs)
         if isinstance(result, torch.Tensor) or not isinstance(result, (tuple, list, Mapping)):
             result = (result,)
         if isinstance(result, Mapping):
@@ -413,6 +428,11 @@ def _result_adapter(op: ApiOp) -> Callable[[dict[str, Any], dict[str, Any]], Any
 _MISS = object()
 
 
+def _derived(call: BoundCall) -> bool:
+    """Whether some input is read through another object (see _Plan.derived)."""
+    return any("." in call.schema.param_of(name) for name in call.inputs)
+
+
 class ApplyHook:
     """The per-call hook that sends schema'd op calls to their winning solution."""
 
@@ -446,12 +466,14 @@ class ApplyHook:
             else None
         )
         if runner is None:
-            if fast is not None:
+            if fast is not None and not _derived(call):
                 self._plans[fast] = _MISS
             self.misses += 1
             return NOT_HANDLED
         plan = _Plan(op, call, runner, args, kwargs)
-        if fast is not None:
+        # A call with derived inputs can change its var axes (so its bucket's winner) while
+        # its argument shapes stay the same: it is never cached by argument signature.
+        if fast is not None and not plan.derived:
             self._plans[fast] = plan
         self.hits += 1
         return plan.run(op, args, kwargs)

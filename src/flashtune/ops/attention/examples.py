@@ -25,7 +25,10 @@ _DTYPE = torch.bfloat16
 
 @register_examples
 def decode_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """One batch-decode call at `model`'s shapes (paged NHD cache, bf16)."""
+    """One batch-decode call at `model`'s shapes (paged NHD cache, bf16): the planned wrapper's
+    run and the plan-free call (both emit the same Definition)."""
+    from flashtune.ops.attention.planless import paged_decode
+
     hq, hk, d = model.num_qo_heads, model.num_kv_heads, model.head_dim
     lens = [37, 100, 16]
     indptr, indices, last, num_pages = build_page_table(lens, _PAGE_SIZE, shuffle=False)
@@ -34,7 +37,10 @@ def decode_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict
     wrapper.plan(indptr, indices, last, hq, hk, d, _PAGE_SIZE, q_data_type=_DTYPE)
     q = torch.empty(len(lens), hq, d, dtype=_DTYPE, device="meta")
     kv_cache = torch.empty(num_pages, 2, _PAGE_SIZE, hk, d, dtype=_DTYPE, device="meta")
-    return [(wrapper.run, (q, kv_cache), {})]
+    return [
+        (wrapper.run, (q, kv_cache), {}),
+        (paged_decode, (q, kv_cache, indptr, indices, last), {}),
+    ]
 
 
 @register_examples

@@ -24,6 +24,7 @@ spread over many SMs, as with the planned path.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -34,6 +35,8 @@ import triton.language as tl
 from flashtune import env, platform
 from flashtune.ops.attention.decode import (
     _LOG2E,
+    GQA_PAGED_DECODE,
+    _PagedKV,
     _block_m,
     _decode_item,
     _launch_shape,
@@ -46,8 +49,11 @@ from flashtune.ops.attention.decode import (
 from flashtune.ops.attention.merge import merge_partials
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 from flashtune.ops.attention.reference import paged_attention_ref
+from flashtune.schema import REGISTRY, ApiOp
 
 __all__ = ["paged_decode"]
+
+_TABLE_INPUTS = ("kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale")
 
 # Requests scanned per step when a program looks for its work item: one step covers the
 # batch for batch <= 1024 (more requests take a few steps of cheap L2 hits).
@@ -205,6 +211,42 @@ def chunk_tokens(
     return chunk, -(-max_tokens // chunk) + batch
 
 
+# The decode Definition (gqa_paged_decode_*) with its inputs read from this function's
+# arguments instead of a planned wrapper's state: captured and applied like the wrapper's run.
+PLANLESS_DECODE = dataclasses.replace(
+    GQA_PAGED_DECODE,
+    inputs={
+        name: dataclasses.replace(spec, param=None) if name in _TABLE_INPUTS else spec
+        for name, spec in GQA_PAGED_DECODE.inputs.items()
+    },
+)
+
+
+class _PlanlessDecodeOp(ApiOp):
+    """`@api` for paged_decode: the schema sees paged_kv_cache as logical NHD (k, v) views
+    (a 5-D tensor or an HND pair would give wrong axes), the default sm_scale as a value, and
+    a window or soft-cap only when set (so a plain call's Definition matches the corpus)."""
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        arguments = super().arguments(args, kwargs)
+        k, v = split_kv_cache(arguments["paged_kv_cache"], arguments["kv_layout"])
+        arguments["paged_kv_cache"] = _PagedKV(k, v)
+        if arguments["sm_scale"] is None:
+            arguments["sm_scale"] = 1.0 / math.sqrt(k.shape[-1])
+        if arguments["window_left"] < 0:
+            del arguments["window_left"]
+        if not arguments["logits_soft_cap"]:
+            del arguments["logits_soft_cap"]
+        return arguments
+
+
+def _planless_api(fn: Any) -> _PlanlessDecodeOp:
+    op = _PlanlessDecodeOp(fn, PLANLESS_DECODE, None)
+    REGISTRY[op.qualname] = op
+    return op
+
+
+@_planless_api
 def paged_decode(
     q: torch.Tensor,
     paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
