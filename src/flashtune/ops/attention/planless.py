@@ -36,12 +36,12 @@ from flashtune import env, platform
 from flashtune.ops.attention.decode import (
     _LOG2E,
     GQA_PAGED_DECODE,
-    _PagedKV,
     _block_m,
     _decode_item,
     _launch_shape,
     _min_chunk,
     _next_pow2,
+    _PagedKV,
     _sm_count,
     default_tactic,
     validate_page_table,

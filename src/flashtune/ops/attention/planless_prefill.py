@@ -43,11 +43,11 @@ from flashtune.ops.attention import prefill
 from flashtune.ops.attention.decode import _host_int64, _next_pow2
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 from flashtune.ops.attention.prefill import (
-    _LOG2E,
     SUPPORTED_HEAD_DIMS,
     PrefillTactic,
     _check_indptr,
-    _tma_ok,
+    _launch_kernel,
+    _pack,
     batch_prefill_paged_ref,
     batch_prefill_ragged_ref,
 )
@@ -139,6 +139,17 @@ def _index(name: str, t: Any, device: torch.device, numel: int | None = None) ->
     if numel is not None and t.numel() != numel:
         raise ValueError(f"{name} must have {numel} entries (batch_size + 1), got {t.numel()}")
     return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def _indptrs(
+    qo_indptr: Any, kv_indptr: Any, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(qo_indptr, kv_indptr) as int32 on q's device, and the batch size they give."""
+    qo_ptr = _index("qo_indptr", qo_indptr, device)
+    batch = qo_ptr.numel() - 1
+    if batch < 0:
+        raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries, got 0")
+    return qo_ptr, _index("kv_indptr", kv_indptr, device, batch + 1), batch
 
 
 def _check_out(out: Any, q: torch.Tensor) -> torch.Tensor:
@@ -239,97 +250,6 @@ def _check_paged_contents(
 # --------------------------------------------------------------------------------------------
 
 
-def _launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor | None,
-    last: torch.Tensor | None,
-    *,
-    page_size: int,  # 0: ragged k/v [total_kv, H, D]; else pages [P, page_size, H, D]
-    tactic: PrefillTactic,
-    causal: bool,
-    window_left: int,
-    sm_scale: float,
-    soft_cap: float,
-) -> None:
-    from flashtune.ops.attention.prefill_kernels import _prefill_kernel
-
-    total_q, num_qo_heads, head_dim = q.shape
-    batch = qo_indptr.numel() - 1
-    group = num_qo_heads // k.shape[-2]
-    pack = group if tactic.pack_heads else 1
-    if tactic.block_m < pack:
-        raise ValueError(f"tactic {tactic} cannot hold a group of {group} heads")
-    tokens = tactic.tokens_per_tile(group)
-    num_head_groups = num_qo_heads // pack
-    # Every request's tiles but its last are full: sum cdiv(qo_len, T) < total_q / T + batch.
-    items = -(-total_q // tokens) + batch
-    paged = page_size > 0
-    if paged and tactic.tma and kv_indices is not None and kv_indices.numel():
-        k, v = _stage_all_pages(k, v, kv_indices)
-        paged = False  # read as ragged; offsets in tokens (kv_indptr[b] * page_size)
-    if paged:
-        stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
-        stride_vp, stride_vs, stride_vh = v.stride(0), v.stride(1), v.stride(2)
-    else:
-        stride_kp, stride_ks, stride_kh = k.stride(0), 0, k.stride(1)
-        stride_vp, stride_vs, stride_vh = v.stride(0), 0, v.stride(1)
-    use_tma = tactic.tma and not paged and _tma_ok(k) and _tma_ok(v)
-    k_arg: Any = k
-    v_arg: Any = v
-    if use_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        # As in prefill._launch: 2-D [total_kv, H * D] views, one [BLOCK_N, D] box per tile.
-        block = [tactic.block_n, head_dim]
-        k_arg = TensorDescriptor(k, [k.shape[0], k.shape[1] * k.shape[2]], [k.stride(0), 1], block)
-        v_arg = TensorDescriptor(v, [v.shape[0], v.shape[1] * v.shape[2]], [v.stride(0), 1], block)
-    if soft_cap > 0:
-        qk_scale, soft_cap_log2 = sm_scale / soft_cap, soft_cap * _LOG2E
-    else:
-        qk_scale, soft_cap_log2 = sm_scale * _LOG2E, 0.0
-    lse_t = lse if lse is not None else out
-    dummy = qo_indptr  # int32 stand-in for the tensors this launch never reads
-    _prefill_kernel[(items * num_head_groups,)](
-        q, k_arg, v_arg, out, lse_t, dummy,
-        kv_indices if paged else dummy, dummy, dummy,
-        qk_scale, soft_cap_log2, window_left,
-        q.stride(0), q.stride(1),
-        stride_kp, stride_ks, stride_kh,
-        stride_vp, stride_vs, stride_vh,
-        out.stride(0), out.stride(1),
-        lse_t.stride(0) if lse is not None else 0, lse_t.stride(1) if lse is not None else 0,
-        NUM_HEAD_GROUPS=num_head_groups,
-        GROUP_SIZE=group,
-        PACK=pack,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=page_size if paged else 1,
-        PAGED=paged,
-        USE_TMA=use_tma,
-        CAUSAL=causal,
-        WINDOW=window_left >= 0,
-        CUSTOM_MASK=False,
-        SOFT_CAP=soft_cap > 0,
-        RETURN_LSE=lse is not None,
-        BLOCK_M=tactic.block_m,
-        BLOCK_N=tactic.block_n,
-        DEVICE_WORK=True,
-        QO_INDPTR=qo_indptr,
-        KV_INDPTR=kv_indptr,
-        KV_LAST_PAGE_LEN=last if last is not None else dummy,
-        batch=batch,
-        INDPTR_PAGE_SIZE=page_size,
-        BLOCK_B=min(_MAX_BLOCK_B, max(16, _next_pow2(batch))),
-        num_warps=tactic.num_warps,
-        num_stages=tactic.num_stages,
-    )  # fmt: skip
-
-
 def _stage_all_pages(
     k: torch.Tensor, v: torch.Tensor, kv_indices: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -344,8 +264,76 @@ def _stage_all_pages(
     return ks.view(n * ps, h, d), vs.view(n * ps, h, d)
 
 
-def _new_lse(q: torch.Tensor) -> torch.Tensor:
-    return torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+def _run(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor | None,
+    last: torch.Tensor | None,
+    *,
+    page_size: int,  # 0: ragged k/v [total_kv, H, D]; else pages [P, page_size, H, D]
+    tactic: PrefillTactic,
+    causal: bool,
+    sm_scale: float | None,
+    logits_soft_cap: float | None,
+    window_left: int,
+    out: torch.Tensor | None,
+    return_lse: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """What paged_prefill and ragged_prefill share once their inputs are checked: the output
+    buffers, then the reference where no kernel can run (or it is forced), else one launch
+    of the kernel with DEVICE_WORK."""
+    total_q, num_qo_heads, head_dim = q.shape
+    batch = qo_indptr.numel() - 1
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    out = _check_out(out, q)
+    lse = (
+        torch.empty(total_q, num_qo_heads, dtype=torch.float32, device=q.device)
+        if return_lse
+        else None
+    )
+    if total_q == 0 or batch == 0:
+        return _finish(out, lse)
+    if not platform.kernels_available(q.device) or env.FORCE_REFERENCE.get():
+        opts: dict[str, Any] = dict(
+            causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap or None
+        )
+        if page_size:
+            assert kv_indices is not None and last is not None
+            o, s = batch_prefill_paged_ref(
+                q, k, v, qo_indptr, kv_indptr, kv_indices, last, scale, **opts
+            )
+        else:
+            o, s = batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, scale, **opts)
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(s)
+        return _finish(out, lse)
+    group = num_qo_heads // k.shape[-2]
+    pack = _pack(tactic, group)
+    tokens = tactic.tokens_per_tile(group)
+    # Every request's tiles but its last are full: sum cdiv(qo_len, T) < total_q / T + batch.
+    items = -(-total_q // tokens) + batch
+    paged = page_size > 0
+    if paged and tactic.tma and kv_indices is not None and kv_indices.numel():
+        k, v = _stage_all_pages(k, v, kv_indices)
+        paged = False  # read as ragged; offsets in tokens (kv_indptr[b] * page_size)
+    device_work = dict(
+        KV_INDPTR=kv_indptr,
+        KV_LAST_PAGE_LEN=last if last is not None else qo_indptr,  # qo_indptr: never read
+        batch=batch,
+        INDPTR_PAGE_SIZE=page_size,
+        BLOCK_B=min(_MAX_BLOCK_B, max(16, _next_pow2(batch))),
+    )
+    _launch_kernel(
+        q, k, v, out, lse, qo_indptr, tactic=tactic, paged=paged, page_size=page_size,
+        group=group, pack=pack, num_qo_heads=num_qo_heads, head_dim=head_dim, causal=causal,
+        window_left=window_left, sm_scale=scale, logits_soft_cap=float(logits_soft_cap or 0),
+        num_items=items, kv_indices=kv_indices, device_work=device_work,
+    )  # fmt: skip
+    return _finish(out, lse)
 
 
 def _finish(
@@ -395,11 +383,7 @@ def paged_prefill(
     _check_kv("paged_kv_cache", k, q)
     _check_kv("paged_kv_cache", v, q)
     dev = q.device
-    qo_ptr = _index("qo_indptr", qo_indptr, dev)
-    batch = qo_ptr.numel() - 1
-    if batch < 0:
-        raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries, got 0")
-    kv_ptr = _index("kv_indptr", kv_indptr, dev, batch + 1)
+    qo_ptr, kv_ptr, batch = _indptrs(qo_indptr, kv_indptr, dev)
     indices = _index("kv_indices", kv_indices, dev)
     last = _index("kv_last_page_len", kv_last_page_len, dev, None)
     if last.numel() != batch:
@@ -424,25 +408,11 @@ def paged_prefill(
             qo_ptr, kv_ptr, indices, last, page_size, num_pages, total_q, causal,
             all_ids=tactic.tma,
         )  # fmt: skip
-    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-    out = _check_out(out, q)
-    lse = _new_lse(q) if return_lse else None
-    if total_q == 0 or batch == 0:
-        return _finish(out, lse)
-    if not platform.kernels_available(dev) or env.FORCE_REFERENCE.get():
-        o, s = batch_prefill_paged_ref(
-            q, k, v, qo_ptr, kv_ptr, indices, last, scale, causal=causal, window_left=window,
-            logits_soft_cap=logits_soft_cap or None,
-        )  # fmt: skip
-        out.copy_(o)
-        if lse is not None:
-            lse.copy_(s)
-        return _finish(out, lse)
-    _launch(
-        q, k, v, out, lse, qo_ptr, kv_ptr, indices, last, page_size=page_size, tactic=tactic,
-        causal=causal, window_left=window, sm_scale=scale, soft_cap=float(logits_soft_cap or 0),
+    return _run(
+        q, k, v, qo_ptr, kv_ptr, indices, last, page_size=page_size, tactic=tactic,
+        causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window,
+        out=out, return_lse=return_lse,
     )  # fmt: skip
-    return _finish(out, lse)
 
 
 def ragged_prefill(
@@ -482,11 +452,7 @@ def ragged_prefill(
     if k.shape != v.shape:
         raise ValueError(f"k shape {tuple(k.shape)} != v shape {tuple(v.shape)}")
     dev = q.device
-    qo_ptr = _index("qo_indptr", qo_indptr, dev)
-    batch = qo_ptr.numel() - 1
-    if batch < 0:
-        raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries, got 0")
-    kv_ptr = _index("kv_indptr", kv_indptr, dev, batch + 1)
+    qo_ptr, kv_ptr, batch = _indptrs(qo_indptr, kv_indptr, dev)
     total_q, num_qo_heads, head_dim = q.shape
     total_kv, num_kv_heads = k.shape[0], k.shape[1]
     window = window_left if window_left >= 0 else -1
@@ -496,26 +462,12 @@ def ragged_prefill(
         if kvp[-1] > total_kv:
             raise ValueError(f"kv_indptr[-1]={kvp[-1]} exceeds k/v's {total_kv} tokens")
         _check_lengths(qo, kvp[1:] - kvp[:-1], total_q, causal, "kv_indptr")
-    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-    out = _check_out(out, q)
-    lse = _new_lse(q) if return_lse else None
-    if total_q == 0 or batch == 0:
-        return _finish(out, lse)
-    if not platform.kernels_available(dev) or env.FORCE_REFERENCE.get():
-        o, s = batch_prefill_ragged_ref(
-            q, k, v, qo_ptr, kv_ptr, scale, causal=causal, window_left=window,
-            logits_soft_cap=logits_soft_cap or None,
-        )  # fmt: skip
-        out.copy_(o)
-        if lse is not None:
-            lse.copy_(s)
-        return _finish(out, lse)
     tactic = _pick_tactic(
         paged=False, group=num_qo_heads // num_kv_heads, head_dim=head_dim,
-        mean_kv=total_kv // batch, stage_bytes=0, device=dev,
+        mean_kv=total_kv // max(batch, 1), stage_bytes=0, device=dev,
     )  # fmt: skip
-    _launch(
-        q, k, v, out, lse, qo_ptr, kv_ptr, None, None, page_size=0, tactic=tactic,
-        causal=causal, window_left=window, sm_scale=scale, soft_cap=float(logits_soft_cap or 0),
+    return _run(
+        q, k, v, qo_ptr, kv_ptr, None, None, page_size=0, tactic=tactic, causal=causal,
+        sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window, out=out,
+        return_lse=return_lse,
     )  # fmt: skip
-    return _finish(out, lse)

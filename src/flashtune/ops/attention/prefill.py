@@ -894,35 +894,83 @@ def _launch(
     tactic: PrefillTactic,
 ) -> None:
     """Launch the Triton kernel. k/v: paged [P, page_size, Hkv, D] views or ragged [T, Hkv, D]."""
-    from flashtune.ops.attention.prefill_kernels import _prefill_kernel
-
     group = plan.group_size
-    pack = group if tactic.pack_heads else 1
-    if tactic.block_m < pack:
-        raise ValueError(f"tactic {tactic} cannot hold a group of {group} heads")
-    tpt = tactic.tokens_per_tile(group)
-    work = plan.work_list(tpt, tactic.block_n)
-    num_head_groups = plan.num_qo_heads // pack
-    grid = (work.shape[0] * num_head_groups,)
-    if grid[0] == 0:
+    pack = _pack(tactic, group)
+    work = plan.work_list(tactic.tokens_per_tile(group), tactic.block_n)
+    if work.shape[0] == 0:
         return
     paged = plan.paged
     if paged and tactic.tma:
         k, v = _stage_pages(plan, k, v)
         paged = False
-    dummy_i32 = plan.qo_indptr_d
+    _launch_kernel(
+        q, k, v, out, lse, plan.qo_indptr_d, tactic=tactic, paged=paged,
+        page_size=plan.page_size, group=group, pack=pack, num_qo_heads=plan.num_qo_heads,
+        head_dim=plan.head_dim, causal=plan.causal, window_left=plan.window_left,
+        sm_scale=plan.sm_scale, logits_soft_cap=plan.logits_soft_cap, num_items=work.shape[0],
+        work=work, kv_indices=plan.kv_indices_d, mask=plan.mask_d,
+        mask_indptr=plan.mask_indptr_d,
+    )  # fmt: skip
+
+
+def _pack(tactic: PrefillTactic, group: int) -> int:
+    """Query heads per program under `tactic` (the whole GQA group, or 1)."""
+    pack = group if tactic.pack_heads else 1
+    if tactic.block_m < pack:
+        raise ValueError(f"tactic {tactic} cannot hold a group of {group} heads")
+    return pack
+
+
+def _launch_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    qo_indptr: torch.Tensor,
+    *,
+    tactic: PrefillTactic,
+    paged: bool,
+    page_size: int,
+    group: int,
+    pack: int,
+    num_qo_heads: int,
+    head_dim: int,
+    causal: bool,
+    window_left: int,
+    sm_scale: float,
+    logits_soft_cap: float,
+    num_items: int,
+    work: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    device_work: dict[str, Any] | None = None,
+) -> None:
+    """Launch _prefill_kernel, one program per (work item, head group), for both paths.
+
+    k/v: paged [P, page_size, Hkv, D] views (paged) or ragged/staged [T, Hkv, D]; qo_indptr
+    [batch + 1] int32 on q's device; logits_soft_cap 0 for none; pack from _pack. The planned
+    path gives `work` (its [num_items, 8] list) and, where planned, the custom mask; the
+    plan-free path gives `device_work`, the kernel's DEVICE_WORK arguments other than
+    QO_INDPTR (KV_INDPTR, KV_LAST_PAGE_LEN, batch, INDPTR_PAGE_SIZE, BLOCK_B), and
+    num_items is then an upper bound (programs past the real items do nothing).
+    """
+    from flashtune.ops.attention.prefill_kernels import _prefill_kernel
+
+    dummy = qo_indptr  # int32 stand-in for the tensors this launch never reads
     if paged:
         stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
         stride_vp, stride_vs, stride_vh = v.stride(0), v.stride(1), v.stride(2)
     else:
         stride_kp, stride_ks, stride_kh = k.stride(0), 0, k.stride(1)
         stride_vp, stride_vs, stride_vh = v.stride(0), 0, v.stride(1)
-    soft_cap = plan.logits_soft_cap > 0
+    soft_cap = logits_soft_cap > 0
     if soft_cap:
-        qk_scale = plan.sm_scale / plan.logits_soft_cap
-        soft_cap_log2 = plan.logits_soft_cap * _LOG2E
+        qk_scale = sm_scale / logits_soft_cap
+        soft_cap_log2 = logits_soft_cap * _LOG2E
     else:
-        qk_scale = plan.sm_scale * _LOG2E
+        qk_scale = sm_scale * _LOG2E
         soft_cap_log2 = 0.0
     lse_t = lse if lse is not None else out
     use_tma = tactic.tma and not paged and _tma_ok(k) and _tma_ok(v)
@@ -933,15 +981,22 @@ def _launch(
 
         # 2-D view [total_kv, H * D] (heads adjacent, as NHD storage has them): one TMA box
         # [BLOCK_N, D] per tile at column kv_head * D, the layout TMA and wgmma like best.
-        block = [tactic.block_n, plan.head_dim]
+        block = [tactic.block_n, head_dim]
         k_arg = TensorDescriptor(k, [k.shape[0], k.shape[1] * k.shape[2]], [k.stride(0), 1], block)
         v_arg = TensorDescriptor(v, [v.shape[0], v.shape[1] * v.shape[2]], [v.stride(0), 1], block)
-    _prefill_kernel[grid](
-        q, k_arg, v_arg, out, lse_t, work,
-        plan.kv_indices_d if paged else dummy_i32,
-        plan.mask_d if plan.mask_d is not None else dummy_i32,
-        plan.mask_indptr_d if plan.mask_indptr_d is not None else dummy_i32,
-        qk_scale, soft_cap_log2, plan.window_left,
+    # Only the plan-free launch names the DEVICE_WORK arguments; the planned one leaves them
+    # at the kernel's defaults (DEVICE_WORK=False: WORK is read, the indptr arrays are not).
+    extra = (
+        {} if device_work is None else dict(DEVICE_WORK=True, QO_INDPTR=qo_indptr, **device_work)
+    )
+    num_head_groups = num_qo_heads // pack
+    _prefill_kernel[(num_items * num_head_groups,)](
+        q, k_arg, v_arg, out, lse_t,
+        work if work is not None else dummy,
+        kv_indices if paged else dummy,
+        mask if mask is not None else dummy,
+        mask_indptr if mask_indptr is not None else dummy,
+        qk_scale, soft_cap_log2, window_left,
         q.stride(0), q.stride(1),
         stride_kp, stride_ks, stride_kh,
         stride_vp, stride_vs, stride_vh,
@@ -950,19 +1005,20 @@ def _launch(
         NUM_HEAD_GROUPS=num_head_groups,
         GROUP_SIZE=group,
         PACK=pack,
-        HEAD_DIM=plan.head_dim,
-        PAGE_SIZE=plan.page_size if paged else 1,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size if paged else 1,
         PAGED=paged,
         USE_TMA=use_tma,
-        CAUSAL=plan.causal,
-        WINDOW=plan.window_left >= 0,
-        CUSTOM_MASK=plan.mask_d is not None,
+        CAUSAL=causal,
+        WINDOW=window_left >= 0,
+        CUSTOM_MASK=mask is not None,
         SOFT_CAP=soft_cap,
         RETURN_LSE=lse is not None,
         BLOCK_M=tactic.block_m,
         BLOCK_N=tactic.block_n,
         num_warps=tactic.num_warps,
         num_stages=tactic.num_stages,
+        **extra,
     )  # fmt: skip
 
 
