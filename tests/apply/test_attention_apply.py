@@ -111,3 +111,25 @@ def test_prefill_wrappers_write_the_winner_into_their_outputs(tmp_path: Path) ->
         out, lse = w_ragged.run(q, k, v, return_lse=True)
         assert torch.equal(out, q * 3) and torch.equal(lse, q[..., 1].float())
         assert torch.equal(w_paged.run(q, (cache, cache)), q * 2)
+
+
+def test_plan_free_prefill_calls_dispatch(tmp_path: Path) -> None:
+    from flashtune.ops.attention import paged_prefill, ragged_prefill
+
+    ds = Dataset(tmp_path)
+    qo = torch.tensor([0, 3, 7], dtype=torch.int32)
+    kv = torch.tensor([0, 5, 12], dtype=torch.int32)
+    q = torch.randn(7, 4, 64, dtype=torch.float16)
+    k = torch.randn(12, 2, 64, dtype=torch.float16)
+    ragged = ragged_prefill.bind(q, k, k, qo, kv, causal=True)
+    _winner(ds, ragged, PREFILL_RAGGED_SRC, [dict(ragged.var_axes)])
+    (indptr, indices, last), n = _table([5, 7])
+    cache = torch.randn(n, 2, 16, 2, 64, dtype=torch.float16)
+    paged = paged_prefill.bind(q, cache, qo, indptr, indices, last, causal=True)
+    _winner(ds, paged, PREFILL_PAGED_SRC, [dict(paged.var_axes)])
+    with enable_apply(dataset=tmp_path):
+        assert torch.equal(ragged_prefill(q, k, k, qo, kv, causal=True), q * 3)
+        out, lse = paged_prefill(q, cache, qo, indptr, indices, last, causal=True, return_lse=True)
+        assert torch.equal(out, q * 2) and torch.equal(lse, q[..., 0].float())
+        # Not causal: another Definition, no winner: the kernel (or reference) runs.
+        assert not torch.equal(ragged_prefill(q, k, k, qo, kv, causal=False), q * 3)

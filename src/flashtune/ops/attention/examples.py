@@ -45,10 +45,12 @@ def decode_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict
 
 @register_examples
 def prefill_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """Paged (page size 16 and 1) and ragged prefill, causal and not, at `model`'s shapes (bf16).
+    """Paged (page size 16 and 1) and ragged prefill, causal and not, at `model`'s shapes (bf16),
+    through the wrappers' schema'd ops and the plan-free calls.
 
     The schema'd ops behind the prefill wrappers take the Definition's inputs directly; their
     `plan`/`out`/`lse` keywords are not part of the Definition, so None stands in for them."""
+    from flashtune.ops.attention.planless_prefill import paged_prefill, ragged_prefill
     from flashtune.ops.attention.prefill import gqa_paged_prefill, gqa_ragged_prefill
 
     hq, hk, d = model.num_qo_heads, model.num_kv_heads, model.head_dim
@@ -66,6 +68,10 @@ def prefill_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dic
             args = (q, cache, cache, qo_indptr, indptr, indices, d**-0.5)
             kwargs = {"kv_last_page_len": last, "causal": causal, **unused}
             examples.append((gqa_paged_prefill, args, kwargs))
+            # The plan-free call: the same Definition.
+            args = (q, (cache, cache), qo_indptr, indptr, indices, last)
+            examples.append((paged_prefill, args, {"causal": causal}))
         args = (q, kv, kv, qo_indptr, kv_indptr, d**-0.5)
         examples.append((gqa_ragged_prefill, args, {"causal": causal, **unused}))
+        examples.append((ragged_prefill, (q, kv, kv, qo_indptr, kv_indptr), {"causal": causal}))
     return examples

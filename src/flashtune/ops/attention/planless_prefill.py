@@ -32,6 +32,7 @@ GPU). Query rows past qo_indptr[-1] (a q padded to a fixed size for a graph) are
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -40,7 +41,7 @@ import torch
 
 from flashtune import env, platform
 from flashtune.ops.attention import prefill
-from flashtune.ops.attention.decode import _host_int64, _next_pow2
+from flashtune.ops.attention.decode import _host_int64, _next_pow2, _PagedKV
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 from flashtune.ops.attention.prefill import (
     SUPPORTED_HEAD_DIMS,
@@ -51,6 +52,7 @@ from flashtune.ops.attention.prefill import (
     batch_prefill_paged_ref,
     batch_prefill_ragged_ref,
 )
+from flashtune.schema import REGISTRY, ApiOp, OpSchema
 
 __all__ = ["paged_prefill", "ragged_prefill"]
 
@@ -347,6 +349,62 @@ def _finish(
 # --------------------------------------------------------------------------------------------
 
 
+# --------------------------------------------------------------------------------------------
+# Schemas: the prefill Definitions (gqa_paged_prefill_*, gqa_ragged_prefill_*) read from these
+# functions' arguments, so the calls are dumped, captured and applied like the wrappers' runs.
+# --------------------------------------------------------------------------------------------
+
+
+def _cache_params(schema: OpSchema) -> OpSchema:
+    params = {"k_cache": "paged_kv_cache.k", "v_cache": "paged_kv_cache.v"}
+    inputs = {n: dataclasses.replace(s, param=params[n]) if n in params else s
+              for n, s in schema.inputs.items()}  # fmt: skip
+    return dataclasses.replace(schema, inputs=inputs)
+
+
+PLANLESS_PAGED_PREFILL = {key: _cache_params(s) for key, s in prefill.GQA_PAGED_PREFILL.items()}
+
+
+def _paged_schema_for(q: Any, paged_kv_cache: Any, *args: Any, kv_layout: str = "NHD",
+                      causal: bool = False, **_: Any) -> OpSchema:  # fmt: skip
+    page_size = split_kv_cache(paged_kv_cache, kv_layout)[0].shape[1]
+    return PLANLESS_PAGED_PREFILL[(bool(causal), page_size == 1)]
+
+
+def _ragged_schema_for(*args: Any, causal: bool = False, **_: Any) -> OpSchema:
+    return prefill.GQA_RAGGED_PREFILL[bool(causal)]
+
+
+class _PlanlessPrefillOp(ApiOp):
+    """`@api` for the plan-free prefill calls: the schema sees a paged cache as logical NHD
+    (k, v) views, the default sm_scale as a value, and no window / soft-cap when unset (as
+    the wrappers' schema'd ops pass them)."""
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        arguments = super().arguments(args, kwargs)
+        if "paged_kv_cache" in arguments:
+            k, v = split_kv_cache(arguments["paged_kv_cache"], arguments["kv_layout"])
+            arguments["paged_kv_cache"] = _PagedKV(k, v)
+        else:
+            k = arguments["k"]
+        if arguments["sm_scale"] is None:
+            arguments["sm_scale"] = 1.0 / math.sqrt(k.shape[-1])
+        if arguments["window_left"] is not None and arguments["window_left"] < 0:
+            arguments["window_left"] = None
+        arguments["logits_soft_cap"] = arguments["logits_soft_cap"] or None
+        return arguments
+
+
+def _planless_api(schema_for: Any, schemas: Any) -> Any:
+    def wrap(fn: Any) -> _PlanlessPrefillOp:
+        op = _PlanlessPrefillOp(fn, schema_for, list(schemas))
+        REGISTRY[op.qualname] = op
+        return op
+
+    return wrap
+
+
+@_planless_api(_paged_schema_for, PLANLESS_PAGED_PREFILL.values())
 def paged_prefill(
     q: torch.Tensor,
     paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -415,6 +473,7 @@ def paged_prefill(
     )  # fmt: skip
 
 
+@_planless_api(_ragged_schema_for, prefill.GQA_RAGGED_PREFILL.values())
 def ragged_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
