@@ -71,12 +71,12 @@ def test_request_search_spans_several_steps(device, monkeypatch):
 def test_chunking_splits_a_long_request_and_fills_the_rounds(monkeypatch):
     monkeypatch.setattr(planless, "_sm_count", lambda device: 132)  # an H100/H200
     dev = torch.device("cpu")
-    chunk, programs, slots = planless.chunk_tokens(1, 32768, 8, 128, 4, dev)
+    chunk, programs = planless.chunk_tokens(1, 32768, 8, 128, 4, dev)
     assert chunk % 16 == 0 and programs == -(-32768 // chunk) + 1
     assert programs > 32  # batch 1: the request is spread over many programs
     slots, _ = decode._launch_shape(132, 128, 16, 16, 8)
     for batch, kv in ((64, 32768), (256, 8192), (64, 2048), (16, 8192)):
-        chunk, programs, _ = planless.chunk_tokens(batch, batch * kv, 8, 128, 4, dev)
+        chunk, programs = planless.chunk_tokens(batch, batch * kv, 8, 128, 4, dev)
         assert programs == -(-(batch * kv) // chunk) + batch
         used = batch * -(-kv // chunk)  # programs that do work, per KV head
         rounds = used / slots
@@ -146,13 +146,3 @@ def test_paged_decode_replays_in_a_cuda_graph_with_new_lengths():
         k, v = split_kv_cache(cache, "NHD")
         ref, _ = batch_decode_ref(q, k, v, indptr, indices, last)
         torch.testing.assert_close(out, ref, atol=1.6e-2, rtol=1.6e-2)
-
-
-@pytest.mark.parametrize("slots", [1, 3])
-def test_one_program_walks_many_requests(slots, device, monkeypatch):
-    # Few persistent programs: each walks across request boundaries, empty requests and
-    # split requests included, from the item its search found.
-    monkeypatch.setattr(planless, "_launch_shape", lambda *args: (slots, 16))
-    monkeypatch.setattr(planless, "_min_chunk", lambda *args: 16)
-    _check([0, 40, 3, 0, 130, 17, 64], 4, 2, 64, 16, "NHD", device)
-    _check([90, 0, 7], 8, 2, 64, 1, "HND", device, window_left=30)

@@ -7,20 +7,19 @@ such as a Definition's function signature or a model step captured whole in a CU
 pays the sync and the Python scheduler on every call.
 
 `paged_decode` needs no host copy. The chunk size is chosen on the host from shapes alone
-(the page count bounds the total tokens). The work items are the batch's chunks in order,
-request by request; the grid is persistent (as many programs per KV head as the GPU holds
-at once), and program p runs a contiguous share of the items. Each program counts the
-chunks of every request (a prefix sum in registers) to find the request owning its first
-item, then walks forward: the next chunk of the same request, or the first chunk of the
-next one (three scalar loads). Requests split into several chunks write partial (V, LSE)
-rows and are combined by the merge kernel of the planned path; the rest write their output
-directly. So a call launches at most two kernels, never syncs, and can be captured in a
-CUDA graph and replayed with new lengths as long as the shapes (batch, page count) stay the
-same.
+(the page count bounds the total tokens); every program of the attention kernel then
+derives its own work item from kv_indptr and kv_last_page_len: the chunk count of every
+request (a prefix sum in registers), which request and chunk it owns, its KV range. The
+grid is an upper bound (chunks of the longest possible split plus one per request); the
+programs past the real chunk count exit at once. Requests split into several chunks write
+partial (V, LSE) rows and are combined by the merge kernel of the planned path; the rest
+write their output directly. So a call launches at most two kernels, never syncs, and can
+be captured in a CUDA graph and replayed with new lengths as long as the shapes (batch,
+page count) stay the same.
 
-Load balance: chunks have equal length (the last of each request shorter) and every
-program gets the same number of them, so a 32k request among short ones is spread over
-many SMs, as with the planned path.
+Load balance: chunks have equal length (the last of each request shorter), and the GPU's
+block scheduler deals them to SMs as they free up, so a 32k request among short ones is
+spread over many SMs, as with the planned path.
 """
 
 from __future__ import annotations
@@ -62,24 +61,6 @@ _MAX_BLOCK_B = 1024
 
 
 @triton.jit
-def _request_extent(kv_indptr_ptr, last_ptr, idx, ok, chunk, window_left,
-                    PAGE_SIZE: tl.constexpr, WINDOW: tl.constexpr):  # fmt: skip
-    """(first page offset, KV length, first KV position, chunk count) of requests `idx`
-    (a block or a single request); requests outside `ok` count 0 chunks."""
-    p0 = tl.load(kv_indptr_ptr + idx, mask=ok, other=0)
-    p1 = tl.load(kv_indptr_ptr + idx + 1, mask=ok, other=0)
-    last = tl.load(last_ptr + idx, mask=ok, other=0)
-    length = tl.where(p1 > p0, (p1 - p0 - 1) * PAGE_SIZE + last, 0)
-    lo = length * 0
-    if WINDOW:
-        # One query per request: the window only trims the KV range.
-        lo = tl.maximum(length - 1 - window_left, 0)
-    # Every request has at least one chunk (an empty one writes zeros and LSE -inf).
-    n = tl.where(ok, tl.maximum(tl.cdiv(length - lo, chunk), 1), 0)
-    return p0, length, lo, n
-
-
-@triton.jit
 def _planless_decode_kernel(
     q_ptr,  # [B, H_qo, D]
     k_ptr,  # [num_pages, page_size, H_kv, D] logical (strided)
@@ -89,8 +70,8 @@ def _planless_decode_kernel(
     last_ptr,  # [B] int32
     o_ptr,  # [B, H_qo, D]
     lse_ptr,  # [B, H_qo] fp32
-    po_ptr,  # [max_items, H_qo, D] fp32: partial row j belongs to work item j
-    plse_ptr,  # [max_items, H_qo] fp32
+    po_ptr,  # [num_programs, H_qo, D] fp32: partial row j belongs to program j
+    plse_ptr,  # [num_programs, H_qo] fp32
     merge_info_ptr,  # [B, 3] int32: (first partial row, count or 0, stride 1)
     batch,
     chunk,  # KV tokens per chunk
@@ -118,26 +99,14 @@ def _planless_decode_kernel(
     SOFT_CAP: tl.constexpr,
     WINDOW: tl.constexpr,
 ):
-    # Persistent: program p runs work items [p * per, (p + 1) * per) of the batch's chunks in
-    # order (request by request, chunk by chunk), so only its first item needs a search.
-    pid = tl.program_id(0)
+    j = tl.program_id(0)
     kvh = tl.program_id(1)
     offs_b = tl.arange(0, BLOCK_B)
-    total = 0
-    for b0 in range(0, batch, BLOCK_B):
-        idx = b0 + offs_b
-        _, _, _, n = _request_extent(
-            kv_indptr_ptr, last_ptr, idx, idx < batch, chunk, window_left, PAGE_SIZE, WINDOW
-        )
-        total += tl.sum(n)
-    per = tl.cdiv(total, tl.num_programs(0))
-    j_begin = pid * per
-    j_end = tl.minimum(j_begin + per, total)
-    # The request owning item j_begin: prefix sums of the chunk counts; each quantity of
-    # the owner is picked out of the block with a masked sum.
+    # Find the request whose chunks cover program j: chunk counts of every request, prefix
+    # summed; each quantity of the owner is picked out of the block with a masked sum.
     before = 0  # chunks of the requests of earlier steps
-    req = 0
-    c_first = 0  # the owner's first item (= its first partial row)
+    req = -1
+    c_first = 0  # the owner's first chunk (= its first partial row)
     n_req = 0
     kv_len = 0
     kv_lo = 0
@@ -145,26 +114,32 @@ def _planless_decode_kernel(
     for b0 in range(0, batch, BLOCK_B):
         idx = b0 + offs_b
         ok = idx < batch
-        p0, length, lo, n = _request_extent(
-            kv_indptr_ptr, last_ptr, idx, ok, chunk, window_left, PAGE_SIZE, WINDOW
-        )
+        p0 = tl.load(kv_indptr_ptr + idx, mask=ok, other=0)
+        p1 = tl.load(kv_indptr_ptr + idx + 1, mask=ok, other=0)
+        last = tl.load(last_ptr + idx, mask=ok, other=0)
+        length = tl.where(p1 > p0, (p1 - p0 - 1) * PAGE_SIZE + last, 0)
+        lo = tl.zeros_like(length)
+        if WINDOW:
+            # One query per request: the window only trims the KV range.
+            lo = tl.maximum(length - 1 - window_left, 0)
+        n = tl.where(ok, tl.maximum(tl.cdiv(length - lo, chunk), 1), 0)
         incl = tl.cumsum(n, 0) + before
-        hit = ok & (incl - n <= j_begin) & (j_begin < incl)
-        req += tl.sum(tl.where(hit, idx, 0))
+        hit = ok & (incl - n <= j) & (j < incl)
+        req += tl.sum(tl.where(hit, idx + 1, 0))
         c_first += tl.sum(tl.where(hit, incl - n, 0))
         n_req += tl.sum(tl.where(hit, n, 0))
         kv_len += tl.sum(tl.where(hit, length, 0))
         kv_lo += tl.sum(tl.where(hit, lo, 0))
         page_base += tl.sum(tl.where(hit, p0, 0))
         before += tl.sum(n)
-    c = j_begin - c_first
-    for j in range(j_begin, j_end):
+    if req >= 0:
+        c = j - c_first
         kv_start = kv_lo + c * chunk
         kv_end = tl.minimum(kv_start + chunk, kv_len)
         out_row = tl.where(n_req > 1, j, -1)
         if (kvh == 0) & (c == 0):
             info = merge_info_ptr + req * 3
-            tl.store(info, j)
+            tl.store(info, c_first)
             tl.store(info + 1, tl.where(n_req > 1, n_req, 0))
             tl.store(info + 2, 1)
         _decode_item(
@@ -175,19 +150,6 @@ def _planless_decode_kernel(
             stride_ot, stride_oh, num_qo_heads, qk_scale, soft_cap, window_left,
             GROUP, HEAD_DIM, BLOCK_D, PAGE_SIZE, BLOCK_M, BLOCK_N, SOFT_CAP, False, False,
         )  # fmt: skip
-        # The next item: the next chunk of this request, or the first of the next request.
-        c += 1
-        advance = c >= n_req
-        req = tl.where(advance, req + 1, req)
-        c = tl.where(advance, 0, c)
-        p0_n, len_n, lo_n, n_n = _request_extent(
-            kv_indptr_ptr, last_ptr, req, advance & (req < batch), chunk, window_left,
-            PAGE_SIZE, WINDOW,
-        )  # fmt: skip
-        page_base = tl.where(advance, p0_n, page_base)
-        kv_len = tl.where(advance, len_n, kv_len)
-        kv_lo = tl.where(advance, lo_n, kv_lo)
-        n_req = tl.where(advance, n_n, n_req)
 
 
 def _int_table(name: str, t: Any, device: torch.device) -> torch.Tensor:
@@ -217,9 +179,8 @@ def _round_up(n: int, multiple: int) -> int:
 
 def chunk_tokens(
     batch: int, max_tokens: int, num_kv_heads: int, head_dim: int, group: int, device: torch.device
-) -> tuple[int, int, int]:
-    """(KV tokens per chunk, most work items, persistent programs per KV head), from shapes
-    alone.
+) -> tuple[int, int]:
+    """(KV tokens per chunk, programs per KV head) from shapes alone.
 
     max_tokens bounds the batch's KV tokens (pages x page_size); the lengths themselves are
     on the device, so the choice assumes max_tokens spread evenly over the batch. Programs
@@ -247,7 +208,7 @@ def chunk_tokens(
             break
     assert best is not None
     chunk = best[1]
-    return chunk, -(-max_tokens // chunk) + batch, slots
+    return chunk, -(-max_tokens // chunk) + batch
 
 
 # The decode Definition (gqa_paged_decode_*) with its inputs read from this function's
@@ -377,17 +338,13 @@ def paged_decode(
         return (out, lse) if return_lse else out
 
     group = num_qo_heads // num_kv_heads
-    chunk, max_items, slots = chunk_tokens(
+    chunk, programs = chunk_tokens(
         batch, indices.numel() * page_size, num_kv_heads, head_dim, group, dev
     )
-    # One fp32 allocation for the partial outputs and LSEs (row j belongs to work item j).
-    partial = torch.empty(
-        max_items * num_qo_heads * (head_dim + 1), dtype=torch.float32, device=dev
-    )
-    partial_o = partial[: max_items * num_qo_heads * head_dim].view(
-        max_items, num_qo_heads, head_dim
-    )
-    partial_lse = partial[max_items * num_qo_heads * head_dim :].view(max_items, num_qo_heads)
+    # One fp32 allocation for the partial outputs and LSEs (row j belongs to program j).
+    partial = torch.empty(programs * num_qo_heads * (head_dim + 1), dtype=torch.float32, device=dev)
+    partial_o = partial[: programs * num_qo_heads * head_dim].view(programs, num_qo_heads, head_dim)
+    partial_lse = partial[programs * num_qo_heads * head_dim :].view(programs, num_qo_heads)
     merge_info = torch.empty(batch, 3, dtype=torch.int32, device=dev)
     block_m = _block_m(group)
     tactic = default_tactic(head_dim, page_size, block_m)
@@ -395,7 +352,7 @@ def paged_decode(
         qk_scale, cap_arg = scale / logits_soft_cap, logits_soft_cap * _LOG2E
     else:
         qk_scale, cap_arg = scale * _LOG2E, 0.0
-    _planless_decode_kernel[(min(slots, max_items), num_kv_heads)](
+    _planless_decode_kernel[(programs, num_kv_heads)](
         q, k, v, indptr, indices, last, out, lse, partial_o, partial_lse, merge_info,
         batch, chunk,
         q.stride(0), q.stride(1),
@@ -410,6 +367,6 @@ def paged_decode(
         num_warps=tactic.num_warps, num_stages=tactic.num_stages,
     )  # fmt: skip
     # Nothing can be split when one chunk holds every token the page table could describe.
-    if max_items - batch > 1:
+    if programs - batch > 1:
         merge_partials(partial_o, partial_lse, merge_info, out, lse, sm_count=_sm_count(dev))
     return (out, lse) if return_lse else out
