@@ -432,13 +432,8 @@ def _ctas_per_sm(tactic: DecodeTactic, head_dim: int, block_m: int) -> int:
 # Most persistent CTAs per SM (benchmarks sweep it with the tactic).
 CTAS_PER_SM_CAP = 4
 
-# Set by benchmarks to sweep the split granularity: the smallest KV chunk of a split.
-MIN_CHUNK_OVERRIDE: int | None = None
-
 
 def _min_chunk(batch: int, num_kv_heads: int, sm_count: int) -> int:
-    if MIN_CHUNK_OVERRIDE is not None:
-        return MIN_CHUNK_OVERRIDE
     # Latency regime (batch 1-4 at 8 KV heads): a CTA's chain of dependent block loads,
     # not bandwidth, sets the time, so short chunks spread one request over all SMs.
     if batch * num_kv_heads * 4 <= sm_count:
