@@ -70,26 +70,13 @@ _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def _pick_tactic(
     *, paged: bool, group: int, head_dim: int, mean_kv: int, stage_bytes: int, device: torch.device
 ) -> PrefillTactic:
-    """The planned path's default tactic (prefill._pick_default, measurements in prefill.py's
-    notes) with the batch's lengths replaced by bounds a shape gives: the mean KV length per
-    request (KV tokens the tensors can hold / batch) and the staging copy of every listed page.
-    """
-    if device.type != "cuda":
-        # Interpreter: small tiles so that small test inputs still cross tile boundaries.
-        return PrefillTactic(32, 16, 32 >= group, 4, 1)
-    pack = group <= 8 and 64 % group == 0
-    if head_dim >= 256:
-        return PrefillTactic(64, 32, pack, 4, 2)
-    hopper = (platform.compute_capability(device) or (0, 0)) >= (9, 0)
-    if hopper and (not paged or stage_bytes <= prefill._MAX_STAGING_BYTES):
-        return PrefillTactic(64, 64, pack, 4, 3, tma=True)
-    if mean_kv <= 1024:
-        return PrefillTactic(128 if paged else 64, 32, pack, 4, 3)
-    if paged:
-        return PrefillTactic(128, 64, pack, 4, 3)
-    if mean_kv >= 4096:
-        return PrefillTactic(128, 128, pack, 8, 3)
-    return PrefillTactic(128, 32, pack, 4, 3)
+    """The planned path's default tactic with the batch's lengths replaced by bounds a shape
+    gives: the mean KV length per request (KV tokens the tensors can hold / batch) and the
+    staging copy of every listed page."""
+    return prefill.default_tactic_for(
+        paged=paged, group=group, head_dim=head_dim, kv_len=mean_kv,
+        can_stage=not paged or stage_bytes <= prefill._MAX_STAGING_BYTES, device=device,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

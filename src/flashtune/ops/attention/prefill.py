@@ -276,29 +276,43 @@ def _staging_bytes(plan: _PrefillPlan) -> int:
 
 
 def _pick_default(plan: _PrefillPlan, device: torch.device) -> PrefillTactic:
-    if device.type != "cuda":
-        # Interpreter: small tiles so that small test inputs still cross tile boundaries.
-        return PrefillTactic(32, 16, True, 4, 1)
-    group = plan.group_size
-    pack = group <= 8 and 64 % group == 0
-    if plan.head_dim >= 256:
-        return PrefillTactic(64, 32, pack, 4, 2)
-    hopper = (platform.compute_capability(device) or (0, 0)) >= (9, 0)
     ws = plan.workspace
     ws_bytes = 0 if ws is None else ws.numel() * ws.element_size()
-    can_stage = not plan.paged or _staging_bytes(plan) <= max(ws_bytes, _MAX_STAGING_BYTES)
+    return default_tactic_for(
+        paged=plan.paged,
+        group=plan.group_size,
+        head_dim=plan.head_dim,
+        kv_len=int(plan.kv_lens.max(initial=0)),
+        can_stage=not plan.paged or _staging_bytes(plan) <= max(ws_bytes, _MAX_STAGING_BYTES),
+        device=device,
+    )
+
+
+def default_tactic_for(
+    *, paged: bool, group: int, head_dim: int, kv_len: int, can_stage: bool, device: torch.device
+) -> PrefillTactic:
+    """Tactic -1 from what a shape and the KV length (the longest, or a bound of it) tell.
+
+    can_stage: a paged batch's pages may be copied contiguously for TMA (see _stage_pages).
+    """
+    if device.type != "cuda":
+        # Interpreter: small tiles so that small test inputs still cross tile boundaries.
+        return PrefillTactic(32, 16, 32 >= group, 4, 1)
+    pack = group <= 8 and 64 % group == 0
+    if head_dim >= 256:
+        return PrefillTactic(64, 32, pack, 4, 2)
+    hopper = (platform.compute_capability(device) or (0, 0)) >= (9, 0)
     if hopper and can_stage:
         # 64x64 tiles on 4 warps, K/V through TMA (paged: pages staged first). Best or within
         # 5% of the best of 10 tactics on 24 of the 30 shapes of the H200 grid (notes above).
         return PrefillTactic(64, 64, pack, 4, 3, tma=True)
     # No TMA (before Hopper, or a paged batch too large to stage): pointer loads, the first
     # H200 sweep's choices.
-    max_kv = int(plan.kv_lens.max(initial=0))
-    if max_kv <= 1024:
-        return PrefillTactic(128 if plan.paged else 64, 32, pack, 4, 3)
-    if plan.paged:
+    if kv_len <= 1024:
+        return PrefillTactic(128 if paged else 64, 32, pack, 4, 3)
+    if paged:
         return PrefillTactic(128, 64, pack, 4, 3)
-    if max_kv >= 4096:
+    if kv_len >= 4096:
         return PrefillTactic(128, 128, pack, 8, 3)
     return PrefillTactic(128, 32, pack, 4, 3)
 
