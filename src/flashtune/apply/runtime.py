@@ -345,7 +345,6 @@ class _Plan:
         # field of an argument "paged_kv_cache.k") is not a plain argument: such calls are
         # bound again every time (their values and var axes change between calls).
         self.derived = False
-        self.input_names = list(call.inputs)
         for name in call.inputs:
             param = self.schema.param_of(name)
             spec = self.schema.inputs[name]
