@@ -192,7 +192,9 @@ def chunk_tokens(
     """
     sm_count = _sm_count(device)
     block_m = _block_m(group)
-    # _launch_shape's page-size argument does not enter the CTA count; 16 is a placeholder.
+    # Slots and alignment of the page-size-16 tactic, for every page size (as measured on the
+    # H200). At page size 1 the kernel itself runs 128-token blocks, so this is not its own
+    # tactic's shape: sizing chunks with it is a follow-up that needs a GPU measurement.
     slots, align = _launch_shape(sm_count, head_dim, 16, block_m, num_kv_heads)
     min_chunk = _round_up(_min_chunk(batch, num_kv_heads, sm_count), align)
     mean = -(-max(max_tokens, 1) // max(batch, 1))
@@ -222,31 +224,40 @@ PLANLESS_DECODE = dataclasses.replace(
 )
 
 
-class _PlanlessDecodeOp(ApiOp):
-    """`@api` for paged_decode: the schema sees paged_kv_cache as logical NHD (k, v) views
-    (a 5-D tensor or an HND pair would give wrong axes), the default sm_scale as a value, and
-    a window or soft-cap only when set (so a plain call's Definition matches the corpus)."""
+class PlanFreeOp(ApiOp):
+    """`@api` for the plan-free calls (decode and prefill): the schema sees a paged cache as
+    logical NHD (k, v) views (a 5-D tensor or an HND pair would give wrong axes), the default
+    sm_scale as a value, and no window / soft-cap when unset (so a plain call's Definition
+    matches the corpus and the wrappers' ops)."""
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         arguments = super().arguments(args, kwargs)
-        k, v = split_kv_cache(arguments["paged_kv_cache"], arguments["kv_layout"])
-        arguments["paged_kv_cache"] = _PagedKV(k, v)
+        if "paged_kv_cache" in arguments:
+            k, v = split_kv_cache(arguments["paged_kv_cache"], arguments["kv_layout"])
+            arguments["paged_kv_cache"] = _PagedKV(k, v)
+        else:
+            k = arguments["k"]
         if arguments["sm_scale"] is None:
             arguments["sm_scale"] = 1.0 / math.sqrt(k.shape[-1])
-        if arguments["window_left"] < 0:
-            del arguments["window_left"]
-        if not arguments["logits_soft_cap"]:
-            del arguments["logits_soft_cap"]
+        if arguments["window_left"] is not None and arguments["window_left"] < 0:
+            arguments["window_left"] = None
+        arguments["logits_soft_cap"] = arguments["logits_soft_cap"] or None
         return arguments
 
 
-def _planless_api(fn: Any) -> _PlanlessDecodeOp:
-    op = _PlanlessDecodeOp(fn, PLANLESS_DECODE, None)
-    REGISTRY[op.qualname] = op
-    return op
+def plan_free_api(schema: Any, schemas: Any = None) -> Any:
+    """Register `fn` as a schema'd plan-free call (schema: an OpSchema, or a callable choosing
+    one of `schemas` from the arguments)."""
+
+    def wrap(fn: Any) -> PlanFreeOp:
+        op = PlanFreeOp(fn, schema, None if schemas is None else list(schemas))
+        REGISTRY[op.qualname] = op
+        return op
+
+    return wrap
 
 
-@_planless_api
+@plan_free_api(PLANLESS_DECODE)
 def paged_decode(
     q: torch.Tensor,
     paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],

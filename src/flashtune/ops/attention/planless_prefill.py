@@ -41,8 +41,9 @@ import torch
 
 from flashtune import env, platform
 from flashtune.ops.attention import prefill
-from flashtune.ops.attention.decode import _host_int64, _next_pow2, _PagedKV
+from flashtune.ops.attention.decode import _host_int64, _next_pow2
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
+from flashtune.ops.attention.planless import plan_free_api
 from flashtune.ops.attention.prefill import (
     SUPPORTED_HEAD_DIMS,
     PrefillTactic,
@@ -52,7 +53,7 @@ from flashtune.ops.attention.prefill import (
     batch_prefill_paged_ref,
     batch_prefill_ragged_ref,
 )
-from flashtune.schema import REGISTRY, ApiOp, OpSchema
+from flashtune.schema import OpSchema
 
 __all__ = ["paged_prefill", "ragged_prefill"]
 
@@ -362,36 +363,7 @@ def _ragged_schema_for(*args: Any, causal: bool = False, **_: Any) -> OpSchema:
     return prefill.GQA_RAGGED_PREFILL[bool(causal)]
 
 
-class _PlanlessPrefillOp(ApiOp):
-    """`@api` for the plan-free prefill calls: the schema sees a paged cache as logical NHD
-    (k, v) views, the default sm_scale as a value, and no window / soft-cap when unset (as
-    the wrappers' schema'd ops pass them)."""
-
-    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        arguments = super().arguments(args, kwargs)
-        if "paged_kv_cache" in arguments:
-            k, v = split_kv_cache(arguments["paged_kv_cache"], arguments["kv_layout"])
-            arguments["paged_kv_cache"] = _PagedKV(k, v)
-        else:
-            k = arguments["k"]
-        if arguments["sm_scale"] is None:
-            arguments["sm_scale"] = 1.0 / math.sqrt(k.shape[-1])
-        if arguments["window_left"] is not None and arguments["window_left"] < 0:
-            arguments["window_left"] = None
-        arguments["logits_soft_cap"] = arguments["logits_soft_cap"] or None
-        return arguments
-
-
-def _planless_api(schema_for: Any, schemas: Any) -> Any:
-    def wrap(fn: Any) -> _PlanlessPrefillOp:
-        op = _PlanlessPrefillOp(fn, schema_for, list(schemas))
-        REGISTRY[op.qualname] = op
-        return op
-
-    return wrap
-
-
-@_planless_api(_paged_schema_for, PLANLESS_PAGED_PREFILL.values())
+@plan_free_api(_paged_schema_for, PLANLESS_PAGED_PREFILL.values())
 def paged_prefill(
     q: torch.Tensor,
     paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -460,7 +432,7 @@ def paged_prefill(
     )  # fmt: skip
 
 
-@_planless_api(_ragged_schema_for, prefill.GQA_RAGGED_PREFILL.values())
+@plan_free_api(_ragged_schema_for, prefill.GQA_RAGGED_PREFILL.values())
 def ragged_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
