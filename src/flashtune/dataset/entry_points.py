@@ -17,21 +17,20 @@ FlashInfer solution is SKIPPED there by its declared dependency before it is cal
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
 RMS_EPS = 1e-5  # Llama-3.1 and Qwen3 (rms_norm_eps)
 _WORKSPACE_BYTES = 128 * 2**20
-_workspaces: dict[tuple[str, torch.device], torch.Tensor] = {}
+_workspaces: dict[torch.device, torch.Tensor] = {}
 
 
-def _workspace(owner: str, device: torch.device) -> torch.Tensor:
-    # One workspace per library and device, reused across calls like a serving engine does.
-    key = (owner, device)
-    if key not in _workspaces:
-        _workspaces[key] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    return _workspaces[key]
+def _workspace(device: torch.device) -> torch.Tensor:
+    # FlashInfer's wrappers: one workspace per device, reused across calls like a serving
+    # engine does.
+    if device not in _workspaces:
+        _workspaces[device] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _workspaces[device]
 
 
 # --------------------------------------------------------------------------- flashtune
@@ -74,37 +73,6 @@ def flashtune_rope(
         positions, q, k, q.shape[-1], cos_sin_cache, is_neox=True
     )
     return q_out.view(q.shape), k_out.view(k.shape)
-
-
-def _decode(lib: Any, owner: str, q, k_cache, v_cache, kv_indptr, kv_indices, last, sm_scale):
-    wrapper = lib.BatchDecodeWithPagedKVCacheWrapper(_workspace(owner, q.device), "NHD")
-    wrapper.plan(
-        kv_indptr, kv_indices, last, q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1],
-        q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=float(sm_scale),
-    )  # fmt: skip
-    out, lse = wrapper.run(q, (k_cache, v_cache), return_lse=True)
-    return out, lse
-
-
-def _prefill_paged(lib, owner, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last, sm):
-    wrapper = lib.BatchPrefillWithPagedKVCacheWrapper(_workspace(owner, q.device), "NHD")
-    wrapper.plan(
-        qo_indptr, kv_indptr, kv_indices, last, q.shape[1], k_cache.shape[2], q.shape[2],
-        k_cache.shape[1], causal=True, sm_scale=float(sm), q_data_type=q.dtype,
-        kv_data_type=k_cache.dtype,
-    )  # fmt: skip
-    out, lse = wrapper.run(q, (k_cache, v_cache), return_lse=True)
-    return out, lse
-
-
-def _prefill_ragged(lib, owner, q, k, v, qo_indptr, kv_indptr, sm_scale):
-    wrapper = lib.BatchPrefillWithRaggedKVCacheWrapper(_workspace(owner, q.device), "NHD")
-    wrapper.plan(
-        qo_indptr, kv_indptr, q.shape[1], k.shape[1], q.shape[2], causal=True,
-        sm_scale=float(sm_scale), q_data_type=q.dtype, kv_data_type=k.dtype,
-    )  # fmt: skip
-    out, lse = wrapper.run(q, k, v, return_lse=True)
-    return out, lse
 
 
 def flashtune_gqa_paged_decode(
@@ -183,10 +151,13 @@ def flashinfer_gqa_paged_decode(
 ):
     import flashinfer
 
-    return _decode(
-        flashinfer, "flashinfer", q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len,
-        sm_scale,
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
+    wrapper.plan(
+        kv_indptr, kv_indices, kv_last_page_len, q.shape[1], k_cache.shape[2], q.shape[2],
+        k_cache.shape[1], q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+        sm_scale=float(sm_scale),
     )  # fmt: skip
+    return wrapper.run(q, (k_cache, v_cache), return_lse=True)
 
 
 def flashinfer_gqa_paged_prefill(
@@ -194,16 +165,24 @@ def flashinfer_gqa_paged_prefill(
 ):
     import flashinfer
 
-    return _prefill_paged(
-        flashinfer, "flashinfer", q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
-        kv_last_page_len, sm_scale,
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
+    wrapper.plan(
+        qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q.shape[1], k_cache.shape[2],
+        q.shape[2], k_cache.shape[1], causal=True, sm_scale=float(sm_scale),
+        q_data_type=q.dtype, kv_data_type=k_cache.dtype,
     )  # fmt: skip
+    return wrapper.run(q, (k_cache, v_cache), return_lse=True)
 
 
 def flashinfer_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
     import flashinfer
 
-    return _prefill_ragged(flashinfer, "flashinfer", q, k, v, qo_indptr, kv_indptr, sm_scale)
+    wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace(q.device), "NHD")
+    wrapper.plan(
+        qo_indptr, kv_indptr, q.shape[1], k.shape[1], q.shape[2], causal=True,
+        sm_scale=float(sm_scale), q_data_type=q.dtype, kv_data_type=k.dtype,
+    )  # fmt: skip
+    return wrapper.run(q, k, v, return_lse=True)
 
 
 # --------------------------------------------------------------------------- torch eager
