@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.ops.attention import planless_prefill
+from flashtune.ops.attention import planless, planless_prefill
 from flashtune.ops.attention.page import split_kv_cache
 from flashtune.ops.attention.planless_prefill import paged_prefill, ragged_prefill
 from flashtune.ops.attention.prefill import (
@@ -142,7 +142,7 @@ def test_variants(kw, device):
 
 def test_request_search_spans_several_steps(device, monkeypatch):
     # More requests than one step of the in-kernel search scans (BLOCK_B capped at 16).
-    monkeypatch.setattr(planless_prefill, "_MAX_BLOCK_B", 16)
+    monkeypatch.setattr(planless, "_MAX_BLOCK_B", 16)
     qo = [int(x) for x in torch.randint(0, 6, (37,))]
     kv = [q + int(x) for q, x in zip(qo, torch.randint(0, 8, (37,)), strict=True)]
     qo[20], kv[20] = 40, 50  # a long request past the first step

@@ -60,6 +60,12 @@ _TABLE_INPUTS = ("kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale")
 _MAX_BLOCK_B = 1024
 
 
+def search_block(batch: int) -> int:
+    """BLOCK_B of the in-kernel request search (decode and prefill): the batch rounded up to
+    a power of two, between 16 and _MAX_BLOCK_B."""
+    return min(_MAX_BLOCK_B, max(16, _next_pow2(batch)))
+
+
 @triton.jit
 def _planless_decode_kernel(
     q_ptr,  # [B, H_qo, D]
@@ -373,7 +379,7 @@ def paged_decode(
         num_qo_heads, qk_scale, cap_arg, max(window_left, 0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=_next_pow2(head_dim), PAGE_SIZE=page_size,
         BLOCK_M=block_m, BLOCK_N=tactic.block_n,
-        BLOCK_B=min(_MAX_BLOCK_B, max(16, _next_pow2(batch))),
+        BLOCK_B=search_block(batch),
         SOFT_CAP=bool(logits_soft_cap), WINDOW=window_left >= 0,
         num_warps=tactic.num_warps, num_stages=tactic.num_stages,
     )  # fmt: skip

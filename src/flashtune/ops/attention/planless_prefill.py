@@ -41,9 +41,9 @@ import torch
 
 from flashtune import env, platform
 from flashtune.ops.attention import prefill
-from flashtune.ops.attention.decode import _host_int64, _next_pow2
+from flashtune.ops.attention.decode import _host_int64
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
-from flashtune.ops.attention.planless import plan_free_api
+from flashtune.ops.attention.planless import plan_free_api, search_block
 from flashtune.ops.attention.prefill import (
     SUPPORTED_HEAD_DIMS,
     PrefillTactic,
@@ -57,9 +57,6 @@ from flashtune.schema import OpSchema
 
 __all__ = ["paged_prefill", "ragged_prefill"]
 
-# Requests scanned per step when a program looks for its work item: one step covers the
-# batch for batch <= 1024 (more requests take a few steps of cheap L2 hits).
-_MAX_BLOCK_B = 1024
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -315,7 +312,7 @@ def _run(
         KV_LAST_PAGE_LEN=last if last is not None else qo_indptr,  # qo_indptr: never read
         batch=batch,
         INDPTR_PAGE_SIZE=page_size,
-        BLOCK_B=min(_MAX_BLOCK_B, max(16, _next_pow2(batch))),
+        BLOCK_B=search_block(batch),
     )
     _launch_kernel(
         q, k, v, out, lse, qo_indptr, tactic=tactic, paged=paged, page_size=page_size,
