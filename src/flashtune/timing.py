@@ -35,6 +35,8 @@ __all__ = [
     "Timing",
     "TimingMethod",
     "CaptureError",
+    "EmptyGraphError",
+    "graph_node_count",
     "measure",
     "measure_robust",
     "l2_bytes",
@@ -42,14 +44,26 @@ __all__ = [
     "copies_for_cold_l2",
 ]
 
+# Bound once, at import: a solution that later replaces `time.perf_counter` does not move
+# the harness's clock (the sandbox also reports such a replacement as tampering).
+_clock = time.perf_counter
+
 # An L2 size to assume when the device cannot tell us (H100: 50 MB, H200: 60 MB).
 _DEFAULT_L2_BYTES = 64 * 2**20
 
-TimingMethod = Literal["cuda_graph", "cuda_events", "cpu"]
+TimingMethod = Literal["cuda_graph", "cuda_events", "device_sync", "cpu"]
+# after(replay, results): see measure_robust.
+AfterTiming = Callable[[Callable[[], None] | None, dict[int, Any]], None]
 
 
 class CaptureError(RuntimeError):
     """The callable cannot be captured into a CUDA graph (e.g. it syncs with the host)."""
+
+
+class EmptyGraphError(RuntimeError):
+    """A capture succeeded but recorded no GPU work: the callable launched its work on a
+    stream outside the capture (or did none). Its replay would time nothing, so this is an
+    error, never a time."""
 
 
 @dataclass(frozen=True)
@@ -180,13 +194,13 @@ def _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds, min_ms: float
     for i in range(warmup):
         fn(*input_sets[i % len(input_sets)])
     samples: list[float] = []
-    start_all = time.perf_counter()
+    start_all = _clock()
     deadline = start_all + max_seconds
     i = 0
     while True:
-        start = time.perf_counter()
+        start = _clock()
         fn(*input_sets[i % len(input_sets)])
-        now = time.perf_counter()
+        now = _clock()
         samples.append((now - start) * 1e3)
         i += 1
         if now > deadline or (i >= repetitions and (now - start_all) * 1e3 >= min_ms):
@@ -208,6 +222,9 @@ class _Calls:
         # A fresh stream: a failed capture invalidates only work on this stream.
         self.stream = torch.cuda.Stream()
         self.touched = 0  # sets[:touched] have had an eager call
+        # set index -> what the last captured call on that set returned (graph-owned
+        # tensors that every replay rewrites): the harness checks them after timing.
+        self.results: dict[int, Any] = {}
 
     def warm_up(self, calls: int, min_ms: float, max_seconds: float) -> float:
         """At least `calls` calls and `min_ms` of wall time; the wall time per call (an upper
@@ -218,7 +235,7 @@ class _Calls:
         n = len(self.sets)
         torch.cuda.current_stream().synchronize()
         self.stream.wait_stream(torch.cuda.current_stream())
-        start = time.perf_counter()
+        start = _clock()
         deadline = start + max_seconds
         i = 0
         with torch.cuda.stream(self.stream):
@@ -228,10 +245,10 @@ class _Calls:
                 self.touched = max(self.touched, min(i, n))
                 if i % 4 == 0 or i >= calls:
                     self.stream.synchronize()  # wall time must include the GPU work
-                    now = time.perf_counter()
+                    now = _clock()
                     if now > deadline or (i >= calls and (now - start) * 1e3 >= min_ms):
                         break
-        return (time.perf_counter() - start) * 1e3 / i
+        return (_clock() - start) * 1e3 / i
 
     def capture(self, calls: int) -> torch.cuda.CUDAGraph:
         """A CUDA graph of `calls` calls, call i on input set i mod len(sets).
@@ -247,8 +264,9 @@ class _Calls:
         self.touched = max(self.touched, min(calls, n))
         torch.cuda.synchronize()
         self.stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
+        graph = _new_graph()
         error: BaseException | None = None
+        results: dict[int, Any] = {}
         with torch.cuda.stream(self.stream):
             try:
                 graph.capture_begin(capture_error_mode="global")
@@ -256,7 +274,7 @@ class _Calls:
                 raise CaptureError(f"capture_begin: {type(exc).__name__}: {exc}") from exc
             try:
                 for i in range(calls):
-                    self.fn(*self.sets[i % n])
+                    results[i % n] = self.fn(*self.sets[i % n])
             except Exception as exc:  # noqa: BLE001 - e.g. .item() / .cpu() in the solution
                 error = exc
             try:
@@ -264,10 +282,45 @@ class _Calls:
             except Exception as exc:  # noqa: BLE001 - the capture was invalidated
                 error = error or exc
         if error is not None:
-            del graph
+            del graph, results
             _recover_after_capture()
             raise CaptureError(f"{type(error).__name__}: {str(error).strip()[:300]}") from error
+        nodes = graph_node_count(graph)
+        if nodes == 0:
+            del graph, results
+            raise EmptyGraphError(
+                f"the CUDA graph of {calls} call(s) captured no GPU work: the work ran on a "
+                "stream outside the capture, or there was none"
+            )
+        if hasattr(graph, "instantiate"):
+            graph.instantiate()
+        self.results = results
         return graph
+
+
+def _new_graph() -> torch.cuda.CUDAGraph:
+    # keep_graph=True keeps the cudaGraph_t after capture so its nodes can be counted.
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:  # torch before 2.6: no keep_graph, no node count
+        return torch.cuda.CUDAGraph()
+
+
+def graph_node_count(graph: torch.cuda.CUDAGraph) -> int | None:
+    """Nodes (kernels, copies, memsets, ...) in a captured graph, or None when this torch or
+    driver cannot tell (then the caller skips the check)."""
+    import ctypes
+
+    try:
+        raw = graph.raw_cuda_graph()
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except Exception:  # noqa: BLE001 - no keep_graph support, no driver library
+        return None
+    count = ctypes.c_size_t(0)
+    # CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, size_t* numNodes);
+    # nodes=NULL asks for the count only. cudaGraph_t and CUgraph are the same handle.
+    status = libcuda.cuGraphGetNodes(ctypes.c_void_p(raw), None, ctypes.byref(count))
+    return int(count.value) if status == 0 else None
 
 
 def _reset_cuda_generator() -> None:
@@ -314,7 +367,7 @@ def _sample_events(
     fn, input_sets, stream = calls.fn, calls.sets, calls.stream
     samples_ev: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     n = len(input_sets)
-    start_all = time.perf_counter()
+    start_all = _clock()
     deadline = start_all + max_seconds
     call = 0
     with torch.cuda.stream(stream):
@@ -329,7 +382,7 @@ def _sample_events(
             samples_ev.append((start, end))
             if len(samples_ev) % 8 == 0 or len(samples_ev) >= repetitions:
                 stream.synchronize()  # keep the host within a few samples of the device
-                now = time.perf_counter()
+                now = _clock()
                 if now > deadline or (
                     len(samples_ev) >= repetitions and (now - start_all) * 1e3 >= min_ms
                 ):
@@ -337,6 +390,37 @@ def _sample_events(
     stream.synchronize()
     samples = [s.elapsed_time(e) / calls_per_sample for s, e in samples_ev]
     return _stats(samples, "cuda_events", calls_per_sample)
+
+
+def _sample_device_wide(
+    calls: _Calls, calls_per_sample: int, repetitions: int, min_ms: float, max_seconds: float
+) -> Timing:
+    """Samples of `calls_per_sample` back-to-back calls bracketed by device-wide
+    synchronizations and the harness clock: work the callable launches on any stream of
+    the device counts (events on one stream would miss a side stream's kernels). The
+    synchronization costs a few microseconds per sample, which lasts ~`target_sample_ms`."""
+    fn, input_sets, stream = calls.fn, calls.sets, calls.stream
+    samples: list[float] = []
+    n = len(input_sets)
+    start_all = _clock()
+    deadline = start_all + max_seconds
+    call = 0
+    with torch.cuda.stream(stream):
+        while True:
+            torch.cuda.synchronize()
+            start = _clock()
+            for _ in range(calls_per_sample):
+                fn(*input_sets[call % n])
+                call += 1
+            torch.cuda.synchronize()
+            now = _clock()
+            samples.append((now - start) * 1e3 / calls_per_sample)
+            calls.touched = max(calls.touched, min(call, n))
+            if now > deadline or (
+                len(samples) >= repetitions and (now - start_all) * 1e3 >= min_ms
+            ):
+                break
+    return _stats(samples, "device_sync", calls_per_sample)
 
 
 def _sample_graph(
@@ -349,7 +433,7 @@ def _sample_graph(
 ) -> Timing:
     """One sample per graph replay, divided by the calls it holds."""
     samples_ev: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-    start_all = time.perf_counter()
+    start_all = _clock()
     deadline = start_all + max_seconds
     with torch.cuda.stream(stream):
         while True:
@@ -360,7 +444,7 @@ def _sample_graph(
             samples_ev.append((start, end))
             if len(samples_ev) % 8 == 0 or len(samples_ev) >= repetitions:
                 stream.synchronize()
-                now = time.perf_counter()
+                now = _clock()
                 if now > deadline or (
                     len(samples_ev) >= repetitions and (now - start_all) * 1e3 >= min_ms
                 ):
@@ -388,8 +472,15 @@ def measure_robust(
     target_sample_ms: float = 1.0,
     max_calls_per_sample: int = 1000,
     max_seconds: float = 10.0,
+    after: AfterTiming | None = None,
 ) -> Timing:
     """Time `fn(*args)` reproducibly; return per-call statistics of the median trial.
+
+    after: called once timing is over, while what was timed still exists, as
+    `after(replay, results)`: with a CUDA graph, `replay()` runs the timed graph once more
+    (one call per input set, at least) and `results[i]` is what the graph's last call on
+    input set i returned, rewritten by every replay; otherwise `replay` is None and
+    `results` is empty (call `fn` again). The benchmark checks the timed work with it.
 
     The choices, and what each one fixes:
     - method "auto" captures a CUDA graph first for every callable and falls back to CUDA
@@ -410,6 +501,10 @@ def measure_robust(
       spans a whole trial; the trial medians are returned so the spread can be reported.
     - cold L2: calls rotate over `input_sets` (default: enough clones of `args` to exceed
       twice the L2), inside the graph as well.
+    - a graph that captured no GPU work raises `EmptyGraphError` (work launched on a stream
+      outside the capture would otherwise time as nothing); without a graph, samples are
+      bracketed by device-wide synchronizations (method "device_sync"), so work on every
+      stream counts.
     On the CPU: perf_counter around each call (method "cpu"), same trials and minimums.
     """
     device = _device_of(args)
@@ -424,11 +519,13 @@ def measure_robust(
             _measure_cpu(fn, input_sets, 0, max(repetitions, 1), max_seconds, trial_ms)
             for _ in range(trials)
         ]
+        if after is not None:
+            after(None, {})
         return _combine(results)
     with torch.cuda.device(device):
         return _measure_robust_gpu(
             fn, input_sets, method, warmup, warmup_ms, max(repetitions, 1), trial_ms, trials,
-            target_sample_ms, max(1, max_calls_per_sample), max_seconds,
+            target_sample_ms, max(1, max_calls_per_sample), max_seconds, after,
         )  # fmt: skip
 
 
@@ -444,6 +541,7 @@ def _measure_robust_gpu(
     target_sample_ms,
     max_calls,
     max_seconds,
+    after=None,
 ) -> Timing:
     calls = _Calls(fn, input_sets)
     per_call_ms = calls.warm_up(max(warmup, 1), warmup_ms, max_seconds)
@@ -467,12 +565,28 @@ def _measure_robust_gpu(
                 _sample_graph(graph, per_sample, calls.stream, repetitions, trial_ms, max_seconds)
                 for _ in range(trials)
             ]
+            if after is not None:
+                after(_replayer(graph, calls.stream, per_sample, len(calls.sets)), calls.results)
             del graph
             return _combine(results)
     results = [
-        _sample_events(calls, per_sample, repetitions, trial_ms, max_seconds) for _ in range(trials)
+        _sample_device_wide(calls, per_sample, repetitions, trial_ms, max_seconds)
+        for _ in range(trials)
     ]
+    if after is not None:
+        after(None, {})
     return replace(_combine(results), fallback=fallback)
+
+
+def _replayer(graph: torch.cuda.CUDAGraph, stream, calls_per_graph: int, sets: int):
+    def replay() -> None:
+        # A graph of fewer calls than input sets leaves the later sets' results unset:
+        # `results` only holds the sets the graph covers.
+        with torch.cuda.stream(stream):
+            graph.replay()
+        torch.cuda.synchronize()
+
+    return replay
 
 
 def _calls_for(target_ms: float, per_call_ms: float, max_calls: int) -> int:

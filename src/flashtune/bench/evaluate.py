@@ -20,21 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
+import pickle
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
 import torch
 
-from flashtune.bench.build import (
-    BuildError,
-    MissingRequirement,
-    build_solution,
-    check_requirements,
-    solution_hash,
-)
+from flashtune.bench.build import MissingRequirement, check_requirements, solution_hash
 from flashtune.bench.correctness import (
     Verdict,
     compare_outputs,
@@ -53,6 +50,22 @@ from flashtune.data.models import (
 )
 from flashtune.data.reference import compile_reference, outputs_as_dict
 from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
+
+try:  # a workload whose blob does not fit its axes
+    from flashtune.data.synth import InputError
+except ImportError:  # pragma: no cover - until the data layer defines it
+
+    class InputError(ValueError):  # type: ignore[no-redef]
+        pass
+
+
+from flashtune.bench.sandbox import (
+    Sandbox,
+    SandboxDied,
+    SandboxTimeout,
+    float_input_names,
+    open_sandbox,
+)
 from flashtune.timing import Timing, clone_inputs, copies_for_cold_l2, measure_robust
 
 __all__ = ["BenchConfig", "Event", "evaluate_workload", "make_trace", "LOG_LIMIT"]
@@ -151,44 +164,6 @@ def _clone(inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
-def _alloc_outputs(definition: Definition, axes: Mapping[str, int], device: torch.device):
-    return [
-        torch.empty(
-            tuple(axes[a] for a in spec.shape or ()), dtype=torch_dtype(spec.dtype), device=device
-        )
-        for spec in definition.outputs.values()
-    ]
-
-
-class _Caller:
-    """Calls a solution the way its spec says (returning outputs or destination passing)."""
-
-    def __init__(
-        self, definition: Definition, fn: Callable[..., Any], dps: bool, axes, device
-    ) -> None:
-        self.definition, self.fn, self.dps = definition, fn, dps
-        self.axes, self.device = axes, device
-
-    def args(self, inputs: Mapping[str, Any]) -> list[Any]:
-        args = _args(self.definition, inputs)
-        if self.dps:
-            args += _alloc_outputs(self.definition, self.axes, self.device)
-        return args
-
-    def outputs(self, args: Sequence[Any], result: Any) -> dict[str, Any]:
-        if self.dps:
-            return dict(
-                zip(self.definition.outputs, args[len(self.definition.inputs) :], strict=False)
-            )
-        return outputs_as_dict(self.definition, result)
-
-    def call(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        args = self.args(inputs)
-        result = self.fn(*args)
-        _sync(self.device)
-        return self.outputs(args, result)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -206,41 +181,32 @@ def _cold_l2_sets(sets: list[list[Any]], device: torch.device) -> list[list[Any]
     return sets
 
 
-def _time(
-    fn: Callable[..., Any],
-    input_sets: list[list[Any]],
-    cfg: BenchConfig,
-    device,
-    *,
-    reference=False,
+def _time_reference(
+    fn: Callable[..., Any], input_sets: list[list[Any]], cfg: BenchConfig, device
 ) -> Timing:
-    """Time `fn` over the input sets with `timing.measure_robust` (median of trials; the
-    Timing carries the method, the trial medians and any capture fallback).
-
-    Every solution of a workload gets the same policy and the same time budgets, whatever
-    its latency: a graph when capturable, else events. The reference is timed briefly (one
-    trial, a smaller budget): it is a readable baseline, often slow (Python loops)."""
+    """The reference is timed briefly (one trial, a smaller budget): it is a readable
+    baseline, often slow (Python loops). Solutions are timed in their sandbox."""
     input_sets = _cold_l2_sets(input_sets, device)
-    if reference:
-        return measure_robust(
-            fn, input_sets[0], input_sets=input_sets, method=cfg.timing_method,  # type: ignore[arg-type]
-            warmup=min(cfg.warmup, 2), warmup_ms=min(cfg.warmup_ms, 10.0),
-            repetitions=min(cfg.iterations, 3), trial_ms=min(cfg.trial_ms, 30.0), trials=1,
-            target_sample_ms=cfg.target_sample_ms, max_seconds=cfg.reference_max_seconds,
-        )  # fmt: skip
     return measure_robust(
         fn, input_sets[0], input_sets=input_sets, method=cfg.timing_method,  # type: ignore[arg-type]
-        warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, repetitions=cfg.iterations,
-        trial_ms=cfg.trial_ms, trials=cfg.trials, target_sample_ms=cfg.target_sample_ms,
-        max_seconds=cfg.max_seconds,
+        warmup=min(cfg.warmup, 2), warmup_ms=min(cfg.warmup_ms, 10.0),
+        repetitions=min(cfg.iterations, 3), trial_ms=min(cfg.trial_ms, 30.0), trials=1,
+        target_sample_ms=cfg.target_sample_ms, max_seconds=cfg.reference_max_seconds,
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the workload
 
+_SWAP_SEED_OFFSET = 10_007
+
 
 class _Workload:
-    """Inputs and reference results of one workload, shared by its solutions."""
+    """Inputs and reference results of one workload, shared by its solutions.
+
+    Input set i is synthesized from seed `seeds[i]`; each solution's sandbox synthesizes the
+    same sets from the same seeds. `swap` holds the float values written into set 0 in
+    place after timing, and `swap_ref` the reference outputs for set 0's index inputs with
+    those values."""
 
     def __init__(
         self, definition: Definition, workload: Workload, cfg: BenchConfig, device, blob_root
@@ -249,10 +215,23 @@ class _Workload:
         self.blob_root = blob_root
         self.axes = resolve_axes(definition, workload)
         self.reference = compile_reference(definition)
-        self.inputs = self.synth(cfg.seed)
-        self.ref_outputs = self.run_reference(self.inputs)
-        self._timing_sets: list[dict[str, Any]] | None = None
-        self._fresh: tuple[dict[str, Any], dict[str, Any]] | None = None
+        n = max(1, cfg.input_sets or 1)
+        self.seeds = (cfg.seed, *(cfg.seed + 1 + i for i in range(n - 1)))
+        self.sets = [self.synth(s) for s in self.seeds]
+        self.inputs = self.sets[0]
+        self.refs = [self.run_reference(s) for s in self.sets]
+        self.ref_outputs = self.refs[0]
+        self.stochastic = is_stochastic(definition)
+        self.swap_seed: int | None = None
+        self.swap_ref: dict[str, Any] | None = None
+        if not self.stochastic:
+            swap = self.synth(cfg.seed + _SWAP_SEED_OFFSET)
+            floats = float_input_names(swap)
+            if floats:
+                mixed = dict(self.sets[0])
+                mixed.update({k: swap[k] for k in floats})
+                self.swap_seed = cfg.seed + _SWAP_SEED_OFFSET
+                self.swap_ref = self.run_reference(mixed)
 
     def synth(self, seed: int) -> dict[str, Any]:
         return synthesize_inputs(
@@ -265,25 +244,14 @@ class _Workload:
         _sync(self.device)
         return out
 
-    def timing_sets(self) -> list[dict[str, Any]]:
-        if self._timing_sets is None:
-            n = max(1, self.cfg.input_sets)
-            self._timing_sets = [self.inputs] + [
-                self.synth(self.cfg.seed + 1 + i) for i in range(n - 1)
-            ]
-        return self._timing_sets
-
-    def fresh(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Inputs never seen during correctness or timing, and the reference's outputs."""
-        if self._fresh is None:
-            inputs = self.synth(self.cfg.seed + 10_007)
-            self._fresh = (inputs, self.run_reference(inputs))
-        return self._fresh
-
     def reference_timing(self) -> Timing:
-        sets = [_args(self.definition, _clone(s)) for s in self.timing_sets()]
+        sets = [_args(self.definition, _clone(s)) for s in self.sets]
         with torch.no_grad():
-            return _time(self.reference, sets, self.cfg, self.device, reference=True)
+            return _time_reference(self.reference, sets, self.cfg, self.device)
+
+    def roots(self) -> tuple[str, ...]:
+        roots = getattr(self.blob_root, "roots", None)
+        return tuple(str(r) for r in roots) if roots else ()
 
 
 def evaluate_workload(
@@ -296,8 +264,11 @@ def evaluate_workload(
     blob_root: Any = None,
     baselines: Sequence[str] = (),
     baseline_latency: tuple[str, float] | None = None,
+    timeout: float = 300.0,
 ) -> Iterator[Event]:
-    """Evaluate `solutions` (baselines first) on one workload; yield start/trace events."""
+    """Evaluate `solutions` (baselines first) on one workload; yield start/trace events.
+    Each solution runs in a sandbox process of its own (bench/sandbox.py), killed after
+    `timeout` seconds."""
     cfg = cfg.for_device(device)
     yield ("start", "reference")
     log = io.StringIO()
@@ -306,22 +277,24 @@ def evaluate_workload(
             wl = _Workload(definition, workload, cfg, device, blob_root)
             ref_timing = wl.reference_timing()
     except Exception as exc:  # noqa: BLE001 - a failing reference fails its workload only
+        status = EvaluationStatus.RUNTIME_ERROR
         reason = f"reference failed: {type(exc).__name__}: {exc}"
+        if isinstance(exc, InputError):
+            status, reason = EvaluationStatus.INCORRECT_SHAPE, f"workload input error: {exc}"
         text = log.getvalue() + traceback.format_exc()
         for sol in solutions:
             yield (
                 "trace",
-                make_trace(
-                    definition.name, workload, sol, EvaluationStatus.RUNTIME_ERROR,
-                    environment, reason, text,
-                ),
-            )  # fmt: skip
+                make_trace(definition.name, workload, sol, status, environment, reason, text),
+            )
         return
     best = baseline_latency
     best_method: str | None = None  # unknown for a baseline timed in an earlier task
     for sol in solutions:
         yield ("start", sol.name)
-        trace = _evaluate_one(definition, workload, sol, wl, ref_timing, best, cfg, environment)
+        trace = _evaluate_one(
+            definition, workload, sol, wl, ref_timing, best, cfg, environment, timeout
+        )
         perf = trace.evaluation.performance if trace.evaluation else None
         method = getattr(perf, "timing_method", None) if perf is not None else None
         if (
@@ -333,12 +306,27 @@ def evaluate_workload(
             perf.baseline_solution, perf.baseline_latency_ms = sol.name, perf.latency_ms
             perf.speedup_vs_baseline = 1.0
         elif perf is not None and best is not None and best_method not in (None, method):
-            # A graph-timed and an event-timed result differ by the launch gaps too.
+            # A graph-timed and a synchronized-wall-timed result are not like for like.
+            perf.speedup_vs_baseline = None
             trace.evaluation.log += (
                 f"timing: {method} here but {best_method} for the baseline {best[0]}: "
-                "the speedup mixes timing methods\n"
+                "no speedup over it (timing differs)\n"
             )
         yield ("trace", trace)
+
+
+_STATUS_FROM_CHILD = {
+    "SKIPPED": EvaluationStatus.SKIPPED,
+    "COMPILE_ERROR": EvaluationStatus.COMPILE_ERROR,
+    "RUNTIME_ERROR": EvaluationStatus.RUNTIME_ERROR,
+    "TAMPERED": EvaluationStatus.RUNTIME_ERROR,
+}
+
+
+class _Failed(Exception):
+    def __init__(self, status: EvaluationStatus, reason: str, verdict: Verdict | None = None):
+        super().__init__(reason)
+        self.status, self.reason, self.verdict = status, reason, verdict
 
 
 def _evaluate_one(
@@ -350,93 +338,52 @@ def _evaluate_one(
     baseline: tuple[str, float] | None,
     cfg: BenchConfig,
     environment: Mapping[str, Any],
+    timeout: float = 300.0,
 ) -> Trace:
-    device = wl.device
     log = io.StringIO()
 
-    def trace(status, reason=None, verdict=None, performance=None, tb: bool = False) -> Trace:
-        text = log.getvalue() + (traceback.format_exc() if tb else "")
+    def trace(status, reason=None, verdict=None, performance=None) -> Trace:
         return make_trace(
-            definition.name, workload, sol, status, environment, reason, text, verdict, performance
-        )
+            definition.name, workload, sol, status, environment, reason, log.getvalue(),
+            verdict, performance,
+        )  # fmt: skip
 
     try:
-        check_requirements(sol, device)
-    except MissingRequirement as exc:
+        check_requirements(sol, wl.device)
+    except MissingRequirement as exc:  # no process needed to know it
         return trace(EvaluationStatus.SKIPPED, str(exc))
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    spec = {
+        "definition": definition.to_json(),
+        "workload": workload.to_json(),
+        "solution": sol.to_json(),
+        "device": str(wl.device),
+        "config": asdict(cfg),
+        "seeds": tuple(wl.seeds),
+        "swap_seed": wl.swap_seed,
+        "roots": wl.roots(),
+        "stochastic": wl.stochastic,
+    }
+    with open_sandbox(spec) as sandbox:
         try:
-            fn = build_solution(sol)
-        except MissingRequirement as exc:
-            return trace(EvaluationStatus.SKIPPED, str(exc))
-        except BuildError as exc:
-            log.write(exc.log)
-            return trace(EvaluationStatus.COMPILE_ERROR, str(exc))
-        caller = _Caller(definition, fn, sol.spec.destination_passing_style, wl.axes, device)
-        stochastic = is_stochastic(definition)
-
-        # 1. correctness on a private copy of the inputs
-        inputs = _clone(wl.inputs)
-        try:
-            with torch.no_grad():
-                outputs = caller.call(inputs)
-        except Exception as exc:  # noqa: BLE001 - the solution's failure is the result
-            return trace(EvaluationStatus.RUNTIME_ERROR, f"{type(exc).__name__}: {exc}", tb=True)
-        if stochastic:
-            verdict = _shape_dtype(definition, wl.ref_outputs, outputs)
-        else:
-            verdict = compare_outputs(definition, wl.ref_outputs, outputs, cfg.atol, cfg.rtol)
-        if verdict.status is not EvaluationStatus.PASSED:
-            return trace(verdict.status, verdict.reason, verdict)
-        changed = inputs_modified(wl.inputs, inputs)
-        if changed:
+            verdict, timing = _drive(sandbox, definition, wl, cfg, timeout)
+        except _Failed as exc:
+            log.write(sandbox.log())
+            return trace(exc.status, exc.reason, exc.verdict)
+        except SandboxTimeout:
+            log.write(sandbox.log())
             return trace(
-                EvaluationStatus.INCORRECT_NUMERICAL,
-                f"wrote into its input(s) {', '.join(changed)}: inputs must stay unchanged",
-                verdict,
+                EvaluationStatus.TIMEOUT,
+                f"{sol.name} ran past the {timeout:g} s timeout; its process was killed",
             )
-
-        # 2. timing over rotating input sets
-        try:
-            sets = [caller.args(_clone(s)) for s in wl.timing_sets()]
-            with torch.no_grad():
-                timing = _time(fn, sets, cfg, device)
-        except Exception as exc:  # noqa: BLE001
+        except SandboxDied as exc:
+            log.write(sandbox.log())
+            return trace(EvaluationStatus.RUNTIME_ERROR, str(exc))
+        except (ValueError, pickle.UnpicklingError, TypeError, KeyError) as exc:
+            log.write(sandbox.log())
             return trace(
-                EvaluationStatus.RUNTIME_ERROR,
-                f"while timing: {type(exc).__name__}: {exc}",
-                tb=True,
+                EvaluationStatus.RUNTIME_ERROR, f"malformed message from the sandbox: {exc}"
             )
-        del sets
-
-        # 3. check again on fresh inputs (a memoizing solution fails here)
-        fresh_inputs, fresh_ref = wl.fresh()
-        try:
-            with torch.no_grad():
-                if stochastic:
-                    again = distribution_check(
-                        definition,
-                        lambda: caller.call(_clone(fresh_inputs)),
-                        lambda: wl.run_reference(fresh_inputs),
-                        draws=cfg.sampling_draws,
-                    )
-                else:
-                    again = compare_outputs(
-                        definition, fresh_ref, caller.call(_clone(fresh_inputs)), cfg.atol, cfg.rtol
-                    )
-        except Exception as exc:  # noqa: BLE001
-            return trace(
-                EvaluationStatus.RUNTIME_ERROR,
-                f"on fresh inputs after timing: {type(exc).__name__}: {exc}",
-                tb=True,
-            )
-        if again.status is not EvaluationStatus.PASSED:
-            reason = f"on fresh inputs after timing: {again.reason}"
-            if not stochastic:
-                reason += " (results cached between calls?)"
-            return trace(again.status, reason, again)
-        if stochastic:
-            verdict = again
+        log.write(sandbox.log())
 
     ref_ms = ref.median_ms
     performance = Performance(
@@ -445,7 +392,7 @@ def _evaluate_one(
         reference_latency_ms=ref_ms,
         speedup_factor=ref_ms / timing.median_ms if timing.median_ms > 0 else None,
         # Extra fields (the model keeps unknown fields): how the numbers were obtained, so
-        # a report can tell graph-timed from event-timed results and judge their stability.
+        # a report can tell graph-timed from wall-timed results and judge their stability.
         timing_method=timing.method,
         timing_trials_ms=list(timing.trial_medians_ms),
         timing_calls_per_sample=timing.calls_per_sample,
@@ -464,6 +411,125 @@ def _evaluate_one(
     if timing.fallback:
         log.write(f"timing: not capturable into a CUDA graph ({timing.fallback})\n")
     return trace(EvaluationStatus.PASSED, None, verdict, performance)
+
+
+def _drive(
+    sandbox: Sandbox, definition: Definition, wl: _Workload, cfg: BenchConfig, timeout: float
+) -> tuple[Verdict, Timing]:
+    """Follow the sandbox's messages to the end; check every output it sends. Raises
+    _Failed with the first failure."""
+    deadline = time.monotonic() + timeout
+    verdict: Verdict | None = None
+    timing: Timing | None = None
+    phases: set[str] = set()
+    while True:
+        kind, payload = sandbox.receive(max(0.0, deadline - time.monotonic()))
+        if kind == "status":
+            status = _STATUS_FROM_CHILD.get(payload.get("status"), EvaluationStatus.RUNTIME_ERROR)
+            reason = str(payload.get("reason"))
+            if payload.get("status") == "TAMPERED":
+                reason = f"tampering: {reason}"
+            raise _Failed(status, reason)
+        if kind == "outputs":
+            phase = payload.get("phase")
+            phases.add(phase)
+            verdict = _check_phase(definition, wl, cfg, phase, payload) or verdict
+            sandbox.ack()
+        elif kind == "timing":
+            timing = _timing_from(payload)
+        elif kind == "done":
+            break
+        else:
+            raise ValueError(f"unknown message {kind!r}")
+    needed = {"first", "timed"} | ({"swap"} if wl.swap_ref is not None else set())
+    needed |= {"draws"} if wl.stochastic else set()
+    if timing is None or not needed <= phases or verdict is None:
+        missing = sorted(needed - phases) + ([] if timing is not None else ["timing"])
+        raise _Failed(
+            EvaluationStatus.RUNTIME_ERROR,
+            f"the solution's process ended before the harness finished ({', '.join(missing)})",
+        )
+    return verdict, timing
+
+
+def _timing_from(payload: Any) -> Timing:
+    if not isinstance(payload, dict):
+        raise ValueError("timing is not a record")
+    fields = {k: payload.get(k) for k in Timing.__dataclass_fields__}
+    for k in ("median_ms", "min_ms", "max_ms", "iqr_ms", "mean_ms"):
+        v = fields[k]
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"timing field {k} = {v!r}")
+    if fields["median_ms"] <= 0:
+        raise ValueError("a latency of zero")
+    fields["trial_medians_ms"] = tuple(float(x) for x in fields.get("trial_medians_ms") or ())
+    return Timing(**fields)
+
+
+def _check_phase(
+    definition: Definition, wl: _Workload, cfg: BenchConfig, phase: str, payload: dict
+) -> Verdict | None:
+    """Check one batch of outputs (and inputs) sent by the sandbox."""
+    when = {
+        "first": "",
+        "timed": "after timing: ",
+        "swap": "after new values were written into the same input tensors: ",
+    }.get(phase, "")
+    if phase == "draws":
+        draws = iter(payload.get("draws") or [])
+        verdict = distribution_check(
+            definition,
+            lambda: outputs_as_dict(definition, next(draws)),
+            lambda: wl.run_reference(wl.sets[0]),
+            draws=cfg.sampling_draws,
+        )
+        if verdict.status is not EvaluationStatus.PASSED:
+            raise _Failed(verdict.status, verdict.reason or "", verdict)
+        return verdict
+    verdict = None
+    for entry in payload.get("sets") or []:
+        index = entry.get("index")
+        if not isinstance(index, int) or not 0 <= index < len(wl.sets):
+            raise ValueError(f"input set index {index!r}")
+        if entry.get("inputs") is not None:
+            got = entry["inputs"]
+            pristine = wl.sets[index]
+            if not isinstance(got, dict) or set(got) != set(pristine):
+                raise ValueError("the inputs sent back do not name the definition's inputs")
+            got = {
+                k: v.to(pristine[k].device) if isinstance(v, torch.Tensor) else v
+                for k, v in got.items()
+            }
+            changed = inputs_modified(pristine, got)
+            if changed:
+                raise _Failed(
+                    EvaluationStatus.INCORRECT_NUMERICAL,
+                    f"{when}wrote into its input(s) {', '.join(changed)}: inputs must stay "
+                    "unchanged",
+                )
+        if entry.get("outputs") is not None:
+            try:
+                outputs = outputs_as_dict(definition, entry["outputs"])
+            except ValueError as exc:
+                raise _Failed(EvaluationStatus.INCORRECT_SHAPE, f"{when}{exc}") from None
+            if phase == "swap":
+                expected = wl.swap_ref
+            else:
+                expected = wl.refs[index]
+            if wl.stochastic:
+                v = _shape_dtype(definition, expected, outputs)
+            else:
+                v = compare_outputs(definition, expected, outputs, cfg.atol, cfg.rtol)
+            if v.status is not EvaluationStatus.PASSED:
+                reason = f"{when}{v.reason}"
+                if phase == "swap":
+                    reason += " (results cached by tensor identity, or computed in setup?)"
+                elif phase == "timed":
+                    reason += f" (input set {index}; work lost in the timed calls?)"
+                raise _Failed(v.status, reason, v)
+            if verdict is None or phase == "first":
+                verdict = v
+    return verdict
 
 
 def _shape_dtype(

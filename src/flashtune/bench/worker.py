@@ -5,7 +5,9 @@ keeps built solutions and compiled references across tasks, which keeps the harn
 (100 triples of a trivial op in seconds). A task is one (definition, workload) with its
 solutions; the worker streams ("start", name) and ("trace", json) messages back.
 
-The parent attributes failures to the solution that was running:
+Each solution runs in a sandbox process of its own (bench/sandbox.py) that the worker
+starts, times out and kills; the worker itself only runs references and checks. The parent
+attributes failures of the worker to the solution that was running:
 - the process dies (segfault, abort, illegal memory access): RUNTIME_ERROR, new worker;
 - no message within `timeout` seconds of a solution's start: TIMEOUT, the worker is
   killed and replaced;
@@ -31,6 +33,7 @@ __all__ = ["Task", "Worker", "WorkerError", "default_devices", "parse_devices"]
 
 _STARTUP_TIMEOUT_S = 120.0
 _PING_TIMEOUT_S = 30.0
+_SANDBOX_GRACE_S = 60.0
 
 
 class WorkerError(RuntimeError):
@@ -70,6 +73,10 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
     from flashtune.bench.evaluate import BenchConfig, evaluate_workload
     from flashtune.data.dataset import Dataset
 
+    # The worker is a daemon of the runner (it dies with it), but it starts one sandbox
+    # process per solution, which multiprocessing forbids daemons; the worker kills each
+    # sandbox itself (bench/sandbox.py), so none outlives it.
+    mp.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
     device = torch.device(device_str)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -115,6 +122,7 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
                         definition, workload, solutions, cfg, device, environment,
                         blob_root=blob_root, baselines=p["baselines"],
                         baseline_latency=baseline,  # type: ignore[arg-type]
+                        timeout=float(p.get("timeout", 300.0)),
                     ):  # fmt: skip
                         conn.send((event, value.to_json() if event == "trace" else value))
                         if event == "trace":
@@ -274,10 +282,12 @@ class Worker:
         done: dict[str, Trace] = {}
         current = "reference"
         try:
-            self.conn.send(("task", task.payload()))
+            self.conn.send(("task", {**task.payload(), "timeout": timeout}))
         except (OSError, BrokenPipeError):
             return done, current, (EvaluationStatus.RUNTIME_ERROR, _describe_exit(None))
-        deadline = time.monotonic() + timeout
+        # The worker kills a solution's sandbox at `timeout` itself and reports TIMEOUT; this
+        # deadline only catches a worker that hangs (its reference, or the worker itself).
+        deadline = time.monotonic() + timeout + _SANDBOX_GRACE_S
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -309,7 +319,7 @@ class Worker:
                 )
             if kind == "start":
                 current = value
-                deadline = time.monotonic() + timeout
+                deadline = time.monotonic() + timeout + _SANDBOX_GRACE_S
             elif kind == "trace":
                 trace = Trace.model_validate_json(value)
                 done[trace.solution or ""] = trace
