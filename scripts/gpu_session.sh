@@ -26,6 +26,10 @@ for stage in "$@"; do
       timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops tests/test_timing.py \
         tests/bench tests/capture tests/tune >"$OUT/cuda_tests.log" 2>&1
       tail -n 25 "$OUT/cuda_tests.log" ;;
+    bench-tests)
+      timeout 400 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 200 tests/bench tests/test_timing.py \
+        >"$OUT/bench_tests.log" 2>&1
+      tail -n 40 "$OUT/bench_tests.log" ;;
     attn-tests)
       timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops/attention \
         >"$OUT/cuda_tests.log" 2>&1

@@ -98,7 +98,7 @@ def _robust_with_fakes(
         return fn
 
     monkeypatch.setattr(timing, "_sample_graph", sample("cuda_graph"))
-    monkeypatch.setattr(timing, "_sample_events", sample("cuda_events"))
+    monkeypatch.setattr(timing, "_sample_device_wide", sample("device_sync"))
     t = timing._measure_robust_gpu(
         lambda: None, [[]], method, 1, 25.0, 10, 100.0, 3, 1.0, 1000, 10.0
     )
@@ -116,9 +116,9 @@ def test_robust_gpu_prefers_a_graph(monkeypatch) -> None:
     assert fake.captured == [100, 1000] and t.calls_per_sample == 1000
 
 
-def test_robust_gpu_falls_back_to_events_when_capture_fails(monkeypatch) -> None:
+def test_robust_gpu_falls_back_to_device_wide_timing_when_capture_fails(monkeypatch) -> None:
     t, fake = _robust_with_fakes(monkeypatch, capturable=False)
-    assert t.method == "cuda_events" and "not permitted" in t.fallback
+    assert t.method == "device_sync" and "not permitted" in t.fallback
     assert fake.warmups == 2  # warmed up again after the failed capture
     assert t.calls_per_sample == 100  # events also time ~1 ms samples of back-to-back calls
 
@@ -127,7 +127,7 @@ def test_robust_gpu_forced_methods(monkeypatch) -> None:
     with pytest.raises(timing.CaptureError):
         _robust_with_fakes(monkeypatch, capturable=False, method="cuda_graph")
     t, fake = _robust_with_fakes(monkeypatch, capturable=True, method="cuda_events")
-    assert t.method == "cuda_events" and fake.captured == [] and t.fallback is None
+    assert t.method == "device_sync" and fake.captured == [] and t.fallback is None
 
 
 def _syncs(a: torch.Tensor) -> torch.Tensor:
@@ -143,7 +143,7 @@ def test_gpu_robust_graph_and_fallback_leave_a_sane_context() -> None:
     assert t.calls_per_sample * t.median_ms >= 0.5  # one replay lasts ~1 ms
     default = torch.cuda.current_stream()
     t = measure_robust(_syncs, [x], trials=2, trial_ms=20)
-    assert t.method == "cuda_events" and t.fallback
+    assert t.method == "device_sync" and t.fallback
     assert torch.cuda.current_stream() == default and not torch.cuda.is_current_stream_capturing()
     with pytest.raises(timing.CaptureError):
         measure(_syncs, [x], warmup=1, repetitions=3, use_cuda_graph=True)

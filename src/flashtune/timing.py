@@ -319,7 +319,10 @@ def graph_node_count(graph: torch.cuda.CUDAGraph) -> int | None:
     count = ctypes.c_size_t(0)
     # CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, size_t* numNodes);
     # nodes=NULL asks for the count only. cudaGraph_t and CUgraph are the same handle.
-    status = libcuda.cuGraphGetNodes(ctypes.c_void_p(raw), None, ctypes.byref(count))
+    try:
+        status = libcuda.cuGraphGetNodes(ctypes.c_void_p(int(raw)), None, ctypes.byref(count))
+    except Exception:  # noqa: BLE001 - an unexpected handle type: no count
+        return None
     return int(count.value) if status == 0 else None
 
 

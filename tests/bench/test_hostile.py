@@ -211,3 +211,50 @@ def test_forked_copy_cannot_speak_for_the_solution(tmp_path):
 def test_definition_unaffected_by_toy_name():
     # The cheats above look for an output named 'y' of the toy definition.
     assert list(toy_definition().outputs) == ["y"]
+
+
+# --------------------------------------------------------------------------- on the GPU
+
+SIDE_STREAM = {
+    # All the work on a stream of its own, never joined to the caller's: a graph captured
+    # on the caller's stream records nothing.
+    "s_side_stream": (
+        "import torch\n_s = []\n"
+        "def run(x, w):\n"
+        "    if not _s:\n        _s.append(torch.cuda.Stream())\n"
+        "    out = torch.empty_like(x)\n"
+        "    with torch.cuda.stream(_s[0]):\n        torch.mul(x, w, out=out)\n"
+        "    return out\n"
+    ),
+    # Same, plus one tiny kernel on the caller's stream so the graph is not empty.
+    "t_side_stream_decoy": (
+        "import torch\n_s = []\n"
+        "def run(x, w):\n"
+        "    if not _s:\n        _s.append(torch.cuda.Stream())\n"
+        "    out = torch.empty_like(x)\n"
+        "    out[:1].zero_()\n"
+        "    with torch.cuda.stream(_s[0]):\n        torch.mul(x, w, out=out)\n"
+        "    return out\n"
+    ),
+}
+
+
+@pytest.mark.cuda
+def test_no_cheat_passes_on_the_gpu(tmp_path):
+    root = tmp_path / "ds"
+    make_dataset(root, {**CHEATS, **SIDE_STREAM}, sizes=[4096])
+    opts = RunOptions(
+        datasets=[root], out=tmp_path / "out", devices=["cuda:0"], timeout=120.0,
+        config=BenchConfig(warmup=2, iterations=5, trials=1, trial_ms=10.0),
+    )  # fmt: skip
+    result = run_benchmark(opts, progress=False)
+    got = statuses(result.traces)
+    traces = {t.solution: t.evaluation for t in result.traces}
+    for name in [*CHEATS, *SIDE_STREAM]:
+        if name == "z_honest":
+            continue
+        assert got[("toy_scale_h8", name)] != "PASSED", (name, traces[name].log[-800:])
+    assert "captured no GPU work" in traces["s_side_stream"].reason
+    honest = traces["z_honest"]
+    assert honest.status.value == "PASSED", honest.log
+    assert honest.performance.timing_method == "cuda_graph"

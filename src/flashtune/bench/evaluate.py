@@ -356,7 +356,7 @@ def _evaluate_one(
         "definition": definition.to_json(),
         "workload": workload.to_json(),
         "solution": sol.to_json(),
-        "device": str(wl.device),
+        "device": _indexed(wl.device),
         "config": asdict(cfg),
         "seeds": tuple(wl.seeds),
         "swap_seed": wl.swap_seed,
@@ -411,6 +411,13 @@ def _evaluate_one(
     if timing.fallback:
         log.write(f"timing: not capturable into a CUDA graph ({timing.fallback})\n")
     return trace(EvaluationStatus.PASSED, None, verdict, performance)
+
+
+def _indexed(device: torch.device) -> str:
+    """'cuda' -> 'cuda:<current>': the sandbox must use the worker's GPU."""
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
 
 
 def _drive(

@@ -623,6 +623,22 @@ def _descendants(pid: int) -> list[int]:
     return sorted(set(found) | set(members))
 
 
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Start a child without it importing the parent's `__main__` (multiprocessing would
+    re-run a user's script, pytest or the CLI in every child): the child needs only the
+    modules the fork server preloaded and the target's own module."""
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
+    try:
+        for k in saved:
+            setattr(main, k, None) if k == "__spec__" else delattr(main, k)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
+
+
 class Sandbox:
     """The worker's handle on one child evaluating one solution on one workload."""
 
@@ -633,7 +649,8 @@ class Sandbox:
         self.process = ctx.Process(
             target=_child_main, args=(child, spec), name="flashtune-sandbox", daemon=False
         )
-        self.process.start()
+        with _main_hidden():
+            self.process.start()
         child.close()
         self.conn = parent
 
