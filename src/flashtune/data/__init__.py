@@ -1,6 +1,12 @@
 """The benchmark database: the FlashInfer Trace data model, the on-disk Dataset, input
 synthesis and reference execution."""
 
+from flashtune.data.constraints import (
+    CONSTRAINT_FUNCTIONS,
+    ConstraintNotAllowed,
+    check_constraint,
+    evaluate_constraint,
+)
 from flashtune.data.dataset import Dataset
 from flashtune.data.io import DatasetFileError, LoadError
 from flashtune.data.models import (
@@ -21,10 +27,12 @@ from flashtune.data.models import (
     Trace,
     VarAxis,
     Workload,
+    check_path_component,
 )
 from flashtune.data.reference import compile_reference, outputs_as_dict, run_reference
 from flashtune.data.synth import (
     ConstraintError,
+    InputError,
     check_constraints,
     resolve_axes,
     small_workload,
@@ -33,16 +41,19 @@ from flashtune.data.synth import (
 )
 
 __all__ = [
+    "CONSTRAINT_FUNCTIONS",
     "DTYPES",
     "BuildSpec",
     "ConstAxis",
     "ConstraintError",
+    "ConstraintNotAllowed",
     "Correctness",
     "Dataset",
     "DatasetFileError",
     "Definition",
     "Evaluation",
     "EvaluationStatus",
+    "InputError",
     "LoadError",
     "Performance",
     "RandomInput",
@@ -54,8 +65,11 @@ __all__ = [
     "Trace",
     "VarAxis",
     "Workload",
+    "check_constraint",
     "check_constraints",
+    "check_path_component",
     "compile_reference",
+    "evaluate_constraint",
     "outputs_as_dict",
     "resolve_axes",
     "run_reference",

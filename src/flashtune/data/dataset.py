@@ -9,11 +9,16 @@
 Several roots can be combined: reads see all of them (the first root wins on a name clash),
 writes go to the first. Files are loaded lazily and once; a bad file or line is recorded in
 `errors` (file, line, field, problem) and the rest of the dataset still loads.
+
+Every name that becomes a path component above (author, op_type, definition, solution name)
+is checked by the models and again here, where the path is built: a dataset from a stranger
+must not make flashtune write outside its root.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import glob
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,9 +32,71 @@ from flashtune.data.io import (
     parse_model,
     read_json,
 )
-from flashtune.data.models import Definition, Solution, Trace, Workload
+from flashtune.data.models import (
+    Definition,
+    Solution,
+    TensorSpec,
+    Trace,
+    Workload,
+    check_path_component,
+)
 
 __all__ = ["Dataset", "LoadError"]
+
+# safetensors' dtype codes, by the FlashInfer Trace dtype names they store.
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def _is_path_component(name: str) -> bool:
+    try:
+        check_path_component(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _blob_problem(path: Path, key: str, spec: TensorSpec, axes: dict[str, int]) -> str | None:
+    """What is wrong with one workload input's blob, read from its header only (no tensor
+    data is loaded); None if it holds `key` with the shape and dtype the axes give."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if key not in f.keys():
+                return f"blob {path} has no tensor {key!r} (has {sorted(f.keys())})"
+            tensor = f.get_slice(key)
+            shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
+    except (SafetensorError, OSError) as exc:
+        return f"blob {path} is not a readable safetensors file: {exc}"
+    names = spec.shape or []
+    expected = tuple(axes[a] for a in names)
+    if shape != expected:
+        wrong = ""
+        if len(shape) == len(expected):
+            axis, want, got = next(
+                t for t in zip(names, expected, shape, strict=True) if t[1] != t[2]
+            )
+            wrong = f"axis {axis!r} is {got}, expected {want}; "
+        return (
+            f"blob {path} tensor {key!r}: {wrong}shape {list(shape)}, expected {list(expected)} "
+            f"(axes {names})"
+        )
+    if _SAFETENSORS_DTYPES.get(dtype, dtype) != spec.dtype:
+        return f"blob {path} tensor {key!r} has dtype {dtype}, expected {spec.dtype}"
+    return None
 
 
 class Dataset:
@@ -158,21 +225,25 @@ class Dataset:
     # ----------------------------------------------------------------- workloads and traces
     def workloads_for(self, definition: str) -> list[Trace]:
         """The workload records (Traces without solution) of a definition."""
+        check_path_component(definition, "definition")
         with self._lock:
             if definition not in self._workloads:
                 records = []
+                pattern = f"*/{glob.escape(definition)}.jsonl"
                 for root in self.roots:
-                    for path in sorted((root / "workloads").glob(f"*/{definition}.jsonl")):
+                    for path in sorted((root / "workloads").glob(pattern)):
                         records.extend(self._read_traces(path))
                 self._workloads[definition] = records
             return self._workloads[definition]
 
     def traces_for(self, definition: str) -> list[Trace]:
+        check_path_component(definition, "definition")
         with self._lock:
             if definition not in self._traces:
                 records = []
+                pattern = f"*/*/{glob.escape(definition)}.jsonl"
                 for root in self.roots:
-                    for path in sorted((root / "traces").glob(f"*/*/{definition}.jsonl")):
+                    for path in sorted((root / "traces").glob(pattern)):
                         records.extend(self._read_traces(path))
                 self._traces[definition] = records
             return self._traces[definition]
@@ -181,7 +252,8 @@ class Dataset:
         names = set(self.definitions)
         for root in self.roots:
             names |= {p.stem for p in (root / "traces").glob("*/*/*.jsonl")}
-        return [t for n in sorted(names) for t in self.traces_for(n)]
+        # A stray file such as `...jsonl` (stem "..") names no definition.
+        return [t for n in sorted(names) if _is_path_component(n) for t in self.traces_for(n)]
 
     def _read_traces(self, path: Path) -> list[Trace]:
         records = []
@@ -214,7 +286,7 @@ class Dataset:
         names = set(definitions)
         for root in self.roots:
             names |= {p.stem for p in (root / "workloads").glob("*/*.jsonl")}
-        for name in sorted(names):
+        for name in sorted(n for n in names if _is_path_component(n)):
             for record in self.workloads_for(name):
                 self._check_workload(name, record)
         self.all_traces()
@@ -245,19 +317,34 @@ class Dataset:
                 ],
             )
             return
+        uuid = record.workload.uuid
         try:
             record.workload.check_against(definition)
-            for spec in record.workload.inputs.values():
-                if spec.type == "safetensors":
-                    self.blob_path(spec.path)
+            blobs = {
+                name: self.blob_path(spec.path)
+                for name, spec in record.workload.inputs.items()
+                if spec.type == "safetensors"
+            }
         except ValueError as exc:
-            self._record(
-                path, [LoadError(path, str(exc), field=f"workload.{record.workload.uuid}")]
-            )
+            self._record(path, [LoadError(path, str(exc), field=f"workload.{uuid}")])
+            return
+        # A blob's header is checked here, so that `validate` (not a benchmark run) reports a
+        # garbage file or a tensor whose shape disagrees with the workload's axes.
+        axes = {**definition.const_axes, **record.workload.axes}
+        for name, blob in blobs.items():
+            spec = definition.inputs[name]
+            if spec.shape is None or not blob.exists():  # scalars; a missing blob is synthesized
+                continue
+            problem = _blob_problem(blob, record.workload.inputs[name].tensor_key, spec, axes)
+            if problem is not None:
+                self._record(
+                    path,
+                    [LoadError(path, problem, field=f"workload.{uuid}.inputs.{name}")],
+                )
 
     def _workload_path_hint(self, definition: str) -> Path:
         for root in self.roots:
-            for path in (root / "workloads").glob(f"*/{definition}.jsonl"):
+            for path in (root / "workloads").glob(f"*/{glob.escape(definition)}.jsonl"):
                 return path
         return self.root / "workloads" / f"{definition}.jsonl"
 
@@ -272,6 +359,8 @@ class Dataset:
 
     # ----------------------------------------------------------------- writes (first root)
     def add_definition(self, definition: Definition, overwrite: bool = False) -> Path:
+        check_path_component(definition.op_type, "definition.op_type")
+        check_path_component(definition.name, "definition.name")
         path = self.root / "definitions" / definition.op_type / f"{definition.name}.json"
         with self._lock:
             if path.exists() and not overwrite:
@@ -288,6 +377,11 @@ class Dataset:
             if solution.definition in self.definitions
             else "unknown"
         )
+        # Checked again here: a model built with model_construct() skips its validators.
+        check_path_component(solution.author, "solution.author")
+        check_path_component(op_type, "definition.op_type")
+        check_path_component(solution.definition, "solution.definition")
+        check_path_component(solution.name, "solution.name")
         path = (
             self.root
             / "solutions"
@@ -306,6 +400,8 @@ class Dataset:
         return path
 
     def add_workloads(self, definition: Definition, workloads: Iterable[Workload]) -> Path:
+        check_path_component(definition.op_type, "definition.op_type")
+        check_path_component(definition.name, "definition.name")
         path = self.root / "workloads" / definition.op_type / f"{definition.name}.jsonl"
         with self._lock:
             for workload in workloads:
@@ -318,6 +414,11 @@ class Dataset:
         return path
 
     def trace_path(self, trace: Trace, author: str, op_type: str) -> Path:
+        """traces/<author>/<op_type>/<definition>.jsonl; ValueError if a name is not a single
+        path component (an author of `../../tmp/x` would write outside the dataset)."""
+        check_path_component(author, "solution.author")
+        check_path_component(op_type, "definition.op_type")
+        check_path_component(trace.definition, "trace.definition")
         return self.root / "traces" / author / op_type / f"{trace.definition}.jsonl"
 
     def append_trace(self, trace: Trace, author: str = "unknown") -> Path:

@@ -3,10 +3,15 @@ atomic writes and whole-line appends."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
 import json
 import os
+import socket
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +25,9 @@ __all__ = [
     "atomic_write_text",
     "append_line",
     "iter_jsonl",
+    "current_umask",
+    "make_temp_file",
+    "remove_stale_temp_files",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -112,11 +120,138 @@ def iter_jsonl(path: Path):
                 yield lineno, DatasetFileError([LoadError(path, msg, line=lineno)])
 
 
+# --------------------------------------------------------------------------- file modes
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows.
+
+    os.umask can only be read by setting it, which for a moment changes the mode of files
+    other threads create: /proc/self/status (Linux >= 4.7) is read instead, and elsewhere
+    the umask is set to 0o077 for that moment (too strict for an instant, never too open)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+# --------------------------------------------------------------------------- temporary files
+
+# A temporary file is named .<target>.tmp-<pid>-<host tag>-<random>.tmp next to its target,
+# so a later writer can tell an orphan (its writer died) from a file being written now.
+_TEMP_TAG = ".tmp-"
+# A temporary file this old is an orphan whoever wrote it (a write takes milliseconds): this
+# covers writers on other hosts (a shared folder), whose pids mean nothing here, and files
+# of older flashtune versions, whose names carry no pid.
+STALE_TEMP_AGE_S = 15 * 60
+
+
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def make_temp_file(path: Path) -> tuple[int, Path]:
+    """Create the temporary file an atomic write of `path` goes through: (fd, its path).
+
+    It is created next to `path` (same filesystem, for os.replace), named after this process
+    (see remove_stale_temp_files), with the mode a plain open() would give: mkstemp creates
+    0600 files, which would make every file written this way private whatever the umask."""
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.name}{_TEMP_TAG}{os.getpid()}-{_host_tag()}-",
+        suffix=".tmp",
+        dir=path.parent,
+    )
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    except BaseException:
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return fd, Path(tmp)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    except OSError:
+        return True  # cannot tell: keep its file
+    return True
+
+
+def _temp_writer(name: str) -> tuple[int, str] | None:
+    """(pid, host tag) of the writer of a temporary file named by make_temp_file."""
+    at = name.rfind(_TEMP_TAG)  # the target's own name may hold the tag too: the last one
+    if at < 0 or not name.endswith(".tmp"):
+        return None
+    fields = name[at + len(_TEMP_TAG) : -len(".tmp")].split("-")
+    if len(fields) != 3 or not fields[0].isdigit():
+        return None
+    return int(fields[0]), fields[1]
+
+
+def remove_stale_temp_files(
+    path: Path, max_age_s: float = STALE_TEMP_AGE_S, any_target: bool = False
+) -> int:
+    """Remove temporary files of atomic writes of `path` (with `any_target`: of any file of
+    its folder) left by writers that died between creating and renaming them. A file is
+    removed when its writer was a process of this host that is gone, or when it is older
+    than `max_age_s` (a writer elsewhere, or a name without a pid). Files of live writers,
+    this process included, are kept. Returns how many were removed; never raises (cleaning
+    up must not fail a write)."""
+    prefix = "." if any_target else f".{path.name}."
+    removed = 0
+    now = time.time()
+    host = _host_tag()
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return 0
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        writer = _temp_writer(name)
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        orphan = (
+            writer is not None
+            and writer[1] == host
+            and writer[0] != os.getpid()
+            and not _pid_alive(writer[0])
+        )
+        if orphan or age > max_age_s:
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder and os.replace,
-    so a killed process leaves either the old file or the new one, never half of one."""
+    so a killed process leaves either the old file or the new one, never half of one; the
+    temporary files of writers killed earlier are removed. The file's mode follows the umask."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temp_files(path)
+    fd, tmp = make_temp_file(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -124,30 +259,49 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
 def append_line(path: Path, line: str) -> None:
     """Append one JSONL record as a single write() on an O_APPEND file under an exclusive
-    flock, then fsync: processes appending to the same file never interleave inside a line."""
+    flock, then fsync: processes appending to the same file never interleave inside a line.
+
+    A write that fails or is cut short (a full disk) is undone by truncating the file back
+    to its size before it, and raises OSError: the file never ends in a partial record."""
     if "\n" in line:
         raise ValueError("a JSONL record must be a single line")
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (line + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    # 0o666: like open(), the umask decides who may read the dataset.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         # Appenders take turns: the check below must not see another writer's line half
-        # copied into the file (it would then start a needless blank line).
+        # copied into the file (it would then start a needless blank line), and the size
+        # read here stays the end of the file until this write (the truncation point).
         fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
         # A file left without a final newline by a killed writer: start on a fresh line so
         # the new record is not glued to the broken one.
-        if os.fstat(fd).st_size > 0:
+        if size > 0:
             with open(path, "rb") as r:
                 r.seek(-1, os.SEEK_END)
                 if r.read(1) != b"\n":
                     data = b"\n" + data
-        os.write(fd, data)
-        os.fsync(fd)
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(
+                    errno.ENOSPC,
+                    f"short write: {written} of {len(data)} bytes (is the disk full?)",
+                    str(path),
+                )
+            os.fsync(fd)  # delayed allocation can report a full disk only here
+        except OSError:
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass  # nothing more can be done; the original error says why
+            raise
     finally:
         os.close(fd)

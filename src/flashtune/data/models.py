@@ -9,15 +9,30 @@ from __future__ import annotations
 
 import ast
 import json
+import unicodedata
 from enum import Enum
-from pathlib import PurePosixPath
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from flashtune.data.constraints import (
+    CONSTRAINT_FUNCTIONS,
+    ConstraintNotAllowed,
+    check_constraint,
+)
 
 __all__ = [
     "DTYPES",
     "CONSTRAINT_FUNCTIONS",
+    "check_path_component",
     "ConstAxis",
     "VarAxis",
     "Axis",
@@ -72,6 +87,32 @@ def dumps(model: _Model, indent: int | None = 2) -> str:
     return model.to_json(indent=indent)
 
 
+def check_path_component(value: str, field: str = "name") -> str:
+    """Return `value` if it can be one component of a dataset path; else raise ValueError
+    naming `field` and the value.
+
+    Names (definition, op_type, solution, author) become folders and files of a Dataset;
+    one holding `/`, `\\`, `..` or a drive would place files outside the dataset root.
+    """
+    problem = None
+    if not value:
+        problem = "is empty"
+    elif value in {".", ".."}:
+        problem = "is a relative path"
+    elif "/" in value or "\\" in value:
+        problem = "contains a path separator"
+    elif PureWindowsPath(value).drive or PurePosixPath(value).is_absolute():
+        problem = "is an absolute path"
+    elif any(unicodedata.category(c) == "Cc" for c in value):
+        problem = "contains a control character"
+    if problem is not None:
+        raise ValueError(
+            f"{field} {value!r} {problem}; it names a dataset file or folder "
+            "(no '/', '\\', '.', '..', drive or control characters)"
+        )
+    return value
+
+
 # --------------------------------------------------------------------------- definitions
 
 
@@ -79,6 +120,15 @@ class ConstAxis(_Model):
     type: Literal["const"]
     value: int
     description: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        # A fixed size of zero or less describes no tensor: every input using it would be
+        # empty or impossible. The corpus's smallest const axis is 1.
+        if value < 1:
+            raise ValueError(f"const axis value must be a positive integer, got {value}")
+        return value
 
 
 class VarAxis(_Model):
@@ -119,10 +169,10 @@ class Definition(_Model):
 
     @field_validator("name", "op_type")
     @classmethod
-    def _non_empty(cls, value: str) -> str:
+    def _non_empty(cls, value: str, info: ValidationInfo) -> str:
         if not value.strip():
             raise ValueError("must not be empty")
-        return value
+        return check_path_component(value, info.field_name)
 
     @field_validator("reference")
     @classmethod
@@ -147,11 +197,13 @@ class Definition(_Model):
     @field_validator("constraints")
     @classmethod
     def _constraints_parse(cls, constraints: list[str]) -> list[str]:
+        # The form only (names are checked once axes and inputs are known, below): a
+        # constraint is data for flashtune.data.constraints, never code to run.
         for i, expr in enumerate(constraints):
             try:
-                ast.parse(expr, mode="eval")
-            except SyntaxError as exc:
-                raise ValueError(f"constraint [{i}] {expr!r} does not parse: {exc.msg}") from None
+                check_constraint(expr)
+            except ConstraintNotAllowed as exc:
+                raise ValueError(f"constraint [{i}] {expr!r} {exc.reason}") from None
         return constraints
 
     @model_validator(mode="after")
@@ -167,18 +219,13 @@ class Definition(_Model):
                             f"{kind}.{tensor_name}.shape names axis {axis!r}, which is not declared in "
                             f"axes (declared: {sorted(self.axes)})"
                         )
-        names = set(self.axes) | set(self.inputs) | set(self.outputs)
+        # Constraints are evaluated on axes and inputs (outputs do not exist yet then).
+        names = set(self.axes) | set(self.inputs)
         for i, expr in enumerate(self.constraints):
-            tree = ast.parse(expr, mode="eval")
-            unknown = {
-                node.id
-                for node in ast.walk(tree)
-                if isinstance(node, ast.Name) and node.id not in names
-            } - _CONSTRAINT_BUILTINS
-            if unknown:
-                raise ValueError(
-                    f"constraint [{i}] {expr!r} names {sorted(unknown)}, which are neither axes nor inputs"
-                )
+            try:
+                check_constraint(expr, names)
+            except ConstraintNotAllowed as exc:
+                raise ValueError(f"constraint [{i}] {expr!r} {exc.reason}") from None
         return self
 
     # convenience -------------------------------------------------------------------
@@ -192,12 +239,6 @@ class Definition(_Model):
 
     def tags_with(self, prefix: str) -> list[str]:
         return [t[len(prefix) :] for t in self.tags if t.startswith(prefix)]
-
-
-# What a constraint may name besides axes and inputs: these builtins and the torch module.
-# Validation here and evaluation in synth.check_constraints both use this one list.
-CONSTRAINT_FUNCTIONS: tuple[str, ...] = ("len", "min", "max", "abs", "int", "all", "any", "sum")
-_CONSTRAINT_BUILTINS = {*CONSTRAINT_FUNCTIONS, "torch"}
 
 
 # --------------------------------------------------------------------------- solutions
@@ -268,6 +309,13 @@ class Solution(_Model):
     description: str | None = None
     spec: BuildSpec
     sources: list[SourceFile] = Field(default_factory=list)
+
+    @field_validator("name", "definition", "author")
+    @classmethod
+    def _path_component(cls, value: str, info: ValidationInfo) -> str:
+        # Each becomes a folder or file: solutions/<author>/<op_type>/<definition>/<name>.json
+        # and traces/<author>/<op_type>/<definition>.jsonl.
+        return check_path_component(value, info.field_name)
 
     @model_validator(mode="after")
     def _entry_file_present(self) -> Solution:
@@ -365,6 +413,8 @@ class Correctness(_Model):
     max_absolute_error: float | None = None
     max_relative_error: float | None = None
     matched_ratio: float | None = None
+    # flashtune extension: ||out - ref||_2 / ||ref||_2, the worst over the outputs
+    rel_norm_error: float | None = None
 
 
 class Performance(_Model):
@@ -401,3 +451,9 @@ class Trace(_Model):
     workload: Workload
     solution: str | None = None
     evaluation: Evaluation | None = None
+
+    @field_validator("definition")
+    @classmethod
+    def _definition_is_path_component(cls, value: str) -> str:
+        # traces/<author>/<op_type>/<definition>.jsonl
+        return check_path_component(value, "definition")

@@ -1,6 +1,8 @@
 """Input synthesis: build a definition's inputs for a workload, seeded and reproducible.
 
 - floats: random normal (never zeros); probability inputs (`*probs`) are rows of a softmax;
+  attention values (`v`, `v_cache`, ...) have mean ATTENTION_VALUE_MEAN, so outputs are
+  about 0.5 in size and an all-zero output cannot match;
 - scalars: the workload's value, or a sensible default (`sm_scale` = 1/sqrt(head_dim));
 - safetensors blobs: loaded when present (paths may not escape the dataset root);
 - index tensors (int inputs that are "random", or whose blob is missing) are synthesized to
@@ -8,13 +10,14 @@
   constraint names (`num_kv_indices == kv_indptr[-1].item()`), `*indices` within the page
   count, `*last_page_len` in 1..page_size, positions within the cos/sin cache, query
   segments no longer than their KV segments (causal prefill).
-Constraints are then evaluated on the result; a failure names the constraint and values.
+Constraints are then evaluated on the result (by flashtune.data.constraints, never by
+`eval`); a failure names the constraint and values. A loaded blob whose shape or dtype
+disagrees with the workload's axes raises InputError naming the blob, input and axis.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,8 +25,8 @@ from typing import Any
 
 import torch
 
+from flashtune.data.constraints import ConstraintNotAllowed, evaluate_constraint, holds
 from flashtune.data.models import (
-    CONSTRAINT_FUNCTIONS,
     ConstAxis,
     Definition,
     ScalarInput,
@@ -32,6 +35,8 @@ from flashtune.data.models import (
 )
 
 __all__ = [
+    "ATTENTION_OP_TYPES",
+    "ATTENTION_VALUE_MEAN",
     "TORCH_DTYPES",
     "torch_dtype",
     "resolve_axes",
@@ -39,6 +44,7 @@ __all__ = [
     "check_constraints",
     "small_workload",
     "ConstraintError",
+    "InputError",
 ]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -59,6 +65,11 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 
 class ConstraintError(ValueError):
     """The synthesized (or loaded) inputs do not satisfy a definition's constraints."""
+
+
+class InputError(ValueError):
+    """A workload's stored input (a safetensors blob) is unreadable or does not match the
+    shape and dtype that the definition's axes give for that workload."""
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -129,20 +140,21 @@ def _last_element_of(node: ast.AST) -> str | None:
 def check_constraints(
     definition: Definition, axes: Mapping[str, int], inputs: Mapping[str, Any]
 ) -> None:
-    """Evaluate every constraint; raise ConstraintError naming the first one that fails."""
-    names: dict[str, Any] = {"torch": torch}
-    names.update({name: getattr(builtins, name) for name in CONSTRAINT_FUNCTIONS})
-    names.update(axes)
-    names.update(inputs)
+    """Evaluate every constraint; raise ConstraintError naming the first one that fails.
+
+    Constraints are checked against a whitelist and interpreted (flashtune.data.constraints):
+    a dataset's constraint cannot run code.
+    """
+    names: dict[str, Any] = {**axes, **inputs}
     for expr in definition.constraints:
         try:
-            ok = eval(compile(expr, "<constraint>", "eval"), {"__builtins__": {}}, names)  # noqa: S307
-        except Exception as exc:  # an input missing, a bad expression
+            ok = holds(evaluate_constraint(expr, names))
+        except ConstraintNotAllowed as exc:
+            raise ConstraintError(f"{definition.name}: {exc}") from None
+        except Exception as exc:  # an input missing, a value of the wrong kind
             raise ConstraintError(
                 f"{definition.name}: constraint {expr!r} could not be evaluated: {exc}"
             ) from None
-        if isinstance(ok, torch.Tensor):
-            ok = bool(ok.all())
         if not ok:
             values = {n: axes[n] for n in axes if n in expr}
             raise ConstraintError(
@@ -166,6 +178,30 @@ def _split(
         bounds = [0, *cuts, rest]
         base = [b + bounds[i + 1] - bounds[i] for i, b in enumerate(base)]
     return base
+
+
+# Op types whose outputs are softmax-weighted means of value rows (plus a base-2 LSE).
+ATTENTION_OP_TYPES: frozenset[str] = frozenset(
+    {"gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged", "dsa_paged"}
+)
+# Values are drawn from N(ATTENTION_VALUE_MEAN, 1). With zero-mean values an output averages
+# kv_len rows to about 1/sqrt(kv_len) in size (0.007 at 32k tokens), below bf16's atol, so
+# an all-zero output "matched" 92% of elements. With mean 0.5 outputs are about 0.5 and zeros
+# match none. The mean also shrinks the relative-norm error of wrong kernels (skipping 128 of
+# 2048 pages: 0.26 at mean 0, 5.3e-3 at mean 0.5, measured at 32k tokens), so those are
+# caught by the LSE bound (9.8e-2 > 1e-4), see flashtune.bench.correctness.
+ATTENTION_VALUE_MEAN = 0.5
+# Inputs that hold the values an attention output averages: v / v_cache / paged_v_cache, and
+# MLA's compressed cache (ckv_cache), which is both key and value: a constant added to every
+# key shifts each query's logits by the same amount, which the softmax ignores.
+_VALUE_NAMES = frozenset({"v", "value", "values"})
+_VALUE_SUFFIXES = ("v_cache", "value_cache")
+
+
+def _is_attention_value(definition: Definition, lname: str) -> bool:
+    return definition.op_type in ATTENTION_OP_TYPES and (
+        lname in _VALUE_NAMES or lname.endswith(_VALUE_SUFFIXES)
+    )
 
 
 class _Synth:
@@ -222,6 +258,8 @@ class _Synth:
             # Real caches hold cos/sin values, in [-1, 1].
             return (torch.rand(shape, generator=self.gen) * 2 - 1).to(dtype)
         x = torch.randn(shape, generator=self.gen)
+        if _is_attention_value(self.d, lname):
+            x = x + ATTENTION_VALUE_MEAN
         if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             return x.clamp(-8, 8).to(dtype)
         return x.to(dtype)
@@ -327,17 +365,16 @@ def synthesize_inputs(
                 _shape(spec, axes), given.value, dtype=torch_dtype(spec.dtype)
             )
             continue
-        tensor = (
+        loaded = (
             _load_blob(given, blob_root, name)
             if given is not None and given.type == "safetensors"
             else None
         )
-        if tensor is None:
+        if loaded is None:
             tensor = synth.tensor(name, spec, values)
-        elif tensor.dtype != torch_dtype(spec.dtype):
-            raise ValueError(
-                f"{definition.name}: blob for {name!r} has dtype {tensor.dtype}, expected {spec.dtype}"
-            )
+        else:
+            path, tensor = loaded
+            _check_blob_tensor(definition, workload, name, spec, axes, path, tensor)
         values[name] = tensor
     ordered = {name: values[name] for name in definition.inputs}
     check_constraints(definition, axes, ordered)
@@ -345,7 +382,37 @@ def synthesize_inputs(
     return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in ordered.items()}
 
 
-def _load_blob(spec: Any, blob_root: Any, name: str) -> torch.Tensor | None:
+def _check_blob_tensor(
+    definition: Definition,
+    workload: Workload,
+    name: str,
+    spec: TensorSpec,
+    axes: Mapping[str, int],
+    path: Path,
+    tensor: torch.Tensor,
+) -> None:
+    """A blob must hold exactly what the workload's axes say: 3 rows under batch_size=1
+    would otherwise be benchmarked (and labelled) as batch 1."""
+    where = f"{definition.name} workload {workload.uuid}: blob {path}, input {name!r}"
+    expected = _shape(spec, axes)
+    actual = tuple(tensor.shape)
+    axis_names = spec.shape or []
+    if len(actual) != len(expected):
+        raise InputError(
+            f"{where}: {len(actual)} dimensions {list(actual)}, expected {len(expected)} "
+            f"(axes {axis_names} = {list(expected)})"
+        )
+    for axis, want, got in zip(axis_names, expected, actual, strict=True):
+        if want != got:
+            raise InputError(
+                f"{where}: axis {axis!r} (dimension {axis_names.index(axis)}) has size {got}, "
+                f"expected {want} (shape {list(actual)}, expected {list(expected)})"
+            )
+    if tensor.dtype != torch_dtype(spec.dtype):
+        raise InputError(f"{where}: dtype {tensor.dtype}, expected {spec.dtype}")
+
+
+def _load_blob(spec: Any, blob_root: Any, name: str) -> tuple[Path, torch.Tensor] | None:
     if blob_root is None:
         return None
     if hasattr(blob_root, "blob_path"):
@@ -357,14 +424,20 @@ def _load_blob(spec: Any, blob_root: Any, name: str) -> torch.Tensor | None:
             raise ValueError(f"blob path {spec.path!r} escapes the dataset root {root}")
     if not path.exists():
         return None  # missing blob: synthesize valid data instead
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:  # a garbage header, unreadable
+        raise InputError(
+            f"{path}: not a readable safetensors file for input {name!r}: {exc}"
+        ) from None
     if spec.tensor_key not in tensors:
-        raise ValueError(
+        raise InputError(
             f"{path}: no tensor {spec.tensor_key!r} for input {name!r} (has {sorted(tensors)})"
         )
-    return tensors[spec.tensor_key]
+    return path, tensors[spec.tensor_key]
 
 
 def small_workload(definition: Definition, size: int = 4) -> Workload:
@@ -394,13 +467,9 @@ def small_workload(definition: Definition, size: int = 4) -> Workload:
             if isinstance(target, ast.Name) and target.id in axes:
                 used = {n.id for n in ast.walk(source) if isinstance(n, ast.Name)}
                 if used and used <= set(axes) | set(const):
-                    axes[target.id] = int(
-                        eval(
-                            compile(ast.Expression(source), "<axis>", "eval"),
-                            {"__builtins__": {}},
-                            {**const, **axes},
-                        )
-                    )  # noqa: S307
+                    # Interpreted, not eval'ed: the expression comes from the dataset.
+                    value = evaluate_constraint(ast.unparse(source), {**const, **axes})
+                    axes[target.id] = int(value)
                     break
     # GQA: the query head count must be a multiple of the KV head count.
     if "num_qo_heads" in axes and "num_kv_heads" in axes:
