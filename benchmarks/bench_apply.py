@@ -24,6 +24,8 @@ from _capture_toys import toy_norm  # noqa: E402
 from common import RowWriter  # noqa: E402
 
 from flashtune.apply import apply, enable_apply, load_solution  # noqa: E402
+from flashtune.apply.table import current_environment  # noqa: E402
+from flashtune.bench.build import solution_hash  # noqa: E402
 from flashtune.data import Dataset, Solution, Trace  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
@@ -58,6 +60,10 @@ def main() -> None:
         }
     )
     ds.add_solution(sol)
+    # Apply trusts a trace only when it names this solution's content hash, this
+    # environment and a correctness record within tolerance (issue 12): stamp them as
+    # `flashtune run` would have.
+    env = current_environment()
     ds.append_trace(
         Trace.model_validate(
             {
@@ -66,13 +72,17 @@ def main() -> None:
                 "workload": {"uuid": "w", "axes": {"batch_size": 4}, "inputs": {}},
                 "evaluation": {
                     "status": "PASSED",
-                    "timestamp": "2026-01-01T00:00:00",
+                    "timestamp": "2026-01-01T00:00:00+00:00",
+                    "environment": {**env, "hardware": env["hardware"][0]},
+                    "solution_hash": solution_hash(sol),
+                    "correctness": {"max_absolute_error": 0.0, "max_relative_error": 0.0,
+                                    "matched_ratio": 1.0},
                     "performance": {"latency_ms": 0.001},
                 },
             }
         ),
         author="bench",
-    )
+    )  # fmt: skip
     direct = load_solution(sol)
     base_sol = per_call_us(direct, x, w)
     base_op = per_call_us(toy_norm, x, w)

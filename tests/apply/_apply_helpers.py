@@ -67,8 +67,26 @@ def trace(
     )
 
 
-def add_traces(ds: Dataset, traces: list[Trace], author: str = "test") -> None:
+def add_traces(
+    ds: Dataset, traces: list[Trace], author: str = "test", stub_missing: bool = False
+) -> None:
+    """Append traces as the benchmark would have written them here: stamped with the
+    solution's content hash and this environment, unless the trace sets its own. With
+    `stub_missing`, a solution the dataset lacks is planted first (a table-only test)."""
+    from flashtune.apply.table import current_environment
+    from flashtune.bench.build import solution_hash
+
     for t in traces:
+        sols = [s for s in ds.solutions.get(t.definition, []) if s.name == t.solution]
+        if not sols and stub_missing and t.solution is not None:
+            sols = [plant(ds, t.definition, t.solution, "def run(*args):\n    return None\n")]
+        ev = t.evaluation
+        if ev is not None:
+            if ev.solution_hash is None and sols:
+                ev.solution_hash = solution_hash(sols[0])
+            if not ev.environment:
+                env = current_environment()
+                ev.environment = {**env, "hardware": env["hardware"][0]}
         ds.append_trace(t, author=author)
 
 

@@ -274,9 +274,17 @@ def dispatch(name: str, inputs: Mapping[str, Any], runtime: Any = None) -> list[
     runner = rt.runner(name, axes)
     if runner is None:
         return None
-    result = runner(axes, [inputs[n] for n in definition.inputs if n in inputs])
-    if isinstance(result, Mapping):
-        return [result[n] for n in definition.outputs]
+    from flashtune.apply.runtime import SolutionFailed
+
+    try:
+        result = runner(axes, [inputs[n] for n in definition.inputs if n in inputs])
+        if isinstance(result, Mapping):
+            return [result[n] for n in definition.outputs]
+    except SolutionFailed:
+        return None  # disabled (warned once): the caller runs the original function
+    except KeyError as exc:  # an output the solution did not return: its fault too
+        runner.fail(exc)
+        return None
     if isinstance(result, (tuple, list)):
         return list(result)
     return [result]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from flashtune.apply.table import ApplyTable
 
 __all__ = ["register"]
 
@@ -30,6 +33,7 @@ def show(
 
     ds = Dataset(dataset if dataset is not None else env.DATASET.get())
     table = ApplyTable.build(ds) if rebuild else ApplyTable.load(ds)
+    _show_rejected(table, definition)
     if not table.definitions:
         console.print(f"no passing traces in {ds.root}: nothing to apply")
         return
@@ -50,6 +54,24 @@ def show(
                 ", ".join(w.runners_up),
             )
         console.print(t)
+
+
+_REJECTED_SHOWN = 20
+
+
+def _show_rejected(table: ApplyTable, definition: Optional[str]) -> None:
+    """The traces the trust checks left out (or counted as failed), and why."""
+    rejected = [r for r in table.rejected if definition is None or r.definition == definition]
+    if not rejected:
+        return
+    t = Table(title=f"{len(rejected)} traces not used or counted as failed")
+    for col in ("definition", "solution", "workload", "reason"):
+        t.add_column(col)
+    for r in rejected[:_REJECTED_SHOWN]:
+        t.add_row(r.definition, str(r.solution), r.workload, r.reason)
+    console.print(t)
+    if len(rejected) > _REJECTED_SHOWN:
+        console.print(f"... and {len(rejected) - _REJECTED_SHOWN} more")
 
 
 def register(root: typer.Typer) -> None:

@@ -20,6 +20,7 @@ import inspect
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 
 from flashtune import env
 from flashtune.apply.table import ApplyConfig, ApplyTable
+from flashtune.bench.build import solution_hash
 from flashtune.capture import api as capture_api
 from flashtune.data.dataset import Dataset
 from flashtune.data.io import atomic_write_text
@@ -41,8 +43,10 @@ __all__ = [
     "ApplyHandle",
     "ApplyHook",
     "ApplyRuntime",
+    "SolutionFailed",
     "UnsupportedSolution",
     "apply",
+    "broken_solutions",
     "disable_apply",
     "enable_apply",
     "load_solution",
@@ -128,6 +132,62 @@ def _with_destinations(
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return run
+
+
+# --------------------------------------------------------------------------- failing solutions
+
+
+class SolutionFailed(RuntimeError):
+    """An applied solution raised (or returned what its definition does not produce); it is
+    disabled for the rest of the process and the caller runs the original function."""
+
+
+# (definition, solution) pairs that raised at call time: never dispatched to again in this
+# process, whichever runtime or hook finds them in a table.
+_BROKEN: dict[tuple[str, str], str] = {}
+_BROKEN_LOCK = threading.Lock()
+
+
+def broken_solutions() -> dict[tuple[str, str], str]:
+    """(definition, solution) -> the exception, for the solutions disabled after raising."""
+    return dict(_BROKEN)
+
+
+class _Guarded:
+    """A loaded solution's `run(axes, inputs)`, disabled at its first exception."""
+
+    __slots__ = ("definition", "fn", "solution")
+
+    def __init__(self, fn: Callable[..., Any], definition: str, solution: str) -> None:
+        self.fn = fn
+        self.definition = definition
+        self.solution = solution
+
+    def __call__(self, axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
+        if (self.definition, self.solution) in _BROKEN:
+            raise SolutionFailed(f"solution {self.solution!r} is disabled")
+        try:
+            return self.fn(axes, inputs)
+        except Exception as exc:
+            raise self.fail(exc) from exc
+
+    def fail(self, exc: BaseException) -> SolutionFailed:
+        """Disable the solution (warning once) and return the exception to raise."""
+        key = (self.definition, self.solution)
+        with _BROKEN_LOCK:
+            first = key not in _BROKEN
+            _BROKEN.setdefault(key, repr(exc))
+        if first:
+            # A user's call must not fail because a dataset's solution does: it falls back
+            # to the function the user called, and says so once.
+            warnings.warn(
+                f"flashtune apply: solution {self.solution!r} for {self.definition} raised "
+                f"{exc!r}; falling back to the original function and not using this solution "
+                "again in this process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return SolutionFailed(f"solution {self.solution!r} for {self.definition} raised {exc!r}")
 
 
 # --------------------------------------------------------------------------- the runtime
@@ -239,6 +299,8 @@ class ApplyRuntime:
         if name is None:
             return None
         key = (definition, name)
+        if key in _BROKEN:
+            return None
         try:
             return self._runners[key]
         except KeyError:
@@ -249,7 +311,11 @@ class ApplyRuntime:
             return self._runners[key]
 
     def _load(self, definition_name: str, solution_name: str) -> Callable[..., Any] | None:
-        found = self.dataset.solutions_for(definition_name, solution_name)
+        # Exact names (solutions_for reads a glob), and only the content the traces were
+        # verified against: a solution edited since the table was built (or saved) differs.
+        found = [
+            s for s in self.dataset.solutions.get(definition_name, []) if s.name == solution_name
+        ]
         definition = self.dataset.definitions.get(definition_name)
         if not found:
             log.warning(
@@ -259,7 +325,17 @@ class ApplyRuntime:
                 self.dataset,
             )
             return None
-        solution = found[0]
+        expected = self.table.solution_hash(definition_name, solution_name)
+        solution = next((s for s in found if _hash_or_none(s) == expected), None)
+        if solution is None:
+            log.warning(
+                "apply: %s of %s is not the code its traces measured (content hash %s "
+                "expected); falling back",
+                solution_name,
+                definition_name,
+                expected,
+            )
+            return None
         try:
             fn = load_solution(solution)
         except Exception as exc:  # noqa: BLE001 - any load failure means: use the fallback
@@ -274,8 +350,13 @@ class ApplyRuntime:
             if definition is None:
                 log.warning("apply: %s needs its definition to allocate outputs", solution_name)
                 return None
-            return _with_destinations(fn, definition)
-        return lambda axes, inputs: fn(*inputs)
+            run = _with_destinations(fn, definition)
+        else:
+
+            def run(axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
+                return fn(*inputs)
+
+        return _Guarded(run, definition_name, solution_name)
 
     # ----------------------------------------------------------------- apply() by kwargs
     def input_order(self, definition: str) -> list[str]:
@@ -305,6 +386,14 @@ class ApplyRuntime:
         return axes
 
 
+def _hash_or_none(solution: Solution) -> str | None:
+    try:
+        return solution_hash(solution)
+    except Exception as exc:  # noqa: BLE001 - unverifiable: never loaded
+        log.warning("apply: cannot hash solution %s: %s", solution.name, exc)
+        return None
+
+
 def _logical_shape(value: torch.Tensor, rank: int) -> tuple[int, ...]:
     shape = tuple(value.shape)
     if len(shape) > rank >= 1:
@@ -331,7 +420,7 @@ class _Plan:
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
     ) -> None:
-        self.runner = runner
+        self.runner: _Guarded = runner  # type: ignore[assignment]
         self.axes = dict(call.axes)
         self.schema = call.schema
         params = list(op.signature.parameters.values())
@@ -388,7 +477,10 @@ class _Plan:
         if isinstance(result, torch.Tensor) or not isinstance(result, (tuple, list, Mapping)):
             result = (result,)
         if isinstance(result, Mapping):
-            outputs = [result[n] for n in self.output_names]
+            try:
+                outputs = [result[n] for n in self.output_names]
+            except KeyError as exc:  # the solution's fault, like an exception it raises
+                raise self.runner.fail(exc) from exc
         else:
             outputs = list(result)
         if lead is not None:
@@ -451,8 +543,14 @@ class ApplyHook:
                 self.misses += 1
                 return NOT_HANDLED
             if plan is not None:
+                try:
+                    result = plan.run(op, args, kwargs)
+                except SolutionFailed:
+                    self._plans[fast] = _MISS
+                    self.misses += 1
+                    return NOT_HANDLED  # the op's own path runs
                 self.hits += 1
-                return plan.run(op, args, kwargs)
+                return result
         try:
             call = op.bind(*args, **kwargs)
             name = call.name
@@ -472,10 +570,17 @@ class ApplyHook:
         plan = _Plan(op, call, runner, args, kwargs)
         # A call with derived inputs can change its var axes (so its bucket's winner) while
         # its argument shapes stay the same: it is never cached by argument signature.
+        try:
+            result = plan.run(op, args, kwargs)
+        except SolutionFailed:
+            if fast is not None and not plan.derived:
+                self._plans[fast] = _MISS
+            self.misses += 1
+            return NOT_HANDLED  # the op's own path runs
         if fast is not None and not plan.derived:
             self._plans[fast] = plan
         self.hits += 1
-        return plan.run(op, args, kwargs)
+        return result
 
 
 # --------------------------------------------------------------------------- enable / apply()
@@ -601,7 +706,11 @@ def apply(
         runner = rt.runner(name, axes)
         if runner is not None:
             order = rt.input_order(name) or list(runtime_kwargs)
-            return runner(axes, [runtime_kwargs[n] for n in order if n in runtime_kwargs])
+            try:
+                return runner(axes, [runtime_kwargs[n] for n in order if n in runtime_kwargs])
+            except SolutionFailed:
+                if fallback is None:
+                    raise
     if fallback is None:
         raise LookupError(
             f"apply: no solution for {name!r} at these shapes in {rt.dataset} and no fallback"

@@ -1,40 +1,68 @@
 """The apply table: for each definition and bucket of var-axes values, the fastest solution
 whose Traces PASSED within tolerance, plus a default winner for shapes no bucket covers.
 
+Datasets come from strangers, so a trace is evidence only when (see `trust_problem`):
+- its `evaluation.solution_hash` is the content hash of the solution as it is now (a forged
+  trace, or one of a solution edited since it was benchmarked, proves nothing about it);
+- its environment matches this process (hardware it has, same torch/triton/cuda; "*" in
+  the trace matches anything);
+- its timestamp is not in the future (it would otherwise win "the latest result" forever);
+and a PASSED trace counts as passed only within the definition's tolerances. Traces left
+out are listed, with why, in `ApplyTable.rejected`.
+
 Built from a Dataset's traces, persisted at <dataset root>/apply_table.json, and rebuilt when
-the trace files' contents (or the table's config) change.
+the trace, solution or definition files' contents, the table's config or the environment
+change. The runtime checks a winner's hash again when it loads it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import math
+import os
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from flashtune import env, platform
+from flashtune.bench.build import solution_hash
+from flashtune.bench.correctness import is_stochastic, tolerance_for
 from flashtune.data.dataset import Dataset
-from flashtune.data.io import atomic_write_text
-from flashtune.data.models import Definition, EvaluationStatus, Trace
+from flashtune.data.io import atomic_write_text, make_temp_file
+from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace
 
 __all__ = [
     "DEFAULT_TOLERANCES",
     "TABLE_FILE",
     "ApplyConfig",
     "ApplyTable",
+    "Bounds",
     "DefinitionTable",
+    "Rejection",
     "Winner",
     "bucket",
     "bucket_key",
+    "correctness_bounds",
+    "correctness_problem",
+    "current_environment",
+    "environment_problem",
+    "trust_problem",
 ]
 
 log = logging.getLogger("flashtune.apply")
 
 TABLE_FILE = "apply_table.json"
-_FORMAT = 1
+# 2: winners carry the content hash their traces were verified against, and the table the
+# environment it was built for (a table of format 1 was built without the trust checks).
+_FORMAT = 2
 
 # (max_atol, max_rtol) by the least precise output dtype. A trace passes when its max error
 # meets either bound (an allclose-like OR: relative error explodes near zero outputs, absolute
@@ -107,11 +135,13 @@ class Winner:
 
 @dataclass
 class DefinitionTable:
-    """Winners of one definition by bucketed var-axes key."""
+    """Winners of one definition by bucketed var-axes key; `hashes`: the content hash each
+    solution's traces were verified against (the runtime loads only that content)."""
 
     axes: list[str]
     buckets: dict[tuple[int, ...], Winner]
     default: str | None
+    hashes: dict[str, str] = field(default_factory=dict)
     _memo: dict[tuple[int, ...], str | None] = field(default_factory=dict, repr=False)
 
     def lookup(self, values: Mapping[str, int], config: ApplyConfig) -> str | None:
@@ -143,6 +173,7 @@ class DefinitionTable:
             "axes": self.axes,
             "default": self.default,
             "buckets": [{"key": list(k), **asdict(w)} for k, w in sorted(self.buckets.items())],
+            "hashes": dict(sorted(self.hashes.items())),
         }
 
     @classmethod
@@ -152,27 +183,226 @@ class DefinitionTable:
             item = dict(item)
             key = tuple(item.pop("key"))
             buckets[key] = Winner(**item)
-        return cls(list(raw["axes"]), buckets, raw.get("default"))
+        return cls(list(raw["axes"]), buckets, raw.get("default"), dict(raw.get("hashes", {})))
+
+
+# --------------------------------------------------------------------------- trust
+
+# What must match between a trace's environment and this process. Traces of flashtune store
+# them at the top level (platform.snapshot), FlashInfer-Bench's under "libs".
+_ENV_LIBS = ("torch", "triton", "cuda")
+WILDCARD = "*"
+# Clocks of the machines that wrote a dataset are not this one's: a minute of skew is
+# allowed. A timestamp without a zone may be local time anywhere (up to UTC+14).
+FUTURE_SKEW = timedelta(minutes=1)
+_NAIVE_SKEW = timedelta(hours=14) + FUTURE_SKEW
+
+
+def current_environment() -> dict[str, Any]:
+    """What a trace's environment is compared with: the hardware this process can run
+    solutions on ("cpu" and the name of each GPU) and its torch/triton/cuda versions."""
+    hardware = ["cpu"]
+    if platform.has_cuda():
+        names = {platform.device_name(f"cuda:{i}") for i in range(torch.cuda.device_count())}
+        hardware += sorted(names)
+    return {
+        "hardware": hardware,
+        "torch": torch.__version__,
+        "triton": platform._triton_version(),
+        "cuda": torch.version.cuda,
+    }
+
+
+def _recorded(environment: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    if key in environment:
+        return True, environment[key]
+    libs = environment.get("libs")
+    if isinstance(libs, Mapping) and key in libs:
+        return True, libs[key]
+    return False, None
+
+
+def environment_problem(recorded: Any, current: Mapping[str, Any]) -> str | None:
+    """Why a trace's environment does not match `current` (current_environment()), or None."""
+    if not isinstance(recorded, Mapping):
+        return "evaluation.environment is not an object"
+    for key in ("hardware", *_ENV_LIBS):
+        found, value = _recorded(recorded, key)
+        if not found:
+            return f"evaluation.environment has no {key!r}"
+        if value == WILDCARD:
+            continue
+        want = current[key]
+        if key == "hardware" and value not in want:
+            return f"measured on {value!r}; this process has {', '.join(want)}"
+        if key != "hardware" and value != want:
+            return f"measured with {key} {value!r}; this process has {want!r}"
+    return None
+
+
+def _timestamp_problem(timestamp: str, now: datetime) -> str | None:
+    try:
+        when = datetime.fromisoformat(timestamp)
+    except (TypeError, ValueError):
+        return f"timestamp {timestamp!r} is not an ISO 8601 time"
+    skew = FUTURE_SKEW
+    if when.tzinfo is None:
+        when, skew = when.replace(tzinfo=timezone.utc), _NAIVE_SKEW
+    if when > now + skew:
+        return f"timestamp {timestamp} is in the future"
+    return None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The correctness a PASSED trace must have recorded to count as passed here.
+
+    atol/rtol: the max absolute or max relative error must meet one of them (an
+    allclose-like OR: relative error explodes near zero outputs, absolute error on large
+    ones). matched_ratio: the least fraction of matching elements the bench accepts.
+    max_rel_norm, max_abs: bounds on the relative norm error and on every element's absolute
+    error, where the tolerances have them (None or inf: no bound)."""
+
+    atol: float
+    rtol: float
+    matched_ratio: float | None = None
+    max_rel_norm: float | None = None
+    max_abs: float | None = None
+
+
+def correctness_bounds(definition: Definition | None, config: ApplyConfig) -> Bounds:
+    """The definition's tolerances (bench.correctness.tolerance_for: dtype, op_type and the
+    definition's tags) of its least precise output, never tighter than apply's dtype-aware
+    defaults (the element-wise check lets a max error reach atol + rtol * |reference|);
+    ApplyConfig.max_atol/max_rtol replace atol/rtol. Outputs recorded as a checked
+    distribution (stochastic ops) have no element-wise bounds."""
+    atol, rtol = config.tolerance(definition)
+    if definition is None or is_stochastic(definition):
+        return Bounds(atol, rtol)
+    # The trace records the worst figure over all outputs, so each bound is the loosest of
+    # the outputs' (an output without a bound leaves the figure unbounded).
+    ratios: list[float] = []
+    norms: list[float] = []
+    caps: list[float] = []
+    for spec in definition.outputs.values():
+        tol = tolerance_for(definition, spec.dtype)
+        ratios.append(tol.matched_ratio)
+        # Bounds not every version of the tolerances has: absent means none.
+        norms.append(float(getattr(tol, "max_rel_norm", math.inf)))
+        caps.append(float(getattr(tol, "max_abs", math.inf)))
+        if spec.dtype in DEFAULT_TOLERANCES:
+            if config.max_atol is None:
+                atol = max(atol, tol.atol)
+            if config.max_rtol is None:
+                rtol = max(rtol, tol.rtol)
+    return Bounds(
+        atol,
+        rtol,
+        min(ratios) if ratios else None,
+        max(norms) if norms else None,
+        max(caps) if caps else None,
+    )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def correctness_problem(trace: Trace, bounds: Bounds) -> str | None:
+    """Why a PASSED trace does not count as passed within `bounds`, or None."""
+    ev = trace.evaluation
+    if ev is None or ev.status != EvaluationStatus.PASSED:
+        return "not PASSED"
+    if ev.performance is None:
+        return "PASSED without a latency"
+    latency = ev.performance.latency_ms
+    if not (_finite(latency) and latency > 0):
+        return f"latency {latency!r} ms is not a positive number"
+    c = ev.correctness
+    if c is None:
+        return "PASSED without a correctness record: its tolerance cannot be checked"
+    rel_norm = getattr(c, "rel_norm_error", None)  # recorded by newer benches only
+    figures = {
+        "max_absolute_error": c.max_absolute_error,
+        "max_relative_error": c.max_relative_error,
+        "matched_ratio": c.matched_ratio,
+        "rel_norm_error": rel_norm,
+    }
+    for name, value in figures.items():
+        if value is not None and not (_finite(value) and value >= 0):
+            return f"correctness.{name} is {value!r}"
+    if bounds.matched_ratio is not None and c.matched_ratio is not None:
+        if c.matched_ratio < bounds.matched_ratio:
+            return f"matched_ratio {c.matched_ratio:g} < {bounds.matched_ratio:g}"
+    if bounds.max_rel_norm is not None and rel_norm is not None and rel_norm > bounds.max_rel_norm:
+        return f"relative norm error {rel_norm:g} > {bounds.max_rel_norm:g}"
+    abs_err, rel_err = c.max_absolute_error, c.max_relative_error
+    if bounds.max_abs is not None and abs_err is not None and abs_err > bounds.max_abs:
+        return f"max absolute error {abs_err:g} > {bounds.max_abs:g}"
+    if abs_err is None and rel_err is None:
+        return None
+    if (abs_err is not None and abs_err <= bounds.atol) or (
+        rel_err is not None and rel_err <= bounds.rtol
+    ):
+        return None
+    return (
+        f"max error (absolute {abs_err}, relative {rel_err}) exceeds atol={bounds.atol:g} "
+        f"and rtol={bounds.rtol:g}"
+    )
+
+
+def trust_problem(
+    trace: Trace,
+    current_hashes: Mapping[str, Solution],
+    environment: Mapping[str, Any],
+    now: datetime,
+) -> str | None:
+    """Why `trace` is no evidence about its solution as it is now, or None.
+
+    current_hashes: content hash -> solution, of the dataset's solutions with the trace's
+    definition and name (empty: no such solution)."""
+    ev = trace.evaluation
+    assert ev is not None
+    if not current_hashes:
+        return f"solution {trace.solution!r} is not in the dataset"
+    if not ev.solution_hash:
+        return "no solution_hash recorded: what was measured is unknown"
+    if ev.solution_hash not in current_hashes:
+        return (
+            f"solution_hash {ev.solution_hash} is not the content hash of solution "
+            f"{trace.solution!r} (edited since it was measured, or a forged trace)"
+        )
+    problem = environment_problem(ev.environment, environment)
+    if problem is not None:
+        return problem
+    return _timestamp_problem(ev.timestamp, now)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A trace the table did not use (or counted as failed), and why. `trace` is set on a
+    freshly built table, None on one read back from its file."""
+
+    definition: str
+    solution: str | None
+    workload: str
+    reason: str
+    trace: Trace | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, trace: Trace, reason: str) -> Rejection:
+        return cls(trace.definition, trace.solution, trace.workload.uuid, reason, trace)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "definition": self.definition,
+            "solution": self.solution,
+            "workload": self.workload,
+            "reason": self.reason,
+        }
 
 
 # --------------------------------------------------------------------------- building
-
-
-def _passes(trace: Trace, tol: tuple[float, float]) -> bool:
-    ev = trace.evaluation
-    if ev is None or ev.status != EvaluationStatus.PASSED or ev.performance is None:
-        return False
-    c = ev.correctness
-    if c is None:
-        return True
-    atol, rtol = tol
-    abs_ok = c.max_absolute_error is None or c.max_absolute_error <= atol
-    rel_ok = c.max_relative_error is None or c.max_relative_error <= rtol
-    if c.max_absolute_error is None and c.max_relative_error is None:
-        return True
-    return (c.max_absolute_error is not None and abs_ok) or (
-        c.max_relative_error is not None and rel_ok
-    )
 
 
 def _geomean(values: Sequence[float]) -> float:
@@ -180,22 +410,37 @@ def _geomean(values: Sequence[float]) -> float:
 
 
 def build_definition_table(
-    name: str, traces: Sequence[Trace], definition: Definition | None, config: ApplyConfig
+    name: str,
+    traces: Sequence[Trace],
+    definition: Definition | None,
+    config: ApplyConfig,
+    rejected: list[Rejection] | None = None,
 ) -> DefinitionTable | None:
-    """Pick the winners of one definition from its traces (None: nothing passed)."""
-    tol = config.tolerance(definition)
+    """Pick the winners of one definition from its (trusted: see ApplyTable.build) traces
+    (None: nothing passed). PASSED traces outside the tolerances count as failures and are
+    added to `rejected` with why."""
+    bounds = correctness_bounds(definition, config)
     # Latest result per (workload, solution): a re-run replaces an older measurement.
     latest: dict[tuple[str, str], tuple[str, bool, float]] = {}
+    hashes: dict[str, tuple[str, str]] = {}  # solution -> (timestamp, hash) of its latest trace
     workload_axes: dict[str, dict[str, int]] = {}
     for t in traces:
         ev = t.evaluation
         if t.solution is None or ev is None or ev.status == EvaluationStatus.SKIPPED:
             continue
-        ok = _passes(t, tol)
+        ok = ev.status == EvaluationStatus.PASSED
+        if ok:
+            problem = correctness_problem(t, bounds)
+            if problem is not None:
+                ok = False
+                if rejected is not None:
+                    rejected.append(Rejection.of(t, problem))
         latency = ev.performance.latency_ms if ok and ev.performance else math.inf
         key = (t.workload.uuid, t.solution)
         if key not in latest or ev.timestamp >= latest[key][0]:
             latest[key] = (ev.timestamp, ok, latency)
+        if ev.solution_hash and (t.solution not in hashes or ev.timestamp >= hashes[t.solution][0]):
+            hashes[t.solution] = (ev.timestamp, ev.solution_hash)
         workload_axes[t.workload.uuid] = dict(t.workload.axes)
     if not latest:
         return None
@@ -240,16 +485,20 @@ def build_definition_table(
     default = (
         min(candidates, key=lambda s: (-len(wins[s]), _geomean(wins[s]), s)) if candidates else None
     )
-    return DefinitionTable(axes, buckets, default)
+    return DefinitionTable(axes, buckets, default, {s: h for s, (_, h) in hashes.items()})
 
 
 # --------------------------------------------------------------------------- the table
 
 
-def _trace_files(dataset: Dataset) -> list[tuple[Path, Path]]:
+def _input_files(dataset: Dataset) -> list[tuple[Path, Path]]:
+    """The files a table is built from: traces, and the solutions and definitions their
+    hashes and tolerances are checked against."""
     files = []
     for root in dataset.roots:
         files.extend((root, p) for p in sorted((root / "traces").glob("*/*/*.jsonl")))
+        for folder in ("solutions", "definitions"):
+            files.extend((root, p) for p in sorted((root / folder).rglob("*.json")))
     return files
 
 
@@ -261,8 +510,11 @@ def _stat_signature(files: Sequence[tuple[Path, Path]]) -> list[list[Any]]:
     return out
 
 
-def _content_hash(files: Sequence[tuple[Path, Path]], config: ApplyConfig) -> str:
+def _content_hash(
+    files: Sequence[tuple[Path, Path]], config: ApplyConfig, environment: Mapping[str, Any]
+) -> str:
     h = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode())
+    h.update(json.dumps(environment, sort_keys=True).encode())
     for root, path in files:
         h.update(str(path.relative_to(root)).encode() + b"\0")
         h.update(path.read_bytes())
@@ -270,13 +522,41 @@ def _content_hash(files: Sequence[tuple[Path, Path]], config: ApplyConfig) -> st
     return h.hexdigest()
 
 
+class _Hashes:
+    """Content hash -> solution, per (definition, solution name), computed once per build."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self._cache: dict[tuple[str, str], dict[str, Solution]] = {}
+
+    def __call__(self, definition: str, name: str) -> dict[str, Solution]:
+        key = (definition, name)
+        found = self._cache.get(key)
+        if found is None:
+            found = {}
+            # Exact names: Dataset.solutions_for matches a glob, and a trace's solution name
+            # is not to be read as a pattern.
+            for sol in self.dataset.solutions.get(definition, []):
+                if sol.name != name:
+                    continue
+                try:
+                    found[solution_hash(sol)] = sol
+                except Exception as exc:  # noqa: BLE001 - an unhashable solution is unverifiable
+                    log.warning("apply: cannot hash solution %s of %s: %s", name, definition, exc)
+            self._cache[key] = found
+        return found
+
+
 @dataclass
 class ApplyTable:
-    """Winners for every definition with passing traces (see the module docstring)."""
+    """Winners for every definition with passing traces (see the module docstring).
+    `rejected`: the traces left out or counted as failed by the trust checks, with why."""
 
     definitions: dict[str, DefinitionTable]
     config: ApplyConfig = field(default_factory=ApplyConfig)
     content_hash: str = ""
+    rejected: list[Rejection] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
 
     def lookup(self, definition: str, var_axes: Mapping[str, int]) -> str | None:
         table = self.definitions.get(definition)
@@ -284,23 +564,42 @@ class ApplyTable:
             return None
         return table.lookup(var_axes, self.config)
 
+    def solution_hash(self, definition: str, solution: str) -> str | None:
+        """The content hash `solution`'s traces were verified against (None: unknown)."""
+        table = self.definitions.get(definition)
+        return table.hashes.get(solution) if table is not None else None
+
     # ----------------------------------------------------------------- build / persist
     @classmethod
     def build(cls, dataset: Dataset, config: ApplyConfig | None = None) -> ApplyTable:
-        """Build from every trace of `dataset` (no cache)."""
+        """Build from every trusted trace of `dataset` (no cache); see the module docstring."""
         config = config or ApplyConfig()
-        dataset.refresh()  # see the trace files as they are now
+        dataset.refresh()  # see the files as they are now
+        environment = current_environment()
+        now = datetime.now(timezone.utc)
+        hashes = _Hashes(dataset)
         definitions = dataset.definitions
+        rejected: list[Rejection] = []
         by_def: dict[str, list[Trace]] = {}
         for t in dataset.all_traces():
+            ev = t.evaluation
+            if t.solution is None or ev is None or ev.status == EvaluationStatus.SKIPPED:
+                continue  # workloads and skips are no evidence either way
+            problem = trust_problem(t, hashes(t.definition, t.solution), environment, now)
+            if problem is not None:
+                rejected.append(Rejection.of(t, problem))
+                continue
             by_def.setdefault(t.definition, []).append(t)
         tables = {}
         for name, traces in sorted(by_def.items()):
-            table = build_definition_table(name, traces, definitions.get(name), config)
+            table = build_definition_table(
+                name, traces, definitions.get(name), config, rejected=rejected
+            )
             if table is not None:
                 tables[name] = table
-        files = _trace_files(dataset)
-        return cls(tables, config, _content_hash(files, config))
+        _log_rejections(rejected)
+        files = _input_files(dataset)
+        return cls(tables, config, _content_hash(files, config, environment), rejected, environment)
 
     @staticmethod
     def path_for(dataset: Dataset) -> Path:
@@ -310,36 +609,40 @@ class ApplyTable:
     def load(
         cls, dataset: Dataset, config: ApplyConfig | None = None, persist: bool = True
     ) -> ApplyTable:
-        """The persisted table if the traces are unchanged, else a rebuilt (and saved) one.
+        """The persisted table if its inputs are unchanged, else a rebuilt (and saved) one.
 
         A cheap stat signature (path, size, mtime) is checked first; when it differs the
-        contents are hashed, so a touched but unchanged file does not force a rebuild."""
+        contents are hashed, so a touched but unchanged file does not force a rebuild. A
+        table saved in another environment (another GPU, other library versions) is rebuilt."""
         config = config or ApplyConfig()
         path = cls.path_for(dataset)
-        files = _trace_files(dataset)
+        files = _input_files(dataset)
         stat = _stat_signature(files)
+        environment = current_environment()
         saved = _read_saved(path)
-        if saved is not None and saved.get("config") == asdict(config):
+        if (
+            saved is not None
+            and saved.get("config") == asdict(config)
+            and saved.get("environment") == environment
+        ):
             if saved.get("stat") == stat:
                 return cls._from_saved(saved, config)
-            digest = _content_hash(files, config)
+            digest = _content_hash(files, config, environment)
             if saved.get("hash") == digest:
                 table = cls._from_saved(saved, config)
                 if persist:
-                    table.save(path, stat)
+                    table._save_quietly(path, stat)
                 return table
         table = cls.build(dataset, config)
         if persist:
-            try:
-                table.save(path, _stat_signature(_trace_files(dataset)))
-            except OSError as exc:  # a read-only dataset: the table still works in memory
-                log.warning("apply: could not save %s: %s", path, exc)
+            table._save_quietly(path, _stat_signature(_input_files(dataset)))
         return table
 
     @classmethod
     def _from_saved(cls, saved: Mapping[str, Any], config: ApplyConfig) -> ApplyTable:
         tables = {n: DefinitionTable.from_json(t) for n, t in saved["definitions"].items()}
-        return cls(tables, config, saved["hash"])
+        rejected = [Rejection(**r) for r in saved.get("rejected", [])]
+        return cls(tables, config, saved["hash"], rejected, dict(saved.get("environment", {})))
 
     def to_json(self, stat: list[list[Any]] | None = None) -> dict[str, Any]:
         return {
@@ -347,11 +650,91 @@ class ApplyTable:
             "hash": self.content_hash,
             "stat": stat or [],
             "config": asdict(self.config),
+            "environment": self.environment,
             "definitions": {n: t.to_json() for n, t in sorted(self.definitions.items())},
+            "rejected": [r.to_json() for r in self.rejected],
         }
 
     def save(self, path: Path, stat: list[list[Any]] | None = None) -> None:
-        atomic_write_text(path, json.dumps(self.to_json(stat), indent=1) + "\n")
+        doc = self.to_json(stat)
+        key = _signing_key()
+        if key is not None:  # unsigned, it is never read back (see _read_saved)
+            doc["signature"] = _signature(doc, key)
+        atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+
+    def _save_quietly(self, path: Path, stat: list[list[Any]]) -> None:
+        try:
+            self.save(path, stat)
+        except OSError as exc:  # a read-only dataset: the table still works in memory
+            log.warning("apply: could not save %s: %s", path, exc)
+
+
+def _log_rejections(rejected: Sequence[Rejection]) -> None:
+    # One line per build, not one per trace: a dataset measured on other GPUs rejects all.
+    if not rejected:
+        return
+    first = rejected[0]
+    log.warning(
+        "apply: %d traces not used or counted as failed (e.g. %s/%s on workload %s: %s); "
+        "`flashtune apply show` lists them",
+        len(rejected),
+        first.definition,
+        first.solution,
+        first.workload,
+        first.reason,
+    )
+
+
+# --------------------------------------------------------------------------- signing
+
+# The saved table sits in the dataset, which may come from a stranger: a table file shipped
+# with it (its stat signature forged to match) would skip every trust check. Tables are
+# therefore signed with a secret of this user, kept in the cache folder; a table without a
+# valid signature is rebuilt from the traces.
+_KEY_FILE = "table.key"
+_KEYS: dict[Path, bytes] = {}
+
+
+def _signing_key() -> bytes | None:
+    """This user's secret for signing saved tables (None: the cache folder is unusable, and
+    saved tables are then never trusted)."""
+    path = Path(env.CACHE_DIR.get()) / "apply" / _KEY_FILE
+    key = _KEYS.get(path)
+    if key is not None:
+        return key
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = make_temp_file(path)
+            try:
+                os.fchmod(fd, 0o600)  # a secret: private whatever the umask
+                os.write(fd, secrets.token_hex(32).encode())
+                os.fsync(fd)
+                os.close(fd)
+                fd = -1
+                try:  # link, not replace: a key another process made first is kept
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+                tmp.unlink(missing_ok=True)
+        key = path.read_bytes().strip()
+    except OSError as exc:
+        log.info("apply: no key to sign saved tables with (%s); tables are rebuilt", exc)
+        return None
+    if len(key) < 32:
+        return None
+    _KEYS[path] = key
+    return key
+
+
+def _signature(doc: Mapping[str, Any], key: bytes) -> str:
+    payload = json.dumps(
+        {k: v for k, v in doc.items() if k != "signature"}, sort_keys=True, separators=(",", ":")
+    )
+    return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
 
 
 def _read_saved(path: Path) -> dict[str, Any] | None:
@@ -363,5 +746,12 @@ def _read_saved(path: Path) -> dict[str, Any] | None:
         log.warning("apply: ignoring unreadable %s: %s", path, exc)
         return None
     if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
+        return None
+    key = _signing_key()
+    signature = raw.get("signature")
+    if key is None or not isinstance(signature, str):
+        return None
+    if not hmac.compare_digest(signature, _signature(raw, key)):
+        log.info("apply: %s was not saved by this user; rebuilding it from the traces", path)
         return None
     return raw

@@ -13,7 +13,6 @@ import atexit
 import logging
 import os
 import signal
-import tempfile
 import threading
 import time
 import warnings
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from flashtune.data.dataset import Dataset
+from flashtune.data.io import current_umask, make_temp_file, remove_stale_temp_files
 from flashtune.data.models import Definition, Workload
 
 __all__ = ["CaptureRecord", "CaptureWriter", "flush_all", "host_copies"]
@@ -116,6 +116,7 @@ class CaptureWriter:
         self._wake = threading.Event()
         self._stop = False
         self._warned = False
+        self._write_warned = False
         self._defs_written: set[str] = set()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -179,14 +180,27 @@ class CaptureWriter:
                     return
                 try:
                     self._write(record)
-                    self.written += 1
+                    self.written += 1  # only once its line is whole in the file
                 except Exception as exc:  # noqa: BLE001 - a bad record must not stop capture
                     self.errors += 1
-                    log.warning(
-                        "capture: could not write a workload of %s: %s", record.definition.name, exc
-                    )
+                    self._report(record, exc)
                 finally:
                     self._bytes_out += record.nbytes
+
+    def _report(self, record: CaptureRecord, exc: Exception) -> None:
+        # A full disk fails every record after the first: one warning says so, the rest
+        # go to the debug log and the `errors` count, not to the program's stderr.
+        if self._write_warned:
+            log.debug("capture: could not write a workload of %s: %s", record.definition.name, exc)
+            return
+        self._write_warned = True
+        warnings.warn(
+            f"flashtune capture: could not write a workload of {record.definition.name} to "
+            f"{self.dataset.root}: {exc}; capture goes on, records that fail are counted in "
+            "stats['errors'] (warned once)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _write(self, record: CaptureRecord) -> None:
         definition = record.definition
@@ -197,11 +211,18 @@ class CaptureWriter:
                 except FileExistsError:  # another process wrote it first
                     pass
             self._defs_written.add(definition.name)
+        blob = None
         if record.tensors and record.blob:
             if record.event is not None:
                 record.event.synchronize()
-            _save_safetensors(self.dataset.root / record.blob, record.tensors)
-        self.dataset.add_workloads(definition, [record.workload])
+            blob = self.dataset.root / record.blob
+            _save_safetensors(blob, record.tensors)
+        try:
+            self.dataset.add_workloads(definition, [record.workload])
+        except BaseException:
+            if blob is not None:  # no line points at it: do not leave it filling the disk
+                blob.unlink(missing_ok=True)
+            raise
 
     # ----------------------------------------------------------------- flush and close
     def flush(self, timeout: float | None = None) -> bool:
@@ -226,18 +247,29 @@ class CaptureWriter:
         _unregister(self)
 
 
+_CLEANED: set[Path] = set()
+
+
 def _save_safetensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Atomic safetensors write (temporary file in the same folder, then os.replace)."""
+    """Atomic safetensors write (temporary file in the same folder, then os.replace); the
+    blob's mode follows the umask, like the workload lines that point at it."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Every blob has a name of its own, so the orphans of a killed capture are those of
+    # other files of the folder: looked for once per folder and process (not per blob).
+    if path.parent not in _CLEANED:
+        _CLEANED.add(path.parent)
+        remove_stale_temp_files(path, any_target=True)
+    fd, tmp = make_temp_file(path)
     os.close(fd)
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+        # safetensors writes a file of its own (mode 0600) and renames it over `tmp`.
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

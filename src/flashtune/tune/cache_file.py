@@ -127,13 +127,33 @@ def decode_key(text: str) -> CacheKey:
 class FileRead:
     """What reading a config file found. status:
     absent: no file; ok: entries loaded; mismatch: environment differs (entries empty);
-    corrupt: not a valid config file (entries empty)."""
+    corrupt: not a valid config file (entries empty). `io_error`: corrupt because the path
+    could not be read at all (a directory, no permission, a path under a regular file), so
+    its contents are unknown and it must not be overwritten. `dropped`: why each entry that
+    is not a valid config was left out of an otherwise valid file."""
 
     path: Path
     status: Literal["absent", "ok", "mismatch", "corrupt"]
     entries: dict[CacheKey, Entry] = field(default_factory=dict)
     metadata: dict[str, Any] | None = None
     reason: str = ""
+    dropped: list[str] = field(default_factory=list)
+    io_error: bool = False
+
+
+def _decode_entry(key_text: str, value: Any) -> tuple[CacheKey, Entry]:
+    """One config entry; ValueError saying why it is not one."""
+    key = decode_key(key_text)
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)):
+        raise ValueError(f"value of {key_text!r} is not [runner_class_name, tactic]")
+    if value[0] != key[1]:
+        raise ValueError(f"value of {key_text!r} names runner {value[0]!r}")
+    entry = (value[0], _to_tuple(value[1]))
+    try:  # profiles and tactics are dict keys and set members: a JSON object is neither
+        hash((key, entry))
+    except TypeError:
+        raise ValueError(f"entry {key_text!r} holds an unhashable profile or tactic") from None
+    return key, entry
 
 
 def read_cache_file(
@@ -147,10 +167,12 @@ def read_cache_file(
     except FileNotFoundError:
         return FileRead(path, "absent")
     except OSError as exc:
-        return FileRead(path, "corrupt", reason=f"cannot read it: {exc}")
+        return FileRead(path, "corrupt", reason=f"cannot read it: {exc}", io_error=True)
+    except ValueError as exc:  # not UTF-8 text
+        return FileRead(path, "corrupt", reason=f"not text: {exc}")
     try:
         raw = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         return FileRead(path, "corrupt", reason=f"invalid JSON ({exc})")
     if not isinstance(raw, dict):
         return FileRead(
@@ -160,22 +182,17 @@ def read_cache_file(
     if metadata is not None and not isinstance(metadata, dict):
         return FileRead(path, "corrupt", reason=f"{METADATA_KEY} is not an object")
     entries: dict[CacheKey, Entry] = {}
+    dropped: list[str] = []
     for key_text, value in raw.items():
         if key_text.startswith("_"):
             continue
+        # One bad entry (a hand edit, a newer format) costs that entry, not the file's others.
         try:
-            key = decode_key(key_text)
+            key, entry = _decode_entry(key_text, value)
         except ValueError as exc:
-            return FileRead(path, "corrupt", reason=str(exc))
-        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)):
-            return FileRead(
-                path, "corrupt", reason=f"value of {key_text!r} is not [runner_class_name, tactic]"
-            )
-        if value[0] != key[1]:
-            return FileRead(
-                path, "corrupt", reason=f"value of {key_text!r} names runner {value[0]!r}"
-            )
-        entries[key] = (value[0], _to_tuple(value[1]))
+            dropped.append(str(exc))
+            continue
+        entries[key] = entry
     if metadata is not None:
         bad = metadata_mismatch(metadata, expected)
         if bad is not None:
@@ -185,8 +202,9 @@ def read_cache_file(
                 "mismatch",
                 metadata=metadata,
                 reason=f"_metadata.{name} is {have!r} but this environment has {want!r}",
+                dropped=dropped,
             )
-    return FileRead(path, "ok", entries, metadata)
+    return FileRead(path, "ok", entries, metadata, dropped=dropped)
 
 
 def backup_file(path: Path) -> Path:

@@ -527,6 +527,16 @@ class AutoTuner:
         self._once.add(key)
         warnings.warn(message, AutotuneWarning, stacklevel=5)
 
+    def _warn_path_once(self, path: Path, message: str, stacklevel: int) -> None:
+        # One warning per unusable cache path: loading on entry and saving on exit of the
+        # same `autotune()` block fail for the same reason, which is worth saying once.
+        key = ("cache-path", str(path.absolute()))
+        if key in self._once:
+            logger.debug("%s", message)
+            return
+        self._once.add(key)
+        warnings.warn(message, AutotuneWarning, stacklevel=stacklevel + 1)
+
     def _log_once(self, key: Any, message: str, *args: Any) -> None:
         if key in self._once:
             return
@@ -559,6 +569,12 @@ class AutoTuner:
                 found = read_cache_file(path)
                 if found.status == "ok":
                     bundled.update(found.entries)
+                    if found.dropped:
+                        self._warn_once(
+                            ("bundled-entries", str(path)),
+                            f"autotune: bundled config {path} has {_corrupt_entries(found)}; "
+                            "the others are used",
+                        )
                 elif found.status == "corrupt":
                     self._warn_once(
                         ("bundled", str(path)),
@@ -580,7 +596,14 @@ class AutoTuner:
                 if missing_ok:
                     return found
                 raise FileNotFoundError(f"autotune config file {found.path} does not exist")
-            if found.status == "corrupt":
+            if found.status == "corrupt" and found.io_error:
+                self._warn_path_once(
+                    found.path,
+                    f"autotune: cannot use config file {found.path}: {found.reason}; tuned "
+                    "results are kept in memory for this process and not saved there",
+                    stacklevel=3,
+                )
+            elif found.status == "corrupt":
                 warnings.warn(
                     f"autotune config file {found.path} is corrupt: {found.reason}; treating it as "
                     "absent (a backup is kept before it is ever overwritten)",
@@ -597,6 +620,13 @@ class AutoTuner:
                     stacklevel=3,
                 )
             else:
+                if found.dropped:
+                    warnings.warn(
+                        f"autotune config file {found.path}: ignoring {_corrupt_entries(found)}; "
+                        f"its {len(found.entries)} other entries are loaded",
+                        AutotuneWarning,
+                        stacklevel=3,
+                    )
                 self.file_configs.update(found.entries)
                 self._memo.clear()
                 logger.info("autotune: loaded %d configs from %s", len(found.entries), found.path)
@@ -608,34 +638,15 @@ class AutoTuner:
         """Merge this process's results into `path`: on-disk entries, overlaid by `base` (the
         configs loaded on entry), overlaid by the in-memory profiling cache; all under a file
         lock so concurrent writers lose no update, written atomically. False when not saved
-        (the file is from another environment, or the lock timed out)."""
+        (the file is from another environment, the lock timed out, or the path cannot be
+        written: a directory, a read-only folder, a path under a regular file). Never raises
+        for the file: the results stay in memory either way."""
         path = Path(path)
         with self.lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
             try:
+                path.parent.mkdir(parents=True, exist_ok=True)
                 with FileLock(str(path) + ".lock", timeout=self.file_lock_timeout_s):
-                    on_disk = read_cache_file(path)
-                    if on_disk.status == "mismatch":
-                        warnings.warn(
-                            f"autotune: not saving to {path}: {on_disk.reason}; the file belongs "
-                            "to another environment, use another cache path",
-                            AutotuneWarning,
-                            stacklevel=3,
-                        )
-                        return False
-                    if on_disk.status == "corrupt":
-                        backup = backup_file(path)
-                        warnings.warn(
-                            f"autotune: {path} is corrupt ({on_disk.reason}); kept a copy at "
-                            f"{backup} and writing a fresh file",
-                            AutotuneWarning,
-                            stacklevel=3,
-                        )
-                    merged = dict(on_disk.entries)
-                    merged.update(base or {})
-                    merged.update(self.profiling_cache)
-                    metadata = on_disk.metadata if on_disk.metadata else current_metadata()
-                    write_cache_file(path, merged, metadata, last_updated_by=current_metadata())
+                    saved = self._merge_into(path, base)
             except Timeout:
                 warnings.warn(
                     f"autotune: could not lock {path}.lock within {self.file_lock_timeout_s:.0f} s; "
@@ -644,8 +655,61 @@ class AutoTuner:
                     stacklevel=3,
                 )
                 return False
-            logger.info("autotune: saved %d configs to %s", len(merged), path)
-            return True
+            except OSError as exc:
+                self._warn_path_once(
+                    path,
+                    f"autotune: cannot save to {path}: {exc}; tuned results are kept in memory "
+                    "for this process",
+                    stacklevel=3,
+                )
+                return False
+            if saved is not None:
+                logger.info("autotune: saved %d configs to %s", saved, path)
+            return saved is not None
+
+    def _merge_into(self, path: Path, base: Mapping[CacheKey, Entry] | None) -> int | None:
+        """save_configs under the file lock: how many configs were written (None: none)."""
+        on_disk = read_cache_file(path)
+        if on_disk.status == "corrupt" and on_disk.io_error:
+            # Unknown contents (unreadable, or not a file): never overwrite them.
+            self._warn_path_once(
+                path,
+                f"autotune: not saving to {path}: {on_disk.reason}; tuned results are kept in "
+                "memory for this process",
+                stacklevel=4,
+            )
+            return None
+        if on_disk.status == "mismatch":
+            warnings.warn(
+                f"autotune: not saving to {path}: {on_disk.reason}; the file belongs to another "
+                "environment, use another cache path",
+                AutotuneWarning,
+                stacklevel=4,
+            )
+            return None
+        if on_disk.status == "corrupt":
+            backup = backup_file(path)
+            warnings.warn(
+                f"autotune: {path} is corrupt ({on_disk.reason}); kept a copy at {backup} and "
+                "writing a fresh file",
+                AutotuneWarning,
+                stacklevel=4,
+            )
+        elif on_disk.dropped:
+            # Rewriting drops the bad entries for good: keep the file as it was first.
+            backup = backup_file(path)
+            warnings.warn(
+                f"autotune: {path} has {_corrupt_entries(on_disk)}; kept a copy at {backup} and "
+                "writing the file without them",
+                AutotuneWarning,
+                stacklevel=4,
+            )
+        merged = dict(on_disk.entries)
+        merged.update(base or {})
+        merged.update(self.profiling_cache)
+        metadata = on_disk.metadata if on_disk.metadata else current_metadata()
+        write_cache_file(path, merged, metadata, last_updated_by=current_metadata())
+        return len(merged)
 
 
 def _call(runner: TunableRunner, tactic: Tactic, *args: Any) -> Any:
@@ -678,6 +742,33 @@ def _recover_device(exc: BaseException) -> None:
         torch.cuda.empty_cache()
 
 
+# The cache file only saves time: nothing about it may fail the user's block (or replace the
+# exception the block raised). load_configs/save_configs already turn file problems into
+# warnings; these catch anything left, so `autotune()` itself never raises for its file.
+def _load_quietly(tuner: AutoTuner, cache: str | os.PathLike[str]) -> dict[CacheKey, Entry]:
+    try:
+        return tuner.load_configs(cache, missing_ok=True).entries
+    except Exception as exc:  # noqa: BLE001 - see above
+        tuner._warn_path_once(
+            Path(cache), f"autotune: cannot load {cache}: {exc!r}; not using it", stacklevel=4
+        )
+        return {}
+
+
+def _save_quietly(
+    tuner: AutoTuner, cache: str | os.PathLike[str], loaded: Mapping[CacheKey, Entry]
+) -> bool:
+    try:
+        return tuner.save_configs(cache, base=loaded)
+    except Exception as exc:  # noqa: BLE001 - see above
+        tuner._warn_path_once(
+            Path(cache),
+            f"autotune: cannot save to {cache}: {exc!r}; tuned results are kept in memory",
+            stacklevel=4,
+        )
+        return False
+
+
 @contextlib.contextmanager
 def autotune(
     tune_mode: bool = True, cache: str | os.PathLike[str] | None = None
@@ -693,12 +784,14 @@ def autotune(
 
     Configs loaded on entry stay loaded after exit (they are this GPU's answers); the tune
     mode is restored on exit. Results tuned in memory are kept for the process's lifetime.
+    A cache path that cannot be read or written (a directory, no permission, a read-only
+    folder, a path under a regular file) costs one AutotuneWarning, never an exception.
     """
     tuner = AutoTuner.get()
     with tuner.lock:
         loaded: dict[CacheKey, Entry] = {}
         if cache is not None:
-            loaded = tuner.load_configs(cache, missing_ok=True).entries
+            loaded = _load_quietly(tuner, cache)
         previous = tuner.tune_mode
         before = replace(tuner.stats)
         tuner.set_tune_mode(tune_mode)
@@ -709,7 +802,7 @@ def autotune(
             tuner.set_tune_mode(previous)
             saved = False
             if tune_mode and cache is not None:
-                saved = tuner.save_configs(cache, base=loaded)
+                saved = _save_quietly(tuner, cache, loaded)
             if tune_mode:
                 now = tuner.stats
                 logger.info(
@@ -722,6 +815,13 @@ def autotune(
                     now.seconds - before.seconds,
                     f"; saved to {cache}" if saved else "",
                 )
+
+
+def _corrupt_entries(found: FileRead) -> str:
+    """'2 corrupt entries (why; why)', for warnings about a file's bad entries."""
+    n = len(found.dropped)
+    shown = "; ".join(found.dropped[:3]) + ("; ..." if n > 3 else "")
+    return f"{n} corrupt entr{'y' if n == 1 else 'ies'} ({shown})"
 
 
 def _nan_safe(x: float) -> float:
