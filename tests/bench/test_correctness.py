@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 import torch
 
 from flashtune.bench.correctness import (
+    ATTENTION_OP_TYPES,
     DEFAULT_TOLERANCES,
     Tolerance,
     compare_outputs,
@@ -33,17 +37,59 @@ def _definition(op_type="toy", dtype="bfloat16", tags=(), name="toy_h8") -> Defi
 
 def test_tolerance_priority_default_op_type_tag_cli():
     d = _definition()
-    assert tolerance_for(d, "bfloat16") == DEFAULT_TOLERANCES["bfloat16"]
-    assert tolerance_for(_definition("gqa_paged"), "float32").atol == 1e-2
-    tagged = _definition(tags=["tol:atol=0.5", "tol:float32:rtol=0.25", "tol:matched_ratio=0.9"])
-    assert tolerance_for(tagged, "bfloat16") == Tolerance(
-        0.5, DEFAULT_TOLERANCES["bfloat16"].rtol, 0.9
+    bf16 = DEFAULT_TOLERANCES["bfloat16"]
+    assert tolerance_for(d, "bfloat16") == bf16
+    assert bf16.max_rel_norm == 1e-2 and bf16.max_abs == math.inf
+    lse = tolerance_for(_definition("gqa_paged"), "float32")
+    assert (lse.atol, lse.rtol, lse.matched_ratio, lse.max_abs) == (1e-4, 0.0, 1.0, 1e-4)
+    tagged = _definition(
+        tags=[
+            "tol:atol=0.5",
+            "tol:float32:rtol=0.25",
+            "tol:matched_ratio=0.9",
+            "tol:max_rel_norm=0.05",
+            "tol:bfloat16:max_abs=2",
+        ]
+    )
+    assert tolerance_for(tagged, "bfloat16") == replace(
+        bf16, atol=0.5, matched_ratio=0.9, max_rel_norm=0.05, max_abs=2.0
     )
     assert tolerance_for(tagged, "float32").rtol == 0.25
-    assert tolerance_for(tagged, "bfloat16", atol=1.0, rtol=2.0) == Tolerance(1.0, 2.0, 0.9)
-    assert tolerance_for(d, "int32") == Tolerance(0.0, 0.0, 1.0)
+    assert tolerance_for(tagged, "float32").max_abs == math.inf  # scoped to bfloat16
+    cli = tolerance_for(tagged, "bfloat16", atol=1.0, rtol=2.0, max_rel_norm=0.5, max_abs=3.0)
+    assert cli == Tolerance(1.0, 2.0, 0.9, 0.5, 3.0)
+    assert tolerance_for(d, "int32") == Tolerance(0.0, 0.0, 1.0, 0.0, 0.0)
+    off = tolerance_for(_definition(tags=["tol:max_rel_norm=inf"]), "bfloat16")
+    assert off.max_rel_norm == math.inf
     with pytest.raises(ValueError, match="non-numeric"):
         tolerance_for(_definition(tags=["tol:atol=abc"]), "bfloat16")
+    with pytest.raises(ValueError, match="names no tolerance"):
+        tolerance_for(_definition(tags=["tol:max_rel=0.1"]), "bfloat16")
+    with pytest.raises(ValueError, match=">= 0"):
+        tolerance_for(_definition(tags=["tol:max_abs=-1"]), "bfloat16")
+
+
+def test_attention_lse_bound_is_absolute_for_every_attention_op_type():
+    for op_type in ATTENTION_OP_TYPES:
+        d = Definition.model_validate(
+            {
+                "name": f"{op_type}_demo",
+                "op_type": op_type,
+                "axes": {"n": {"type": "var"}},
+                "inputs": {"x": {"shape": ["n"], "dtype": "float32"}},
+                "outputs": {"lse": {"shape": ["n"], "dtype": "float32"}},
+                "reference": "def run(x):\n    return x\n",
+            }
+        )
+        ref = torch.linspace(2.0, 16.0, 64)  # base-2 LSE of 4 .. 64k keys
+        ok = compare_outputs(d, {"lse": ref}, {"lse": ref + 5e-5})
+        assert ok.status is EvaluationStatus.PASSED, ok.reason
+        bad = compare_outputs(d, {"lse": ref}, {"lse": ref + 1e-3})
+        assert bad.status is EvaluationStatus.INCORRECT_NUMERICAL, op_type
+        # one element off: matched_ratio 1.0 and max_abs both refuse it
+        one = ref.clone()
+        one[-1] += 1e-3
+        assert compare_outputs(d, {"lse": ref}, {"lse": one}).status.value == "INCORRECT_NUMERICAL"
 
 
 @pytest.mark.parametrize(
@@ -78,16 +124,59 @@ def test_compare_outputs_statuses(dtype, mutate, status):
         assert verdict.correctness.matched_ratio == 1.0
 
 
-def test_matched_ratio_tolerates_few_outliers_in_low_precision():
+def test_matched_ratio_tolerates_few_small_outliers_in_low_precision():
     d = _definition(dtype="bfloat16")
     ref = torch.randn(100, 8 * 200).bfloat16()[:, :8].contiguous().repeat(20, 1)  # 2000 x 8
     out = ref.clone()
-    out.view(-1)[:10] += 1  # 10 of 16000 elements: 99.94% matched >= 99.9%
+    out.view(-1)[:10] += 0.25  # 10 of 16000 elements: 99.94% matched >= 99.9%
     verdict = compare_outputs(d, {"y": ref}, {"y": out})
-    assert verdict.status is EvaluationStatus.PASSED
+    assert verdict.status is EvaluationStatus.PASSED, verdict.reason
     assert verdict.correctness.matched_ratio == pytest.approx(1 - 10 / 16000)
-    out.view(-1)[:100] += 1
+    # ||err|| / ||ref|| = sqrt(10) * 0.25 / sqrt(16000): recorded, and within 1e-2
+    assert verdict.correctness.rel_norm_error == pytest.approx(0.25 * (10 / 16000) ** 0.5, rel=0.1)
+    out.view(-1)[:100] += 0.25
     assert compare_outputs(d, {"y": ref}, {"y": out}).status is EvaluationStatus.INCORRECT_NUMERICAL
+
+
+def test_outliers_within_matched_ratio_are_bounded_by_norm_and_max_abs():
+    d = _definition(dtype="bfloat16")
+    ref = torch.randn(2000, 8).bfloat16()
+    big = ref.clone()
+    big.view(-1)[:10] += 1.0  # 99.94% matched, but the outliers add up: rel-norm ~0.025
+    verdict = compare_outputs(d, {"y": ref}, {"y": big})
+    assert verdict.status is EvaluationStatus.INCORRECT_NUMERICAL
+    assert "relative norm error" in verdict.reason
+    one = ref.clone()
+    one[7, 3] = 100.0  # one element of 16000: rel-norm 0.8
+    assert compare_outputs(d, {"y": ref}, {"y": one}).status is EvaluationStatus.INCORRECT_NUMERICAL
+    small = ref.clone()
+    small[7, 3] += 0.5  # within matched_ratio and the norm bound; only a max_abs catches it
+    assert compare_outputs(d, {"y": ref}, {"y": small}).status is EvaluationStatus.PASSED
+    capped = _definition(dtype="bfloat16", tags=["tol:max_abs=0.25"])
+    verdict = compare_outputs(capped, {"y": ref}, {"y": small})
+    assert verdict.status is EvaluationStatus.INCORRECT_NUMERICAL
+    assert "max_abs=0.25" in verdict.reason and "[7, 3]" in verdict.reason
+    cli = compare_outputs(d, {"y": ref}, {"y": small}, max_abs=0.25)
+    assert cli.status is EvaluationStatus.INCORRECT_NUMERICAL
+
+
+def test_zero_output_fails_by_norm_whatever_the_output_size():
+    d = _definition(dtype="bfloat16")
+    ref = (torch.randn(64, 8) * 0.007).clamp(-0.015, 0.015).bfloat16()  # all within atol of 0
+    verdict = compare_outputs(d, {"y": ref}, {"y": torch.zeros_like(ref)})
+    assert verdict.status is EvaluationStatus.INCORRECT_NUMERICAL
+    assert "relative norm error" in verdict.reason
+    assert verdict.correctness.matched_ratio == 1.0
+    assert verdict.correctness.rel_norm_error == pytest.approx(1.0)
+
+
+def test_all_zero_reference_has_no_norm_figure():
+    d = _definition(dtype="float32")
+    zero = torch.zeros(4, 8)
+    same = compare_outputs(d, {"y": zero}, {"y": zero.clone()})
+    assert same.status is EvaluationStatus.PASSED and same.correctness.rel_norm_error == 0.0
+    near = compare_outputs(d, {"y": zero}, {"y": zero + 1e-4})  # atol decides
+    assert near.status is EvaluationStatus.PASSED and near.correctness.rel_norm_error is None
 
 
 def test_nan_in_both_matches():

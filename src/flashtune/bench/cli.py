@@ -42,11 +42,17 @@ def run_command(
     timing: str = typer.Option(
         "auto",
         "--timing",
-        help="GPU timing: auto (a CUDA graph when capturable, else CUDA events), "
-        "cuda_graph or cuda_events",
+        help="GPU timing: auto (a CUDA graph when capturable, else samples between "
+        "device-wide synchronizations), cuda_graph, or cuda_events (never a graph)",
     ),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="override every relative tolerance"),
     atol: Optional[float] = typer.Option(None, "--atol", help="override every absolute tolerance"),
+    max_rel_norm: Optional[float] = typer.Option(
+        None, "--max-rel-norm", help="override every bound on ||out - ref|| / ||ref||"
+    ),
+    max_abs: Optional[float] = typer.Option(
+        None, "--max-abs", help="override every bound on the largest absolute error"
+    ),
     max_workloads: Optional[int] = typer.Option(
         None,
         "--max-workloads",
@@ -115,6 +121,8 @@ def run_command(
             timing_method=timing,
             atol=atol,
             rtol=rtol,
+            max_rel_norm=max_rel_norm,
+            max_abs=max_abs,
         ),
         resume=resume,
         baseline=baseline,

@@ -94,6 +94,8 @@ class BenchConfig:
     timing_method: str = "auto"
     atol: float | None = None
     rtol: float | None = None
+    max_rel_norm: float | None = None
+    max_abs: float | None = None
     seed: int = 0
     sampling_draws: int = 1000
     max_seconds: float = 10.0  # per trial, so one slow solution cannot stall the run
@@ -526,7 +528,10 @@ def _check_phase(
             if wl.stochastic:
                 v = _shape_dtype(definition, expected, outputs)
             else:
-                v = compare_outputs(definition, expected, outputs, cfg.atol, cfg.rtol)
+                v = compare_outputs(
+                    definition, expected, outputs, cfg.atol, cfg.rtol,
+                    max_rel_norm=cfg.max_rel_norm, max_abs=cfg.max_abs,
+                )  # fmt: skip
             if v.status is not EvaluationStatus.PASSED:
                 reason = f"{when}{v.reason}"
                 if phase == "swap":
