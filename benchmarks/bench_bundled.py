@@ -88,7 +88,7 @@ def rows(out: Path) -> None:
 
     traces = _traces(out)
     writer = RowWriter("bundled_run")
-    lat: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]] = defaultdict(dict)
     for t in traces:
         ev = t.evaluation
         if ev is None:
@@ -103,12 +103,14 @@ def rows(out: Path) -> None:
                 timing_method=getattr(perf, "timing_method", None),
                 timing_trials_ms=getattr(perf, "timing_trials_ms", None),
             )  # fmt: skip
-            lat[(t.definition, t.workload.uuid)][t.solution] = perf.latency_ms
+            method = getattr(perf, "timing_method", None)
+            lat[(t.definition, t.workload.uuid)][t.solution] = (perf.latency_ms, method)
         else:
             extra["reason"] = (ev.reason or "")[:200]
         writer.write(t.definition, t.workload.axes, t.solution or "", perf.latency_ms if perf else
                      None, **extra)  # type: ignore[arg-type]  # fmt: skip
-    print_table(lat)
+    headline = print_table(lat)
+    writer.write("bundled_headline", {"workloads": len(lat)}, "flashtune", None, **headline)
 
 
 def _geo(xs: list[float]) -> float | None:
@@ -116,16 +118,26 @@ def _geo(xs: list[float]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def print_table(lat: dict[tuple[str, str], dict[str, float]]) -> None:
-    """flashtune vs FlashInfer vs torch per definition: geomean speedups over workloads."""
+def print_table(lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]]) -> dict:
+    """flashtune vs FlashInfer vs torch per definition: geomean speedups over workloads.
+
+    A ratio is taken only between two results timed by one method (both in a CUDA graph,
+    say); other pairs are counted as excluded, never mixed into a geomean. Returns the
+    headline figures."""
     per_def: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    excluded: dict[str, int] = defaultdict(int)
+    methods: dict[str, int] = defaultdict(int)
     for (definition, _), sols in lat.items():
         ft = sols.get("flashtune")
         for other in ("flashinfer", "torch"):
             if ft and other in sols:
-                per_def[definition][other].append(sols[other] / ft)
-        for sol, ms in sols.items():
+                if ft[1] is None or ft[1] != sols[other][1]:
+                    excluded[other] += 1
+                    continue
+                per_def[definition][other].append(sols[other][0] / ft[0])
+        for sol, (ms, method) in sols.items():
             per_def[definition]["lat:" + sol].append(ms)
+            methods[str(method)] += 1
     fmt = lambda v: f"{v:6.2f}x" if v else "     - "  # noqa: E731
     print(f"\n{'definition':46s} {'n':>2s} {'ft us':>9s} {'fi us':>9s} {'torch us':>9s} "
           f"{'ft/fi':>7s} {'ft/torch':>8s}   (speedup of flashtune = other latency / flashtune)")  # fmt: skip
@@ -141,6 +153,16 @@ def print_table(lat: dict[tuple[str, str], dict[str, float]]) -> None:
         all_torch += d.get("torch", [])
     print(f"{'geomean over all workloads':46s} {'':2s} {'':9s} {'':9s} {'':9s} "
           f"{fmt(_geo(all_fi))} {fmt(_geo(all_torch))}")  # fmt: skip
+    print(f"pairs timed alike: {len(all_fi)} vs FlashInfer, {len(all_torch)} vs torch; excluded "
+          f"(timing differs): {dict(excluded)}; timing methods: {dict(methods)}")  # fmt: skip
+    return {
+        "speedup_vs_flashinfer_geomean": _geo(all_fi),
+        "speedup_vs_torch_geomean": _geo(all_torch),
+        "pairs_vs_flashinfer": len(all_fi),
+        "pairs_vs_torch": len(all_torch),
+        "excluded_timing_differs": dict(excluded),
+        "timing_methods": dict(methods),
+    }
 
 
 def repeat(a: Path, b: Path, floor_ms: float = 0.02) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,30 +14,12 @@ from flashtune import platform
 from flashtune.timing import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def git_commit() -> str:
-    # The GPU machine gets a copy of the working tree whose .git may be stale: the caller
-    # names the commit being measured there (scripts/gpu_session.sh passes it on).
-    named = os.environ.get("FLASHTUNE_BENCH_COMMIT")
-    if named:
-        return named
-    try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=RESULTS.parent,
-            ).stdout.strip()
-            or "unknown"
-        )
-    except OSError:
-        return "unknown"
+# This benchmark process's start: every row it writes, through any RowWriter, carries it.
+RUN_STARTED = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def versions() -> dict[str, Any]:
-    snap = platform.snapshot()
+    snap = platform.snapshot(run_started=RUN_STARTED)
     try:
         import flashinfer
 
@@ -57,13 +38,22 @@ class RowWriter:
         if os.environ.get("OUT"):
             self.paths.append(Path(os.environ["OUT"]) / f"{name}.jsonl")
         env = versions()
+        code = env["code"]
         self.common = {
             "gpu": env["hardware"],
             "versions": {
                 k: env.get(k)
                 for k in ("torch", "triton", "cuda", "driver", "flashtune", "flashinfer")
             },
-            "commit": git_commit(),
+            # The measured code, computed by platform.code_provenance (rows written before
+            # issue 11 say "unknown"): git tree, commit, dirty flag and the hash of flashtune's
+            # sources; "source" says git, env or files. The GPU machine's copy has a stale or
+            # no .git: the caller names the commit there (FLASHTUNE_BENCH_COMMIT, passed on by
+            # scripts/gpu_session.sh), "source": "env", and "files" is what a checkout of that
+            # commit must reproduce. Without either, "commit" is the sources' hash.
+            "commit": code["commit"] or f"files:{code['files'][:12]}",
+            "code": code,
+            "run_started": env["run_started"],
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         for p in self.paths:

@@ -173,6 +173,14 @@ FORCE_REFERENCE = _setting(
     "When on, public ops compute with the PyTorch reference even where a kernel could run.",
     _parse_bool,
 )
+BENCH_COMMIT = _setting(
+    "FLASHTUNE_BENCH_COMMIT",
+    lambda: "",
+    "The commit being measured, named by the caller where the checkout's .git is stale or "
+    "absent (the GPU machine's copy). Traces and benchmark rows then record their code "
+    'provenance with "source": "env" beside the hash of flashtune\'s own source files.',
+    lambda name, raw: raw.strip(),
+)
 
 
 def describe() -> list[tuple[str, str, str, str]]:

@@ -114,15 +114,14 @@ def test_sigkill_then_resume_loses_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_harness_overhead_100_trivial_triples(tmp_path):
+def test_100_trivial_triples_all_pass(tmp_path):
+    # How long they take is measured by benchmarks/bench_harness.py, not asserted here
+    # (CI machines are shared: no wall-clock thresholds in unit tests).
     root = tmp_path / "ds"
     make_dataset(root, {f"s{i}": GOOD for i in range(4)}, sizes=list(range(1, 26)))
-    start = time.perf_counter()
     result = run_benchmark(_opts(root, tmp_path / "out"), progress=False)
-    seconds = time.perf_counter() - start
     assert len(result.traces) == 100
     assert all(t.evaluation.status.value == "PASSED" for t in result.traces)
-    assert seconds < 60, f"100 trivial triples took {seconds:.1f} s"
 
 
 def test_autotune_flag_runs_inside_the_tuner(tmp_path):

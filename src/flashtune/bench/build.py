@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import re
@@ -58,13 +59,53 @@ class MissingRequirement(Exception):
 
 
 def solution_hash(solution: Solution) -> str:
-    """Hash of what determines a solution's behaviour: its build spec and sources."""
-    payload = {
+    """Hash of what determines a solution's behaviour: its build spec and sources and, for an
+    importable entry point ("package.module:function"), the code that module is made of.
+
+    That code is found without importing anything (a solution's import is untrusted code,
+    and runs only in a worker): the module's file, or a package's .py files; for flashtune's
+    own modules (the bundled entry points import flashtune's kernels) the hash of all of
+    flashtune's sources. A changed kernel thus changes the hash, and --resume re-runs it.
+    Cheap on repeat calls: file hashes are cached by (path, mtime, size)."""
+    payload: dict[str, Any] = {
         "spec": solution.spec.model_dump(mode="json"),
         "sources": sorted((s.path, s.content) for s in solution.sources),
     }
+    if solution.spec.is_importable:
+        payload["module_code"] = _module_code_hash(solution.spec.entry_point.partition(":")[0])
     text = json.dumps(payload, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _module_code_hash(module: str) -> str | None:
+    """Hash of the files `module` is made of, found without importing it or its parents;
+    None when it cannot be found here (check_requirements then skips the solution)."""
+    from flashtune import platform
+
+    parts = module.split(".")
+    if parts[0] == "flashtune":
+        return "flashtune:" + platform.source_hash()
+    try:
+        # A top-level name is looked up by the finders alone, which import nothing.
+        spec = importlib.util.find_spec(parts[0])
+        for i in range(1, len(parts)):
+            if spec is None or spec.submodule_search_locations is None:
+                return None
+            # importlib.util.find_spec would import the parent package (and run its
+            # __init__); PathFinder only searches the parent's folders.
+            spec = importlib.machinery.PathFinder.find_spec(
+                ".".join(parts[: i + 1]), list(spec.submodule_search_locations)
+            )
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations is not None:  # a package: all of its .py files
+        folders = list(spec.submodule_search_locations)
+        return ";".join(sorted(platform.files_hash(f) for f in folders)) or None
+    if spec.origin is None or not Path(spec.origin).is_file():  # built-in, frozen
+        return f"{spec.origin}"
+    return platform.files_hash(spec.origin)
 
 
 def _module_of(requirement: str) -> str:

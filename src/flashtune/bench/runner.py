@@ -4,8 +4,13 @@ Work is grouped by (definition, workload), so the reference runs once per worklo
 groups are spread over one worker per device (threads feed the workers from one queue).
 Each Trace is appended to ``<out>/traces/<author>/<op_type>/<definition>.jsonl`` as soon as
 it arrives (one whole, flushed line), so a run killed at any point keeps everything that
-finished; `resume` skips triples already traced for the same solution content hash and
-environment (hardware and library versions).
+finished; `resume` skips triples already traced for the same solution content hash (which
+covers the module files of importable entry points), environment (hardware and library
+versions) and code (`code_key`: the git tree of the checkout, else the hash of flashtune's
+sources).
+
+Every trace's environment carries the code provenance (`platform.code_provenance`, taken in
+the worker's snapshot) and the run's own start time, `run_started`, stamped here.
 
 CPU workload cap: on a CPU device only the `CPU_WORKLOAD_CAP` smallest workloads of each
 definition run (by input bytes), unless `max_workloads` says otherwise: CPU numbers are a
@@ -21,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +38,14 @@ from flashtune.data.io import LoadError
 from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace, Workload
 from flashtune.data.synth import resolve_axes
 
-__all__ = ["RunOptions", "RunResult", "run_benchmark", "CPU_WORKLOAD_CAP", "environment_key"]
+__all__ = [
+    "RunOptions",
+    "RunResult",
+    "run_benchmark",
+    "CPU_WORKLOAD_CAP",
+    "environment_key",
+    "code_key",
+]
 
 CPU_WORKLOAD_CAP = 2
 _ENV_KEYS = ("hardware", "torch", "triton", "cuda", "flashtune")
@@ -72,6 +85,23 @@ class RunResult:
 def environment_key(environment: dict[str, Any]) -> tuple[Any, ...]:
     """What must match for an earlier trace to count on --resume."""
     return tuple(environment.get(k) for k in _ENV_KEYS)
+
+
+def code_key(environment: dict[str, Any]) -> tuple[Any, ...]:
+    """Which code measured (the `code` of `platform.code_provenance`), for --resume: the git
+    tree and dirty flag where there is a tree, else the hash of flashtune's sources.
+
+    Uncommitted edits inside a dirty tree do not change it (a shared working tree is edited
+    all the time); the kernels a solution runs are covered by `solution_hash` instead (the
+    module files of importable entry points, all of flashtune's sources for its own). A
+    trace without provenance matches no run that has it: code of unknown origin is
+    measured again."""
+    code = environment.get("code")
+    if not isinstance(code, dict):
+        return (None, None)
+    if code.get("tree"):
+        return (code["tree"], code.get("dirty"))
+    return (None, code.get("files"))
 
 
 def _input_bytes(definition: Definition, workload: Workload) -> int:
@@ -186,6 +216,7 @@ def run_benchmark(
 ) -> RunResult:
     """Evaluate the selected triples of `opts.datasets` on `opts.devices`; return the traces."""
     started = time.perf_counter()
+    run_started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out = opts.out.expanduser().resolve()
     roots: list[Path] = []
     for root in [out, *(Path(d).expanduser().resolve() for d in opts.datasets)]:
@@ -204,6 +235,7 @@ def run_benchmark(
         "config": {k: v for k, v in vars(opts.config).items()},
         "roots": [str(Path(d).expanduser().resolve()) for d in opts.datasets],
         "autotune": opts.autotune,
+        "run_started": run_started,  # for platform.snapshot(device, run_started)
     }
     workers = []
     for i, device in enumerate(opts.devices):
@@ -215,18 +247,25 @@ def run_benchmark(
             options["autotune_cache"] = str(cache)
         workers.append(Worker(device, options))
     _start_all(workers)
-    environment = workers[0].environment
+    environment = {**workers[0].environment, "run_started": run_started}
 
-    # --resume: what is already traced for this content and environment
+    # --resume: what is already traced for this content, environment and code
     done_keys: set[tuple[Any, ...]] = set()
+    hashes: dict[int, str] = {}  # one solution_hash per solution object, not per workload
+
+    def content(s: Solution) -> str:
+        if id(s) not in hashes:
+            hashes[id(s)] = solution_hash(s)
+        return hashes[id(s)]
+
     if opts.resume:
-        key = environment_key(environment)
+        key = (environment_key(environment), code_key(environment))
         for name in sorted({g[0].name for g in groups}):
             for t in sink.traces_for(name):
                 ev = t.evaluation
                 if ev is None or t.solution is None:
                     continue
-                if environment_key(ev.environment) == key:
+                if (environment_key(ev.environment), code_key(ev.environment)) == key:
                     done_keys.add(
                         (
                             t.definition,
@@ -241,7 +280,7 @@ def run_benchmark(
         todo = [
             s
             for s in solutions
-            if (definition.name, s.name, workload.uuid, solution_hash(s)) not in done_keys
+            if (definition.name, s.name, workload.uuid, content(s)) not in done_keys
         ]
         resumed += len(solutions) - len(todo)
         if todo:
@@ -258,6 +297,11 @@ def run_benchmark(
         work.put(task)
 
     def record(trace: Trace) -> None:
+        if trace.evaluation is not None:  # the run's start, whatever the worker put there
+            trace.evaluation.environment = {
+                **trace.evaluation.environment,
+                "run_started": run_started,
+            }
         with lock:
             sink.append_trace(
                 trace, author=authors.get((trace.definition, trace.solution or ""), "unknown")

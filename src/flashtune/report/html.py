@@ -17,7 +17,7 @@ from pathlib import Path
 
 from flashtune.data.models import Definition, EvaluationStatus, Trace
 from flashtune.data.synth import resolve_axes, torch_dtype
-from flashtune.report.tables import latest, rank, summarize
+from flashtune.report.tables import TIMING_DIFFERS, latest, rank, summarize
 
 __all__ = ["write_html", "bytes_moved", "flops", "PEAKS"]
 
@@ -145,6 +145,9 @@ def write_html(traces: Iterable[Trace], definitions: Mapping[str, Definition], o
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}.bad{color:#b00}"
         ".flag{background:#ffd}</style></head><body><h1>flashtune report</h1>",
+        "<p>Speedups are geomeans over the workloads where both latencies were timed by one "
+        f"method; pairs timed differently (or by an unknown method) show {TIMING_DIFFERS} and "
+        "are left out of the geomeans, counted in the note.</p>",
     ]
     for name in sorted(by_def):
         parts.append(f"<h2>{e(name)}</h2><table><tr><th>solution</th><th>passed</th>"
@@ -155,18 +158,32 @@ def write_html(traces: Iterable[Trace], definitions: Mapping[str, Definition], o
             flag = " class='flag'" if s.suspicious else ""
             note = (f"{s.suspicious} result(s) &gt;10x the best baseline: review. " if s.suspicious
                     else "") + e(s.reason or "")  # fmt: skip
+            excluded = []
+            if s.excluded_reference:
+                excluded.append(f"{s.excluded_reference} vs reference")
+            if s.excluded_baseline:
+                excluded.append(f"{s.excluded_baseline} vs baseline")
+            if excluded:  # left out of the geomeans: timed differently, or unknown
+                note = (
+                    f"excluded ({TIMING_DIFFERS}): {', '.join(excluded)}; "
+                    f"{e(s.timing_reason or '')}. " + note
+                )
             parts.append(
                 f"<tr{flag}><td>{e(s.solution)}</td><td>{s.passed}/{s.total}</td>"
                 f"<td>{s.pass_rate:.0%}</td><td>{lat}</td>"
-                f"<td>{_x(s.speedup_vs_reference)}</td><td>{_x(s.speedup_vs_baseline)}</td>"
+                f"<td>{_x(s.speedup_vs_reference, s.excluded_reference)}</td>"
+                f"<td>{_x(s.speedup_vs_baseline, s.excluded_baseline)}</td>"
                 f"<td class='bad'>{note}</td></tr>"
             )
         parts.append("</table><h3>per workload (fastest first)</h3><table>"
                      "<tr><th>axes</th><th>ranking</th><th>failed</th></tr>")  # fmt: skip
         for r in (r for r in rankings if r.definition == name):
             axes = ", ".join(f"{k}={v}" for k, v in r.axes.items())
+            mixed = r.mixed_timing  # not like for like: say how each was timed
             ranking = " &gt; ".join(
-                f"{e(n)} {ms:.4f} ms" + (" <b>(&gt;10x: review)</b>" if f else "")
+                f"{e(n)} {ms:.4f} ms"
+                + (f" ({e(r.timing.get(n) or 'timing unknown')})" if mixed else "")
+                + (" <b>(&gt;10x: review)</b>" if f else "")
                 for n, ms, f in r.entries
             )
             failed = ", ".join(f"{e(n)}: {s}" for n, s in r.failed)
@@ -179,5 +196,7 @@ def write_html(traces: Iterable[Trace], definitions: Mapping[str, Definition], o
     return out
 
 
-def _x(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}x"
+def _x(value: float | None, excluded: int = 0) -> str:
+    if value is None:
+        return TIMING_DIFFERS if excluded else ""
+    return f"{value:.2f}x"

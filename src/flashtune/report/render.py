@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.markup import escape
 from rich.table import Table
 
 from flashtune.data.models import EvaluationStatus
-from flashtune.report.tables import Comparison, Ranking, SolutionSummary
+from flashtune.report.tables import TIMING_DIFFERS, Comparison, Ranking, SolutionSummary
 
-__all__ = ["summary_table", "ranking_table", "comparison_table", "status_text", "fmt_x"]
+__all__ = [
+    "summary_table",
+    "ranking_table",
+    "comparison_table",
+    "status_text",
+    "fmt_x",
+    "fmt_speedup",
+    "excluded_note",
+]
 
 _SHORT = {
     EvaluationStatus.PASSED: "passed",
@@ -25,6 +34,26 @@ _SHORT = {
 
 def fmt_x(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
+
+
+def fmt_speedup(value: float | None, excluded: int) -> str:
+    """A geomean speedup; "n/a: timing differs" where every pair was refused as unlike."""
+    if value is None and excluded:
+        return TIMING_DIFFERS
+    return fmt_x(value)
+
+
+def excluded_note(s: SolutionSummary) -> str:
+    """How many speedups were left out of the geomeans, and why (empty when none)."""
+    parts = []
+    if s.excluded_reference:
+        parts.append(f"{s.excluded_reference} vs ref")
+    if s.excluded_baseline:
+        parts.append(f"{s.excluded_baseline} vs base")
+    if not parts:
+        return ""
+    # Short, so the row stays on one line; `report html` gives the methods that differed.
+    return f"{TIMING_DIFFERS}: {', '.join(parts)} excluded"
 
 
 def _fmt_ms(value: float | None) -> str:
@@ -67,6 +96,8 @@ def summary_table(summaries: Sequence[SolutionSummary], title: str = "summary") 
         note = s.reason or ""
         if len(note) > 60:
             note = note[:57] + "..."
+        if excluded_note(s):
+            note = f"[yellow]{escape(excluded_note(s))}[/yellow] " + note
         if s.suspicious:
             note = (
                 f"[yellow]{s.suspicious} result(s) >10x the best baseline: review[/yellow] " + note
@@ -76,15 +107,22 @@ def summary_table(summaries: Sequence[SolutionSummary], title: str = "summary") 
             s.solution,
             status_text(s),
             _fmt_ms(s.latency_ms),
-            fmt_x(s.speedup_vs_reference),
-            fmt_x(s.speedup_vs_baseline),
+            fmt_speedup(s.speedup_vs_reference, s.excluded_reference),
+            fmt_speedup(s.speedup_vs_baseline, s.excluded_baseline),
             note,
         )
         last = s.definition
     baselines = sorted({s.baseline for s in summaries if s.baseline})
+    excluded = sum(s.excluded_reference + s.excluded_baseline for s in summaries)
     table.caption = (
         "latency: geomean over passed workloads; vs ref / vs base: geomean speedup over the "
-        f"definition's reference / the baseline solution ({', '.join(baselines) or 'none'})"
+        f"definition's reference / the baseline solution ({', '.join(baselines) or 'none'}), "
+        "over workloads where both were timed by one method"
+        + (
+            f"; {TIMING_DIFFERS}: {excluded} speedup(s) timed differently or unknown, excluded"
+            if excluded
+            else ""
+        )
     )
     return table
 
@@ -95,8 +133,11 @@ def ranking_table(rankings: Sequence[Ranking], title: str = "best solution per w
         table.add_column(col, overflow="fold")
     for r in rankings:
         axes = ", ".join(f"{k}={v}" for k, v in r.axes.items())
+        mixed = r.mixed_timing  # not like for like: say how each was timed
         ranking = "  >  ".join(
-            f"{name} {_fmt_ms(ms)}" + (" [yellow](>10x: review)[/yellow]" if flag else "")
+            f"{name} {_fmt_ms(ms)}"
+            + (f" [dim]({r.timing.get(name) or 'timing unknown'})[/dim]" if mixed else "")
+            + (" [yellow](>10x: review)[/yellow]" if flag else "")
             for name, ms, flag in r.entries
         )
         failed = ", ".join(f"{n}: {s}" for n, s in r.failed)
@@ -114,7 +155,27 @@ def comparison_table(rows: Sequence[Comparison], a: str, b: str, overall: float 
         ("max", "right"),
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    table.add_column("excluded", justify="left")
     for r in rows:
-        table.add_row(r.definition, str(r.workloads), fmt_x(r.geomean), fmt_x(r.min), fmt_x(r.max))
-    table.add_row("[bold]all[/bold]", str(sum(r.workloads for r in rows)), fmt_x(overall), "", "")
+        table.add_row(
+            r.definition,
+            str(r.workloads),
+            fmt_speedup(r.geomean, r.excluded),
+            fmt_x(r.min),
+            fmt_x(r.max),
+            escape(f"{r.excluded}: {r.reason}") if r.excluded else "",
+        )
+    excluded = sum(r.excluded for r in rows)
+    table.add_row(
+        "[bold]all[/bold]",
+        str(sum(r.workloads for r in rows)),
+        fmt_speedup(overall, excluded),
+        "",
+        "",
+        f"{excluded} pair(s): {TIMING_DIFFERS}" if excluded else "",
+    )
+    table.caption = (
+        "geomean over workloads where both passed and were timed by one method; pairs timed "
+        f"differently (or unknown) are excluded and counted ({TIMING_DIFFERS})"
+    )
     return table

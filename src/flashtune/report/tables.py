@@ -4,6 +4,12 @@ comparisons. Pure functions over Trace lists, rendered with rich by report/cli.p
 Speedups are geometric means over workloads (the right mean for ratios). A solution more
 than `SUSPICIOUS_SPEEDUP` times faster than the best baseline is flagged: such results are
 usually a measurement or correctness hole (caching, skipped work), not a real kernel.
+
+Like for like: a speedup is a ratio of two latencies, and only means something when both were
+timed by the same method (`Performance.timing_method`: a CUDA graph of many calls, CUDA
+events around each call, the CPU clock...). Where the methods differ, or either is unknown
+(absent), no speedup is computed: it shows as "n/a: timing differs", is left out of every
+geomean, and the number left out is reported beside it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from flashtune.data.models import EvaluationStatus, Trace
 
 __all__ = [
     "SUSPICIOUS_SPEEDUP",
+    "TIMING_DIFFERS",
+    "timing_method",
+    "unlike",
     "SolutionSummary",
     "Ranking",
     "Comparison",
@@ -30,6 +39,21 @@ __all__ = [
 ]
 
 SUSPICIOUS_SPEEDUP = 10.0
+TIMING_DIFFERS = "n/a: timing differs"
+
+
+def timing_method(trace: Trace) -> str | None:
+    """How the trace's latency was measured; None when it does not say."""
+    perf = trace.evaluation.performance if trace.evaluation else None
+    return getattr(perf, "timing_method", None) if perf is not None else None
+
+
+def unlike(method_a: str | None, method_b: str | None) -> str | None:
+    """Why latencies timed by these two methods cannot be divided (None: they can).
+    An unknown method is never like anything, itself included."""
+    if method_a is not None and method_a == method_b:
+        return None
+    return f"{TIMING_DIFFERS} ({method_a or 'unknown'} vs {method_b or 'unknown'})"
 
 
 def geomean(values: Iterable[float]) -> float | None:
@@ -62,6 +86,11 @@ class SolutionSummary:
     baseline: str | None = None
     reason: str | None = None  # the first non-PASSED reason
     suspicious: int = 0
+    # Speedups refused because the two latencies were timed differently (or unknown):
+    # left out of the geomeans above, counted here.
+    excluded_reference: int = 0
+    excluded_baseline: int = 0
+    timing_reason: str | None = None  # the first refusal's reason
 
     @property
     def passed(self) -> int:
@@ -94,9 +123,11 @@ def flagged(trace: Trace, best_baseline: dict[tuple[str, str], float]) -> bool:
 
 
 def summarize(traces: Iterable[Trace]) -> list[SolutionSummary]:
-    """Per (definition, solution): status counts, pass rate and geomean speedups."""
+    """Per (definition, solution): status counts, pass rate and geomean speedups, each over
+    the workloads where both latencies were timed by one method (see `unlike`)."""
     traces = latest(traces)
     best = _best_baseline(traces)
+    methods = {(t.definition, t.workload.uuid, t.solution): timing_method(t) for t in traces}
     groups: dict[tuple[str, str], list[Trace]] = defaultdict(list)
     for t in traces:
         groups[(t.definition, t.solution or "")].append(t)
@@ -113,10 +144,24 @@ def summarize(traces: Iterable[Trace]) -> list[SolutionSummary]:
             perf = ev.performance
             if ev.status is EvaluationStatus.PASSED and perf is not None:
                 lat.append(perf.latency_ms)
-                ref.append(perf.speedup_factor)
+                method = getattr(perf, "timing_method", None)
+                if perf.speedup_factor is not None:
+                    why = unlike(method, getattr(perf, "reference_timing_method", None))
+                    if why is None:
+                        ref.append(perf.speedup_factor)
+                    else:
+                        s.excluded_reference += 1
+                        s.timing_reason = s.timing_reason or f"vs reference: {why}"
                 if perf.speedup_vs_baseline is not None:
-                    base.append(perf.speedup_vs_baseline)
                     s.baseline = perf.baseline_solution
+                    key = (t.definition, t.workload.uuid, perf.baseline_solution)
+                    # The baseline's own trace says how it was timed; none found: unknown.
+                    why = unlike(method, methods.get(key))
+                    if why is None:
+                        base.append(perf.speedup_vs_baseline)
+                    else:
+                        s.excluded_baseline += 1
+                        s.timing_reason = s.timing_reason or f"vs {s.baseline}: {why}"
                 s.suspicious += flagged(t, best)
         s.latency_ms, s.speedup_vs_reference = geomean(lat), geomean(ref)
         s.speedup_vs_baseline = geomean(base)
@@ -131,6 +176,14 @@ class Ranking:
     axes: dict[str, int]
     entries: list[tuple[str, float, bool]]  # (solution, latency_ms, flagged), fastest first
     failed: list[tuple[str, str]]  # (solution, status)
+    # solution -> timing method, for the entries; `mixed_timing`: not all timed one way, so
+    # the order is not a like-for-like ranking (renderers then show each entry's method).
+    timing: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def mixed_timing(self) -> bool:
+        methods = {self.timing.get(name) for name, _, _ in self.entries}
+        return len(methods) > 1
 
 
 def rank(traces: Iterable[Trace]) -> list[Ranking]:
@@ -153,7 +206,8 @@ def rank(traces: Iterable[Trace]) -> list[Ranking]:
             for t in ts
             if t not in ok
         ]
-        out.append(Ranking(definition, uuid, dict(ts[0].workload.axes), entries, failed))
+        timing = {t.solution or "": timing_method(t) for t in ok}
+        out.append(Ranking(definition, uuid, dict(ts[0].workload.axes), entries, failed, timing))
     return out
 
 
@@ -162,17 +216,22 @@ class Comparison:
     definition: str
     a: str
     b: str
-    workloads: int
+    workloads: int  # compared: both passed, timed by one method
     geomean: float | None  # latency_b / latency_a: > 1 means A is faster
     min: float | None
     max: float | None
+    excluded: int = 0  # workloads where both passed but were timed differently (or unknown)
+    reason: str | None = None  # the first exclusion's reason ("n/a: timing differs (...)")
 
 
 def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], float | None]:
     """Speedup of solutions matching glob `a` over those matching `b`, per definition, on the
-    workloads where both passed; and the geomean over all those workloads."""
+    workloads where both passed (the fastest match of each side) and were timed by one
+    method; and the geomean over all those workloads. Pairs timed differently are counted
+    in `Comparison.excluded`, never divided; a definition with only such pairs has a row
+    with no speedup."""
     traces = latest(traces)
-    lat: dict[tuple[str, str], dict[str, tuple[str, float]]] = defaultdict(dict)
+    lat: dict[tuple[str, str], dict[str, tuple[str, float, str | None]]] = defaultdict(dict)
     for t in traces:
         ev = t.evaluation
         if ev is None or ev.status is not EvaluationStatus.PASSED or ev.performance is None:
@@ -184,26 +243,35 @@ def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], 
                     lat[(t.definition, t.workload.uuid)][side] = (
                         t.solution or "",
                         ev.performance.latency_ms,
+                        timing_method(t),
                     )
     per_def: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
-    for (definition, _), sides in lat.items():
+    refused: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
+    for (definition, _), sides in sorted(lat.items()):
         if "a" in sides and "b" in sides and sides["a"][1] > 0:
-            per_def[definition].append(
-                (sides["a"][0], sides["b"][0], sides["b"][1] / sides["a"][1])
-            )
+            (name_a, ms_a, method_a), (name_b, ms_b, method_b) = sides["a"], sides["b"]
+            why = unlike(method_a, method_b)
+            if why is None:
+                per_def[definition].append((name_a, name_b, ms_b / ms_a))
+            else:
+                refused[definition].append((name_a, name_b, why))
     rows, every = [], []
-    for definition, items in sorted(per_def.items()):
+    for definition in sorted(set(per_def) | set(refused)):
+        items, skipped = per_def.get(definition, []), refused.get(definition, [])
         ratios = [r for _, _, r in items]
         every += ratios
+        first = items[0] if items else skipped[0]
         rows.append(
             Comparison(
                 definition,
-                items[0][0],
-                items[0][1],
+                first[0],
+                first[1],
                 len(items),
                 geomean(ratios),
-                min(ratios),
-                max(ratios),
-            )  # fmt: skip
+                min(ratios, default=None),
+                max(ratios, default=None),
+                excluded=len(skipped),
+                reason=skipped[0][2] if skipped else None,
+            )
         )
     return rows, geomean(every)
