@@ -9,8 +9,13 @@ format. When an op has a schema (flashtune.schema), its Definition comes from
 self-contained reference. Workloads sweep realistic var-axis values (batch 1..256,
 sequence/KV lengths 128..32k); attention page tables are stored as small safetensors blobs
 with per-request lengths drawn around the nominal length (never an empty request).
-Solutions: flashtune's kernels, torch eager baselines, FlashInfer baselines; all importable
-entry points in flashtune.dataset.entry_points.
+Solutions: flashtune's kernels, torch eager baselines, FlashInfer baselines (for decode,
+`flashinfer` runs the backend FlashInfer's own rule picks and the other backend is listed
+under its own name); all importable entry points in flashtune.dataset.entry_points, whose
+FlashInfer attention adapters plan once in a setup phase outside the timed region. Each
+description says how its solution is run.
+
+    python scripts/build_bundled_dataset.py --root /tmp/ds   # elsewhere, e.g. to compare
 """
 
 from __future__ import annotations
@@ -513,30 +518,120 @@ _FAMILY = {  # definition name prefix -> entry point suffix
 }
 _NO_FLASHINFER = {"gemm"}  # FlashInfer 0.2 has no plain bf16 GEMM
 
+# How each solution is run, said plainly: the harness times `entry` itself unless the entry
+# has a setup phase (`entry.setup`, run once per input set outside the timed region).
+_DISPATCH = (
+    "the autotuner's dispatch picks the tactic per shape bucket from a loaded cache file or "
+    "bundled configs matching this GPU, else the default tactic (it profiles only under "
+    "`flashtune run --autotune`)"
+)
+_NO_SETUP = "No setup phase: each timed call is the whole call."
+_PLAN_FREE = (
+    "the work is found on the device from the index inputs, so there is no plan and no setup "
+    "phase: each timed call is the whole call. Its tactic follows from the shapes (the "
+    "autotuner is not consulted)."
+)
+_CLONES = "on clones of hidden_states and residual (the op updates them in place)"
+
+
+def _tuned_api(call: str, note: str = "") -> str:
+    return (
+        f"flashtune's Triton kernel through its public API ({call}){note}; {_DISPATCH}. {_NO_SETUP}"
+    )
+
+
+_FLASHTUNE = {
+    "rmsnorm": _tuned_api("ops.norm.rmsnorm"),
+    "fused_add_rmsnorm": _tuned_api(
+        "ops.norm.fused_add_rmsnorm", f" {_CLONES}, as FlashInfer's is"
+    ),
+    "silu_and_mul": _tuned_api("ops.activation.silu_and_mul"),
+    "rope": _tuned_api("ops.rope.apply_rope_with_cos_sin_cache"),
+    "gemm": "flashtune's public mm (ops.gemm.mm): per M bucket the autotuner's dispatch picks "
+    "cuBLAS (through torch) or one of flashtune's Triton GEMMs from a loaded cache file or "
+    "bundled configs matching this GPU, else cuBLAS (it profiles only under `flashtune run "
+    f"--autotune`), so this is not a Triton-only figure. {_NO_SETUP}",
+    "gqa_paged_decode": "flashtune's plan-free Triton paged decode "
+    f"(ops.attention.planless.paged_decode): {_PLAN_FREE}",
+    "gqa_paged_prefill": "flashtune's plan-free Triton causal paged prefill "
+    f"(ops.attention.planless_prefill.paged_prefill): {_PLAN_FREE}",
+    "gqa_ragged_prefill": "flashtune's plan-free Triton causal ragged prefill "
+    f"(ops.attention.planless_prefill.ragged_prefill): {_PLAN_FREE}",
+}
+_FLASHINFER_CALL = {
+    "rmsnorm": "flashinfer.norm.rmsnorm",
+    "fused_add_rmsnorm": f"flashinfer.norm.fused_add_rmsnorm {_CLONES}, as flashtune's is",
+    "silu_and_mul": "flashinfer.activation.silu_and_mul",
+    "rope": "flashinfer.rope.apply_rope_with_cos_sin_cache",
+}
+_PLANNED = (
+    "plan() runs once per input set in the setup phase, outside the timed region; the timed "
+    "call is run() only (FlashInfer's float workspace: one 128 MB buffer per device, shared; "
+    "input sets with identical index tensors share one plan). Runs where the flashinfer "
+    "package is installed."
+)
+
+
+def _decode_backend(tensor_cores: bool) -> str:
+    if tensor_cores:
+        return "tensor cores (use_tensor_cores=True: its prefill kernel)"
+    return "CUDA cores (use_tensor_cores=False: its decode kernel)"
+
+
+def _flashinfer_solutions(definition: Definition, family: str) -> list[tuple[str, str, str]]:
+    """FlashInfer's solutions of one definition: (name, entry function, description)."""
+    fn = f"flashinfer_{family}"
+    if family in _FLASHINFER_CALL:
+        desc = f"FlashInfer's {_FLASHINFER_CALL[family]}, called directly. {_NO_SETUP} "
+        return [("flashinfer", fn, desc + "Runs where the flashinfer package is installed.")]
+    if family == "gqa_paged_prefill":
+        desc = "FlashInfer's BatchPrefillWithPagedKVCacheWrapper (causal, backend 'auto')"
+        return [("flashinfer", fn, f"{desc}: {_PLANNED}")]
+    if family == "gqa_ragged_prefill":
+        desc = "FlashInfer's BatchPrefillWithRaggedKVCacheWrapper (causal, backend 'auto')"
+        return [("flashinfer", fn, f"{desc}: {_PLANNED}")]
+    # Decode: `flashinfer` follows FlashInfer's own backend rule; the other backend is listed
+    # beside it under its own name.
+    from flashtune.dataset.entry_points import flashinfer_decode_uses_tensor_cores
+
+    hq, hk = definition.const_axes["num_qo_heads"], definition.const_axes["num_kv_heads"]
+    tc = flashinfer_decode_uses_tensor_cores(
+        hq, hk, getattr(torch, definition.inputs["k_cache"].dtype)
+    )
+    wrapper = "FlashInfer's BatchDecodeWithPagedKVCacheWrapper"
+    rule = f"FlashInfer's rule picks for GQA group size {hq // hk} (tensor cores from 4, or fp8 KV)"
+    other = "cuda_cores" if tc else "tensor_cores"
+    return [
+        ("flashinfer", fn, f"{wrapper} on {_decode_backend(tc)}, the backend {rule}: {_PLANNED}"),
+        (f"flashinfer_{other}", f"{fn}_{other}",
+         f"{wrapper} forced to {_decode_backend(not tc)}, not the backend {rule}: {_PLANNED}"),
+    ]  # fmt: skip
+
 
 def solutions_for(definition: Definition) -> list[Solution]:
     family = next(v for k, v in _FAMILY.items() if definition.name.startswith(k))
-    ep = "flashtune.dataset.entry_points:{}_" + family
+    ep = "flashtune.dataset.entry_points:{}"
     sols = [
         Solution.model_validate({
             "name": "flashtune", "definition": definition.name, "author": "flashtune",
-            "description": "flashtune's Triton kernel through its public API (autotuned).",
+            "description": _FLASHTUNE[family],
             "spec": {"language": "triton", "target_hardware": ["cuda"],
-                     "entry_point": ep.format("flashtune")},
+                     "entry_point": ep.format(f"flashtune_{family}")},
         }),
         Solution.model_validate({
             "name": "torch", "definition": definition.name, "author": "torch",
-            "description": "PyTorch eager baseline.",
-            "spec": {"language": "torch", "entry_point": ep.format("torch")},
+            "description": "PyTorch eager baseline. " + _NO_SETUP,
+            "spec": {"language": "torch", "entry_point": ep.format(f"torch_{family}")},
         }),
     ]  # fmt: skip
     if family not in _NO_FLASHINFER:
-        sols.append(Solution.model_validate({
-            "name": "flashinfer", "definition": definition.name, "author": "flashinfer",
-            "description": "FlashInfer's kernel (runs where the flashinfer package is installed).",
-            "spec": {"language": "cuda", "target_hardware": ["cuda"],
-                     "dependencies": ["flashinfer"], "entry_point": ep.format("flashinfer")},
-        }))  # fmt: skip
+        for name, fn, description in _flashinfer_solutions(definition, family):
+            sols.append(Solution.model_validate({
+                "name": name, "definition": definition.name, "author": "flashinfer",
+                "description": description,
+                "spec": {"language": "cuda", "target_hardware": ["cuda"],
+                         "dependencies": ["flashinfer"], "entry_point": ep.format(fn)},
+            }))  # fmt: skip
     return sols
 
 
@@ -551,10 +646,15 @@ def schema_definitions() -> dict[str, Definition]:
         return {}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=ROOT, help=f"dataset folder (default {ROOT})")
+    root = parser.parse_args(argv).root
     for sub in ("definitions", "solutions", "workloads", "blob"):
-        shutil.rmtree(ROOT / sub, ignore_errors=True)
-    ds = Dataset(ROOT)
+        shutil.rmtree(root / sub, ignore_errors=True)
+    ds = Dataset(root)
     generated = schema_definitions()
     definitions = (
         norm_definitions() + activation_definitions() + gemm_definitions()
@@ -566,14 +666,14 @@ def main() -> int:
             definition = schema_def  # the op's own contract wins when it has one
             print(f"{definition.name}: from the op schema")
         ds.add_definition(definition)
-        ds.add_workloads(definition, workloads_for(definition, ROOT))
+        ds.add_workloads(definition, workloads_for(definition, root))
         for sol in solutions_for(definition):
             ds.add_solution(sol)
-    errors = Dataset(ROOT).load_all()
+    errors = Dataset(root).load_all()
     for e in errors:
         print(e)
-    counts = Dataset(ROOT).counts()
-    print(f"{ROOT}: {counts}")
+    counts = Dataset(root).counts()
+    print(f"{root}: {counts}")
     return 1 if errors else 0
 
 

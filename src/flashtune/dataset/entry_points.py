@@ -3,12 +3,16 @@ definition order) to flashtune's ops, to FlashInfer, and to torch eager baseline
 
 In-place ops (fused_add_rmsnorm, paged attention plans) are wrapped so that the solution
 never writes into its inputs: the fused-add adapters clone the two tensors the op updates,
-for flashtune and FlashInfer alike, so their comparison stays fair. Attention adapters that use
-a plan/run wrapper call `plan` and `run` on every call (the Definition has no separate
-planning step), so the host-side planner is part of what is measured. flashtune's
-attention adapters use its plan-free functions (`planless.paged_decode`,
+for flashtune and FlashInfer alike, so their comparison stays fair.
+
+Setup phase: an entry may carry `entry.setup`, which takes the entry's arguments and returns
+a runner taking the same arguments; the harness calls it once per input set outside the
+timed region, by one rule for every solution, and times the runner. FlashInfer's attention
+adapters use it for their plan/run wrappers: plan() once from the index inputs in setup,
+run() only in the runner (called directly, an entry still plans and runs every call).
+flashtune's attention adapters use its plan-free functions (`planless.paged_decode`,
 `planless_prefill.paged_prefill` / `ragged_prefill`), which find their work on the device
-and never sync; the planned wrappers are what FlashInfer's adapters use.
+and never sync, so they have no setup; neither do the other ops, which need no plan.
 
 Imports are lazy: this module imports on a machine without FlashInfer or a GPU, and a
 FlashInfer solution is SKIPPED there by its declared dependency before it is called.
@@ -16,7 +20,12 @@ FlashInfer solution is SKIPPED there by its declared dependency before it is cal
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import math
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,8 +35,8 @@ _workspaces: dict[torch.device, torch.Tensor] = {}
 
 
 def _workspace(device: torch.device) -> torch.Tensor:
-    # FlashInfer's wrappers: one workspace per device, reused across calls like a serving
-    # engine does.
+    # FlashInfer's float workspace (its recommended 128 MB): one per device, shared by every
+    # wrapper and reused across calls, as serving engines do (see the FlashInfer section).
     if device not in _workspaces:
         _workspaces[device] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return _workspaces[device]
@@ -146,21 +155,154 @@ def flashinfer_rope(
     return q_out.view(q.shape), k_out.view(k.shape)
 
 
-def flashinfer_gqa_paged_decode(
-    q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale
-):
-    import flashinfer
+# FlashInfer's attention wrappers split a call into plan() (host work from the index inputs:
+# it reads indptr on the host, so it syncs) and run() (the kernels). Its users plan once per
+# batch and run many times (every layer of a step reuses the plan), so each adapter below has
+# a `setup`: the harness calls `entry.setup(*args)` once per input set outside the timed
+# region, gets a runner that only calls run(), and times the runner. The runner reads the
+# float inputs (q, K/V) at call time; the index inputs it runs with are those given to setup
+# (the harness keeps them unchanged). Calling an entry directly still plans and runs.
+#
+# Memory: every wrapper holds its own plan in FlashInfer's internal int workspace (8 MB on the
+# device plus 8 MB pinned on the host; the paged prefill wrapper adds 64 MB of page-offset
+# buffers), while the 128 MB float workspace is scratch that run() fills and reads within one
+# call, so one per device is shared by all wrappers, as serving engines do (sglang shares one
+# global float workspace across all its FlashInfer wrappers). Setup memoizes the planned
+# wrapper by the index inputs' content: the harness's cold-L2 copies of one workload carry
+# identical index tensors, so they share one plan, like the layers of one batch in serving.
+# A memo entry lives as long as a runner that uses it.
 
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
-    wrapper.plan(
-        kv_indptr, kv_indices, kv_last_page_len, q.shape[1], k_cache.shape[2], q.shape[2],
-        k_cache.shape[1], q_data_type=q.dtype, kv_data_type=k_cache.dtype,
-        sm_scale=float(sm_scale),
-    )  # fmt: skip
+
+def flashinfer_decode_uses_tensor_cores(
+    num_qo_heads: int, num_kv_heads: int, kv_dtype: torch.dtype
+) -> bool:
+    """The decode backend FlashInfer itself picks where it chooses (its block-sparse wrapper's
+    plan) and its serving users pick (sglang's `should_use_tensor_core`): tensor cores (the
+    prefill kernel) for an fp8 KV cache or a GQA group size of at least 4 query heads per KV
+    head, since the MMA fuses the head group with the token dimension; CUDA cores below."""
+    if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return True
+    return num_qo_heads // num_kv_heads >= 4
+
+
+class _Planned:
+    """A planned FlashInfer wrapper (a holder, so the memo can refer to it weakly)."""
+
+    __slots__ = ("wrapper", "__weakref__")
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+
+
+_plans: weakref.WeakValueDictionary[tuple, _Planned] = weakref.WeakValueDictionary()
+
+
+def _plan_key(name: str, args: tuple) -> tuple:
+    """What a plan depends on: the index (integer) tensors' content, every tensor's dtype,
+    shape and device, and the scalars. Float tensors' values are not part of it: run() reads
+    them at call time."""
+    key: list[Any] = [name]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            meta = (str(a.dtype), tuple(a.shape), str(a.device))
+            if a.dtype.is_floating_point or a.dtype.is_complex:
+                key.append(meta)
+            else:  # setup is outside the timed region: the host copy's sync costs nothing there
+                raw = a.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
+                key.append((*meta, hashlib.blake2b(raw.tobytes(), digest_size=16).digest()))
+        else:
+            key.append((type(a).__name__, a))
+    return tuple(key)
+
+
+def _with_setup(name: str, doc: str, plan: Callable[..., Any], run: Callable[..., Any]):
+    """The entry point `name`, with plan's parameters: plan(*args) -> a planned wrapper,
+    run(wrapper, *args) -> the outputs. Called directly, it plans and runs; `entry.setup(*args)`
+    plans once (memoized by `_plan_key`) and returns a runner that only runs."""
+    signature = inspect.signature(plan)
+
+    def positional(args: tuple, kwargs: dict) -> tuple:
+        return signature.bind(*args, **kwargs).args if kwargs else args
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        args = positional(args, kwargs)
+        return run(plan(*args), *args)
+
+    def setup(*args: Any, **kwargs: Any) -> Callable[..., Any]:
+        args = positional(args, kwargs)
+        key = _plan_key(name, args)
+        planned = _plans.get(key)
+        if planned is None:
+            planned = _Planned(plan(*args))
+            _plans[key] = planned
+            device = next(a.device for a in args if isinstance(a, torch.Tensor))
+            if device.type == "cuda":  # plan()'s host-to-device copies are asynchronous
+                torch.cuda.synchronize(device)
+
+        def runner(*call_args: Any, **call_kwargs: Any) -> Any:
+            return run(planned.wrapper, *positional(call_args, call_kwargs))
+
+        return runner
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = doc
+    entry.__signature__ = signature  # type: ignore[attr-defined]
+    setup.__name__, setup.__qualname__ = "setup", f"{name}.setup"
+    setup.__signature__ = signature  # type: ignore[attr-defined]
+    entry.setup = setup  # type: ignore[attr-defined]
+    return entry
+
+
+def _decode_plan(tensor_cores: bool | None):
+    def plan(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale):
+        import flashinfer
+
+        num_qo_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+        if tensor_cores is None:
+            use_tc = flashinfer_decode_uses_tensor_cores(num_qo_heads, num_kv_heads, k_cache.dtype)
+        else:
+            use_tc = tensor_cores
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            _workspace(q.device), "NHD", use_tensor_cores=use_tc
+        )
+        wrapper.plan(
+            kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, q.shape[2],
+            k_cache.shape[1], q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+            sm_scale=float(sm_scale),
+        )  # fmt: skip
+        return wrapper
+
+    return plan
+
+
+def _paged_run(wrapper, q, k_cache, v_cache, *_index_and_scale):
     return wrapper.run(q, (k_cache, v_cache), return_lse=True)
 
 
-def flashinfer_gqa_paged_prefill(
+# Decode: `flashinfer` follows FlashInfer's own backend rule (tensor cores for GQA group >= 4);
+# the forced variants are listed as separately named solutions.
+flashinfer_gqa_paged_decode = _with_setup(
+    "flashinfer_gqa_paged_decode",
+    "FlashInfer's batch decode wrapper on the backend FlashInfer's rule picks "
+    "(`flashinfer_decode_uses_tensor_cores`).",
+    _decode_plan(None),
+    _paged_run,
+)
+flashinfer_gqa_paged_decode_tensor_cores = _with_setup(
+    "flashinfer_gqa_paged_decode_tensor_cores",
+    "FlashInfer's batch decode wrapper with use_tensor_cores=True (its prefill kernel).",
+    _decode_plan(True),
+    _paged_run,
+)
+flashinfer_gqa_paged_decode_cuda_cores = _with_setup(
+    "flashinfer_gqa_paged_decode_cuda_cores",
+    "FlashInfer's batch decode wrapper with use_tensor_cores=False (its CUDA-core decode kernel).",
+    _decode_plan(False),
+    _paged_run,
+)
+
+
+def _paged_prefill_plan(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
 ):
     import flashinfer
@@ -171,10 +313,18 @@ def flashinfer_gqa_paged_prefill(
         q.shape[2], k_cache.shape[1], causal=True, sm_scale=float(sm_scale),
         q_data_type=q.dtype, kv_data_type=k_cache.dtype,
     )  # fmt: skip
-    return wrapper.run(q, (k_cache, v_cache), return_lse=True)
+    return wrapper
 
 
-def flashinfer_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
+flashinfer_gqa_paged_prefill = _with_setup(
+    "flashinfer_gqa_paged_prefill",
+    "FlashInfer's causal batch prefill wrapper over a paged KV cache (backend 'auto').",
+    _paged_prefill_plan,
+    _paged_run,
+)
+
+
+def _ragged_prefill_plan(q, k, v, qo_indptr, kv_indptr, sm_scale):
     import flashinfer
 
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace(q.device), "NHD")
@@ -182,7 +332,19 @@ def flashinfer_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
         qo_indptr, kv_indptr, q.shape[1], k.shape[1], q.shape[2], causal=True,
         sm_scale=float(sm_scale), q_data_type=q.dtype, kv_data_type=k.dtype,
     )  # fmt: skip
+    return wrapper
+
+
+def _ragged_run(wrapper, q, k, v, *_index_and_scale):
     return wrapper.run(q, k, v, return_lse=True)
+
+
+flashinfer_gqa_ragged_prefill = _with_setup(
+    "flashinfer_gqa_ragged_prefill",
+    "FlashInfer's causal batch prefill wrapper over ragged K/V (backend 'auto').",
+    _ragged_prefill_plan,
+    _ragged_run,
+)
 
 
 # --------------------------------------------------------------------------- torch eager
