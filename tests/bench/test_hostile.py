@@ -159,20 +159,21 @@ def _processes_running(marker: str) -> list[int]:
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc (Linux)")
 def test_children_in_new_sessions_are_killed(tmp_path):
+    marker = f"987.{os.getpid()}"  # unique to this test run
     spawner = (
         "import subprocess\n"
         "def run(x, w):\n"
         "    for _ in range(4):\n"
-        "        subprocess.Popen(['sleep', '987.25'], start_new_session=True)\n"
-        "        subprocess.Popen(['sh', '-c', 'sleep 987.25 & sleep 987.25'])\n"
+        f"        subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+        f"        subprocess.Popen(['sh', '-c', 'sleep {marker} & sleep {marker}'])\n"
         "    return x * w\n"
     )
     result = _run(tmp_path, {"spawner": spawner, "z_honest": HONEST})
     assert statuses(result.traces)[("toy_scale_h8", "z_honest")] == "PASSED"
     deadline = time.monotonic() + 5
-    while _processes_running("987.25") and time.monotonic() < deadline:
+    while _processes_running(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes_running("987.25") == []
+    assert _processes_running(marker) == []
 
 
 def test_fork_then_exit_fails_at_once(tmp_path):

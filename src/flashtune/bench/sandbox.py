@@ -315,9 +315,28 @@ class _Child:
 
     def send_and_wait(self, kind: str, payload: Any) -> None:
         self.send(kind, payload)
-        reply = self.conn.recv()
+        try:
+            reply = self.conn.recv()
+        except (EOFError, OSError):
+            reply = None
         if reply != "ack":
-            os._exit(0)  # the worker has its verdict: nothing more to do
+            self.linger()  # the worker has its verdict: nothing more to do
+
+    def linger(self) -> None:
+        """Wait to be killed. Exiting by itself would orphan the solution's children before
+        the worker has found them (they are found as this process's descendants); if the
+        worker is gone, kill them here."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            while True:
+                self.conn.recv()
+        except (EOFError, OSError):
+            pass
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(0)
 
     def status(self, status: str, reason: str) -> None:
         self.send("status", {"status": status, "reason": reason})
@@ -365,7 +384,7 @@ class _Child:
                     "TAMPERED",
                     f"{step}: the solution replaced harness functions: {', '.join(changed[:8])}",
                 )
-                os._exit(0)
+                self.linger()
 
         try:
             check_requirements(sol, device)
@@ -547,9 +566,7 @@ def _child_main(conn: Any, spec: SandboxSpec) -> None:
             child.status("RUNTIME_ERROR", f"{type(exc).__name__}: {str(exc)[:500]}")
     with contextlib.suppress(Exception):
         child.send("done")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no atexit handlers, no lingering threads of the solution
+    child.linger()  # never returns: no atexit handlers, no threads of the solution run on
 
 
 # --------------------------------------------------------------------------- the worker side
