@@ -386,6 +386,12 @@ def _evaluate_one(
                 EvaluationStatus.RUNTIME_ERROR, f"malformed message from the sandbox: {exc}"
             )
         log.write(sandbox.log())
+        if sandbox.phases:
+            log.write(
+                "sandbox: "
+                + ", ".join(f"{k} by {v:.3f} s" for k, v in sandbox.phases.items())
+                + "\n"
+            )
 
     ref_ms = ref.median_ms
     performance = Performance(
@@ -447,6 +453,9 @@ def _drive(
         elif kind == "timing":
             timing = _timing_from(payload)
         elif kind == "done":
+            marks = payload.get("phases_s") if isinstance(payload, dict) else None
+            if isinstance(marks, dict):
+                sandbox.phases = {str(k): v for k, v in marks.items() if isinstance(v, float)}
             break
         else:
             raise ValueError(f"unknown message {kind!r}")

@@ -304,6 +304,11 @@ class _Child:
     def __init__(self, conn: Any, spec: SandboxSpec) -> None:
         self.conn, self.spec = conn, spec
         self.pid = os.getpid()
+        self.started = time.perf_counter()
+        self.marks: dict[str, float] = {}  # phase -> seconds since start (for the log)
+
+    def mark(self, phase: str) -> None:
+        self.marks[phase] = round(time.perf_counter() - self.started, 4)
 
     # ---------------------------------------------------------------- talking
     def send(self, kind: str, payload: Any = None) -> None:
@@ -370,6 +375,7 @@ class _Child:
                 definition, workload, device=device, seed=seed, blob_root=blob_root
             )
 
+        self.mark("cuda init" if device.type == "cuda" else "start")
         sets = [synth(s) for s in spec.seeds]
         swap = synth(spec.swap_seed) if spec.swap_seed is not None else None
         if device.type == "cuda":
@@ -397,6 +403,7 @@ class _Child:
             self.status("COMPILE_ERROR", str(exc))
             return
         check_tamper("import")
+        self.mark("inputs + import")
 
         dps = sol.spec.destination_passing_style
         names = list(definition.inputs)
@@ -439,6 +446,7 @@ class _Child:
             result = runners[0](*args0)
         sync()
         check_tamper("first call")
+        self.mark("setup + first call")
         self.send_and_wait(
             "outputs",
             {"phase": "first", "sets": [{"index": 0, "outputs": outputs_of(args0, result),
@@ -492,6 +500,7 @@ class _Child:
                 max_seconds=cfg.max_seconds, after=after,
             )  # fmt: skip
         check_tamper("timing")
+        self.mark("timing + checks")
         self.send("timing", asdict(timing))
 
     def check_after_timing(
@@ -565,7 +574,7 @@ def _child_main(conn: Any, spec: SandboxSpec) -> None:
         with contextlib.suppress(Exception):
             child.status("RUNTIME_ERROR", f"{type(exc).__name__}: {str(exc)[:500]}")
     with contextlib.suppress(Exception):
-        child.send("done")
+        child.send("done", {"phases_s": child.marks})
     child.linger()  # never returns: no atexit handlers, no threads of the solution run on
 
 
@@ -670,6 +679,7 @@ class Sandbox:
             self.process.start()
         child.close()
         self.conn = parent
+        self.phases: dict[str, float] = {}  # the child's phase times, from its last message
 
     def receive(self, timeout: float) -> tuple[str, Any]:
         """The next message; SandboxTimeout / SandboxDied when there is none."""

@@ -204,13 +204,25 @@ def _is_attention_value(definition: Definition, lname: str) -> bool:
     )
 
 
+# Float inputs at least this large are drawn on the target GPU, from a generator seeded by
+# the CPU generator's stream: the same seed gives the same values on the same kind of device
+# (every sandbox of `flashtune run` synthesizes the inputs the worker checks against), and a
+# paged KV cache of 10^8 elements takes milliseconds instead of seconds of CPU randn.
+_DEVICE_DRAW_MIN_NUMEL = 1 << 20
+
+
 class _Synth:
     def __init__(
-        self, definition: Definition, axes: Mapping[str, int], gen: torch.Generator
+        self,
+        definition: Definition,
+        axes: Mapping[str, int],
+        gen: torch.Generator,
+        device: torch.device | None = None,
     ) -> None:
         self.d = definition
         self.axes = axes
         self.gen = gen
+        self.device = device
         self.totals = _totals_from_constraints(definition)
         self.page_size = axes.get("page_size", 1)
         self.lengths: dict[str, list[int]] = {}  # indptr name -> segment lengths
@@ -257,12 +269,20 @@ class _Synth:
         if lname == "cos_sin_cache":
             # Real caches hold cos/sin values, in [-1, 1].
             return (torch.rand(shape, generator=self.gen) * 2 - 1).to(dtype)
-        x = torch.randn(shape, generator=self.gen)
+        x = self._randn(shape)
         if _is_attention_value(self.d, lname):
             x = x + ATTENTION_VALUE_MEAN
         if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             return x.clamp(-8, 8).to(dtype)
         return x.to(dtype)
+
+    def _randn(self, shape: tuple[int, ...]) -> torch.Tensor:
+        dev = self.device
+        if dev is None or dev.type != "cuda" or math.prod(shape) < _DEVICE_DRAW_MIN_NUMEL:
+            return torch.randn(shape, generator=self.gen)
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.gen).item())
+        device_gen = torch.Generator(device=dev).manual_seed(seed)
+        return torch.randn(shape, generator=device_gen, device=dev)
 
     def _indptr(
         self, name: str, length: int, dtype: torch.dtype, done: dict[str, Any]
@@ -350,7 +370,7 @@ def synthesize_inputs(
     """
     axes = resolve_axes(definition, workload)
     gen = torch.Generator().manual_seed(seed)
-    synth = _Synth(definition, axes, gen)
+    synth = _Synth(definition, axes, gen, torch.device(device))
     values: dict[str, Any] = {}
     for name in _input_order(definition):
         spec = definition.inputs[name]
