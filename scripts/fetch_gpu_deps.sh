@@ -5,12 +5,14 @@
 # Run it once here, then pass carry=[".peer"] to each run (scripts/gpu_session.sh uses it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A fresh clone may lack .git/info/ (git does not create it): make it before writing there.
+mkdir -p .git/info
 grep -qx '/.peer/' .git/info/exclude 2>/dev/null || echo '/.peer/' >> .git/info/exclude
 mkdir -p .peer/wheels
 sdist=flashinfer_python-0.2.14.post1.tar.gz
 if [ ! -f ".peer/$sdist" ]; then
-  url=$(curl -s https://pypi.org/simple/flashinfer-python/ | grep -o "https://[^\"#]*/$sdist" | head -1)
-  curl -sL -o ".peer/$sdist" "$url"
+  # By name, through pip's own configuration: no registry address in this repository.
+  python3 -m pip download -q --no-deps --no-binary :all: flashinfer-python==0.2.14.post1 -d .peer
 fi
 [ -f .peer/flashinfer-from-sdist.sh ] || cp ../shared/gpu/flashinfer-from-sdist.sh .peer/
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

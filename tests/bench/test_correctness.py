@@ -41,7 +41,7 @@ def test_tolerance_priority_default_op_type_tag_cli():
     assert tolerance_for(d, "bfloat16") == bf16
     assert bf16.max_rel_norm == 1e-2 and bf16.max_abs == math.inf
     lse = tolerance_for(_definition("gqa_paged"), "float32")
-    assert (lse.atol, lse.rtol, lse.matched_ratio, lse.max_abs) == (1e-4, 0.0, 1.0, 1e-4)
+    assert (lse.atol, lse.rtol, lse.matched_ratio, lse.max_abs) == (1e-3, 0.0, 1.0, 1e-3)
     tagged = _definition(
         tags=[
             "tol:atol=0.5",
@@ -82,13 +82,13 @@ def test_attention_lse_bound_is_absolute_for_every_attention_op_type():
             }
         )
         ref = torch.linspace(2.0, 16.0, 64)  # base-2 LSE of 4 .. 64k keys
-        ok = compare_outputs(d, {"lse": ref}, {"lse": ref + 5e-5})
+        ok = compare_outputs(d, {"lse": ref}, {"lse": ref + 5e-4})
         assert ok.status is EvaluationStatus.PASSED, ok.reason
-        bad = compare_outputs(d, {"lse": ref}, {"lse": ref + 1e-3})
+        bad = compare_outputs(d, {"lse": ref}, {"lse": ref + 2e-3})
         assert bad.status is EvaluationStatus.INCORRECT_NUMERICAL, op_type
         # one element off: matched_ratio 1.0 and max_abs both refuse it
         one = ref.clone()
-        one[-1] += 1e-3
+        one[-1] += 2e-3
         assert compare_outputs(d, {"lse": ref}, {"lse": one}).status.value == "INCORRECT_NUMERICAL"
 
 

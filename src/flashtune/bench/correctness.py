@@ -53,15 +53,16 @@ tag.
 
 Attention (op_types in `ATTENTION_OP_TYPES`): their fp32 output is the base-2 log-sum-exp
 of the logits. Its error is absolute (a log: absolute error = relative error of the softmax
-denominator), so it gets atol 1e-4, rtol 0, matched 1.0, max_abs 1e-4 (`OP_TYPE_TOLERANCES`).
-Honest kernels compute the logits exactly (bf16 x bf16 products summed in fp32) and only
-round P to bf16 for the PV product, which the LSE never sees: measured on H100 over every
-bundled gqa workload (up to 32k tokens), the flashtune kernels' LSE differs by at most
-2.9e-6 (1.9e-6 in a CPU emulation at 32k tokens), so 1e-4 leaves a 34x margin. (An
-earlier comment here put the difference at 1e-2; that did not reproduce.) Wrong kernels:
-skipping 128 of 2048 pages moves the LSE by 9.8e-2, a softmax scale x1.05 by 7.6e-2, x1.01
-by 1.8e-2, the last page of a 32k-token request by 9.8e-4 to 1.5e-3: a bound of 1e-3 would
-let that one through. Kernels that approximate the logits (soft-capping through tanh.approx,
+denominator), so it gets atol 1e-3, rtol 0, matched 1.0, max_abs 1e-3 (`OP_TYPE_TOLERANCES`).
+Honest kernels differ by far less, but not all by the same: measured on H100 over every
+bundled gqa workload (up to 32k tokens), flashtune's kernels differ by at most 2.9e-6 (1.9e-6
+in a CPU emulation at 32k tokens); FlashInfer 0.2.14's decode kernels (exp2 approximations)
+differ by more than 1e-4 on 5-88% of request-heads in the same run, so a 1e-4 bound failed a
+peer its users trust. (An earlier comment here put the difference at 1e-2; that did not
+reproduce.) Wrong kernels: skipping 128 of 2048 pages moves the LSE by 9.8e-2, a softmax
+scale x1.05 by 7.6e-2, x1.01 by 1.8e-2: caught. The known gap: the last page of a 32k-token
+request moves it by 9.8e-4 to 1.5e-3, at the bound; on the bundled workloads (requests of at
+most a few thousand tokens) one page is a larger share and is caught. Kernels that approximate the logits (soft-capping through tanh.approx,
 fp16 QK accumulation) err by ~1e-3 and need a tag such as ``tol:float32:max_abs=3e-3``.
 
 Overrides, in increasing priority: per op_type (`OP_TYPE_TOLERANCES`), per definition (tags
@@ -129,9 +130,9 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "float8_e5m2": Tolerance(2.5e-1, 2.5e-1, 0.99, 2e-1),
 }
 
-# Attention's fp32 output, the base-2 LSE: an absolute bound (honest kernels: <= 2.9e-6 on
-# H100 over the bundled workloads; one skipped page in 32k tokens, 9.8e-4, must fail).
-_LSE = Tolerance(atol=1e-4, rtol=0.0, matched_ratio=1.0, max_rel_norm=1e-3, max_abs=1e-4)
+# Attention's fp32 output, the base-2 LSE: an absolute bound of 1e-3 (flashtune <= 2.9e-6 on
+# H100; FlashInfer's decode exceeds 1e-4 on many request-heads; see the module docstring).
+_LSE = Tolerance(atol=1e-3, rtol=0.0, matched_ratio=1.0, max_rel_norm=1e-3, max_abs=1e-3)
 # op_type -> dtype -> Tolerance, replacing the dtype's default.
 OP_TYPE_TOLERANCES: dict[str, dict[str, Tolerance]] = {
     op_type: {"float32": _LSE} for op_type in sorted(ATTENTION_OP_TYPES)
