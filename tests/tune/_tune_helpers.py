@@ -81,3 +81,18 @@ def tune_shapes(path: str, rows: Sequence[int], barrier: Any = None, event: Any 
             event.set()
         if barrier is not None:
             barrier.wait(timeout=120)
+
+
+def install_fresh_tuner(monkeypatch: Any, tmp_path: Any) -> Any:
+    """A new AutoTuner singleton for one test, the fake clock, and no bundled configs."""
+    from flashtune.tune import AutoTuner
+    from flashtune.tune import tuner as tuner_mod
+
+    tuner = AutoTuner()
+    tuner.show_progress = False
+    monkeypatch.setattr(AutoTuner, "_instance", tuner)
+    monkeypatch.setattr(tuner_mod, "_measure", fake_measure)
+    monkeypatch.setattr(tuner_mod, "BUNDLED_DIR", tmp_path / "no-bundled")
+    monkeypatch.setenv("FLASHTUNE_AUTOTUNE_LOAD_BUNDLED", "0")
+    TIMED.clear()
+    return tuner

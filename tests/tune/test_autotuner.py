@@ -40,14 +40,7 @@ CFG = H.CONFIG
 @pytest.fixture(autouse=True)
 def fresh_tuner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AutoTuner:
     """A new singleton per test, the fake clock, and no bundled configs unless asked."""
-    tuner = AutoTuner()
-    tuner.show_progress = False
-    monkeypatch.setattr(AutoTuner, "_instance", tuner)
-    monkeypatch.setattr(tuner_mod, "_measure", H.fake_measure)
-    monkeypatch.setattr(tuner_mod, "BUNDLED_DIR", tmp_path / "no-bundled")
-    monkeypatch.setenv("FLASHTUNE_AUTOTUNE_LOAD_BUNDLED", "0")
-    H.TIMED.clear()
-    return tuner
+    return H.install_fresh_tuner(monkeypatch, tmp_path)
 
 
 def x(m: int, k: int = 4) -> torch.Tensor:

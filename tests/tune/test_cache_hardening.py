@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _tune_helpers as H  # noqa: E402
 
 from flashtune.tune import AutoTuner, AutotuneWarning, autotune, choose_one, load_configs  # noqa: E402
-from flashtune.tune import tuner as tuner_mod  # noqa: E402
 from flashtune.tune.cache_file import current_metadata, read_cache_file, write_cache_file  # noqa: E402
 
 CFG = H.CONFIG
@@ -30,14 +29,7 @@ KEY = ("fake", "FakeRunner", ((4, 4),))
 
 @pytest.fixture(autouse=True)
 def fresh_tuner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AutoTuner:
-    tuner = AutoTuner()
-    tuner.show_progress = False
-    monkeypatch.setattr(AutoTuner, "_instance", tuner)
-    monkeypatch.setattr(tuner_mod, "_measure", H.fake_measure)
-    monkeypatch.setattr(tuner_mod, "BUNDLED_DIR", tmp_path / "no-bundled")
-    monkeypatch.setenv("FLASHTUNE_AUTOTUNE_LOAD_BUNDLED", "0")
-    H.TIMED.clear()
-    return tuner
+    return H.install_fresh_tuner(monkeypatch, tmp_path)
 
 
 def timed() -> int:

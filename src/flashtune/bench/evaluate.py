@@ -226,10 +226,12 @@ class _Workload:
         self.stochastic = is_stochastic(definition)
         self.swap_seed: int | None = None
         self.swap_ref: dict[str, Any] | None = None
+        self.swap: dict[str, Any] | None = None  # the float values of the swap check
         if not self.stochastic:
             swap = self.synth(cfg.seed + _SWAP_SEED_OFFSET)
             floats = float_input_names(swap)
             if floats:
+                self.swap = {k: swap[k] for k in floats}
                 mixed = dict(self.sets[0])
                 mixed.update({k: swap[k] for k in floats})
                 self.swap_seed = cfg.seed + _SWAP_SEED_OFFSET
@@ -365,7 +367,15 @@ def _evaluate_one(
         "roots": wl.roots(),
         "stochastic": wl.stochastic,
     }
+    shared: list[dict[str, Any]] | None = None
+    if wl.device.type == "cpu":
+        # Shared memory: the child works on these very tensors (no second synthesis, nothing
+        # large sent back); the worker compares them with its pristine sets.
+        shared = [_shared_clone(x) for x in wl.sets]
+        spec["shared_sets"] = shared
+        spec["shared_swap"] = _shared_clone(wl.swap) if wl.swap is not None else None
     with open_sandbox(spec) as sandbox:
+        sandbox.shared_sets = shared
         try:
             verdict, timing = _drive(sandbox, definition, wl, cfg, timeout)
         except _Failed as exc:
@@ -421,6 +431,13 @@ def _evaluate_one(
     return trace(EvaluationStatus.PASSED, None, verdict, performance)
 
 
+def _shared_clone(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: v.clone().share_memory_() if isinstance(v, torch.Tensor) else v
+        for k, v in inputs.items()
+    }
+
+
 def _indexed(device: torch.device) -> str:
     """'cuda' -> 'cuda:<current>': the sandbox must use the worker's GPU."""
     if device.type == "cuda" and device.index is None:
@@ -448,7 +465,9 @@ def _drive(
         if kind == "outputs":
             phase = payload.get("phase")
             phases.add(phase)
-            verdict = _check_phase(definition, wl, cfg, phase, payload) or verdict
+            verdict = (
+                _check_phase(definition, wl, cfg, phase, payload, sandbox.shared_sets) or verdict
+            )
             sandbox.ack()
         elif kind == "timing":
             timing = _timing_from(payload)
@@ -485,7 +504,12 @@ def _timing_from(payload: Any) -> Timing:
 
 
 def _check_phase(
-    definition: Definition, wl: _Workload, cfg: BenchConfig, phase: str, payload: dict
+    definition: Definition,
+    wl: _Workload,
+    cfg: BenchConfig,
+    phase: str,
+    payload: dict,
+    shared: list[dict[str, Any]] | None = None,
 ) -> Verdict | None:
     """Check one batch of outputs (and inputs) sent by the sandbox."""
     when = {
@@ -505,12 +529,23 @@ def _check_phase(
             raise _Failed(verdict.status, verdict.reason or "", verdict)
         return verdict
     verdict = None
-    for entry in payload.get("sets") or []:
+    entries = payload.get("sets") or []
+    if phase == "timed":
+        covered = {e.get("index") for e in entries if e.get("outputs") is not None}
+        if covered != set(range(len(wl.sets))):
+            raise _Failed(
+                EvaluationStatus.RUNTIME_ERROR,
+                f"after timing: outputs came back for input sets {sorted(covered, key=str)}, "
+                f"not for all {len(wl.sets)}",
+            )
+    for entry in entries:
         index = entry.get("index")
         if not isinstance(index, int) or not 0 <= index < len(wl.sets):
             raise ValueError(f"input set index {index!r}")
-        if entry.get("inputs") is not None:
-            got = entry["inputs"]
+        got = entry.get("inputs")
+        if got is None and shared is not None and phase in ("first", "timed"):
+            got = shared[index]
+        if got is not None:
             pristine = wl.sets[index]
             if not isinstance(got, dict) or set(got) != set(pristine):
                 raise ValueError("the inputs sent back do not name the definition's inputs")

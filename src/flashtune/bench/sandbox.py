@@ -69,6 +69,7 @@ __all__ = [
     "SandboxDied",
     "SandboxTimeout",
     "float_input_names",
+    "describe_exit",
 ]
 
 _LOG_LIMIT = 8000
@@ -267,6 +268,11 @@ class SandboxSpec:
     roots: tuple[str, ...]
     stochastic: bool
     log_path: str
+    # CPU only: the worker's own working copies in shared memory (set i, then the swap
+    # values). The child writes into the very tensors the worker checks, and nothing large
+    # is synthesized twice or sent back by value. None: the child synthesizes from seeds.
+    shared_sets: list[dict[str, Any]] | None = None
+    shared_swap: dict[str, Any] | None = None
 
 
 def float_input_names(inputs: Mapping[str, Any]) -> list[str]:
@@ -376,8 +382,13 @@ class _Child:
             )
 
         self.mark("cuda init" if device.type == "cuda" else "start")
-        sets = [synth(s) for s in spec.seeds]
-        swap = synth(spec.swap_seed) if spec.swap_seed is not None else None
+        shared = spec.shared_sets is not None
+        if shared:
+            sets = [dict(x) for x in spec.shared_sets or []]
+            swap = spec.shared_swap
+        else:
+            sets = [synth(s) for s in spec.seeds]
+            swap = synth(spec.swap_seed) if spec.swap_seed is not None else None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
@@ -424,7 +435,9 @@ class _Child:
                 return dict(zip(out_names, args[len(names) :], strict=False))
             return result
 
-        def inputs_of(args: Sequence[Any]) -> dict[str, Any]:
+        def inputs_of(args: Sequence[Any]) -> dict[str, Any] | None:
+            if shared:  # the worker reads its shared tensors itself
+                return None
             return dict(zip(names, args[: len(names)], strict=False))
 
         def sync() -> None:
@@ -581,6 +594,19 @@ def _child_main(conn: Any, spec: SandboxSpec) -> None:
 # --------------------------------------------------------------------------- the worker side
 
 
+def describe_exit(code: int | None, who: str) -> str:
+    """'<who> died with SIGSEGV' and the like, from a multiprocessing exit code."""
+    if code is None:
+        return f"{who} stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"{who} died with {name}"
+    return f"{who} exited with code {code}"
+
+
 class SandboxDied(RuntimeError):
     """The child exited or was killed before it finished."""
 
@@ -680,6 +706,7 @@ class Sandbox:
         child.close()
         self.conn = parent
         self.phases: dict[str, float] = {}  # the child's phase times, from its last message
+        self.shared_sets: list[dict[str, Any]] | None = None  # CPU: the child's inputs
 
     def receive(self, timeout: float) -> tuple[str, Any]:
         """The next message; SandboxTimeout / SandboxDied when there is none."""
@@ -710,16 +737,7 @@ class Sandbox:
 
     def _exit_text(self) -> str:
         self.process.join(2)
-        code = self.process.exitcode
-        if code is None:
-            return "the solution's process stopped answering"
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"the solution's process died with {name}"
-        return f"the solution's process exited with code {code}"
+        return describe_exit(self.process.exitcode, "the solution's process")
 
     def log(self) -> str:
         try:

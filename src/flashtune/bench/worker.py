@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
-import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -152,15 +151,9 @@ def _release_memory(device: Any) -> None:
 
 
 def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "worker stopped answering"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"worker process died with {name}"
-    return f"worker process exited with code {code}"
+    from flashtune.bench.sandbox import describe_exit
+
+    return describe_exit(code, "worker process")
 
 
 class Worker:
