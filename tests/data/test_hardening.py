@@ -416,3 +416,25 @@ def test_matching_blob_validates_clean(ds_root: Path) -> None:
     _save_blob(ds_root, x=torch.randn(1, 4))
     _write_workload(ds_root, {"x": _blob_input()})
     assert _errors(ds_root) == []
+
+
+def test_flashtune_run_reports_a_blob_that_does_not_fit_as_an_input_error(
+    ds_root: Path, tmp_path: Path
+) -> None:
+    from flashtune.bench.evaluate import BenchConfig
+    from flashtune.bench.runner import RunOptions, run_benchmark
+
+    _write_definition(ds_root)
+    _write(ds_root / "solutions" / "alice" / "rows" / "rows_h4" / "mine.json", json.dumps(SOLUTION))
+    blob = _save_blob(ds_root, x=torch.randn(3, 4), indptr=torch.tensor([0, 3], dtype=torch.int32))
+    _write_workload(ds_root, {"x": _blob_input(), "indptr": _blob_input("indptr")})
+    opts = RunOptions(
+        datasets=[ds_root], out=tmp_path / "out", devices=["cpu"],
+        config=BenchConfig(warmup=1, iterations=2, trials=1),
+    )  # fmt: skip
+    result = run_benchmark(opts, progress=False)
+    (trace,) = result.traces
+    assert trace.evaluation.status.value == "INCORRECT_SHAPE"  # not PASSED as batch 1
+    reason = trace.evaluation.reason
+    for needle in ("workload input error", str(blob), "'batch_size'", "size 3"):
+        assert needle in reason, reason
