@@ -42,6 +42,7 @@ __all__ = [
     "l2_bytes",
     "clone_inputs",
     "copies_for_cold_l2",
+    "cold_l2_sets",
 ]
 
 # Bound once, at import: a solution that later replaces `time.perf_counter` does not move
@@ -121,6 +122,13 @@ def copies_for_cold_l2(args: Sequence[Any], device: torch.device, max_copies: in
     return max(1, min(max_copies, math.ceil(2 * l2_bytes(device) / nbytes)))
 
 
+def _enough(
+    now: float, start: float, deadline: float, done: int, wanted: int, min_ms: float
+) -> bool:
+    """Stop sampling: past the deadline, or `wanted` samples (calls) taking `min_ms` or more."""
+    return now > deadline or (done >= wanted and (now - start) * 1e3 >= min_ms)
+
+
 def _stats(samples_ms: list[float], method: str = "cpu", calls_per_sample: int = 1) -> Timing:
     samples_ms = sorted(samples_ms)
     n = len(samples_ms)
@@ -143,6 +151,19 @@ def _device_of(args: Sequence[Any]) -> torch.device:
         if isinstance(a, torch.Tensor):
             return a.device
     return torch.device("cpu")
+
+
+def cold_l2_sets(sets: Sequence[Sequence[Any]], device: torch.device) -> list[list[Any]]:
+    """`sets` followed by clones of them, round robin (set i is a copy of set i mod
+    len(sets)), until their bytes exceed twice the L2 on a GPU (`copies_for_cold_l2`)."""
+    out = [list(x) for x in sets]
+    if device.type != "cuda":
+        return out
+    need = copies_for_cold_l2(out[0], device)
+    base = len(out)
+    while len(out) < need:
+        out.append(clone_inputs(out[len(out) % base]))
+    return out
 
 
 def _default_input_sets(
@@ -203,7 +224,7 @@ def _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds, min_ms: float
         now = _clock()
         samples.append((now - start) * 1e3)
         i += 1
-        if now > deadline or (i >= repetitions and (now - start_all) * 1e3 >= min_ms):
+        if _enough(now, start_all, deadline, i, repetitions, min_ms):
             break
     return _stats(samples, "cpu")
 
@@ -246,7 +267,7 @@ class _Calls:
                 if i % 4 == 0 or i >= calls:
                     self.stream.synchronize()  # wall time must include the GPU work
                     now = _clock()
-                    if now > deadline or (i >= calls and (now - start) * 1e3 >= min_ms):
+                    if _enough(now, start, deadline, i, calls, min_ms):
                         break
         return (_clock() - start) * 1e3 / i
 
@@ -386,9 +407,7 @@ def _sample_events(
             if len(samples_ev) % 8 == 0 or len(samples_ev) >= repetitions:
                 stream.synchronize()  # keep the host within a few samples of the device
                 now = _clock()
-                if now > deadline or (
-                    len(samples_ev) >= repetitions and (now - start_all) * 1e3 >= min_ms
-                ):
+                if _enough(now, start_all, deadline, len(samples_ev), repetitions, min_ms):
                     break
     stream.synchronize()
     samples = [s.elapsed_time(e) / calls_per_sample for s, e in samples_ev]
@@ -419,9 +438,7 @@ def _sample_device_wide(
             now = _clock()
             samples.append((now - start) * 1e3 / calls_per_sample)
             calls.touched = max(calls.touched, min(call, n))
-            if now > deadline or (
-                len(samples) >= repetitions and (now - start_all) * 1e3 >= min_ms
-            ):
+            if _enough(now, start_all, deadline, len(samples), repetitions, min_ms):
                 break
     return _stats(samples, "device_sync", calls_per_sample)
 
@@ -448,9 +465,7 @@ def _sample_graph(
             if len(samples_ev) % 8 == 0 or len(samples_ev) >= repetitions:
                 stream.synchronize()
                 now = _clock()
-                if now > deadline or (
-                    len(samples_ev) >= repetitions and (now - start_all) * 1e3 >= min_ms
-                ):
+                if _enough(now, start_all, deadline, len(samples_ev), repetitions, min_ms):
                     break
     stream.synchronize()
     samples = [s.elapsed_time(e) / calls_per_graph for s, e in samples_ev]
@@ -481,8 +496,9 @@ def measure_robust(
 
     after: called once timing is over, while what was timed still exists, as
     `after(replay, results)`: with a CUDA graph, `replay()` runs the timed graph once more
-    (one call per input set, at least) and `results[i]` is what the graph's last call on
-    input set i returned, rewritten by every replay; otherwise `replay` is None and
+    and `results[i]` is what the graph's last call on input set i returned, rewritten by
+    every replay (a graph of fewer calls than sets has no entry for the later sets);
+    otherwise `replay` is None and
     `results` is empty (call `fn` again). The benchmark checks the timed work with it.
 
     The choices, and what each one fixes:
@@ -569,7 +585,7 @@ def _measure_robust_gpu(
                 for _ in range(trials)
             ]
             if after is not None:
-                after(_replayer(graph, calls.stream, per_sample, len(calls.sets)), calls.results)
+                after(_replayer(graph, calls.stream), calls.results)
             del graph
             return _combine(results)
     results = [
@@ -581,10 +597,8 @@ def _measure_robust_gpu(
     return replace(_combine(results), fallback=fallback)
 
 
-def _replayer(graph: torch.cuda.CUDAGraph, stream, calls_per_graph: int, sets: int):
+def _replayer(graph: torch.cuda.CUDAGraph, stream) -> Callable[[], None]:
     def replay() -> None:
-        # A graph of fewer calls than input sets leaves the later sets' results unset:
-        # `results` only holds the sets the graph covers.
         with torch.cuda.stream(stream):
             graph.replay()
         torch.cuda.synchronize()

@@ -66,7 +66,7 @@ from flashtune.bench.sandbox import (
     float_input_names,
     open_sandbox,
 )
-from flashtune.timing import Timing, clone_inputs, copies_for_cold_l2, measure_robust
+from flashtune.timing import Timing, cold_l2_sets, measure_robust
 
 __all__ = ["BenchConfig", "Event", "evaluate_workload", "make_trace", "LOG_LIMIT"]
 
@@ -171,24 +171,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _cold_l2_sets(sets: list[list[Any]], device: torch.device) -> list[list[Any]]:
-    """On a GPU, add clones of the distinct input sets until their bytes exceed twice the L2
-    (timing.copies_for_cold_l2), so no timed call finds its inputs cache-resident."""
-    if device.type != "cuda":
-        return sets
-    need = copies_for_cold_l2(sets[0], device)
-    base = len(sets)
-    while len(sets) < need:
-        sets.append(clone_inputs(sets[len(sets) % base]))
-    return sets
-
-
 def _time_reference(
     fn: Callable[..., Any], input_sets: list[list[Any]], cfg: BenchConfig, device
 ) -> Timing:
     """The reference is timed briefly (one trial, a smaller budget): it is a readable
     baseline, often slow (Python loops). Solutions are timed in their sandbox."""
-    input_sets = _cold_l2_sets(input_sets, device)
+    input_sets = cold_l2_sets(input_sets, device)
     return measure_robust(
         fn, input_sets[0], input_sets=input_sets, method=cfg.timing_method,  # type: ignore[arg-type]
         warmup=min(cfg.warmup, 2), warmup_ms=min(cfg.warmup_ms, 10.0),
@@ -220,9 +208,7 @@ class _Workload:
         n = max(1, cfg.input_sets or 1)
         self.seeds = (cfg.seed, *(cfg.seed + 1 + i for i in range(n - 1)))
         self.sets = [self.synth(s) for s in self.seeds]
-        self.inputs = self.sets[0]
         self.refs = [self.run_reference(s) for s in self.sets]
-        self.ref_outputs = self.refs[0]
         self.stochastic = is_stochastic(definition)
         self.swap_seed: int | None = None
         self.swap_ref: dict[str, Any] | None = None
@@ -367,41 +353,30 @@ def _evaluate_one(
         "roots": wl.roots(),
         "stochastic": wl.stochastic,
     }
-    shared: list[dict[str, Any]] | None = None
     if wl.device.type == "cpu":
         # Shared memory: the child works on these very tensors (no second synthesis, nothing
         # large sent back); the worker compares them with its pristine sets.
-        shared = [_shared_clone(x) for x in wl.sets]
-        spec["shared_sets"] = shared
+        spec["shared_sets"] = [_shared_clone(x) for x in wl.sets]
         spec["shared_swap"] = _shared_clone(wl.swap) if wl.swap is not None else None
+    failure: tuple[EvaluationStatus, str, Verdict | None] | None = None
     with open_sandbox(spec) as sandbox:
-        sandbox.shared_sets = shared
         try:
-            verdict, timing = _drive(sandbox, definition, wl, cfg, timeout)
+            verdict, timing, marks = _drive(sandbox, definition, wl, cfg, timeout)
         except _Failed as exc:
-            log.write(sandbox.log())
-            return trace(exc.status, exc.reason, exc.verdict)
+            failure = (exc.status, exc.reason, exc.verdict)
         except SandboxTimeout:
-            log.write(sandbox.log())
-            return trace(
-                EvaluationStatus.TIMEOUT,
-                f"{sol.name} ran past the {timeout:g} s timeout; its process was killed",
-            )
+            why = f"{sol.name} ran past the {timeout:g} s timeout; its process was killed"
+            failure = (EvaluationStatus.TIMEOUT, why, None)
         except SandboxDied as exc:
-            log.write(sandbox.log())
-            return trace(EvaluationStatus.RUNTIME_ERROR, str(exc))
+            failure = (EvaluationStatus.RUNTIME_ERROR, str(exc), None)
         except (ValueError, pickle.UnpicklingError, TypeError, KeyError) as exc:
-            log.write(sandbox.log())
-            return trace(
-                EvaluationStatus.RUNTIME_ERROR, f"malformed message from the sandbox: {exc}"
-            )
+            why = f"malformed message from the sandbox: {exc}"
+            failure = (EvaluationStatus.RUNTIME_ERROR, why, None)
         log.write(sandbox.log())
-        if sandbox.phases:
-            log.write(
-                "sandbox: "
-                + ", ".join(f"{k} by {v:.3f} s" for k, v in sandbox.phases.items())
-                + "\n"
-            )
+    if failure is not None:
+        return trace(*failure)
+    if marks:
+        log.write("sandbox: " + ", ".join(f"{k} by {v:.3f} s" for k, v in marks.items()) + "\n")
 
     ref_ms = ref.median_ms
     performance = Performance(
@@ -447,13 +422,14 @@ def _indexed(device: torch.device) -> str:
 
 def _drive(
     sandbox: Sandbox, definition: Definition, wl: _Workload, cfg: BenchConfig, timeout: float
-) -> tuple[Verdict, Timing]:
-    """Follow the sandbox's messages to the end; check every output it sends. Raises
-    _Failed with the first failure."""
+) -> tuple[Verdict, Timing, dict[str, float]]:
+    """Follow the sandbox's messages to the end; check every output it sends. Returns the
+    verdict, the timing and the child's phase times; raises _Failed with the first failure."""
     deadline = time.monotonic() + timeout
     verdict: Verdict | None = None
     timing: Timing | None = None
     phases: set[str] = set()
+    marks: dict[str, float] = {}
     while True:
         kind, payload = sandbox.receive(max(0.0, deadline - time.monotonic()))
         if kind == "status":
@@ -466,15 +442,16 @@ def _drive(
             phase = payload.get("phase")
             phases.add(phase)
             verdict = (
-                _check_phase(definition, wl, cfg, phase, payload, sandbox.shared_sets) or verdict
+                _check_phase(definition, wl, cfg, phase, payload, sandbox.spec.shared_sets)
+                or verdict
             )
             sandbox.ack()
         elif kind == "timing":
             timing = _timing_from(payload)
         elif kind == "done":
-            marks = payload.get("phases_s") if isinstance(payload, dict) else None
-            if isinstance(marks, dict):
-                sandbox.phases = {str(k): v for k, v in marks.items() if isinstance(v, float)}
+            got = payload.get("phases_s") if isinstance(payload, dict) else None
+            if isinstance(got, dict):
+                marks = {str(k): v for k, v in got.items() if isinstance(v, float)}
             break
         else:
             raise ValueError(f"unknown message {kind!r}")
@@ -486,7 +463,7 @@ def _drive(
             EvaluationStatus.RUNTIME_ERROR,
             f"the solution's process ended before the harness finished ({', '.join(missing)})",
         )
-    return verdict, timing
+    return verdict, timing, marks
 
 
 def _timing_from(payload: Any) -> Timing:

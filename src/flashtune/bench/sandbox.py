@@ -73,7 +73,6 @@ __all__ = [
 ]
 
 _LOG_LIMIT = 8000
-_START_TIMEOUT_S = 120.0
 
 # --------------------------------------------------------------------------- messages
 
@@ -219,14 +218,17 @@ def _guarded() -> list[tuple[str, Any]]:
     return spaces
 
 
+def _is_guarded(value: Any) -> bool:
+    """Functions, classes and modules: what a patch replaces (flags and counters change
+    legitimately)."""
+    return callable(value) or isinstance(value, type(time))
+
+
 def _snapshot() -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for label, space in _guarded():
-        names = vars(space)
-        out[label] = {
-            k: v for k, v in list(names.items()) if callable(v) or isinstance(v, type(time))
-        }
-    return out
+    return {
+        label: {k: v for k, v in list(vars(space).items()) if _is_guarded(v)}
+        for label, space in _guarded()
+    }
 
 
 # Namespaces where a new name is tampering too (it shadows an inherited C method, e.g.
@@ -245,7 +247,7 @@ def _tampered(before: dict[str, dict[str, Any]]) -> list[str]:
                 changed.append(f"{label}.{k}")
         if label in _CLOSED:
             for k, v in list(now.items()):
-                if k not in old and (callable(v) or isinstance(v, type(time))):
+                if k not in old and _is_guarded(v):
                     changed.append(f"{label}.{k}")
     return changed
 
@@ -363,7 +365,7 @@ class _Child:
         from flashtune.bench.evaluate import BenchConfig
         from flashtune.data.dataset import Dataset
         from flashtune.data.models import Definition, Solution, Workload
-        from flashtune.data.synth import resolve_axes, synthesize_inputs
+        from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
 
         spec = self.spec
         device = torch.device(spec.device)
@@ -424,8 +426,6 @@ class _Child:
             args = [inputs[n] for n in names]
             if dps:
                 for o in definition.outputs.values():
-                    from flashtune.data.synth import torch_dtype
-
                     shape = tuple(axes[a] for a in o.shape or ())
                     args.append(torch.empty(shape, dtype=torch_dtype(o.dtype), device=device))
             return args
@@ -479,19 +479,13 @@ class _Child:
             del draws
 
         # 4. timing, 5./6. checks while the timed work still exists
-        from flashtune.timing import clone_inputs, copies_for_cold_l2, measure_robust
+        from flashtune.timing import cold_l2_sets, measure_robust
 
-        timed = [list(a) for a in arg_sets]
-        source = list(range(len(timed)))
-        if device.type == "cuda":
-            need = copies_for_cold_l2(timed[0], device)
-            base = len(timed)
-            while len(timed) < need:
-                timed.append(clone_inputs(timed[len(timed) % base]))
-                source.append(len(timed) - 1 - ((len(timed) - 1) // base) * base)
-        by_first: dict[int, Callable[..., Any]] = {}
-        for i, args in enumerate(timed):
-            by_first[id(args[0])] = runners[source[i]]
+        # Timed sets: the distinct sets, then clones for a cold L2 (set i copies set
+        # i mod distinct, and is run by that set's runner).
+        distinct = len(arg_sets)
+        timed = cold_l2_sets(arg_sets, device)
+        by_first = {id(args[0]): runners[i % distinct] for i, args in enumerate(timed)}
         if callable(setup):
 
             def timed_fn(*args: Any) -> Any:
@@ -501,8 +495,8 @@ class _Child:
 
         def after(replay: Callable[[], None] | None, results: dict[int, Any]) -> None:
             self.check_after_timing(
-                timed, source, len(arg_sets), replay, results, timed_fn, outputs_of,
-                inputs_of, swap, names, sync,
+                timed, distinct, replay, results, timed_fn, outputs_of, inputs_of, swap, names,
+                sync,
             )  # fmt: skip
 
         with torch.no_grad():
@@ -517,8 +511,8 @@ class _Child:
         self.send("timing", asdict(timing))
 
     def check_after_timing(
-        self, timed, source, distinct, replay, results, timed_fn, outputs_of, inputs_of,
-        swap, names, sync,
+        self, timed, distinct, replay, results, timed_fn, outputs_of, inputs_of, swap, names,
+        sync,
     ) -> None:  # fmt: skip
         n_in = len(names)
 
@@ -544,7 +538,7 @@ class _Child:
             {
                 "phase": "timed",
                 "sets": [
-                    {"index": source[i], "outputs": got[i] if i < distinct else None,
+                    {"index": i % distinct, "outputs": got[i] if i < distinct else None,
                      "inputs": inputs_of(timed[i])}
                     for i in range(len(timed))
                 ],
@@ -666,13 +660,14 @@ def _descendants(pid: int) -> list[int]:
         children.setdefault(ppid, []).append(int(entry))
         if (pgrp == pid or session == pid) and int(entry) != pid:
             members.append(int(entry))
-    found, todo = [], [pid]
+    found: set[int] = set()
+    todo = [pid]
     while todo:
         for c in children.get(todo.pop(), []):
             if c not in found:
-                found.append(c)
+                found.add(c)
                 todo.append(c)
-    return sorted(set(found) | set(members))
+    return sorted(found | set(members))
 
 
 @contextlib.contextmanager
@@ -705,8 +700,6 @@ class Sandbox:
             self.process.start()
         child.close()
         self.conn = parent
-        self.phases: dict[str, float] = {}  # the child's phase times, from its last message
-        self.shared_sets: list[dict[str, Any]] | None = None  # CPU: the child's inputs
 
     def receive(self, timeout: float) -> tuple[str, Any]:
         """The next message; SandboxTimeout / SandboxDied when there is none."""
