@@ -185,14 +185,14 @@ def test_fork_then_exit_fails_at_once(tmp_path):
         "    time.sleep(30)\n"
         "    return x * w\n"
     )
-    start = time.monotonic()
     result = _run(tmp_path, {"forker": forker, "z_honest": HONEST}, timeout=120.0)
-    elapsed = time.monotonic() - start
     got = statuses(result.traces)
+    # RUNTIME_ERROR, not TIMEOUT: the exit is seen when it happens, while the forked copy
+    # sleeps on holding the pipe.
     assert got[("toy_scale_h8", "forker")] == "RUNTIME_ERROR"
     assert got[("toy_scale_h8", "z_honest")] == "PASSED"
-    # Not a TIMEOUT after the full 120 s: the exit is seen when it happens.
-    assert elapsed < 100, elapsed
+    reason = next(t for t in result.traces if t.solution == "forker").evaluation.reason
+    assert "exited with code 0" in reason, reason
 
 
 def test_forked_copy_cannot_speak_for_the_solution(tmp_path):

@@ -4,7 +4,6 @@ real file or model and checks it is refused, with a message naming the file and 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -181,12 +180,11 @@ def test_validate_names_file_and_constraint_without_running_it(
     assert not marker.exists()
 
 
-def test_huge_power_is_refused_quickly() -> None:
+def test_huge_power_is_refused_before_it_is_computed() -> None:
+    # 9 ** 9 ** 9 ** 9 would not finish: the refusal names the size limit it would exceed.
     definition = Definition.model_validate(_raw(constraints=["total == 9 ** 9 ** 9 ** 9"]))
-    start = time.perf_counter()
     with pytest.raises(ConstraintError, match=f"exceeds {MAX_INT_BITS} bits"):
         synthesize_inputs(definition, Workload(uuid="w", axes=AXES, inputs={}))
-    assert time.perf_counter() - start < 1.0
 
 
 def test_list_repetition_is_refused() -> None:
