@@ -369,7 +369,7 @@ def _evaluate_one(
             failure = (EvaluationStatus.TIMEOUT, why, None)
         except SandboxDied as exc:
             failure = (EvaluationStatus.RUNTIME_ERROR, str(exc), None)
-        except (ValueError, pickle.UnpicklingError, TypeError, KeyError) as exc:
+        except (ValueError, pickle.UnpicklingError, TypeError, KeyError, AttributeError) as exc:
             why = f"malformed message from the sandbox: {exc}"
             failure = (EvaluationStatus.RUNTIME_ERROR, why, None)
         log.write(sandbox.log())
