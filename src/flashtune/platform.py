@@ -33,6 +33,8 @@ __all__ = [
     "code_provenance",
     "files_hash",
     "source_hash",
+    "triton_version",
+    "library_versions",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -57,7 +59,7 @@ def kernels_available(device: torch.device | str) -> bool:
     dev = torch.device(device)
     if dev.type == "cuda":
         return True
-    return dev.type == "cpu" and triton_interpret() and _triton_version() is not None
+    return dev.type == "cpu" and triton_interpret() and triton_version() is not None
 
 
 def device_name(device: torch.device | str | None = None) -> str:
@@ -75,7 +77,7 @@ def compute_capability(device: torch.device | str | None = None) -> tuple[int, i
 
 
 @functools.lru_cache(maxsize=1)
-def _triton_version() -> str | None:
+def triton_version() -> str | None:
     try:
         import triton
     except Exception:  # triton is optional off Linux
@@ -233,6 +235,11 @@ def code_provenance(path: str | os.PathLike[str] | None = None) -> dict[str, Any
     return {"tree": None, "commit": None, "dirty": None, "source": "files", "files": files}
 
 
+def library_versions() -> dict[str, str | None]:
+    """The versions a measurement depends on: torch, Triton and the CUDA torch was built with."""
+    return {"torch": torch.__version__, "triton": triton_version(), "cuda": torch.version.cuda}
+
+
 def snapshot(
     device: torch.device | str | None = None, run_started: str | None = None
 ) -> dict[str, Any]:
@@ -243,9 +250,7 @@ def snapshot(
         "hardware": device_name(dev),
         "device": str(dev),
         "python": _py_platform.python_version(),
-        "torch": torch.__version__,
-        "triton": _triton_version(),
-        "cuda": torch.version.cuda,
+        **library_versions(),
         "flashtune": _flashtune_version(),
         "host": _py_platform.node(),
         "code": code_provenance(),

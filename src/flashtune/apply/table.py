@@ -205,12 +205,7 @@ def current_environment() -> dict[str, Any]:
     if platform.has_cuda():
         names = {platform.device_name(f"cuda:{i}") for i in range(torch.cuda.device_count())}
         hardware += sorted(names)
-    return {
-        "hardware": hardware,
-        "torch": torch.__version__,
-        "triton": platform._triton_version(),
-        "cuda": torch.version.cuda,
-    }
+    return {"hardware": hardware, **platform.library_versions()}
 
 
 def _recorded(environment: Mapping[str, Any], key: str) -> tuple[bool, Any]:

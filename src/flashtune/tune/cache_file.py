@@ -75,7 +75,7 @@ def current_metadata() -> dict[str, Any]:
     return {
         "flashtune_version": platform._flashtune_version(),
         "torch_version": torch.__version__,
-        "triton_version": platform._triton_version(),
+        "triton_version": platform.triton_version(),
         "cuda_version": torch.version.cuda,
         "gpu_name": snap_gpu,
     }
