@@ -62,9 +62,10 @@ except ImportError:  # pragma: no cover - until the data layer defines it
 from flashtune.bench.sandbox import (
     Sandbox,
     SandboxDied,
+    SandboxJob,
+    SandboxPool,
     SandboxTimeout,
     float_input_names,
-    open_sandbox,
 )
 from flashtune.timing import Timing, cold_l2_sets, measure_robust
 
@@ -255,10 +256,19 @@ def evaluate_workload(
     baselines: Sequence[str] = (),
     baseline_latency: tuple[str, float] | None = None,
     timeout: float = 300.0,
+    pool: SandboxPool | None = None,
 ) -> Iterator[Event]:
     """Evaluate `solutions` (baselines first) on one workload; yield start/trace events.
     Each solution runs in a sandbox process of its own (bench/sandbox.py), killed after
-    `timeout` seconds."""
+    `timeout` seconds. With a `pool` (the worker's), a solution's sandbox serves its next
+    workloads too; without one, the sandboxes end with this workload."""
+    if pool is None:
+        with SandboxPool() as own:
+            yield from evaluate_workload(
+                definition, workload, solutions, cfg, device, environment, blob_root,
+                baselines, baseline_latency, timeout, own,
+            )  # fmt: skip
+        return
     cfg = cfg.for_device(device)
     yield ("start", "reference")
     log = io.StringIO()
@@ -283,7 +293,7 @@ def evaluate_workload(
     for sol in solutions:
         yield ("start", sol.name)
         trace = _evaluate_one(
-            definition, workload, sol, wl, ref_timing, best, cfg, environment, timeout
+            definition, workload, sol, wl, ref_timing, best, cfg, environment, timeout, pool
         )
         perf = trace.evaluation.performance if trace.evaluation else None
         method = getattr(perf, "timing_method", None) if perf is not None else None
@@ -328,7 +338,8 @@ def _evaluate_one(
     baseline: tuple[str, float] | None,
     cfg: BenchConfig,
     environment: Mapping[str, Any],
-    timeout: float = 300.0,
+    timeout: float,
+    pool: SandboxPool,
 ) -> Trace:
     log = io.StringIO()
 
@@ -344,36 +355,47 @@ def _evaluate_one(
         return trace(EvaluationStatus.SKIPPED, str(exc))
     spec = {
         "definition": definition.to_json(),
-        "workload": workload.to_json(),
         "solution": sol.to_json(),
         "device": _indexed(wl.device),
         "config": asdict(cfg),
-        "seeds": tuple(wl.seeds),
-        "swap_seed": wl.swap_seed,
         "roots": wl.roots(),
-        "stochastic": wl.stochastic,
     }
+    shared = None
     if wl.device.type == "cpu":
         # Shared memory: the child works on these very tensors (no second synthesis, nothing
         # large sent back); the worker compares them with its pristine sets.
-        spec["shared_sets"] = [_shared_clone(x) for x in wl.sets]
-        spec["shared_swap"] = _shared_clone(wl.swap) if wl.swap is not None else None
+        shared = [_shared_clone(x) for x in wl.sets]
+    job = SandboxJob(
+        workload=workload.to_json(),
+        seeds=tuple(wl.seeds),
+        swap_seed=wl.swap_seed,
+        stochastic=wl.stochastic,
+        shared_sets=shared,
+        shared_swap=_shared_clone(wl.swap) if shared is not None and wl.swap is not None else None,
+    )
     failure: tuple[EvaluationStatus, str, Verdict | None] | None = None
-    with open_sandbox(spec) as sandbox:
-        try:
-            verdict, timing, marks = _drive(sandbox, definition, wl, cfg, timeout)
-        except _Failed as exc:
-            failure = (exc.status, exc.reason, exc.verdict)
-        except SandboxTimeout:
-            why = f"{sol.name} ran past the {timeout:g} s timeout; its process was killed"
-            failure = (EvaluationStatus.TIMEOUT, why, None)
-        except SandboxDied as exc:
-            failure = (EvaluationStatus.RUNTIME_ERROR, str(exc), None)
-        except (ValueError, pickle.UnpicklingError, TypeError, KeyError, AttributeError) as exc:
-            why = f"malformed message from the sandbox: {exc}"
-            failure = (EvaluationStatus.RUNTIME_ERROR, why, None)
-        log.write(sandbox.log())
+    sandbox = pool.get(spec)
+    if sandbox.jobs:
+        log.write(f"sandbox: reused (job {sandbox.jobs + 1} of this process)\n")
+    try:
+        sandbox.start(job)
+        verdict, timing, marks = _drive(sandbox, definition, wl, cfg, timeout)
+    except _Failed as exc:
+        failure = (exc.status, exc.reason, exc.verdict)
+    except SandboxTimeout:
+        why = f"{sol.name} ran past the {timeout:g} s timeout; its process was killed"
+        failure = (EvaluationStatus.TIMEOUT, why, None)
+    except SandboxDied as exc:
+        failure = (EvaluationStatus.RUNTIME_ERROR, str(exc), None)
+    except (ValueError, pickle.UnpicklingError, TypeError, KeyError, AttributeError) as exc:
+        why = f"malformed message from the sandbox: {exc}"
+        failure = (EvaluationStatus.RUNTIME_ERROR, why, None)
+    except BaseException:
+        pool.discard(sandbox)
+        raise
+    log.write(sandbox.log())
     if failure is not None:
+        pool.discard(sandbox)  # it may be stuck, or hold a broken CUDA context
         return trace(*failure)
     if marks:
         log.write("sandbox: " + ", ".join(f"{k} by {v:.3f} s" for k, v in marks.items()) + "\n")
@@ -442,7 +464,7 @@ def _drive(
             phase = payload.get("phase")
             phases.add(phase)
             verdict = (
-                _check_phase(definition, wl, cfg, phase, payload, sandbox.spec.shared_sets)
+                _check_phase(definition, wl, cfg, phase, payload, sandbox.job.shared_sets)
                 or verdict
             )
             sandbox.ack()

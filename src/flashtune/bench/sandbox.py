@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import json
 import math
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -58,14 +59,16 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.multiprocessing.reductions as _reductions
 
 __all__ = [
     "SandboxSpec",
+    "SandboxJob",
     "Sandbox",
+    "SandboxPool",
     "SandboxDied",
     "SandboxTimeout",
     "float_input_names",
@@ -257,19 +260,25 @@ def _tampered(before: dict[str, dict[str, Any]]) -> list[str]:
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    """What the child needs to evaluate one solution on one workload (trusted, from the
+    """What the child needs for one solution, whatever the workload (trusted, from the
     worker; JSON texts so the child validates them with the same models)."""
 
     definition: str
-    workload: str
     solution: str
     device: str
     config: dict[str, Any]
+    roots: tuple[str, ...]
+    log_path: str
+
+
+@dataclass(frozen=True)
+class SandboxJob:
+    """One workload for a sandbox's solution (sent by the worker; trusted)."""
+
+    workload: str
     seeds: tuple[int, ...]  # one input set per seed; set 0 is the correctness set
     swap_seed: int | None  # float values written into set 0 in place after timing
-    roots: tuple[str, ...]
     stochastic: bool
-    log_path: str
     # CPU only: the worker's own working copies in shared memory (set i, then the swap
     # values). The child writes into the very tensors the worker checks, and nothing large
     # is synthesized twice or sent back by value. None: the child synthesizes from seeds.
@@ -335,7 +344,7 @@ class _Child:
         if reply != "ack":
             self.linger()  # the worker has its verdict: nothing more to do
 
-    def linger(self) -> None:
+    def linger(self) -> NoReturn:
         """Wait to be killed. Exiting by itself would orphan the solution's children before
         the worker has found them (they are found as this process's descendants); if the
         worker is gone, kill them here."""
@@ -355,7 +364,11 @@ class _Child:
         self.send("status", {"status": status, "reason": reason})
 
     # ---------------------------------------------------------------- the work
-    def run(self) -> None:
+    def serve(self) -> None:
+        """Receive the first job, import the solution, then run jobs until the worker stops
+        sending them (it kills this process). One process per solution: the CUDA context,
+        the import and the compiled kernels serve every workload of the solution; the
+        snapshot taken before the import guards them all."""
         from flashtune.bench.build import (
             BuildError,
             MissingRequirement,
@@ -364,61 +377,89 @@ class _Child:
         )
         from flashtune.bench.evaluate import BenchConfig
         from flashtune.data.dataset import Dataset
-        from flashtune.data.models import Definition, Solution, Workload
+        from flashtune.data.models import Definition, Solution
+
+        job = self.next_job()
+        spec = self.spec
+        self.device = torch.device(spec.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.cuda.init()
+        self.definition = Definition.model_validate_json(spec.definition)
+        self.cfg = BenchConfig(**spec.config)
+        self.blob_root = Dataset([Path(r) for r in spec.roots]) if spec.roots else None
+        sol = Solution.model_validate_json(spec.solution)
+        self.dps = sol.spec.destination_passing_style
+        self.mark("cuda init" if self.device.type == "cuda" else "start")
+        self.before = _snapshot()
+        try:
+            check_requirements(sol, self.device)
+            self.fn = build_solution(sol)
+        except MissingRequirement as exc:
+            self.status("SKIPPED", str(exc))
+            self.linger()
+        except BuildError as exc:
+            sys.stderr.write(exc.log)
+            self.status("COMPILE_ERROR", str(exc))
+            self.linger()
+        self.check_tamper("import")
+        self.mark("import")
+        while True:
+            self.run_job(job)
+            self.send("done", {"phases_s": self.marks})
+            self.marks, self.started = {}, time.perf_counter()
+            job = self.next_job()
+
+    def next_job(self) -> SandboxJob:
+        try:
+            job = self.conn.recv()
+        except (EOFError, OSError):
+            job = None
+        if not isinstance(job, SandboxJob):
+            self.linger()
+        if self.device_freed is False and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # the last job's inputs: room for this one's
+        self.device_freed = True
+        return job
+
+    device_freed: bool | None = None  # None: no job run yet
+
+    def check_tamper(self, step: str) -> None:
+        changed = _tampered(self.before)
+        if changed:
+            self.status(
+                "TAMPERED",
+                f"{step}: the solution replaced harness functions: {', '.join(changed[:8])}",
+            )
+            self.linger()
+
+    def run_job(self, job: SandboxJob) -> None:
+        from flashtune.data.models import Workload
         from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
 
-        spec = self.spec
-        device = torch.device(spec.device)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        definition = Definition.model_validate_json(spec.definition)
-        workload = Workload.model_validate_json(spec.workload)
-        sol = Solution.model_validate_json(spec.solution)
-        cfg = BenchConfig(**spec.config)
-        blob_root = Dataset([Path(r) for r in spec.roots]) if spec.roots else None
+        self.device_freed = False
+        definition, device, cfg, fn = self.definition, self.device, self.cfg, self.fn
+        workload = Workload.model_validate_json(job.workload)
         axes = resolve_axes(definition, workload)
 
         def synth(seed: int) -> dict[str, Any]:
             return synthesize_inputs(
-                definition, workload, device=device, seed=seed, blob_root=blob_root
+                definition, workload, device=device, seed=seed, blob_root=self.blob_root
             )
 
-        self.mark("cuda init" if device.type == "cuda" else "start")
-        shared = spec.shared_sets is not None
+        shared = job.shared_sets is not None
         if shared:
-            sets = [dict(x) for x in spec.shared_sets or []]
-            swap = spec.shared_swap
+            sets = [dict(x) for x in job.shared_sets or []]
+            swap = job.shared_swap
         else:
-            sets = [synth(s) for s in spec.seeds]
-            swap = synth(spec.swap_seed) if spec.swap_seed is not None else None
+            sets = [synth(s) for s in job.seeds]
+            swap = synth(job.swap_seed) if job.swap_seed is not None else None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        self.check_tamper("inputs")
+        self.mark("inputs")
 
-        before = _snapshot()
-
-        def check_tamper(step: str) -> None:
-            changed = _tampered(before)
-            if changed:
-                self.status(
-                    "TAMPERED",
-                    f"{step}: the solution replaced harness functions: {', '.join(changed[:8])}",
-                )
-                self.linger()
-
-        try:
-            check_requirements(sol, device)
-            fn = build_solution(sol)
-        except MissingRequirement as exc:
-            self.status("SKIPPED", str(exc))
-            return
-        except BuildError as exc:
-            sys.stderr.write(exc.log)
-            self.status("COMPILE_ERROR", str(exc))
-            return
-        check_tamper("import")
-        self.mark("inputs + import")
-
-        dps = sol.spec.destination_passing_style
+        dps = self.dps
         names = list(definition.inputs)
         out_names = list(definition.outputs)
 
@@ -450,7 +491,7 @@ class _Child:
         for args in arg_sets:
             runners.append(setup(*args) if callable(setup) else fn)
         sync()
-        check_tamper("setup")
+        self.check_tamper("setup")
 
         # 3. correctness on set 0
         args0 = arg_sets[0]
@@ -458,16 +499,13 @@ class _Child:
         with torch.no_grad():
             result = runners[0](*args0)
         sync()
-        check_tamper("first call")
+        self.check_tamper("first call")
         self.mark("setup + first call")
-        self.send_and_wait(
-            "outputs",
-            {"phase": "first", "sets": [{"index": 0, "outputs": outputs_of(args0, result),
-                                         "inputs": inputs_of(args0)}]},
-        )  # fmt: skip
-        del result
+        first = {"index": 0, "outputs": outputs_of(args0, result), "inputs": inputs_of(args0)}
+        self.send_and_wait("outputs", {"phase": "first", "sets": [first]})
+        del result, first
 
-        if spec.stochastic:
+        if job.stochastic:
             draws = []
             with torch.no_grad():
                 for _ in range(cfg.sampling_draws):
@@ -492,68 +530,90 @@ class _Child:
                 return by_first[id(args[0])](*args)
         else:
             timed_fn = fn
+        calls = _TimedCalls(timed, distinct, len(names), timed_fn, outputs_of, inputs_of, sync)
 
         def after(replay: Callable[[], None] | None, results: dict[int, Any]) -> None:
-            self.check_after_timing(
-                timed, distinct, replay, results, timed_fn, outputs_of, inputs_of, swap, names,
-                sync,
-            )  # fmt: skip
+            self.check_after_timing(calls, replay, results, swap, names)
 
         with torch.no_grad():
             timing = measure_robust(
-                timed_fn, timed[0], input_sets=timed, method=cfg.timing_method,  # type: ignore[arg-type]
-                warmup=cfg.warmup, warmup_ms=cfg.warmup_ms, repetitions=cfg.iterations,
-                trial_ms=cfg.trial_ms, trials=cfg.trials, target_sample_ms=cfg.target_sample_ms,
-                max_seconds=cfg.max_seconds, after=after,
-            )  # fmt: skip
-        check_tamper("timing")
+                timed_fn,
+                timed[0],
+                input_sets=timed,
+                method=cfg.timing_method,  # type: ignore[arg-type]
+                warmup=cfg.warmup,
+                warmup_ms=cfg.warmup_ms,
+                repetitions=cfg.iterations,
+                trial_ms=cfg.trial_ms,
+                trials=cfg.trials,
+                target_sample_ms=cfg.target_sample_ms,
+                max_seconds=cfg.max_seconds,
+                after=after,
+            )
+        self.check_tamper("timing")
         self.mark("timing + checks")
         self.send("timing", asdict(timing))
 
     def check_after_timing(
-        self, timed, distinct, replay, results, timed_fn, outputs_of, inputs_of, swap, names,
-        sync,
-    ) -> None:  # fmt: skip
-        n_in = len(names)
+        self,
+        calls: _TimedCalls,
+        replay: Callable[[], None] | None,
+        results: dict[int, Any],
+        swap: Mapping[str, Any] | None,
+        names: Sequence[str],
+    ) -> None:
+        timed, distinct = calls.timed, calls.distinct
 
         def run_all() -> dict[int, Any]:
             for args in timed:
-                _poison_all(args[n_in:])
+                _poison_all(args[calls.n_inputs :])
             for r in results.values():
                 _poison_all(r)
             got: dict[int, Any] = {}
             if replay is not None:
                 replay()
-                got = {i: outputs_of(timed[i], results[i]) for i in results}
+                got = {i: calls.outputs_of(timed[i], results[i]) for i in results}
             with torch.no_grad():
                 for i in range(distinct):
                     if i not in got:  # not covered by the graph (fewer calls than sets)
-                        got[i] = outputs_of(timed[i], timed_fn(*timed[i]))
-            sync()
+                        got[i] = calls.outputs_of(timed[i], calls.fn(*timed[i]))
+            calls.sync()
             return got
 
         got = run_all()
-        self.send_and_wait(
-            "outputs",
+        sets = [
             {
-                "phase": "timed",
-                "sets": [
-                    {"index": i % distinct, "outputs": got[i] if i < distinct else None,
-                     "inputs": inputs_of(timed[i])}
-                    for i in range(len(timed))
-                ],
-            },
-        )  # fmt: skip
-        del got
+                "index": i % distinct,
+                "outputs": got[i] if i < distinct else None,
+                "inputs": calls.inputs_of(timed[i]),
+            }
+            for i in range(len(timed))
+        ]
+        self.send_and_wait("outputs", {"phase": "timed", "sets": sets})
+        del got, sets
         if swap is None:
             return
         for name in float_input_names(swap):
             _copy(timed[0][names.index(name)], swap[name])
-        sync()
+        calls.sync()
         got = run_all()
         self.send_and_wait(
             "outputs", {"phase": "swap", "sets": [{"index": 0, "outputs": got[0], "inputs": None}]}
         )
+
+
+@dataclass(frozen=True)
+class _TimedCalls:
+    """What was timed, for the checks after timing: the argument lists (distinct sets
+    first, then cold-L2 clones), the callable, and how to read outputs and inputs."""
+
+    timed: list[list[Any]]
+    distinct: int
+    n_inputs: int
+    fn: Callable[..., Any]
+    outputs_of: Callable[[Sequence[Any], Any], Any]
+    inputs_of: Callable[[Sequence[Any]], dict[str, Any] | None]
+    sync: Callable[[], None]
 
 
 def _become_group_leader() -> None:
@@ -575,13 +635,11 @@ def _child_main(conn: Any, spec: SandboxSpec) -> None:
     os.close(fd)
     child = _Child(conn, spec)
     try:
-        child.run()
+        child.serve()
     except BaseException as exc:  # noqa: BLE001 - the solution's failure is the result
         traceback.print_exc()
         with contextlib.suppress(Exception):
             child.status("RUNTIME_ERROR", f"{type(exc).__name__}: {str(exc)[:500]}")
-    with contextlib.suppress(Exception):
-        child.send("done", {"phases_s": child.marks})
     child.linger()  # never returns: no atexit handlers, no threads of the solution run on
 
 
@@ -687,10 +745,13 @@ def _main_hidden() -> Iterator[None]:
 
 
 class Sandbox:
-    """The worker's handle on one child evaluating one solution on one workload."""
+    """The worker's handle on one child evaluating one solution, one workload (job) at a
+    time."""
 
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec
+        self.jobs = 0
+        self._log_offset = 0
         ctx = _context()
         parent, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
@@ -700,6 +761,16 @@ class Sandbox:
             self.process.start()
         child.close()
         self.conn = parent
+
+    def start(self, job: SandboxJob) -> None:
+        """Send the next workload. Only to a child that finished its last job ("done"): it
+        is then waiting for this message, so the send cannot block on a busy child."""
+        self.job = job
+        self.jobs += 1
+        try:
+            self.conn.send(job)
+        except (OSError, BrokenPipeError):
+            raise SandboxDied(self._exit_text()) from None
 
     def receive(self, timeout: float) -> tuple[str, Any]:
         """The next message; SandboxTimeout / SandboxDied when there is none."""
@@ -733,11 +804,13 @@ class Sandbox:
         return describe_exit(self.process.exitcode, "the solution's process")
 
     def log(self) -> str:
+        """What the child wrote since the last call (its tail, at most _LOG_LIMIT bytes)."""
         try:
             with open(self.spec.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
-                f.seek(max(0, size - _LOG_LIMIT))
+                f.seek(max(self._log_offset, size - _LOG_LIMIT))
+                self._log_offset = size
                 return f.read().decode(errors="replace")
         except OSError:
             return ""
@@ -762,12 +835,57 @@ class Sandbox:
             os.unlink(self.spec.log_path)
 
 
-@contextlib.contextmanager
-def open_sandbox(spec_without_log: dict[str, Any]) -> Iterator[Sandbox]:
+def open_sandbox(spec_without_log: dict[str, Any]) -> Sandbox:
     fd, log_path = tempfile.mkstemp(prefix="flashtune-sandbox-", suffix=".log")
     os.close(fd)
-    sandbox = Sandbox(SandboxSpec(**spec_without_log, log_path=log_path))
-    try:
-        yield sandbox
-    finally:
+    return Sandbox(SandboxSpec(**spec_without_log, log_path=log_path))
+
+
+class SandboxPool:
+    """The worker's live sandboxes, one per solution, kept across the workloads of a
+    definition: a solution's process is reused only after a job it finished cleanly (a
+    failure, a timeout or a kill ends it), and at most `size` stay alive."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._live: dict[tuple[Any, ...], Sandbox] = {}
+
+    def get(self, spec_without_log: dict[str, Any]) -> Sandbox:
+        key = tuple(
+            json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+            for v in (spec_without_log[k] for k in sorted(spec_without_log))
+        )
+        sandbox = self._live.pop(key, None)
+        if sandbox is None or not sandbox.process.is_alive():
+            if sandbox is not None:
+                sandbox.close()
+            sandbox = open_sandbox(spec_without_log)
+        self._live[key] = sandbox  # most recently used last
+        while len(self._live) > self.size:
+            self._live.pop(next(iter(self._live))).close()
+        return sandbox
+
+    def discard(self, sandbox: Sandbox) -> None:
+        """End a sandbox whose last job did not finish cleanly."""
+        for key, live in list(self._live.items()):
+            if live is sandbox:
+                del self._live[key]
         sandbox.close()
+
+    def keep_only(self, definition: str) -> None:
+        """Close the sandboxes of other definitions (the worker moved on)."""
+        for key, live in list(self._live.items()):
+            if live.spec.definition != definition:
+                del self._live[key]
+                live.close()
+
+    def close(self) -> None:
+        for live in self._live.values():
+            live.close()
+        self._live.clear()
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -70,6 +70,7 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
 
     from flashtune import platform
     from flashtune.bench.evaluate import BenchConfig, evaluate_workload
+    from flashtune.bench.sandbox import SandboxPool
     from flashtune.data.dataset import Dataset
 
     # The worker is a daemon of the runner (it dies with it), but it starts one sandbox
@@ -91,6 +92,9 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
             pass
     environment = platform.snapshot(device)
     conn.send(("ready", environment))
+    # One sandbox per solution, reused across the workloads of a definition (the tasks of a
+    # definition arrive one after another); closed when the worker moves on or stops.
+    pool = stack.enter_context(SandboxPool())
     with stack:
         while True:
             try:
@@ -116,12 +120,13 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
                 workload = Workload.model_validate_json(p["workload"])
                 solutions = [Solution.model_validate_json(s) for s in p["solutions"]]
                 baseline = tuple(p["baseline_latency"]) if p["baseline_latency"] else None
+                pool.keep_only(definition.to_json())
                 try:
                     for event, value in evaluate_workload(
                         definition, workload, solutions, cfg, device, environment,
                         blob_root=blob_root, baselines=p["baselines"],
                         baseline_latency=baseline,  # type: ignore[arg-type]
-                        timeout=float(p.get("timeout", 300.0)),
+                        timeout=float(p.get("timeout", 300.0)), pool=pool,
                     ):  # fmt: skip
                         conn.send((event, value.to_json() if event == "trace" else value))
                         if event == "trace":

@@ -1,0 +1,110 @@
+"""One sandbox process per solution, reused across the workloads of a definition: reused only
+after a clean job, and still guarded on every later job."""
+
+from __future__ import annotations
+
+import torch
+
+from flashtune import platform
+from flashtune.bench.evaluate import BenchConfig, evaluate_workload
+from flashtune.bench.sandbox import SandboxPool
+from flashtune.data import Workload
+
+from .helpers import python_solution, toy_definition
+
+CFG = BenchConfig(warmup=1, iterations=3, trials=1)
+ENV = platform.snapshot("cpu")
+HONEST = "def run(x, w):\n    return x * w\n"
+
+
+def _run(solutions, sizes, pool):
+    """Traces by (solution, n), evaluating workloads n in `sizes` one after another."""
+    d = toy_definition()
+    got = {}
+    for n in sizes:
+        events = evaluate_workload(
+            d, Workload(uuid=f"w{n}", axes={"n": n}), solutions, CFG, torch.device("cpu"), ENV,
+            pool=pool,
+        )  # fmt: skip
+        for kind, t in events:
+            if kind == "trace":
+                got[(t.solution, n)] = t
+    return got
+
+
+def _status(t) -> str:
+    return t.evaluation.status.value
+
+
+def test_a_solution_keeps_its_process_across_workloads():
+    # The solution writes its pid into its result's log at every workload's first call.
+    body = (
+        "import os, sys\nseen = set()\n\ndef run(x, w):\n"
+        "    if x.shape[0] not in seen:\n"
+        "        seen.add(x.shape[0])\n"
+        "        sys.stdout.write(f'pid={os.getpid()} n={x.shape[0]}\\n')\n"
+        "    return x * w\n"
+    )
+    with SandboxPool() as pool:
+        got = _run([python_solution("mine", body)], [1, 3, 5], pool)
+    assert all(_status(t) == "PASSED" for t in got.values()), got
+    pids = {n: _pid(got[("mine", n)].evaluation.log, n) for n in (1, 3, 5)}
+    assert len(set(pids.values())) == 1, pids
+    assert "sandbox: reused (job 2" in got[("mine", 3)].evaluation.log
+    assert "sandbox: reused (job 3" in got[("mine", 5)].evaluation.log
+
+
+def _pid(log: str, n: int) -> int:
+    for line in log.splitlines():
+        if line.startswith("pid=") and line.endswith(f"n={n}"):
+            return int(line.split()[0].removeprefix("pid="))
+    raise AssertionError(f"no pid line for n={n} in {log!r}")
+
+
+def test_a_failed_job_ends_the_process_and_the_next_workload_starts_fresh():
+    body = (
+        "import os, sys\n\ndef run(x, w):\n"
+        "    if x.shape[0] == 3:\n        raise RuntimeError('boom at n=3')\n"
+        "    return x * w\n"
+    )
+    with SandboxPool() as pool:
+        got = _run([python_solution("flaky", body)], [1, 3, 5], pool)
+    assert _status(got[("flaky", 1)]) == "PASSED"
+    assert _status(got[("flaky", 3)]) == "RUNTIME_ERROR"
+    assert "boom at n=3" in got[("flaky", 3)].evaluation.reason
+    assert _status(got[("flaky", 5)]) == "PASSED"
+    assert "sandbox: reused" not in got[("flaky", 5)].evaluation.log
+
+
+def test_tampering_on_a_later_workload_is_caught_and_stays_in_its_process():
+    # Honest on the first workload; on the second it replaces the clock at its first call.
+    body = (
+        "import time\n\ndef run(x, w):\n"
+        "    if x.shape[0] == 3:\n        time.perf_counter = lambda: 0.0\n"
+        "    return x * w\n"
+    )
+    with SandboxPool() as pool:
+        got = _run([python_solution("sly", body), python_solution("honest", HONEST)], [1, 3], pool)
+    assert _status(got[("sly", 1)]) == "PASSED"
+    assert _status(got[("sly", 3)]) == "RUNTIME_ERROR"
+    assert "tampering" in got[("sly", 3)].evaluation.reason
+    honest = got[("honest", 3)].evaluation
+    assert _status(got[("honest", 3)]) == "PASSED"
+    assert honest.performance.latency_ms > 1e-4  # a real clock, not the patched one
+
+
+def test_the_pool_closes_other_definitions_and_bounds_its_size():
+    with SandboxPool(size=2) as pool:
+        specs = [
+            {"definition": f"d{i % 2}", "solution": f"s{i}", "device": "cpu", "config": {},
+             "roots": ()}
+            for i in range(3)
+        ]  # fmt: skip
+        boxes = [pool.get(s) for s in specs]
+        boxes[0].process.join(10)
+        assert boxes[0].process.exitcode is not None  # the oldest was closed at size 2
+        assert pool.get(specs[2]) is boxes[2]  # the same spec gets the same sandbox
+        pool.keep_only("d0")
+        boxes[1].process.join(10)
+        assert boxes[1].process.exitcode is not None
+        assert boxes[2].process.is_alive()
