@@ -75,14 +75,17 @@ def main() -> None:
                     "timestamp": "2026-01-01T00:00:00+00:00",
                     "environment": {**env, "hardware": env["hardware"][0]},
                     "solution_hash": solution_hash(sol),
-                    "correctness": {"max_absolute_error": 0.0, "max_relative_error": 0.0,
-                                    "matched_ratio": 1.0},
+                    "correctness": {
+                        "max_absolute_error": 0.0,
+                        "max_relative_error": 0.0,
+                        "matched_ratio": 1.0,
+                    },
                     "performance": {"latency_ms": 0.001},
                 },
             }
         ),
         author="bench",
-    )  # fmt: skip
+    )
     direct = load_solution(sol)
     base_sol = per_call_us(direct, x, w)
     base_op = per_call_us(toy_norm, x, w)

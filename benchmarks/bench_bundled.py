@@ -19,6 +19,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -72,13 +73,21 @@ def run(out: Path, definitions: str | None, resume: bool, timeout: float) -> Non
     def show(trace) -> None:
         ev = trace.evaluation
         lat = f"{ev.performance.latency_ms * 1e3:9.1f} us" if ev.performance else ""
-        print(f"{trace.definition:46s} {trace.solution:11s} {str(trace.workload.axes)[:60]:60s} "
-              f"{ev.status.value:20s} {lat} {(ev.reason or '')[:80]}", flush=True)  # fmt: skip
+        print(
+            f"{trace.definition:46s} {trace.solution:11s} {str(trace.workload.axes)[:60]:60s} "
+            f"{ev.status.value:20s} {lat} {(ev.reason or '')[:80]}",
+            flush=True,
+        )
 
     opts = RunOptions(
-        datasets=[bundled_dataset()], out=out, definitions=definitions,
-        devices=default_devices(), timeout=timeout, config=BenchConfig(), resume=resume,
-    )  # fmt: skip
+        datasets=[bundled_dataset()],
+        out=out,
+        definitions=definitions,
+        devices=default_devices(),
+        timeout=timeout,
+        config=BenchConfig(),
+        resume=resume,
+    )
     result = run_benchmark(opts, progress=False, on_trace=show)
     print(f"{len(result.traces)} triples in {result.seconds:.0f} s ({result.resumed} resumed)")
 
@@ -94,21 +103,27 @@ def rows(out: Path) -> None:
         if ev is None:
             continue
         perf = ev.performance
-        extra = {"status": ev.status.value}
+        extra: dict[str, Any] = {"status": ev.status.value}
         if perf is not None:
             extra.update(
-                spread_ms=perf.latency_spread_ms, reference_ms=perf.reference_latency_ms,
+                spread_ms=perf.latency_spread_ms,
+                reference_ms=perf.reference_latency_ms,
                 speedup_vs_reference=perf.speedup_factor,
                 speedup_vs_torch=perf.speedup_vs_baseline,
                 timing_method=getattr(perf, "timing_method", None),
                 timing_trials_ms=getattr(perf, "timing_trials_ms", None),
-            )  # fmt: skip
+            )
             method = getattr(perf, "timing_method", None)
             lat[(t.definition, t.workload.uuid)][t.solution] = (perf.latency_ms, method)
         else:
             extra["reason"] = (ev.reason or "")[:200]
-        writer.write(t.definition, t.workload.axes, t.solution or "", perf.latency_ms if perf else
-                     None, **extra)  # type: ignore[arg-type]  # fmt: skip
+        writer.write(
+            t.definition,
+            t.workload.axes,
+            t.solution or "",
+            perf.latency_ms if perf else None,
+            **extra,
+        )
     headline = print_table(lat)
     writer.write("bundled_headline", {"workloads": len(lat)}, "flashtune", None, **headline)
 
@@ -139,22 +154,30 @@ def print_table(lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]])
             per_def[definition]["lat:" + sol].append(ms)
             methods[str(method)] += 1
     fmt = lambda v: f"{v:6.2f}x" if v else "     - "  # noqa: E731
-    print(f"\n{'definition':46s} {'n':>2s} {'ft us':>9s} {'fi us':>9s} {'torch us':>9s} "
-          f"{'ft/fi':>7s} {'ft/torch':>8s}   (speedup of flashtune = other latency / flashtune)")  # fmt: skip
+    print(
+        f"\n{'definition':46s} {'n':>2s} {'ft us':>9s} {'fi us':>9s} {'torch us':>9s} "
+        f"{'ft/fi':>7s} {'ft/torch':>8s}   (speedup of flashtune = other latency / flashtune)"
+    )
     all_fi, all_torch = [], []
     for definition in sorted(per_def):
         d = per_def[definition]
         g = {k: _geo(v) for k, v in d.items()}
         us = lambda k, g=g: f"{g[k] * 1e3:9.1f}" if g.get(k) else f"{'-':>9s}"  # noqa: E731
         n = len(d.get("lat:flashtune", []))
-        print(f"{definition:46s} {n:2d} {us('lat:flashtune')} {us('lat:flashinfer')} "
-              f"{us('lat:torch')} {fmt(g.get('flashinfer'))} {fmt(g.get('torch'))}")  # fmt: skip
+        print(
+            f"{definition:46s} {n:2d} {us('lat:flashtune')} {us('lat:flashinfer')} "
+            f"{us('lat:torch')} {fmt(g.get('flashinfer'))} {fmt(g.get('torch'))}"
+        )
         all_fi += d.get("flashinfer", [])
         all_torch += d.get("torch", [])
-    print(f"{'geomean over all workloads':46s} {'':2s} {'':9s} {'':9s} {'':9s} "
-          f"{fmt(_geo(all_fi))} {fmt(_geo(all_torch))}")  # fmt: skip
-    print(f"pairs timed alike: {len(all_fi)} vs FlashInfer, {len(all_torch)} vs torch; excluded "
-          f"(timing differs): {dict(excluded)}; timing methods: {dict(methods)}")  # fmt: skip
+    print(
+        f"{'geomean over all workloads':46s} {'':2s} {'':9s} {'':9s} {'':9s} "
+        f"{fmt(_geo(all_fi))} {fmt(_geo(all_torch))}"
+    )
+    print(
+        f"pairs timed alike: {len(all_fi)} vs FlashInfer, {len(all_torch)} vs torch; excluded "
+        f"(timing differs): {dict(excluded)}; timing methods: {dict(methods)}"
+    )
     return {
         "speedup_vs_flashinfer_geomean": _geo(all_fi),
         "speedup_vs_torch_geomean": _geo(all_torch),
@@ -182,8 +205,12 @@ def repeat(a: Path, b: Path, floor_ms: float = 0.02) -> None:
             diffs.append((abs(x - y) / min(x, y), key, x, y, methods))
     diffs.sort(reverse=True)
     within = sum(d[0] <= 0.03 for d in diffs)
-    print(f"repeatability (kernels >= {floor_ms * 1e3:.0f} us): {within}/{len(diffs)} within 3%; "
-          f"median diff {sorted(d[0] for d in diffs)[len(diffs) // 2]:.2%}" if diffs else "no pairs")  # fmt: skip
+    print(
+        f"repeatability (kernels >= {floor_ms * 1e3:.0f} us): {within}/{len(diffs)} within 3%; "
+        f"median diff {sorted(d[0] for d in diffs)[len(diffs) // 2]:.2%}"
+        if diffs
+        else "no pairs"
+    )
     by_method: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for d in diffs:
         by_method[d[4]][0] += d[0] <= 0.03
@@ -192,9 +219,12 @@ def repeat(a: Path, b: Path, floor_ms: float = 0.02) -> None:
         print(f"  {m:26s} {ok}/{n} within 3%")
     for d, key, x, y, m in diffs[:8]:
         print(f"  {d:6.2%} {key[0]} {key[1]} {x * 1e3:.1f} us vs {y * 1e3:.1f} us ({m})")
-    out = {"pairs": len(diffs), "within_3pct": within,
-           "by_method": {m: {"within_3pct": ok, "pairs": n} for m, (ok, n) in by_method.items()},
-           "worst": [(d, list(k), x, y, m) for d, k, x, y, m in diffs[:8]]}  # fmt: skip
+    out = {
+        "pairs": len(diffs),
+        "within_3pct": within,
+        "by_method": {m: {"within_3pct": ok, "pairs": n} for m, (ok, n) in by_method.items()},
+        "worst": [(d, list(k), x, y, m) for d, k, x, y, m in diffs[:8]],
+    }
     print(json.dumps(out))
 
 

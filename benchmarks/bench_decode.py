@@ -104,12 +104,24 @@ def bench_grid(fi, ws, rows, bw, quick):
                     ratios_nop.append(ratio_nop)
                 gbs = nbytes / (ms * 1e-3) / 1e9
                 rows.write(
-                    "batch_decode", shape, "flashtune", ms, gbs=gbs, bw_frac=gbs / bw,
+                    "batch_decode",
+                    shape,
+                    "flashtune",
+                    ms,
+                    gbs=gbs,
+                    bw_frac=gbs / bw,
                     speedup_vs_flashinfer=ratio,
-                )  # fmt: skip
+                )
                 g2 = nbytes / (ms_nop * 1e-3) / 1e9
-                rows.write("batch_decode", shape, "flashtune_planless", ms_nop, gbs=g2,
-                           bw_frac=g2 / bw, speedup_vs_flashinfer=ratio_nop)  # fmt: skip
+                rows.write(
+                    "batch_decode",
+                    shape,
+                    "flashtune_planless",
+                    ms_nop,
+                    gbs=g2,
+                    bw_frac=g2 / bw,
+                    speedup_vs_flashinfer=ratio_nop,
+                )
                 for tc, pms in peer_ms.items():
                     pg = nbytes / (pms * 1e-3) / 1e9
                     name = "flashinfer_tc" if tc else "flashinfer_cuda_core"
@@ -125,24 +137,54 @@ def bench_grid(fi, ws, rows, bw, quick):
     if ratios:
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         print(f"geomean speedup vs FlashInfer(best of tc/cc): {geo:.3f}  min {min(ratios):.3f}")
-        rows.write("batch_decode_summary", {}, "flashtune", 0.0, geomean_vs_flashinfer=geo,
-                   min_vs_flashinfer=min(ratios), n=len(ratios))  # fmt: skip
+        rows.write(
+            "batch_decode_summary",
+            {},
+            "flashtune",
+            0.0,
+            geomean_vs_flashinfer=geo,
+            min_vs_flashinfer=min(ratios),
+            n=len(ratios),
+        )
         geo2 = math.exp(sum(math.log(r) for r in ratios_nop) / len(ratios_nop))
         print(f"planless: geomean {geo2:.3f}  min {min(ratios_nop):.3f}")
-        rows.write("batch_decode_summary", {}, "flashtune_planless", 0.0,
-                   geomean_vs_flashinfer=geo2, min_vs_flashinfer=min(ratios_nop),
-                   n=len(ratios_nop))  # fmt: skip
+        rows.write(
+            "batch_decode_summary",
+            {},
+            "flashtune_planless",
+            0.0,
+            geomean_vs_flashinfer=geo2,
+            min_vs_flashinfer=min(ratios_nop),
+            n=len(ratios_nop),
+        )
 
 
 def bench_sweep(ws, rows, bw):
     """Tactics of the decode kernel x the cap on persistent CTAs per SM, planned and
     plan-free, on shapes where FlashInfer leads (until the autotuner picks per shape)."""
-    from flashtune.ops.attention import decode
+    from flashtune.ops.attention.decode_config import DecodeLaunch, DecodeTactic
 
-    tactics = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (32, 4, 3), (32, 4, 4), (32, 2, 4),
-               (128, 4, 2), (128, 8, 3), (64, 8, 3)]  # fmt: skip
-    shapes = ((16, 64, 512), (16, 64, 2048), (16, 64, 8192), (16, 16, 8192), (16, 16, 32768),
-              (16, 256, 2048), (1, 64, 2048), (16, 1, 8192))  # fmt: skip
+    tactics = [
+        (64, 4, 3),
+        (64, 4, 2),
+        (64, 4, 4),
+        (32, 4, 3),
+        (32, 4, 4),
+        (32, 2, 4),
+        (128, 4, 2),
+        (128, 8, 3),
+        (64, 8, 3),
+    ]
+    shapes = (
+        (16, 64, 512),
+        (16, 64, 2048),
+        (16, 64, 8192),
+        (16, 16, 8192),
+        (16, 16, 32768),
+        (16, 256, 2048),
+        (1, 64, 2048),
+        (16, 1, 8192),
+    )
     for ps, b, kv in shapes:
         indptr, indices, last, cache, q = _setup([kv] * b, ps)
         table = (indptr, indices, last)
@@ -151,26 +193,31 @@ def bench_sweep(ws, rows, bw):
         line = []
         for bn, nw, ns in tactics:
             for cap in (4, 8):
-                decode.TACTIC_OVERRIDE = decode.DecodeTactic(bn, nw, ns)
-                decode.CTAS_PER_SM_CAP = cap
+                # Passed to plan() and to the plan-free call: no module state to restore.
+                launch = DecodeLaunch(DecodeTactic(bn, nw, ns), max_ctas_per_sm=cap)
                 try:
-                    w = _ours(ws, table, ps)
+                    w = _ours(ws, table, ps, launch=launch)
                     ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
-                    ms_nop = _time(lambda q_, c_, t=table: paged_decode(q_, c_, *t), [q, cache])
+                    ms_nop = _time(
+                        lambda q_, c_, t=table, how=launch: paged_decode(q_, c_, *t, launch=how),
+                        [q, cache],
+                    )
                 except Exception as exc:
                     line.append(f"{bn}/{nw}/{ns}/c{cap}: fail {type(exc).__name__}")
                     continue
-                finally:
-                    decode.TACTIC_OVERRIDE = None
-                    decode.CTAS_PER_SM_CAP = 4
                 tag = f"bn{bn}_w{nw}_s{ns}_cap{cap}"
                 for name, t in (("flashtune", ms), ("flashtune_planless", ms_nop)):
                     g = nbytes / (t * 1e-3) / 1e9
-                    rows.write("batch_decode_tactic_sweep", shape, f"{name}_{tag}", t, gbs=g,
-                               bw_frac=g / bw)  # fmt: skip
+                    rows.write(
+                        "batch_decode_tactic_sweep",
+                        shape,
+                        f"{name}_{tag}",
+                        t,
+                        gbs=g,
+                        bw_frac=g / bw,
+                    )
                 line.append(f"{bn}/{nw}/{ns}/c{cap}: {ms * 1e3:.1f}/{ms_nop * 1e3:.1f}")
-        print(f"sweep ps={ps} b={b} kv={kv} (planned/planless us): " + "  ".join(line),
-              flush=True)  # fmt: skip
+        print(f"sweep ps={ps} b={b} kv={kv} (planned/planless us): " + "  ".join(line), flush=True)
         del cache
 
 
@@ -189,11 +236,20 @@ def bench_skewed(ws, rows, bw):
     shape = dict(batch=64, kv_lens="1x32768+63x512", page_size=16, hq=HQ, hk=HK, d=D)
     for name, ms in res.items():
         gbs = nbytes / (ms * 1e-3) / 1e9
-        rows.write("batch_decode_skewed", shape, f"flashtune_{name}", ms, gbs=gbs,
-                   bw_frac=gbs / bw, balanced_speedup=speedup)  # fmt: skip
-    print(f"skewed: balanced {res['balanced'] * 1e3:.1f} us, no split "
-          f"{res['no_split'] * 1e3:.1f} us -> x{speedup:.2f}; plan-free "
-          f"{res['planless'] * 1e3:.1f} us")  # fmt: skip
+        rows.write(
+            "batch_decode_skewed",
+            shape,
+            f"flashtune_{name}",
+            ms,
+            gbs=gbs,
+            bw_frac=gbs / bw,
+            balanced_speedup=speedup,
+        )
+    print(
+        f"skewed: balanced {res['balanced'] * 1e3:.1f} us, no split "
+        f"{res['no_split'] * 1e3:.1f} us -> x{speedup:.2f}; plan-free "
+        f"{res['planless'] * 1e3:.1f} us"
+    )
 
 
 def bench_cascade(ws, rows, bw, fi):
@@ -217,8 +273,12 @@ def bench_cascade(ws, rows, bw, fi):
         [torch.tensor([0, n_prefix], **i32), torch.arange(batch + 1, **i32) * n_suffix],
         [prefix_pages, suffix_pages.reshape(-1)],
         [torch.tensor([ps], **i32), last],
-        HQ, HK, D, ps, q_data_type=DT,
-    )  # fmt: skip
+        HQ,
+        HK,
+        D,
+        ps,
+        q_data_type=DT,
+    )
     t_casc = _time(lambda q_, c_: casc.run(q_, c_), [q, cache])
     ref = plain.run(q, cache)
     err = (casc.run(q, cache).float() - ref.float()).abs().max().item()
@@ -232,11 +292,19 @@ def bench_cascade(ws, rows, bw, fi):
         except Exception as exc:
             print(f"flashinfer plain decode failed: {exc!r}")
     rows.write("cascade_decode", shape, "flashtune_plain_decode", t_plain)
-    rows.write("cascade_decode", shape, "flashtune_cascade", t_casc,
-               speedup_vs_plain=t_plain / t_casc, max_abs_err_vs_plain=err,
-               speedup_vs_flashinfer_plain=(t_fi / t_casc) if t_fi else None)  # fmt: skip
-    print(f"cascade: plain {t_plain * 1e3:.1f} us, cascade {t_casc * 1e3:.1f} us -> "
-          f"x{t_plain / t_casc:.2f} (max err {err:.3g}); fi plain {t_fi}")  # fmt: skip
+    rows.write(
+        "cascade_decode",
+        shape,
+        "flashtune_cascade",
+        t_casc,
+        speedup_vs_plain=t_plain / t_casc,
+        max_abs_err_vs_plain=err,
+        speedup_vs_flashinfer_plain=(t_fi / t_casc) if t_fi else None,
+    )
+    print(
+        f"cascade: plain {t_plain * 1e3:.1f} us, cascade {t_casc * 1e3:.1f} us -> "
+        f"x{t_plain / t_casc:.2f} (max err {err:.3g}); fi plain {t_fi}"
+    )
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from bench_norm import geomean, load_flashinfer, time_ms, try_peer  # noqa: E402
 from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune.ops import activation as A  # noqa: E402
+from flashtune.ops import activation_config, rope_config  # noqa: E402
 from flashtune.ops import rope as R  # noqa: E402
 
 
@@ -51,12 +52,18 @@ def _emit(writer, op, shape, bw, nbytes, by: dict[str, float], tactics: dict[str
     for sol, ms in by.items():
         gbs = nbytes / (ms * 1e-3) / 1e9
         writer.write(
-            op, shape, sol, ms, gbs=round(gbs, 1), pct_copy_bw=round(100 * gbs / bw, 1),
-            copy_bw_gbs=round(bw, 1), bytes=nbytes,
+            op,
+            shape,
+            sol,
+            ms,
+            gbs=round(gbs, 1),
+            pct_copy_bw=round(100 * gbs / bw, 1),
+            copy_bw_gbs=round(bw, 1),
+            bytes=nbytes,
             speedup_vs_torch=round(by["torch"] / ms, 3),
             speedup_vs_flashinfer=round(peer / ms, 3) if peer else None,
             tactic=tactics.get(sol),
-        )  # fmt: skip
+        )
     t = by["flashtune_tuned"]
     gbs = nbytes / (t * 1e-3) / 1e9
     print(
@@ -65,8 +72,12 @@ def _emit(writer, op, shape, bw, nbytes, by: dict[str, float], tactics: dict[str
         + f"  {gbs:6.0f} GB/s {100 * gbs / bw:5.1f}% bw  tactic {tactics['flashtune_tuned']}",
         flush=True,
     )
-    return {"pct": 100 * gbs / bw, "vs_torch": by["torch"] / t, "vs_fi": peer / t if peer else None,
-            "bytes": nbytes}  # fmt: skip
+    return {
+        "pct": 100 * gbs / bw,
+        "vs_torch": by["torch"] / t,
+        "vs_fi": peer / t if peer else None,
+        "bytes": nbytes,
+    }
 
 
 def bench_silu(writer, bw, fi, quick: bool, sweep: bool) -> list[dict[str, Any]]:
@@ -104,7 +115,7 @@ def _silu_shape(writer, bw, fi, sweep: bool, t: int, d: int) -> dict[str, Any]:
     by["torch"] = time_ms(lambda xx, oo: F.silu(xx[:, :d]) * xx[:, d:], args)
     nbytes = 3 * t * d * x.element_size()
     shape = {"num_tokens": t, "d": d, "dtype": "bfloat16"}
-    tact = {"flashtune": str(A._default_tactic(d, t)), "flashtune_tuned": tt}
+    tact = {"flashtune": str(activation_config.default_tactic(d, t)), "flashtune_tuned": tt}
     return _emit(writer, "silu_and_mul", shape, bw, nbytes, by, tact)
 
 
@@ -128,7 +139,7 @@ def bench_rope(writer, bw, fi, quick: bool, sweep: bool) -> list[dict[str, Any]]
 def _rope_shape(writer, bw, fi, sweep, cache, nnz, hq, hk, d, inplace) -> dict[str, Any]:
     runner = R.RopeRunner()
     rd = cache.shape[1]
-    args_c = R._RopeArgs(rd, False, True)
+    args_c = R.RopeArgs(rd, False, True)
     q = torch.randn(nnz, hq * d, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(nnz, hk * d, dtype=torch.bfloat16, device="cuda")
     pos = torch.randint(0, cache.shape[0], (nnz,), device="cuda")
@@ -178,9 +189,15 @@ def _rope_shape(writer, bw, fi, sweep, cache, nnz, hq, hk, d, inplace) -> dict[s
 
     by["torch"] = time_ms(torch_eager, args)
     op = "rope_with_cos_sin_cache" + ("_inplace" if inplace else "")
-    shape = {"num_tokens": nnz, "num_qo_heads": hq, "num_kv_heads": hk,
-             "head_size": d, "rotary_dim": rd, "dtype": "bfloat16"}  # fmt: skip
-    tact = {"flashtune": str(R._default_tactic(max(hq, hk), rd)), "flashtune_tuned": tt}
+    shape = {
+        "num_tokens": nnz,
+        "num_qo_heads": hq,
+        "num_kv_heads": hk,
+        "head_size": d,
+        "rotary_dim": rd,
+        "dtype": "bfloat16",
+    }
+    tact = {"flashtune": str(rope_config.default_tactic(max(hq, hk), rd)), "flashtune_tuned": tt}
     return _emit(writer, op, shape, bw, nbytes, by, tact)
 
 
@@ -195,7 +212,7 @@ def _summary(name: str, rows: list[dict[str, Any]]) -> None:
             f"{min(r['pct'] for r in big):.1f}%..{max(r['pct'] for r in big):.1f}% of copy bw"
             if big
             else "n/a"
-        )  # fmt: skip
+        )
     )
 
 

@@ -44,6 +44,7 @@ from common import GEMM_EXTRA_MNK as EXTRA  # noqa: E402
 from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune.ops import gemm as G  # noqa: E402
+from flashtune.ops import gemm_kernels  # noqa: E402
 from flashtune.timing import copies_for_cold_l2, measure  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # H100 SXM dense bf16
@@ -105,7 +106,7 @@ def precompile(dev: torch.device, all_shapes: list[tuple[int, int, int]]) -> flo
         runner.forward([A, B, None], t)
 
     start = time.perf_counter()
-    G._kernels.split_k_counters(dev, 1)  # allocate once, outside the threads
+    gemm_kernels.split_k_counters(dev, 1)  # allocate once, outside the threads
     with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
         list(pool.map(job, seen.values()))
     torch.cuda.synchronize()
@@ -192,9 +193,15 @@ def _runner_fn(name: str, tactic: object) -> Callable[..., torch.Tensor]:
 
 
 def remeasure(
-    M: int, N: int, K: int, dev: torch.device, picks: dict[str, Pick], est_ms: float,
-    seed: int = REMEASURE_SEED, timer: Callable[..., float] | None = None,
-) -> dict[str, float | None]:  # fmt: skip
+    M: int,
+    N: int,
+    K: int,
+    dev: torch.device,
+    picks: dict[str, Pick],
+    est_ms: float,
+    seed: int = REMEASURE_SEED,
+    timer: Callable[..., float] | None = None,
+) -> dict[str, float | None]:
     """Re-time each pick on fresh inputs (new random tensors from `seed`, new cold-L2
     copies): label -> latency ms, the same for picks that are the same (runner, tactic), so
     a cuBLAS winner's re-measured ratio is exactly 1. None: the pick's output is wrong on

@@ -28,34 +28,49 @@ def main() -> None:
         ds = Dataset(root)
         d = Definition.model_validate(
             {
-                "name": "scale_h64", "op_type": "toy",
+                "name": "scale_h64",
+                "op_type": "toy",
                 "axes": {"n": {"type": "var"}, "h": {"type": "const", "value": 64}},
                 "inputs": {"x": {"shape": ["n", "h"], "dtype": "float32"}},
                 "outputs": {"y": {"shape": ["n", "h"], "dtype": "float32"}},
                 "reference": "def run(x):\n    return x * 2\n",
             }
-        )  # fmt: skip
+        )
         ds.add_definition(d)
         ds.add_workloads(d, [Workload(uuid=f"n{n}", axes={"n": n}) for n in range(1, 26)])
         for i in range(4):
-            ds.add_solution(Solution.model_validate({
-                "name": f"s{i}", "definition": d.name, "author": "bench",
-                "spec": {"language": "python", "entry_point": "m.py::run"},
-                "sources": [{"path": "m.py", "content": f"def run(x):\n    return x * 2  # {i}\n"}],
-            }))  # fmt: skip
+            ds.add_solution(
+                Solution.model_validate(
+                    {
+                        "name": f"s{i}",
+                        "definition": d.name,
+                        "author": "bench",
+                        "spec": {"language": "python", "entry_point": "m.py::run"},
+                        "sources": [
+                            {"path": "m.py", "content": f"def run(x):\n    return x * 2  # {i}\n"}
+                        ],
+                    }
+                )
+            )
         opts = RunOptions(
-            datasets=[root], out=Path(tmp) / "out", devices=["cpu"], max_workloads=100,
+            datasets=[root],
+            out=Path(tmp) / "out",
+            devices=["cpu"],
+            max_workloads=100,
             config=BenchConfig(warmup=1, iterations=3, trials=1),
-        )  # fmt: skip
+        )
         start = time.perf_counter()
         result = run_benchmark(opts, progress=False)
         seconds = time.perf_counter() - start
     n = len(result.traces)
     print(f"{n} triples in {seconds:.2f} s ({seconds / n * 1e3:.1f} ms per triple, target < 60 s)")
     RowWriter("harness").write(
-        "harness_overhead", {"triples": n}, "flashtune-run-cpu", seconds * 1e3,
+        "harness_overhead",
+        {"triples": n},
+        "flashtune-run-cpu",
+        seconds * 1e3,
         per_triple_ms=seconds / n * 1e3,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune.ops import norm as N  # noqa: E402
+from flashtune.ops.norm_config import default_tactic  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 EPS = 1e-6
@@ -110,9 +111,12 @@ def custom_op_overhead(writer: RowWriter) -> None:
     print("custom op boundary (host us per call):", {k: round(v, 2) for k, v in res.items()})
     for key, value in res.items():
         writer.write(
-            "custom_op_overhead", {"batch_size": 1, "hidden_size": 4096}, key, value / 1e3,
+            "custom_op_overhead",
+            {"batch_size": 1, "hidden_size": 4096},
+            key,
+            value / 1e3,
             host_us=round(value, 3),
-        )  # fmt: skip
+        )
 
 
 def bench_shape(op: str, b: int, h: int, fi: Any, sweep: bool) -> list[dict[str, Any]]:
@@ -166,7 +170,7 @@ def bench_shape(op: str, b: int, h: int, fi: Any, sweep: bool) -> list[dict[str,
 
     check(ft(-1))
     default_ms = time_ms(ft(-1), args)
-    record("flashtune", default_ms, tactic=str(N._default_tactic(h, b)))
+    record("flashtune", default_ms, tactic=str(default_tactic(h, b)))
     best = (default_ms, "default")
     swept: dict[str, float] = {}
     if sweep:
@@ -210,15 +214,19 @@ def main() -> None:
                     extra = {k: v for k, v in r.items() if k not in ("solution", "latency_ms")}
                     peer_ms = by.get("flashinfer", {}).get("latency_ms")
                     writer.write(
-                        op, {"batch_size": b, "hidden_size": h, "dtype": "bfloat16"},
-                        r["solution"], r["latency_ms"], gbs=round(gbs, 1),
-                        pct_copy_bw=round(100 * gbs / bw, 1), copy_bw_gbs=round(bw, 1),
+                        op,
+                        {"batch_size": b, "hidden_size": h, "dtype": "bfloat16"},
+                        r["solution"],
+                        r["latency_ms"],
+                        gbs=round(gbs, 1),
+                        pct_copy_bw=round(100 * gbs / bw, 1),
+                        copy_bw_gbs=round(bw, 1),
                         speedup_vs_flashinfer=(
                             round(peer_ms / r["latency_ms"], 3) if peer_ms else None
                         ),
                         speedup_vs_torch=round(by["torch"]["latency_ms"] / r["latency_ms"], 3),
                         **extra,
-                    )  # fmt: skip
+                    )
                 table.append((op, b, h, by))
                 print(
                     f"{op:18s} b={b:6d} h={h:5d} "
@@ -230,8 +238,10 @@ def main() -> None:
 
 
 def summarize(table: list[tuple[str, int, int, dict[str, dict[str, Any]]]], bw: float) -> None:
-    print(f"\n{'op':18s} {'batch':>6s} {'h':>5s} {'tuned us':>9s} {'GB/s':>7s} {'%bw':>5s} "
-          f"{'vs FI':>6s} {'vs torch':>8s}  tactic")  # fmt: skip
+    print(
+        f"\n{'op':18s} {'batch':>6s} {'h':>5s} {'tuned us':>9s} {'GB/s':>7s} {'%bw':>5s} "
+        f"{'vs FI':>6s} {'vs torch':>8s}  tactic"
+    )
     for op, b, h, by in table:
         t = by["flashtune_tuned"]
         gbs = t["bytes"] / (t["latency_ms"] * 1e-3) / 1e9

@@ -5,7 +5,7 @@ separate planning step, so the Python planner is part of what is measured. This 
 times, per shape:
 - plan_us: `wrapper.plan(...)` on a wrapper that is reused (a serving engine's pattern);
 - call_us: a fresh wrapper + plan() on a cached workspace, the adapter pattern of
-  flashtune/dataset/entry_points.py;
+  flashtune/bench/entry_points.py;
 - run_host_us: run() with the kernel launch stubbed out (validation, dispatch, views), as
   if a kernel could run (on the CPU it would otherwise compute the reference);
 - cycle_us: a fresh wrapper + plan() + run() (launch stubbed): the host time the bundled
@@ -39,7 +39,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RowWriter  # noqa: E402
 
-from flashtune.ops.attention import decode, prefill  # noqa: E402
+from flashtune import platform  # noqa: E402
+from flashtune.ops.attention import (  # noqa: E402
+    decode,
+    decode_plan,
+    decode_run,
+    prefill,
+    prefill_plan,
+    prefill_run,
+)
 from flashtune.timing import measure  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -82,19 +90,19 @@ def _us(fn: Callable[[], Any], reps: int) -> float:
 @contextlib.contextmanager
 def _stub_launch() -> Iterator[None]:
     """run() as on a GPU, minus the kernels: the host path alone."""
-    saved = (decode._launch, prefill._launch, decode.platform.kernels_available)
+    saved = (decode_run.launch_kernels, prefill_run.launch, platform.kernels_available)
 
     def prefill_launch(plan, q, k, v, out, lse, tactic) -> None:  # noqa: ANN001
         # The work list is host work of run (built lazily before flashtune's plan built it).
         plan.work_list(tactic.tokens_per_tile(plan.group_size), tactic.block_n)
 
-    decode._launch = lambda *a, **k: None  # type: ignore[assignment]
-    prefill._launch = prefill_launch  # type: ignore[assignment]
-    decode.platform.kernels_available = lambda device: True  # type: ignore[assignment]
+    decode_run.launch_kernels = lambda *a, **k: None  # type: ignore[assignment]
+    prefill_run.launch = prefill_launch  # type: ignore[assignment]
+    platform.kernels_available = lambda device: True  # type: ignore[assignment]
     try:
         yield
     finally:
-        decode._launch, prefill._launch, decode.platform.kernels_available = saved
+        decode_run.launch_kernels, prefill_run.launch, platform.kernels_available = saved
 
 
 # --------------------------------------------------------------------------- cases
@@ -131,8 +139,9 @@ def prefill_case(batch: int, length: int, paged: bool, device: torch.device):
     lens = _lens(batch, length, batch * 13 + length)
     qo_indptr = _indptr(lens).to(device)
     ws = _workspace(device)
-    kw = dict(causal=True, sm_scale=D**-0.5, q_data_type=torch.bfloat16,
-              kv_data_type=torch.bfloat16)  # fmt: skip
+    kw = dict(
+        causal=True, sm_scale=D**-0.5, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16
+    )
     q = torch.empty(int(lens.sum()), HQ, D, dtype=torch.bfloat16, device=device)
     if paged:
         indptr, indices, last = _page_table(lens, 16, device)
@@ -208,8 +217,9 @@ def main() -> None:
     ap.add_argument("--profile", choices=["decode", "prefill_paged", "prefill_ragged"])
     ap.add_argument("--label", default="", help="stored in each row (e.g. before/after)")
     ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--only", choices=["decode", "prefill_paged", "prefill_ragged"],
-                    help="time one op only")  # fmt: skip
+    ap.add_argument(
+        "--only", choices=["decode", "prefill_paged", "prefill_ragged"], help="time one op only"
+    )
     ap.add_argument(
         "--sm-count",
         type=int,
@@ -220,10 +230,10 @@ def main() -> None:
     if not torch.cuda.is_available():
         # The CPU plan otherwise assumes 2 SMs (enough for the interpreter), which would
         # time a much smaller scheduling problem than a GPU's.
-        decode._sm_count = lambda device: a.sm_count  # type: ignore[assignment]
+        decode_plan.plan_sm_count = lambda *_: a.sm_count  # type: ignore[assignment]
         # Likewise prefill's tactic -1 on Hopper (64x64 tiles), not the interpreter's 32x16.
         hopper = prefill.PrefillTactic(64, 64, True, 4, 3, tma=True)
-        prefill._pick_default = lambda plan, device: hopper  # type: ignore[assignment]
+        prefill_plan.pick_default = lambda plan, device: hopper  # type: ignore[assignment]
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
         devices.append(torch.device("cuda"))
@@ -246,12 +256,19 @@ def main() -> None:
             table.append((device.type, op, shape, plan_us, call_us, run_us, cycle_us))
             if writer is not None:
                 writer.write(
-                    f"{op}.plan", {**shape, "index_device": device.type}, "flashtune",
-                    plan_us / 1e3, call_ms=call_us / 1e3, run_host_ms=run_us / 1e3,
-                    cycle_ms=cycle_us / 1e3, label=a.label,
-                )  # fmt: skip
-    print(f"{'idx':4} {'op':15} {'shape':30} {'plan_us':>8} {'call_us':>8} {'run_us':>7} "
-          f"{'cycle_us':>8}")  # fmt: skip
+                    f"{op}.plan",
+                    {**shape, "index_device": device.type},
+                    "flashtune",
+                    plan_us / 1e3,
+                    call_ms=call_us / 1e3,
+                    run_host_ms=run_us / 1e3,
+                    cycle_ms=cycle_us / 1e3,
+                    label=a.label,
+                )
+    print(
+        f"{'idx':4} {'op':15} {'shape':30} {'plan_us':>8} {'call_us':>8} {'run_us':>7} "
+        f"{'cycle_us':>8}"
+    )
     for dev, op, shape, p, c, r, y in table:
         s = " ".join(f"{k}{v}" for k, v in shape.items() if k in ("batch", "kv", "L", "page_size"))
         print(f"{dev:4} {op:15} {s:30} {p:8.1f} {c:8.1f} {r:7.1f} {y:8.1f}")

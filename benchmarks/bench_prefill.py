@@ -26,15 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RowWriter  # noqa: E402
 
-from flashtune.ops.attention import prefill as prefill_mod  # noqa: E402
 from flashtune.ops.attention.prefill import (  # noqa: E402
     PREFILL_TACTICS,
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
     PrefillTactic,
     TritonPrefillRunner,
-    _default_tactic,
 )
+from flashtune.ops.attention.prefill_plan import default_tactic  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -72,17 +71,35 @@ def make_batch(batch: int, seq: int, seed: int = 0) -> dict[str, Any]:
         cache[pages, 0] = kb.view(pages_per, PAGE, HKV, D)
         cache[pages, 1] = vb.view(pages_per, PAGE, HKV, D)
     return dict(
-        lens=lens, q=q, k=k, v=v, qo_indptr=indptr, kv_indptr=indptr,
-        page_indptr=kv_page_indptr, page_indices=perm, last=last, cache=cache,
-    )  # fmt: skip
+        lens=lens,
+        q=q,
+        k=k,
+        v=v,
+        qo_indptr=indptr,
+        kv_indptr=indptr,
+        page_indptr=kv_page_indptr,
+        page_indices=perm,
+        last=last,
+        cache=cache,
+    )
 
 
 def ours(mode: str, x: dict[str, Any], tactic: PrefillTactic | None = None):
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # as FlashInfer's below
     if mode == "paged":
         w = BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-        w.plan(x["qo_indptr"], x["page_indptr"], x["page_indices"], x["last"], HQ, HKV, D, PAGE,
-               causal=True, q_data_type=torch.bfloat16)  # fmt: skip
+        w.plan(
+            x["qo_indptr"],
+            x["page_indptr"],
+            x["page_indices"],
+            x["last"],
+            HQ,
+            HKV,
+            D,
+            PAGE,
+            causal=True,
+            q_data_type=torch.bfloat16,
+        )
         if tactic is None:
             fn = lambda q, c: w.run(q, c)  # noqa: E731
             fn.plan = w._plan  # type: ignore[attr-defined]
@@ -90,8 +107,7 @@ def ours(mode: str, x: dict[str, Any], tactic: PrefillTactic | None = None):
         kc, vc = x["cache"][:, 0], x["cache"][:, 1]
     else:
         w = BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
-        w.plan(x["qo_indptr"], x["kv_indptr"], HQ, HKV, D, causal=True,
-               q_data_type=torch.bfloat16)  # fmt: skip
+        w.plan(x["qo_indptr"], x["kv_indptr"], HQ, HKV, D, causal=True, q_data_type=torch.bfloat16)
         if tactic is None:
             fn = lambda q, k, v: w.run(q, k, v)  # noqa: E731
             fn.plan = w._plan  # type: ignore[attr-defined]
@@ -123,13 +139,31 @@ def flashinfer_fn(mode: str, x: dict[str, Any]):
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     if mode == "paged":
         w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-        w.plan(x["qo_indptr"].cuda(), x["page_indptr"].cuda(), x["page_indices"].cuda(),
-               x["last"].cuda(), HQ, HKV, D, PAGE, causal=True,
-               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
+        w.plan(
+            x["qo_indptr"].cuda(),
+            x["page_indptr"].cuda(),
+            x["page_indices"].cuda(),
+            x["last"].cuda(),
+            HQ,
+            HKV,
+            D,
+            PAGE,
+            causal=True,
+            q_data_type=torch.bfloat16,
+            kv_data_type=torch.bfloat16,
+        )
         return (lambda q, c: w.run(q, c)), [x["q"], x["cache"]]
     w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
-    w.plan(x["qo_indptr"].cuda(), x["kv_indptr"].cuda(), HQ, HKV, D, causal=True,
-           q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
+    w.plan(
+        x["qo_indptr"].cuda(),
+        x["kv_indptr"].cuda(),
+        HQ,
+        HKV,
+        D,
+        causal=True,
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16,
+    )
     return (lambda q, k, v: w.run(q, k, v)), [x["q"], x["k"], x["v"]]
 
 
@@ -156,35 +190,58 @@ def timeit(fn, args, graph: bool = False) -> float:
 _T = PrefillTactic
 TUNE_CANDIDATES = {
     "ragged": [
-        _T(128, 128, True, 8, 3), _T(128, 128, True, 8, 3, tma=True),
-        _T(128, 128, True, 8, 2, tma=True), _T(128, 64, True, 8, 3, tma=True),
-        _T(128, 64, True, 8, 2, tma=True), _T(64, 64, True, 4, 3, tma=True),
-        _T(64, 64, True, 4, 2, tma=True), _T(64, 128, True, 4, 2, tma=True),
-        _T(128, 32, True, 4, 3), _T(64, 32, True, 4, 3),
+        _T(128, 128, True, 8, 3),
+        _T(128, 128, True, 8, 3, tma=True),
+        _T(128, 128, True, 8, 2, tma=True),
+        _T(128, 64, True, 8, 3, tma=True),
+        _T(128, 64, True, 8, 2, tma=True),
+        _T(64, 64, True, 4, 3, tma=True),
+        _T(64, 64, True, 4, 2, tma=True),
+        _T(64, 128, True, 4, 2, tma=True),
+        _T(128, 32, True, 4, 3),
+        _T(64, 32, True, 4, 3),
     ],
     "paged": [
-        _T(128, 128, True, 8, 3), _T(128, 64, True, 4, 3), _T(128, 32, True, 4, 3),
+        _T(128, 128, True, 8, 3),
+        _T(128, 64, True, 4, 3),
+        _T(128, 32, True, 4, 3),
         _T(64, 64, True, 4, 3),
         # tma on paged: pages staged into the workspace, then the ragged TMA kernel.
-        _T(128, 128, True, 8, 3, tma=True), _T(128, 128, True, 8, 2, tma=True),
-        _T(128, 64, True, 8, 3, tma=True), _T(128, 64, True, 8, 2, tma=True),
-        _T(64, 64, True, 4, 3, tma=True), _T(64, 64, True, 4, 2, tma=True),
+        _T(128, 128, True, 8, 3, tma=True),
+        _T(128, 128, True, 8, 2, tma=True),
+        _T(128, 64, True, 8, 3, tma=True),
+        _T(128, 64, True, 8, 2, tma=True),
+        _T(64, 64, True, 4, 3, tma=True),
+        _T(64, 64, True, 4, 2, tma=True),
     ],
-}  # fmt: skip
+}
 
 
 SWEEP_TACTICS = [
     PrefillTactic(bm, bn, pack, w, s)
     for bm, bn, pack, w, s in [
-        (128, 64, True, 8, 2), (128, 64, True, 8, 3), (128, 64, True, 8, 4),
-        (128, 64, True, 4, 3), (128, 64, False, 8, 3), (128, 64, False, 4, 3),
-        (128, 128, True, 8, 2), (128, 128, True, 8, 3), (128, 128, False, 8, 3),
-        (128, 128, True, 4, 2), (128, 32, True, 8, 3), (128, 32, True, 4, 3),
-        (64, 64, True, 4, 3), (64, 64, True, 4, 4), (64, 128, True, 4, 3),
-        (64, 64, False, 4, 3), (64, 32, True, 4, 3),
+        (128, 64, True, 8, 2),
+        (128, 64, True, 8, 3),
+        (128, 64, True, 8, 4),
+        (128, 64, True, 4, 3),
+        (128, 64, False, 8, 3),
+        (128, 64, False, 4, 3),
+        (128, 128, True, 8, 2),
+        (128, 128, True, 8, 3),
+        (128, 128, False, 8, 3),
+        (128, 128, True, 4, 2),
+        (128, 32, True, 8, 3),
+        (128, 32, True, 4, 3),
+        (64, 64, True, 4, 3),
+        (64, 64, True, 4, 4),
+        (64, 128, True, 4, 3),
+        (64, 64, False, 4, 3),
+        (64, 32, True, 4, 3),
     ]
-] + [PrefillTactic(128, bn, True, w, s, tma=True) for bn, w, s in
-     [(64, 8, 3), (128, 8, 3), (128, 8, 2), (64, 4, 3), (32, 4, 3)]]  # fmt: skip
+] + [
+    PrefillTactic(128, bn, True, w, s, tma=True)
+    for bn, w, s in [(64, 8, 3), (128, 8, 3), (128, 8, 2), (64, 4, 3), (32, 4, 3)]
+]
 
 
 def sweep(out_dir: Path | None) -> None:
@@ -202,10 +259,15 @@ def sweep(out_dir: Path | None) -> None:
                     print(f"  {mode} b{batch} L{seq} {t}: FAILED {type(e).__name__}: {e}"[:300])
                     continue
                 tf = flops / ms / 1e9
-                results.append(dict(mode=mode, batch=batch, seq=seq, tactic=t.__dict__,
-                                    latency_ms=ms, tflops=tf))  # fmt: skip
-                print(f"  {mode:6s} b{batch:<3d} L{seq:<5d} {t}  {ms:8.3f} ms {tf:6.1f} TF/s",
-                      flush=True)  # fmt: skip
+                results.append(
+                    dict(
+                        mode=mode, batch=batch, seq=seq, tactic=t.__dict__, latency_ms=ms, tflops=tf
+                    )
+                )
+                print(
+                    f"  {mode:6s} b{batch:<3d} L{seq:<5d} {t}  {ms:8.3f} ms {tf:6.1f} TF/s",
+                    flush=True,
+                )
         del x
         torch.cuda.empty_cache()
     if out_dir is not None:
@@ -229,23 +291,40 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
         for batch in batches:
             x = make_batch(batch, seq)
             flops = causal_flops(x["lens"])
-            shape = dict(batch_size=batch, qo_len=seq, kv_len=seq, num_qo_heads=HQ,
-                         num_kv_heads=HKV, head_dim=D, causal=True, dtype="bfloat16")  # fmt: skip
+            shape = dict(
+                batch_size=batch,
+                qo_len=seq,
+                kv_len=seq,
+                num_qo_heads=HQ,
+                num_kv_heads=HKV,
+                head_dim=D,
+                causal=True,
+                dtype="bfloat16",
+            )
             for mode in ("paged", "ragged"):
                 shp = dict(shape, page_size=PAGE) if mode == "paged" else dict(shape)
                 op = f"prefill_{mode}"
                 fn, args = ours(mode, x)
-                default_t = str(_default_tactic(fn.plan, torch.device("cuda")))
+                default_t = str(default_tactic(fn.plan, torch.device("cuda")))
                 out = fn(*args)
                 graph = timeit(fn, args) < 1.0  # launch-bound: time inside a CUDA graph
                 ms = timeit(fn, args, graph)
                 tf = flops / ms / 1e9
                 # The same default tactic with the tile-global work order, for the record.
-                prefill_mod._WORK_ORDER = "tile"
+                fn.plan.work_order = "tile"  # this plan's work list, in the other order
                 tile_ms = timeit(fn, args, graph)
-                prefill_mod._WORK_ORDER = "request"
-                candidates.append(dict(mode=mode, batch=batch, seq=seq, tactic=default_t,
-                                       order="tile", ms=tile_ms, default_ms=ms))  # fmt: skip
+                fn.plan.work_order = "request"
+                candidates.append(
+                    dict(
+                        mode=mode,
+                        batch=batch,
+                        seq=seq,
+                        tactic=default_t,
+                        order="tile",
+                        ms=tile_ms,
+                        default_ms=ms,
+                    )
+                )
                 # Per-shape tuning over the runner's tactics (what the autotuner does).
                 best_ms, best_t = ms, "default"
                 for t in TUNE_CANDIDATES[mode] if tune else ():
@@ -260,9 +339,17 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
                     except Exception as e:
                         print(f"  tactic {t} failed: {type(e).__name__}: {e}"[:300])
                         continue
-                    candidates.append(dict(mode=mode, batch=batch, seq=seq, tactic=t.__dict__,
-                                           ms=t_ms, tflops=flops / t_ms / 1e9,
-                                           default_ms=ms))  # fmt: skip
+                    candidates.append(
+                        dict(
+                            mode=mode,
+                            batch=batch,
+                            seq=seq,
+                            tactic=t.__dict__,
+                            ms=t_ms,
+                            tflops=flops / t_ms / 1e9,
+                            default_ms=ms,
+                        )
+                    )
                     if t_ms < best_ms:
                         best_ms, best_t = t_ms, str(t)
                 if out_dir is not None:
@@ -279,9 +366,15 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
                             print(f"FlashInfer graph timing failed ({e}); events for both")
                             fi_ms, ms, best_ms = timeit(fi, fargs), timeit(fn, args), best_ms
                             tf = flops / ms / 1e9
-                        writer.write(op, shp, "flashinfer", fi_ms, tflops=flops / fi_ms / 1e9,
-                                     ratio_to_gemm_peak=flops / fi_ms / 1e9 / GEMM_PEAK_TFLOPS,
-                                     cuda_graph=graph)  # fmt: skip
+                        writer.write(
+                            op,
+                            shp,
+                            "flashinfer",
+                            fi_ms,
+                            tflops=flops / fi_ms / 1e9,
+                            ratio_to_gemm_peak=flops / fi_ms / 1e9 / GEMM_PEAK_TFLOPS,
+                            cuda_graph=graph,
+                        )
                     except Exception as e:
                         print(f"FlashInfer failed on {op} {shp}: {type(e).__name__}: {e}"[:400])
                 ratio = fi_ms / ms if fi_ms else None
@@ -289,25 +382,53 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
                 pfn, pargs = planless_fn(mode, x)
                 p_err = (pfn(*pargs).float() - out.float()).abs().max().item()
                 p_ms = timeit(pfn, pargs, graph)
-                writer.write(op, shp, "flashtune_planless", p_ms, tflops=flops / p_ms / 1e9,
-                             speedup_vs_flashinfer=fi_ms / p_ms if fi_ms else None,
-                             max_abs_diff_vs_planned=p_err, cuda_graph=graph)  # fmt: skip
+                writer.write(
+                    op,
+                    shp,
+                    "flashtune_planless",
+                    p_ms,
+                    tflops=flops / p_ms / 1e9,
+                    speedup_vs_flashinfer=fi_ms / p_ms if fi_ms else None,
+                    max_abs_diff_vs_planned=p_err,
+                    cuda_graph=graph,
+                )
                 planless_ratios.append(fi_ms / p_ms if fi_ms else None)
-                writer.write(op, shp, "flashtune", ms, tflops=tf, tactic=default_t,
-                             ratio_to_gemm_peak=tf / GEMM_PEAK_TFLOPS,
-                             speedup_vs_flashinfer=ratio, max_abs_diff_vs_flashinfer=err,
-                             cuda_graph=graph)  # fmt: skip
-                writer.write(op, shp, "flashtune-tuned", best_ms, tflops=flops / best_ms / 1e9,
-                             ratio_to_gemm_peak=flops / best_ms / 1e9 / GEMM_PEAK_TFLOPS,
-                             speedup_vs_flashinfer=tuned_ratio, tactic=best_t,
-                             cuda_graph=graph)  # fmt: skip
+                writer.write(
+                    op,
+                    shp,
+                    "flashtune",
+                    ms,
+                    tflops=tf,
+                    tactic=default_t,
+                    ratio_to_gemm_peak=tf / GEMM_PEAK_TFLOPS,
+                    speedup_vs_flashinfer=ratio,
+                    max_abs_diff_vs_flashinfer=err,
+                    cuda_graph=graph,
+                )
+                writer.write(
+                    op,
+                    shp,
+                    "flashtune-tuned",
+                    best_ms,
+                    tflops=flops / best_ms / 1e9,
+                    ratio_to_gemm_peak=flops / best_ms / 1e9 / GEMM_PEAK_TFLOPS,
+                    speedup_vs_flashinfer=tuned_ratio,
+                    tactic=best_t,
+                    cuda_graph=graph,
+                )
                 table.append((mode, batch, seq, ms, tf, fi_ms, ratio, best_ms, tuned_ratio))
-                print(f"{mode:6s} b{batch:<3d} L{seq:<5d} ours {ms:8.3f} ms {tf:6.1f} TF/s  "
-                      f"planless {p_ms:8.3f} ms  "
-                      f"tuned {best_ms:8.3f} ms ({best_t})  "
-                      + (f"FI {fi_ms:8.3f} ms {flops / fi_ms / 1e9:6.1f} TF/s  x{ratio:.2f} "
-                         f"tuned x{tuned_ratio:.2f} err {err:.3g}" if fi_ms else ""),
-                      flush=True)  # fmt: skip
+                print(
+                    f"{mode:6s} b{batch:<3d} L{seq:<5d} ours {ms:8.3f} ms {tf:6.1f} TF/s  "
+                    f"planless {p_ms:8.3f} ms  "
+                    f"tuned {best_ms:8.3f} ms ({best_t})  "
+                    + (
+                        f"FI {fi_ms:8.3f} ms {flops / fi_ms / 1e9:6.1f} TF/s  x{ratio:.2f} "
+                        f"tuned x{tuned_ratio:.2f} err {err:.3g}"
+                        if fi_ms
+                        else ""
+                    ),
+                    flush=True,
+                )
             del x
             torch.cuda.empty_cache()
     print("\nmode   batch seq    ours_ms  ours_TF  tuned_TF  FI_ms    FI_TF   x_default x_tuned")
@@ -315,14 +436,19 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
         fl = causal_flops([s] * b)
         fi_s = f"{fms:8.3f} {fl / fms / 1e9:7.1f}  {r:5.2f}  {tr:5.2f}" if fms else "-"
         print(f"{mode:6s} {b:5d} {s:5d} {ms:8.3f} {tf:7.1f}  {fl / bms / 1e9:7.1f}  {fi_s}")
-    columns = [("default tactic", [r[6] for r in table]), ("tuned per shape", [r[8] for r in table]),
-               ("plan-free call", planless_ratios)]  # fmt: skip
+    columns = [
+        ("default tactic", [r[6] for r in table]),
+        ("tuned per shape", [r[8] for r in table]),
+        ("plan-free call", planless_ratios),
+    ]
     for label, column in columns:
         ratios = [r for r in column if r]
         if ratios:
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-            print(f"geomean speedup vs FlashInfer ({label}): {geo:.3f} over {len(ratios)} "
-                  f"shapes (min {min(ratios):.2f}, max {max(ratios):.2f})")  # fmt: skip
+            print(
+                f"geomean speedup vs FlashInfer ({label}): {geo:.3f} over {len(ratios)} "
+                f"shapes (min {min(ratios):.2f}, max {max(ratios):.2f})"
+            )
 
 
 def main() -> None:

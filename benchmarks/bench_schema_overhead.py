@@ -37,12 +37,18 @@ def main() -> None:
         wrapped.append(per_call_us(rmsnorm, (x, w)))
         plain.append(per_call_us(rmsnorm.fn, (x, w)))
     overhead = min(wrapped) - min(plain)
-    print(f"rmsnorm (CPU path): {min(plain):.2f} us plain, {min(wrapped):.2f} us wrapped, "
-          f"overhead {overhead:.2f} us per call (target < 1 us)")  # fmt: skip
+    print(
+        f"rmsnorm (CPU path): {min(plain):.2f} us plain, {min(wrapped):.2f} us wrapped, "
+        f"overhead {overhead:.2f} us per call (target < 1 us)"
+    )
     RowWriter("schema_overhead").write(
-        "api_wrapper_hooks_off", {"rounds": 15, "calls": 5000}, "rmsnorm", min(wrapped) / 1e3,
-        plain_us=min(plain), overhead_us=overhead,
-    )  # fmt: skip
+        "api_wrapper_hooks_off",
+        {"rounds": 15, "calls": 5000},
+        "rmsnorm",
+        min(wrapped) / 1e3,
+        plain_us=min(plain),
+        overhead_us=overhead,
+    )
 
 
 if __name__ == "__main__":

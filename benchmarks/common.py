@@ -60,8 +60,10 @@ class RowWriter:
             p.parent.mkdir(parents=True, exist_ok=True)
 
     def write(
-        self, op: str, shape: dict[str, Any], solution: str, latency_ms: float, **extra: Any
+        self, op: str, shape: dict[str, Any], solution: str, latency_ms: float | None, **extra: Any
     ) -> dict:
+        """Append one row; latency_ms is None for a row that timed nothing (a failed run, a
+        summary)."""
         row = {
             "op": op,
             "shape": shape,
@@ -89,12 +91,38 @@ def copy_bandwidth_gbs(nbytes: int = 2 * 2**30) -> float:
 # corpus gemm definitions (../shared/flashinfer-trace/definitions/gemm/*.json, listed here
 # because the GPU machine has no copy of the corpus) at these M, plus a few extra shapes.
 GEMM_CORPUS_NK = [
-    (10240, 8192), (128, 2048), (16384, 3072), (2048, 4096), (2048, 5376), (21504, 5376),
-    (256, 3072), (256, 7168), (28672, 4096), (3072, 3072), (3072, 6144), (3072, 8192),
-    (34816, 5120), (3584, 18944), (3584, 3584), (37888, 3584), (4096, 14336), (4096, 4096),
-    (4096, 5376), (4608, 3584), (5120, 17408), (5120, 2048), (5120, 3072), (5120, 5120),
-    (5376, 21504), (5376, 4096), (57344, 8192), (6144, 4096), (7168, 5120), (8192, 28672),
-    (8192, 3072), (8192, 8192),
-]  # fmt: skip
+    (10240, 8192),
+    (128, 2048),
+    (16384, 3072),
+    (2048, 4096),
+    (2048, 5376),
+    (21504, 5376),
+    (256, 3072),
+    (256, 7168),
+    (28672, 4096),
+    (3072, 3072),
+    (3072, 6144),
+    (3072, 8192),
+    (34816, 5120),
+    (3584, 18944),
+    (3584, 3584),
+    (37888, 3584),
+    (4096, 14336),
+    (4096, 4096),
+    (4096, 5376),
+    (4608, 3584),
+    (5120, 17408),
+    (5120, 2048),
+    (5120, 3072),
+    (5120, 5120),
+    (5376, 21504),
+    (5376, 4096),
+    (57344, 8192),
+    (6144, 4096),
+    (7168, 5120),
+    (8192, 28672),
+    (8192, 3072),
+    (8192, 8192),
+]
 GEMM_CORPUS_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 GEMM_EXTRA_MNK = [(m, 11008, 4096) for m in (1, 17, 32, 256, 512)] + [(1, 1024, 8192)]

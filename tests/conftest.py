@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from _trace_corpus import corpus_root
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
 
 
@@ -26,14 +27,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_cuda)
-
-
-def corpus_root() -> Path:
-    """The FlashInfer-Trace corpus (FLASHTUNE_TRACE_CORPUS, default ../shared/flashinfer-trace)."""
-    from flashtune import env
-
-    path = env.TRACE_CORPUS.get()
-    return path if path.is_absolute() else (REPO_ROOT / path).resolve()
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from _examples import GOOD_DEFINITION
 from flashtune.cli import app
 from flashtune.data import Dataset, Definition, Workload
-from tests.data.test_validation import GOOD_DEFINITION
 
 runner = CliRunner()
 

@@ -20,8 +20,10 @@ needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not i
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -77,9 +79,12 @@ def test_named_commit_is_flagged_env(repo, monkeypatch):
     monkeypatch.setenv("FLASHTUNE_BENCH_COMMIT", "abc1234")  # a stale .git does not know it
     code = platform.code_provenance(repo / "pkg")
     assert code == {
-        "tree": None, "commit": "abc1234", "dirty": None, "source": "env",
+        "tree": None,
+        "commit": "abc1234",
+        "dirty": None,
+        "source": "env",
         "files": platform.files_hash(repo / "pkg"),
-    }  # fmt: skip
+    }
 
 
 def test_files_hash_sees_content_names_and_new_files(tmp_path):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
 # Packages are fetched by name through pip's configuration, never from a written address.
 # (Spelled in pieces so that this file does not match itself.)
 REGISTRY_HOSTS = tuple(
@@ -36,4 +40,75 @@ def test_no_package_registry_address_in_the_repository():
         except (OSError, UnicodeDecodeError):
             continue
         offenders += [f"{path.relative_to(ROOT)}: {h}" for h in REGISTRY_HOSTS if h in text]
+    assert offenders == []
+
+
+def test_test_folders_are_not_packages():
+    # pytest (default "prepend" import mode) puts each test file's folder on sys.path and
+    # imports the file by its name; helpers are imported the same way (`from _bench_helpers
+    # import ...`). An __init__.py would make its folder a package and break those imports.
+    assert [str(p.relative_to(ROOT)) for p in TESTS.rglob("__init__.py")] == []
+
+
+def test_test_module_names_are_unique():
+    # Imported by name (above), two files of one name in different folders would clash.
+    names = Counter(p.name for p in TESTS.rglob("*.py") if p.name != "conftest.py")
+    assert sorted(name for name, count in names.items() if count > 1) == []
+
+
+# pytest.<name>(...) calls that fail a test by themselves.
+_PYTEST_CHECKS = {"raises", "warns", "fail", "deprecated_call"}
+
+
+def _called_names(node: ast.AST) -> Iterator[tuple[str, str | None]]:
+    """(function name, name of the object it is called on or None) for each call in node."""
+    for call in ast.walk(node):
+        if not isinstance(call, ast.Call):
+            continue
+        if isinstance(call.func, ast.Name):
+            yield call.func.id, None
+        elif isinstance(call.func, ast.Attribute):
+            owner = call.func.value.id if isinstance(call.func.value, ast.Name) else None
+            yield call.func.attr, owner
+
+
+def _checks_directly(function: ast.AST) -> bool:
+    if any(isinstance(node, ast.Assert) for node in ast.walk(function)):
+        return True
+    return any(
+        (owner == "pytest" and name in _PYTEST_CHECKS) or name.startswith("assert")
+        for name, owner in _called_names(function)
+    )
+
+
+def test_every_test_can_fail():
+    """Each test asserts, expects an exception or warning, or calls a helper that does
+    (helpers are matched by name among the functions defined under tests/)."""
+    functions: dict[str, list[ast.AST]] = {}
+    modules = {path: ast.parse(path.read_text(encoding="utf-8")) for path in TESTS.rglob("*.py")}
+    for tree in modules.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.setdefault(node.name, []).append(node)
+    checking = {name for name, defs in functions.items() if any(map(_checks_directly, defs))}
+    grown = True
+    while grown:  # a helper that calls a checking helper checks too
+        before = len(checking)
+        checking |= {
+            name
+            for name, defs in functions.items()
+            if any(called in checking for d in defs for called, _ in _called_names(d))
+        }
+        grown = len(checking) > before
+
+    offenders = []
+    for path, tree in sorted(modules.items()):
+        if not path.name.startswith("test_"):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            calls = {called for called, _ in _called_names(node)}
+            if node.name.startswith("test") and not (_checks_directly(node) or calls & checking):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert offenders == []

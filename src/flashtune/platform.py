@@ -15,6 +15,7 @@ import os
 import platform as _py_platform
 import subprocess
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,9 @@ __all__ = [
     "default_device",
     "device_name",
     "compute_capability",
+    "DeviceLimits",
+    "STAND_IN_LIMITS",
+    "device_limits",
     "snapshot",
     "triton_interpret",
     "kernels_available",
@@ -74,6 +78,68 @@ def compute_capability(device: torch.device | str | None = None) -> tuple[int, i
     if dev.type != "cuda":
         return None
     return torch.cuda.get_device_capability(dev)
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """The hardware facts launch policy depends on (grid sizes, tiles that fit, cold L2).
+
+    `stand_in` is True when no GPU was asked: the values are then an H100's, so that tactic
+    spaces and plans computed off-GPU (CPU, Triton interpreter) are those of the common
+    target. Callers that must not pretend (the interpreter's CTA count) check it.
+    """
+
+    name: str
+    sm_count: int
+    shared_memory_per_sm: int  # bytes
+    shared_memory_per_block: int  # bytes: the most one CTA may use (the opt-in maximum)
+    l2_bytes: int
+    max_threads_per_sm: int
+    stand_in: bool = False
+
+
+# H100 SXM: 132 SMs, 228 KB shared memory per SM of which one CTA may use 227 KB, 50 MB L2.
+STAND_IN_LIMITS = DeviceLimits(
+    name="H100 (stand-in)",
+    sm_count=132,
+    shared_memory_per_sm=228 * 1024,
+    shared_memory_per_block=227 * 1024,
+    l2_bytes=50 * 2**20,
+    max_threads_per_sm=2048,
+    stand_in=True,
+)
+
+
+def device_limits(device: torch.device | str | None = None) -> DeviceLimits:
+    """The launch limits of `device` (default: `default_device()`); `STAND_IN_LIMITS` for a
+    device that is not a GPU. Cached per device: launch paths call it per call."""
+    dev = torch.device(device) if device is not None else default_device()
+    return _device_limits(dev)
+
+
+@functools.lru_cache(maxsize=16)
+def _device_limits(dev: torch.device) -> DeviceLimits:
+    if dev.type != "cuda":
+        return STAND_IN_LIMITS
+    props = torch.cuda.get_device_properties(dev)
+    # Older torch builds lack some fields: those fall back to the stand-in's values.
+    fallback = STAND_IN_LIMITS
+
+    def prop(name: str, default: int) -> int:
+        return int(getattr(props, name, 0) or default)
+
+    return DeviceLimits(
+        name=str(props.name),
+        sm_count=int(props.multi_processor_count),
+        shared_memory_per_sm=prop(
+            "shared_memory_per_multiprocessor", fallback.shared_memory_per_sm
+        ),
+        shared_memory_per_block=prop(
+            "shared_memory_per_block_optin", fallback.shared_memory_per_block
+        ),
+        l2_bytes=prop("L2_cache_size", fallback.l2_bytes),
+        max_threads_per_sm=prop("max_threads_per_multi_processor", fallback.max_threads_per_sm),
+    )
 
 
 @functools.lru_cache(maxsize=1)

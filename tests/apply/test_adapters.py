@@ -16,6 +16,8 @@ from _apply_helpers import GEMM_SRC, NORM_SRC, add_traces, calls_of, plant, trac
 from flashtune.apply import ArgBinder, ContextStore, PatchManager, enable_adapters, enable_apply
 from flashtune.apply.adapters import builtin_adapters, resolve_target
 from flashtune.data import Dataset, Definition
+from flashtune.ops.attention import paged_decode
+from flashtune.ops.norm import fused_add_rmsnorm, rmsnorm
 
 # --------------------------------------------------------------------------- patching
 
@@ -257,73 +259,26 @@ def _fake_flashinfer() -> dict[str, types.ModuleType]:
     }
 
 
-def _definitions() -> list[Definition]:
-    def spec(shape, dtype="float32"):
-        return {"shape": shape, "dtype": dtype}
+DECODE_TABLE = (
+    torch.tensor([0, 1, 3], dtype=torch.int32),  # kv_indptr
+    torch.tensor([0, 1, 2], dtype=torch.int32),  # kv_indices
+    torch.ones(2, dtype=torch.int32),  # kv_last_page_len
+)
 
-    ref = "def run(*args):\n    raise NotImplementedError\n"
-    norm = {
-        "axes": {"batch_size": {"type": "var"}, "hidden_size": {"type": "const", "value": 16}},
-        "outputs": {"output": spec(["batch_size", "hidden_size"])},
-        "reference": ref,
-    }
-    rows = spec(["batch_size", "hidden_size"])
+
+def _definitions(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, kv: torch.Tensor):
+    """The Definitions of the calls below, from flashtune's op schemas (as the adapters
+    name them)."""
     return [
-        Definition.model_validate(
-            {
-                **norm,
-                "name": "rmsnorm_h16",
-                "op_type": "rmsnorm",
-                "inputs": {"hidden_states": rows, "weight": spec(["hidden_size"])},
-            }
-        ),
-        Definition.model_validate(
-            {
-                **norm,
-                "name": "fused_add_rmsnorm_h16",
-                "op_type": "rmsnorm",
-                "inputs": {
-                    "hidden_states": rows,
-                    "residual": rows,
-                    "weight": spec(["hidden_size"]),
-                },
-            }
-        ),
-        Definition.model_validate(
-            {
-                "name": "gqa_paged_decode_h4_kv2_d8_ps1",
-                "op_type": "gqa_paged",
-                "axes": {
-                    "batch_size": {"type": "var"},
-                    "num_pages": {"type": "var"},
-                    "len_indptr": {"type": "var"},
-                    "num_kv_indices": {"type": "var"},
-                    "num_qo_heads": {"type": "const", "value": 4},
-                    "num_kv_heads": {"type": "const", "value": 2},
-                    "head_dim": {"type": "const", "value": 8},
-                    "page_size": {"type": "const", "value": 1},
-                },
-                "inputs": {
-                    "q": spec(["batch_size", "num_qo_heads", "head_dim"]),
-                    "k_cache": spec(["num_pages", "page_size", "num_kv_heads", "head_dim"]),
-                    "v_cache": spec(["num_pages", "page_size", "num_kv_heads", "head_dim"]),
-                    "kv_indptr": spec(["len_indptr"], "int32"),
-                    "kv_indices": spec(["num_kv_indices"], "int32"),
-                    "sm_scale": spec(None),
-                },
-                "outputs": {
-                    "output": spec(["batch_size", "num_qo_heads", "head_dim"]),
-                    "lse": spec(["batch_size", "num_qo_heads"]),
-                },
-                "reference": ref,
-            }
-        ),
+        rmsnorm.definition(x, w),
+        fused_add_rmsnorm.definition(x, x, w),
+        paged_decode.definition(q, kv, *DECODE_TABLE),
     ]
 
 
 DECODE_SRC = """CALLS = []
 
-def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale):
     CALLS.append(sm_scale)
     return q * 2, q[..., 0].float()
 """
@@ -335,7 +290,15 @@ def test_flashinfer_adapters(tmp_path: Path, monkeypatch) -> None:
         monkeypatch.setitem(sys.modules, name, mod)
     fi = mods["flashinfer"]
     ds = Dataset(tmp_path)
-    for definition in _definitions():
+    x, w = torch.randn(2, 16), torch.rand(16) + 0.5
+    q, kv = torch.randn(2, 4, 8), torch.randn(3, 2, 1, 2, 8)
+    definitions = _definitions(x, w, q, kv)
+    assert [d.name for d in definitions] == [
+        "rmsnorm_h16",
+        "fused_add_rmsnorm_h16",
+        "gqa_paged_decode_h4_kv2_d8_ps1",
+    ]
+    for definition in definitions:
         ds.add_definition(definition)
     norm_sol = plant(ds, "rmsnorm_h16", "fast", NORM_SRC)
     fused_src = NORM_SRC.replace(
@@ -368,7 +331,6 @@ def test_flashinfer_adapters(tmp_path: Path, monkeypatch) -> None:
         fi.norm.fused_add_rmsnorm,
         fi.decode.BatchDecodeWithPagedKVCacheWrapper.run,
     )
-    x, w = torch.randn(2, 16), torch.rand(16) + 0.5
     with enable_apply(dataset=ds), enable_adapters(specs):
         expected = originals[0](x, w)
         fi.calls.clear()
@@ -389,21 +351,12 @@ def test_flashinfer_adapters(tmp_path: Path, monkeypatch) -> None:
         torch.testing.assert_close(inp, inp2)
 
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1))
-        indptr = torch.tensor([0, 1, 3], dtype=torch.int32)
-        wrapper.plan(
-            indptr,
-            torch.tensor([0, 1, 2], dtype=torch.int32),
-            torch.ones(2, dtype=torch.int32),
-            4,
-            2,
-            8,
-            1,
-        )
-        q, kv = torch.randn(2, 4, 8), torch.randn(3, 2, 1, 2, 8)
+        wrapper.plan(*DECODE_TABLE, 4, 2, 8, 1)
         fi.calls.clear()
         o, lse = wrapper.run(q, kv, return_lse=True)
         torch.testing.assert_close(o, q * 2)
         assert fi.calls == [] and calls_of(dec_sol) == [pytest.approx(1 / math.sqrt(8))]
+        indptr = DECODE_TABLE[0]
         wrapper.plan(indptr, indptr, indptr, 4, 2, 8, 1, pos_encoding_mode="ROPE_LLAMA")
         fi.calls.clear()
         wrapper.run(q, kv)  # a feature no definition covers: original

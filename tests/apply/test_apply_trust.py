@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "capture"))
 from _capture_toys import toy_norm, toy_norm_ref  # noqa: E402
 
 from flashtune.apply import ApplyRuntime, ApplyTable, apply, enable_apply  # noqa: E402
-from flashtune.apply import runtime as apply_runtime  # noqa: E402
 from flashtune.apply import table as apply_table  # noqa: E402
-from flashtune.apply.adapters import dispatch  # noqa: E402
+from flashtune.apply.runtime import dispatch  # noqa: E402
+from flashtune.apply.solutions import clear_broken_solutions  # noqa: E402
 from flashtune.apply.table import current_environment  # noqa: E402
 from flashtune.data import Dataset  # noqa: E402
 from flashtune.data.models import Correctness  # noqa: E402
@@ -47,7 +47,7 @@ def run(hidden_states, weight):
 @pytest.fixture(autouse=True)
 def _forget_broken_solutions():
     yield
-    apply_runtime._BROKEN.clear()
+    clear_broken_solutions()
 
 
 @pytest.fixture
@@ -335,7 +335,7 @@ def test_raising_solution_through_apply_and_the_adapters(ds: Dataset) -> None:
     with pytest.raises(LookupError):
         apply(NAME, {"hidden_states": x, "weight": w}, dataset=ds.root)
     # adapters (flashinfer.rmsnorm and friends) get None: "run the original"
-    apply_runtime._BROKEN.clear()
+    clear_broken_solutions()
     rt = ApplyRuntime(ds)
     with pytest.warns(RuntimeWarning, match="kernel exploded"):
         assert dispatch(NAME, {"hidden_states": x, "weight": w}, runtime=rt) is None

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _bench_helpers import python_solution, toy_definition
 
 from flashtune import platform
 from flashtune.bench.build import MissingRequirement, check_requirements, solution_hash
 from flashtune.bench.evaluate import BenchConfig, evaluate_workload
 from flashtune.data import Definition, Solution, Workload
-
-from .helpers import python_solution, toy_definition
 
 CFG = BenchConfig(warmup=1, iterations=3, trials=1, sampling_draws=400)
 ENV = platform.snapshot("cpu")
@@ -30,21 +29,32 @@ SAMPLING = Definition.model_validate(
 
 def _traces(definition, solutions, **kw):
     events = evaluate_workload(
-        definition, Workload(uuid="w", axes={next(iter(definition.var_axes)): 3}),
-        solutions, CFG, torch.device("cpu"), ENV, **kw,
-    )  # fmt: skip
+        definition,
+        Workload(uuid="w", axes={next(iter(definition.var_axes)): 3}),
+        solutions,
+        CFG,
+        torch.device("cpu"),
+        ENV,
+        **kw,
+    )
     return {t.solution: t for kind, t in events if kind == "trace"}
 
 
 def test_sampling_checked_by_distribution():
     sols = [
-        python_solution("sampler", "import torch\n\ndef run(probs):\n"
-                        "    return torch.multinomial(probs, 1).squeeze(1)\n",
-                        SAMPLING.name),
+        python_solution(
+            "sampler",
+            "import torch\n\ndef run(probs):\n    return torch.multinomial(probs, 1).squeeze(1)\n",
+            SAMPLING.name,
+        ),
         python_solution("argmax", "def run(probs):\n    return probs.argmax(-1)\n", SAMPLING.name),
-        python_solution("int32", "import torch\n\ndef run(probs):\n"
-                        "    return torch.multinomial(probs, 1).squeeze(1).int()\n", SAMPLING.name),
-    ]  # fmt: skip
+        python_solution(
+            "int32",
+            "import torch\n\ndef run(probs):\n"
+            "    return torch.multinomial(probs, 1).squeeze(1).int()\n",
+            SAMPLING.name,
+        ),
+    ]
     got = _traces(SAMPLING, sols)
     assert got["sampler"].evaluation.status.value == "PASSED", got["sampler"].evaluation.reason
     assert got["argmax"].evaluation.status.value == "INCORRECT_NUMERICAL"
@@ -56,8 +66,9 @@ def test_baseline_speedups_recorded():
     d = toy_definition()
     fast = "def run(x, w):\n    return x * w\n"
     slow = "import time\n\ndef run(x, w):\n    time.sleep(0.002)\n    return x * w\n"
-    got = _traces(d, [python_solution("torch", slow), python_solution("mine", fast)],
-                  baselines=["torch"])  # fmt: skip
+    got = _traces(
+        d, [python_solution("torch", slow), python_solution("mine", fast)], baselines=["torch"]
+    )
     base, mine = got["torch"].evaluation.performance, got["mine"].evaluation.performance
     assert base.baseline_solution == "torch" and base.speedup_vs_baseline == 1.0
     assert mine.baseline_solution == "torch"
@@ -73,9 +84,13 @@ def test_requirements_and_hash():
     with pytest.raises(MissingRequirement, match="H100"):
         check_requirements(gpu_only, torch.device("cpu"))
     importable = Solution.model_validate(
-        {"name": "z", "definition": "d", "author": "a",
-         "spec": {"language": "python", "entry_point": "not_a_pkg_abc.mod:run"}}
-    )  # fmt: skip
+        {
+            "name": "z",
+            "definition": "d",
+            "author": "a",
+            "spec": {"language": "python", "entry_point": "not_a_pkg_abc.mod:run"},
+        }
+    )
     with pytest.raises(MissingRequirement, match="not_a_pkg_abc"):
         check_requirements(importable, torch.device("cpu"))
     assert solution_hash(sol) == solution_hash(sol.model_copy(update={"name": "renamed"}))
@@ -86,14 +101,20 @@ def test_requirements_and_hash():
 def test_multi_file_solution_with_relative_import():
     d = toy_definition()
     sol = Solution.model_validate(
-        {"name": "pkg", "definition": d.name, "author": "t",
-         "spec": {"language": "torch", "entry_point": "src/main.py::run"},
-         "sources": [
-             {"path": "src/main.py", "content": "from .helper import mul\n\n"
-                                                "def run(x, w):\n    return mul(x, w)\n"},
-             {"path": "src/helper.py", "content": "def mul(a, b):\n    return a * b\n"},
-         ]}
-    )  # fmt: skip
+        {
+            "name": "pkg",
+            "definition": d.name,
+            "author": "t",
+            "spec": {"language": "torch", "entry_point": "src/main.py::run"},
+            "sources": [
+                {
+                    "path": "src/main.py",
+                    "content": "from .helper import mul\n\ndef run(x, w):\n    return mul(x, w)\n",
+                },
+                {"path": "src/helper.py", "content": "def mul(a, b):\n    return a * b\n"},
+            ],
+        }
+    )
     got = _traces(d, [sol])
     assert got["pkg"].evaluation.status.value == "PASSED", got["pkg"].evaluation.log
 
@@ -102,11 +123,20 @@ def test_multi_file_solution_with_relative_import():
 def test_cpp_solution_compile_error_has_the_compiler_log():
     d = toy_definition()
     sol = Solution.model_validate(
-        {"name": "cpp", "definition": d.name, "author": "t",
-         "spec": {"language": "cpp", "entry_point": "main.cpp::run"},
-         "sources": [{"path": "main.cpp", "content": "#include <torch/extension.h>\n"
-                      "torch::Tensor run(torch::Tensor x, torch::Tensor w) { return x * w }\n"}]}
-    )  # fmt: skip
+        {
+            "name": "cpp",
+            "definition": d.name,
+            "author": "t",
+            "spec": {"language": "cpp", "entry_point": "main.cpp::run"},
+            "sources": [
+                {
+                    "path": "main.cpp",
+                    "content": "#include <torch/extension.h>\n"
+                    "torch::Tensor run(torch::Tensor x, torch::Tensor w) { return x * w }\n",
+                }
+            ],
+        }
+    )
     got = _traces(d, [sol])
     ev = got["cpp"].evaluation
     assert ev.status.value == "COMPILE_ERROR"
@@ -127,13 +157,19 @@ def test_gpu_capturable_solutions_use_a_graph_others_fall_back():
     d = toy_definition()
     sols = [
         python_solution("graph", "def run(x, w):\n    return x * w\n"),
-        python_solution("syncs", "def run(x, w):\n    s = float(w.sum().item())\n"
-                        "    return x * w + (s - s)\n"),
-    ]  # fmt: skip
+        python_solution(
+            "syncs", "def run(x, w):\n    s = float(w.sum().item())\n    return x * w + (s - s)\n"
+        ),
+    ]
     events = evaluate_workload(
-        d, Workload(uuid="w", axes={"n": 4096}), sols, BenchConfig(trial_ms=10.0),
-        torch.device("cuda"), platform.snapshot("cuda"), baselines=["graph"],
-    )  # fmt: skip
+        d,
+        Workload(uuid="w", axes={"n": 4096}),
+        sols,
+        BenchConfig(trial_ms=10.0),
+        torch.device("cuda"),
+        platform.snapshot("cuda"),
+        baselines=["graph"],
+    )
     got = {t.solution: t for kind, t in events if kind == "trace"}
     assert got["graph"].evaluation.performance.timing_method == "cuda_graph"
     syncs = got["syncs"].evaluation

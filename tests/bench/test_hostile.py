@@ -11,11 +11,10 @@ import os
 import time
 
 import pytest
+from _bench_helpers import make_dataset, statuses, toy_definition
 
 from flashtune.bench.evaluate import BenchConfig
 from flashtune.bench.runner import RunOptions, run_benchmark
-
-from .helpers import make_dataset, statuses, toy_definition
 
 HONEST = "def run(x, w):\n    return x * w\n"
 ZEROS = "import torch\n\ndef run(x, w):\n    return torch.zeros_like(x)\n"
@@ -245,9 +244,12 @@ def test_no_cheat_passes_on_the_gpu(tmp_path):
     root = tmp_path / "ds"
     make_dataset(root, {**CHEATS, **SIDE_STREAM}, sizes=[4096])
     opts = RunOptions(
-        datasets=[root], out=tmp_path / "out", devices=["cuda:0"], timeout=120.0,
+        datasets=[root],
+        out=tmp_path / "out",
+        devices=["cuda:0"],
+        timeout=120.0,
         config=BenchConfig(warmup=2, iterations=5, trials=1, trial_ms=10.0),
-    )  # fmt: skip
+    )
     result = run_benchmark(opts, progress=False)
     got = statuses(result.traces)
     traces = {t.solution: t.evaluation for t in result.traces}

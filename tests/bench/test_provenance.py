@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _bench_helpers import make_dataset
 
 from flashtune import platform
 from flashtune.bench.build import solution_hash
 from flashtune.bench.evaluate import BenchConfig
 from flashtune.bench.runner import RunOptions, code_key, run_benchmark
 from flashtune.data import Solution
-
-from .helpers import make_dataset
 
 KERNEL = "def run(x, w):\n    return x * w\n"
 
@@ -87,7 +86,7 @@ def test_missing_module_still_hashes():
 
 
 def test_flashtune_entry_points_hash_flashtune_sources(monkeypatch):
-    sol = _importable("ft", "flashtune.dataset.entry_points:torch_rmsnorm")
+    sol = _importable("ft", "flashtune.bench.entry_points:torch_rmsnorm")
     before = solution_hash(sol)
     monkeypatch.setattr(platform, "source_hash", lambda: "a kernel changed")
     assert solution_hash(sol) != before
@@ -97,7 +96,7 @@ def test_python_source_solutions_keep_their_hash():
     """Solutions that carry their sources hash as before (their traces stay resumable)."""
     import hashlib
 
-    from .helpers import python_solution
+    from _bench_helpers import python_solution
 
     sol = python_solution("a", KERNEL)
     payload = {
@@ -118,9 +117,14 @@ def test_code_key():
 
 def _opts(root: Path, out: Path, **kw) -> RunOptions:
     return RunOptions(
-        datasets=[root], out=out, devices=["cpu"], timeout=60,
-        config=BenchConfig(warmup=1, iterations=3, trials=1), max_workloads=1000, **kw,
-    )  # fmt: skip
+        datasets=[root],
+        out=out,
+        devices=["cpu"],
+        timeout=60,
+        config=BenchConfig(warmup=1, iterations=3, trials=1),
+        max_workloads=1000,
+        **kw,
+    )
 
 
 def _rewrite_code(out: Path, solution: str) -> None:
@@ -131,9 +135,12 @@ def _rewrite_code(out: Path, solution: str) -> None:
             record = json.loads(line)
             if record["solution"] == solution:
                 record["evaluation"]["environment"]["code"] = {
-                    "tree": "0" * 40, "commit": "1" * 40, "dirty": False, "source": "git",
+                    "tree": "0" * 40,
+                    "commit": "1" * 40,
+                    "dirty": False,
+                    "source": "git",
                     "files": "2" * 64,
-                }  # fmt: skip
+                }
             lines.append(json.dumps(record))
         path.write_text("\n".join(lines) + "\n")
 

@@ -10,14 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+from _bench_helpers import make_dataset
 from typer.testing import CliRunner
 
 from flashtune.bench.evaluate import BenchConfig
 from flashtune.bench.runner import RunOptions, run_benchmark
 from flashtune.cli import app
 from flashtune.data import Trace
-
-from .helpers import make_dataset
 
 GOOD = "def run(x, w):\n    return x * w\n"
 
@@ -42,9 +41,14 @@ def _keys(lines: list[str]) -> list[tuple[str, str, str]]:
 
 def _opts(root: Path, out: Path, **kw) -> RunOptions:
     return RunOptions(
-        datasets=[root], out=out, devices=["cpu"], timeout=30,
-        config=BenchConfig(warmup=1, iterations=3, trials=1), max_workloads=1000, **kw,
-    )  # fmt: skip
+        datasets=[root],
+        out=out,
+        devices=["cpu"],
+        timeout=30,
+        config=BenchConfig(warmup=1, iterations=3, trials=1),
+        max_workloads=1000,
+        **kw,
+    )
 
 
 def test_resume_skips_finished_triples_and_reports_corrupt_lines(tmp_path):
@@ -91,10 +95,8 @@ def test_sigkill_then_resume_loses_nothing(tmp_path):
     slow = "import time\n\ndef run(x, w):\n    time.sleep(0.02)\n    return x * w\n"
     make_dataset(root, {f"s{i}": slow for i in range(4)}, sizes=list(range(1, 11)))
     out = tmp_path / "out"
-    cmd = [
-        sys.executable, "-m", "flashtune.cli", "run", "-d", str(root), "-o", str(out),
-        "--devices", "cpu", "--warmup", "1", "--iterations", "5", "-q", "--max-workloads", "99",
-    ]  # fmt: skip
+    args = "--devices cpu --warmup 1 --iterations 5 -q --max-workloads 99".split()
+    cmd = [sys.executable, "-m", "flashtune.cli", "run", "-d", str(root), "-o", str(out), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(_trace_lines(out) if out.exists() else []) < 8:
@@ -103,10 +105,7 @@ def test_sigkill_then_resume_loses_nothing(tmp_path):
     proc.wait()
     done_before = _keys(_trace_lines(out))
     assert 8 <= len(done_before) < 40, "the run should have been killed mid-way"
-    result = CliRunner().invoke(
-        app, ["run", "-d", str(root), "-o", str(out), "--devices", "cpu", "--resume", "-q",
-              "--warmup", "1", "--iterations", "5", "--max-workloads", "99"],
-    )  # fmt: skip
+    result = CliRunner().invoke(app, ["run", "-d", str(root), "-o", str(out), "--resume", *args])
     assert result.exit_code == 0, result.output
     keys = _keys(_trace_lines(out))
     assert set(done_before) <= set(keys)  # nothing finished was lost
@@ -128,10 +127,10 @@ def test_autotune_flag_runs_inside_the_tuner(tmp_path):
     root = tmp_path / "ds"
     make_dataset(root, {"a": GOOD}, sizes=[1])
     out = tmp_path / "out"
+    autotune = ["--autotune", "--autotune-cache", str(tmp_path / "tune.json")]
     result = CliRunner().invoke(
-        app, ["run", "-d", str(root), "-o", str(out), "--devices", "cpu", "-q", "--autotune",
-              "--autotune-cache", str(tmp_path / "tune.json")],
-    )  # fmt: skip
+        app, ["run", "-d", str(root), "-o", str(out), "--devices", "cpu", "-q", *autotune]
+    )
     assert result.exit_code == 0, result.output
     assert "1 passed" in result.output
 

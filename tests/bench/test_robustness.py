@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from _bench_helpers import make_dataset, python_solution, statuses, toy_definition
 from typer.testing import CliRunner
 
 from flashtune.cli import app
 from flashtune.data import Dataset, Solution
-
-from .helpers import make_dataset, python_solution, statuses, toy_definition
 
 GOOD = "def run(x, w):\n    return x * w\n"
 PLANTED = {

@@ -3,14 +3,15 @@ after a clean job, and still guarded on every later job."""
 
 from __future__ import annotations
 
+import json
+
 import torch
+from _bench_helpers import python_solution, toy_definition
 
 from flashtune import platform
 from flashtune.bench.evaluate import BenchConfig, evaluate_workload
 from flashtune.bench.sandbox import SandboxPool
 from flashtune.data import Workload
-
-from .helpers import python_solution, toy_definition
 
 CFG = BenchConfig(warmup=1, iterations=3, trials=1)
 ENV = platform.snapshot("cpu")
@@ -23,9 +24,14 @@ def _run(solutions, sizes, pool):
     got = {}
     for n in sizes:
         events = evaluate_workload(
-            d, Workload(uuid=f"w{n}", axes={"n": n}), solutions, CFG, torch.device("cpu"), ENV,
+            d,
+            Workload(uuid=f"w{n}", axes={"n": n}),
+            solutions,
+            CFG,
+            torch.device("cpu"),
+            ENV,
             pool=pool,
-        )  # fmt: skip
+        )
         for kind, t in events:
             if kind == "trace":
                 got[(t.solution, n)] = t
@@ -93,18 +99,36 @@ def test_tampering_on_a_later_workload_is_caught_and_stays_in_its_process():
     assert honest.performance.latency_ms > 1e-4  # a real clock, not the patched one
 
 
-def test_the_pool_closes_other_definitions_and_bounds_its_size():
+def test_one_process_serves_the_same_code_under_other_definitions():
+    # rmsnorm_h4096 and rmsnorm_h8192 name one entry point: one process (one import, one
+    # CUDA context, one JIT load) serves both, as the old in-process harness did.
+    other = toy_definition("toy_scale_other_h8")
+    with SandboxPool() as pool:
+        got = _run([python_solution("mine", HONEST)], [2], pool)
+        events = evaluate_workload(
+            other, Workload(uuid="o", axes={"n": 2}),
+            [python_solution("mine_too", HONEST, other.name)], CFG, torch.device("cpu"), ENV,
+            pool=pool,
+        )  # fmt: skip
+        second = [t for kind, t in events if kind == "trace"][0]
+    assert _status(got[("mine", 2)]) == "PASSED" and _status(second) == "PASSED"
+    assert "sandbox: reused (job 2" in second.evaluation.log
+
+
+def _spec(solution: str, config: dict | None = None) -> dict:
+    code = {"name": solution, "spec": {"entry_point": f"{solution}.py::run"}, "sources": []}
+    return {"solution": json.dumps(code), "device": "cpu", "config": config or {}, "roots": ()}
+
+
+def test_the_pool_keys_by_code_and_bounds_its_size():
     with SandboxPool(size=2) as pool:
-        specs = [
-            {"definition": f"d{i % 2}", "solution": f"s{i}", "device": "cpu", "config": {},
-             "roots": ()}
-            for i in range(3)
-        ]  # fmt: skip
-        boxes = [pool.get(s) for s in specs]
+        boxes = [pool.get(_spec(f"s{i}")) for i in range(3)]
         boxes[0].process.join(10)
-        assert boxes[0].process.exitcode is not None  # the oldest was closed at size 2
-        assert pool.get(specs[2]) is boxes[2]  # the same spec gets the same sandbox
-        pool.keep_only("d0")
+        assert boxes[0].process.exitcode is not None  # the least recently used went at size 2
+        assert pool.get(_spec("s2")) is boxes[2]  # the same code gets the same process
+        assert pool.get(_spec("s2", {"seed": 1})) is not boxes[2]  # another config: another
         boxes[1].process.join(10)
         assert boxes[1].process.exitcode is not None
-        assert boxes[2].process.is_alive()
+        pool.discard(boxes[2])
+        boxes[2].process.join(10)
+        assert boxes[2].process.exitcode is not None

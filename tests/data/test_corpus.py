@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _trace_corpus import corpus_root
 from flashtune.data import (
     ConstraintError,
     Dataset,
@@ -19,7 +20,6 @@ from flashtune.data import (
     synthesize_inputs,
     torch_dtype,
 )
-from tests.conftest import corpus_root
 
 _ROOT = corpus_root()
 _DEFINITION_FILES = sorted((_ROOT / "definitions").rglob("*.json")) if _ROOT.is_dir() else []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from _examples import GOOD_DEFINITION
 from flashtune.data import (
     Dataset,
     Definition,
@@ -19,7 +20,6 @@ from flashtune.data import (
     Workload,
 )
 from flashtune.data.io import atomic_write_text
-from tests.data.test_validation import GOOD_DEFINITION
 
 
 def _definition(name: str = "scale_h8", op_type: str = "scale") -> Definition:
@@ -120,7 +120,10 @@ def _append_many(root: str, worker: int) -> None:
 
 def test_concurrent_appends_keep_whole_lines(tmp_path: Path) -> None:
     Dataset(tmp_path).add_definition(_definition())
-    ctx = mp.get_context("spawn")
+    # Fresh processes (no state copied from this one), forked from one server that has
+    # imported the dataset code once instead of four times.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["flashtune.data"])
     procs = [ctx.Process(target=_append_many, args=(str(tmp_path), w)) for w in range(4)]
     for p in procs:
         p.start()

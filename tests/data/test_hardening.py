@@ -281,7 +281,8 @@ def test_trace_definition_must_be_a_path_component() -> None:
 
 def test_ordinary_names_still_load() -> None:
     for name in ["gqa_paged_decode_h32_kv8_d128_ps1", "silu-and.mul_v2", "flash infer"]:
-        Solution.model_validate(SOLUTION | {"author": name, "name": name})
+        solution = Solution.model_validate(SOLUTION | {"author": name, "name": name})
+        assert (solution.author, solution.name) == (name, name)
 
 
 def test_trace_with_escaping_author_is_not_written_outside(tmp_path: Path) -> None:
@@ -427,9 +428,11 @@ def test_flashtune_run_reports_a_blob_that_does_not_fit_as_an_input_error(
     blob = _save_blob(ds_root, x=torch.randn(3, 4), indptr=torch.tensor([0, 3], dtype=torch.int32))
     _write_workload(ds_root, {"x": _blob_input(), "indptr": _blob_input("indptr")})
     opts = RunOptions(
-        datasets=[ds_root], out=tmp_path / "out", devices=["cpu"],
+        datasets=[ds_root],
+        out=tmp_path / "out",
+        devices=["cpu"],
         config=BenchConfig(warmup=1, iterations=2, trials=1),
-    )  # fmt: skip
+    )
     result = run_benchmark(opts, progress=False)
     (trace,) = result.traces
     assert trace.evaluation.status.value == "INCORRECT_SHAPE"  # not PASSED as batch 1

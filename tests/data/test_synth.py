@@ -16,6 +16,7 @@ from flashtune.data import (
     small_workload,
     synthesize_inputs,
 )
+from flashtune.data.constraints import evaluate_constraint, holds
 
 PAGED = Definition.model_validate(
     {
@@ -156,11 +157,15 @@ def test_probabilities_are_distributions() -> None:
 
 def test_every_name_validation_allows_can_be_evaluated() -> None:
     """A constraint that passes Definition validation also evaluates (same name list)."""
-    raw = PAGED.model_dump(mode="json", exclude_unset=True)
-    raw["constraints"] = [
-        *raw["constraints"],
+    calls_every_allowed_name = [
         "all([len(kv_indices) >= 0, any([True]), sum([1, 2]) == 3, abs(-1) == int(1.0)])",
         "min(batch_size, 1) <= max(batch_size, 1)",
     ]
+    raw = PAGED.model_dump(mode="json", exclude_unset=True)
+    raw["constraints"] = [*raw["constraints"], *calls_every_allowed_name]
     definition = Definition.model_validate(raw)
-    synthesize_inputs(definition, _workload())
+    workload = _workload()
+    inputs = synthesize_inputs(definition, workload)  # raises if a constraint cannot evaluate
+    names = {**definition.const_axes, **workload.axes, **inputs}
+    for expr in calls_every_allowed_name:
+        assert holds(evaluate_constraint(expr, names)), expr

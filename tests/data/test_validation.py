@@ -9,17 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from _examples import GOOD_DEFINITION
 from flashtune.cli import app
 from flashtune.data import Dataset
-
-GOOD_DEFINITION = {
-    "name": "scale_h8",
-    "op_type": "scale",
-    "axes": {"n": {"type": "var"}, "h": {"type": "const", "value": 8}},
-    "inputs": {"x": {"shape": ["n", "h"], "dtype": "float32"}},
-    "outputs": {"y": {"shape": ["n", "h"], "dtype": "float32"}},
-    "reference": "import torch\n\ndef run(x):\n    return x * 2\n",
-}
 
 
 def _write(path: Path, text: str) -> Path:

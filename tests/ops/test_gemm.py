@@ -98,9 +98,18 @@ def test_stream_k_schedules(shape, device):
     for block_m, programs in ((16, 1), (16, 3), (16, 7), (1 if M == 1 else 16, 5)):
         C = torch.empty(M, N, dtype=torch.float16, device=device)
         gemm_kernels.launch_small_m_streamk(
-            A, B, C, bias, None, block_m=block_m, block_n=16, block_k=32, programs=programs,
-            num_warps=4, num_stages=2,
-        )  # fmt: skip
+            A,
+            B,
+            C,
+            bias,
+            None,
+            block_m=block_m,
+            block_n=16,
+            block_k=32,
+            programs=programs,
+            num_warps=4,
+            num_stages=2,
+        )
         _check(C, A, B, bias)
     assert int(gemm_kernels.split_k_counters(device, 1).abs().sum()) == 0
 

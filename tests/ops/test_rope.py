@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from flashtune.ops import rope
+from flashtune.ops import rope_config
 from flashtune.ops.rope import (
+    RopeArgs,
     RopeRunner,
-    _RopeArgs,
     apply_rope,
     apply_rope_inplace,
     apply_rope_pos_ids,
@@ -123,7 +123,7 @@ def test_every_tactic_is_correct(device):
     pos = torch.tensor([1, 7, 0], device=device)
     runner = RopeRunner()
     qr, kr = rope_with_cos_sin_cache_ref(q, k, cache, pos)
-    args = _RopeArgs(48, False, True)
+    args = RopeArgs(48, False, True)
     tactics = runner.get_valid_tactics([q, k], None)
     assert len(tactics) > 3
     for tactic in [-1, *tactics]:
@@ -187,8 +187,9 @@ def test_custom_ops_and_compile(device):
     qo, ko = torch.compile(fn, backend="aot_eager", fullgraph=True)(q.clone(), k.clone())
     _close(qo, qr)
     _close(ko, kr)
-    compiled = torch.compile(lambda a, b: apply_rope_pos_ids(a, b, pos), fullgraph=True,
-                             backend="aot_eager")  # fmt: skip
+    compiled = torch.compile(
+        lambda a, b: apply_rope_pos_ids(a, b, pos), fullgraph=True, backend="aot_eager"
+    )
     _close(compiled(q, k)[0], apply_rope_pos_ids(q, k, pos)[0])
 
 
@@ -261,7 +262,7 @@ def test_definition_equals_corpus(trace_corpus):
 @pytest.mark.parametrize("rotary_dim", [2, 10, 32, 40, 64, 80, 96, 128, 256])
 def test_default_tactic_is_a_valid_launch(heads, rotary_dim):
     # Triton needs power-of-two warps and block sizes (the interpreter does not check).
-    t = rope._default_tactic(heads, rotary_dim)
+    t = rope_config.default_tactic(heads, rotary_dim)
     for value in (t.block_h, t.num_warps):
         assert value >= 1 and value & (value - 1) == 0, t
     assert t.num_warps <= 8

@@ -9,8 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from flashtune.cli.tune import app as tune_app
 from flashtune.tune.cache_file import current_metadata, read_cache_file
-from flashtune.tune.cli import app as tune_app
 
 root = typer.Typer()
 root.add_typer(tune_app, name="tune")

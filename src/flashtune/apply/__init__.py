@@ -13,13 +13,8 @@ import sys
 import types
 from typing import Any
 
-from flashtune.apply.adapters import (
-    ArgBinder,
-    ContextStore,
-    PatchManager,
-    builtin_adapters,
-    enable_adapters,
-)
+from flashtune.apply.adapters import builtin_adapters, enable_adapters
+from flashtune.apply.patching import ArgBinder, ContextStore, PatchManager
 from flashtune.apply.runtime import (
     ApplyHandle,
     ApplyRuntime,

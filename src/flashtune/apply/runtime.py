@@ -13,14 +13,9 @@ per-call cost is unchanged.
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import logging
-import sys
 import threading
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,12 +23,21 @@ from typing import Any
 import torch
 
 from flashtune import env
+from flashtune.apply.results import result_adapter_for
+from flashtune.apply.solutions import (
+    Guarded,
+    SolutionFailed,
+    UnsupportedSolution,
+    broken_solutions,
+    is_broken,
+    load_solution,
+    with_destinations,
+)
 from flashtune.apply.table import ApplyConfig, ApplyTable
 from flashtune.bench.build import solution_hash
 from flashtune.capture import api as capture_api
 from flashtune.data.dataset import Dataset
-from flashtune.data.io import atomic_write_text
-from flashtune.data.models import Definition, Solution
+from flashtune.data.models import Solution
 from flashtune.data.synth import torch_dtype
 from flashtune.schema import NOT_HANDLED, add_hook, register_env_hook, remove_hook
 from flashtune.schema.api import ApiOp
@@ -48,147 +52,13 @@ __all__ = [
     "apply",
     "broken_solutions",
     "disable_apply",
+    "dispatch",
     "enable_apply",
     "load_solution",
+    "route",
 ]
 
 log = logging.getLogger("flashtune.apply")
-
-_LOADABLE = {"python", "torch", "triton"}
-
-
-class UnsupportedSolution(RuntimeError):
-    """A solution apply cannot load in this process (a language it does not build)."""
-
-
-# --------------------------------------------------------------------------- loading solutions
-
-
-def _sources_hash(solution: Solution) -> str:
-    h = hashlib.sha256(solution.spec.entry_point.encode())
-    for src in sorted(solution.sources, key=lambda s: s.path):
-        h.update(src.path.encode() + b"\0" + src.content.encode() + b"\0")
-    return h.hexdigest()[:20]
-
-
-def load_solution(solution: Solution, cache_dir: Path | None = None) -> Callable[..., Any]:
-    """The solution's entry point as a callable `run(*inputs)`.
-
-    "pkg.mod:func" is imported; "file.py::func" has its sources written once to
-    <cache>/apply/solutions/<content hash>/ (so Triton can read kernel source from real
-    files) and the entry file imported from there, siblings importable."""
-    spec = solution.spec
-    if spec.is_importable:
-        module_name, _, attr = spec.entry_point.partition(":")
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
-    if spec.language not in _LOADABLE:
-        raise UnsupportedSolution(
-            f"solution {solution.name!r}: language {spec.language!r} is not loaded by apply "
-            f"(only {sorted(_LOADABLE)})"
-        )
-    digest = _sources_hash(solution)
-    folder = (cache_dir or env.CACHE_DIR.get()) / "apply" / "solutions" / digest
-    for src in solution.sources:
-        path = folder / src.path
-        if not path.exists() or path.read_text(encoding="utf-8") != src.content:
-            atomic_write_text(path, src.content)
-    entry_file, _, func = spec.entry_point.partition("::")
-    module_name = f"flashtune_solution_{digest}_{Path(entry_file).stem}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        mod_spec = importlib.util.spec_from_file_location(module_name, folder / entry_file)
-        if mod_spec is None or mod_spec.loader is None:
-            raise ImportError(f"cannot import {folder / entry_file}")
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.path.insert(0, str(folder))
-        try:
-            sys.modules[module_name] = module
-            mod_spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(module_name, None)
-            raise
-        finally:
-            sys.path.remove(str(folder))
-    return getattr(module, func)
-
-
-def _with_destinations(
-    fn: Callable[..., Any], definition: Definition
-) -> Callable[[Mapping[str, int], Sequence[Any]], Any]:
-    """Adapt a destination-passing `run(*inputs, *outputs)` to return its outputs."""
-
-    def run(axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
-        device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), "cpu")
-        outs = [
-            torch.empty(
-                [axes[a] for a in spec.shape or ()], dtype=torch_dtype(spec.dtype), device=device
-            )
-            for spec in definition.outputs.values()
-        ]
-        fn(*inputs, *outs)
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    return run
-
-
-# --------------------------------------------------------------------------- failing solutions
-
-
-class SolutionFailed(RuntimeError):
-    """An applied solution raised (or returned what its definition does not produce); it is
-    disabled for the rest of the process and the caller runs the original function."""
-
-
-# (definition, solution) pairs that raised at call time: never dispatched to again in this
-# process, whichever runtime or hook finds them in a table.
-_BROKEN: dict[tuple[str, str], str] = {}
-_BROKEN_LOCK = threading.Lock()
-
-
-def broken_solutions() -> dict[tuple[str, str], str]:
-    """(definition, solution) -> the exception, for the solutions disabled after raising."""
-    return dict(_BROKEN)
-
-
-class _Guarded:
-    """A loaded solution's `run(axes, inputs)`, disabled at its first exception."""
-
-    __slots__ = ("definition", "fn", "solution")
-
-    def __init__(self, fn: Callable[..., Any], definition: str, solution: str) -> None:
-        self.fn = fn
-        self.definition = definition
-        self.solution = solution
-
-    def __call__(self, axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
-        if (self.definition, self.solution) in _BROKEN:
-            raise SolutionFailed(f"solution {self.solution!r} is disabled")
-        try:
-            return self.fn(axes, inputs)
-        except Exception as exc:
-            raise self.fail(exc) from exc
-
-    def fail(self, exc: BaseException) -> SolutionFailed:
-        """Disable the solution (warning once) and return the exception to raise."""
-        key = (self.definition, self.solution)
-        with _BROKEN_LOCK:
-            first = key not in _BROKEN
-            _BROKEN.setdefault(key, repr(exc))
-        if first:
-            # A user's call must not fail because a dataset's solution does: it falls back
-            # to the function the user called, and says so once.
-            warnings.warn(
-                f"flashtune apply: solution {self.solution!r} for {self.definition} raised "
-                f"{exc!r}; falling back to the original function and not using this solution "
-                "again in this process",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return SolutionFailed(f"solution {self.solution!r} for {self.definition} raised {exc!r}")
-
 
 # --------------------------------------------------------------------------- the runtime
 
@@ -207,7 +77,7 @@ class ApplyRuntime:
         self.dataset = dataset
         self.config = config or ApplyConfig()
         self.table = table if table is not None else ApplyTable.load(dataset, self.config)
-        self._runners: dict[tuple[str, str], Callable[..., Any] | None] = {}
+        self._runners: dict[tuple[str, str], Guarded | None] = {}
         self._input_dims: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {}
         self._const_axes: dict[str, dict[str, int]] = {}
         # Per definition: input dtypes by name (None: the dataset lacks the definition), and
@@ -237,13 +107,14 @@ class ApplyRuntime:
 
     def dtypes_match(self, definition: str, dtypes: Mapping[str, str]) -> bool:
         """Whether a call with these input dtypes (BoundCall.dtypes) may run the definition's
-        winners: they were benchmarked in the definition's dtypes. Logs a mismatch once."""
+        winners: they were benchmarked in the definition's dtypes, and take exactly its inputs
+        (an optional input, such as a GEMM's bias, does not change the name: present in the
+        call and absent from the definition, or the reverse, the winner cannot run it).
+        Logs a mismatch once."""
         expected = self.input_dtypes(definition)
         if expected is not None and dtypes == expected:
             return True
         wrong = capture_api.dtype_mismatches(dtypes, expected) if expected is not None else {}
-        if expected is not None and not wrong:
-            return True  # only an optional input differs in presence
         key = (definition, tuple(sorted(dtypes.items())))
         if key not in self._warned_dtypes:
             self._warned_dtypes.add(key)
@@ -254,13 +125,21 @@ class ApplyRuntime:
                     definition,
                     self.dataset,
                 )
-            else:
+            elif wrong:
                 log.warning(
                     "apply: a call of %s has input dtypes %s but its winners were benchmarked "
                     "with %s; falling back (definition names carry no dtype)",
                     definition,
                     wrong,
                     {n: expected[n] for n in wrong},
+                )
+            else:
+                log.warning(
+                    "apply: a call of %s has the inputs %s but the definition has %s (an "
+                    "optional input differs); falling back",
+                    definition,
+                    sorted(dtypes),
+                    sorted(expected),
                 )
         return False
 
@@ -293,13 +172,13 @@ class ApplyRuntime:
         except ValueError:  # a dtype torch cannot name: nothing can be checked
             return None
 
-    def runner(self, definition: str, var_axes: Mapping[str, int]) -> Callable[..., Any] | None:
+    def runner(self, definition: str, var_axes: Mapping[str, int]) -> Guarded | None:
         """`run(axes, inputs_in_definition_order)` of the winning solution, or None."""
         name = self.table.lookup(definition, var_axes)
         if name is None:
             return None
         key = (definition, name)
-        if key in _BROKEN:
+        if is_broken(definition, name):
             return None
         try:
             return self._runners[key]
@@ -310,7 +189,7 @@ class ApplyRuntime:
                 self._runners[key] = self._load(definition, name)
             return self._runners[key]
 
-    def _load(self, definition_name: str, solution_name: str) -> Callable[..., Any] | None:
+    def _load(self, definition_name: str, solution_name: str) -> Guarded | None:
         # Exact names (solutions_for reads a glob), and only the content the traces were
         # verified against: a solution edited since the table was built (or saved) differs.
         found = [
@@ -350,13 +229,13 @@ class ApplyRuntime:
             if definition is None:
                 log.warning("apply: %s needs its definition to allocate outputs", solution_name)
                 return None
-            run = _with_destinations(fn, definition)
+            run = with_destinations(fn, definition)
         else:
 
             def run(axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
                 return fn(*inputs)
 
-        return _Guarded(run, definition_name, solution_name)
+        return Guarded(run, definition_name, solution_name)
 
     # ----------------------------------------------------------------- apply() by kwargs
     def input_order(self, definition: str) -> list[str]:
@@ -416,11 +295,11 @@ class _Plan:
         self,
         op: ApiOp,
         call: BoundCall,
-        runner: Callable[..., Any],
+        runner: Guarded,
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
     ) -> None:
-        self.runner: _Guarded = runner  # type: ignore[assignment]
+        self.runner = runner
         self.axes = dict(call.axes)
         self.schema = call.schema
         params = list(op.signature.parameters.values())
@@ -438,23 +317,33 @@ class _Plan:
             param = self.schema.param_of(name)
             spec = self.schema.inputs[name]
             rank = len(spec.dims) if isinstance(spec, Tensor) else 0
-            if param in kwargs:
+            # An op may turn its arguments into what the schema sees (ApiOp.arguments: a
+            # default sm_scale for None): an input is read off the call only as passed.
+            passed = param in kwargs or (param in position and position[param] < len(args))
+            as_passed = passed and call.inputs[name] is (
+                kwargs[param] if param in kwargs else args[position[param]]
+            )
+            if as_passed and param in kwargs:
                 self.sources.append(("kw", param, rank))
-            elif param in position and position[param] < len(args):
+            elif as_passed:
                 self.sources.append(("arg", position[param], rank))
-            elif param in call.bound:
+            elif param in call.bound and not passed:
                 self.sources.append(("const", call.bound[param], rank))
             else:
                 self.derived = True
                 self.sources.append(("bound", name, rank))
         # Output arguments (out=): where each would come from, so a call that passes none
-        # skips binding its arguments altogether.
+        # skips binding its arguments altogether. An output without an argument of its own
+        # name goes to `out=` when it is the only one (FlashInfer's convention).
         self.out_sources: list[tuple[int, str, int]] = []  # (output index, param, position)
+        parameters = op.signature.parameters
         for i, o in enumerate(self.schema.outputs):
             param = self.schema.param_of(o)
-            if param in op.signature.parameters:
+            if param not in parameters and len(self.schema.outputs) == 1:
+                param = "out"
+            if param in parameters:
                 self.out_sources.append((i, param, position.get(param, -1)))
-        self.result_adapter = _result_adapter(op)
+        self.result_adapter = result_adapter_for(op)
         self.output_names = list(self.schema.outputs)
 
     def run(self, op: ApiOp, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -510,12 +399,6 @@ class _Plan:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def _result_adapter(op: ApiOp) -> Callable[[dict[str, Any], dict[str, Any]], Any] | None:
-    from flashtune.apply.adapters import RESULT_ADAPTERS
-
-    return RESULT_ADAPTERS.get(op.qualname) or RESULT_ADAPTERS.get(op.schemas[0].op_type)
-
-
 _MISS = object()
 
 
@@ -534,8 +417,13 @@ class ApplyHook:
         self.misses = 0
 
     def __call__(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if capture_api._ACTIVE:
+        if capture_api.ACTIVE_CAPTURERS:
             capture_api.observe(op, args, kwargs)
+        return self.route(op, args, kwargs)
+
+    def route(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The winner's result for this call of `op`, or NOT_HANDLED (the caller runs the
+        op's own code): the hook without its capture forwarding."""
         fast = capture_api.call_signature(op, args, kwargs)
         if fast is not None:
             plan = self._plans.get(fast)
@@ -639,7 +527,10 @@ def enable_apply(
     dataset: Dataset | str | Path | None = None, config: ApplyConfig | None = None
 ) -> ApplyHandle:
     """Dispatch every schema'd op to the winners of `dataset`'s traces (default
-    FLASHTUNE_DATASET); calls the table does not cover run the op's own (autotuned) path."""
+    FLASHTUNE_DATASET). Calls the table does not cover run the op's own path: the autotuner's
+    pick where the op asks it (`choose_one`); the plan-free attention calls (paged_decode,
+    paged_prefill, ragged_prefill) never ask it and run their default tactic for the shape
+    (or, for paged_decode, the caller's `launch`)."""
     hook = ApplyHook(
         ApplyRuntime(dataset, config)
         if isinstance(dataset, Dataset)
@@ -663,6 +554,67 @@ def _active_runtime(dataset: Dataset | str | Path | None) -> ApplyRuntime:
     if dataset is None and _ENV_HOOK:
         return _ENV_HOOK[0].runtime
     return _runtime_for(dataset, None)
+
+
+_ADAPTER_HOOKS: dict[ApplyRuntime, ApplyHook] = {}  # for runtimes no enabled hook holds
+
+
+def _active_hook() -> ApplyHook:
+    """The hook adapters route through: the latest enable_apply's, FLASHTUNE_APPLY's, else
+    one kept for the default dataset's runtime (so its plans are cached too)."""
+    if _ENABLED:
+        return _ENABLED[-1]
+    if _ENV_HOOK:
+        return _ENV_HOOK[0]
+    rt = _runtime_for(None, None)
+    hook = _ADAPTER_HOOKS.get(rt)
+    if hook is None:
+        hook = _ADAPTER_HOOKS[rt] = ApplyHook(rt)
+    return hook
+
+
+def route(op: ApiOp, arguments: Mapping[str, Any]) -> Any:
+    """What a call of `op` with these arguments (by its parameter names) returns when the
+    table has a winner for it, else NOT_HANDLED: an adapter's way in. A peer's call (a
+    FlashInfer function, torch's linear) is described as the call of the flashtune op whose
+    schema covers it, so its Definition, inputs and var axes all come from that schema."""
+    return _active_hook().route(op, (), dict(arguments))
+
+
+_WARNED: set[str] = set()
+
+
+def dispatch(name: str, inputs: Mapping[str, Any], runtime: Any = None) -> list[Any] | None:
+    """Run the winner of definition `name` on `inputs` (by input name): its outputs in
+    definition order, or None when the table has no solution (the caller falls back).
+    For calls that no op schema describes; an op's call goes through `route`."""
+    rt = runtime if runtime is not None else _active_runtime(None)
+    if name not in rt.table.definitions:
+        return None
+    definition = rt.dataset.definitions.get(name)
+    if definition is None:  # without it the solution's argument order is unknown
+        if name not in _WARNED:
+            _WARNED.add(name)
+            log.warning("apply: definition %s is not in %s; falling back", name, rt.dataset)
+        return None
+    if not rt.kwargs_dtypes_match(name, inputs):  # names carry no dtype: see the docstring
+        return None
+    axes = rt.axes_from_kwargs(name, inputs)
+    runner = rt.runner(name, axes)
+    if runner is None:
+        return None
+    try:
+        result = runner(axes, [inputs[n] for n in definition.inputs if n in inputs])
+        if isinstance(result, Mapping):
+            return [result[n] for n in definition.outputs]
+    except SolutionFailed:
+        return None  # disabled (warned once): the caller runs the original function
+    except KeyError as exc:  # an output the solution did not return: its fault too
+        runner.fail(exc)
+        return None
+    if isinstance(result, (tuple, list)):
+        return list(result)
+    return [result]
 
 
 def apply(

@@ -453,9 +453,14 @@ def build_definition_table(
     solutions = sorted({s for _, s in latest})
     failed_anywhere = {s for (_, s), (_, ok, _) in latest.items() if not ok}
     buckets: dict[tuple[int, ...], Winner] = {}
-    for key, uids in by_bucket.items():
+    for bucket, uids in by_bucket.items():
+        # The best passing latency per workload (inf: none passed; such a workload is never
+        # divided by: a solution is ranked only where it passed).
         best = {
-            u: min((lat for (w, _), (_, ok, lat) in latest.items() if w == u and ok), default=None)
+            u: min(
+                (lat for (w, _), (_, ok, lat) in latest.items() if w == u and ok),
+                default=math.inf,
+            )
             for u in uids
         }
         ranked = []
@@ -470,7 +475,7 @@ def build_definition_table(
             continue
         ranked.sort()
         score, _, sol, lat, n = ranked[0]
-        buckets[key] = Winner(sol, lat, score, n, [r[2] for r in ranked[1:4]])
+        buckets[bucket] = Winner(sol, lat, score, n, [r[2] for r in ranked[1:4]])
     if not buckets:
         return None
     wins: dict[str, list[float]] = {}
@@ -489,7 +494,7 @@ def build_definition_table(
 def _input_files(dataset: Dataset) -> list[tuple[Path, Path]]:
     """The files a table is built from: traces, and the solutions and definitions their
     hashes and tolerances are checked against."""
-    files = []
+    files: list[tuple[Path, Path]] = []
     for root in dataset.roots:
         files.extend((root, p) for p in sorted((root / "traces").glob("*/*/*.jsonl")))
         for folder in ("solutions", "definitions"):

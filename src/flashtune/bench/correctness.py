@@ -183,9 +183,9 @@ def tolerance_for(
     (the keyword arguments; None leaves a bound as it is)."""
     tol = DEFAULT_TOLERANCES.get(dtype, _EXACT)
     tol = OP_TYPE_TOLERANCES.get(definition.op_type, {}).get(dtype, tol)
-    tol = replace(tol, **_tag_overrides(definition, dtype))  # type: ignore[arg-type]
+    tol = replace(tol, **_tag_overrides(definition, dtype))
     cli = {"atol": atol, "rtol": rtol, "max_rel_norm": max_rel_norm, "max_abs": max_abs}
-    return replace(tol, **{k: v for k, v in cli.items() if v is not None})  # type: ignore[arg-type]
+    return replace(tol, **{k: v for k, v in cli.items() if v is not None})
 
 
 @dataclass

@@ -25,13 +25,14 @@ import pickle
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
 import torch
 
 from flashtune.bench.build import MissingRequirement, check_requirements, solution_hash
+from flashtune.bench.config import BenchConfig
 from flashtune.bench.correctness import (
     Verdict,
     compare_outputs,
@@ -72,50 +73,6 @@ from flashtune.timing import Timing, cold_l2_sets, measure_robust
 __all__ = ["BenchConfig", "Event", "evaluate_workload", "make_trace", "LOG_LIMIT"]
 
 LOG_LIMIT = 4000  # characters of log kept per Evaluation (the tail: where errors are)
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """How to evaluate. None fields take the device's default (`for_device`).
-
-    warmup / iterations: minimum warm-up calls and timed samples per trial; on a GPU the
-    time minimums `warmup_ms` / `trial_ms` usually dominate (see timing.measure_robust for
-    what each fixes). timing_method: "auto" (a CUDA graph when the solution can be
-    captured, else CUDA events), or force "cuda_graph" / "cuda_events". The same settings
-    apply to every solution of a workload; only the reference is timed more briefly.
-    """
-
-    warmup: int | None = None
-    iterations: int | None = None
-    trials: int | None = None
-    input_sets: int | None = None
-    warmup_ms: float | None = None
-    trial_ms: float | None = None
-    target_sample_ms: float = 1.0
-    timing_method: str = "auto"
-    atol: float | None = None
-    rtol: float | None = None
-    max_rel_norm: float | None = None
-    max_abs: float | None = None
-    seed: int = 0
-    sampling_draws: int = 1000
-    max_seconds: float = 10.0  # per trial, so one slow solution cannot stall the run
-    reference_max_seconds: float = 3.0
-
-    def for_device(self, device: torch.device) -> BenchConfig:
-        """Fill unset fields. CPU defaults are small: the CPU run of the bundled dataset must
-        finish in minutes on two cores, and CPU timings are indicative only. GPU defaults:
-        >= 25 ms of warm-up, 3 trials of >= 100 ms of samples each (~1 ms per sample)."""
-        gpu = device.type == "cuda"
-        defaults = {
-            "warmup": 10 if gpu else 1,
-            "iterations": 10 if gpu else 5,
-            "trials": 3 if gpu else 1,
-            "input_sets": 4 if gpu else 2,
-            "warmup_ms": 25.0 if gpu else 0.0,
-            "trial_ms": 100.0 if gpu else 0.0,
-        }
-        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
 
 Event = tuple[str, Any]  # ("start", solution name | "reference") or ("trace", Trace)
@@ -178,12 +135,20 @@ def _time_reference(
     """The reference is timed briefly (one trial, a smaller budget): it is a readable
     baseline, often slow (Python loops). Solutions are timed in their sandbox."""
     input_sets = cold_l2_sets(input_sets, device)
+    budget = cfg.budget()
     return measure_robust(
-        fn, input_sets[0], input_sets=input_sets, method=cfg.timing_method,  # type: ignore[arg-type]
-        warmup=min(cfg.warmup, 2), warmup_ms=min(cfg.warmup_ms, 10.0),
-        repetitions=min(cfg.iterations, 3), trial_ms=min(cfg.trial_ms, 30.0), trials=1,
-        target_sample_ms=cfg.target_sample_ms, max_seconds=cfg.reference_max_seconds,
-    )  # fmt: skip
+        fn,
+        input_sets[0],
+        input_sets=input_sets,
+        method=cfg.method(),
+        warmup=min(budget.warmup, 2),
+        warmup_ms=min(budget.warmup_ms, 10.0),
+        repetitions=min(budget.iterations, 3),
+        trial_ms=min(budget.trial_ms, 30.0),
+        trials=1,
+        target_sample_ms=cfg.target_sample_ms,
+        max_seconds=cfg.reference_max_seconds,
+    )
 
 
 # --------------------------------------------------------------------------- the workload
@@ -308,6 +273,7 @@ def evaluate_workload(
         elif perf is not None and best is not None and best_method not in (None, method):
             # A graph-timed and a synchronized-wall-timed result are not like for like.
             perf.speedup_vs_baseline = None
+            assert trace.evaluation is not None  # it has a performance
             trace.evaluation.log += (
                 f"timing: {method} here but {best_method} for the baseline {best[0]}: "
                 "no speedup over it (timing differs)\n"
@@ -354,7 +320,6 @@ def _evaluate_one(
     except MissingRequirement as exc:  # no process needed to know it
         return trace(EvaluationStatus.SKIPPED, str(exc))
     spec = {
-        "definition": definition.to_json(),
         "solution": sol.to_json(),
         "device": _indexed(wl.device),
         "config": asdict(cfg),
@@ -366,6 +331,7 @@ def _evaluate_one(
         # large sent back); the worker compares them with its pristine sets.
         shared = [_shared_clone(x) for x in wl.sets]
     job = SandboxJob(
+        definition=definition.to_json(),
         workload=workload.to_json(),
         seeds=tuple(wl.seeds),
         swap_seed=wl.swap_seed,
@@ -437,7 +403,8 @@ def _shared_clone(inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 def _indexed(device: torch.device) -> str:
     """'cuda' -> 'cuda:<current>': the sandbox must use the worker's GPU."""
-    if device.type == "cuda" and device.index is None:
+    index: int | None = device.index  # None for a bare "cuda" (torch's stubs say int)
+    if device.type == "cuda" and index is None:
         return f"cuda:{torch.cuda.current_device()}"
     return str(device)
 
@@ -491,7 +458,7 @@ def _drive(
 def _timing_from(payload: Any) -> Timing:
     if not isinstance(payload, dict):
         raise ValueError("timing is not a record")
-    fields = {k: payload.get(k) for k in Timing.__dataclass_fields__}
+    fields: dict[str, Any] = {k: payload.get(k) for k in Timing.__dataclass_fields__}
     for k in ("median_ms", "min_ms", "max_ms", "iqr_ms", "mean_ms"):
         v = fields[k]
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -518,16 +485,16 @@ def _check_phase(
     }.get(phase, "")
     if phase == "draws":
         draws = iter(payload.get("draws") or [])
-        verdict = distribution_check(
+        dist = distribution_check(
             definition,
             lambda: outputs_as_dict(definition, next(draws)),
             lambda: wl.run_reference(wl.sets[0]),
             draws=cfg.sampling_draws,
         )
-        if verdict.status is not EvaluationStatus.PASSED:
-            raise _Failed(verdict.status, verdict.reason or "", verdict)
-        return verdict
-    verdict = None
+        if dist.status is not EvaluationStatus.PASSED:
+            raise _Failed(dist.status, dist.reason or "", dist)
+        return dist
+    verdict: Verdict | None = None
     entries = payload.get("sets") or []
     if phase == "timed":
         covered = {e.get("index") for e in entries if e.get("outputs") is not None}
@@ -564,10 +531,9 @@ def _check_phase(
                 outputs = outputs_as_dict(definition, entry["outputs"])
             except ValueError as exc:
                 raise _Failed(EvaluationStatus.INCORRECT_SHAPE, f"{when}{exc}") from None
-            if phase == "swap":
-                expected = wl.swap_ref
-            else:
-                expected = wl.refs[index]
+            expected = wl.swap_ref if phase == "swap" else wl.refs[index]
+            if expected is None:
+                raise ValueError(f"a {phase!r} phase for a workload without one")
             if wl.stochastic:
                 v = _shape_dtype(definition, expected, outputs)
             else:

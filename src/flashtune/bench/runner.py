@@ -329,11 +329,11 @@ def run_benchmark(
                     record(failure(task, sol, EvaluationStatus.RUNTIME_ERROR, str(exc)))
 
     with _Progress(total, console, progress) as display:
-        threads = [threading.Thread(target=feed, args=(w,), daemon=True) for w in workers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        feeders = [threading.Thread(target=feed, args=(w,), daemon=True) for w in workers]
+        for thread in feeders:
+            thread.start()
+        for thread in feeders:
+            thread.join()
     for w in workers:
         w.stop()
     return RunResult(

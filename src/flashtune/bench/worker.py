@@ -92,8 +92,8 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
             pass
     environment = platform.snapshot(device)
     conn.send(("ready", environment))
-    # One sandbox per solution, reused across the workloads of a definition (the tasks of a
-    # definition arrive one after another); closed when the worker moves on or stops.
+    # One sandbox per solution code, reused across workloads and definitions (a few stay
+    # alive, least recently used first to go); all closed when the worker stops.
     pool = stack.enter_context(SandboxPool())
     with stack:
         while True:
@@ -120,12 +120,11 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
                 workload = Workload.model_validate_json(p["workload"])
                 solutions = [Solution.model_validate_json(s) for s in p["solutions"]]
                 baseline = tuple(p["baseline_latency"]) if p["baseline_latency"] else None
-                pool.keep_only(definition.to_json())
                 try:
                     for event, value in evaluate_workload(
                         definition, workload, solutions, cfg, device, environment,
                         blob_root=blob_root, baselines=p["baselines"],
-                        baseline_latency=baseline,  # type: ignore[arg-type]
+                        baseline_latency=baseline,
                         timeout=float(p.get("timeout", 300.0)), pool=pool,
                     ):  # fmt: skip
                         conn.send((event, value.to_json() if event == "trace" else value))

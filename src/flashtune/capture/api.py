@@ -21,12 +21,18 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from flashtune import env
-from flashtune.capture.policies import CaptureConfig, WorkloadFilter, resolve_config, should_dump
+from flashtune.capture.policies import (
+    CaptureConfig,
+    FilterPolicy,
+    WorkloadFilter,
+    resolve_config,
+    should_dump,
+)
 from flashtune.capture.writer import CaptureRecord, CaptureWriter, host_copies
 from flashtune.data.dataset import Dataset
 from flashtune.data.models import (
@@ -45,8 +51,11 @@ __all__ = [
     "CAPTURE_FILTER_POLICY",
     "CAPTURE_QUEUE",
     "CAPTURE_QUEUE_MB",
+    "ACTIVE_CAPTURERS",
     "Capturer",
+    "as_dataset",
     "capture",
+    "env_config",
     "observe",
     "call_signature",
     "dtype_mismatches",
@@ -159,15 +168,15 @@ class Capturer:
     def start(self) -> Capturer:
         self.writer.start()
         with _ACTIVE_LOCK:
-            if self not in _ACTIVE:
-                _ACTIVE.append(self)
+            if self not in ACTIVE_CAPTURERS:
+                ACTIVE_CAPTURERS.append(self)
         return self
 
     def close(self) -> None:
         """Stop recording and write everything queued."""
         with _ACTIVE_LOCK:
-            if self in _ACTIVE:
-                _ACTIVE.remove(self)
+            if self in ACTIVE_CAPTURERS:
+                ACTIVE_CAPTURERS.remove(self)
         self.writer.close()
 
     def flush(self) -> None:
@@ -334,7 +343,9 @@ def _graph_capturing(call: BoundCall) -> bool:
 
 # --------------------------------------------------------------------------- registry
 
-_ACTIVE: list[Capturer] = []
+# The started capturers (read by apply's hook to skip a call when there are none; only
+# Capturer.start/close change it).
+ACTIVE_CAPTURERS: list[Capturer] = []
 _ACTIVE_LOCK = threading.Lock()
 # [True] while an apply hook is on: it calls observe() for every call before it dispatches,
 # so a call answered by a solution is still captured, whatever the order of the hooks.
@@ -343,7 +354,7 @@ _FORWARDED = [False]
 
 def observe(op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Record a call with every active capturer (apply's hook calls this)."""
-    for capturer in _ACTIVE:
+    for capturer in ACTIVE_CAPTURERS:
         capturer.observe(op, args, kwargs)
 
 
@@ -352,7 +363,8 @@ def set_forwarded(on: bool) -> None:
     _FORWARDED[0] = on
 
 
-def _as_dataset(dataset: str | Path | Dataset | None) -> Dataset:
+def as_dataset(dataset: str | Path | Dataset | None) -> Dataset:
+    """`dataset` as a Dataset: itself, a folder, or (None) FLASHTUNE_DATASET."""
     if isinstance(dataset, Dataset):
         return dataset
     return Dataset(dataset if dataset is not None else env.DATASET.get())
@@ -373,7 +385,7 @@ def capture(
     captured). Everything queued is written when the block exits.
     """
     capturer = Capturer(
-        _as_dataset(dataset),
+        as_dataset(dataset),
         dict(configs or {}),
         default,
         max_records if max_records is not None else CAPTURE_QUEUE.get(),
@@ -392,14 +404,17 @@ def capture(
 _ENV_CAPTURER: list[Capturer] = []
 
 
-def _env_config() -> CaptureConfig:
+def env_config() -> CaptureConfig:
+    """The capture settings FLASHTUNE_CAPTURE_DUMP_POLICY / _FILTER_POLICY ask for."""
     dump = CAPTURE_DUMP_POLICY.get()
     dump_policy: Any = (
         dump
         if dump in ("dump_all", "dump_none", "dump_int")
         else [n.strip() for n in dump.split(",") if n.strip()]
     )
-    return CaptureConfig(input_dump_policy=dump_policy, filter_policy=CAPTURE_FILTER_POLICY.get())
+    # A string, not yet a FilterPolicy: CaptureConfig checks it (ValueError naming the choices).
+    filter_policy = cast(FilterPolicy, CAPTURE_FILTER_POLICY.get())
+    return CaptureConfig(input_dump_policy=dump_policy, filter_policy=filter_policy)
 
 
 def _capture_hook_from_env() -> Capturer | None:
@@ -409,9 +424,9 @@ def _capture_hook_from_env() -> Capturer | None:
     if not env.CAPTURE.get():
         return None
     capturer = Capturer(
-        _as_dataset(None),
+        as_dataset(None),
         {},
-        _env_config(),
+        env_config(),
         CAPTURE_QUEUE.get(),
         CAPTURE_QUEUE_MB.get() << 20,
     ).start()

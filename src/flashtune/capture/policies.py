@@ -114,7 +114,7 @@ def should_dump(policy: DumpPolicy, name: str, value: Any) -> bool:
         return True
     if policy == "dump_int":
         return not (value.dtype.is_floating_point or value.dtype.is_complex)
-    return name in policy  # type: ignore[operator]
+    return name in policy
 
 
 def resolve_config(

@@ -34,6 +34,7 @@ from flashtune.data.io import (
 )
 from flashtune.data.models import (
     Definition,
+    SafetensorsInput,
     Solution,
     TensorSpec,
     Trace,
@@ -321,9 +322,9 @@ class Dataset:
         try:
             record.workload.check_against(definition)
             blobs = {
-                name: self.blob_path(spec.path)
+                name: (self.blob_path(spec.path), spec.tensor_key)
                 for name, spec in record.workload.inputs.items()
-                if spec.type == "safetensors"
+                if isinstance(spec, SafetensorsInput)
             }
         except ValueError as exc:
             self._record(path, [LoadError(path, str(exc), field=f"workload.{uuid}")])
@@ -331,11 +332,11 @@ class Dataset:
         # A blob's header is checked here, so that `validate` (not a benchmark run) reports a
         # garbage file or a tensor whose shape disagrees with the workload's axes.
         axes = {**definition.const_axes, **record.workload.axes}
-        for name, blob in blobs.items():
+        for name, (blob, tensor_key) in blobs.items():
             spec = definition.inputs[name]
             if spec.shape is None or not blob.exists():  # scalars; a missing blob is synthesized
                 continue
-            problem = _blob_problem(blob, record.workload.inputs[name].tensor_key, spec, axes)
+            problem = _blob_problem(blob, tensor_key, spec, axes)
             if problem is not None:
                 self._record(
                     path,

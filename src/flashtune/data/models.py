@@ -172,7 +172,7 @@ class Definition(_Model):
     def _non_empty(cls, value: str, info: ValidationInfo) -> str:
         if not value.strip():
             raise ValueError("must not be empty")
-        return check_path_component(value, info.field_name)
+        return check_path_component(value, info.field_name or "name")  # None only outside a field
 
     @field_validator("reference")
     @classmethod
@@ -315,7 +315,7 @@ class Solution(_Model):
     def _path_component(cls, value: str, info: ValidationInfo) -> str:
         # Each becomes a folder or file: solutions/<author>/<op_type>/<definition>/<name>.json
         # and traces/<author>/<op_type>/<definition>.jsonl.
-        return check_path_component(value, info.field_name)
+        return check_path_component(value, info.field_name or "name")  # None only outside a field
 
     @model_validator(mode="after")
     def _entry_file_present(self) -> Solution:

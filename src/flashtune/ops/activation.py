@@ -10,9 +10,7 @@ with a stride so that a 2-D input with padded rows is read in place.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,9 +18,10 @@ import triton
 import triton.language as tl
 
 from flashtune import platform
-from flashtune.models import ModelConfig
+from flashtune.model_shapes import ModelConfig
+from flashtune.ops.activation_config import ActivationTactic, default_tactic
 from flashtune.schema import Const, OpSchema, Tensor, Var, api
-from flashtune.schema.dump import register_examples
+from flashtune.schema.dump import Example, meta_tensor, register_examples
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
@@ -45,6 +44,7 @@ __all__ = [
     "ActivationTactic",
     "GatedActivationRunner",
     "ACTIVATION_TUNING",
+    "activation_examples",
 ]
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -157,63 +157,30 @@ GELU_TANH_AND_MUL = _act_schema(
 )
 
 
-@register_examples
-def _model_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """The gated MLP activation at the model's intermediate size (bf16, one token); the GELU
-    variants too, at the same shape, so each schema has an example (no GeGLU model is
-    configured)."""
-    x = torch.empty((1, 2 * model.intermediate_size), dtype=torch.bfloat16, device="meta")
-    return [(op, (x,), {}) for op in (silu_and_mul, gelu_and_mul, gelu_tanh_and_mul)]
-
-
 # ----------------------------------------------------------------------------------------------
 # Runner and tactics
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ActivationTactic:
-    """A (rows x block_d) tile per program and its warps."""
-
-    block_d: int
-    rows: int
-    num_warps: int
-
-    @staticmethod
-    def space(d: int) -> list[ActivationTactic]:
-        cap = max(triton.next_power_of_2(max(d, 1)), 256)
-        out = []
-        for block_d in (256, 512, 1024, 2048, 4096):
-            if block_d > cap:
-                continue
-            for rows in (1, 2, 4, 8):
-                for warps in (4, 8, 16):
-                    # 8..16 values a thread: one or two 16-byte vectors of each half.
-                    if 8 <= rows * block_d / (32 * warps) <= 16 and rows * block_d <= 8192:
-                        out.append(ActivationTactic(block_d, rows, warps))
-        return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _default_tactic(d: int, n_rows: int) -> ActivationTactic:
-    block_d = min(triton.next_power_of_2(max(d, 1)), 1024)
-    # Small d: stack rows so a program still moves a few KB.
-    rows = max(1, min(8, 1024 // block_d, triton.next_power_of_2(max(n_rows, 1))))
-    warps = max(1, min(8, rows * block_d // 256))
-    return ActivationTactic(block_d, rows, warps)
 
 
 def _launch(x: torch.Tensor, y: torch.Tensor, act: int, tactic: Tactic) -> None:
     n_rows, d = y.shape
     if n_rows == 0 or d == 0:
         return
-    cfg = _default_tactic(d, n_rows) if tactic == DEFAULT_TACTIC else tactic
+    cfg = default_tactic(d, n_rows) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, ActivationTactic)
     grid = (triton.cdiv(n_rows, cfg.rows), triton.cdiv(d, cfg.block_d))
     _gated_act_kernel[grid](
-        x, y, n_rows, d, x.stride(0), y.stride(0),
-        ACT=act, ROWS=cfg.rows, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
-    )  # fmt: skip
+        x,
+        y,
+        n_rows,
+        d,
+        x.stride(0),
+        y.stride(0),
+        ACT=act,
+        ROWS=cfg.rows,
+        BLOCK_D=cfg.block_d,
+        num_warps=cfg.num_warps,
+    )
 
 
 class GatedActivationRunner(TunableRunner):
@@ -284,10 +251,13 @@ def _act_into(input: torch.Tensor, out: torch.Tensor, act: int) -> None:
     x2 = _rows_view(input)
     if x2 is None:
         x2 = input.reshape(-1, input.shape[-1])
-    y2 = _rows_view(out)
-    scratch = y2 is None
-    if scratch:
-        y2 = torch.empty(x2.shape[0], x2.shape[1] // 2, dtype=out.dtype, device=out.device)
+    view = _rows_view(out)
+    scratch = view is None
+    y2 = (
+        torch.empty(x2.shape[0], x2.shape[1] // 2, dtype=out.dtype, device=out.device)
+        if view is None
+        else view
+    )
     inputs = [x2, y2, act]
     name = f"flashtune::{_ACT_NAMES[act]}_and_mul"
     runner, tactic = choose_one(name, _RUNNERS, ACTIVATION_TUNING, inputs)
@@ -341,3 +311,12 @@ def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.
 def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """GeGLU gate (tanh-approximate GELU): gelu_tanh(input[..., :d]) * input[..., d:]."""
     return _gated(input, out, _GELU_TANH)
+
+
+@register_examples
+def activation_examples(model: ModelConfig) -> list[Example]:
+    """The gated MLP activation at the model's intermediate size (bf16, one token); the GELU
+    variants too, at the same shape, so each schema has an example (no GeGLU model is
+    configured)."""
+    x = meta_tensor(1, 2 * model.intermediate_size)
+    return [(op, (x,), {}) for op in (silu_and_mul, gelu_and_mul, gelu_tanh_and_mul)]

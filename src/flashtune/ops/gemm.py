@@ -2,7 +2,8 @@
 C = A @ B with B stored [K, N]; fp16/bf16 (and fp32) inputs, fp32 accumulation, optional bias;
 fp8 e4m3 with per-tensor scales and a bf16/fp16 output (`mm_fp8`).
 
-Three runners compute it (the kernels live in gemm_kernels.py):
+Three runners compute it (the kernels live in gemm_kernels.py, their tactics, search spaces
+and defaults in gemm_config.py):
 - `CublasRunner`: torch (F.linear / addmm / _scaled_mm), i.e. cuBLAS(Lt) on a GPU.
 - `TritonTiledRunner`: a tiled Triton GEMM; tactics span block sizes, warps, stages, group-M
   swizzle and split-K (`TiledTactic`, space `TiledSpace`).
@@ -20,21 +21,30 @@ logical [N, K] tensor and reads it through its strides (no copy).
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import astuple, dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from flashtune import platform
-from flashtune.models import ModelConfig
-from flashtune.ops import gemm_kernels as _kernels
+from flashtune.model_shapes import ModelConfig
+from flashtune.ops import gemm_kernels
+from flashtune.ops.gemm_config import (
+    SMALL_M,
+    SmallMSpace,
+    SmallMTactic,
+    TiledSpace,
+    TiledTactic,
+    small_m_candidates,
+    small_m_default_tactic,
+    split_k_ok,
+    tiled_candidates,
+    tiled_default_tactic,
+)
 from flashtune.schema import Const, OpSchema, Tensor, Var, api
-from flashtune.schema.dump import register_examples
+from flashtune.schema.dump import Example, meta_tensor, register_examples
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
@@ -63,14 +73,13 @@ __all__ = [
     "GEMM_RUNNERS",
     "GEMM_TUNING",
     "SMALL_M",
+    "gemm_examples",
 ]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FP8 = torch.float8_e4m3fn
 _FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)
 _LAYOUTS = ("nk", "kn")
-# The decode regime the small-M kernel is built for (one 16-row MMA tile).
-SMALL_M = 16
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,177 +155,6 @@ def _mm_schema(A: Any, B: Any, bias: Any = None, out: Any = None, b_layout: str 
     return GEMM_KN if b_layout == "kn" else GEMM
 
 
-@register_examples
-def _model_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """The layer's linear layers at decode (M = 1), float16 like the corpus definitions; and
-    the down projection with its weight stored [K, N]."""
-    examples: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-    for n, k in model.gemm_nk():
-        A = torch.empty((1, k), dtype=torch.float16, device="meta")
-        examples.append((gemm, (A, torch.empty((n, k), dtype=torch.float16, device="meta")), {}))
-    n, k = model.gemm_nk()[-1]
-    A = torch.empty((1, k), dtype=torch.float16, device="meta")
-    B_kn = torch.empty((k, n), dtype=torch.float16, device="meta")
-    examples.append((mm, (A, B_kn), {"b_layout": "kn"}))
-    return examples
-
-
-# ----------------------------------------------------------------------------------------------
-# Tactics: frozen dataclasses; runners hand out plain tuples (JSON-friendly for the tuner's
-# cache) and accept either form back.
-# ----------------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=8)
-def _device_limits(device: torch.device) -> tuple[int, int]:
-    """(SM count, shared memory per block in bytes); H100 values off-GPU."""
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024)
-        return props.multi_processor_count, smem
-    return 132, 227 * 1024
-
-
-def _pow2_round(x: float) -> int:
-    """The power of two nearest to x (in log scale), at least 1."""
-    return 1 << max(0, round(math.log2(max(x, 1.0))))
-
-
-@dataclass(frozen=True)
-class TiledTactic:
-    """One configuration of the tiled kernel."""
-
-    block_m: int = 128
-    block_n: int = 128
-    block_k: int = 64
-    group_m: int = 8
-    split_k: int = 1
-    num_warps: int = 8
-    num_stages: int = 3
-
-    def smem_bytes(self, elem_size: int) -> int:
-        return (self.block_m + self.block_n) * self.block_k * elem_size * self.num_stages
-
-    def as_tactic(self) -> tuple[int, ...]:
-        return astuple(self)
-
-    @classmethod
-    def from_tactic(cls, tactic: Tactic) -> TiledTactic:
-        return tactic if isinstance(tactic, cls) else cls(*tactic)  # type: ignore[misc]
-
-
-@dataclass(frozen=True)
-class TiledSpace:
-    """The tiled kernel's search space: iterating yields every TiledTactic of the product."""
-
-    block_m: tuple[int, ...] = (16, 32, 64, 128, 256)
-    block_n: tuple[int, ...] = (32, 64, 128, 256)
-    block_k: tuple[int, ...] = (32, 64, 128)
-    group_m: tuple[int, ...] = (1, 8)
-    split_k: tuple[int, ...] = (1, 2, 4, 8, 16)
-    num_warps: tuple[int, ...] = (4, 8)
-    num_stages: tuple[int, ...] = (2, 3, 4, 5)
-
-    def __iter__(self) -> Iterator[TiledTactic]:
-        for values in itertools.product(
-            self.block_m,
-            self.block_n,
-            self.block_k,
-            self.group_m,
-            self.split_k,
-            self.num_warps,
-            self.num_stages,
-        ):
-            yield TiledTactic(*values)
-
-
-@dataclass(frozen=True)
-class SmallMTactic:
-    """One configuration of the small-M kernel. block_m >= 16 uses the tensor cores (swap-AB),
-    block_m < 16 an FMA reduction. stream_k > 0: the stream-K schedule with that many
-    programs per SM (split_k unused; M must fit in block_m), else a split-K grid."""
-
-    block_m: int = 16
-    block_n: int = 64
-    block_k: int = 128
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    stream_k: int = 0
-
-    def as_tactic(self) -> tuple[int, ...]:
-        # Split-K tactics stay 6-tuples, as before stream_k existed: cached picks still match.
-        values = astuple(self)
-        return values if self.stream_k else values[:-1]
-
-    @classmethod
-    def from_tactic(cls, tactic: Tactic) -> SmallMTactic:
-        return tactic if isinstance(tactic, cls) else cls(*tactic)  # type: ignore[misc]
-
-    def fma_registers(self) -> int:
-        """fp32 accumulator registers per thread of the FMA path."""
-        return self.block_m * self.block_n * self.block_k // (32 * self.num_warps)
-
-
-@dataclass(frozen=True)
-class SmallMSpace:
-    """The small-M kernel's search space: iterating yields every SmallMTactic of the product
-    whose FMA accumulator fits in registers."""
-
-    block_m: tuple[int, ...] = (1, 2, 4, 16)
-    block_n: tuple[int, ...] = (16, 32, 64, 128)
-    block_k: tuple[int, ...] = (64, 128, 256, 512)
-    split_k: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    num_warps: tuple[int, ...] = (2, 4, 8)
-    num_stages: tuple[int, ...] = (2, 3, 4, 5)
-    stream_k: tuple[int, ...] = (0, 1, 2, 3, 4)
-
-    def __iter__(self) -> Iterator[SmallMTactic]:
-        for values in itertools.product(
-            self.block_m,
-            self.block_n,
-            self.block_k,
-            self.split_k,
-            self.num_warps,
-            self.num_stages,
-            self.stream_k,
-        ):
-            t = SmallMTactic(*values)
-            if t.block_m < 16 and t.fma_registers() > 64:
-                continue
-            if t.stream_k and t.split_k != 1:
-                continue  # stream-K ignores split_k: one representative
-            yield t
-
-
-# Workspace cap for split-K partials: beyond this, splitting costs more traffic than it saves.
-_MAX_WORKSPACE_BYTES = 256 * 2**20
-
-
-def _split_k_ok(M: int, N: int, K: int, block_k: int, split_k: int) -> bool:
-    if split_k == 1:
-        return True
-    k_tiles = math.ceil(K / block_k)
-    return split_k <= k_tiles and split_k * M * N * 4 <= _MAX_WORKSPACE_BYTES
-
-
-def _split_candidates(ctas: int, k_tiles: int, sms: int, waves: Sequence[float]) -> list[int]:
-    """Split-K factors that bring `ctas` output tiles to about `waves` x the SM count, each
-    split keeping at least two K tiles (fewer and the pipeline never fills). Any integer:
-    SPLIT_K is a runtime argument, and 3 or 5 often balances the SMs where 2 or 4 leave a
-    tail (H200, M=1, N=28672: 448 tiles of 64 rows)."""
-    out = []
-    cap = min(64, max(1, k_tiles // 2))
-    for w in waves:
-        target = w * sms / max(ctas, 1)
-        # The power of two too: the first tuned picks (bundled configs) used those.
-        for s in (round(target), _pow2_round(target)):
-            s = max(1, min(s, cap))
-            if s not in out:
-                out.append(s)
-    return out
-
-
 # ----------------------------------------------------------------------------------------------
 # Runners. inputs = (A [M, K], B [N, K] (any strides), bias [N] | None[, out [M, N] | None
 # [, scales (A_scale, B_scale) | None]]); the tuner passes the first three.
@@ -384,75 +222,35 @@ class TritonTiledRunner(TunableRunner):
     def __init__(self, exhaustive: bool = False) -> None:
         self.exhaustive = exhaustive
 
-    @staticmethod
-    def default_tactic(M: int, N: int, K: int) -> TiledTactic:
-        if M > 64:
-            return TiledTactic(128, 128, 64, 8, 1, 8, 3)
-        bm = max(16, 1 << (max(M, 1) - 1).bit_length())
-        return TiledTactic(bm, 128, 64, 8, 1, 4, 4)
-
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         A, B = inputs[0], inputs[1]
         M, K = A.shape
         N = B.shape[0]
-        sms, smem = _device_limits(A.device)
+        limits = platform.device_limits(A.device)
+        smem = limits.shared_memory_per_block
         elem = A.element_size()
-        space = iter(TiledSpace()) if self.exhaustive else self._pruned(M, N, K, sms)
+        space = (
+            iter(TiledSpace()) if self.exhaustive else tiled_candidates(M, N, K, limits.sm_count)
+        )
         return [
             t.as_tactic()
             for t in space
-            if t.smem_bytes(elem) <= smem and _split_k_ok(M, N, K, t.block_k, t.split_k)
+            if t.smem_bytes(elem) <= smem and split_k_ok(M, N, K, t.block_k, t.split_k)
         ]
-
-    @staticmethod
-    def _pruned(M: int, N: int, K: int, sms: int) -> list[TiledTactic]:
-        if M >= 256:
-            shapes = [
-                (128, 256, 64, 8, 3),
-                (128, 128, 64, 8, 3),
-                (128, 128, 64, 4, 4),
-                (256, 128, 64, 8, 3),
-                (64, 256, 64, 4, 4),
-                (128, 128, 128, 8, 3),
-            ]
-        elif M > 64:
-            shapes = [
-                (64, 128, 64, 4, 4),
-                (128, 128, 64, 8, 3),
-                (64, 256, 64, 8, 3),
-                (128, 64, 64, 4, 4),
-                (64, 64, 128, 4, 4),
-            ]
-        else:
-            bm = max(16, 1 << (max(M, 1) - 1).bit_length())
-            shapes = [
-                (bm, 64, 128, 4, 4),
-                (bm, 128, 64, 4, 4),
-                (bm, 128, 128, 4, 3),
-                (bm, 256, 64, 8, 3),
-            ]
-        out = []
-        for bm, bn, bk, warps, stages in shapes:
-            ctas = math.ceil(M / bm) * math.ceil(N / bn)
-            for split in _split_candidates(ctas, math.ceil(K / bk), sms, (1.0, 2.0)):
-                if ctas >= sms and split > 1:
-                    continue  # already a full wave: splitting only adds traffic
-                out.append(TiledTactic(bm, bn, bk, 8, split, warps, stages))
-        return list(dict.fromkeys(out))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
         A, B, bias, out, scales = _unpack(inputs)
         M, K = A.shape
         N = B.shape[0]
         t = (
-            self.default_tactic(M, N, K)
+            tiled_default_tactic(M, N, K)
             if tactic == DEFAULT_TACTIC
             else TiledTactic.from_tactic(tactic)
         )
         C = _alloc_out(A, B, out)
         if M == 0 or N == 0:
             return C
-        return _kernels.launch_tiled(
+        return gemm_kernels.launch_tiled(
             A,
             B,
             C,
@@ -478,78 +276,22 @@ class TritonSmallMRunner(TunableRunner):
     def __init__(self, exhaustive: bool = False) -> None:
         self.exhaustive = exhaustive
 
-    @staticmethod
-    def default_tactic(M: int, N: int, K: int, sms: int = 132) -> SmallMTactic:
-        # The most frequent winner of benchmarks/bench_gemm.py at M <= 16 on an H200
-        # (91 of 162 shapes: 64 x 128 tiles, 3-5 stages), split to about two waves.
-        block_n, block_k = 64, 128
-        ctas = math.ceil(N / block_n) * math.ceil(M / 16)
-        split = _split_candidates(ctas, math.ceil(K / block_k), sms, (2.0,))[0]
-        if not _split_k_ok(M, N, K, block_k, split):
-            split = 1
-        return SmallMTactic(16, block_n, block_k, split, 4, 5)
-
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         A, B = inputs[0], inputs[1]
         M, K = A.shape
         N = B.shape[0]
         if M > 4 * SMALL_M:
             return []
-        sms, _ = _device_limits(A.device)
-        space = iter(SmallMSpace()) if self.exhaustive else self._pruned(M, N, K, sms)
+        sms = platform.device_limits(A.device).sm_count
+        space = iter(SmallMSpace()) if self.exhaustive else small_m_candidates(M, N, K, sms)
         return [
             t.as_tactic()
             for t in space
-            if _split_k_ok(M, N, K, t.block_k, t.split_k)
+            if split_k_ok(M, N, K, t.block_k, t.split_k)
             and math.ceil(M / t.block_m) <= self._MAX_GRID_YZ
             and (t.block_m >= 16 or t.block_m >= M)  # FMA tiles only when one tile holds M
             and (t.stream_k == 0 or t.block_m >= M)
         ]
-
-    @staticmethod
-    def _pruned(M: int, N: int, K: int, sms: int) -> list[SmallMTactic]:
-        # (block_m, block_n, block_k, num_warps, num_stages): dot tiles moving 8-32 KB of B
-        # per stage; FMA tiles for one to four rows (they won at M=1 for N*K near 20 MB).
-        shapes = [
-            (16, 64, 128, 4, 3),
-            (16, 64, 128, 4, 4),
-            (16, 64, 128, 4, 5),
-            (16, 32, 256, 4, 3),
-            (16, 128, 128, 4, 3),
-            (16, 64, 256, 4, 4),
-            (16, 32, 128, 4, 4),
-            (16, 128, 128, 8, 4),
-        ]
-        if M == 1:
-            shapes += [
-                (1, 16, 512, 4, 3),
-                (1, 16, 512, 4, 4),
-                (1, 32, 256, 4, 3),
-                (1, 16, 256, 4, 3),
-                (1, 32, 512, 8, 3),
-            ]
-        elif M == 2:
-            shapes += [(2, 16, 256, 4, 3), (2, 32, 256, 8, 3)]
-        elif M <= 4:
-            shapes += [(4, 16, 256, 8, 3), (4, 16, 128, 4, 3)]
-        out = []
-        for bm, bn, bk, warps, stages in shapes:
-            ctas = math.ceil(M / bm) * math.ceil(N / bn)
-            k_tiles = math.ceil(K / bk)
-            splits = _split_candidates(ctas, k_tiles, sms, (1.0, 2.0, 3.0, 4.0, 6.0))
-            if ctas > sms:  # beyond one wave, small splits balance the tail
-                splits += [s for s in (1, 2, 3) if s not in splits and s <= k_tiles // 2]
-            for split in splits:
-                out.append(SmallMTactic(bm, bn, bk, split, warps, stages))
-        # Stream-K: equal work per SM whatever the tile count (1-4 programs per SM).
-        if M <= SMALL_M:
-            sk_shapes = [(16, 64, 128, 4, 4), (16, 32, 256, 4, 3), (16, 128, 128, 8, 4)]
-            if M == 1:
-                sk_shapes += [(1, 16, 512, 4, 3)]
-            for bm, bn, bk, warps, stages in sk_shapes:
-                for per_sm in (1, 2, 3, 4):
-                    out.append(SmallMTactic(bm, bn, bk, 1, warps, stages, per_sm))
-        return list(dict.fromkeys(out))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
         A, B, bias, out, scales = _unpack(inputs)
@@ -561,11 +303,11 @@ class TritonSmallMRunner(TunableRunner):
         if tactic == DEFAULT_TACTIC:
             if math.ceil(M / 16) > self._MAX_GRID_YZ:  # past the grid: the tiled kernel
                 return TritonTiledRunner().forward([A, B, bias, C, scales])
-            t = self.default_tactic(M, N, K, _device_limits(A.device)[0])
+            t = small_m_default_tactic(M, N, K, platform.device_limits(A.device).sm_count)
         else:
             t = SmallMTactic.from_tactic(tactic)
         if t.stream_k > 0 and M <= t.block_m and K > 0:
-            return _kernels.launch_small_m_streamk(
+            return gemm_kernels.launch_small_m_streamk(
                 A,
                 B,
                 C,
@@ -574,11 +316,11 @@ class TritonSmallMRunner(TunableRunner):
                 block_m=t.block_m,
                 block_n=t.block_n,
                 block_k=t.block_k,
-                programs=t.stream_k * _device_limits(A.device)[0],
+                programs=t.stream_k * platform.device_limits(A.device).sm_count,
                 num_warps=t.num_warps,
                 num_stages=t.num_stages,
             )
-        return _kernels.launch_small_m(
+        return gemm_kernels.launch_small_m(
             A,
             B,
             C,
@@ -759,3 +501,18 @@ def mm_fp8(
         out = torch.empty((A.shape[0], B_nk.shape[0]), dtype=dtype, device=A.device)
     runner, tactic = choose_one("gemm_fp8", GEMM_RUNNERS, GEMM_TUNING, [A, B_nk, bias])
     return runner.forward([A, B_nk, bias, out, tuple(scales)], tactic)
+
+
+@register_examples
+def gemm_examples(model: ModelConfig) -> list[Example]:
+    """The layer's linear layers at decode (M = 1), float16 like the corpus definitions; and
+    the down projection with its weight stored [K, N]."""
+    examples: list[Example] = []
+    for n, k in model.gemm_nk():
+        A, B = meta_tensor(1, k, dtype=torch.float16), meta_tensor(n, k, dtype=torch.float16)
+        examples.append((gemm, (A, B), {}))
+    n, k = model.gemm_nk()[-1]
+    A = meta_tensor(1, k, dtype=torch.float16)
+    B_kn = meta_tensor(k, n, dtype=torch.float16)
+    examples.append((mm, (A, B_kn), {"b_layout": "kn"}))
+    return examples

@@ -443,17 +443,41 @@ def _gemm_small_m_streamk_kernel(
             offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
             acc = _small_m_partial(
-                a_ptr, b_ptr, offs_am, offs_bn, kt_lo, kt_hi, K,
-                stride_am, stride_ak, stride_bn, stride_bk,
-                IEEE_FP32, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
+                a_ptr,
+                b_ptr,
+                offs_am,
+                offs_bn,
+                kt_lo,
+                kt_hi,
+                K,
+                stride_am,
+                stride_ak,
+                stride_bn,
+                stride_bk,
+                IEEE_FP32,
+                EVEN_K,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
             first = (tile * k_tiles) // ITERS
             last = ((tile + 1) * k_tiles - 1) // ITERS
             if first == last:
                 _epilogue(
-                    acc, offs_m, offs_n, c_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, M, N,
-                    stride_cm, stride_cn, HAS_BIAS, HAS_SCALE,
-                )  # fmt: skip
+                    acc,
+                    offs_m,
+                    offs_n,
+                    c_ptr,
+                    bias_ptr,
+                    scale_a_ptr,
+                    scale_b_ptr,
+                    M,
+                    N,
+                    stride_cm,
+                    stride_cn,
+                    HAS_BIAS,
+                    HAS_SCALE,
+                )
             else:
                 row_ok = offs_m[:, None] < M
                 ws_tile = ws_ptr + tile * MAX_SLOTS * BLOCK_M * BLOCK_N + offs_tile
@@ -464,14 +488,27 @@ def _gemm_small_m_streamk_kernel(
                 if arrived == last - first:
                     for s in range(0, last - first + 1):
                         acc += tl.load(
-                            ws_tile + s * BLOCK_M * BLOCK_N, mask=row_ok & (s != slot),
-                            other=0.0, cache_modifier=".cg",
-                        )  # fmt: skip
+                            ws_tile + s * BLOCK_M * BLOCK_N,
+                            mask=row_ok & (s != slot),
+                            other=0.0,
+                            cache_modifier=".cg",
+                        )
                     tl.store(lock_ptr + tile, 0)
                     _epilogue(
-                        acc, offs_m, offs_n, c_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, M,
-                        N, stride_cm, stride_cn, HAS_BIAS, HAS_SCALE,
-                    )  # fmt: skip
+                        acc,
+                        offs_m,
+                        offs_n,
+                        c_ptr,
+                        bias_ptr,
+                        scale_a_ptr,
+                        scale_b_ptr,
+                        M,
+                        N,
+                        stride_cm,
+                        stride_cn,
+                        HAS_BIAS,
+                        HAS_SCALE,
+                    )
             it = (tile + 1) * k_tiles
 
 
@@ -664,9 +701,25 @@ def launch_small_m_streamk(
     dummy = C
     sa, sb = scales if scales is not None else (dummy, dummy)
     _gemm_small_m_streamk_kernel[grid](
-        A, B, C, bias if bias is not None else dummy, ws, locks, sa, sb,
-        M, N, K, iters, max_slots,
-        A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        A,
+        B,
+        C,
+        bias if bias is not None else dummy,
+        ws,
+        locks,
+        sa,
+        sb,
+        M,
+        N,
+        K,
+        iters,
+        max_slots,
+        A.stride(0),
+        A.stride(1),
+        B.stride(0),
+        B.stride(1),
+        C.stride(0),
+        C.stride(1),
         HAS_BIAS=bias is not None,
         HAS_SCALE=scales is not None,
         IEEE_FP32=A.dtype == torch.float32,
@@ -676,5 +729,5 @@ def launch_small_m_streamk(
         BLOCK_K=block_k,
         num_warps=num_warps,
         num_stages=num_stages,
-    )  # fmt: skip
+    )
     return C

@@ -4,7 +4,7 @@ One Triton kernel serves all four ops. Rows are addressed through two strides so
 inputs with a row stride and 3-D inputs that cannot be flattened without a copy are read in
 place: row r lives at (r // inner) * stride0 + (r % inner) * stride1.
 
-- Single pass (hidden <= _MAX_SINGLE_BLOCK): ROWS rows per program, each row held in
+- Single pass (hidden <= norm_config.MAX_SINGLE_BLOCK): ROWS rows per program, each row held in
   registers; several rows per program keep small hidden sizes from being launch-bound.
 - Two passes (larger hidden, or a hidden far from a power of two at large batch): one row per
   program, a loop of BLOCK_N chunks to accumulate the sum of squares, then a second loop that
@@ -17,9 +17,7 @@ dtype and normalizes the fp32 sum.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,9 +25,10 @@ import triton
 import triton.language as tl
 
 from flashtune import platform
-from flashtune.models import ModelConfig
+from flashtune.model_shapes import ModelConfig
+from flashtune.ops.norm_config import RMSNormTactic, default_tactic
 from flashtune.schema import Const, OpSchema, Tensor, Var, api
-from flashtune.schema.dump import register_examples
+from flashtune.schema.dump import Example, meta_tensor, register_examples
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
@@ -55,12 +54,10 @@ __all__ = [
     "RMSNormTactic",
     "RMSNormRunner",
     "RMSNORM_TUNING",
+    "norm_examples",
 ]
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Largest row kept in registers in one pass: 16384 fp32 values over 16 warps is 32 values a
-# thread; beyond that register pressure spills, and the chunked two-pass kernel wins.
-_MAX_SINGLE_BLOCK = 16384
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,85 +229,9 @@ GEMMA_FUSED_ADD_RMSNORM = _norm_schema(
 )
 
 
-@register_examples
-def _model_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """Each norm at the model's hidden size (bf16, one token). No Gemma model is configured:
-    the Gemma variants are emitted at every model's shapes so each schema has an example."""
-    x = torch.empty((1, model.hidden_size), dtype=torch.bfloat16, device="meta")
-    w = torch.empty((model.hidden_size,), dtype=torch.bfloat16, device="meta")
-    eps = {"eps": 1e-5}
-    return [
-        (rmsnorm, (x, w), eps),
-        (fused_add_rmsnorm, (x, x, w), eps),
-        (gemma_rmsnorm, (x, w), eps),
-        (gemma_fused_add_rmsnorm, (x, x, w), eps),
-    ]
-
-
 # ----------------------------------------------------------------------------------------------
 # Runner and tactics
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RMSNormTactic:
-    """One launch configuration. block_n >= hidden means one pass (rows rows a program);
-    block_n < hidden means the chunked two-pass kernel (rows must be 1)."""
-
-    block_n: int
-    rows: int
-    num_warps: int
-
-    @staticmethod
-    def space(hidden: int) -> list[RMSNormTactic]:
-        """Every tactic worth trying for this hidden size."""
-        full = triton.next_power_of_2(hidden)
-        out: list[RMSNormTactic] = []
-        if full <= _MAX_SINGLE_BLOCK:
-            for rows in (1, 2, 4, 8, 16):
-                if rows * full > 4 * _MAX_SINGLE_BLOCK // 2 or (rows > 1 and full > 2048):
-                    continue
-                for warps in (1, 2, 4, 8, 16):
-                    # Fewer than 1 or more than 64 values a thread is never competitive.
-                    per_thread = rows * full / (32 * warps)
-                    if 1 <= per_thread <= 64 or (warps == 1 and per_thread < 1):
-                        out.append(RMSNormTactic(full, rows, warps))
-        for block in (1024, 2048, 4096, 8192):
-            if block < hidden:
-                for warps in (4, 8, 16):
-                    out.append(RMSNormTactic(block, 1, warps))
-        return out
-
-
-# Single-block warps for power-of-two rows, from the tactic sweep of bench_norm.py on H200
-# (bf16, batch 1..16384): 2048 -> 4 warps, 4096 -> 8, 8192 -> 4 (64 values a thread; 16
-# warps was 3-5% slower at batch >= 1024); 16384 -> 8 by the same rule.
-_SINGLE_BLOCK_WARPS = {2048: 4, 4096: 8, 8192: 4, 16384: 8}
-
-
-@functools.lru_cache(maxsize=4096)
-def _default_tactic(hidden: int, n_rows: int) -> RMSNormTactic:
-    """The heuristic config, valid for any shape."""
-    full = triton.next_power_of_2(hidden)
-    if full > _MAX_SINGLE_BLOCK:
-        return RMSNormTactic(4096, 1, 16)
-    if hidden >= 2048 and full > 1.25 * hidden and n_rows >= 1024:
-        # Far from a power of two (5120 -> 8192 idles 37% of the lanes) and enough rows to be
-        # bandwidth-bound: two passes over 2048-wide chunks, the second from L1/L2. H200,
-        # hidden 5120: 23.4 us vs 30.0 us (one 8192 block, 16 warps) at batch 4096, 83 us vs
-        # 111 us at 16384. Small batches are latency-bound and keep the single pass.
-        return RMSNormTactic(2048, 1, 8)
-    if full > 1.25 * hidden and full >= 8192:
-        return RMSNormTactic(full, 1, 4)  # best single pass at batch 8..64, hidden 5120
-    if full in _SINGLE_BLOCK_WARPS:
-        return RMSNormTactic(full, 1, _SINGLE_BLOCK_WARPS[full])
-    # Small rows: stack several a program, aiming at 8-16 values a thread (16 B vectors).
-    rows = 1
-    if full < 1024:
-        rows = min(16, 2048 // full, triton.next_power_of_2(max(n_rows // 1024, 1)))
-        rows = max(rows, 1)
-    warps = max(1, min(16, rows * full // 512))
-    return RMSNormTactic(full, rows, warps)
 
 
 def _addressing(tensors: Sequence[torch.Tensor]) -> tuple[int, list[tuple[int, int]]]:
@@ -336,7 +257,7 @@ def _launch(
     n_rows = x.numel() // hidden if hidden else 0
     if n_rows == 0:
         return
-    cfg = _default_tactic(hidden, n_rows) if tactic == DEFAULT_TACTIC else tactic
+    cfg = default_tactic(hidden, n_rows) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, RMSNormTactic)
     num_chunks = triton.cdiv(hidden, cfg.block_n)
     rows = cfg.rows if num_chunks == 1 else 1
@@ -344,11 +265,27 @@ def _launch(
     inner, ((sx0, sx1), (sy0, sy1), (sr0, sr1)) = _addressing([x, y, r])
     grid = (triton.cdiv(n_rows, rows),)
     _rmsnorm_kernel[grid](
-        x, r, weight, y, n_rows, hidden, inner, sx0, sx1, sr0, sr1, sy0, sy1, eps,
-        BLOCK_N=cfg.block_n, ROWS=rows, NUM_CHUNKS=num_chunks,
-        FUSED_ADD=residual is not None, WEIGHT_OFFSET=weight_offset,
+        x,
+        r,
+        weight,
+        y,
+        n_rows,
+        hidden,
+        inner,
+        sx0,
+        sx1,
+        sr0,
+        sr1,
+        sy0,
+        sy1,
+        eps,
+        BLOCK_N=cfg.block_n,
+        ROWS=rows,
+        NUM_CHUNKS=num_chunks,
+        FUSED_ADD=residual is not None,
+        WEIGHT_OFFSET=weight_offset,
         num_warps=cfg.num_warps,
-    )  # fmt: skip
+    )
 
 
 class RMSNormRunner(TunableRunner):
@@ -546,3 +483,18 @@ def gemma_fused_add_rmsnorm(
 ) -> None:
     """In place: residual += input; input = rmsnorm(residual) * (1 + weight)."""
     _fused_add(input, residual, weight, eps, 1.0)
+
+
+@register_examples
+def norm_examples(model: ModelConfig) -> list[Example]:
+    """Each norm at the model's hidden size (bf16, one token). No Gemma model is configured:
+    the Gemma variants are emitted at every model's shapes so each schema has an example."""
+    x = meta_tensor(1, model.hidden_size)
+    w = meta_tensor(model.hidden_size)
+    eps = {"eps": 1e-5}
+    return [
+        (rmsnorm, (x, w), eps),
+        (fused_add_rmsnorm, (x, x, w), eps),
+        (gemma_rmsnorm, (x, w), eps),
+        (gemma_fused_add_rmsnorm, (x, x, w), eps),
+    ]

@@ -18,7 +18,6 @@ cos/sin for the token are loaded (or computed) once per program and shared by it
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,9 +28,10 @@ import triton
 import triton.language as tl
 
 from flashtune import platform
-from flashtune.models import ModelConfig
+from flashtune.model_shapes import ModelConfig
+from flashtune.ops.rope_config import RopeTactic, default_tactic
 from flashtune.schema import Const, OpSchema, Tensor, Var, api
-from flashtune.schema.dump import register_examples
+from flashtune.schema.dump import Example, meta_tensor, register_examples
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
@@ -53,8 +53,10 @@ __all__ = [
     "ROPE_NEOX",
     "ROPE_GPTJ",
     "RopeTactic",
+    "RopeArgs",
     "RopeRunner",
     "ROPE_TUNING",
+    "rope_examples",
 ]
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -279,66 +281,13 @@ def _rope_cache_schema(
     return ROPE_NEOX if is_neox else ROPE_GPTJ
 
 
-@register_examples
-def _model_examples(model: ModelConfig) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """RoPE over the model's heads (bf16, one token, full rotary dimension), NeoX style as the
-    Llama/Qwen models use it; GPT-J style at the same shape so each schema has an example."""
-    d = model.head_dim
-    q = torch.empty((1, model.num_qo_heads, d), dtype=torch.bfloat16, device="meta")
-    k = torch.empty((1, model.num_kv_heads, d), dtype=torch.bfloat16, device="meta")
-    cache = torch.empty((4096, d), dtype=torch.float32, device="meta")
-    pos = torch.empty((1,), dtype=torch.int64, device="meta")
-    return [
-        (apply_rope_with_cos_sin_cache_inplace, (pos, q, k, d, cache), {"is_neox": neox})
-        for neox in (True, False)
-    ]
-
-
 # ----------------------------------------------------------------------------------------------
 # Runner and tactics
 # ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class RopeTactic:
-    """BLOCK_H heads a program and its warps."""
-
-    block_h: int
-    num_warps: int
-
-    @staticmethod
-    def space(num_heads: int, head_size: int) -> list[RopeTactic]:
-        cap = triton.next_power_of_2(max(num_heads, 1))
-        out = []
-        for block_h in (1, 2, 4, 8, 16, 32):
-            if block_h > cap:
-                continue
-            for warps in (1, 2, 4, 8):
-                per_thread = block_h * head_size / (32 * warps)
-                if 4 <= per_thread <= 32 or (warps == 1 and per_thread < 4):
-                    out.append(RopeTactic(block_h, warps))
-        return out
-
-
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(int(x), 1).bit_length() - 1)
-
-
-@functools.lru_cache(maxsize=1024)
-def _default_tactic(num_heads: int, rotary_dim: int) -> RopeTactic:
-    """~1K rotated elements and 4 warps a program, from the sweep of bench_elementwise.py on
-    H200 (bf16, nnz 1..32768): rotary_dim 128 -> 8 heads / 4 warps was best or within 3% at
-    every size (Llama); rotary_dim 64 -> 16 heads / 4 warps (MiniMax-M2), e.g. 34.8 us vs
-    43.9 us for 8 heads in place at nnz 8192. Both counts are powers of two, as Triton needs."""
-    block_h = min(
-        triton.next_power_of_2(max(num_heads, 1)), _pow2_floor(1024 // max(rotary_dim, 1))
-    )
-    warps = max(1, min(8, _pow2_floor(block_h * rotary_dim // 256)))
-    return RopeTactic(block_h, warps)
-
-
-@dataclass(frozen=True)
-class _RopeArgs:
+class RopeArgs:
     """Everything but the tensors: how cos/sin are obtained and which pairs rotate."""
 
     rotary_dim: int
@@ -348,31 +297,49 @@ class _RopeArgs:
     rope_theta: float = 1e4
 
 
-def _launch(q, k, q_out, k_out, pos, cos_sin_cache, args: _RopeArgs, tactic: Tactic) -> None:
+def _launch(q, k, q_out, k_out, pos, cos_sin_cache, args: RopeArgs, tactic: Tactic) -> None:
     """q, k, q_out, k_out: [nnz, H, D] views (last dim contiguous)."""
     nnz, hq, d = q.shape
     hk = k.shape[1]
     if nnz == 0:
         return
-    cfg = _default_tactic(max(hq, hk), args.rotary_dim) if tactic == DEFAULT_TACTIC else tactic
+    cfg = default_tactic(max(hq, hk), args.rotary_dim) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, RopeTactic)
     half = args.rotary_dim // 2
     copy_pass = args.rotary_dim < d and q_out.data_ptr() != q.data_ptr()
     cs = cos_sin_cache if args.from_cache else pos  # any tensor; unused without the cache
     grid = (nnz, triton.cdiv(hq, cfg.block_h) + triton.cdiv(hk, cfg.block_h))
     _rope_kernel[grid](
-        q, k, q_out, k_out, pos, cs, hq, hk, d, half,
+        q,
+        k,
+        q_out,
+        k_out,
+        pos,
+        cs,
+        hq,
+        hk,
+        d,
+        half,
         cos_sin_cache.shape[0] if args.from_cache else 0,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        q_out.stride(0),
+        q_out.stride(1),
+        k_out.stride(0),
+        k_out.stride(1),
         cos_sin_cache.stride(0) if args.from_cache else 0,
-        math.log2(args.rope_theta), 1.0 / args.rope_scale,
+        math.log2(args.rope_theta),
+        1.0 / args.rope_scale,
         BLOCK_H=cfg.block_h,
         BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
         BLOCK_PASS=triton.next_power_of_2(max(d - 2 * half, 1)),
-        INTERLEAVE=args.interleave, FROM_CACHE=args.from_cache, COPY_PASS=copy_pass,
+        INTERLEAVE=args.interleave,
+        FROM_CACHE=args.from_cache,
+        COPY_PASS=copy_pass,
         num_warps=cfg.num_warps,
-    )  # fmt: skip
+    )
 
 
 class RopeRunner(TunableRunner):
@@ -455,7 +422,7 @@ def _validate_qk(q: Any, k: Any, qname: str, kname: str) -> None:
         )
 
 
-def _run(q3, k3, qo3, ko3, pos, cache, args: _RopeArgs) -> None:
+def _run(q3, k3, qo3, ko3, pos, cache, args: RopeArgs) -> None:
     """Rotate q3/k3 into qo3/ko3 ([nnz, H, D] views; outputs may alias inputs)."""
     if not platform.kernels_available(q3.device):
         if args.from_cache:
@@ -470,7 +437,7 @@ def _run(q3, k3, qo3, ko3, pos, cache, args: _RopeArgs) -> None:
     runner.forward(inputs, tactic)
 
 
-def _pos_ids_ref(q3, k3, pos, args: _RopeArgs):
+def _pos_ids_ref(q3, k3, pos, args: RopeArgs):
     # Explicit positions = one request per token with offset = its position.
     n = q3.shape[0]
     indptr = torch.arange(n + 1, device=q3.device)
@@ -512,7 +479,7 @@ def _rope_pos_op(
     rope_scale: float,
     rope_theta: float,
 ) -> None:
-    args = _RopeArgs(rotary_dim, interleave, False, rope_scale, rope_theta)
+    args = RopeArgs(rotary_dim, interleave, False, rope_scale, rope_theta)
     _run(q, k, q_out, k_out, pos_ids, None, args)
 
 
@@ -522,7 +489,7 @@ def _(q, k, q_out, k_out, pos_ids, rotary_dim, interleave, rope_scale, rope_thet
 
 
 def _rope_cache_impl(q, k, q_out, k_out, positions, cos_sin_cache, head_size, is_neox) -> None:
-    args = _RopeArgs(cos_sin_cache.shape[-1], not is_neox, True)
+    args = RopeArgs(cos_sin_cache.shape[-1], not is_neox, True)
     _run(
         _heads_view("query", q, head_size),
         _heads_view("key", k, head_size),
@@ -615,7 +582,7 @@ def _rope_pos(q, k, pos, rd, interleave, rope_scale, rope_theta, inplace):
     if torch.compiler.is_compiling():
         _rope_pos_op(*args)
     else:
-        _run(q, k, q_out, k_out, pos, None, _RopeArgs(rd, interleave, False, *args[-2:]))
+        _run(q, k, q_out, k_out, pos, None, RopeArgs(rd, interleave, False, *args[-2:]))
     return q_out, k_out
 
 
@@ -738,3 +705,18 @@ def apply_rope_pos_ids_inplace(
     if pos_ids.shape[0] != q.shape[0]:
         raise ValueError(f"pos_ids must have nnz={q.shape[0]} entries, got {pos_ids.shape[0]}")
     _rope_pos(q, k, pos_ids, rd, interleave, rope_scale, rope_theta, True)
+
+
+@register_examples
+def rope_examples(model: ModelConfig) -> list[Example]:
+    """RoPE over the model's heads (bf16, one token, full rotary dimension), NeoX style as the
+    Llama/Qwen models use it; GPT-J style at the same shape so each schema has an example."""
+    d = model.head_dim
+    q = meta_tensor(1, model.num_qo_heads, d)
+    k = meta_tensor(1, model.num_kv_heads, d)
+    cache = meta_tensor(4096, d, dtype=torch.float32)
+    pos = meta_tensor(1, dtype=torch.int64)
+    return [
+        (apply_rope_with_cos_sin_cache_inplace, (pos, q, k, d, cache), {"is_neox": neox})
+        for neox in (True, False)
+    ]

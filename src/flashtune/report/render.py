@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -74,7 +75,7 @@ def status_text(s: SolutionSummary) -> str:
 
 def summary_table(summaries: Sequence[SolutionSummary], title: str = "summary") -> Table:
     table = Table(title=title)
-    for col, justify, width in (
+    columns: tuple[tuple[str, JustifyMethod, int], ...] = (
         ("definition", "left", 20),
         ("solution", "left", 10),
         ("workloads", "left", 10),
@@ -82,14 +83,15 @@ def summary_table(summaries: Sequence[SolutionSummary], title: str = "summary") 
         ("vs ref", "right", 7),
         ("vs base", "right", 7),
         ("note", "left", 10),
-    ):
+    )
+    for col, justify, width in columns:
         # One line per row: long reasons are cut, not wrapped (`report best` has them all).
         table.add_column(
             col,
             justify=justify,
             no_wrap=True,
             overflow="ellipsis",
-            min_width=width,  # type: ignore[arg-type]
+            min_width=width,
         )
     last = None
     for s in summaries:

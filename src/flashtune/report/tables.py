@@ -1,5 +1,5 @@
 """Summaries of Traces: per-solution pass rates and speedups, per-workload rankings, A-vs-B
-comparisons. Pure functions over Trace lists, rendered with rich by report/cli.py.
+comparisons. Pure functions over Trace lists, rendered with rich by the CLI (cli/report.py).
 
 Speedups are geometric means over workloads (the right mean for ratios). A solution more
 than `SUSPICIOUS_SPEEDUP` times faster than the best baseline is flagged: such results are

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from flashtune import env
+from flashtune import env, switches
 from flashtune.data.io import atomic_write_text
 from flashtune.data.models import Definition
 from flashtune.schema.core import BoundCall, OpSchema
@@ -96,19 +96,12 @@ def register_env_hook(factory: Callable[[], CallHook | None]) -> None:
         _HOOKS.rebuild()
 
 
-# Switches whose hooks live in packages that an op call would not otherwise import: when
-# the switch is on, the package is imported so that it can register its env hook. (Named
-# by string: capture and apply sit above schema and are loaded only when asked for.)
-_SWITCH_PLUGINS = ((env.CAPTURE, "flashtune.capture"), (env.APPLY, "flashtune.apply"))
-
-
 def refresh_hooks() -> None:
     """Re-read the FLASHTUNE_* switches (the first op call does this once)."""
-    import importlib
-
-    for switch, module in _SWITCH_PLUGINS:
-        if switch.get():
-            importlib.import_module(module)  # registers its env hook (re-entrant lock)
+    # A switch whose hooks live above schema (capture, apply) has its package loaded here,
+    # by the loader the package root registered (see flashtune.switches); importing it
+    # registers its env hook (the lock is re-entrant).
+    switches.load_switched_on()
     with _HOOKS.lock:
         _HOOKS.from_env = [h for h in (f() for f in _ENV_HOOK_FACTORIES) if h is not None]
         _HOOKS.env_read = True
@@ -218,17 +211,8 @@ def api(
 
 
 def registered_ops() -> dict[str, ApiOp]:
-    """Every schema'd op of flashtune (imports the op modules to register them)."""
-    import importlib
-    import pkgutil
-
-    import flashtune.ops as ops_pkg
-
-    for info in pkgutil.walk_packages(ops_pkg.__path__, prefix="flashtune.ops."):
-        try:
-            importlib.import_module(info.name)
-        except ImportError as exc:  # an optional op family whose dependency is missing
-            log.warning("could not import %s: %s", info.name, exc)
+    """Every schema'd op imported so far, by qualname (`flashtune.ops.load_all()` imports
+    all of flashtune's)."""
     return dict(REGISTRY)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import torch
 
-from flashtune.data.models import ConstAxis, Definition, TensorSpec, VarAxis
+from flashtune.data.models import ConstAxis, Definition, DType, TensorSpec, VarAxis
 
 __all__ = ["Var", "Const", "Tensor", "Scalar", "OpSchema", "BoundCall", "dtype_name"]
 
@@ -42,7 +42,7 @@ class Tensor:
     dtype is fixed, or copied from another argument/input with `dtype_from`."""
 
     dims: Sequence[str]
-    dtype: str | None = None
+    dtype: DType | None = None
     dtype_from: str | None = None
     optional: bool = False
     param: str | None = None
@@ -58,7 +58,7 @@ class Tensor:
 class Scalar:
     """A Python scalar input (shape null in the Definition)."""
 
-    dtype: str
+    dtype: DType
     param: str | None = None
     optional: bool = False
     description: str = ""
@@ -66,7 +66,7 @@ class Scalar:
 
 Spec = Union[Tensor, Scalar]
 
-_DTYPE_NAMES = {
+_DTYPE_NAMES: dict[torch.dtype, DType] = {
     torch.float64: "float64",
     torch.float32: "float32",
     torch.float16: "float16",
@@ -82,7 +82,7 @@ _DTYPE_NAMES = {
 }
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> DType:
     try:
         return _DTYPE_NAMES[dtype]
     except KeyError:
@@ -107,7 +107,7 @@ class BoundCall:
     schema: OpSchema
     axes: dict[str, int]
     inputs: dict[str, Any]
-    dtypes: dict[str, str]
+    dtypes: dict[str, DType]
     bound: dict[str, Any]
 
     @property
@@ -167,7 +167,7 @@ class OpSchema:
         Raises ValueError when tensors disagree on an axis or a const cannot be resolved."""
         axes: dict[str, int] = {}
         inputs: dict[str, Any] = {}
-        dtypes: dict[str, str] = {}
+        dtypes: dict[str, DType] = {}
 
         def set_axis(axis: str, value: int, where: str) -> None:
             if axis in axes and axes[axis] != value:
@@ -176,11 +176,11 @@ class OpSchema:
                 )
             axes[axis] = int(value)
 
-        for axis, spec in self.axes.items():
-            if isinstance(spec, Const) and spec.param:
-                value = _lookup(arguments, spec.param)
+        for axis, axis_spec in self.axes.items():
+            if isinstance(axis_spec, Const) and axis_spec.param:
+                value = _lookup(arguments, axis_spec.param)
                 if value is not None:
-                    set_axis(axis, int(value), spec.param)
+                    set_axis(axis, int(value), axis_spec.param)
 
         for name, spec in self.inputs.items():
             param = self.param_of(name)
@@ -211,14 +211,14 @@ class OpSchema:
         for name, spec in self.inputs.items():
             if isinstance(spec, Tensor) and name in inputs and spec.dtype is not None:
                 dtypes[name] = spec.dtype
-        for axis, spec in self.axes.items():
-            if isinstance(spec, Const) and axis not in axes:
+        for axis, axis_spec in self.axes.items():
+            if isinstance(axis_spec, Const) and axis not in axes:
                 raise ValueError(
                     f"{self.name_prefix}: const axis {axis!r} cannot be resolved from the arguments"
                 )
         return BoundCall(self, axes, inputs, dtypes, dict(arguments))
 
-    def _dtype_of(self, spec: Tensor, call: BoundCall) -> str:
+    def _dtype_of(self, spec: Tensor, call: BoundCall) -> DType:
         if spec.dtype is not None:
             return spec.dtype
         source = spec.dtype_from
@@ -245,9 +245,9 @@ class OpSchema:
     # ----------------------------------------------------------------- definition
     def name_for(self, axes: Mapping[str, int]) -> str:
         parts = [self.name_prefix]
-        for axis, spec in self.axes.items():
-            if isinstance(spec, Const) and spec.abbrev:
-                parts.append(f"{spec.abbrev}{axes[axis]}")
+        for axis, axis_spec in self.axes.items():
+            if isinstance(axis_spec, Const) and axis_spec.abbrev:
+                parts.append(f"{axis_spec.abbrev}{axes[axis]}")
         return "_".join(parts)
 
     def reference_source(self, call: BoundCall | None = None) -> str:
@@ -275,11 +275,11 @@ class OpSchema:
 
     def build_definition(self, call: BoundCall) -> Definition:
         axes: dict[str, Any] = {}
-        for axis, spec in self.axes.items():
-            if isinstance(spec, Const):
-                axes[axis] = ConstAxis(type="const", value=call.axes[axis], **_described(spec))
+        for axis, axis_spec in self.axes.items():
+            if isinstance(axis_spec, Const):
+                axes[axis] = ConstAxis(type="const", value=call.axes[axis], **_described(axis_spec))
             else:
-                axes[axis] = VarAxis(type="var", **_described(spec))
+                axes[axis] = VarAxis(type="var", **_described(axis_spec))
         inputs = {}
         for name, spec in self.inputs.items():
             if spec.optional and name not in call.inputs:

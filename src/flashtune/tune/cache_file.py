@@ -40,6 +40,7 @@ __all__ = [
     "METADATA_FIELDS",
     "current_metadata",
     "metadata_mismatch",
+    "merge_files",
     "read_cache_file",
     "write_cache_file",
     "backup_file",
@@ -67,13 +68,13 @@ Entry = tuple[str, Tactic]  # (runner_class_name, tactic)
 @functools.lru_cache(maxsize=1)
 def current_metadata() -> dict[str, Any]:
     """The environment tuned configs are valid for (touches CUDA only if a GPU exists)."""
-    from flashtune import platform
-
-    snap_gpu = platform.device_name()
     import torch
 
+    from flashtune import __version__, platform
+
+    snap_gpu = platform.device_name()
     return {
-        "flashtune_version": platform._flashtune_version(),
+        "flashtune_version": __version__,
         "torch_version": torch.__version__,
         "triton_version": platform.triton_version(),
         "cuda_version": torch.version.cuda,
@@ -230,3 +231,40 @@ def write_cache_file(
     for key_text, (runner, tactic) in sorted((encode_key(k), v) for k, v in entries.items()):
         doc[key_text] = [runner, tactic]
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+
+
+def merge_files(paths: list[Path]) -> tuple[dict[CacheKey, Entry], dict[str, Any], int]:
+    """Merge config files (later files win on conflicts). Returns (entries, metadata,
+    conflicts); ValueError naming the file and field when they are not all from one
+    environment, or when a file is missing or corrupt."""
+    entries: dict[CacheKey, Entry] = {}
+    metadata: dict[str, Any] | None = None
+    conflicts = 0
+    for path in paths:
+        # Each file must parse; agreement is checked between the files below, not against
+        # this machine (merging happens anywhere).
+        found = read_cache_file(path, expected={})
+        if found.status == "absent":
+            raise ValueError(f"{path}: no such file")
+        if found.status == "corrupt":
+            raise ValueError(f"{path}: corrupt ({found.reason})")
+        meta = found.metadata or {}
+        if metadata is None:
+            metadata = dict(meta)
+        else:
+            bad = metadata_mismatch(meta, metadata)
+            if bad is not None:
+                name, have, want = bad
+                raise ValueError(
+                    f"{path}: _metadata.{name} is {have!r} but {paths[0]} has {want!r}; files "
+                    "from different environments cannot be merged"
+                )
+            # Keep the concrete value where the first file had a wildcard.
+            for k, v in meta.items():
+                if metadata.get(k) == WILDCARD and v != WILDCARD:
+                    metadata[k] = v
+        for key, entry in found.entries.items():
+            if key in entries and entries[key] != entry:
+                conflicts += 1
+            entries[key] = entry
+    return entries, metadata or {}, conflicts

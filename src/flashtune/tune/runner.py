@@ -190,7 +190,8 @@ def make_tuning_inputs(inputs: Sequence[Any], profile: Profile, config: TuningCo
     if config.make_inputs is not None:
         return list(config.make_inputs(inputs, profile))
     out: list[Any] = []
-    for i, (x, shape) in enumerate(zip(inputs, profile, strict=True)):
+    # profile[len(inputs):]: the dtype names of a key_dtypes config (a key part, not a shape).
+    for i, (x, shape) in enumerate(zip(inputs, profile[: len(inputs)], strict=True)):
         if not isinstance(x, torch.Tensor):
             out.append(x)
         elif x.dtype.is_floating_point:

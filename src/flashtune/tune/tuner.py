@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from filelock import FileLock, Timeout
@@ -41,6 +41,7 @@ from flashtune.tune.cache_file import (
     read_cache_file,
     write_cache_file,
 )
+from flashtune.tune.checks import device_of, result_difference, tensors_of
 from flashtune.tune.runner import (
     DEFAULT_TACTIC,
     Profile,
@@ -59,16 +60,6 @@ BUNDLED_DIR = Path(__file__).resolve().parent / "configs"
 # A runtime shape -> answer memo; bounded so a serving loop with ever-new shapes cannot grow
 # it without limit (a miss only costs a bucket mapping and a few dict lookups).
 _MEMO_MAX = 1 << 16
-# Relative (Frobenius) error above which a tactic's output is "different from the default
-# tactic's". Wrong tactics are off by O(1); these leave room for reordered fp32 sums (split-K),
-# TF32 and one rounding of the output dtype.
-_CHECK_TOL = {
-    torch.float64: 1e-8,
-    torch.float32: 5e-3,
-    torch.float16: 1e-2,
-    torch.bfloat16: 2e-2,
-}
-_CHECK_TOL_LOW_PRECISION = 0.15  # fp8 and other sub-16-bit floats
 # Show a progress bar when one shape has at least this many tactics to time.
 _PROGRESS_MIN_TACTICS = 8
 
@@ -229,7 +220,10 @@ class AutoTuner:
                 str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else ""
                 for x in inputs
             )
-            profile = (*profile, dtypes)
+            # The dtype names ride as one more entry: part of the cache key, never read as a
+            # shape (shape readers go by input position, and there is one entry more than
+            # inputs).
+            profile = (*profile, cast(tuple[int, ...], dtypes))
         return profile
 
     def _sources(self) -> list[tuple[str, Mapping[CacheKey, Entry]]]:
@@ -325,7 +319,7 @@ class AutoTuner:
                 runner = runners[index]
                 try:
                     if baseline is not None and (index, tactic) != (0, DEFAULT_TACTIC):
-                        wrong = self._check(runner, tactic, tuning_inputs, baseline, config)
+                        wrong = result_difference(runner, tactic, tuning_inputs, baseline, config)
                         if wrong:
                             self._fail(op_name, runner, tactic, profile, wrong)
                             continue
@@ -400,7 +394,7 @@ class AutoTuner:
         hooked = [c for c in candidates if type(runners[c[0]]).warmup is not TunableRunner.warmup]
         if not hooked:
             return candidates
-        device = _device_of(inputs)
+        device = device_of(inputs)
 
         def warm(index: int, tactic: Tactic) -> None:
             ctx = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -437,7 +431,7 @@ class AutoTuner:
         args = timing.clone_inputs(inputs)
         try:
             out = runners[0].forward(args, DEFAULT_TACTIC)
-            return _tensors_of(out, args)
+            return tensors_of(out, args)
         except Exception as exc:
             self._fail(op_name, runners[0], DEFAULT_TACTIC, profile, f"raised {exc!r}")
             _recover_device(exc)
@@ -449,40 +443,9 @@ class AutoTuner:
             return None
 
     @staticmethod
-    def _check(
-        runner: TunableRunner,
-        tactic: Tactic,
-        inputs: Sequence[Any],
-        baseline: list[torch.Tensor],
-        config: TuningConfig,
-    ) -> str:
-        """Why this tactic's result differs from the default's ("" when it does not)."""
-        args = timing.clone_inputs(inputs)
-        got = _tensors_of(runner.forward(args, tactic), args)
-        if len(got) != len(baseline):
-            return f"wrong result: {len(got)} tensors out, the default tactic gives {len(baseline)}"
-        for i, (g, w) in enumerate(zip(got, baseline, strict=True)):
-            if g.shape != w.shape:
-                return f"wrong result: tensor {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
-            if not w.dtype.is_floating_point:
-                if not torch.equal(g, w):
-                    return f"wrong result: tensor {i} differs from the default tactic's"
-                continue
-            wf = w.float()
-            if not bool(torch.isfinite(wf).all()):
-                continue  # nothing meaningful to compare against
-            err = float((g.float() - wf).norm() / wf.norm().clamp_min(1e-30))
-            tol = config.check_tolerance
-            if tol is None:
-                tol = _CHECK_TOL.get(w.dtype, _CHECK_TOL_LOW_PRECISION)
-            if not err <= tol:  # also catches NaN
-                return f"wrong result: tensor {i} relative error {err:.3g} > {tol:g} vs the default tactic"
-        return ""
-
-    @staticmethod
     def _input_sets(inputs: Sequence[Any], config: TuningConfig) -> list[list[Any]]:
         """Input copies every tactic rotates through (made once per shape, not per tactic)."""
-        device = _device_of(inputs)
+        device = device_of(inputs)
         copies = 1
         if config.cold_l2 and device.type == "cuda":
             copies = timing.copies_for_cold_l2(inputs, device)
@@ -714,27 +677,6 @@ class AutoTuner:
 
 def _call(runner: TunableRunner, tactic: Tactic, *args: Any) -> Any:
     return runner.forward(args, tactic)
-
-
-def _device_of(inputs: Sequence[Any]) -> torch.device:
-    for x in inputs:
-        if isinstance(x, torch.Tensor):
-            return x.device
-    return torch.device("cpu")
-
-
-def _tensors_of(out: Any, args: Sequence[Any]) -> list[torch.Tensor]:
-    """The tensors a call produced: its return value(s), then every tensor argument (which
-    covers ops that write in place or into `out=`)."""
-    found: list[torch.Tensor] = []
-    stack = [out]
-    while stack:
-        item = stack.pop(0)
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, list | tuple):
-            stack[:0] = list(item)
-    return found + [a for a in args if isinstance(a, torch.Tensor)]
 
 
 def _recover_device(exc: BaseException) -> None:

@@ -43,17 +43,24 @@ def _run_case(levels, qo_lens, hq, hk, d, ps, layout, causal, device, num_pages)
         last_arr.append(_t(last, device))
     ws = torch.empty(2**24, dtype=torch.uint8, device=device)
     w = MultiLevelCascadeAttentionWrapper(len(levels), ws, layout)
-    w.plan(qo_arr, ip_arr, idx_arr, last_arr, hq, hk, d, ps, causal=causal,
-           q_data_type=torch.float16)  # fmt: skip
+    w.plan(
+        qo_arr, ip_arr, idx_arr, last_arr, hq, hk, d, ps, causal=causal, q_data_type=torch.float16
+    )
     out = w.run(q, cache)
     k, v = split_kv_cache(cache, layout)
     full_ip = [0]
     for p in full_pages:
         full_ip.append(full_ip[-1] + len(p))
     ref, _ = paged_attention_ref(
-        q, k, v, _t(q_off, device), _t(full_ip, device),
-        _t(sum(full_pages, []), device), _t(full_last, device), causal=causal,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        _t(q_off, device),
+        _t(full_ip, device),
+        _t(sum(full_pages, []), device),
+        _t(full_last, device),
+        causal=causal,
+    )
     torch.testing.assert_close(out, ref, atol=3e-3, rtol=3e-3)
 
 
@@ -98,7 +105,10 @@ def test_cascade_bad_input(device):
             [_t([0, 1], device), _t([0, 1, 2], device)],
             [_t([0], device), _t([1, 2], device)],
             [_t([8], device), _t([1, 1], device)],
-            8, 2, 64, 8,
-        )  # fmt: skip
+            8,
+            2,
+            64,
+            8,
+        )
     with pytest.raises(NotImplementedError):
         MultiLevelCascadeAttentionWrapper(2, ws, use_cuda_graph=True)

@@ -381,7 +381,9 @@ def test_definition_matches_corpus(trace_corpus, layout, five_d, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("definition() launched the op")
 
-    monkeypatch.setattr(w._planner, "run", boom)
+    from flashtune.ops.attention import decode
+
+    monkeypatch.setattr(decode, "run_plan", boom)
     ours = w.run.definition(q, kv)
     assert ours.name == corpus.name == "gqa_paged_decode_h32_kv8_d128_ps64"
     assert ours.op_type == corpus.op_type
@@ -392,8 +394,11 @@ def test_definition_matches_corpus(trace_corpus, layout, five_d, monkeypatch):
     assert ours.constraints == corpus.constraints
     bound = w.run.bind(q, kv)
     assert bound.var_axes == {
-        "batch_size": 3, "num_pages": num_pages, "len_indptr": 4, "num_kv_indices": 7
-    }  # fmt: skip
+        "batch_size": 3,
+        "num_pages": num_pages,
+        "len_indptr": 4,
+        "num_kv_indices": 7,
+    }
 
 
 def test_definition_reference_agrees_with_corpus_reference(trace_corpus):
@@ -407,9 +412,14 @@ def test_definition_reference_agrees_with_corpus_reference(trace_corpus):
     kv = _cache(num_pages, 64, 8, 128, "NHD", torch.bfloat16, "cpu")
     ours = w.run.definition(q, kv)
     args = dict(
-        q=q, k_cache=kv[:, 0], v_cache=kv[:, 1], kv_indptr=w._kv_indptr,
-        kv_indices=w._kv_indices, kv_last_page_len=w._kv_last_page_len, sm_scale=w._sm_scale,
-    )  # fmt: skip
+        q=q,
+        k_cache=kv[:, 0],
+        v_cache=kv[:, 1],
+        kv_indptr=w._kv_indptr,
+        kv_indices=w._kv_indices,
+        kv_last_page_len=w._kv_last_page_len,
+        sm_scale=w._sm_scale,
+    )
     results = []
     for definition in (ours, corpus):
         scope: dict = {}
@@ -429,8 +439,18 @@ def test_definition_names_follow_shapes_and_variants():
     assert definition.name == "gqa_paged_decode_h24_kv4_d64_ps16"
     assert "window_left=-1" in definition.reference
     indptr, indices, last, _ = build_page_table([37, 100, 16], 16)
-    w.plan(indptr, indices, last, 24, 4, 64, 16, q_data_type=torch.bfloat16,
-           window_left=7, logits_soft_cap=30.0)  # fmt: skip
+    w.plan(
+        indptr,
+        indices,
+        last,
+        24,
+        4,
+        64,
+        16,
+        q_data_type=torch.bfloat16,
+        window_left=7,
+        logits_soft_cap=30.0,
+    )
     definition = w.run.definition(q, kv)
     assert "window_left=7, logits_soft_cap=30.0" in definition.reference
 
@@ -444,9 +464,10 @@ def test_definition_before_plan_is_an_error():
 
 
 def test_model_examples_register_decode():
+    from flashtune.ops.attention.decode import decode_examples
     from flashtune.schema.dump import model_definitions
 
-    defs = model_definitions(["llama-3.1-8b", "llama-3.1-70b-tp8"])
+    defs = model_definitions(["llama-3.1-8b", "llama-3.1-70b-tp8"], [decode_examples])
     assert "gqa_paged_decode_h32_kv8_d128_ps16" in defs
     assert "gqa_paged_decode_h8_kv1_d128_ps16" in defs
 
@@ -455,7 +476,7 @@ def test_fast_page_table_check_agrees_with_the_detailed_one():
     """plan()'s one-pass validation accepts exactly the valid tables, with the same lengths."""
     import numpy as np
 
-    from flashtune.ops.attention import decode
+    from flashtune.ops.attention import page
 
     rng = np.random.default_rng(5)
     for _ in range(200):
@@ -467,12 +488,12 @@ def test_fast_page_table_check_agrees_with_the_detailed_one():
             b = int(rng.integers(batch))
             lp[b] = int(rng.choice([-1, 0, ps + 1]))
         try:
-            want = decode._explain_page_table(ip, lp, int(ip[-1]), ps)
+            want = page.explain_page_table(ip, lp, int(ip[-1]), ps)
         except ValueError:
             with pytest.raises(ValueError, match="last_page_len"):
-                decode._validate_host_page_table(ip, lp, int(ip[-1]), ps)
+                page.validate_host_page_table(ip, lp, int(ip[-1]), ps)
             continue
-        got = decode._validate_host_page_table(ip, lp, int(ip[-1]), ps)
+        got = page.validate_host_page_table(ip, lp, int(ip[-1]), ps)
         assert np.array_equal(got[2], want[2])
 
 
@@ -491,79 +512,97 @@ def _plan_digest(cases: int = 300, seed: int = 1234) -> str:
 
     import numpy as np
 
-    from flashtune.ops.attention import decode
+    from flashtune.ops.attention.decode_config import DecodeLaunch
 
     rng = np.random.default_rng(seed)
     h = hashlib.sha256()
     ws = torch.empty(64 * 2**20, dtype=torch.uint8)
-    saved = decode._sm_count
-    try:
-        for i in range(cases):
-            sms = int(rng.choice([132, 2, 78]))
-            decode._sm_count = lambda device, sms=sms: sms  # noqa: B023
-            batch = int(rng.choice([1, 2, 3, 5, 8, 16, 17, 33, 64, 100, 256]))
-            ps = int(rng.choice([1, 16, 64]))
-            max_kv = int(rng.choice([0, 1, 100, 2048, 8192, 32768]))
-            lens = rng.integers(0, max_kv + 1, batch) if max_kv else np.zeros(batch, np.int64)
-            if rng.random() < 0.3:
-                lens = np.full(batch, int(lens.max(initial=0)))
-            pages = -(-lens // ps)
-            indptr = np.zeros(batch + 1, np.int64)
-            np.cumsum(pages, out=indptr[1:])
-            last = np.where(pages > 0, lens - (pages - 1) * ps, 0)
-            nnz = int(indptr[-1])
-            hq, hk = [(32, 8), (32, 32), (8, 1), (64, 4)][int(rng.integers(4))]
-            d = int(rng.choice([64, 128, 256]))
-            kind = rng.random()
-            kw: dict = {}
-            if kind < 0.15:
-                kw["fixed_split_size"] = int(rng.choice([16, 100, 512, 4096]))
-            elif kind < 0.25:
-                kw["disable_split_kv"] = True
-            if rng.random() < 0.15:
-                kw["window_left"] = int(rng.integers(0, 4096))
-            graph = rng.random() < 0.2
-            ip_t = torch.from_numpy(indptr.astype(np.int32))
-            last_t = torch.from_numpy(last.astype(np.int32))
-            if rng.random() < 0.05 and batch > 1:  # an invalid table: the error must match
-                last_t = last_t.clone()
-                last_t[int(rng.integers(batch))] = ps + 1
-            idx = torch.zeros(nnz + int(rng.integers(0, 3)), dtype=torch.int32)
-            if graph:
-                w = BatchDecodeWithPagedKVCacheWrapper(
-                    ws, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=ip_t.clone(),
-                    paged_kv_indices_buffer=torch.zeros(nnz + 8, dtype=torch.int32),
-                    paged_kv_last_page_len_buffer=last_t.clone(),
-                )  # fmt: skip
-            else:
-                w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-            h.update(repr((i, sms, batch, ps, hq, hk, d, sorted(kw.items()), graph)).encode())
-            try:
-                w.plan(ip_t, idx, last_t, hq, hk, d, ps, q_data_type=torch.float16, **kw)
-            except (ValueError, TypeError) as e:
-                h.update(f"{type(e).__name__}: {e}".encode())
-                continue
-            p = w._planner.plan
-            host = p.host
-            for a in (host.work_indptr, host.work, host.merge_info, host.cta_cost):
-                h.update(repr((a.dtype.str, a.shape)).encode() + np.ascontiguousarray(a).tobytes())
-            scalars = (
-                host.num_ctas, host.num_partial_rows, host.kv_chunk_size, p.batch, p.total_qo,
-                p.group, p.block_m, p.sm_scale, p.window_left, p.grid_ctas, p.nnz_pages,
-                p.always_merge, p.mask_window, p.max_partials, p.sm_count,
-            )  # fmt: skip
-            h.update(repr(scalars).encode())
-            for t in (p.work_indptr, p.work, p.merge_info, p.partial_o, p.partial_lse,
-                      p.lse_scratch, p.kv_indices):  # fmt: skip
-                # Shapes and strides, not storage offsets: where the arrays live in which
-                # buffer is not the plan.
-                h.update(repr((t.shape, t.stride(), t.dtype)).encode())
-            for t in (p.work_indptr, p.work[: host.num_work], p.merge_info):
-                h.update(t.numpy().tobytes())
-            for a in (p.qo_indptr_host, p.indptr_host, p.last_host):
-                h.update(repr((a.dtype.str, a.shape)).encode() + a.tobytes())
-    finally:
-        decode._sm_count = saved
+    for i in range(cases):
+        sms = int(rng.choice([132, 2, 78]))
+        launch = DecodeLaunch(sm_count=sms)  # plan for this many SMs
+        batch = int(rng.choice([1, 2, 3, 5, 8, 16, 17, 33, 64, 100, 256]))
+        ps = int(rng.choice([1, 16, 64]))
+        max_kv = int(rng.choice([0, 1, 100, 2048, 8192, 32768]))
+        lens = rng.integers(0, max_kv + 1, batch) if max_kv else np.zeros(batch, np.int64)
+        if rng.random() < 0.3:
+            lens = np.full(batch, int(lens.max(initial=0)))
+        pages = -(-lens // ps)
+        indptr = np.zeros(batch + 1, np.int64)
+        np.cumsum(pages, out=indptr[1:])
+        last = np.where(pages > 0, lens - (pages - 1) * ps, 0)
+        nnz = int(indptr[-1])
+        hq, hk = [(32, 8), (32, 32), (8, 1), (64, 4)][int(rng.integers(4))]
+        d = int(rng.choice([64, 128, 256]))
+        kind = rng.random()
+        kw: dict = {}
+        if kind < 0.15:
+            kw["fixed_split_size"] = int(rng.choice([16, 100, 512, 4096]))
+        elif kind < 0.25:
+            kw["disable_split_kv"] = True
+        if rng.random() < 0.15:
+            kw["window_left"] = int(rng.integers(0, 4096))
+        graph = rng.random() < 0.2
+        ip_t = torch.from_numpy(indptr.astype(np.int32))
+        last_t = torch.from_numpy(last.astype(np.int32))
+        if rng.random() < 0.05 and batch > 1:  # an invalid table: the error must match
+            last_t = last_t.clone()
+            last_t[int(rng.integers(batch))] = ps + 1
+        idx = torch.zeros(nnz + int(rng.integers(0, 3)), dtype=torch.int32)
+        if graph:
+            w = BatchDecodeWithPagedKVCacheWrapper(
+                ws,
+                "NHD",
+                use_cuda_graph=True,
+                paged_kv_indptr_buffer=ip_t.clone(),
+                paged_kv_indices_buffer=torch.zeros(nnz + 8, dtype=torch.int32),
+                paged_kv_last_page_len_buffer=last_t.clone(),
+            )
+        else:
+            w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        h.update(repr((i, sms, batch, ps, hq, hk, d, sorted(kw.items()), graph)).encode())
+        try:
+            w.plan(ip_t, idx, last_t, hq, hk, d, ps, q_data_type=torch.float16, launch=launch, **kw)
+        except (ValueError, TypeError) as e:
+            h.update(f"{type(e).__name__}: {e}".encode())
+            continue
+        p = w._planner.plan
+        host = p.host
+        for a in (host.work_indptr, host.work, host.merge_info, host.cta_cost):
+            h.update(repr((a.dtype.str, a.shape)).encode() + np.ascontiguousarray(a).tobytes())
+        scalars = (
+            host.num_ctas,
+            host.num_partial_rows,
+            host.kv_chunk_size,
+            p.batch,
+            p.total_qo,
+            p.group,
+            p.block_m,
+            p.sm_scale,
+            p.window_left,
+            p.grid_ctas,
+            p.nnz_pages,
+            p.always_merge,
+            p.mask_window,
+            p.max_partials,
+            p.sm_count,
+        )
+        h.update(repr(scalars).encode())
+        for t in (
+            p.work_indptr,
+            p.work,
+            p.merge_info,
+            p.partial_o,
+            p.partial_lse,
+            p.lse_scratch,
+            p.kv_indices,
+        ):
+            # Shapes and strides, not storage offsets: where the arrays live in which
+            # buffer is not the plan.
+            h.update(repr((t.shape, t.stride(), t.dtype)).encode())
+        for t in (p.work_indptr, p.work[: host.num_work], p.merge_info):
+            h.update(t.numpy().tobytes())
+        for a in (p.qo_indptr_host, p.indptr_host, p.last_host):
+            h.update(repr((a.dtype.str, a.shape)).encode() + a.tobytes())
     return h.hexdigest()
 
 
@@ -594,10 +633,26 @@ def test_wrappers_sharing_a_workspace_keep_their_own_plans(device):
     indptr, indices, last, num_pages = build_page_table(lens, 16, extra_pages=2)
     cache = _cache(num_pages, 16, 2, 64, "NHD", torch.float16, device)
     q = torch.randn(3, 8, 64, dtype=torch.float16, device=device)
-    first.plan(indptr.to(device), indices.to(device), last.to(device), 8, 2, 64, 16,
-               q_data_type=torch.float16, fixed_split_size=16)  # fmt: skip
-    second.plan(*(t.to(device) for t in build_page_table([5, 300], 16)[:3]), 8, 2, 64, 16,
-                q_data_type=torch.float16, fixed_split_size=32)  # fmt: skip
+    first.plan(
+        indptr.to(device),
+        indices.to(device),
+        last.to(device),
+        8,
+        2,
+        64,
+        16,
+        q_data_type=torch.float16,
+        fixed_split_size=16,
+    )
+    second.plan(
+        *(t.to(device) for t in build_page_table([5, 300], 16)[:3]),
+        8,
+        2,
+        64,
+        16,
+        q_data_type=torch.float16,
+        fixed_split_size=32,
+    )
     assert plan is not first._planner.plan
     out = first.run(q, cache)
     k, v = split_kv_cache(cache, "NHD")

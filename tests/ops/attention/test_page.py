@@ -85,9 +85,13 @@ def test_append_then_decode(device):
     out = w.run(q, cache)
     for b, (s, e) in enumerate([(0, 9), (9, 42)]):
         ref, _ = batch_decode_ref(
-            q[b : b + 1], key[s:e, None], val[s:e, None],
-            torch.tensor([0, e - s]), torch.arange(e - s), torch.tensor([1]),
-        )  # fmt: skip
+            q[b : b + 1],
+            key[s:e, None],
+            val[s:e, None],
+            torch.tensor([0, e - s]),
+            torch.arange(e - s),
+            torch.tensor([1]),
+        )
         torch.testing.assert_close(out[b : b + 1], ref, atol=2e-3, rtol=2e-3)
 
 

@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 
-from flashtune.ops.attention import batch_decode_ref, decode, planless, split_kv_cache
+from flashtune.ops.attention import batch_decode_ref, planless, split_kv_cache
+from flashtune.ops.attention.decode_config import DecodeLaunch, launch_shape
 from flashtune.ops.attention.page import build_page_table
 from flashtune.ops.attention.planless import paged_decode
+from flashtune.platform import STAND_IN_LIMITS
 
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
@@ -68,15 +70,15 @@ def test_request_search_spans_several_steps(device, monkeypatch):
     _check(lens, 4, 1, 64, 16, "NHD", device)
 
 
-def test_chunking_splits_a_long_request_and_fills_the_rounds(monkeypatch):
-    monkeypatch.setattr(planless, "_sm_count", lambda device: 132)  # an H100/H200
+def test_chunking_splits_a_long_request_and_fills_the_rounds():
+    h100 = DecodeLaunch(sm_count=132)  # plan as on an H100/H200
     dev = torch.device("cpu")
-    chunk, programs = planless.chunk_tokens(1, 32768, 8, 128, 4, dev)
+    chunk, programs = planless.chunk_tokens(1, 32768, 8, 128, 4, dev, h100)
     assert chunk % 16 == 0 and programs == -(-32768 // chunk) + 1
     assert programs > 32  # batch 1: the request is spread over many programs
-    slots, _ = decode._launch_shape(132, 128, 16, 16, 8)
+    slots, _ = launch_shape(132, STAND_IN_LIMITS.shared_memory_per_block, 128, 16, 16, 8)
     for batch, kv in ((64, 32768), (256, 8192), (64, 2048), (16, 8192)):
-        chunk, programs = planless.chunk_tokens(batch, batch * kv, 8, 128, 4, dev)
+        chunk, programs = planless.chunk_tokens(batch, batch * kv, 8, 128, 4, dev, h100)
         assert programs == -(-(batch * kv) // chunk) + batch
         used = batch * -(-kv // chunk)  # programs that do work, per KV head
         rounds = used / slots
@@ -130,8 +132,12 @@ def test_paged_decode_replays_in_a_cuda_graph_with_new_lengths():
     def set_lengths(lens):
         pages = [-(-n // ps) for n in lens]
         indptr.copy_(torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32))
-        last.copy_(torch.tensor([n - (p - 1) * ps if p else 0 for n, p in zip(lens, pages, strict=True)],
-                                dtype=torch.int32))  # fmt: skip
+        last.copy_(
+            torch.tensor(
+                [n - (p - 1) * ps if p else 0 for n, p in zip(lens, pages, strict=True)],
+                dtype=torch.int32,
+            )
+        )
 
     set_lengths([100] * batch)
     out = torch.empty_like(q)

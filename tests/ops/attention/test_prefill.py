@@ -67,9 +67,22 @@ def _compare(out, lse, ref_out, ref_lse, dtype):
 
 
 def _run_paged(
-    device, dtype, qo_lens, kv_lens, group, head_dim, page_size, layout, *, num_kv_heads=2,
-    causal=True, window_left=-1, soft_cap=None, sm_scale=None, custom=False,
-):  # fmt: skip
+    device,
+    dtype,
+    qo_lens,
+    kv_lens,
+    group,
+    head_dim,
+    page_size,
+    layout,
+    *,
+    num_kv_heads=2,
+    causal=True,
+    window_left=-1,
+    soft_cap=None,
+    sm_scale=None,
+    custom=False,
+):
     num_qo_heads = num_kv_heads * group
     kv_indptr, indices, last, cache = _paged_batch(
         qo_lens, kv_lens, num_kv_heads, head_dim, page_size, layout, dtype, device
@@ -82,18 +95,39 @@ def _run_paged(
         mask = torch.rand(n, device=device) > 0.4
     w = BatchPrefillWithPagedKVCacheWrapper(_ws(device), kv_layout=layout)
     w.plan(
-        qo_indptr, kv_indptr, indices, last, num_qo_heads, num_kv_heads, head_dim, page_size,
-        causal=causal, custom_mask=mask, window_left=window_left, logits_soft_cap=soft_cap,
-        sm_scale=sm_scale, q_data_type=dtype,
-    )  # fmt: skip
+        qo_indptr,
+        kv_indptr,
+        indices,
+        last,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        causal=causal,
+        custom_mask=mask,
+        window_left=window_left,
+        logits_soft_cap=soft_cap,
+        sm_scale=sm_scale,
+        q_data_type=dtype,
+    )
     out, lse = w.run(q, cache, return_lse=True)
     k, v = split_kv_cache(cache, layout)
     scale = sm_scale if sm_scale is not None else 1 / math.sqrt(head_dim)
     ref_out, ref_lse = batch_prefill_paged_ref(
-        q, k, v, qo_indptr, kv_indptr, indices, last, scale, causal=causal,
-        window_left=window_left, logits_soft_cap=soft_cap, custom_mask=mask,
+        q,
+        k,
+        v,
+        qo_indptr,
+        kv_indptr,
+        indices,
+        last,
+        scale,
+        causal=causal,
+        window_left=window_left,
+        logits_soft_cap=soft_cap,
+        custom_mask=mask,
         compute_dtype=torch.float64,
-    )  # fmt: skip
+    )
     _compare(out, lse, ref_out, ref_lse, dtype)
 
 
@@ -149,16 +183,34 @@ def test_ragged(device, layout, variant):
     w = BatchPrefillWithRaggedKVCacheWrapper(_ws(device), kv_layout=layout)
     causal = variant.get("causal", False)
     window = variant.get("window_left", -1)
-    w.plan(qo_indptr, kv_indptr, hkv * group, hkv, d, causal=causal, custom_mask=mask,
-           window_left=window)  # fmt: skip
-    kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1).contiguous(),
-                                             v.transpose(0, 1).contiguous())  # fmt: skip
+    w.plan(
+        qo_indptr,
+        kv_indptr,
+        hkv * group,
+        hkv,
+        d,
+        causal=causal,
+        custom_mask=mask,
+        window_left=window,
+    )
+    kk, vv = (
+        (k, v)
+        if layout == "NHD"
+        else (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
+    )
     out, lse = w.run(q, kk, vv, return_lse=True)
     ref = batch_prefill_ragged_ref(
-        q.cpu(), k.cpu(), v.cpu(), qo_indptr, kv_indptr, 1 / math.sqrt(d), causal=causal,
-        window_left=window, custom_mask=None if mask is None else mask.cpu(),
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        qo_indptr,
+        kv_indptr,
+        1 / math.sqrt(d),
+        causal=causal,
+        window_left=window,
+        custom_mask=None if mask is None else mask.cpu(),
         compute_dtype=torch.float64,
-    )  # fmt: skip
+    )
     _compare(out, lse, *ref, dtype)
 
 
@@ -168,15 +220,24 @@ def test_single_prefill(device, kv_layout):
     k = torch.randn(30, 2, 64, dtype=torch.float16, device=device)
     v = torch.randn(30, 2, 64, dtype=torch.float16, device=device)
     kk, vv = (k, v) if kv_layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
-    out, lse = single_prefill_with_kv_cache(q, kk, vv, causal=True, kv_layout=kv_layout,
-                                            logits_soft_cap=20.0, return_lse=True)  # fmt: skip
-    ref = single_prefill_ref(q.cpu(), k.cpu(), v.cpu(), 1 / 8, causal=True,
-                             logits_soft_cap=20.0, compute_dtype=torch.float64)  # fmt: skip
+    out, lse = single_prefill_with_kv_cache(
+        q, kk, vv, causal=True, kv_layout=kv_layout, logits_soft_cap=20.0, return_lse=True
+    )
+    ref = single_prefill_ref(
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        1 / 8,
+        causal=True,
+        logits_soft_cap=20.0,
+        compute_dtype=torch.float64,
+    )
     _compare(out, lse, *ref, torch.float16)
     mask = torch.rand(19, 30, device=device) > 0.5
     out = single_prefill_with_kv_cache(q, kk, vv, custom_mask=mask, kv_layout=kv_layout)
-    ref = single_prefill_ref(q.cpu(), k.cpu(), v.cpu(), 1 / 8, custom_mask=mask.cpu(),
-                             compute_dtype=torch.float64)  # fmt: skip
+    ref = single_prefill_ref(
+        q.cpu(), k.cpu(), v.cpu(), 1 / 8, custom_mask=mask.cpu(), compute_dtype=torch.float64
+    )
     _compare(out, None, ref[0], None, torch.float16)
 
 
@@ -231,12 +292,21 @@ def test_tma_tactic(device):
     v = torch.randn(sum(kv_lens), hkv, d, dtype=torch.float16, device=device)
     w = BatchPrefillWithRaggedKVCacheWrapper(_ws(device))
     w.plan(qo_indptr, kv_indptr, hkv * group, hkv, d, causal=True)
-    ref = batch_prefill_ragged_ref(q.cpu(), k.cpu(), v.cpu(), qo_indptr, kv_indptr,
-                                   1 / math.sqrt(d), causal=True, compute_dtype=torch.float64)  # fmt: skip
+    ref = batch_prefill_ragged_ref(
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        qo_indptr,
+        kv_indptr,
+        1 / math.sqrt(d),
+        causal=True,
+        compute_dtype=torch.float64,
+    )
     small = device.type != "cuda"  # the interpreter wants small tiles
     for pack in (True, False):
-        t = PrefillTactic(32 if small else 128, 16 if small else 64, pack, 4, 1 if small else 3,
-                          tma=True)  # fmt: skip
+        t = PrefillTactic(
+            32 if small else 128, 16 if small else 64, pack, 4, 1 if small else 3, tma=True
+        )
         out = TritonPrefillRunner().forward((q, k, v, torch.empty_like(q), None, w._plan), t)
         _compare(out, None, ref[0], None, torch.float16)
 
@@ -259,11 +329,22 @@ def test_tma_tactic_paged_staging(device, layout, ws_bytes):
     w = BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout=layout)
     w.plan(qo_indptr, kv_indptr, indices, last, 2 * group, 2, d, ps, causal=True)
     k, v = split_kv_cache(cache, layout)
-    ref = batch_prefill_paged_ref(q, k, v, qo_indptr, kv_indptr, indices, last, 1 / 8,
-                                  causal=True, compute_dtype=torch.float64)  # fmt: skip
+    ref = batch_prefill_paged_ref(
+        q,
+        k,
+        v,
+        qo_indptr,
+        kv_indptr,
+        indices,
+        last,
+        1 / 8,
+        causal=True,
+        compute_dtype=torch.float64,
+    )
     small = device.type != "cuda"
-    t = PrefillTactic(32 if small else 128, 16 if small else 64, True, 4, 1 if small else 3,
-                      tma=True)  # fmt: skip
+    t = PrefillTactic(
+        32 if small else 128, 16 if small else 64, True, 4, 1 if small else 3, tma=True
+    )
     out = TritonPrefillRunner().forward((q, k, v, torch.empty_like(q), None, w._plan), t)
     _compare(out, None, ref[0], None, torch.float16)
 
@@ -275,30 +356,47 @@ def test_work_list_request_major():
     w.plan(_indptr(qo_lens), _indptr(qo_lens), 4, 1, 64, causal=True)
     work = w._plan.work_list(16, 16).tolist()
     assert [r[:2] for r in work] == [
-        [1, 48], [1, 32], [1, 16], [1, 0], [0, 16], [0, 0], [2, 16], [2, 0]
-    ]  # fmt: skip
+        [1, 48],
+        [1, 32],
+        [1, 16],
+        [1, 0],
+        [0, 16],
+        [0, 0],
+        [2, 16],
+        [2, 0],
+    ]
     # (request, tok0, qo_start, qo_len, kv_len, kv offset in pages, in tokens, 0)
     assert work[0] == [1, 48, 32, 64, 64, 32, 32, 0]
 
 
 def test_default_tactic_hopper(monkeypatch):
     """On Hopper tactic -1 reads K/V through TMA, staging pages unless that copy is too big."""
-    import flashtune.ops.attention.prefill as prefill
+    from flashtune import platform
+    from flashtune.ops.attention.prefill_plan import pick_default
 
-    monkeypatch.setattr(prefill.platform, "compute_capability", lambda device: (9, 0))
-    monkeypatch.setattr(prefill, "_MAX_STAGING_BYTES", 1 << 20)
+    monkeypatch.setattr(platform, "compute_capability", lambda device: (9, 0))
+    cap = 1 << 20  # staging copies up to 1 MiB
     cuda = torch.device("cuda")
     ragged = BatchPrefillWithRaggedKVCacheWrapper(_ws(torch.device("cpu")))
     ragged.plan(_indptr([100]), _indptr([100]), 32, 8, 128, causal=True)
-    t = prefill._pick_default(ragged._plan, cuda)
+    t = pick_default(ragged._plan, cuda, max_staging_bytes=cap)
     assert (t.block_m, t.block_n, t.pack_heads, t.tma) == (64, 64, True, True)
 
     def paged_default(num_pages: int, ws_bytes: int):
         p = BatchPrefillWithPagedKVCacheWrapper(torch.empty(ws_bytes, dtype=torch.uint8))
         idx = torch.arange(num_pages, dtype=torch.int32)
-        p.plan(_indptr([5]), _indptr([num_pages]), idx, torch.tensor([16], dtype=torch.int32),
-               32, 8, 128, 16, causal=True)  # fmt: skip
-        return prefill._pick_default(p._plan, cuda)
+        p.plan(
+            _indptr([5]),
+            _indptr([num_pages]),
+            idx,
+            torch.tensor([16], dtype=torch.int32),
+            32,
+            8,
+            128,
+            16,
+            causal=True,
+        )
+        return pick_default(p._plan, cuda, max_staging_bytes=cap)
 
     # 2 (K, V) * 16 tokens * 8 heads * 128 * 2 bytes = 64 KiB per page.
     assert paged_default(8, 16).tma  # 512 KiB: under the cap
@@ -393,17 +491,42 @@ def test_bad_plans():
         w.plan(_indptr([2]), _indptr([3]), 4, 2, 96)
     p = BatchPrefillWithPagedKVCacheWrapper(_ws(torch.device("cpu")))
     with pytest.raises(ValueError, match="last_page_len"):
-        p.plan(_indptr([2]), _indptr([1]), torch.tensor([0], dtype=torch.int32),
-               torch.tensor([17], dtype=torch.int32), 4, 2, 64, 16)  # fmt: skip
+        p.plan(
+            _indptr([2]),
+            _indptr([1]),
+            torch.tensor([0], dtype=torch.int32),
+            torch.tensor([17], dtype=torch.int32),
+            4,
+            2,
+            64,
+            16,
+        )
     with pytest.raises(ValueError, match="paged_kv_indices"):
-        p.plan(_indptr([2]), _indptr([3]), torch.tensor([0], dtype=torch.int32),
-               torch.tensor([1], dtype=torch.int32), 4, 2, 64, 16)  # fmt: skip
+        p.plan(
+            _indptr([2]),
+            _indptr([3]),
+            torch.tensor([0], dtype=torch.int32),
+            torch.tensor([1], dtype=torch.int32),
+            4,
+            2,
+            64,
+            16,
+        )
 
 
 def test_paged_run_errors():
     p = BatchPrefillWithPagedKVCacheWrapper(_ws(torch.device("cpu")))
-    p.plan(_indptr([3]), _indptr([2]), torch.tensor([0, 7], dtype=torch.int32),
-           torch.tensor([4], dtype=torch.int32), 4, 2, 64, 16, causal=True)  # fmt: skip
+    p.plan(
+        _indptr([3]),
+        _indptr([2]),
+        torch.tensor([0, 7], dtype=torch.int32),
+        torch.tensor([4], dtype=torch.int32),
+        4,
+        2,
+        64,
+        16,
+        causal=True,
+    )
     q = torch.randn(3, 4, 64)
     with pytest.raises(ValueError, match="holds 4 pages"):
         p.run(q, torch.randn(4, 2, 16, 2, 64))
@@ -428,8 +551,11 @@ def test_q_on_other_device():
 
 
 _GPU_GRID = [(d, g, 16) for d in (64, 128, 256) for g in (1, 5, 8)] + [
-    (128, 4, 1), (128, 4, 64), (256, 6, 64), (64, 2, 1)
-]  # fmt: skip
+    (128, 4, 1),
+    (128, 4, 64),
+    (256, 6, 64),
+    (64, 2, 1),
+]
 
 
 @pytest.mark.cuda
@@ -437,39 +563,74 @@ _GPU_GRID = [(d, g, 16) for d in (64, 128, 256) for g in (1, 5, 8)] + [
 def test_cuda_paged_bf16_grid(head_dim, group, page_size):
     qo = [300, 0, 1, 77, 513]
     kv = [300, 64, 900, 1000, 513]
-    _run_paged(torch.device("cuda"), torch.bfloat16, qo, kv, group, head_dim, page_size,
-               "HND" if group == 5 else "NHD")  # fmt: skip
+    _run_paged(
+        torch.device("cuda"),
+        torch.bfloat16,
+        qo,
+        kv,
+        group,
+        head_dim,
+        page_size,
+        "HND" if group == 5 else "NHD",
+    )
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "variant",
-    [dict(causal=False), dict(window_left=100), dict(soft_cap=30.0), dict(custom=True),
-     dict(sm_scale=0.05)],
-)  # fmt: skip
+    [
+        dict(causal=False),
+        dict(window_left=100),
+        dict(soft_cap=30.0),
+        dict(custom=True),
+        dict(sm_scale=0.05),
+    ],
+)
 def test_cuda_variants_bf16(variant):
-    _run_paged(torch.device("cuda"), torch.bfloat16, [200, 3, 64], [400, 3, 64], 4, 128, 16,
-               "NHD", **variant)  # fmt: skip
+    _run_paged(
+        torch.device("cuda"),
+        torch.bfloat16,
+        [200, 3, 64],
+        [400, 3, 64],
+        4,
+        128,
+        16,
+        "NHD",
+        **variant,
+    )
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     ("variant", "layout"),
-    [(dict(causal=True), "HND"), (dict(causal=False), "NHD"), (dict(window_left=300), "NHD"),
-     (dict(soft_cap=30.0), "HND"), (dict(custom=True), "NHD")],
-)  # fmt: skip
+    [
+        (dict(causal=True), "HND"),
+        (dict(causal=False), "NHD"),
+        (dict(window_left=300), "NHD"),
+        (dict(soft_cap=30.0), "HND"),
+        (dict(custom=True), "NHD"),
+    ],
+)
 def test_cuda_staged_pages_bf16(variant, layout):
     """KV >= 2048 on Hopper: the default tactic stages the pages and reads them through TMA."""
-    _run_paged(torch.device("cuda"), torch.bfloat16, [300, 5, 0], [2100, 2048, 40], 4, 128, 16,
-               layout, **variant)  # fmt: skip
+    _run_paged(
+        torch.device("cuda"),
+        torch.bfloat16,
+        [300, 5, 0],
+        [2100, 2048, 40],
+        4,
+        128,
+        16,
+        layout,
+        **variant,
+    )
 
 
 @pytest.mark.cuda
 def test_cuda_batch16_long():
     torch.manual_seed(1)
     lens = [int(x) for x in torch.randint(1, 2048, (15,))] + [4096]
-    _run_paged(torch.device("cuda"), torch.bfloat16, lens, lens, 4, 128, 16, "NHD",
-               num_kv_heads=8)  # fmt: skip
+    _run_paged(torch.device("cuda"), torch.bfloat16, lens, lens, 4, 128, 16, "NHD", num_kv_heads=8)
 
 
 # ---- schemas: the Definitions equal the corpus files ----------------------------------------
@@ -502,9 +663,19 @@ def test_paged_schema_matches_corpus(trace_corpus, page_size):
     q = torch.randn(8, 32, 128, dtype=torch.bfloat16)
     qo_indptr = _indptr(qo_lens)
     d = gqa_paged_prefill.definition(
-        q, k, v, qo_indptr, kv_indptr, indices, 1 / math.sqrt(128),
-        None if page_size == 1 else last, causal=True, plan=None, out=None, lse=None,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        qo_indptr,
+        kv_indptr,
+        indices,
+        1 / math.sqrt(128),
+        None if page_size == 1 else last,
+        causal=True,
+        plan=None,
+        out=None,
+        lse=None,
+    )
     _same_definition(d, theirs)
     # The emitted reference runs and agrees with the corpus reference.
     scope: dict = {}
@@ -536,13 +707,12 @@ def test_ragged_schema_matches_corpus(trace_corpus):
 
 
 @pytest.mark.parametrize("order", ["request", "tile"])
-def test_work_order_matches_the_lexsort_definition(order, monkeypatch):
+def test_work_order_matches_the_lexsort_definition(order):
     """The radix-sorted launch order equals the 4-key lexsort it replaced (plan-time cost)."""
     import numpy as np
 
-    from flashtune.ops.attention import prefill
+    from flashtune.ops.attention.prefill_plan import launch_order
 
-    monkeypatch.setattr(prefill, "_WORK_ORDER", order)
     rng = np.random.default_rng(3)
     for _ in range(30):
         batch = int(rng.integers(1, 20))
@@ -555,4 +725,4 @@ def test_work_order_matches_the_lexsort_definition(order, monkeypatch):
             want = np.lexsort((t0, -cost, req, -req_cost))
         else:
             want = np.lexsort((t0, req, -cost))
-        assert np.array_equal(prefill._work_order(req, cost, ntiles), want)
+        assert np.array_equal(launch_order(req, cost, ntiles, order), want)

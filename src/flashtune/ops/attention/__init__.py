@@ -1,14 +1,16 @@
 """Attention over paged KV caches: FlashInfer-compatible wrappers over Triton kernels.
 
-Decode (decode.py), merging of attention states (merge.py), cascade (cascade.py), the paged
-KV cache helpers (page.py) and the CPU scheduler (scheduler.py); prefill lives in prefill.py.
-planless.py and planless_prefill.py offer decode and prefill as single calls that schedule
-their work on the device (no plan, no host sync: CUDA-graph capturable end to end).
+Decode (decode.py) and prefill (prefill.py), each with its kernels, launch policy, host plan
+and runner beside it (decode_kernels / decode_config / decode_plan / decode_run.py, and the
+prefill_* modules likewise); merging of attention states (merge.py), cascade (cascade.py),
+the paged KV cache helpers (page.py), the CPU scheduler (scheduler.py) and the references
+(reference.py). planless.py and planless_prefill.py offer decode and prefill as single calls
+that schedule their work on the device (no plan, no host sync: CUDA-graph capturable end to
+end).
 """
 
 from __future__ import annotations
 
-from flashtune.ops.attention import examples as _examples  # noqa: F401  (registers them)
 from flashtune.ops.attention.cascade import MultiLevelCascadeAttentionWrapper
 from flashtune.ops.attention.decode import (
     BatchDecodeWithPagedKVCacheWrapper,
@@ -22,6 +24,12 @@ from flashtune.ops.attention.page import (
     split_kv_cache,
 )
 from flashtune.ops.attention.planless import paged_decode
+from flashtune.ops.attention.planless_prefill import paged_prefill, ragged_prefill
+from flashtune.ops.attention.prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
 from flashtune.ops.attention.reference import (
     batch_decode_ref,
     gqa_paged_decode_ref,
@@ -33,8 +41,11 @@ from flashtune.ops.attention.reference import (
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
     "MultiLevelCascadeAttentionWrapper",
     "single_decode_with_kv_cache",
+    "single_prefill_with_kv_cache",
     "paged_decode",
     "paged_prefill",
     "ragged_prefill",
@@ -51,17 +62,4 @@ __all__ = [
     "paged_attention_ref",
     "merge_state_ref",
     "merge_states_ref",
-]
-
-from flashtune.ops.attention.planless_prefill import paged_prefill, ragged_prefill  # noqa: E402
-from flashtune.ops.attention.prefill import (  # noqa: E402
-    BatchPrefillWithPagedKVCacheWrapper,
-    BatchPrefillWithRaggedKVCacheWrapper,
-    single_prefill_with_kv_cache,
-)
-
-__all__ += [
-    "BatchPrefillWithPagedKVCacheWrapper",
-    "BatchPrefillWithRaggedKVCacheWrapper",
-    "single_prefill_with_kv_cache",
 ]

@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
-from flashtune.ops.attention.decode import _as_int_tensor, _dtype, _host_int64, _Planner
+from flashtune.ops.attention.decode_plan import Planner, as_dtype, as_int_tensor
+from flashtune.ops.attention.decode_run import run_plan
 from flashtune.ops.attention.merge import merge_state_in_place
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
+from flashtune.ops.attention.staging import host_int64
 
 __all__ = ["MultiLevelCascadeAttentionWrapper"]
 
@@ -59,7 +61,7 @@ class MultiLevelCascadeAttentionWrapper:
         self._num_levels = num_levels
         self._kv_layout = kv_layout
         self._planners = [
-            _Planner(raw[i * part : (i + 1) * part], False, None, None, None)
+            Planner(raw[i * part : (i + 1) * part], False, None, None, None)
             for i in range(num_levels)
         ]
         self._total_qo: int | None = None
@@ -103,14 +105,14 @@ class MultiLevelCascadeAttentionWrapper:
                 raise ValueError(
                     f"{name} must be a list of {self._num_levels} tensors (one per level)"
                 )
-        q_dtype = _dtype("q_data_type", q_data_type, torch.float16)
-        kv_dtype = _dtype("kv_data_type", kv_data_type, q_dtype)
+        q_dtype = as_dtype("q_data_type", q_data_type, torch.float16)
+        kv_dtype = as_dtype("kv_data_type", kv_data_type, q_dtype)
         total = None
         for level in range(self._num_levels):
-            qo = _as_int_tensor(f"qo_indptr_arr[{level}]", qo_indptr_arr[level])
+            qo = as_int_tensor(f"qo_indptr_arr[{level}]", qo_indptr_arr[level])
             if qo.dim() != 1:
                 raise ValueError(f"qo_indptr_arr[{level}] must be 1-D and start at 0")
-            (qo_host,) = _host_int64(qo)
+            (qo_host,) = host_int64(qo)
             if qo_host.ndim != 1 or qo_host.size < 1 or qo_host[0] != 0:
                 raise ValueError(f"qo_indptr_arr[{level}] must be 1-D and start at 0")
             if total is not None and int(qo_host[-1]) != total:
@@ -154,13 +156,14 @@ class MultiLevelCascadeAttentionWrapper:
         first = self._planners[0].plan
         assert first is not None
         shape = (self._total_qo, first.num_qo_heads, first.head_dim)
-        out = lse = None
-        for level, planner in enumerate(self._planners):
+        out: torch.Tensor | None = None
+        lse: torch.Tensor | None = None
+        for planner in self._planners:
             plan = planner.check_run(q, k, v, None, None, shape)
             o_l = torch.empty(shape, dtype=q.dtype, device=q.device)
             lse_l = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
-            planner.run(plan, q, k, v, o_l, lse_l, (1.0, 1.0))
-            if level == 0:
+            run_plan(plan, q, k, v, o_l, lse_l, (1.0, 1.0))
+            if out is None or lse is None:  # level 0
                 out, lse = o_l, lse_l
             else:
                 merge_state_in_place(out, lse, o_l, lse_l)

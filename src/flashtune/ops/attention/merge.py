@@ -288,12 +288,22 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
     if seq == 0 or h == 0:
         return v_out, s_out
     _merge_states_kernel[(seq, h)](
-        v, s, v_out, s_out, n,
-        v.stride(0), v.stride(1), v.stride(2),
-        s.stride(0), s.stride(1),
-        v_out.stride(0), v_out.stride(1), s_out.stride(0),
-        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(max(d, 1)),
-    )  # fmt: skip
+        v,
+        s,
+        v_out,
+        s_out,
+        n,
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        s.stride(0),
+        s.stride(1),
+        v_out.stride(0),
+        v_out.stride(1),
+        s_out.stride(0),
+        HEAD_DIM=d,
+        BLOCK_D=triton.next_power_of_2(max(d, 1)),
+    )
     return v_out, s_out
 
 
@@ -304,7 +314,7 @@ def merge_partials(
     out: torch.Tensor,
     lse: torch.Tensor,
     max_count: int | None = None,
-    sm_count: int = 132,
+    sm_count: int | None = None,
 ) -> None:
     """Combine split-KV partial results into `out`/`lse` rows (internal, used by plan/run).
 
@@ -312,10 +322,13 @@ def merge_partials(
     for output row t, (first partial row, count, row stride); count 0 leaves row t as is.
     out: [T, H, D] (last dim contiguous); lse: [T, H] fp32 contiguous.
     max_count: the most partials of any row when known (sizes the step; None: 32).
+    sm_count: the SMs to fill (None: the device's, `platform.device_limits`).
     """
     t, h, d = out.shape
     if t == 0 or h == 0:
         return
+    if sm_count is None:
+        sm_count = platform.device_limits(out.device).sm_count
     block_d_full = triton.next_power_of_2(d)
     # Fewer (row, head) pairs than SMs: split head_dim so the partials of a row are read by
     # several CTAs in one step (batch 1: 32 pairs -> 128 CTAs of 32 dims).
@@ -327,10 +340,18 @@ def merge_partials(
     # All partials of a row in one step when they fit: <= 64 x 32 fp32 or 32 x 128 per CTA.
     block_s = max(2, min(triton.next_power_of_2(count), 8192 // block_d, 64))
     _merge_partials_kernel[(t, h, splits)](
-        partial_o, partial_lse, merge_info, out, lse, h,
-        out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s,
-    )  # fmt: skip
+        partial_o,
+        partial_lse,
+        merge_info,
+        out,
+        lse,
+        h,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_S=block_s,
+    )
 
 
 def _launch_merge_two(v_a, s_a, v_b, s_b, v_out, s_out, mask) -> None:
@@ -338,9 +359,23 @@ def _launch_merge_two(v_a, s_a, v_b, s_b, v_out, s_out, mask) -> None:
     if seq == 0 or h == 0:
         return
     _merge_two_kernel[(seq, h)](
-        v_a, s_a, v_b, s_b, v_out, s_out, mask if mask is not None else s_a,
-        v_a.stride(0), v_a.stride(1), s_a.stride(0),
-        v_b.stride(0), v_b.stride(1), s_b.stride(0),
-        v_out.stride(0), v_out.stride(1), s_out.stride(0),
-        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(max(d, 1)), HAS_MASK=mask is not None,
-    )  # fmt: skip
+        v_a,
+        s_a,
+        v_b,
+        s_b,
+        v_out,
+        s_out,
+        mask if mask is not None else s_a,
+        v_a.stride(0),
+        v_a.stride(1),
+        s_a.stride(0),
+        v_b.stride(0),
+        v_b.stride(1),
+        s_b.stride(0),
+        v_out.stride(0),
+        v_out.stride(1),
+        s_out.stride(0),
+        HEAD_DIM=d,
+        BLOCK_D=triton.next_power_of_2(max(d, 1)),
+        HAS_MASK=mask is not None,
+    )

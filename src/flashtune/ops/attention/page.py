@@ -10,11 +10,13 @@ either as one 5-D tensor [num_pages, 2, ...] (k at index 0, v at 1) or as a (k, 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from flashtune import env, platform
+from flashtune.ops.attention.staging import host_int64
 
 __all__ = [
     "KV_LAYOUTS",
@@ -25,6 +27,9 @@ __all__ = [
     "append_paged_kv_cache",
     "append_paged_kv_cache_ref",
     "build_page_table",
+    "validate_page_table",
+    "validate_host_page_table",
+    "explain_page_table",
 ]
 
 KV_LAYOUTS = ("NHD", "HND")
@@ -97,6 +102,99 @@ def build_page_table(
     )
     indices = order[:nnz].to(torch.int32)
     return indptr.to(device), indices.to(device), last.to(device), num_pages
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_page_table(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    page_size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Check a CSR page table on the host; return (indptr, last_page_len, kv_lens) as int64.
+
+    Errors name the argument: indptr must be 1-D, non-decreasing, start >= 0 and end within
+    `indices`; last_page_len must be in 1..page_size for requests with pages (0..page_size
+    for requests without).
+    """
+    if indptr.dim() != 1 or indptr.numel() < 1:
+        raise ValueError(
+            f"indptr must be 1-D with batch_size + 1 entries, got {tuple(indptr.shape)}"
+        )
+    batch = indptr.numel() - 1
+    if last_page_len.shape != (batch,):
+        raise ValueError(
+            f"last_page_len must have shape ({batch},) (batch_size from indptr), got "
+            f"{tuple(last_page_len.shape)}"
+        )
+    if indices.dim() != 1:
+        raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
+    ip, lp = host_int64(indptr, last_page_len)
+    return validate_host_page_table(ip, lp, indices.numel(), page_size)
+
+
+# Up to this many requests, the page table is checked in plain Python: ~10 numpy calls of
+# ~1 us each on tiny arrays cost more than a loop over lists.
+_PY_BATCH = 32
+
+
+def validate_host_page_table(
+    ip: np.ndarray, lp: np.ndarray, num_indices: int, page_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if 0 < ip.size <= _PY_BATCH + 1:
+        ipl = ip.tolist()
+        if ipl[0] >= 0 and ipl[-1] <= num_indices:
+            kv: list[int] = []
+            # The same conditions as the numpy check below, request by request.
+            for a, b, last in zip(ipl[:-1], ipl[1:], lp.tolist(), strict=True):
+                s = b - a
+                if s < 0 or last > page_size or last < (1 if s > 0 else 0):
+                    break
+                kv.append((s - 1) * page_size + last if s > 0 else 0)
+            else:
+                return ip, lp, np.array(kv, dtype=np.int64)
+        return explain_page_table(ip, lp, num_indices, page_size)
+    steps = ip[1:] - ip[:-1]
+    # The common case in a few numpy calls (each ~1 us, and plan() is timed per call): every
+    # step >= 0, every last_page_len in 0..page_size, and 0 only for requests without pages
+    # (lp >= min(step, 1)); the detailed pass below only runs to name what is wrong.
+    if (
+        ip.size
+        and ip[0] >= 0
+        and ip[-1] <= num_indices
+        and (steps.size == 0 or (steps.min() >= 0 and lp.max() <= page_size))
+        and (lp >= np.minimum(steps, 1)).all()
+    ):
+        # Requests without pages have lp <= page_size, so their (steps - 1) * ps + lp <= 0.
+        return ip, lp, np.maximum((steps - 1) * page_size + lp, 0)
+    return explain_page_table(ip, lp, num_indices, page_size)
+
+
+def explain_page_table(
+    ip: np.ndarray, lp: np.ndarray, num_indices: int, page_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if ip[0] < 0:
+        raise ValueError(f"indptr[0] must be >= 0, got {ip[0]}")
+    steps = np.diff(ip)
+    if (steps < 0).any():
+        b = int(np.argmax(steps < 0))
+        raise ValueError(f"indptr must be non-decreasing, but indptr[{b + 1}] < indptr[{b}]")
+    if ip[-1] > num_indices:
+        raise ValueError(f"indptr[-1] = {ip[-1]} pages but indices has only {num_indices} entries")
+    has_pages = steps > 0
+    bad = has_pages & ((lp < 1) | (lp > page_size)) | ~has_pages & ((lp < 0) | (lp > page_size))
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise ValueError(
+            f"last_page_len[{b}] = {lp[b]} is outside 1..page_size ({page_size}) for a request "
+            "with pages"
+            if has_pages[b]
+            else f"last_page_len[{b}] = {lp[b]} is outside 0..page_size for an empty request"
+        )
+    kv_lens = np.where(has_pages, (steps - 1) * page_size + lp, 0)
+    return ip, lp, kv_lens
 
 
 # --------------------------------------------------------------------------- kernels
@@ -328,20 +426,42 @@ def append_paged_kv_cache(
             raise ValueError(f"kv_indices hold page ids outside 0..{k.shape[0] - 1}")
     if not _kernels(k.device):
         append_paged_kv_cache_ref(
-            append_key, append_value, batch_indices, positions, (k, v),
-            kv_indices, kv_indptr, kv_last_page_len, "NHD",
-        )  # fmt: skip
+            append_key,
+            append_value,
+            batch_indices,
+            positions,
+            (k, v),
+            kv_indices,
+            kv_indptr,
+            kv_last_page_len,
+            "NHD",
+        )
         return
     if nnz == 0:
         return
     heads, head_dim = k.shape[2], k.shape[3]
     _append_paged_kv_kernel[(nnz,)](
-        append_key, append_value, batch_indices, positions, k, v, kv_indices, kv_indptr,
-        append_key.stride(0), append_key.stride(1),
-        append_value.stride(0), append_value.stride(1),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
+        append_key,
+        append_value,
+        batch_indices,
+        positions,
+        k,
+        v,
+        kv_indices,
+        kv_indptr,
+        append_key.stride(0),
+        append_key.stride(1),
+        append_value.stride(0),
+        append_value.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
         heads,
-        PAGE_SIZE=page_size, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(head_dim),
-    )  # fmt: skip
+        PAGE_SIZE=page_size,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )

@@ -33,25 +33,35 @@ import triton
 import triton.language as tl
 
 from flashtune import env, platform
+from flashtune.model_shapes import ModelConfig
 from flashtune.ops.attention.decode import (
-    _LOG2E,
+    EXAMPLE_KV_LENS,
+    EXAMPLE_PAGE_SIZE,
     GQA_PAGED_DECODE,
-    _block_m,
-    _decode_item,
-    _launch_shape,
-    _min_chunk,
-    _next_pow2,
-    _PagedKV,
-    _sm_count,
-    default_tactic,
+    PagedKV,
+)
+from flashtune.ops.attention.decode_config import (
+    DEFAULT_LAUNCH,
+    DecodeLaunch,
+    block_m_for,
+    launch_shape,
+    min_chunk,
+    next_pow2,
+    plan_sm_count,
+)
+from flashtune.ops.attention.decode_kernels import LOG2E, decode_item
+from flashtune.ops.attention.merge import merge_partials
+from flashtune.ops.attention.page import (
+    KV_LAYOUTS,
+    build_page_table,
+    split_kv_cache,
     validate_page_table,
 )
-from flashtune.ops.attention.merge import merge_partials
-from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 from flashtune.ops.attention.reference import paged_attention_ref
 from flashtune.schema import REGISTRY, ApiOp
+from flashtune.schema.dump import Example, meta_tensor, register_examples
 
-__all__ = ["paged_decode"]
+__all__ = ["paged_decode", "paged_decode_examples"]
 
 _TABLE_INPUTS = ("kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale")
 
@@ -63,7 +73,7 @@ _MAX_BLOCK_B = 1024
 def search_block(batch: int) -> int:
     """BLOCK_B of the in-kernel request search (decode and prefill): the batch rounded up to
     a power of two, between 16 and _MAX_BLOCK_B."""
-    return min(_MAX_BLOCK_B, max(16, _next_pow2(batch)))
+    return min(_MAX_BLOCK_B, max(16, next_pow2(batch)))
 
 
 @triton.jit
@@ -148,14 +158,46 @@ def _planless_decode_kernel(
             tl.store(info, c_first)
             tl.store(info + 1, tl.where(n_req > 1, n_req, 0))
             tl.store(info + 2, 1)
-        _decode_item(
-            q_ptr, k_ptr + kvh * stride_kh, v_ptr + kvh * stride_vh, kv_indices_ptr,
-            o_ptr, lse_ptr, po_ptr, plse_ptr, kvh,
-            req, 1, 0, page_base, kv_start, kv_end, kv_len, out_row,
-            stride_qt, stride_qh, stride_kp, stride_kt, stride_vp, stride_vt,
-            stride_ot, stride_oh, num_qo_heads, qk_scale, soft_cap, window_left,
-            GROUP, HEAD_DIM, BLOCK_D, PAGE_SIZE, BLOCK_M, BLOCK_N, SOFT_CAP, False, False,
-        )  # fmt: skip
+        decode_item(
+            q_ptr,
+            k_ptr + kvh * stride_kh,
+            v_ptr + kvh * stride_vh,
+            kv_indices_ptr,
+            o_ptr,
+            lse_ptr,
+            po_ptr,
+            plse_ptr,
+            kvh,
+            req,
+            1,
+            0,
+            page_base,
+            kv_start,
+            kv_end,
+            kv_len,
+            out_row,
+            stride_qt,
+            stride_qh,
+            stride_kp,
+            stride_kt,
+            stride_vp,
+            stride_vt,
+            stride_ot,
+            stride_oh,
+            num_qo_heads,
+            qk_scale,
+            soft_cap,
+            window_left,
+            GROUP,
+            HEAD_DIM,
+            BLOCK_D,
+            PAGE_SIZE,
+            BLOCK_M,
+            BLOCK_N,
+            SOFT_CAP,
+            False,
+            False,
+        )
 
 
 def _int_table(name: str, t: Any, device: torch.device) -> torch.Tensor:
@@ -184,7 +226,13 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def chunk_tokens(
-    batch: int, max_tokens: int, num_kv_heads: int, head_dim: int, group: int, device: torch.device
+    batch: int,
+    max_tokens: int,
+    num_kv_heads: int,
+    head_dim: int,
+    group: int,
+    device: torch.device,
+    launch: DecodeLaunch | None = None,
 ) -> tuple[int, int]:
     """(KV tokens per chunk, programs per KV head) from shapes alone.
 
@@ -196,23 +244,26 @@ def chunk_tokens(
     of 32k on 49 slots per head split in 3 (4 full rounds), not 1 (a second round 30%
     full). The grid adds one program per request for the short last chunks.
     """
-    sm_count = _sm_count(device)
-    block_m = _block_m(group)
+    limits = platform.device_limits(device)
+    sm_count = plan_sm_count(limits, launch)
+    block_m = block_m_for(group)
     # Slots and alignment of the page-size-16 tactic, for every page size (as measured on the
     # H200). At page size 1 the kernel itself runs 128-token blocks, so this is not its own
     # tactic's shape: sizing chunks with it is a follow-up that needs a GPU measurement.
-    slots, align = _launch_shape(sm_count, head_dim, 16, block_m, num_kv_heads)
-    min_chunk = _round_up(_min_chunk(batch, num_kv_heads, sm_count), align)
+    slots, align = launch_shape(
+        sm_count, limits.shared_memory_per_block, head_dim, 16, block_m, num_kv_heads, launch
+    )
+    shortest = _round_up(min_chunk(batch, num_kv_heads, sm_count), align)
     mean = -(-max(max_tokens, 1) // max(batch, 1))
     best: tuple[float, int] | None = None
     for n in range(1, 257):
-        chunk = max(min_chunk, _round_up(-(-mean // n), align))
+        chunk = max(shortest, _round_up(-(-mean // n), align))
         pieces = -(-mean // chunk)
         rounds = -(-(batch * pieces) // slots)
         cost = rounds * (chunk + _PROGRAM_COST) * (_SPLIT_FACTOR if pieces > 1 else 1.0)
         if best is None or cost < best[0]:
             best = (cost, chunk)
-        if chunk == min_chunk:
+        if chunk == shortest:
             break
     assert best is not None
     chunk = best[1]
@@ -240,7 +291,7 @@ class PlanFreeOp(ApiOp):
         arguments = super().arguments(args, kwargs)
         if "paged_kv_cache" in arguments:
             k, v = split_kv_cache(arguments["paged_kv_cache"], arguments["kv_layout"])
-            arguments["paged_kv_cache"] = _PagedKV(k, v)
+            arguments["paged_kv_cache"] = PagedKV(k, v)
         else:
             k = arguments["k"]
         if arguments["sm_scale"] is None:
@@ -277,6 +328,7 @@ def paged_decode(
     window_left: int = -1,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    launch: DecodeLaunch | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Batch decode attention over a paged KV cache in one call, with no host sync.
 
@@ -285,6 +337,10 @@ def paged_decode(
     on q's device. Returns out [B, num_qo_heads, head_dim] and, with return_lse, the base-2
     LSE [B, num_qo_heads] float32. The page table's contents are not checked (that needs a
     sync) unless FLASHTUNE_DEBUG_CHECKS is on; shapes, dtypes and devices always are.
+
+    The tactic is the planned path's default for the shape (decode_config.default_tactic),
+    or `launch.tactic`: the autotuner is not consulted (tuning the plan-free calls is not
+    implemented).
     """
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
@@ -346,44 +402,92 @@ def paged_decode(
 
     if not platform.kernels_available(dev) or env.FORCE_REFERENCE.get():
         o_ref, l_ref = paged_attention_ref(
-            q, k, v, torch.arange(batch + 1, device=dev), indptr, indices, last,
-            causal=False, sm_scale=scale, window_left=window_left,
+            q,
+            k,
+            v,
+            torch.arange(batch + 1, device=dev),
+            indptr,
+            indices,
+            last,
+            causal=False,
+            sm_scale=scale,
+            window_left=window_left,
             logits_soft_cap=logits_soft_cap,
-        )  # fmt: skip
+        )
         out.copy_(o_ref)
         lse.copy_(l_ref)
         return (out, lse) if return_lse else out
 
     group = num_qo_heads // num_kv_heads
     chunk, programs = chunk_tokens(
-        batch, indices.numel() * page_size, num_kv_heads, head_dim, group, dev
+        batch, indices.numel() * page_size, num_kv_heads, head_dim, group, dev, launch
     )
     # One fp32 allocation for the partial outputs and LSEs (row j belongs to program j).
     partial = torch.empty(programs * num_qo_heads * (head_dim + 1), dtype=torch.float32, device=dev)
     partial_o = partial[: programs * num_qo_heads * head_dim].view(programs, num_qo_heads, head_dim)
     partial_lse = partial[programs * num_qo_heads * head_dim :].view(programs, num_qo_heads)
     merge_info = torch.empty(batch, 3, dtype=torch.int32, device=dev)
-    block_m = _block_m(group)
-    tactic = default_tactic(head_dim, page_size, block_m)
+    block_m = block_m_for(group)
+    how = launch if launch is not None else DEFAULT_LAUNCH
+    tactic = how.tactic_for(head_dim, page_size, block_m)
     if logits_soft_cap:
-        qk_scale, cap_arg = scale / logits_soft_cap, logits_soft_cap * _LOG2E
+        qk_scale, cap_arg = scale / logits_soft_cap, logits_soft_cap * LOG2E
     else:
-        qk_scale, cap_arg = scale * _LOG2E, 0.0
+        qk_scale, cap_arg = scale * LOG2E, 0.0
     _planless_decode_kernel[(programs, num_kv_heads)](
-        q, k, v, indptr, indices, last, out, lse, partial_o, partial_lse, merge_info,
-        batch, chunk,
-        q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1),
-        num_qo_heads, qk_scale, cap_arg, max(window_left, 0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=_next_pow2(head_dim), PAGE_SIZE=page_size,
-        BLOCK_M=block_m, BLOCK_N=tactic.block_n,
+        q,
+        k,
+        v,
+        indptr,
+        indices,
+        last,
+        out,
+        lse,
+        partial_o,
+        partial_lse,
+        merge_info,
+        batch,
+        chunk,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        num_qo_heads,
+        qk_scale,
+        cap_arg,
+        max(window_left, 0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=next_pow2(head_dim),
+        PAGE_SIZE=page_size,
+        BLOCK_M=block_m,
+        BLOCK_N=tactic.block_n,
         BLOCK_B=search_block(batch),
-        SOFT_CAP=bool(logits_soft_cap), WINDOW=window_left >= 0,
-        num_warps=tactic.num_warps, num_stages=tactic.num_stages,
-    )  # fmt: skip
+        SOFT_CAP=bool(logits_soft_cap),
+        WINDOW=window_left >= 0,
+        num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
+    )
     # Nothing can be split when one chunk holds every token the page table could describe.
     if programs - batch > 1:
-        merge_partials(partial_o, partial_lse, merge_info, out, lse, sm_count=_sm_count(dev))
+        sms = plan_sm_count(platform.device_limits(dev), launch)
+        merge_partials(partial_o, partial_lse, merge_info, out, lse, sm_count=sms)
     return (out, lse) if return_lse else out
+
+
+@register_examples
+def paged_decode_examples(model: ModelConfig) -> list[Example]:
+    """The plan-free decode at `model`'s shapes, on the planned wrapper's example page table
+    (decode.py): the same Definition."""
+    hq, hk, d = model.num_qo_heads, model.num_kv_heads, model.head_dim
+    lens = list(EXAMPLE_KV_LENS)
+    indptr, indices, last, num_pages = build_page_table(lens, EXAMPLE_PAGE_SIZE, shuffle=False)
+    q = meta_tensor(len(lens), hq, d)
+    kv_cache = meta_tensor(num_pages, 2, EXAMPLE_PAGE_SIZE, hk, d)
+    return [(paged_decode, (q, kv_cache, indptr, indices, last), {})]

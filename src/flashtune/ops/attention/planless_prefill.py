@@ -20,7 +20,8 @@ can be captured in a CUDA graph and replayed with new indptr contents as long as
 stay the same.
 
 The tile configuration is chosen from shapes only (Hopper: 64x64, 4 warps, 3 stages, K/V
-through TMA, as the planned path's default). With TMA on a paged cache, every page listed in
+through TMA, as the planned path's default). The autotuner is not consulted: tuning the
+plan-free calls is not implemented, so their tactic is that default wherever they run. With TMA on a paged cache, every page listed in
 kv_indices is first copied contiguously (index_select over all of kv_indices, whose length
 is a shape) and request b's tokens start at kv_indptr[b] * page_size there.
 
@@ -40,22 +41,29 @@ import numpy as np
 import torch
 
 from flashtune import env, platform
-from flashtune.ops.attention import prefill
-from flashtune.ops.attention.decode import _host_int64
-from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
+from flashtune.model_shapes import ModelConfig
+from flashtune.ops.attention.page import KV_LAYOUTS, build_page_table, split_kv_cache
 from flashtune.ops.attention.planless import plan_free_api, search_block
-from flashtune.ops.attention.prefill import (
+from flashtune.ops.attention.prefill_config import (
+    MAX_STAGING_BYTES,
     SUPPORTED_HEAD_DIMS,
     PrefillTactic,
-    _check_indptr,
-    _launch_kernel,
-    _pack,
-    batch_prefill_paged_ref,
-    batch_prefill_ragged_ref,
+    default_tactic_for,
 )
+from flashtune.ops.attention.prefill import (
+    EXAMPLE_KV_LENS,
+    EXAMPLE_PAGE_SIZES,
+    EXAMPLE_QO_INDPTR,
+)
+from flashtune.ops.attention.prefill_plan import check_indptr
+from flashtune.ops.attention.prefill_run import heads_per_program, launch_kernel
+from flashtune.ops.attention.prefill_schema import GQA_PAGED_PREFILL, GQA_RAGGED_PREFILL
+from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
+from flashtune.ops.attention.staging import host_int64
 from flashtune.schema import OpSchema
+from flashtune.schema.dump import Example, meta_tensor, register_examples
 
-__all__ = ["paged_prefill", "ragged_prefill"]
+__all__ = ["paged_prefill", "ragged_prefill", "plan_free_prefill_examples"]
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -71,10 +79,14 @@ def _pick_tactic(
     """The planned path's default tactic with the batch's lengths replaced by bounds a shape
     gives: the mean KV length per request (KV tokens the tensors can hold / batch) and the
     staging copy of every listed page."""
-    return prefill.default_tactic_for(
-        paged=paged, group=group, head_dim=head_dim, kv_len=mean_kv,
-        can_stage=not paged or stage_bytes <= prefill._MAX_STAGING_BYTES, device=device,
-    )  # fmt: skip
+    return default_tactic_for(
+        paged=paged,
+        group=group,
+        head_dim=head_dim,
+        kv_len=mean_kv,
+        can_stage=not paged or stage_bytes <= MAX_STAGING_BYTES,
+        device=device,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,7 +193,7 @@ def _check_lengths(
     qo: np.ndarray, kv_lens: np.ndarray, total_q: int, causal: bool, kv_name: str
 ) -> None:
     """Host checks of the contents (the caller decides when they are free or asked for)."""
-    _check_indptr(qo, "qo_indptr")
+    check_indptr(qo, "qo_indptr")
     if qo[-1] > total_q:
         raise ValueError(f"qo_indptr[-1]={qo[-1]} exceeds q's {total_q} tokens")
     qo_lens = qo[1:] - qo[:-1]
@@ -204,8 +216,8 @@ def _check_paged_contents(
     causal: bool,
     all_ids: bool,
 ) -> None:
-    qo, kvp, lp = _host_int64(qo_indptr, kv_indptr, last)
-    _check_indptr(kvp, "kv_indptr")
+    qo, kvp, lp = host_int64(qo_indptr, kv_indptr, last)
+    check_indptr(kvp, "kv_indptr")
     if kvp[-1] > kv_indices.numel():
         raise ValueError(
             f"kv_indptr[-1]={kvp[-1]} pages but kv_indices has {kv_indices.numel()} entries"
@@ -227,9 +239,12 @@ def _check_paged_contents(
         if lo < 0 or hi >= num_pages:
             raise ValueError(
                 f"kv_indices hold page ids in {lo}..{hi}, outside the cache's {num_pages} pages"
-                + (" (with TMA every entry is staged, not only the first kv_indptr[-1])"
-                   if all_ids else "")
-            )  # fmt: skip
+                + (
+                    " (with TMA every entry is staged, not only the first kv_indptr[-1])"
+                    if all_ids
+                    else ""
+                )
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,7 +314,7 @@ def _run(
             lse.copy_(s)
         return _finish(out, lse)
     group = num_qo_heads // k.shape[-2]
-    pack = _pack(tactic, group)
+    pack = heads_per_program(tactic, group)
     tokens = tactic.tokens_per_tile(group)
     # Every request's tiles but its last are full: sum cdiv(qo_len, T) < total_q / T + batch.
     items = -(-total_q // tokens) + batch
@@ -314,12 +329,28 @@ def _run(
         INDPTR_PAGE_SIZE=page_size,
         BLOCK_B=search_block(batch),
     )
-    _launch_kernel(
-        q, k, v, out, lse, qo_indptr, tactic=tactic, paged=paged, page_size=page_size,
-        group=group, pack=pack, num_qo_heads=num_qo_heads, head_dim=head_dim, causal=causal,
-        window_left=window_left, sm_scale=scale, logits_soft_cap=float(logits_soft_cap or 0),
-        num_items=items, kv_indices=kv_indices, device_work=device_work,
-    )  # fmt: skip
+    launch_kernel(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        qo_indptr,
+        tactic=tactic,
+        paged=paged,
+        page_size=page_size,
+        group=group,
+        pack=pack,
+        num_qo_heads=num_qo_heads,
+        head_dim=head_dim,
+        causal=causal,
+        window_left=window_left,
+        sm_scale=scale,
+        logits_soft_cap=float(logits_soft_cap or 0),
+        num_items=items,
+        kv_indices=kv_indices,
+        device_work=device_work,
+    )
     return _finish(out, lse)
 
 
@@ -342,22 +373,25 @@ def _finish(
 
 def _cache_params(schema: OpSchema) -> OpSchema:
     params = {"k_cache": "paged_kv_cache.k", "v_cache": "paged_kv_cache.v"}
-    inputs = {n: dataclasses.replace(s, param=params[n]) if n in params else s
-              for n, s in schema.inputs.items()}  # fmt: skip
+    inputs = {
+        n: dataclasses.replace(s, param=params[n]) if n in params else s
+        for n, s in schema.inputs.items()
+    }
     return dataclasses.replace(schema, inputs=inputs)
 
 
-PLANLESS_PAGED_PREFILL = {key: _cache_params(s) for key, s in prefill.GQA_PAGED_PREFILL.items()}
+PLANLESS_PAGED_PREFILL = {key: _cache_params(s) for key, s in GQA_PAGED_PREFILL.items()}
 
 
-def _paged_schema_for(q: Any, paged_kv_cache: Any, *args: Any, kv_layout: str = "NHD",
-                      causal: bool = False, **_: Any) -> OpSchema:  # fmt: skip
+def _paged_schema_for(
+    q: Any, paged_kv_cache: Any, *args: Any, kv_layout: str = "NHD", causal: bool = False, **_: Any
+) -> OpSchema:
     page_size = split_kv_cache(paged_kv_cache, kv_layout)[0].shape[1]
     return PLANLESS_PAGED_PREFILL[(bool(causal), page_size == 1)]
 
 
 def _ragged_schema_for(*args: Any, causal: bool = False, **_: Any) -> OpSchema:
-    return prefill.GQA_RAGGED_PREFILL[bool(causal)]
+    return GQA_RAGGED_PREFILL[bool(causal)]
 
 
 @plan_free_api(_paged_schema_for, PLANLESS_PAGED_PREFILL.values())
@@ -410,26 +444,47 @@ def paged_prefill(
     group = num_qo_heads // num_kv_heads
     elem = k.element_size()
     tactic = _pick_tactic(
-        paged=True, group=group, head_dim=head_dim,
+        paged=True,
+        group=group,
+        head_dim=head_dim,
         mean_kv=indices.numel() * page_size // max(batch, 1),
         stage_bytes=2 * indices.numel() * page_size * num_kv_heads * head_dim * elem,
         device=dev,
-    )  # fmt: skip
+    )
     window = window_left if window_left >= 0 else -1
     if env.DEBUG_CHECKS.get() or dev.type == "cpu":
         # Contents: a sync on a GPU (debug only); on the CPU they are host memory already.
         _check_paged_contents(
-            qo_ptr, kv_ptr, indices, last, page_size, num_pages, total_q, causal,
+            qo_ptr,
+            kv_ptr,
+            indices,
+            last,
+            page_size,
+            num_pages,
+            total_q,
+            causal,
             all_ids=tactic.tma,
-        )  # fmt: skip
+        )
     return _run(
-        q, k, v, qo_ptr, kv_ptr, indices, last, page_size=page_size, tactic=tactic,
-        causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window,
-        out=out, return_lse=return_lse,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        qo_ptr,
+        kv_ptr,
+        indices,
+        last,
+        page_size=page_size,
+        tactic=tactic,
+        causal=causal,
+        sm_scale=sm_scale,
+        logits_soft_cap=logits_soft_cap,
+        window_left=window,
+        out=out,
+        return_lse=return_lse,
+    )
 
 
-@plan_free_api(_ragged_schema_for, prefill.GQA_RAGGED_PREFILL.values())
+@plan_free_api(_ragged_schema_for, GQA_RAGGED_PREFILL.values())
 def ragged_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -472,17 +527,54 @@ def ragged_prefill(
     total_kv, num_kv_heads = k.shape[0], k.shape[1]
     window = window_left if window_left >= 0 else -1
     if env.DEBUG_CHECKS.get() or dev.type == "cpu":
-        qo, kvp = _host_int64(qo_ptr, kv_ptr)
-        _check_indptr(kvp, "kv_indptr")
+        qo, kvp = host_int64(qo_ptr, kv_ptr)
+        check_indptr(kvp, "kv_indptr")
         if kvp[-1] > total_kv:
             raise ValueError(f"kv_indptr[-1]={kvp[-1]} exceeds k/v's {total_kv} tokens")
         _check_lengths(qo, kvp[1:] - kvp[:-1], total_q, causal, "kv_indptr")
     tactic = _pick_tactic(
-        paged=False, group=num_qo_heads // num_kv_heads, head_dim=head_dim,
-        mean_kv=total_kv // max(batch, 1), stage_bytes=0, device=dev,
-    )  # fmt: skip
+        paged=False,
+        group=num_qo_heads // num_kv_heads,
+        head_dim=head_dim,
+        mean_kv=total_kv // max(batch, 1),
+        stage_bytes=0,
+        device=dev,
+    )
     return _run(
-        q, k, v, qo_ptr, kv_ptr, None, None, page_size=0, tactic=tactic, causal=causal,
-        sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window, out=out,
+        q,
+        k,
+        v,
+        qo_ptr,
+        kv_ptr,
+        None,
+        None,
+        page_size=0,
+        tactic=tactic,
+        causal=causal,
+        sm_scale=sm_scale,
+        logits_soft_cap=logits_soft_cap,
+        window_left=window,
+        out=out,
         return_lse=return_lse,
-    )  # fmt: skip
+    )
+
+
+@register_examples
+def plan_free_prefill_examples(model: ModelConfig) -> list[Example]:
+    """The plan-free paged and ragged prefill, causal and not, on the wrappers' example page
+    tables and lengths (prefill.py): the same Definitions."""
+    hq, hk, d = model.num_qo_heads, model.num_kv_heads, model.head_dim
+    kv_lens = list(EXAMPLE_KV_LENS)
+    qo_indptr = torch.tensor(EXAMPLE_QO_INDPTR, dtype=torch.int32)
+    q = meta_tensor(EXAMPLE_QO_INDPTR[-1], hq, d)
+    examples: list[Example] = []
+    kv_indptr = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32)
+    kv = meta_tensor(sum(kv_lens), hk, d)
+    for causal in (True, False):
+        for page_size in EXAMPLE_PAGE_SIZES:
+            indptr, indices, last, num_pages = build_page_table(kv_lens, page_size, shuffle=False)
+            cache = meta_tensor(num_pages, page_size, hk, d)
+            args = (q, (cache, cache), qo_indptr, indptr, indices, last)
+            examples.append((paged_prefill, args, {"causal": causal}))
+        examples.append((ragged_prefill, (q, kv, kv, qo_indptr, kv_indptr), {"causal": causal}))
+    return examples

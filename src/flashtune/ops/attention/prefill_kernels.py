@@ -11,7 +11,7 @@ the right edge (causal diagonal, the KV boundary). Tiles that a causal or window
 hides are never visited. Softmax is online, in base 2: sm_scale * log2(e) is folded into one
 multiply, so the LSE comes out in base 2 as FlashInfer returns it.
 
-Work items come from one of two places. The planned wrappers (prefill.py) pass WORK, a list
+Work items come from one of two places. The planned wrappers (prefill_run.py) pass WORK, a list
 built on the host. With DEVICE_WORK (planless_prefill.py) each program finds its own item
 from the indptr arrays: the tile count of every request, prefix summed in registers, names
 the request that owns the program's item; programs past the last item do nothing.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_prefill_kernel"]
+__all__ = ["prefill_kernel", "device_item"]
 
 
 @triton.jit
@@ -143,7 +143,7 @@ def _tile_step(
 
 @triton.jit
 def _host_item(WORK, item, PAGED: tl.constexpr):
-    """Fields of work item `item` from the host-built list (see _prefill_kernel's WORK)."""
+    """Fields of work item `item` from the host-built list (see prefill_kernel's WORK)."""
     w = WORK + item * 8
     req = tl.load(w)
     tok0 = tl.load(w + 1)
@@ -158,7 +158,7 @@ def _host_item(WORK, item, PAGED: tl.constexpr):
 
 
 @triton.jit
-def _device_item(
+def device_item(
     item,
     QO_INDPTR,  # [batch + 1] int32
     KV_INDPTR,  # [batch + 1] int32: pages (INDPTR_PAGE_SIZE > 0) or tokens
@@ -225,7 +225,7 @@ def _device_item(
 
 
 @triton.jit
-def _prefill_kernel(
+def prefill_kernel(
     Q,  # [total_q, num_qo_heads, HEAD_DIM]
     K,  # paged: [num_pages, PAGE_SIZE, num_kv_heads, HEAD_DIM] (strided); ragged: [total_kv, H, D]
     V,  # same as K
@@ -269,7 +269,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     # DEVICE_WORK: WORK is not read; each program finds its item from the indptr arrays
-    # (_device_item). Defaults keep the planned launch (prefill.py) unchanged.
+    # (device_item). Defaults keep the planned launch (prefill_run.py) unchanged.
     DEVICE_WORK: tl.constexpr = False,
     QO_INDPTR=None,  # [batch + 1] int32 (DEVICE_WORK)
     KV_INDPTR=None,  # [batch + 1] int32: pages (INDPTR_PAGE_SIZE > 0) or tokens
@@ -283,10 +283,18 @@ def _prefill_kernel(
     item = pid // NUM_HEAD_GROUPS
     hg = pid % NUM_HEAD_GROUPS
     if DEVICE_WORK:
-        req, tok0, qo_start, qo_len, kv_len, kv_off = _device_item(
-            item, QO_INDPTR, KV_INDPTR, KV_LAST_PAGE_LEN, batch,
-            TOKENS, INDPTR_PAGE_SIZE, PAGED, CAUSAL, BLOCK_B,
-        )  # fmt: skip
+        req, tok0, qo_start, qo_len, kv_len, kv_off = device_item(
+            item,
+            QO_INDPTR,
+            KV_INDPTR,
+            KV_LAST_PAGE_LEN,
+            batch,
+            TOKENS,
+            INDPTR_PAGE_SIZE,
+            PAGED,
+            CAUSAL,
+            BLOCK_B,
+        )
     else:
         req, tok0, qo_start, qo_len, kv_len, kv_off = _host_item(WORK, item, PAGED)
     delta = kv_len - qo_len
@@ -345,25 +353,112 @@ def _prefill_kernel(
 
     for start in range(lo, full_lo, BLOCK_N):
         acc, m_i, l_i = _tile_step(
-            acc, m_i, l_i, q, k_base, v_base, kv_indices_ptr, kv_off, start, q_pos, offs_d,
-            kv_len, qo_len, delta, window_left, qk_scale, soft_cap_log2, mask_ptr,
-            stride_kp, stride_ks, stride_vp, stride_vs, kv_head,
-            PAGE_SIZE, PAGED, USE_TMA, HEAD_DIM, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFT_CAP, BLOCK_N,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            kv_indices_ptr,
+            kv_off,
+            start,
+            q_pos,
+            offs_d,
+            kv_len,
+            qo_len,
+            delta,
+            window_left,
+            qk_scale,
+            soft_cap_log2,
+            mask_ptr,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            kv_head,
+            PAGE_SIZE,
+            PAGED,
+            USE_TMA,
+            HEAD_DIM,
+            True,
+            CAUSAL,
+            WINDOW,
+            CUSTOM_MASK,
+            SOFT_CAP,
+            BLOCK_N,
+        )
     for start in range(full_lo, full_hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(
-            acc, m_i, l_i, q, k_base, v_base, kv_indices_ptr, kv_off, start, q_pos, offs_d,
-            kv_len, qo_len, delta, window_left, qk_scale, soft_cap_log2, mask_ptr,
-            stride_kp, stride_ks, stride_vp, stride_vs, kv_head,
-            PAGE_SIZE, PAGED, USE_TMA, HEAD_DIM, False, CAUSAL, WINDOW, CUSTOM_MASK, SOFT_CAP, BLOCK_N,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            kv_indices_ptr,
+            kv_off,
+            start,
+            q_pos,
+            offs_d,
+            kv_len,
+            qo_len,
+            delta,
+            window_left,
+            qk_scale,
+            soft_cap_log2,
+            mask_ptr,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            kv_head,
+            PAGE_SIZE,
+            PAGED,
+            USE_TMA,
+            HEAD_DIM,
+            False,
+            CAUSAL,
+            WINDOW,
+            CUSTOM_MASK,
+            SOFT_CAP,
+            BLOCK_N,
+        )
     for start in range(full_hi, hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(
-            acc, m_i, l_i, q, k_base, v_base, kv_indices_ptr, kv_off, start, q_pos, offs_d,
-            kv_len, qo_len, delta, window_left, qk_scale, soft_cap_log2, mask_ptr,
-            stride_kp, stride_ks, stride_vp, stride_vs, kv_head,
-            PAGE_SIZE, PAGED, USE_TMA, HEAD_DIM, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFT_CAP, BLOCK_N,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            kv_indices_ptr,
+            kv_off,
+            start,
+            q_pos,
+            offs_d,
+            kv_len,
+            qo_len,
+            delta,
+            window_left,
+            qk_scale,
+            soft_cap_log2,
+            mask_ptr,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            kv_head,
+            PAGE_SIZE,
+            PAGED,
+            USE_TMA,
+            HEAD_DIM,
+            True,
+            CAUSAL,
+            WINDOW,
+            CUSTOM_MASK,
+            SOFT_CAP,
+            BLOCK_N,
+        )
 
     # Rows that saw no KV at all (empty request, fully masked row) give 0 and LSE -inf.
     empty = l_i == 0.0

@@ -1,4 +1,4 @@
-"""Plain-PyTorch references for paged decode attention and attention-state merging.
+"""Plain-PyTorch references for paged decode and prefill attention and attention-state merging.
 
 They compute in float64 (or any `compute_dtype`) one request at a time, written for clarity,
 not speed: tests, benchmarks and the CPU path import them. Conventions follow FlashInfer:
@@ -24,7 +24,12 @@ __all__ = [
     "single_decode_ref",
     "merge_state_ref",
     "merge_states_ref",
+    "batch_prefill_ragged_ref",
+    "batch_prefill_paged_ref",
+    "single_prefill_ref",
 ]
+
+_LOG2E = 1.4426950408889634
 
 
 def paged_kv_lens(
@@ -258,3 +263,152 @@ def merge_state_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two attention states ([seq, H, D], [seq, H]) into one."""
     return merge_states_ref(torch.stack([v_a, v_b], dim=1), torch.stack([s_a, s_b], dim=1))
+
+
+# --------------------------------------------------------------------------- prefill
+
+
+@torch.no_grad()
+def batch_prefill_ragged_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    sm_scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    custom_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch prefill over ragged KV: q [total_q, Hq, D], k/v [total_kv, Hkv, D].
+
+    Returns (output [total_q, Hq, D] in q's dtype, lse [total_q, Hq] float32, base 2).
+    Rows that see no key give output 0 and lse -inf. `custom_mask` is FlashInfer's flattened
+    boolean mask (request after request, [qo_len, kv_len] row-major); it replaces `causal`.
+    """
+    total_q, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_qo_heads // num_kv_heads
+    out = torch.zeros(total_q, num_qo_heads, v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.full((total_q, num_qo_heads), -math.inf, dtype=torch.float32, device=q.device)
+    qo = [int(x) for x in qo_indptr.tolist()]
+    kv = [int(x) for x in kv_indptr.tolist()]
+    mask_off = 0
+    for b in range(len(qo) - 1):
+        qs, qe, ks, ke = qo[b], qo[b + 1], kv[b], kv[b + 1]
+        qo_len, kv_len = qe - qs, ke - ks
+        if qo_len == 0:
+            continue
+        qb = q[qs:qe].to(compute_dtype).transpose(0, 1)  # [Hq, qo, D]
+        kb = k[ks:ke].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
+        vb = v[ks:ke].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
+        logits = torch.matmul(qb, kb.transpose(1, 2)) * sm_scale  # [Hq, qo, kv]
+        if logits_soft_cap is not None and logits_soft_cap > 0:
+            logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+        i = torch.arange(qo_len, device=q.device)[:, None] + (kv_len - qo_len)
+        j = torch.arange(kv_len, device=q.device)[None, :]
+        keep = torch.ones(qo_len, kv_len, dtype=torch.bool, device=q.device)
+        if custom_mask is not None:
+            n = qo_len * kv_len
+            keep = custom_mask[mask_off : mask_off + n].reshape(qo_len, kv_len).to(q.device)
+            mask_off += n
+        elif causal:
+            keep = keep & (j <= i)
+        if window_left >= 0:
+            keep = keep & (j >= i - window_left)
+        logits = logits.masked_fill(~keep, -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)  # [Hq, qo], -inf on empty rows
+        probs = torch.exp(logits - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
+        out[qs:qe] = torch.matmul(probs, vb).transpose(0, 1).to(q.dtype)
+        lse[qs:qe] = (row_lse * _LOG2E).transpose(0, 1).float()
+    return out, lse
+
+
+def _gather_pages(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pages [P, page_size, H, D] -> ragged (k, v) [total_kv, H, D] and token kv_indptr."""
+    page_size = k_cache.shape[1]
+    ptr = [int(x) for x in kv_indptr.tolist()]
+    last = [int(x) for x in kv_last_page_len.tolist()]
+    ks, vs, tok_ptr = [], [], [0]
+    for b in range(len(ptr) - 1):
+        pages = kv_indices[ptr[b] : ptr[b + 1]].long().to(k_cache.device)
+        n = 0 if len(pages) == 0 else (len(pages) - 1) * page_size + last[b]
+        ks.append(k_cache[pages].flatten(0, 1)[:n])
+        vs.append(v_cache[pages].flatten(0, 1)[:n])
+        tok_ptr.append(tok_ptr[-1] + n)
+    shape = (0, *k_cache.shape[2:])
+    k = torch.cat(ks) if ks else k_cache.new_empty(shape)
+    v = torch.cat(vs) if vs else v_cache.new_empty(shape)
+    return k, v, torch.tensor(tok_ptr, dtype=torch.int32)
+
+
+@torch.no_grad()
+def batch_prefill_paged_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    sm_scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    custom_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch prefill over a paged KV cache given as NHD pages [P, page_size, Hkv, D]
+    (pass split_kv_cache(...) views for HND). Same outputs as batch_prefill_ragged_ref."""
+    k, v, tok_ptr = _gather_pages(k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len)
+    return batch_prefill_ragged_ref(
+        q,
+        k,
+        v,
+        qo_indptr,
+        tok_ptr,
+        sm_scale,
+        causal,
+        window_left,
+        logits_soft_cap,
+        custom_mask,
+        compute_dtype,
+    )
+
+
+def single_prefill_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    custom_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request: q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD); custom_mask [qo, kv]."""
+    qo_indptr = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, k.shape[0]], dtype=torch.int32)
+    mask = None if custom_mask is None else custom_mask.reshape(-1)
+    return batch_prefill_ragged_ref(
+        q,
+        k,
+        v,
+        qo_indptr,
+        kv_indptr,
+        sm_scale,
+        causal,
+        window_left,
+        logits_soft_cap,
+        mask,
+        compute_dtype,
+    )

@@ -195,8 +195,11 @@ def _align_up(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def _chunks_per_tile(length: np.ndarray, chunk: int, align: int) -> tuple[np.ndarray, np.ndarray]:
-    """(number of chunks, chunk step) per tile: near-equal aligned chunks of <= `chunk` tokens."""
+def _chunks_per_tile(
+    length: np.ndarray, chunk: int | np.ndarray, align: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(number of chunks, chunk step) per tile: near-equal aligned chunks of <= `chunk` tokens
+    (an array of chunk sizes broadcasts: one row per size)."""
     n = np.where(length <= chunk, 1, -(-length // chunk))
     per = -(-length // n)  # ceil(length / n)
     step = np.where(n > 1, -(-per // align) * align, np.maximum(length, 1))
@@ -293,6 +296,8 @@ def _rank_small(
     t_max = max(t_len)
     last_ci = len(candidates) - 1
     splits: list[list] = []
+    n: list[int] | None
+    step: list[int] | None
     for ci, chunk in enumerate(candidates):
         if chunk >= t_max:
             n = step = None
@@ -313,8 +318,17 @@ def _rank_small(
     scored: list[tuple] = []
     for ci, chunk, n, step in splits:
         if len(splits) == 1:
-            scored.append((0.0, -ci, chunk, None if n is None else np.array(n, np.int64),
-                           None if step is None else np.array(step, np.int64), 0.0, 0.0))  # fmt: skip
+            scored.append(
+                (
+                    0.0,
+                    -ci,
+                    chunk,
+                    None if n is None else np.array(n, np.int64),
+                    None if step is None else np.array(step, np.int64),
+                    0.0,
+                    0.0,
+                )
+            )
             break
         if n is None:
             n, step = [1] * len(t_len), [max(x, 1) for x in t_len]
@@ -354,8 +368,17 @@ def _rank_small(
                     est = max(est, (k + 1) * value)
                     k += 1
                     mark += num_ctas
-        scored.append((est + merge, -ci, chunk, None if unsplit else np.array(n, np.int64),
-                       None if unsplit else np.array(step, np.int64), merge, bound))  # fmt: skip
+        scored.append(
+            (
+                est + merge,
+                -ci,
+                chunk,
+                None if unsplit else np.array(n, np.int64),
+                None if unsplit else np.array(step, np.int64),
+                merge,
+                bound,
+            )
+        )
     return scored
 
 
@@ -452,9 +475,17 @@ def plan_work(
         )
     else:
         scored = _rank(
-            t_len, t_rows, t_cost, t_sum, t_cost_max, candidates, num_ctas, chunk_align,
-            max_work, cost,
-        )  # fmt: skip
+            t_len,
+            t_rows,
+            t_cost,
+            t_sum,
+            t_cost_max,
+            candidates,
+            num_ctas,
+            chunk_align,
+            max_work,
+            cost,
+        )
     scored.sort(key=lambda x: (x[0], x[1]))  # ties: the larger chunk
     best = None
     for rank, (_, neg_ci, chunk, n, step, merge, bound) in enumerate(scored):
@@ -517,6 +548,7 @@ def plan_work(
         num_partial = 0
     elif one_tile and total_qo == batch:
         # Decode (one query, one tile per request): the general case below, per request.
+        assert i_c is not None  # split: every item has its chunk index
         split = n > 1
         part_rows = n * split
         part_base = np.where(split, np.cumsum(part_rows) - part_rows, -1)
@@ -529,6 +561,7 @@ def plan_work(
         work[:, 7] = np.where(pb < 0, -1, pb + i_c[item])
     else:
         # Partial rows: per split request, n_chunks * qo_len rows, request by request.
+        assert i_c is not None  # split: every item has its chunk index
         req_chunks = n if one_tile else np.ones(batch, dtype=np.int64)
         if not one_tile:
             np.maximum.at(req_chunks, t_req, n)

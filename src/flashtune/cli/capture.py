@@ -32,12 +32,12 @@ def run(
     ),
 ) -> None:
     """Run SCRIPT (remaining arguments are its own) with every schema'd op call captured."""
-    from flashtune.capture.api import Capturer, _as_dataset, _env_config
+    from flashtune.capture.api import Capturer, as_dataset, env_config
     from flashtune.schema import add_hook, remove_hook
 
     os.environ["FLASHTUNE_CAPTURE_DUMP_POLICY"] = dump
     os.environ["FLASHTUNE_CAPTURE_FILTER_POLICY"] = filter_policy
-    capturer = Capturer(_as_dataset(dataset), {}, _env_config()).start()
+    capturer = Capturer(as_dataset(dataset), {}, env_config()).start()
     add_hook(capturer)
     sys.argv = [str(script), *ctx.args]
     try:

@@ -1,12 +1,12 @@
-"""The `flashtune` command.
+"""The `flashtune` command: the top layer, above everything it drives.
 
-Sub-commands live beside what they drive (bench/cli.py, report/cli.py, tune/cli.py, ...);
-this module mounts them and holds the dataset commands (validate, list, env, definitions).
+One module per sub-command group (run.py: `flashtune run`, report.py, tune.py, capture.py,
+apply.py), mounted here by plain imports; this module holds the dataset commands (validate,
+list, env, definitions).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import sys
@@ -18,6 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from flashtune import __version__, env
+from flashtune.cli import apply, capture, report, run, tune
+from flashtune.cli.common import bundled_dataset
+
+__all__ = ["app", "bundled_dataset", "main"]
 
 app = typer.Typer(
     name="flashtune",
@@ -33,11 +37,6 @@ app.add_typer(definitions_app, name="definitions")
 
 console = Console()
 err_console = Console(stderr=True)
-
-
-def bundled_dataset() -> Path:
-    """The dataset shipped inside the package (the default benchmark)."""
-    return Path(__file__).resolve().parent / "dataset"
 
 
 def _datasets(paths: Optional[list[Path]]) -> list[Path]:
@@ -185,8 +184,10 @@ def definitions_dump(
     ),
 ) -> None:
     """Write the Definitions of every schema'd op at the shapes of known models."""
+    from flashtune.ops import load_all
     from flashtune.schema.dump import dump_definitions
 
+    load_all()  # the op modules register their example calls
     try:
         written = dump_definitions(out, model or None)
     except ValueError as exc:
@@ -195,32 +196,11 @@ def definitions_dump(
     console.print(f"wrote {len(written)} definitions under {out}")
 
 
-# Sub-commands owned by other packages: each module exposes `register(app)`, or a typer
-# `app` mounted under the package's name (tune/cli.py -> `flashtune tune`).
-_SUBCOMMANDS = (
-    "flashtune.bench.cli",
-    "flashtune.report.cli",
-    "flashtune.tune.cli",
-    "flashtune.capture.cli",
-    "flashtune.apply.cli",
-)
-
-
-def _mount_subcommands() -> None:
-    for module_name in _SUBCOMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        if hasattr(module, "register"):
-            module.register(app)
-        else:
-            app.add_typer(module.app, name=module_name.split(".")[1])
-
-
-_mount_subcommands()
+run.register(app)
+report.register(app)
+tune.register(app)
+capture.register(app)
+apply.register(app)
 
 
 def main() -> None:
@@ -229,7 +209,3 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

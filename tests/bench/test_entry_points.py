@@ -14,9 +14,9 @@ import types
 import pytest
 import torch
 
+from flashtune.bench import entry_points as ep
 from flashtune.cli import bundled_dataset
 from flashtune.data import Dataset, synthesize_inputs
-from flashtune.dataset import entry_points as ep
 
 DS = Dataset(bundled_dataset())
 DECODE = "gqa_paged_decode_h32_kv8_d128_ps16"

@@ -1,5 +1,9 @@
 """Shapes of known model configurations, for `flashtune tune --model` and
 `flashtune definitions dump --model`: the per-layer dimensions that fix an op's const axes.
+
+The one place model shapes live: op modules hold none (each op module's example calls,
+registered with `flashtune.schema.dump.register_examples`, take a ModelConfig and read the
+shapes from it). Not to be confused with `flashtune.data.models`, the Trace format's records.
 """
 
 from __future__ import annotations

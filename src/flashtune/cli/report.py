@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+
+from flashtune.cli.common import bundled_dataset
 
 __all__ = ["register", "report_app"]
 
@@ -20,7 +23,6 @@ _DATASET = typer.Option(
 
 
 def _load(dataset: Optional[list[Path]], definition: Optional[str]):
-    from flashtune.cli import bundled_dataset
     from flashtune.data.dataset import Dataset
 
     roots = list(dataset) if dataset else [Path("flashtune-results")]
@@ -31,9 +33,7 @@ def _load(dataset: Optional[list[Path]], definition: Optional[str]):
     # The bundled definitions come last: traces of the bundled run find their definitions.
     ds = Dataset([*roots, bundled_dataset()])
     traces = [
-        t
-        for t in ds.all_traces()
-        if definition is None or __import__("fnmatch").fnmatchcase(t.definition, definition)
+        t for t in ds.all_traces() if definition is None or fnmatchcase(t.definition, definition)
     ]
     for error in ds.errors:  # a corrupt line: reported with file:line, skipped
         err_console.print(
@@ -59,7 +59,7 @@ def summary(
     console.print(summary_table(rows))
     by_solution: dict[str, list[int]] = {}
     for s in rows:
-        ran = s.total - s.statuses.get("SKIPPED", 0)  # type: ignore[call-overload]
+        ran = s.total - s.statuses.get("SKIPPED", 0)
         acc = by_solution.setdefault(s.solution, [0, 0])
         acc[0] += s.passed
         acc[1] += ran

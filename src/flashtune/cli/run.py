@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from flashtune.cli.common import bundled_dataset
+
 __all__ = ["register", "run_command"]
 
 # Piped output (CI logs, README transcripts) gets a table wide enough to stay readable.
@@ -79,7 +81,6 @@ def run_command(
     from flashtune.bench.evaluate import BenchConfig
     from flashtune.bench.runner import RunOptions, run_benchmark
     from flashtune.bench.worker import WorkerError, parse_devices
-    from flashtune.cli import bundled_dataset
     from flashtune.report.render import summary_table
     from flashtune.report.tables import summarize
 
@@ -94,7 +95,7 @@ def run_command(
             err_console.print(f"[red]error[/red]: {root}: not a dataset (no definitions/ folder)")
             raise typer.Exit(2)
     out_resolved = out.expanduser().resolve()
-    package_dir = Path(__file__).resolve().parents[1]
+    package_dir = bundled_dataset().parent
     if out_resolved.is_relative_to(package_dir):
         err_console.print(
             f"[red]error[/red]: --out {out} is inside the installed package ({package_dir}); "

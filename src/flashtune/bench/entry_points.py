@@ -1,5 +1,7 @@
-"""Entry points of the bundled solutions: adapters from a Definition's inputs (by name, in
-definition order) to flashtune's ops, to FlashInfer, and to torch eager baselines.
+"""Entry points of the bundled dataset's solutions (`flashtune.bench.entry_points:<name>`):
+adapters from a Definition's inputs (by name, in definition order) to flashtune's ops, to
+FlashInfer, and to torch eager baselines. Code, so it lives here, above the ops it calls;
+the bundled dataset itself (flashtune/dataset/) is data only.
 
 In-place ops (fused_add_rmsnorm, paged attention plans) are wrapped so that the solution
 never writes into its inputs: the fused-add adapters clone the two tensors the op updates,

@@ -1,0 +1,95 @@
+"""How the benchmark evaluates: the settings every solution of a run is measured by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, TypeVar
+
+import torch
+
+__all__ = ["BenchConfig", "TimingBudget"]
+
+T = TypeVar("T")
+_METHODS = ("auto", "cuda_graph", "cuda_events")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """How to evaluate. None fields take the device's default (`for_device`).
+
+    warmup / iterations: minimum warm-up calls and timed samples per trial; on a GPU the
+    time minimums `warmup_ms` / `trial_ms` usually dominate (see timing.measure_robust for
+    what each fixes). timing_method: "auto" (a CUDA graph when the solution can be
+    captured, else CUDA events), or force "cuda_graph" / "cuda_events". The same settings
+    apply to every solution of a workload; only the reference is timed more briefly.
+    """
+
+    warmup: int | None = None
+    iterations: int | None = None
+    trials: int | None = None
+    input_sets: int | None = None
+    warmup_ms: float | None = None
+    trial_ms: float | None = None
+    target_sample_ms: float = 1.0
+    timing_method: str = "auto"
+    atol: float | None = None
+    rtol: float | None = None
+    max_rel_norm: float | None = None
+    max_abs: float | None = None
+    seed: int = 0
+    sampling_draws: int = 1000
+    max_seconds: float = 10.0  # per trial, so one slow solution cannot stall the run
+    reference_max_seconds: float = 3.0
+
+    def for_device(self, device: torch.device) -> BenchConfig:
+        """Fill unset fields. CPU defaults are small: the CPU run of the bundled dataset must
+        finish in minutes on two cores, and CPU timings are indicative only. GPU defaults:
+        >= 25 ms of warm-up, 3 trials of >= 100 ms of samples each (~1 ms per sample)."""
+        gpu = device.type == "cuda"
+        return replace(
+            self,
+            warmup=_or(self.warmup, 10 if gpu else 1),
+            iterations=_or(self.iterations, 10 if gpu else 5),
+            trials=_or(self.trials, 3 if gpu else 1),
+            input_sets=_or(self.input_sets, 4 if gpu else 2),
+            warmup_ms=_or(self.warmup_ms, 25.0 if gpu else 0.0),
+            trial_ms=_or(self.trial_ms, 100.0 if gpu else 0.0),
+        )
+
+    def method(self) -> Literal["auto", "cuda_graph", "cuda_events"]:
+        """`timing_method`, checked: a typo must not silently mean "auto"."""
+        if self.timing_method not in _METHODS:
+            raise ValueError(
+                f"timing_method {self.timing_method!r}: expected one of {', '.join(_METHODS)}"
+            )
+        return self.timing_method  # type: ignore[return-value]  # checked just above
+
+    def budget(self) -> TimingBudget:
+        """The timing fields, all set (after `for_device`)."""
+        fields = (self.warmup, self.iterations, self.trials, self.warmup_ms, self.trial_ms)
+        if None in fields or self.input_sets is None:
+            raise ValueError("BenchConfig.budget() needs for_device() first")
+        return TimingBudget(
+            warmup=int(self.warmup or 0),
+            iterations=int(self.iterations or 0),
+            trials=int(self.trials or 0),
+            input_sets=int(self.input_sets),
+            warmup_ms=float(self.warmup_ms or 0.0),
+            trial_ms=float(self.trial_ms or 0.0),
+        )
+
+
+@dataclass(frozen=True)
+class TimingBudget:
+    """BenchConfig's timing fields once the device's defaults are filled in."""
+
+    warmup: int
+    iterations: int
+    trials: int
+    input_sets: int
+    warmup_ms: float
+    trial_ms: float
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value

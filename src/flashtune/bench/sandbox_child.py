@@ -1,0 +1,454 @@
+"""The sandbox's child: one process per solution code, serving one workload (job) at a time.
+
+It receives a job, synthesizes the workload's inputs (or, on the CPU, works on the worker's
+shared-memory copies), calls the solution, times it with the harness's timer and sends back
+what the worker checks; see bench/sandbox.py for the order of the work and what each step
+catches. Everything here runs beside untrusted code: the worker trusts nothing it says
+beyond plain data (bench/messages.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from flashtune.bench import messages
+from flashtune.bench.messages import encode
+from flashtune.bench.tamper import harness_spaces, snapshot, tampered
+
+__all__ = ["SandboxSpec", "SandboxJob", "child_main", "descendants", "float_input_names"]
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What the child needs for one solution, whatever the workload (trusted, from the
+    worker; JSON texts so the child validates them with the same models)."""
+
+    solution: str
+    device: str
+    config: dict[str, Any]
+    roots: tuple[str, ...]
+    log_path: str
+
+
+@dataclass(frozen=True)
+class SandboxJob:
+    """One workload for a sandbox's solution (sent by the worker; trusted). The definition
+    travels with the job: one solution's code often serves several definitions (the same
+    entry point for rmsnorm_h4096 and rmsnorm_h8192), and one process serves them all."""
+
+    definition: str
+    workload: str
+    seeds: tuple[int, ...]  # one input set per seed; set 0 is the correctness set
+    swap_seed: int | None  # float values written into set 0 in place after timing
+    stochastic: bool
+    # CPU only: the worker's own working copies in shared memory (set i, then the swap
+    # values). The child writes into the very tensors the worker checks, and nothing large
+    # is synthesized twice or sent back by value. None: the child synthesizes from seeds.
+    shared_sets: list[dict[str, Any]] | None = None
+    shared_swap: dict[str, Any] | None = None
+
+
+def float_input_names(inputs: Mapping[str, Any]) -> list[str]:
+    """The inputs rewritten in place by the swap check: floating-point tensors (values), not
+    index tensors (a plan made from them stays valid)."""
+    return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+
+
+# The C methods themselves, bound before any solution is imported.
+_fill = torch._C.TensorBase.fill_
+_copy = torch._C.TensorBase.copy_
+
+
+def _poison(t: torch.Tensor) -> None:
+    if t.is_floating_point():
+        _fill(t, float("nan"))
+    elif t.dtype == torch.bool:
+        _fill(t, True)
+    else:
+        _fill(t, -1 if t.dtype != torch.uint8 else 255)
+
+
+def _poison_all(value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        _poison(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _poison_all(v)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            _poison_all(v)
+
+
+class _Child:
+    def __init__(self, conn: Any, spec: SandboxSpec) -> None:
+        self.conn, self.spec = conn, spec
+        self.pid = os.getpid()
+        self.started = time.perf_counter()
+        self.marks: dict[str, float] = {}  # phase -> seconds since start (for the log)
+
+    def mark(self, phase: str) -> None:
+        self.marks[phase] = round(time.perf_counter() - self.started, 4)
+
+    # ---------------------------------------------------------------- talking
+    def send(self, kind: str, payload: Any = None) -> None:
+        if os.getpid() != self.pid:  # a fork made by the solution: it may not speak
+            os._exit(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.conn.send_bytes(pickle.dumps((kind, encode(payload))))
+
+    def send_and_wait(self, kind: str, payload: Any) -> None:
+        self.send(kind, payload)
+        try:
+            reply = self.conn.recv()
+        except (EOFError, OSError):
+            reply = None
+        if reply != "ack":
+            self.linger()  # the worker has its verdict: nothing more to do
+
+    def linger(self) -> NoReturn:
+        """Wait to be killed. Exiting by itself would orphan the solution's children before
+        the worker has found them (they are found as this process's descendants); if the
+        worker is gone, kill them here."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            while True:
+                self.conn.recv()
+        except (EOFError, OSError):
+            pass
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(0)
+
+    def status(self, status: str, reason: str) -> None:
+        self.send("status", {"status": status, "reason": reason})
+
+    # ---------------------------------------------------------------- the work
+    def serve(self) -> None:
+        """Receive the first job, import the solution, then run jobs until the worker stops
+        sending them (it kills this process). One process per solution: the CUDA context,
+        the import and the compiled kernels serve every workload of the solution; the
+        snapshot taken before the import guards them all."""
+        from flashtune.bench.build import (
+            BuildError,
+            MissingRequirement,
+            build_solution,
+            check_requirements,
+        )
+        from flashtune.bench.config import BenchConfig
+        from flashtune.data.dataset import Dataset
+        from flashtune.data.models import Solution
+
+        job = self.next_job()
+        spec = self.spec
+        self.device = torch.device(spec.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.cuda.init()
+        self.cfg = BenchConfig(**spec.config)
+        self.blob_root = Dataset([Path(r) for r in spec.roots]) if spec.roots else None
+        sol = Solution.model_validate_json(spec.solution)
+        self.dps = sol.spec.destination_passing_style
+        self.mark("cuda init" if self.device.type == "cuda" else "start")
+        self.spaces = harness_spaces(sys.modules[__name__], messages)
+        self.before = snapshot(self.spaces)
+        try:
+            check_requirements(sol, self.device)
+            self.fn = build_solution(sol)
+        except MissingRequirement as exc:
+            self.status("SKIPPED", str(exc))
+            self.linger()
+        except BuildError as exc:
+            sys.stderr.write(exc.log)
+            self.status("COMPILE_ERROR", str(exc))
+            self.linger()
+        self.check_tamper("import")
+        self.mark("import")
+        while True:
+            self.run_job(job)
+            self.send("done", {"phases_s": self.marks})
+            job = self.next_job()
+            self.marks, self.started = {}, time.perf_counter()
+
+    def next_job(self) -> SandboxJob:
+        try:
+            job = self.conn.recv()
+        except (EOFError, OSError):
+            job = None
+        if not isinstance(job, SandboxJob):
+            self.linger()
+        if self.device_freed is False and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # the last job's inputs: room for this one's
+        self.device_freed = True
+        return job
+
+    device_freed: bool | None = None  # None: no job run yet
+
+    def check_tamper(self, step: str) -> None:
+        changed = tampered(self.before, self.spaces)
+        if changed:
+            self.status(
+                "TAMPERED",
+                f"{step}: the solution replaced harness functions: {', '.join(changed[:8])}",
+            )
+            self.linger()
+
+    def run_job(self, job: SandboxJob) -> None:
+        from flashtune.data.models import Definition, Workload
+        from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
+
+        self.device_freed = False
+        definition = Definition.model_validate_json(job.definition)
+        device, cfg, fn = self.device, self.cfg, self.fn
+        workload = Workload.model_validate_json(job.workload)
+        axes = resolve_axes(definition, workload)
+
+        def synth(seed: int) -> dict[str, Any]:
+            return synthesize_inputs(
+                definition, workload, device=device, seed=seed, blob_root=self.blob_root
+            )
+
+        shared = job.shared_sets is not None
+        if shared:
+            sets = [dict(x) for x in job.shared_sets or []]
+            swap = job.shared_swap
+        else:
+            sets = [synth(s) for s in job.seeds]
+            swap = synth(job.swap_seed) if job.swap_seed is not None else None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.check_tamper("inputs")
+        self.mark("inputs")
+
+        dps = self.dps
+        names = list(definition.inputs)
+        out_names = list(definition.outputs)
+
+        def args_of(inputs: Mapping[str, Any]) -> list[Any]:
+            args = [inputs[n] for n in names]
+            if dps:
+                for o in definition.outputs.values():
+                    shape = tuple(axes[a] for a in o.shape or ())
+                    args.append(torch.empty(shape, dtype=torch_dtype(o.dtype), device=device))
+            return args
+
+        def outputs_of(args: Sequence[Any], result: Any) -> Any:
+            if dps:
+                return dict(zip(out_names, args[len(names) :], strict=False))
+            return result
+
+        def inputs_of(args: Sequence[Any]) -> dict[str, Any] | None:
+            if shared:  # the worker reads its shared tensors itself
+                return None
+            return dict(zip(names, args[: len(names)], strict=False))
+
+        def sync() -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        arg_sets = [args_of(s) for s in sets]
+        setup = getattr(fn, "setup", None)
+        runners: list[Callable[..., Any]] = []
+        for args in arg_sets:
+            runners.append(setup(*args) if callable(setup) else fn)
+        sync()
+        self.check_tamper("setup")
+
+        # 3. correctness on set 0
+        args0 = arg_sets[0]
+        _poison_all(args0[len(names) :])
+        with torch.no_grad():
+            result = runners[0](*args0)
+        sync()
+        self.check_tamper("first call")
+        self.mark("setup + first call")
+        first = {"index": 0, "outputs": outputs_of(args0, result), "inputs": inputs_of(args0)}
+        self.send_and_wait("outputs", {"phase": "first", "sets": [first]})
+        del result, first
+
+        if job.stochastic:
+            draws = []
+            with torch.no_grad():
+                for _ in range(cfg.sampling_draws):
+                    draws.append(outputs_of(args0, runners[0](*args0)))
+                    if dps:  # the next draw must not overwrite this one
+                        draws[-1] = {k: v.clone() for k, v in draws[-1].items()}
+            sync()
+            self.send_and_wait("outputs", {"phase": "draws", "draws": draws})
+            del draws
+
+        # 4. timing, 5./6. checks while the timed work still exists
+        from flashtune.timing import cold_l2_sets, measure_robust
+
+        # Timed sets: the distinct sets, then clones for a cold L2 (set i copies set
+        # i mod distinct, and is run by that set's runner).
+        distinct = len(arg_sets)
+        timed = cold_l2_sets(arg_sets, device)
+        by_first = {id(args[0]): runners[i % distinct] for i, args in enumerate(timed)}
+        if callable(setup):
+
+            def timed_fn(*args: Any) -> Any:
+                return by_first[id(args[0])](*args)
+        else:
+            timed_fn = fn
+        calls = _TimedCalls(timed, distinct, len(names), timed_fn, outputs_of, inputs_of, sync)
+
+        def after(replay: Callable[[], None] | None, results: dict[int, Any]) -> None:
+            self.check_after_timing(calls, replay, results, swap, names)
+
+        with torch.no_grad():
+            budget = cfg.budget()
+            timing = measure_robust(
+                timed_fn,
+                timed[0],
+                input_sets=timed,
+                method=cfg.method(),
+                warmup=budget.warmup,
+                warmup_ms=budget.warmup_ms,
+                repetitions=budget.iterations,
+                trial_ms=budget.trial_ms,
+                trials=budget.trials,
+                target_sample_ms=cfg.target_sample_ms,
+                max_seconds=cfg.max_seconds,
+                after=after,
+            )
+        self.check_tamper("timing")
+        self.mark("timing + checks")
+        self.send("timing", asdict(timing))
+
+    def check_after_timing(
+        self,
+        calls: _TimedCalls,
+        replay: Callable[[], None] | None,
+        results: dict[int, Any],
+        swap: Mapping[str, Any] | None,
+        names: Sequence[str],
+    ) -> None:
+        timed, distinct = calls.timed, calls.distinct
+
+        def run_all() -> dict[int, Any]:
+            for args in timed:
+                _poison_all(args[calls.n_inputs :])
+            for r in results.values():
+                _poison_all(r)
+            got: dict[int, Any] = {}
+            if replay is not None:
+                replay()
+                got = {i: calls.outputs_of(timed[i], results[i]) for i in results}
+            with torch.no_grad():
+                for i in range(distinct):
+                    if i not in got:  # not covered by the graph (fewer calls than sets)
+                        got[i] = calls.outputs_of(timed[i], calls.fn(*timed[i]))
+            calls.sync()
+            return got
+
+        got = run_all()
+        sets = [
+            {
+                "index": i % distinct,
+                "outputs": got[i] if i < distinct else None,
+                "inputs": calls.inputs_of(timed[i]),
+            }
+            for i in range(len(timed))
+        ]
+        self.send_and_wait("outputs", {"phase": "timed", "sets": sets})
+        del got, sets
+        if swap is None:
+            return
+        for name in float_input_names(swap):
+            _copy(timed[0][names.index(name)], swap[name])
+        calls.sync()
+        got = run_all()
+        self.send_and_wait(
+            "outputs", {"phase": "swap", "sets": [{"index": 0, "outputs": got[0], "inputs": None}]}
+        )
+
+
+@dataclass(frozen=True)
+class _TimedCalls:
+    """What was timed, for the checks after timing: the argument lists (distinct sets
+    first, then cold-L2 clones), the callable, and how to read outputs and inputs."""
+
+    timed: list[list[Any]]
+    distinct: int
+    n_inputs: int
+    fn: Callable[..., Any]
+    outputs_of: Callable[[Sequence[Any], Any], Any]
+    inputs_of: Callable[[Sequence[Any]], dict[str, Any] | None]
+    sync: Callable[[], None]
+
+
+def _become_group_leader() -> None:
+    """Own process group and session, and reap orphans: the worker kills the whole tree."""
+    with contextlib.suppress(OSError):
+        os.setsid()
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def child_main(conn: Any, spec: SandboxSpec) -> None:
+    _become_group_leader()
+    # The solution's prints and the harness's tracebacks go to a file the worker reads,
+    # also when the child dies.
+    fd = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    child = _Child(conn, spec)
+    try:
+        child.serve()
+    except BaseException as exc:  # noqa: BLE001 - the solution's failure is the result
+        traceback.print_exc()
+        with contextlib.suppress(Exception):
+            child.status("RUNTIME_ERROR", f"{type(exc).__name__}: {str(exc)[:500]}")
+    child.linger()  # never returns: no atexit handlers, no threads of the solution run on
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, and every process still in its session or group
+    (a child that left the tree with setsid() is still found while the sandbox lives)."""
+    children: dict[int, list[int]] = {}
+    members: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) < 4:
+            continue
+        ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])
+        children.setdefault(ppid, []).append(int(entry))
+        if (pgrp == pid or session == pid) and int(entry) != pid:
+            members.append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return sorted(found | set(members))

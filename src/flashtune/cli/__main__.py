@@ -1,0 +1,5 @@
+"""`python -m flashtune.cli`: the `flashtune` command."""
+
+from flashtune.cli import main
+
+main()

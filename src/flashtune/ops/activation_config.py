@@ -1,0 +1,43 @@
+"""Launch configurations of the gated-activation kernel (activation.py): the tactic, its
+search space and the default (tactic -1)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import triton
+
+__all__ = ["ActivationTactic", "default_tactic"]
+
+
+@dataclass(frozen=True)
+class ActivationTactic:
+    """A (rows x block_d) tile per program and its warps."""
+
+    block_d: int
+    rows: int
+    num_warps: int
+
+    @staticmethod
+    def space(d: int) -> list[ActivationTactic]:
+        cap = max(triton.next_power_of_2(max(d, 1)), 256)
+        out = []
+        for block_d in (256, 512, 1024, 2048, 4096):
+            if block_d > cap:
+                continue
+            for rows in (1, 2, 4, 8):
+                for warps in (4, 8, 16):
+                    # 8..16 values a thread: one or two 16-byte vectors of each half.
+                    if 8 <= rows * block_d / (32 * warps) <= 16 and rows * block_d <= 8192:
+                        out.append(ActivationTactic(block_d, rows, warps))
+        return out
+
+
+@functools.lru_cache(maxsize=4096)
+def default_tactic(d: int, n_rows: int) -> ActivationTactic:
+    block_d = min(triton.next_power_of_2(max(d, 1)), 1024)
+    # Small d: stack rows so a program still moves a few KB.
+    rows = max(1, min(8, 1024 // block_d, triton.next_power_of_2(max(n_rows, 1))))
+    warps = max(1, min(8, rows * block_d // 256))
+    return ActivationTactic(block_d, rows, warps)

@@ -1,0 +1,174 @@
+"""Launch policy of paged decode attention, in one place: the kernel's tactics and their
+space, the default tactic, the persistent grid and the chunking rules, for the planned
+wrappers (decode_plan.py) and the plan-free call (planless.py) alike.
+
+Hardware facts come from `flashtune.platform.device_limits`; a caller that fixes how a call
+launches (a benchmark sweeping tactics) passes a `DecodeLaunch` explicitly, to
+`BatchDecodeWithPagedKVCacheWrapper.plan(..., launch=...)` or `paged_decode(..., launch=...)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flashtune.ops.attention.scheduler import CostModel
+from flashtune.platform import DeviceLimits
+
+__all__ = [
+    "DecodeTactic",
+    "TACTICS",
+    "default_tactic",
+    "DecodeLaunch",
+    "DEFAULT_LAUNCH",
+    "INTERPRETER_SM_COUNT",
+    "WORK_COST",
+    "plan_sm_count",
+    "ctas_per_sm",
+    "min_chunk",
+    "block_m_for",
+    "next_pow2",
+    "launch_shape",
+]
+
+
+@dataclass(frozen=True)
+class DecodeTactic:
+    """Launch configuration of `decode_kernels.paged_attn_kernel`."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @staticmethod
+    def space(head_dim: int) -> list[DecodeTactic]:
+        """The tactics worth trying at this head_dim (d256 keeps the K/V tiles <= 64 rows)."""
+        return [t for t in TACTICS if head_dim <= 128 or t.block_n <= 64]
+
+
+TACTICS: tuple[DecodeTactic, ...] = tuple(
+    DecodeTactic(bn, nw, ns) for bn in (32, 64, 128) for nw in (4, 8) for ns in (2, 3)
+)
+
+
+def default_tactic(head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
+    """The tactic used when the tuner has nothing better (tactic -1)."""
+    # Wide tiles amortize the per-block softmax work; d256 halves them to stay in registers.
+    block_n = 64 if head_dim <= 128 else 32
+    if block_m >= 64:
+        return DecodeTactic(block_n=32 if head_dim <= 128 else 16, num_warps=4, num_stages=3)
+    if page_size == 1 and head_dim <= 128:
+        # One page per token: 128 gathered rows per block keep more bytes in flight
+        # (H200, 32/8 heads, b64 KV 2k: 131 us vs 162 us with 64 rows).
+        block_n = 128
+    # 2 stages: with the page ids loaded a block ahead the K/V loads still overlap the math,
+    # and the smaller shared-memory footprint fits 4 CTAs per SM instead of 3 (H200 sweep,
+    # page size 16, b16-256 x KV 512-32k: 2-21% faster than 3 stages).
+    return DecodeTactic(block_n=block_n, num_warps=4, num_stages=2)
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """How a decode call launches, when the caller fixes it rather than the defaults.
+
+    tactic: the kernel's tactic for every call of the plan (None: the autotuner's pick, else
+    `default_tactic`); it also sizes the persistent grid and the chunk alignment.
+    max_ctas_per_sm: the most persistent CTAs per SM (as many as fit in shared memory, up to
+    this). sm_count: the SMs to plan for (None: the device's; see `plan_sm_count`).
+    """
+
+    tactic: DecodeTactic | None = None
+    max_ctas_per_sm: int = 4
+    sm_count: int | None = None
+
+    def tactic_for(self, head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
+        return (
+            self.tactic if self.tactic is not None else default_tactic(head_dim, page_size, block_m)
+        )
+
+
+DEFAULT_LAUNCH = DecodeLaunch()
+
+# The interpreter runs CTAs one by one: a few are enough to exercise the scheduling.
+INTERPRETER_SM_COUNT = 2
+
+# The scheduler's cost of a work item, in KV tokens: its query rows, its KV tokens and a
+# fixed cost per item (prologue, Q load, epilogue).
+WORK_COST = CostModel(qo=1.0, kv=1.0, fixed=32.0)
+
+
+def plan_sm_count(limits: DeviceLimits, launch: DecodeLaunch | None = None) -> int:
+    """The SMs a plan spreads its work over: `launch.sm_count` when given, the device's on a
+    GPU, `INTERPRETER_SM_COUNT` off-GPU (the limits are then a stand-in)."""
+    if launch is not None and launch.sm_count is not None:
+        return launch.sm_count
+    return INTERPRETER_SM_COUNT if limits.stand_in else limits.sm_count
+
+
+def ctas_per_sm(
+    tactic: DecodeTactic, head_dim: int, block_m: int, smem_per_sm: int, max_ctas: int
+) -> int:
+    """Persistent CTAs per SM: as many as fit in `smem_per_sm` bytes, at most `max_ctas`.
+
+    The plan balances work over all CTAs assuming they run at once; a grid larger than
+    what is resident would run in waves and double the makespan of the last ones.
+    """
+    d = next_pow2(head_dim)
+    # Buffered K and V tiles (stages - 1 copies of each), the Q tile twice (staging and
+    # layout conversion) and the P tile, bf16: within 10% of what Triton 3.6 allocates
+    # (checked on sm_90 for d 64-256, BLOCK_N 32-128, BLOCK_M 16-64, 2-4 stages).
+    kv_tile = 2 * tactic.block_n * d * 2
+    smem = max(tactic.num_stages - 1, 1) * kv_tile + 2 * block_m * d * 2
+    smem += block_m * tactic.block_n * 2 + 1024  # + page-id buffers and alignment slack
+    return max(1, min(max_ctas, smem_per_sm // smem))
+
+
+def min_chunk(batch: int, num_kv_heads: int, sm_count: int) -> int:
+    """The shortest KV chunk a request is split into (tokens)."""
+    # Latency regime (batch 1-4 at 8 KV heads): a CTA's chain of dependent block loads,
+    # not bandwidth, sets the time, so short chunks spread one request over all SMs.
+    if batch * num_kv_heads * 4 <= sm_count:
+        return 64
+    # 256: the merge re-reads a 2 KB partial per chunk and head group; below 256 tokens
+    # (128 KB of KV per head) that traffic and the extra items cost more than they balance.
+    return 256
+
+
+def block_m_for(rows_per_tile_hint: int) -> int:
+    """BLOCK_M of a query tile holding `rows_per_tile_hint` packed rows."""
+    # tl.dot needs M >= 16; more rows than 64 per tile only for very large groups.
+    return max(16, min(64, next_pow2(max(rows_per_tile_hint, 1))))
+
+
+def next_pow2(n: int) -> int:
+    # triton.next_power_of_2 is a ConstexprFunction in Triton 3.6: ~5 us per host call.
+    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
+
+
+_LAUNCH_SHAPES: dict[tuple[Any, ...], tuple[int, int]] = {}
+
+
+def launch_shape(
+    sm_count: int,
+    smem_per_sm: int,
+    head_dim: int,
+    page_size: int,
+    block_m: int,
+    num_kv_heads: int,
+    launch: DecodeLaunch | None = None,
+) -> tuple[int, int]:
+    """(CTAs of the persistent grid per KV head, KV chunk alignment) of the launch's tactic,
+    memoized: they depend only on the arguments, and take ~3 us to derive.
+
+    smem_per_sm: the shared memory the CTAs resident on one SM may use; the planners pass
+    `DeviceLimits.shared_memory_per_block` (227 KB on H100/H200, the budget this policy was
+    measured with)."""
+    key = (sm_count, smem_per_sm, head_dim, page_size, block_m, num_kv_heads, launch)
+    shape = _LAUNCH_SHAPES.get(key)
+    if shape is None:
+        how = launch if launch is not None else DEFAULT_LAUNCH
+        tactic = how.tactic_for(head_dim, page_size, block_m)
+        per_sm = ctas_per_sm(tactic, head_dim, block_m, smem_per_sm, how.max_ctas_per_sm)
+        num_ctas = max(1, (sm_count * per_sm) // num_kv_heads)
+        shape = _LAUNCH_SHAPES[key] = (num_ctas, max(tactic.block_n, 16))
+    return shape

@@ -1,0 +1,235 @@
+"""Triton kernels of paged decode attention (the planned wrappers and the plan-free call).
+
+`decode_item` computes one work item (see scheduler.py): a query tile of one request against
+one chunk of its KV, for one KV head, with the query heads of the group (and, for several
+query tokens, the tokens) packed into the rows of one MMA tile. `paged_attn_kernel` runs the
+items a plan dealt to each persistent CTA; planless.py finds its items on the device and
+calls `decode_item` itself.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["LOG2E", "decode_item", "paged_attn_kernel"]
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tanh(x):
+    # tanh through exp2 (portable to the interpreter); saturates correctly at +-inf.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def decode_item(
+    q_ptr,
+    k_base,  # K pointer offset by the KV head
+    v_base,  # V pointer offset by the KV head
+    kv_indices_ptr,
+    o_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    kvh,
+    qo_start,  # first query token of the request
+    qo_len,
+    row_start,  # first packed row of this query tile
+    page_base,  # offset of the request's pages in kv_indices
+    kv_start,
+    kv_end,
+    kv_len,
+    out_row,  # -1: write the final output; else the first partial row of this chunk
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_vp,
+    stride_vt,
+    stride_ot,
+    stride_oh,
+    num_qo_heads,
+    qk_scale,
+    soft_cap,
+    window_left,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """One work item: a query tile of one request against KV [kv_start, kv_end)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    # Packed rows: (query token, head within the group); see scheduler.WORK_FIELDS.
+    p = row_start + offs_m
+    qi = p // GROUP
+    head = kvh * GROUP + p % GROUP
+    row_ok = p < qo_len * GROUP
+    tok = (qo_start + qi).to(tl.int64)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    q_pos = kv_len - qo_len + qi
+
+    m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Page ids are loaded one block ahead (loop-carried): otherwise each block waits for
+    # its index load before its K/V copies can start, a full memory latency per block
+    # (page size 1 reads a fresh 256 B of indices per block: 73% of HBM bandwidth).
+    t_next = kv_start + offs_n
+    page_next = tl.load(
+        kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_end, other=0
+    )
+    for start in range(kv_start, kv_end, BLOCK_N):
+        t = start + offs_n
+        t_ok = t < kv_end
+        page = page_next.to(tl.int64)
+        t_next = t + BLOCK_N
+        page_next = tl.load(
+            kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_end, other=0
+        )
+        in_page = t % PAGE_SIZE
+        kv_mask = t_ok[:, None] & d_ok[None, :]
+        k = tl.load(
+            k_base + page[:, None] * stride_kp + in_page[:, None] * stride_kt + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
+        if SOFT_CAP:
+            s = soft_cap * _tanh(s * qk_scale)
+        else:
+            s = s * qk_scale
+        valid = t_ok[None, :]
+        if CAUSAL:
+            valid = valid & (t[None, :] <= q_pos[:, None])
+        if WINDOW:
+            valid = valid & (t[None, :] >= q_pos[:, None] - window_left)
+        s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        prob = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(prob, 1)
+        v = tl.load(
+            v_base + page[:, None] * stride_vp + in_page[:, None] * stride_vt + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v)
+        m_i = m_new
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), -float("inf"))
+    st_mask = row_ok[:, None] & d_ok[None, :]
+    if out_row < 0:
+        tl.store(
+            o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=st_mask,
+        )
+        tl.store(lse_ptr + tok * num_qo_heads + head, lse, mask=row_ok)
+    else:
+        prow = (out_row + qi).to(tl.int64) * num_qo_heads + head
+        tl.store(po_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], out, mask=st_mask)
+        tl.store(plse_ptr + prow, lse, mask=row_ok)
+
+
+@triton.jit
+def paged_attn_kernel(
+    q_ptr,  # [total_qo, H_qo, D]
+    k_ptr,  # [num_pages, page_size, H_kv, D] logical (strided: NHD or HND storage)
+    v_ptr,  # [num_pages, page_size, H_kv, D] logical
+    kv_indices_ptr,  # [nnz_pages] int32
+    work_indptr_ptr,  # [num_ctas + 1] int32
+    work_ptr,  # [num_work, 8] int32 (scheduler.WORK_FIELDS)
+    o_ptr,  # [total_qo, H_qo, D]
+    lse_ptr,  # [total_qo, H_qo] fp32
+    po_ptr,  # [num_partial_rows, H_qo, D] fp32
+    plse_ptr,  # [num_partial_rows, H_qo] fp32
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    num_qo_heads,
+    qk_scale,  # sm_scale * log2(e), or sm_scale / soft_cap with SOFT_CAP
+    soft_cap,  # soft_cap * log2(e) with SOFT_CAP
+    window_left,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    cta = tl.program_id(0)
+    kvh = tl.program_id(1)
+    w_begin = tl.load(work_indptr_ptr + cta)
+    w_end = tl.load(work_indptr_ptr + cta + 1)
+    k_base = k_ptr + kvh * stride_kh
+    v_base = v_ptr + kvh * stride_vh
+    for w in range(w_begin, w_end):
+        item = work_ptr + w * 8
+        decode_item(
+            q_ptr,
+            k_base,
+            v_base,
+            kv_indices_ptr,
+            o_ptr,
+            lse_ptr,
+            po_ptr,
+            plse_ptr,
+            kvh,
+            tl.load(item + 0),
+            tl.load(item + 1),
+            tl.load(item + 2),
+            tl.load(item + 3),
+            tl.load(item + 4),
+            tl.load(item + 5),
+            tl.load(item + 6),
+            tl.load(item + 7),
+            stride_qt,
+            stride_qh,
+            stride_kp,
+            stride_kt,
+            stride_vp,
+            stride_vt,
+            stride_ot,
+            stride_oh,
+            num_qo_heads,
+            qk_scale,
+            soft_cap,
+            window_left,
+            GROUP,
+            HEAD_DIM,
+            BLOCK_D,
+            PAGE_SIZE,
+            BLOCK_M,
+            BLOCK_N,
+            SOFT_CAP,
+            CAUSAL,
+            WINDOW,
+        )

@@ -1,0 +1,169 @@
+"""Running a decode plan: the attention kernel and, where the plan split KV, the merge
+kernel, through the autotuner's runner; the float64 reference where no kernel can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+import triton
+
+from flashtune import env, platform
+from flashtune.ops.attention.decode_config import DecodeTactic, default_tactic
+from flashtune.ops.attention.decode_kernels import LOG2E, paged_attn_kernel
+from flashtune.ops.attention.decode_plan import DevicePlan
+from flashtune.ops.attention.merge import merge_partials
+from flashtune.ops.attention.reference import paged_attention_ref
+from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
+
+__all__ = ["run_plan", "launch_kernels", "PagedAttentionRunner", "RUNNERS", "TUNING"]
+
+
+def run_plan(
+    plan: DevicePlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    scale: tuple[float, float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `plan` on checked inputs (`Planner.check_run`): compute into out/lse (allocated if
+    None); scale = (logit scale, output scale)."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse_buf = lse if lse is not None else plan.lse_scratch
+    logit_scale, out_scale = scale
+    use_kernel = platform.kernels_available(q.device) and not env.FORCE_REFERENCE.get()
+    if not use_kernel:
+        o_ref, l_ref = _reference(plan, q, k, v, logit_scale)
+        out.copy_(o_ref)
+        lse_buf.copy_(l_ref)
+    elif plan.total_qo > 0:
+        inputs = [q, k, v, plan, out, lse_buf]
+        runner: TunableRunner
+        tactic: Tactic
+        if plan.launch is not None and plan.launch.tactic is not None:
+            runner, tactic = RUNNERS[0], plan.launch.tactic  # fixed by the caller
+        else:
+            runner, tactic = choose_one("attention.paged_decode", RUNNERS, TUNING, inputs)
+        if logit_scale != 1.0:
+            plan = _scaled(plan, logit_scale)
+            inputs[3] = plan
+        runner(inputs, tactic)
+    if out_scale != 1.0:
+        out.mul_(out_scale)
+    return out, lse_buf
+
+
+def _reference(
+    plan: DevicePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU path: the float64 reference on the planned page table."""
+    dev = q.device
+    return paged_attention_ref(
+        q,
+        k,
+        v,
+        torch.as_tensor(plan.qo_indptr_host, device=dev),
+        torch.as_tensor(plan.indptr_host, device=dev),
+        plan.kv_indices.to(dev),
+        torch.as_tensor(plan.last_host, device=dev),
+        causal=plan.causal,
+        sm_scale=plan.sm_scale * logit_scale,
+        window_left=plan.window_left,
+        logits_soft_cap=plan.logits_soft_cap,
+    )
+
+
+def _scaled(plan: DevicePlan, factor: float) -> DevicePlan:
+    return replace(plan, sm_scale=plan.sm_scale * factor)
+
+
+def launch_kernels(
+    plan: DevicePlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    tactic: DecodeTactic,
+) -> None:
+    """Launch the attention kernel and, where the plan split KV, the merge kernel."""
+    cap = plan.logits_soft_cap
+    if cap:
+        qk_scale, cap_arg = plan.sm_scale / cap, cap * LOG2E
+    else:
+        qk_scale, cap_arg = plan.sm_scale * LOG2E, 0.0
+    grid = (plan.grid_ctas, plan.num_kv_heads)
+    paged_attn_kernel[grid](
+        q,
+        k,
+        v,
+        plan.kv_indices,
+        plan.work_indptr,
+        plan.work,
+        out,
+        lse,
+        plan.partial_o,
+        plan.partial_lse,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        plan.num_qo_heads,
+        qk_scale,
+        cap_arg,
+        max(plan.window_left, 0),
+        GROUP=plan.group,
+        HEAD_DIM=plan.head_dim,
+        BLOCK_D=triton.next_power_of_2(plan.head_dim),
+        PAGE_SIZE=plan.page_size,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=tactic.block_n,
+        SOFT_CAP=bool(cap),
+        CAUSAL=plan.causal,
+        WINDOW=plan.mask_window,
+        num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
+    )
+    if plan.always_merge or plan.host.has_split:
+        merge_partials(
+            plan.partial_o,
+            plan.partial_lse,
+            plan.merge_info,
+            out,
+            lse,
+            max_count=None if plan.always_merge else plan.max_partials,
+            sm_count=plan.sm_count,
+        )
+
+
+class PagedAttentionRunner(TunableRunner):
+    """The split-KV Triton kernel; inputs are (q, k, v, plan, out, lse) with a `DevicePlan`."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        q = inputs[0]
+        if q.device.type != "cuda":
+            return []
+        return list(DecodeTactic.space(inputs[1].shape[-1]))
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        q, k, v, dplan, out, lse = inputs
+        if not isinstance(tactic, DecodeTactic):
+            tactic = default_tactic(dplan.head_dim, dplan.page_size, dplan.block_m)
+        launch_kernels(dplan, q, k, v, out, lse, tactic)
+        return out
+
+
+RUNNERS: tuple[TunableRunner, ...] = (PagedAttentionRunner(),)
+TUNING = TuningConfig(cold_l2=True, use_cuda_graph=True)

@@ -1,0 +1,312 @@
+"""Running a prefill plan: the Triton kernel (prefill_kernels.py) through the autotuner's
+runner, or the reference where no kernel can run. `launch_kernel` also serves the plan-free
+calls (planless_prefill.py), which find their work items on the device.
+
+With a TMA tactic on a paged cache, `launch` first copies the planned pages contiguously
+into the workspace (two index_select launches) and reads them as ragged KV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from flashtune import platform
+from flashtune.ops.attention.prefill_config import PREFILL_TACTICS, PrefillTactic
+from flashtune.ops.attention.prefill_kernels import prefill_kernel
+from flashtune.ops.attention.prefill_plan import PrefillPlan, default_tactic
+from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
+from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
+
+__all__ = [
+    "execute",
+    "launch",
+    "launch_kernel",
+    "heads_per_program",
+    "TritonPrefillRunner",
+    "RUNNERS",
+    "TUNING",
+]
+
+_LOG2E = 1.4426950408889634
+
+
+def execute(
+    plan: PrefillPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+) -> None:
+    """Kernel when one can run on q's device, else the reference (CPU without interpreter)."""
+    if platform.kernels_available(q.device):
+        inputs = (q, k, v, out, lse, plan)
+        runner, tactic = choose_one("attention.prefill", RUNNERS, TUNING, inputs)
+        runner.forward(inputs, tactic)
+        return
+    assert plan.qo_indptr_d is not None and plan.kv_indptr_d is not None  # set by make_plan
+    mask = plan.mask_d.view(torch.bool) if plan.mask_d is not None else None
+    common: dict[str, Any] = dict(
+        sm_scale=plan.sm_scale,
+        causal=plan.causal,
+        window_left=plan.window_left,
+        logits_soft_cap=plan.logits_soft_cap or None,
+        custom_mask=mask,
+    )
+    if plan.paged:
+        assert plan.kv_indices_d is not None and plan.kv_last_page_len_d is not None
+        o, s = batch_prefill_paged_ref(
+            q,
+            k,
+            v,
+            plan.qo_indptr_d,
+            plan.kv_indptr_d,
+            plan.kv_indices_d,
+            plan.kv_last_page_len_d,
+            **common,
+        )
+    else:
+        o, s = batch_prefill_ragged_ref(q, k, v, plan.qo_indptr_d, plan.kv_indptr_d, **common)
+    out.copy_(o)
+    if lse is not None:
+        lse.copy_(s)
+
+
+def launch(
+    plan: PrefillPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    tactic: PrefillTactic,
+) -> None:
+    """Launch the Triton kernel. k/v: paged [P, page_size, Hkv, D] views or ragged [T, Hkv, D]."""
+    group = plan.group_size
+    pack = heads_per_program(tactic, group)
+    work = plan.work_list(tactic.tokens_per_tile(group), tactic.block_n)
+    if work.shape[0] == 0:
+        return
+    assert plan.qo_indptr_d is not None  # set by make_plan
+    paged = plan.paged
+    if paged and tactic.tma:
+        k, v = _stage_pages(plan, k, v)
+        paged = False
+    launch_kernel(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        plan.qo_indptr_d,
+        tactic=tactic,
+        paged=paged,
+        page_size=plan.page_size,
+        group=group,
+        pack=pack,
+        num_qo_heads=plan.num_qo_heads,
+        head_dim=plan.head_dim,
+        causal=plan.causal,
+        window_left=plan.window_left,
+        sm_scale=plan.sm_scale,
+        logits_soft_cap=plan.logits_soft_cap,
+        num_items=work.shape[0],
+        work=work,
+        kv_indices=plan.kv_indices_d,
+        mask=plan.mask_d,
+        mask_indptr=plan.mask_indptr_d,
+    )
+
+
+def heads_per_program(tactic: PrefillTactic, group: int) -> int:
+    """Query heads per program under `tactic` (the whole GQA group, or 1)."""
+    pack = group if tactic.pack_heads else 1
+    if tactic.block_m < pack:
+        raise ValueError(f"tactic {tactic} cannot hold a group of {group} heads")
+    return pack
+
+
+def launch_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    qo_indptr: torch.Tensor,
+    *,
+    tactic: PrefillTactic,
+    paged: bool,
+    page_size: int,
+    group: int,
+    pack: int,
+    num_qo_heads: int,
+    head_dim: int,
+    causal: bool,
+    window_left: int,
+    sm_scale: float,
+    logits_soft_cap: float,
+    num_items: int,
+    work: torch.Tensor | None = None,
+    kv_indices: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    device_work: dict[str, Any] | None = None,
+) -> None:
+    """Launch prefill_kernel, one program per (work item, head group), for both paths.
+
+    k/v: paged [P, page_size, Hkv, D] views (paged) or ragged/staged [T, Hkv, D]; qo_indptr
+    [batch + 1] int32 on q's device; logits_soft_cap 0 for none; pack from heads_per_program. The planned
+    path gives `work` (its [num_items, 8] list) and, where planned, the custom mask; the
+    plan-free path gives `device_work`, the kernel's DEVICE_WORK arguments other than
+    QO_INDPTR (KV_INDPTR, KV_LAST_PAGE_LEN, batch, INDPTR_PAGE_SIZE, BLOCK_B), and
+    num_items is then an upper bound (programs past the real items do nothing).
+    """
+    dummy = qo_indptr  # int32 stand-in for the tensors this launch never reads
+    if paged:
+        stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
+        stride_vp, stride_vs, stride_vh = v.stride(0), v.stride(1), v.stride(2)
+    else:
+        stride_kp, stride_ks, stride_kh = k.stride(0), 0, k.stride(1)
+        stride_vp, stride_vs, stride_vh = v.stride(0), 0, v.stride(1)
+    soft_cap = logits_soft_cap > 0
+    if soft_cap:
+        qk_scale = sm_scale / logits_soft_cap
+        soft_cap_log2 = logits_soft_cap * _LOG2E
+    else:
+        qk_scale = sm_scale * _LOG2E
+        soft_cap_log2 = 0.0
+    lse_t = lse if lse is not None else out
+    use_tma = tactic.tma and not paged and _tma_ok(k) and _tma_ok(v)
+    k_arg: Any = k
+    v_arg: Any = v
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        # 2-D view [total_kv, H * D] (heads adjacent, as NHD storage has them): one TMA box
+        # [BLOCK_N, D] per tile at column kv_head * D, the layout TMA and wgmma like best.
+        block = [tactic.block_n, head_dim]
+        k_arg = TensorDescriptor(k, [k.shape[0], k.shape[1] * k.shape[2]], [k.stride(0), 1], block)
+        v_arg = TensorDescriptor(v, [v.shape[0], v.shape[1] * v.shape[2]], [v.stride(0), 1], block)
+    # Only the plan-free launch names the DEVICE_WORK arguments; the planned one leaves them
+    # at the kernel's defaults (DEVICE_WORK=False: WORK is read, the indptr arrays are not).
+    extra = (
+        {} if device_work is None else dict(DEVICE_WORK=True, QO_INDPTR=qo_indptr, **device_work)
+    )
+    num_head_groups = num_qo_heads // pack
+    prefill_kernel[(num_items * num_head_groups,)](
+        q,
+        k_arg,
+        v_arg,
+        out,
+        lse_t,
+        work if work is not None else dummy,
+        kv_indices if paged else dummy,
+        mask if mask is not None else dummy,
+        mask_indptr if mask_indptr is not None else dummy,
+        qk_scale,
+        soft_cap_log2,
+        window_left,
+        q.stride(0),
+        q.stride(1),
+        stride_kp,
+        stride_ks,
+        stride_kh,
+        stride_vp,
+        stride_vs,
+        stride_vh,
+        out.stride(0),
+        out.stride(1),
+        lse_t.stride(0) if lse is not None else 0,
+        lse_t.stride(1) if lse is not None else 0,
+        NUM_HEAD_GROUPS=num_head_groups,
+        GROUP_SIZE=group,
+        PACK=pack,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size if paged else 1,
+        PAGED=paged,
+        USE_TMA=use_tma,
+        CAUSAL=causal,
+        WINDOW=window_left >= 0,
+        CUSTOM_MASK=mask is not None,
+        SOFT_CAP=soft_cap,
+        RETURN_LSE=lse is not None,
+        BLOCK_M=tactic.block_m,
+        BLOCK_N=tactic.block_n,
+        num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
+        **extra,
+    )
+
+
+def _stage_pages(
+    plan: PrefillPlan, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy the planned pages of k/v [P, page_size, H, D] (any layout) page after page into
+    [nnz_pages * page_size, H, D] NHD tensors, in the workspace when it is large enough."""
+    assert plan.kv_indices_d is not None
+    pages = plan.kv_indices_d[: int(plan.kv_indptr[-1])]  # int32 ids: index_select takes them
+    n, ps, h, d = pages.numel(), k.shape[1], k.shape[2], k.shape[3]
+    elems = n * ps * h * d
+    ws = plan.workspace
+    nbytes = 2 * elems * k.element_size()
+    if (
+        ws is not None
+        and ws.device == k.device
+        and ws.is_contiguous()
+        and ws.numel() * ws.element_size() >= nbytes
+    ):
+        buf = ws.view(-1).view(torch.uint8)[:nbytes].view(k.dtype)
+    else:
+        buf = torch.empty(2 * elems, dtype=k.dtype, device=k.device)
+    ks = buf[:elems].view(n, ps, h, d)
+    vs = buf[elems:].view(n, ps, h, d)
+    torch.index_select(k, 0, pages, out=ks)
+    torch.index_select(v, 0, pages, out=vs)
+    return ks.view(n * ps, h, d), vs.view(n * ps, h, d)
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A ragged [T, H, D] K/V the 2-D TMA view [T, H * D] can describe: heads adjacent, rows
+    16-byte aligned (TMA's rule for the base address and the row stride)."""
+    es = t.element_size()
+    return (
+        t.shape[0] > 0
+        and t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and (t.stride(0) * es) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+class TritonPrefillRunner(TunableRunner):
+    """The Triton FlashAttention-2 prefill kernel; tactics index PREFILL_TACTICS.
+
+    inputs: (q, k, v, out, lse_or_None, plan) with k/v as the kernel reads them.
+    """
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        q, plan = inputs[0], inputs[5]
+        cap = platform.compute_capability(q.device) or (0, 0)
+        return [
+            i
+            for i, t in enumerate(PREFILL_TACTICS)
+            if t.fits(plan.head_dim, plan.group_size) and not (t.tma and cap < (9, 0))
+        ]
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        q, k, v, out, lse, plan = inputs
+        if tactic == DEFAULT_TACTIC:
+            t = default_tactic(plan, q.device)
+        elif isinstance(tactic, PrefillTactic):
+            t = tactic
+        else:
+            t = PREFILL_TACTICS[int(tactic)]  # type: ignore[call-overload]
+        launch(plan, q, k, v, out, lse, t)
+        return out
+
+
+RUNNERS: tuple[TunableRunner, ...] = (TritonPrefillRunner(),)
+TUNING = TuningConfig(make_inputs=lambda inputs, profile: inputs)

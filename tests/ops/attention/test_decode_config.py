@@ -1,0 +1,75 @@
+"""Decode launch policy (decode_config.py): SM counts, the persistent grid, the tactic space,
+and a caller's fixed launch reaching the plan and the kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from flashtune import platform
+from flashtune.ops.attention import decode_run
+from flashtune.ops.attention.decode import BatchDecodeWithPagedKVCacheWrapper
+from flashtune.ops.attention.decode_config import (
+    INTERPRETER_SM_COUNT,
+    DecodeLaunch,
+    DecodeTactic,
+    launch_shape,
+    plan_sm_count,
+)
+from flashtune.ops.attention.page import build_page_table
+
+H100 = dataclasses.replace(platform.STAND_IN_LIMITS, stand_in=False)
+
+
+def test_sm_count_off_gpu_on_gpu_and_fixed():
+    cpu = platform.device_limits("cpu")
+    assert cpu is platform.STAND_IN_LIMITS and cpu.stand_in
+    assert plan_sm_count(cpu) == INTERPRETER_SM_COUNT  # the interpreter runs CTAs one by one
+    assert plan_sm_count(H100) == 132
+    assert plan_sm_count(cpu, DecodeLaunch(sm_count=78)) == 78
+
+
+def test_grid_follows_the_launch():
+    smem = H100.shared_memory_per_block
+    default = launch_shape(132, smem, 128, 16, 16, 8)
+    # A larger cap cannot shrink the grid; a cap of 1 gives one CTA per SM.
+    wide = launch_shape(132, smem, 128, 16, 16, 8, DecodeLaunch(max_ctas_per_sm=8))
+    one = launch_shape(132, smem, 128, 16, 16, 8, DecodeLaunch(max_ctas_per_sm=1))
+    assert wide[0] >= default[0] >= one[0] == 132 // 8
+    # The chunk alignment is the tactic's KV block.
+    fixed = launch_shape(132, smem, 128, 16, 16, 8, DecodeLaunch(DecodeTactic(128, 4, 2)))
+    assert fixed[1] == 128
+    # Less shared memory, fewer resident CTAs.
+    assert launch_shape(132, smem // 4, 128, 16, 16, 8)[0] <= default[0]
+
+
+def test_tactic_space_keeps_d256_tiles_small():
+    assert {t.block_n for t in DecodeTactic.space(128)} == {32, 64, 128}
+    assert {t.block_n for t in DecodeTactic.space(256)} == {32, 64}
+
+
+def test_a_fixed_tactic_reaches_the_kernel(monkeypatch):
+    """plan(launch=...) fixes the tactic of every run of that plan (the autotuner is not
+    asked), and the plan's grid is sized for it."""
+    seen = []
+    monkeypatch.setattr(decode_run, "launch_kernels", lambda *args: seen.append(args[-1]))
+    indptr, indices, last, num_pages = build_page_table([40, 7], 16, shuffle=False)
+    tactic = DecodeTactic(32, 4, 3)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(2**20, dtype=torch.uint8), "NHD")
+    w.plan(
+        indptr,
+        indices,
+        last,
+        4,
+        2,
+        64,
+        16,
+        q_data_type=torch.float16,
+        launch=DecodeLaunch(tactic, sm_count=3),
+    )
+    assert w._planner.plan is not None and w._planner.plan.sm_count == 3
+    q = torch.randn(2, 4, 64, dtype=torch.float16)
+    cache = torch.randn(num_pages, 2, 16, 2, 64, dtype=torch.float16)
+    w.run(q, cache)
+    assert seen == [tactic]
