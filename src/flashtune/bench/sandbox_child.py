@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import pickle
 import signal
@@ -181,6 +182,10 @@ class _Child:
         self.mark("import")
         while True:
             self.run_job(job)
+            # An idle sandbox must not keep the GPU memory its job cached: several stay
+            # alive, and the worker's next reference and the next sandbox need the room.
+            if self.device.type == "cuda":
+                _free_device_memory(self.device)
             self.send("done", {"phases_s": self.marks})
             job = self.next_job()
             self.marks, self.started = {}, time.perf_counter()
@@ -192,12 +197,7 @@ class _Child:
             job = None
         if not isinstance(job, SandboxJob):
             self.linger()
-        if self.device_freed is False and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()  # the last job's inputs: room for this one's
-        self.device_freed = True
         return job
-
-    device_freed: bool | None = None  # None: no job run yet
 
     def check_tamper(self, step: str) -> None:
         changed = tampered(self.before, self.spaces)
@@ -212,7 +212,6 @@ class _Child:
         from flashtune.data.models import Definition, Workload
         from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
 
-        self.device_freed = False
         definition = Definition.model_validate_json(job.definition)
         device, cfg, fn = self.device, self.cfg, self.fn
         workload = Workload.model_validate_json(job.workload)
@@ -377,6 +376,18 @@ class _Child:
         self.send_and_wait(
             "outputs", {"phase": "swap", "sets": [{"index": 0, "outputs": got[0], "inputs": None}]}
         )
+
+
+def _free_device_memory(device: torch.device) -> None:
+    """Return the cached blocks; collect reference cycles (a graph or an exception's frames
+    holding tensors) only when that did not free them: a collection costs tens of ms."""
+    torch.cuda.empty_cache()
+    if torch.cuda.memory_reserved(device) > _IDLE_RESERVE_LIMIT:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+_IDLE_RESERVE_LIMIT = 256 << 20  # bytes an idle sandbox may keep reserved
 
 
 @dataclass(frozen=True)

@@ -44,16 +44,16 @@ from flashtune import env, platform
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.attention.page import KV_LAYOUTS, build_page_table, split_kv_cache
 from flashtune.ops.attention.planless import plan_free_api, search_block
+from flashtune.ops.attention.prefill import (
+    EXAMPLE_KV_LENS,
+    EXAMPLE_PAGE_SIZES,
+    EXAMPLE_QO_INDPTR,
+)
 from flashtune.ops.attention.prefill_config import (
     MAX_STAGING_BYTES,
     SUPPORTED_HEAD_DIMS,
     PrefillTactic,
     default_tactic_for,
-)
-from flashtune.ops.attention.prefill import (
-    EXAMPLE_KV_LENS,
-    EXAMPLE_PAGE_SIZES,
-    EXAMPLE_QO_INDPTR,
 )
 from flashtune.ops.attention.prefill_plan import check_indptr
 from flashtune.ops.attention.prefill_run import heads_per_program, launch_kernel
@@ -574,7 +574,7 @@ def plan_free_prefill_examples(model: ModelConfig) -> list[Example]:
         for page_size in EXAMPLE_PAGE_SIZES:
             indptr, indices, last, num_pages = build_page_table(kv_lens, page_size, shuffle=False)
             cache = meta_tensor(num_pages, page_size, hk, d)
-            args = (q, (cache, cache), qo_indptr, indptr, indices, last)
-            examples.append((paged_prefill, args, {"causal": causal}))
+            paged_args = (q, (cache, cache), qo_indptr, indptr, indices, last)
+            examples.append((paged_prefill, paged_args, {"causal": causal}))
         examples.append((ragged_prefill, (q, kv, kv, qo_indptr, kv_indptr), {"causal": causal}))
     return examples

@@ -565,9 +565,9 @@ def prefill_examples(model: ModelConfig) -> list[Example]:
         for page_size in EXAMPLE_PAGE_SIZES:
             indptr, indices, last, num_pages = build_page_table(kv_lens, page_size, shuffle=False)
             cache = meta_tensor(num_pages, page_size, hk, d)
-            args = (q, cache, cache, qo_indptr, indptr, indices, d**-0.5)
+            paged_args = (q, cache, cache, qo_indptr, indptr, indices, d**-0.5)
             kwargs = {"kv_last_page_len": last, "causal": causal, **unused}
-            examples.append((gqa_paged_prefill, args, kwargs))
-        args = (q, kv, kv, qo_indptr, kv_indptr, d**-0.5)
-        examples.append((gqa_ragged_prefill, args, {"causal": causal, **unused}))
+            examples.append((gqa_paged_prefill, paged_args, kwargs))
+        ragged_args = (q, kv, kv, qo_indptr, kv_indptr, d**-0.5)
+        examples.append((gqa_ragged_prefill, ragged_args, {"causal": causal, **unused}))
     return examples
