@@ -96,12 +96,22 @@ def rows(out: Path) -> None:
     from common import RowWriter
 
     traces = _traces(out)
-    writer = RowWriter("bundled_run")
+    # Each row names the run that measured it (its GPU, versions and code come from the
+    # trace's environment, not from the machine that turns traces into rows).
+    writers: dict[str, RowWriter] = {}
+
+    def writer_for(env: dict[str, Any]) -> RowWriter:
+        key = json.dumps([env.get("code"), env.get("run_started"), env.get("hardware")])
+        if key not in writers:
+            writers[key] = RowWriter("bundled_run", environment=_row_environment(env))
+        return writers[key]
+
     lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]] = defaultdict(dict)
     for t in traces:
         ev = t.evaluation
         if ev is None:
             continue
+        writer = writer_for(ev.environment)
         perf = ev.performance
         extra: dict[str, Any] = {"status": ev.status.value}
         if perf is not None:
@@ -125,7 +135,27 @@ def rows(out: Path) -> None:
             **extra,
         )
     headline = print_table(lat)
-    writer.write("bundled_headline", {"workloads": len(lat)}, "flashtune", None, **headline)
+    runs = sorted({(w.common["commit"], w.common["run_started"]) for w in writers.values()})
+    newest = max(writers.values(), key=lambda w: w.common["run_started"] or "")
+    newest.write(
+        "bundled_headline",
+        {"workloads": len(lat)},
+        "flashtune",
+        None,
+        runs=[{"commit": c, "run_started": r} for c, r in runs],
+        **headline,
+    )
+
+
+def _row_environment(env: dict[str, Any]) -> dict[str, Any]:
+    """A Trace's environment in the shape RowWriter reads (benchmarks.common.versions)."""
+    return {
+        **env,
+        "hardware": env.get("hardware"),
+        "code": env.get("code") or {"commit": None, "files": "unknown"},
+        "run_started": env.get("run_started"),
+        "flashinfer": env.get("flashinfer"),
+    }
 
 
 def _geo(xs: list[float]) -> float | None:

@@ -33,11 +33,14 @@ class RowWriter:
     """Appends one JSON line per measurement to benchmarks/results/<name>.jsonl and,
     when $OUT is set (the GPU machine), to $OUT/<name>.jsonl as well."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, environment: dict[str, Any] | None = None) -> None:
+        """`environment`: the platform snapshot of the run that measured (a Trace's
+        evaluation.environment) when the rows are derived from traces on another machine;
+        by default this process's own."""
         self.paths = [RESULTS / f"{name}.jsonl"]
         if os.environ.get("OUT"):
             self.paths.append(Path(os.environ["OUT"]) / f"{name}.jsonl")
-        env = versions()
+        env = environment if environment is not None else versions()
         code = env["code"]
         self.common = {
             "gpu": env["hardware"],
