@@ -82,6 +82,18 @@ class RowWriter:
         return row
 
 
+def fresh_inputs(args: list[Any]) -> list[Any]:
+    """The same argument list with new random values in every float tensor (index and other
+    tensors cloned, the rest kept): a selection is re-measured on inputs it was not chosen on
+    (issue 11: "selection is not measurement")."""
+    return [
+        (torch.randn_like(a) if a.is_floating_point() else a.clone())
+        if isinstance(a, torch.Tensor)
+        else a
+        for a in args
+    ]
+
+
 def copy_bandwidth_gbs(nbytes: int = 2 * 2**30) -> float:
     """Read bandwidth of a large reduction (GB/s): a read-heavy kernel, the realistic
     ceiling for memory-bound kernels (torch's copy_ underestimates it)."""
