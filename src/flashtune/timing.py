@@ -543,9 +543,19 @@ def measure_robust(
         return _combine(results)
     with torch.cuda.device(device):
         return _measure_robust_gpu(
-            fn, input_sets, method, warmup, warmup_ms, max(repetitions, 1), trial_ms, trials,
-            target_sample_ms, max(1, max_calls_per_sample), max_seconds, after,
-        )  # fmt: skip
+            fn,
+            input_sets,
+            method,
+            warmup,
+            warmup_ms,
+            max(repetitions, 1),
+            trial_ms,
+            trials,
+            target_sample_ms,
+            max(1, max_calls_per_sample),
+            max_seconds,
+            after,
+        )
 
 
 def _measure_robust_gpu(

@@ -62,9 +62,7 @@ def test_decode_wrapper_and_plan_free_call_dispatch_with_their_return_convention
     wrapper.plan(*table, 4, 2, 64, 16, q_data_type=torch.float16)
     # Traces for both page-table sizes used below (var axes differ, shapes of q do not).
     table2, _ = _table([20, 40])
-    axes = [
-        dict(paged_decode.bind(q, cache, *t).var_axes) for t in (table, table2)
-    ]  # fmt: skip
+    axes = [dict(paged_decode.bind(q, cache, *t).var_axes) for t in (table, table2)]
     _winner(ds, paged_decode.bind(q, cache, *table), DECODE_SRC, axes)
     assert wrapper.run.definition(q, cache).name == paged_decode.definition(q, cache, *table).name
 
@@ -93,13 +91,26 @@ def test_prefill_wrappers_write_the_winner_into_their_outputs(tmp_path: Path) ->
     q = torch.randn(7, 4, 64, dtype=torch.float16)
     k = torch.randn(12, 2, 64, dtype=torch.float16)
     v = torch.randn_like(k)
-    ragged = gqa_ragged_prefill.bind(q, k, v, qo, kv, 0.125, causal=True, plan=None, out=None,
-                                     lse=None)  # fmt: skip
+    ragged = gqa_ragged_prefill.bind(
+        q, k, v, qo, kv, 0.125, causal=True, plan=None, out=None, lse=None
+    )
     _winner(ds, ragged, PREFILL_RAGGED_SRC, [dict(ragged.var_axes)])
     (indptr, indices, last), n = _table([5, 7])
     cache = torch.randn(n, 16, 2, 64, dtype=torch.float16)
-    paged = gqa_paged_prefill.bind(q, cache, cache, qo, indptr, indices, 0.125, last,
-                                   causal=True, plan=None, out=None, lse=None)  # fmt: skip
+    paged = gqa_paged_prefill.bind(
+        q,
+        cache,
+        cache,
+        qo,
+        indptr,
+        indices,
+        0.125,
+        last,
+        causal=True,
+        plan=None,
+        out=None,
+        lse=None,
+    )
     _winner(ds, paged, PREFILL_PAGED_SRC, [dict(paged.var_axes)])
     ws = torch.empty(2**20, dtype=torch.uint8)
     w_ragged = BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")

@@ -106,10 +106,14 @@ def test_one_process_serves_the_same_code_under_other_definitions():
     with SandboxPool() as pool:
         got = _run([python_solution("mine", HONEST)], [2], pool)
         events = evaluate_workload(
-            other, Workload(uuid="o", axes={"n": 2}),
-            [python_solution("mine_too", HONEST, other.name)], CFG, torch.device("cpu"), ENV,
+            other,
+            Workload(uuid="o", axes={"n": 2}),
+            [python_solution("mine_too", HONEST, other.name)],
+            CFG,
+            torch.device("cpu"),
+            ENV,
             pool=pool,
-        )  # fmt: skip
+        )
         second = [t for kind, t in events if kind == "trace"][0]
     assert _status(got[("mine", 2)]) == "PASSED" and _status(second) == "PASSED"
     assert "sandbox: reused (job 2" in second.evaluation.log

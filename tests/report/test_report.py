@@ -15,14 +15,23 @@ ENV = {"hardware": "NVIDIA H100 80GB HBM3", "torch": "2.x"}
 
 
 def _trace(
-    sol: str, m: int, latency: float | None, status="PASSED", baseline=None,
-    method: str | None = "cuda_graph", ref_method: str | None = "cuda_graph",
-) -> Trace:  # fmt: skip
+    sol: str,
+    m: int,
+    latency: float | None,
+    status="PASSED",
+    baseline=None,
+    method: str | None = "cuda_graph",
+    ref_method: str | None = "cuda_graph",
+) -> Trace:
     perf = None
     if latency is not None:
-        perf = Performance(latency_ms=latency, reference_latency_ms=10.0,
-                           speedup_factor=10.0 / latency, timing_method=method,
-                           reference_timing_method=ref_method)  # fmt: skip
+        perf = Performance(
+            latency_ms=latency,
+            reference_latency_ms=10.0,
+            speedup_factor=10.0 / latency,
+            timing_method=method,
+            reference_timing_method=ref_method,
+        )
         if baseline:
             perf.baseline_solution, perf.baseline_latency_ms = baseline
             perf.speedup_vs_baseline = baseline[1] / latency
@@ -36,7 +45,7 @@ def _trace(
             timestamp="t",
             reason=None if status == "PASSED" else "boom",
             performance=perf,
-        ),  # fmt: skip
+        ),
     )
 
 
@@ -136,8 +145,16 @@ def _unlike_traces() -> list[Trace]:
         torch_method = None if m == 16 else "cuda_graph"
         out.append(_trace("torch", m, t, baseline=("torch", t), method=torch_method))
         out.append(_trace("flashtune", m, f, baseline=("torch", t)))
-        out.append(_trace("flashinfer", m, fi, baseline=("torch", t), method=methods[m],
-                          ref_method="cuda_graph"))  # fmt: skip
+        out.append(
+            _trace(
+                "flashinfer",
+                m,
+                fi,
+                baseline=("torch", t),
+                method=methods[m],
+                ref_method="cuda_graph",
+            )
+        )
     return out
 
 
@@ -205,8 +222,9 @@ def test_report_cli_shows_timing_differs(tmp_path):
     assert out.exit_code == 0 and "cuda_events" in out.output, out.output
     only = [t for t in _unlike_traces() if t.workload.axes["M"] == 16]
     _write(tmp_path / "na", only)
-    out = runner.invoke(app, ["report", "compare", "flashtune", "flashinfer",
-                              "-d", str(tmp_path / "na")], env=wide)  # fmt: skip
+    out = runner.invoke(
+        app, ["report", "compare", "flashtune", "flashinfer", "-d", str(tmp_path / "na")], env=wide
+    )
     assert out.exit_code == 0, out.output
     assert TIMING_DIFFERS in out.output and "1.00x" not in out.output
     html = tmp_path / "html" / "index.html"
@@ -236,14 +254,18 @@ def _bench_gemm():
 
 def test_gemm_summary_reports_triton_only_and_remeasured():
     bg = _bench_gemm()
-    cub, small, tiled = ("CublasRunner", -1, 1.0), ("TritonSmallMRunner", (1,), 0.8), (
-        "TritonTiledRunner", (2,), 1.25)  # fmt: skip
+    cub, small, tiled = (
+        ("CublasRunner", -1, 1.0),
+        ("TritonSmallMRunner", (1,), 0.8),
+        ("TritonTiledRunner", (2,), 1.25),
+    )
     picks = bg.select([cub, small, tiled])
     assert picks == {"cublas": cub, "best": small, "triton": small}
     assert bg.select([cub]) == {"cublas": cub, "best": cub}  # no Triton tactic ran
     won = bg.ShapeResult(1, 64, 64, picks, {"cublas": 1.0, "best": 1.1, "triton": 1.1})
-    lost = bg.ShapeResult(32, 64, 64, bg.select([cub, tiled]), {"cublas": 1.0, "best": 1.0,
-                                                                "triton": 1.2})  # fmt: skip
+    lost = bg.ShapeResult(
+        32, 64, 64, bg.select([cub, tiled]), {"cublas": 1.0, "best": 1.0, "triton": 1.2}
+    )
     assert won.ratio("best", "selection") == pytest.approx(1.25)
     assert won.ratio("best", "remeasured") == pytest.approx(1 / 1.1)
     assert lost.ratio("best", "selection") == 1.0  # cuBLAS won: >= 1 by construction
@@ -272,10 +294,10 @@ def test_gemm_remeasure_uses_fresh_inputs_and_times_each_pick_once():
         return 2.0
 
     cub = ("CublasRunner", -1, 1.0)
-    out = bg.remeasure(3, 16, 32, torch.device("cpu"), {"cublas": cub, "best": cub}, 0.01,
-                       timer=timer)  # fmt: skip
+    out = bg.remeasure(
+        3, 16, 32, torch.device("cpu"), {"cublas": cub, "best": cub}, 0.01, timer=timer
+    )
     assert out == {"cublas": 2.0, "best": 2.0} and len(seen) == 1  # one timing, shared
-    again = bg.remeasure(3, 16, 32, torch.device("cpu"), {"cublas": cub}, 0.01, seed=1,
-                         timer=timer)  # fmt: skip
+    again = bg.remeasure(3, 16, 32, torch.device("cpu"), {"cublas": cub}, 0.01, seed=1, timer=timer)
     assert again == {"cublas": 2.0}
     assert not torch.equal(seen[0], seen[1])  # another seed: other inputs

@@ -230,9 +230,18 @@ def evaluate_workload(
     if pool is None:
         with SandboxPool() as own:
             yield from evaluate_workload(
-                definition, workload, solutions, cfg, device, environment, blob_root,
-                baselines, baseline_latency, timeout, own,
-            )  # fmt: skip
+                definition,
+                workload,
+                solutions,
+                cfg,
+                device,
+                environment,
+                blob_root,
+                baselines,
+                baseline_latency,
+                timeout,
+                own,
+            )
         return
     cfg = cfg.for_device(device)
     yield ("start", "reference")
@@ -311,9 +320,16 @@ def _evaluate_one(
 
     def trace(status, reason=None, verdict=None, performance=None) -> Trace:
         return make_trace(
-            definition.name, workload, sol, status, environment, reason, log.getvalue(),
-            verdict, performance,
-        )  # fmt: skip
+            definition.name,
+            workload,
+            sol,
+            status,
+            environment,
+            reason,
+            log.getvalue(),
+            verdict,
+            performance,
+        )
 
     try:
         check_requirements(sol, wl.device)
@@ -538,9 +554,14 @@ def _check_phase(
                 v = _shape_dtype(definition, expected, outputs)
             else:
                 v = compare_outputs(
-                    definition, expected, outputs, cfg.atol, cfg.rtol,
-                    max_rel_norm=cfg.max_rel_norm, max_abs=cfg.max_abs,
-                )  # fmt: skip
+                    definition,
+                    expected,
+                    outputs,
+                    cfg.atol,
+                    cfg.rtol,
+                    max_rel_norm=cfg.max_rel_norm,
+                    max_abs=cfg.max_abs,
+                )
             if v.status is not EvaluationStatus.PASSED:
                 reason = f"{when}{v.reason}"
                 if phase == "swap":

@@ -22,10 +22,20 @@ __all__ = ["encode", "decode", "loads"]
 _DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-        torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
     )
-}  # fmt: skip
+}
 
 
 def encode(value: Any) -> Any:
@@ -37,15 +47,38 @@ def encode(value: Any) -> Any:
             return {"__kind__": "unsupported", "type": f"tensor of {t.dtype}"}
         if t.device.type == "cuda":
             _, args = _reductions.reduce_tensor(t)
-            (_, size, stride, offset, _, _, device, handle, nbytes, offset_bytes, _,
-             rc_handle, rc_offset, ev_handle, ev_sync) = args  # fmt: skip
+            (
+                _,
+                size,
+                stride,
+                offset,
+                _,
+                _,
+                device,
+                handle,
+                nbytes,
+                offset_bytes,
+                _,
+                rc_handle,
+                rc_offset,
+                ev_handle,
+                ev_sync,
+            ) = args
             return {
-                "__kind__": "cuda", "dtype": name, "size": list(size), "stride": list(stride),
-                "offset": int(offset), "device": int(device), "handle": handle,
-                "nbytes": int(nbytes), "offset_bytes": int(offset_bytes),
-                "rc_handle": rc_handle, "rc_offset": int(rc_offset),
-                "ev_handle": ev_handle, "ev_sync": bool(ev_sync),
-            }  # fmt: skip
+                "__kind__": "cuda",
+                "dtype": name,
+                "size": list(size),
+                "stride": list(stride),
+                "offset": int(offset),
+                "device": int(device),
+                "handle": handle,
+                "nbytes": int(nbytes),
+                "offset_bytes": int(offset_bytes),
+                "rc_handle": rc_handle,
+                "rc_offset": int(rc_offset),
+                "ev_handle": ev_handle,
+                "ev_sync": bool(ev_sync),
+            }
         c = t.contiguous()
         return {
             "__kind__": "cpu",
@@ -113,11 +146,22 @@ def decode(value: Any) -> Any:
             if value.get(f) is not None and not isinstance(value.get(f), bytes):
                 raise ValueError(f"malformed tensor description: {f}")
         shared = _reductions.rebuild_cuda_tensor(
-            torch.Tensor, torch.Size(size), tuple(stride), value["offset"],
-            torch.storage.TypedStorage, dtype, value["device"], value["handle"],
-            value["nbytes"], value["offset_bytes"], False, value["rc_handle"],
-            value["rc_offset"], value["ev_handle"], bool(value.get("ev_sync")),
-        )  # fmt: skip
+            torch.Tensor,
+            torch.Size(size),
+            tuple(stride),
+            value["offset"],
+            torch.storage.TypedStorage,
+            dtype,
+            value["device"],
+            value["handle"],
+            value["nbytes"],
+            value["offset_bytes"],
+            False,
+            value["rc_handle"],
+            value["rc_offset"],
+            value["ev_handle"],
+            bool(value.get("ev_sync")),
+        )
         copy = shared.clone()
         torch.cuda.synchronize(copy.device)
         del shared

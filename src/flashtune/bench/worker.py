@@ -122,11 +122,18 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
                 baseline = tuple(p["baseline_latency"]) if p["baseline_latency"] else None
                 try:
                     for event, value in evaluate_workload(
-                        definition, workload, solutions, cfg, device, environment,
-                        blob_root=blob_root, baselines=p["baselines"],
+                        definition,
+                        workload,
+                        solutions,
+                        cfg,
+                        device,
+                        environment,
+                        blob_root=blob_root,
+                        baselines=p["baselines"],
                         baseline_latency=baseline,
-                        timeout=float(p.get("timeout", 300.0)), pool=pool,
-                    ):  # fmt: skip
+                        timeout=float(p.get("timeout", 300.0)),
+                        pool=pool,
+                    ):
                         conn.send((event, value.to_json() if event == "trace" else value))
                         if event == "trace":
                             _release_memory(device)
@@ -260,8 +267,14 @@ class Worker:
                     self.restart()
                 if pending:  # the worker finished without covering some solutions
                     for sol in pending:
-                        on_trace(make_failure(task, sol, EvaluationStatus.RUNTIME_ERROR,
-                                              "worker ended the task without evaluating it"))  # fmt: skip
+                        on_trace(
+                            make_failure(
+                                task,
+                                sol,
+                                EvaluationStatus.RUNTIME_ERROR,
+                                "worker ended the task without evaluating it",
+                            )
+                        )
                 break
             status, why = failure
             self.restart()

@@ -82,10 +82,12 @@ def _plot(definition: Definition | None, traces: list[Trace], folder: Path, name
     if axis is None:
         return []
     passed = [
-        t for t in traces
-        if t.evaluation and t.evaluation.status is EvaluationStatus.PASSED
+        t
+        for t in traces
+        if t.evaluation
+        and t.evaluation.status is EvaluationStatus.PASSED
         and t.evaluation.performance
-    ]  # fmt: skip
+    ]
     by_sol: dict[str, list[Trace]] = defaultdict(list)
     for t in passed:
         by_sol[t.solution or ""].append(t)
@@ -119,8 +121,12 @@ def _plot(definition: Definition | None, traces: list[Trace], folder: Path, name
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=sol)
         if peak:
-            ax.axhline(peak[0] if use_flops else peak[1] * 1e3, color="k", ls="--",
-                       label=f"{hardware} peak")  # fmt: skip
+            ax.axhline(
+                peak[0] if use_flops else peak[1] * 1e3,
+                color="k",
+                ls="--",
+                label=f"{hardware} peak",
+            )
         ax.set(xscale="log", xlabel=axis, ylabel="TFLOP/s" if use_flops else "GB/s", title=name)
         ax.legend()
         path = folder / f"{name}_roofline.png"
@@ -150,14 +156,19 @@ def write_html(traces: Iterable[Trace], definitions: Mapping[str, Definition], o
         "are left out of the geomeans, counted in the note.</p>",
     ]
     for name in sorted(by_def):
-        parts.append(f"<h2>{e(name)}</h2><table><tr><th>solution</th><th>passed</th>"
-                     "<th>pass rate</th><th>latency (geomean)</th><th>vs reference</th>"
-                     "<th>vs baseline</th><th>note</th></tr>")  # fmt: skip
+        parts.append(
+            f"<h2>{e(name)}</h2><table><tr><th>solution</th><th>passed</th>"
+            "<th>pass rate</th><th>latency (geomean)</th><th>vs reference</th>"
+            "<th>vs baseline</th><th>note</th></tr>"
+        )
         for s in (s for s in summaries if s.definition == name):
             lat = f"{s.latency_ms:.4f} ms" if s.latency_ms else ""
             flag = " class='flag'" if s.suspicious else ""
-            note = (f"{s.suspicious} result(s) &gt;10x the best baseline: review. " if s.suspicious
-                    else "") + e(s.reason or "")  # fmt: skip
+            note = (
+                f"{s.suspicious} result(s) &gt;10x the best baseline: review. "
+                if s.suspicious
+                else ""
+            ) + e(s.reason or "")
             excluded = []
             if s.excluded_reference:
                 excluded.append(f"{s.excluded_reference} vs reference")
@@ -175,8 +186,10 @@ def write_html(traces: Iterable[Trace], definitions: Mapping[str, Definition], o
                 f"<td>{_x(s.speedup_vs_baseline, s.excluded_baseline)}</td>"
                 f"<td class='bad'>{note}</td></tr>"
             )
-        parts.append("</table><h3>per workload (fastest first)</h3><table>"
-                     "<tr><th>axes</th><th>ranking</th><th>failed</th></tr>")  # fmt: skip
+        parts.append(
+            "</table><h3>per workload (fastest first)</h3><table>"
+            "<tr><th>axes</th><th>ranking</th><th>failed</th></tr>"
+        )
         for r in (r for r in rankings if r.definition == name):
             axes = ", ".join(f"{k}={v}" for k, v in r.axes.items())
             mixed = r.mixed_timing  # not like for like: say how each was timed
