@@ -18,11 +18,14 @@ hook sees them.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
+import pkgutil
 from collections.abc import Iterable
+from types import ModuleType
 
-from flashtune.apply.adapters import attention, gemm, mirror, norm, rope
+from flashtune.apply.adapters import mirror
 from flashtune.apply.patching import (
     AdapterSpec,
     ArgBinder,
@@ -50,14 +53,23 @@ __all__ = [
 
 log = logging.getLogger("flashtune.apply")
 
-# The op families with an adapter module of their own.
-FAMILIES = (norm, rope, gemm, attention)
+
+def families() -> list[ModuleType]:
+    """The op families' adapter modules: every module of this package but `mirror`, found
+    by the package itself (adding a family adds a module here, nothing else), in name order
+    so that the patching order does not depend on the file system."""
+    names = sorted(
+        info.name
+        for info in pkgutil.iter_modules(__path__)
+        if info.name != mirror.__name__.rpartition(".")[2]
+    )
+    return [importlib.import_module(f"{__name__}.{name}") for name in names]
 
 
 def builtin_adapters() -> list[AdapterSpec]:
     """The built-in adapters whose targets exist in this process."""
     specs = mirror.adapters()
-    for family in FAMILIES:
+    for family in families():
         specs += family.adapters()
     return specs
 
