@@ -77,6 +77,8 @@ __all__ = [
     "SandboxTimeout",
     "float_input_names",
     "describe_exit",
+    "forkserver_context",
+    "main_hidden",
 ]
 
 _LOG_LIMIT = 8000
@@ -110,7 +112,7 @@ _CONTEXT: Any = None
 _CONTEXT_LOCK = threading.Lock()
 
 
-def _context() -> Any:
+def forkserver_context() -> Any:
     """A fork server that has imported the harness, torch and flashtune's ops (never CUDA):
     a child starts as a fork of it in milliseconds."""
     global _CONTEXT
@@ -123,7 +125,7 @@ def _context() -> Any:
 
 
 @contextlib.contextmanager
-def _main_hidden() -> Iterator[None]:
+def main_hidden() -> Iterator[None]:
     """Start a child without it importing the parent's `__main__` (multiprocessing would
     re-run a user's script, pytest or the CLI in every child): the child needs only the
     modules the fork server preloaded and the target's own module."""
@@ -146,12 +148,12 @@ class Sandbox:
         self.spec = spec
         self.jobs = 0
         self._log_offset = 0
-        ctx = _context()
+        ctx = forkserver_context()
         parent, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
             target=child_main, args=(child, spec), name="flashtune-sandbox", daemon=False
         )
-        with _main_hidden():
+        with main_hidden():
             self.process.start()
         child.close()
         self.conn = parent

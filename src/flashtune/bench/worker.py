@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -65,6 +66,10 @@ class Task:
 def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
     """Entry point of the worker process."""
     import contextlib
+
+    if "environ" in options:  # the runner's environment, not the fork server's
+        os.environ.clear()
+        os.environ.update(options["environ"])
 
     import torch
 
@@ -180,15 +185,23 @@ class Worker:
 
     # lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        ctx = mp.get_context("spawn")
+        from flashtune.bench.sandbox import forkserver_context, main_hidden
+
+        # A fork of the sandboxes' fork server (torch and flashtune imported, CUDA never
+        # touched) starts in milliseconds where a spawned interpreter takes seconds. It
+        # gets this process's environment as it is now, not as it was when the server
+        # started.
+        ctx = forkserver_context()
         parent, child = ctx.Pipe(duplex=True)
+        options = {**self.options, "environ": dict(os.environ)}
         self.process = ctx.Process(
             target=_worker_main,
-            args=(child, self.device, self.options),
+            args=(child, self.device, options),
             name=f"flashtune-worker-{self.device}",
             daemon=True,
         )
-        self.process.start()
+        with main_hidden():
+            self.process.start()
         child.close()
         self.conn = parent
         if not parent.poll(_STARTUP_TIMEOUT_S):
