@@ -33,7 +33,12 @@ def plant(ds: Dataset, definition: str, name: str, source: str, **spec: object) 
             "name": name,
             "definition": definition,
             "author": "test",
-            "spec": {"language": "python", "entry_point": "main.py::run", **spec},
+            "spec": {
+                "language": "python",
+                "entry_point": "main.py::run",
+                "destination_passing_style": False,
+                **spec,
+            },
             "sources": [{"path": "main.py", "content": source}],
         }
     )

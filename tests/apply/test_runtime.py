@@ -45,7 +45,11 @@ def test_load_importable_and_file_solutions(tmp_path: Path, monkeypatch) -> None
             "name": "m",
             "definition": "d",
             "author": "a",
-            "spec": {"language": "triton", "entry_point": "main.py::run"},
+            "spec": {
+                "language": "triton",
+                "entry_point": "main.py::run",
+                "destination_passing_style": False,
+            },
             "sources": [
                 {
                     "path": "main.py",

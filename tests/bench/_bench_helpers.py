@@ -33,7 +33,12 @@ def python_solution(
             "name": name,
             "definition": definition,
             "author": "tests",
-            "spec": {"language": "python", "entry_point": "main.py::run", **spec},
+            "spec": {
+                "language": "python",
+                "entry_point": "main.py::run",
+                "destination_passing_style": False,
+                **spec,
+            },
             "sources": [{"path": "main.py", "content": body}],
         }
     )

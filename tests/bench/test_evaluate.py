@@ -105,7 +105,11 @@ def test_multi_file_solution_with_relative_import():
             "name": "pkg",
             "definition": d.name,
             "author": "t",
-            "spec": {"language": "torch", "entry_point": "src/main.py::run"},
+            "spec": {
+                "language": "torch",
+                "entry_point": "src/main.py::run",
+                "destination_passing_style": False,
+            },
             "sources": [
                 {
                     "path": "src/main.py",

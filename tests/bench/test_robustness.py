@@ -10,7 +10,7 @@ from _bench_helpers import make_dataset, python_solution, statuses, toy_definiti
 from typer.testing import CliRunner
 
 from flashtune.cli import app
-from flashtune.data import Dataset, Solution
+from flashtune.data import Solution
 
 GOOD = "def run(x, w):\n    return x * w\n"
 PLANTED = {
@@ -63,7 +63,11 @@ def planted_run(tmp_path_factory):
                 "name": "needs_gpu",
                 "definition": "toy_scale_h8",
                 "author": "tests",
-                "spec": {"language": "triton", "entry_point": "main.py::run"},
+                "spec": {
+                    "language": "triton",
+                    "entry_point": "main.py::run",
+                    "destination_passing_style": False,
+                },
                 "sources": [{"path": "main.py", "content": GOOD}],
             }
         ),
@@ -80,14 +84,20 @@ def planted_run(tmp_path_factory):
     result = CliRunner().invoke(
         app, ["run", "-d", str(root), "-o", str(out), "--timeout", "4", "--devices", "cpu", "-q"]
     )
-    traces = Dataset(out).all_traces() if (out / "traces").exists() else []
-    # The output dataset holds no definitions: read every trace file directly.
-    traces = []
-    for path in sorted((out / "traces").rglob("*.jsonl")):
-        from flashtune.data import Trace
+    # The output dataset holds no definitions: read the trace files directly. SKIPPED
+    # triples go to skipped/ (FlashInfer-Bench's traces/ has no SKIPPED status).
+    from flashtune.data import Trace
 
-        traces += [Trace.model_validate_json(line) for line in path.read_text().splitlines()]
-    return result, traces
+    def read(folder: str) -> list[Trace]:
+        return [
+            Trace.model_validate_json(line)
+            for path in sorted((out / folder).rglob("*.jsonl"))
+            for line in path.read_text().splitlines()
+        ]
+
+    in_traces = read("traces")
+    assert all(t.evaluation.status.value != "SKIPPED" for t in in_traces)
+    return result, in_traces + read("skipped")
 
 
 @pytest.mark.slow

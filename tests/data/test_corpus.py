@@ -113,3 +113,18 @@ def test_unsatisfiable_workload_fails_clearly(trace_corpus: Path) -> None:
     name, record = bad[0]
     with pytest.raises(ConstraintError, match="page indices but num_pages=0"):
         synthesize_inputs(ds.definition(name), record.workload, blob_root=ds)
+
+
+def test_corpus_files_write_back_byte_identical(trace_corpus: Path, tmp_path: Path) -> None:
+    """Loaded and written back unchanged, every definition and workload file keeps its bytes
+    (key order, hand formatting, final newline)."""
+    source, copy = Dataset(trace_corpus), Dataset(tmp_path)
+    for definition in source.definitions.values():
+        copy.add_definition(definition)
+        if source.workloads_for(definition.name):
+            copy.add_workloads(definition, source.workloads_for(definition.name))
+    files = [*_DEFINITION_FILES, *_WORKLOAD_FILES]
+    changed = [
+        p for p in files if p.read_bytes() != (tmp_path / p.relative_to(trace_corpus)).read_bytes()
+    ]
+    assert files and changed == []

@@ -78,7 +78,7 @@ def test_reference_does_not_parse(root: Path) -> None:
 
 def test_reference_without_run(root: Path) -> None:
     bad = _definition(root, name="no_run", reference="def forward(x):\n    return x\n")
-    _only(_errors(root), bad, "must define a function `run`")
+    _only(_errors(root), bad, "must define a top-level function `def run(...)`")
 
 
 def test_shape_names_undeclared_axis(root: Path) -> None:

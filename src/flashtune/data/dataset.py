@@ -4,7 +4,15 @@
     <root>/solutions/<author>/<op_type>/<definition>/<name>.json
     <root>/workloads/<op_type>/<definition>.jsonl
     <root>/traces/<author>/<op_type>/<definition>.jsonl
+    <root>/skipped/<author>/<op_type>/<definition>.jsonl   (flashtune: SKIPPED evaluations)
     <root>/blob/...                      (safetensors referenced by workloads)
+
+These are the paths flashtune writes. It reads what FlashInfer-Bench reads: any `*.json`
+under definitions/ and solutions/, and any `<definition>.jsonl` at any depth under
+workloads/ and traces/ (FlashInfer-Bench's example sets keep them flat, its `add_traces`
+writes traces/<op_type>/<definition>.jsonl). A SKIPPED evaluation (flashtune's status for a
+triple it could not run here) is not a FlashInfer-Bench status, so it goes to skipped/, where
+FlashInfer-Bench does not look; flashtune reads it back with the traces.
 
 Several roots can be combined: reads see all of them (the first root wins on a name clash),
 writes go to the first. Files are loaded lazily and once; a bad file or line is recorded in
@@ -22,18 +30,21 @@ import glob
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from flashtune.data.io import (
     DatasetFileError,
     LoadError,
     append_line,
     atomic_write_text,
-    iter_jsonl,
+    iter_jsonl_lines,
+    parse_json,
     parse_model,
-    read_json,
+    read_text,
 )
 from flashtune.data.models import (
     Definition,
+    EvaluationStatus,
     SafetensorsInput,
     Solution,
     TensorSpec,
@@ -42,7 +53,12 @@ from flashtune.data.models import (
     check_path_component,
 )
 
-__all__ = ["Dataset", "LoadError"]
+M = TypeVar("M", Definition, Solution)
+
+__all__ = ["Dataset", "LoadError", "SKIPPED_DIR"]
+
+# Where SKIPPED evaluations are kept, beside traces/ (which FlashInfer-Bench reads).
+SKIPPED_DIR = "skipped"
 
 # safetensors' dtype codes, by the FlashInfer Trace dtype names they store.
 _SAFETENSORS_DTYPES = {
@@ -100,6 +116,21 @@ def _blob_problem(path: Path, key: str, spec: TensorSpec, axes: dict[str, int]) 
     return None
 
 
+def _read_model(model: type[M], path: Path) -> M:
+    """A model read from a JSON file, remembering its text (see `_Model.file_text`)."""
+    text = read_text(path)
+    raw = parse_json(text, path)
+    parsed = parse_model(model, raw, path)
+    parsed.remember_source(text, raw)
+    return parsed
+
+
+def _jsonl_files(folder: Path, definition: str | None = None) -> list[Path]:
+    """The `<definition>.jsonl` files (any definition if None) at any depth under `folder`."""
+    name = "*" if definition is None else glob.escape(definition)
+    return sorted(folder.rglob(f"{name}.jsonl"))
+
+
 class Dataset:
     """Lazy, indexed view over one or more dataset roots."""
 
@@ -148,7 +179,7 @@ class Dataset:
     def _load_definition(self, path: Path) -> None:
         assert self._definitions is not None
         try:
-            definition = parse_model(Definition, read_json(path), path)
+            definition = _read_model(Definition, path)
         except DatasetFileError as exc:
             self._record(path, exc.errors)
             return
@@ -206,7 +237,7 @@ class Dataset:
                 for root in self.roots:
                     for path in sorted((root / "solutions").rglob("*.json")):
                         try:
-                            sol = parse_model(Solution, read_json(path), path)
+                            sol = _read_model(Solution, path)
                         except DatasetFileError as exc:
                             self._record(path, exc.errors)
                             continue
@@ -230,9 +261,8 @@ class Dataset:
         with self._lock:
             if definition not in self._workloads:
                 records = []
-                pattern = f"*/{glob.escape(definition)}.jsonl"
                 for root in self.roots:
-                    for path in sorted((root / "workloads").glob(pattern)):
+                    for path in _jsonl_files(root / "workloads", definition):
                         records.extend(self._read_traces(path))
                 self._workloads[definition] = records
             return self._workloads[definition]
@@ -242,30 +272,34 @@ class Dataset:
         with self._lock:
             if definition not in self._traces:
                 records = []
-                pattern = f"*/*/{glob.escape(definition)}.jsonl"
                 for root in self.roots:
-                    for path in sorted((root / "traces").glob(pattern)):
-                        records.extend(self._read_traces(path))
+                    for folder in ("traces", SKIPPED_DIR):
+                        for path in _jsonl_files(root / folder, definition):
+                            records.extend(self._read_traces(path))
                 self._traces[definition] = records
             return self._traces[definition]
 
     def all_traces(self) -> list[Trace]:
         names = set(self.definitions)
         for root in self.roots:
-            names |= {p.stem for p in (root / "traces").glob("*/*/*.jsonl")}
+            for folder in ("traces", SKIPPED_DIR):
+                names |= {p.stem for p in _jsonl_files(root / folder)}
         # A stray file such as `...jsonl` (stem "..") names no definition.
         return [t for n in sorted(names) if _is_path_component(n) for t in self.traces_for(n)]
 
     def _read_traces(self, path: Path) -> list[Trace]:
         records = []
-        for lineno, raw in iter_jsonl(path):
+        for lineno, text, raw in iter_jsonl_lines(path):
             if isinstance(raw, DatasetFileError):
                 self._record(path, raw.errors)
                 continue
             try:
-                records.append(parse_model(Trace, raw, path, line=lineno))
+                record = parse_model(Trace, raw, path, line=lineno)
             except DatasetFileError as exc:
                 self._record(path, exc.errors)
+                continue
+            record.remember_source(text, raw)
+            records.append(record)
         return records
 
     # ----------------------------------------------------------------- blobs
@@ -286,7 +320,7 @@ class Dataset:
         self.solutions  # noqa: B018 - loads them
         names = set(definitions)
         for root in self.roots:
-            names |= {p.stem for p in (root / "workloads").glob("*/*.jsonl")}
+            names |= {p.stem for p in _jsonl_files(root / "workloads")}
         for name in sorted(n for n in names if _is_path_component(n)):
             for record in self.workloads_for(name):
                 self._check_workload(name, record)
@@ -345,7 +379,7 @@ class Dataset:
 
     def _workload_path_hint(self, definition: str) -> Path:
         for root in self.roots:
-            for path in (root / "workloads").glob(f"*/{glob.escape(definition)}.jsonl"):
+            for path in _jsonl_files(root / "workloads", definition):
                 return path
         return self.root / "workloads" / f"{definition}.jsonl"
 
@@ -366,7 +400,7 @@ class Dataset:
         with self._lock:
             if path.exists() and not overwrite:
                 raise FileExistsError(f"definition {definition.name!r} already exists at {path}")
-            atomic_write_text(path, definition.to_json(indent=2) + "\n")
+            atomic_write_text(path, definition.file_text(indent=2))
             if self._definitions is not None:
                 self._definitions[definition.name] = definition
                 self._definition_paths[definition.name] = path
@@ -394,33 +428,47 @@ class Dataset:
         with self._lock:
             if path.exists() and not overwrite:
                 raise FileExistsError(f"solution {solution.name!r} already exists at {path}")
-            atomic_write_text(path, solution.to_json(indent=2) + "\n")
+            atomic_write_text(path, solution.file_text(indent=2))
             if self._solutions is not None:
                 sols = self._solutions.setdefault(solution.definition, [])
                 sols[:] = [s for s in sols if s.name != solution.name] + [solution]
         return path
 
-    def add_workloads(self, definition: Definition, workloads: Iterable[Workload]) -> Path:
+    def add_workloads(self, definition: Definition, workloads: Iterable[Workload | Trace]) -> Path:
+        """Append workloads, or workload records read from another dataset (written back
+        as they were read)."""
         check_path_component(definition.op_type, "definition.op_type")
         check_path_component(definition.name, "definition.name")
         path = self.root / "workloads" / definition.op_type / f"{definition.name}.jsonl"
         with self._lock:
             for workload in workloads:
-                record = Trace(
-                    definition=definition.name, solution=None, workload=workload, evaluation=None
+                record = (
+                    workload
+                    if isinstance(workload, Trace)
+                    else Trace(
+                        definition=definition.name,
+                        solution=None,
+                        workload=workload,
+                        evaluation=None,
+                    )
                 )
-                append_line(path, record.to_json())
+                append_line(path, record.file_text(indent=None, end=""))
                 if definition.name in self._workloads:
                     self._workloads[definition.name].append(record)
         return path
 
     def trace_path(self, trace: Trace, author: str, op_type: str) -> Path:
-        """traces/<author>/<op_type>/<definition>.jsonl; ValueError if a name is not a single
-        path component (an author of `../../tmp/x` would write outside the dataset)."""
+        """traces/<author>/<op_type>/<definition>.jsonl (skipped/... for a SKIPPED
+        evaluation); ValueError if a name is not a single path component (an author of
+        `../../tmp/x` would write outside the dataset)."""
         check_path_component(author, "solution.author")
         check_path_component(op_type, "definition.op_type")
         check_path_component(trace.definition, "trace.definition")
-        return self.root / "traces" / author / op_type / f"{trace.definition}.jsonl"
+        skipped = trace.evaluation is not None and trace.evaluation.status == (
+            EvaluationStatus.SKIPPED
+        )
+        folder = SKIPPED_DIR if skipped else "traces"
+        return self.root / folder / author / op_type / f"{trace.definition}.jsonl"
 
     def append_trace(self, trace: Trace, author: str = "unknown") -> Path:
         """Append one Trace as a whole, flushed line."""
@@ -428,7 +476,7 @@ class Dataset:
         op_type = definition.op_type if definition else "unknown"
         path = self.trace_path(trace, author, op_type)
         with self._lock:
-            append_line(path, trace.to_json())
+            append_line(path, trace.file_text(indent=None, end=""))
             if trace.definition in self._traces:
                 self._traces[trace.definition].append(trace)
         return path

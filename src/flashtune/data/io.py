@@ -12,6 +12,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +26,9 @@ __all__ = [
     "atomic_write_text",
     "append_line",
     "iter_jsonl",
+    "iter_jsonl_lines",
+    "parse_json",
+    "read_text",
     "current_umask",
     "make_temp_file",
     "remove_stale_temp_files",
@@ -70,17 +74,27 @@ def loads_strict(text: str) -> Any:
     return json.loads(text, object_pairs_hook=_no_duplicate_keys)
 
 
-def read_json(path: Path) -> Any:
+def read_text(path: Path) -> str:
     try:
-        return loads_strict(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DatasetFileError([LoadError(path, f"cannot read: {exc.strerror}")]) from None
+
+
+def read_json(path: Path) -> Any:
+    return parse_json(read_text(path), path)
+
+
+def parse_json(text: str, path: Path) -> Any:
+    """`text` (the content of `path`) as JSON; DatasetFileError naming the problem."""
+    try:
+        return loads_strict(text)
     except json.JSONDecodeError as exc:
         raise DatasetFileError(
             [LoadError(path, f"malformed JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")]
         ) from None
     except ValueError as exc:  # duplicate keys
         raise DatasetFileError([LoadError(path, str(exc))]) from None
-    except OSError as exc:
-        raise DatasetFileError([LoadError(path, f"cannot read: {exc.strerror}")]) from None
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -103,21 +117,29 @@ def parse_model(model: type[M], raw: Any, path: Path, line: int | None = None) -
         raise DatasetFileError(errors) from None
 
 
-def iter_jsonl(path: Path):
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     """Yield (line_number, parsed_json | DatasetFileError) for each non-blank line."""
+    for lineno, _, raw in iter_jsonl_lines(path):
+        yield lineno, raw
+
+
+def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """Yield (line_number, the line without its newline, parsed_json | DatasetFileError)
+    for each non-blank line."""
     with open(path, encoding="utf-8") as f:
-        for lineno, text in enumerate(f, start=1):
+        for lineno, line in enumerate(f, start=1):
+            text = line.rstrip("\n")
             if not text.strip():
                 continue
             try:
-                yield lineno, loads_strict(text)
+                yield lineno, text, loads_strict(text)
             except ValueError as exc:
                 msg = (
                     f"malformed JSON: {exc.msg}"
                     if isinstance(exc, json.JSONDecodeError)
                     else str(exc)
                 )
-                yield lineno, DatasetFileError([LoadError(path, msg, line=lineno)])
+                yield lineno, text, DatasetFileError([LoadError(path, msg, line=lineno)])
 
 
 # --------------------------------------------------------------------------- file modes

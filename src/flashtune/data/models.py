@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import unicodedata
 from enum import Enum
 from pathlib import PurePosixPath, PureWindowsPath
@@ -18,6 +19,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -52,8 +55,12 @@ __all__ = [
     "Evaluation",
     "Trace",
     "dumps",
+    "json_value",
+    "LANGUAGES",
 ]
 
+# FlashInfer-Bench's dtypes, plus float64 and uint8 (flashtune extensions: FlashInfer-Bench
+# rejects them; see docs/compatibility.md).
 DType = Literal[
     "float64",
     "float32",
@@ -61,6 +68,7 @@ DType = Literal[
     "bfloat16",
     "float8_e4m3fn",
     "float8_e5m2",
+    "float4_e2m1",
     "int64",
     "int32",
     "int16",
@@ -71,16 +79,80 @@ DType = Literal[
 DTYPES: tuple[str, ...] = DType.__args__  # type: ignore[attr-defined]
 
 
+# How FlashInfer-Bench writes non-finite floats (pydantic's ser_json_inf_nan="strings"): JSON
+# has no NaN, so a bare NaN would make the file unreadable by strict JSON parsers.
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def json_value(value: Any) -> Any:
+    """`value` with every NaN / infinite float replaced by FlashInfer-Bench's strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NON_FINITE[repr(value)]
+    if isinstance(value, dict):
+        return {k: json_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_value(v) for v in value]
+    return value
+
+
+def _in_key_order(model: Any, dumped: Any) -> Any:
+    """`dumped` (model's JSON form) with each object's keys in the order the model was read
+    with (new keys last), so a file written back keeps the key order it was read with."""
+    if isinstance(model, _Model) and isinstance(dumped, dict):
+        order = [k for k in model._key_order if k in dumped]
+        keys = order + [k for k in dumped if k not in order]
+        return {k: _in_key_order(getattr(model, k, None), dumped[k]) for k in keys}
+    if isinstance(model, dict) and isinstance(dumped, dict):
+        return {k: _in_key_order(model.get(k), v) for k, v in dumped.items()}
+    if isinstance(model, list) and isinstance(dumped, list):
+        return [_in_key_order(m, d) for m, d in zip(model, dumped, strict=False)]
+    return dumped
+
+
 class _Model(BaseModel):
-    """Base: keep unknown fields, validate on assignment, dump only what was set."""
+    """Base: keep unknown fields, validate on assignment, dump only what was set, in the key
+    order read; remember the text a model was read from (see `file_text`)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
+    _key_order: tuple[str, ...] = PrivateAttr(default=())
+    _source: tuple[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_key_order(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):  # (on assignment `data` is the model itself)
+            model._key_order = tuple(data)
+        return model
+
+    def __eq__(self, other: object) -> bool:
+        # Equal content is equal whatever text or key order each was read with (pydantic's
+        # own __eq__ compares private attributes too).
+        if type(self) is not type(other):
+            return NotImplemented
+        assert isinstance(other, BaseModel)
+        return self.__dict__ == other.__dict__ and self.model_extra == other.model_extra
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic's models are
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
+        dumped = self.model_dump(mode="json", exclude_unset=True, by_alias=True)
+        return json_value(_in_key_order(self, dumped))
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def remember_source(self, text: str, raw: Any) -> None:
+        """Record the text (and its parsed JSON) this model was read from."""
+        self._source = (text, json_value(raw))
+
+    def file_text(self, indent: int | None = 2, end: str = "\n") -> str:
+        """The text to write this model back with: the text it was read from, byte for byte,
+        while its content is unchanged (a hand-formatted file stays as it was); else its JSON
+        followed by `end`."""
+        if self._source is not None and self._source[1] == self.to_dict():
+            return self._source[0]
+        return self.to_json(indent=indent) + end
 
 
 def dumps(model: _Model, indent: int | None = 2) -> str:
@@ -123,11 +195,10 @@ class ConstAxis(_Model):
 
     @field_validator("value")
     @classmethod
-    def _positive(cls, value: int) -> int:
-        # A fixed size of zero or less describes no tensor: every input using it would be
-        # empty or impossible. The corpus's smallest const axis is 1.
-        if value < 1:
-            raise ValueError(f"const axis value must be a positive integer, got {value}")
+    def _non_negative(cls, value: int) -> int:
+        # FlashInfer-Bench allows 0 (an empty tensor); a negative size describes no tensor.
+        if value < 0:
+            raise ValueError(f"const axis value must be a non-negative integer, got {value}")
         return value
 
 
@@ -177,22 +248,18 @@ class Definition(_Model):
     @field_validator("reference")
     @classmethod
     def _reference_defines_run(cls, source: str) -> str:
+        # As FlashInfer-Bench checks it: a top-level `def run` (not `run = ...`, not async).
         tree = _check_python(source, "reference")
-        defined = {
-            node.name
-            for node in tree.body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        }
-        assigned = {
-            target.id
-            for node in tree.body
-            if isinstance(node, ast.Assign)
-            for target in node.targets
-            if isinstance(target, ast.Name)
-        }
-        if "run" not in defined | assigned:
-            raise ValueError("reference must define a function `run`")
+        if not any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in tree.body):
+            raise ValueError("reference must define a top-level function `def run(...)`")
         return source
+
+    @field_validator("tags", "constraints")
+    @classmethod
+    def _no_empty_strings(cls, values: list[str]) -> list[str]:
+        if any(not value for value in values):
+            raise ValueError("must not hold an empty string")
+        return values
 
     @field_validator("constraints")
     @classmethod
@@ -261,7 +328,11 @@ class SourceFile(_Model):
         return _safe_relative_path(path)
 
 
-Language = Literal["python", "torch", "triton", "cuda", "cpp"]
+# FlashInfer-Bench's languages, plus "torch" (older flashtune files: a Python solution).
+Language = Literal["python", "triton", "cuda", "cpp", "tilelang", "torch"]
+LANGUAGES: tuple[str, ...] = Language.__args__  # type: ignore[attr-defined]
+# How cuda / cpp sources are bound to Python (FlashInfer-Bench: tvm-ffi when absent).
+Binding = Literal["tvm-ffi", "torch"]
 
 
 class BuildSpec(_Model):
@@ -273,9 +344,18 @@ class BuildSpec(_Model):
     target_hardware: list[str] = Field(default_factory=list)
     entry_point: str
     dependencies: list[str] = Field(default_factory=list)
-    # False (the default when absent): `run(*inputs)` returns the outputs. True: outputs are
-    # pre-allocated and passed after the inputs, `run(*inputs, *outputs)`.
-    destination_passing_style: bool = False
+    # True: outputs are pre-allocated and passed after the inputs, `run(*inputs, *outputs)`.
+    # False: `run(*inputs)` returns the outputs. Absent: True, as in FlashInfer-Bench, except
+    # for a "package.module:function" entry point (flashtune's own form: value-returning).
+    destination_passing_style: bool = True
+    binding: Binding | None = None
+
+    @model_validator(mode="after")
+    def _importable_returns_values(self) -> BuildSpec:
+        if "destination_passing_style" not in self.model_fields_set and self.is_importable:
+            # Not marked as set: a file written back stays without the field.
+            self.__dict__["destination_passing_style"] = False
+        return self
 
     @field_validator("entry_point")
     @classmethod
@@ -364,9 +444,17 @@ InputSpec = Annotated[
 
 
 class Workload(_Model):
-    uuid: str
+    uuid: str = Field(min_length=1)
     axes: dict[str, int]
     inputs: dict[str, InputSpec] = Field(default_factory=dict)
+
+    @field_validator("axes")
+    @classmethod
+    def _non_negative_axes(cls, axes: dict[str, int]) -> dict[str, int]:
+        negative = {name: value for name, value in axes.items() if value < 0}
+        if negative:
+            raise ValueError(f"axis values must be non-negative, got {negative}")
+        return axes
 
     def check_against(self, definition: Definition) -> None:
         """Raise ValueError if this workload does not fit `definition`."""
@@ -418,7 +506,8 @@ class Correctness(_Model):
 
 
 class Performance(_Model):
-    latency_ms: float
+    # FlashInfer-Bench's three fields default to 0.0 and are never negative.
+    latency_ms: float = Field(default=0.0, ge=0.0)
     latency_spread_ms: float | None = None
     reference_latency_ms: float | None = None
     speedup_factor: float | None = None
@@ -444,6 +533,14 @@ class Evaluation(_Model):
     solution_hash: str | None = None
     correctness: Correctness | None = None
     performance: Performance | None = None
+
+    @field_validator("environment")
+    @classmethod
+    def _hardware_named(cls, environment: dict[str, Any]) -> dict[str, Any]:
+        hardware = environment.get("hardware")
+        if "hardware" in environment and not (isinstance(hardware, str) and hardware):
+            raise ValueError(f"environment.hardware must be a non-empty string, got {hardware!r}")
+        return environment
 
 
 class Trace(_Model):
