@@ -195,12 +195,15 @@ def rank(traces: Iterable[Trace]) -> list[Ranking]:
         groups[(t.definition, t.workload.uuid)].append(t)
     out = []
     for (definition, uuid), ts in sorted(groups.items()):
-        ok = [t for t in ts if t.evaluation.status is EvaluationStatus.PASSED]  # type: ignore[union-attr]
+        ok = [t for t in ts if t.evaluation and t.evaluation.status is EvaluationStatus.PASSED]
         entries = sorted(
-            ((t.solution or "", t.evaluation.performance.latency_ms, flagged(t, best))  # type: ignore[union-attr]
-             for t in ok if t.evaluation.performance),  # type: ignore[union-attr]
+            (
+                (t.solution or "", t.evaluation.performance.latency_ms, flagged(t, best))
+                for t in ok
+                if t.evaluation and t.evaluation.performance
+            ),
             key=lambda e: e[1],
-        )  # fmt: skip
+        )
         failed = [
             (t.solution or "", t.evaluation.status.value)  # type: ignore[union-attr]
             for t in ts
