@@ -538,8 +538,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = check(args.src)
     if args.json:
-        print(json.dumps({"findings": [asdict(f) for f in report.findings],
-                          "unmapped": report.unmapped}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {"findings": [asdict(f) for f in report.findings], "unmapped": report.unmapped},
+                indent=2,
+            )
+        )
     else:
         print(format_report(report))
     failing = any(report.of(c) for c in FAILING) or report.unmapped
