@@ -45,14 +45,20 @@ BUNDLED_OPS = (
     "gqa_paged_decode",
     "gqa_paged_prefill_causal",
     "gqa_ragged_prefill_causal",
+    "top_k_sampling_from_probs",
+    "top_p_sampling_from_probs",
+    "top_k_top_p_sampling_from_probs",
 )
-BUNDLED_CONSTS = {"page_size": 16}
+# Sampling at Llama-3's vocabulary only: the corpus's first size, and one row costs the CPU
+# run's sort-based baseline the most of any op.
+BUNDLED_CONSTS = {"page_size": 16, "vocab_size": 128256}
 PAGE_SIZE = BUNDLED_CONSTS["page_size"]
 TOKENS = [1, 16, 64, 256, 2048]  # rows of norm / activation / rope, M of GEMM
 DECODE = [(1, 128), (1, 32768), (16, 4096), (64, 2048), (256, 1024)]  # (batch, kv_len)
 PREFILL = [(1, 128), (4, 256), (1, 2048), (8, 1024), (1, 8192)]  # (batch, qo_len = kv_len)
 ROPE = [(1, 32, 8), (64, 32, 8), (256, 32, 8), (2048, 32, 8), (256, 8, 1)]  # tokens, Hq, Hk
 ROPE_MAX_SEQ = 8192
+SAMPLING_BATCH = [1, 4, 16, 64, 256]  # rows sampled a step (the decode batch)
 
 _NS = uuid.UUID("6b3c1b9e-5a55-4d7c-8f0e-1f2a3b4c5d6e")
 
@@ -177,6 +183,9 @@ def workloads_for(definition: Definition, root: Path) -> list[Workload]:
             })  # fmt: skip
             axes = {"total_q": sum(lens), "total_kv": sum(lens), "len_indptr": batch + 1}
             out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
+    elif definition.op_type == "sampling":
+        for n in SAMPLING_BATCH:
+            out.append(Workload(uuid=_uuid(name, n), axes={"batch_size": n}, inputs={}))
     else:
         raise ValueError(f"no workloads for {name}")
     return out
@@ -193,6 +202,9 @@ _FAMILY = {  # definition name prefix -> entry point suffix
     "gqa_paged_decode_": "gqa_paged_decode",
     "gqa_paged_prefill_": "gqa_paged_prefill",
     "gqa_ragged_prefill_": "gqa_ragged_prefill",
+    "top_k_sampling_from_probs_": "top_k_sampling",
+    "top_p_sampling_from_probs_": "top_p_sampling",
+    "top_k_top_p_sampling_from_probs_": "top_k_top_p_sampling",
 }
 _NO_FLASHINFER = {"gemm"}  # FlashInfer 0.2 has no plain bf16 GEMM
 
@@ -210,6 +222,9 @@ _PLAN_FREE = (
     "autotuner is not consulted)."
 )
 _CLONES = "on clones of hidden_states and residual (the op updates them in place)"
+
+
+_SAMPLES_INT64 = ", sorting-free, samples cast to the Definition's int64"
 
 
 def _tuned_api(call: str, note: str = "") -> str:
@@ -235,12 +250,27 @@ _FLASHTUNE = {
     f"(ops.attention.planless_prefill.paged_prefill): {_PLAN_FREE}",
     "gqa_ragged_prefill": "flashtune's plan-free Triton causal ragged prefill "
     f"(ops.attention.planless_prefill.ragged_prefill): {_PLAN_FREE}",
+    "top_k_sampling": _tuned_api("ops.sampling.top_k_sampling_from_probs", _SAMPLES_INT64),
+    "top_p_sampling": _tuned_api("ops.sampling.top_p_sampling_from_probs", _SAMPLES_INT64),
+    "top_k_top_p_sampling": _tuned_api(
+        "ops.sampling.top_k_top_p_sampling_from_probs", _SAMPLES_INT64
+    ),
+}
+_SORTED = "the op's reference in ops.sampling_schema: sort, cumulative sum, inverse CDF. "
+_TORCH = {  # baselines other than plain eager code
+    "top_k_sampling": "PyTorch eager baseline, sort-based (torch.topk, inverse CDF). ",
+    "top_p_sampling": f"PyTorch eager baseline, {_SORTED}",
+    "top_k_top_p_sampling": f"PyTorch eager baseline, {_SORTED}",
 }
 _FLASHINFER_CALL = {
     "rmsnorm": "flashinfer.norm.rmsnorm",
     "fused_add_rmsnorm": f"flashinfer.norm.fused_add_rmsnorm {_CLONES}, as flashtune's is",
     "silu_and_mul": "flashinfer.activation.silu_and_mul",
     "rope": "flashinfer.rope.apply_rope_with_cos_sin_cache",
+    "top_k_sampling": "flashinfer.sampling.top_k_sampling_from_probs (samples cast to int64)",
+    "top_p_sampling": "flashinfer.sampling.top_p_sampling_from_probs (samples cast to int64)",
+    "top_k_top_p_sampling": "flashinfer.sampling.top_k_top_p_sampling_from_probs (its "
+    "default order, top_k_first; samples cast to int64)",
 }
 _PLANNED = (
     "plan() runs once per input set in the setup phase, outside the timed region; the timed "
@@ -298,7 +328,7 @@ def solutions_for(definition: Definition) -> list[Solution]:
         }),
         Solution.model_validate({
             "name": "torch", "definition": definition.name, "author": "torch",
-            "description": "PyTorch eager baseline. " + _NO_SETUP,
+            "description": _TORCH.get(family, "PyTorch eager baseline. ") + _NO_SETUP,
             "spec": {"language": "torch", "entry_point": ep.format(f"torch_{family}")},
         }),
     ]  # fmt: skip

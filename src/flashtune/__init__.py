@@ -27,12 +27,36 @@ _LAZY = {
     "Solution": "data",
     "Workload": "data",
     "Trace": "data",
+    # FlashInfer's sampling family, at the top level as in `flashinfer`
+    **{
+        name: "sampling"
+        for name in (
+            "softmax",
+            "sampling_from_probs",
+            "sampling_from_logits",
+            "top_p_sampling_from_probs",
+            "top_k_sampling_from_probs",
+            "min_p_sampling_from_probs",
+            "top_k_top_p_sampling_from_probs",
+            "top_k_top_p_sampling_from_logits",
+            "top_p_renorm_probs",
+            "top_p_renorm_prob",
+            "top_k_renorm_probs",
+            "top_k_renorm_prob",
+            "top_k_mask_logits",
+            "chain_speculative_sampling",
+        )
+    },
 }
+# Submodules under FlashInfer's names (`flashtune.sampling` is flashtune.ops.sampling).
+_MODULES = ("sampling",)
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", *_MODULES, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return _package(name)
     package = _LAZY.get(name)
     if package is None:
         raise AttributeError(f"module 'flashtune' has no attribute {name!r}")
@@ -54,6 +78,10 @@ def _package(package: str) -> ModuleType:
         from flashtune import apply
 
         return apply
+    if package == "sampling":
+        from flashtune.ops import sampling
+
+        return sampling
     from flashtune import data
 
     return data

@@ -477,3 +477,69 @@ def torch_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
         )  # fmt: skip
         out[qo[b] : qo[b + 1]], lse[qo[b] : qo[b + 1]] = o[0], s[0]
     return out, lse
+
+
+# --------------------------------------------------------------------------- sampling
+# The sampling Definitions' samples are int64 (the FlashInfer-Trace corpus's); flashtune and
+# FlashInfer return int32, so every adapter casts (one small kernel, paid by all alike).
+# top_k_top_p is FlashInfer's default order, "top_k_first", as the Definition's reference.
+
+
+def flashtune_top_k_sampling(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    from flashtune.ops.sampling import top_k_sampling_from_probs
+
+    return top_k_sampling_from_probs(probs, top_k).long()
+
+
+def flashtune_top_p_sampling(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    from flashtune.ops.sampling import top_p_sampling_from_probs
+
+    return top_p_sampling_from_probs(probs, top_p).long()
+
+
+def flashtune_top_k_top_p_sampling(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    from flashtune.ops.sampling import top_k_top_p_sampling_from_probs
+
+    return top_k_top_p_sampling_from_probs(probs, top_k, top_p).long()
+
+
+def flashinfer_top_k_sampling(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    import flashinfer
+
+    return flashinfer.sampling.top_k_sampling_from_probs(probs, top_k).long()
+
+
+def flashinfer_top_p_sampling(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    import flashinfer
+
+    return flashinfer.sampling.top_p_sampling_from_probs(probs, top_p).long()
+
+
+def flashinfer_top_k_top_p_sampling(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    import flashinfer
+
+    return flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, top_k, top_p).long()
+
+
+def torch_top_k_sampling(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    from flashtune.ops.sampling import top_k_sampling_from_probs_ref
+
+    return top_k_sampling_from_probs_ref(probs, top_k)
+
+
+def torch_top_p_sampling(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    from flashtune.ops.sampling import top_p_sampling_from_probs_ref
+
+    return top_p_sampling_from_probs_ref(probs, top_p)
+
+
+def torch_top_k_top_p_sampling(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    from flashtune.ops.sampling import top_k_top_p_sampling_from_probs_ref
+
+    return top_k_top_p_sampling_from_probs_ref(probs, top_k, top_p)
