@@ -146,8 +146,12 @@ def workloads_for(definition: Definition, root: Path) -> list[Workload]:
             out.append(Workload(uuid=_uuid(name, n), axes=axes, inputs={}))
     elif definition.op_type == "rope":
         for t, hq, hk in ROPE:
-            axes = {"num_tokens": t, "num_qo_heads": hq, "num_kv_heads": hk,
-                    "max_seq_len": ROPE_MAX_SEQ}  # fmt: skip
+            axes = {
+                "num_tokens": t,
+                "num_qo_heads": hq,
+                "num_kv_heads": hk,
+                "max_seq_len": ROPE_MAX_SEQ,
+            }
             out.append(Workload(uuid=_uuid(name, t, hq, hk), axes=axes, inputs={}))
     elif name.startswith("gqa_paged_decode"):
         for batch, kv in DECODE:
@@ -155,11 +159,21 @@ def workloads_for(definition: Definition, root: Path) -> list[Workload]:
             lens = _lengths(batch, kv, gen)
             pages = [-(-n // PAGE_SIZE) for n in lens]
             last = [n - (p - 1) * PAGE_SIZE for n, p in zip(lens, pages, strict=False)]
-            inputs = _blob(root, definition, wid, {
-                "kv_indptr": _indptr(pages), "kv_last_page_len": torch.tensor(last, dtype=torch.int32),
-            })  # fmt: skip
-            axes = {"batch_size": batch, "len_indptr": batch + 1, "num_kv_indices": sum(pages),
-                    "num_pages": sum(pages) + 64}  # fmt: skip
+            inputs = _blob(
+                root,
+                definition,
+                wid,
+                {
+                    "kv_indptr": _indptr(pages),
+                    "kv_last_page_len": torch.tensor(last, dtype=torch.int32),
+                },
+            )
+            axes = {
+                "batch_size": batch,
+                "len_indptr": batch + 1,
+                "num_kv_indices": sum(pages),
+                "num_pages": sum(pages) + 64,
+            }
             out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
     elif name.startswith("gqa_paged_prefill"):
         for batch, n in PREFILL:
@@ -167,20 +181,37 @@ def workloads_for(definition: Definition, root: Path) -> list[Workload]:
             lens = _lengths(batch, n, gen)
             pages = [-(-x // PAGE_SIZE) for x in lens]
             last = [x - (p - 1) * PAGE_SIZE for x, p in zip(lens, pages, strict=False)]
-            inputs = _blob(root, definition, wid, {
-                "qo_indptr": _indptr(lens), "kv_indptr": _indptr(pages),
-                "kv_last_page_len": torch.tensor(last, dtype=torch.int32),
-            })  # fmt: skip
-            axes = {"total_q": sum(lens), "batch_size": batch, "len_indptr": batch + 1,
-                    "num_kv_indices": sum(pages), "num_pages": sum(pages) + 64}  # fmt: skip
+            inputs = _blob(
+                root,
+                definition,
+                wid,
+                {
+                    "qo_indptr": _indptr(lens),
+                    "kv_indptr": _indptr(pages),
+                    "kv_last_page_len": torch.tensor(last, dtype=torch.int32),
+                },
+            )
+            axes = {
+                "total_q": sum(lens),
+                "batch_size": batch,
+                "len_indptr": batch + 1,
+                "num_kv_indices": sum(pages),
+                "num_pages": sum(pages) + 64,
+            }
             out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
     elif name.startswith("gqa_ragged_prefill"):
         for batch, n in PREFILL:
             wid = _uuid(name, batch, n)
             lens = _lengths(batch, n, gen)
-            inputs = _blob(root, definition, wid, {
-                "qo_indptr": _indptr(lens), "kv_indptr": _indptr(lens),
-            })  # fmt: skip
+            inputs = _blob(
+                root,
+                definition,
+                wid,
+                {
+                    "qo_indptr": _indptr(lens),
+                    "kv_indptr": _indptr(lens),
+                },
+            )
             axes = {"total_q": sum(lens), "total_kv": sum(lens), "len_indptr": batch + 1}
             out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
     elif definition.op_type == "sampling":
@@ -311,35 +342,59 @@ def _flashinfer_solutions(definition: Definition, family: str) -> list[tuple[str
     other = "cuda_cores" if tc else "tensor_cores"
     return [
         ("flashinfer", fn, f"{wrapper} on {_decode_backend(tc)}, the backend {rule}: {_PLANNED}"),
-        (f"flashinfer_{other}", f"{fn}_{other}",
-         f"{wrapper} forced to {_decode_backend(not tc)}, not the backend {rule}: {_PLANNED}"),
-    ]  # fmt: skip
+        (
+            f"flashinfer_{other}",
+            f"{fn}_{other}",
+            f"{wrapper} forced to {_decode_backend(not tc)}, not the backend {rule}: {_PLANNED}",
+        ),
+    ]
 
 
 def solutions_for(definition: Definition) -> list[Solution]:
     family = next(v for k, v in _FAMILY.items() if definition.name.startswith(k))
     ep = "flashtune.bench.entry_points:{}"
     sols = [
-        Solution.model_validate({
-            "name": "flashtune", "definition": definition.name, "author": "flashtune",
-            "description": _FLASHTUNE[family],
-            "spec": {"language": "triton", "target_hardware": ["cuda"],
-                     "entry_point": ep.format(f"flashtune_{family}")},
-        }),
-        Solution.model_validate({
-            "name": "torch", "definition": definition.name, "author": "torch",
-            "description": _TORCH.get(family, "PyTorch eager baseline. ") + _NO_SETUP,
-            "spec": {"language": "torch", "entry_point": ep.format(f"torch_{family}")},
-        }),
-    ]  # fmt: skip
+        Solution.model_validate(
+            {
+                "name": "flashtune",
+                "definition": definition.name,
+                "author": "flashtune",
+                "description": _FLASHTUNE[family],
+                "spec": {
+                    "language": "triton",
+                    "target_hardware": ["cuda"],
+                    "entry_point": ep.format(f"flashtune_{family}"),
+                },
+            }
+        ),
+        Solution.model_validate(
+            {
+                "name": "torch",
+                "definition": definition.name,
+                "author": "torch",
+                "description": _TORCH.get(family, "PyTorch eager baseline. ") + _NO_SETUP,
+                "spec": {"language": "torch", "entry_point": ep.format(f"torch_{family}")},
+            }
+        ),
+    ]
     if family not in _NO_FLASHINFER:
         for name, fn, description in _flashinfer_solutions(definition, family):
-            sols.append(Solution.model_validate({
-                "name": name, "definition": definition.name, "author": "flashinfer",
-                "description": description,
-                "spec": {"language": "cuda", "target_hardware": ["cuda"],
-                         "dependencies": ["flashinfer"], "entry_point": ep.format(fn)},
-            }))  # fmt: skip
+            sols.append(
+                Solution.model_validate(
+                    {
+                        "name": name,
+                        "definition": definition.name,
+                        "author": "flashinfer",
+                        "description": description,
+                        "spec": {
+                            "language": "cuda",
+                            "target_hardware": ["cuda"],
+                            "dependencies": ["flashinfer"],
+                            "entry_point": ep.format(fn),
+                        },
+                    }
+                )
+            )
     return sols
 
 

@@ -94,9 +94,14 @@ def flashtune_gqa_paged_decode(
     from flashtune.ops.attention.planless import paged_decode
 
     return paged_decode(
-        q, (k_cache, v_cache), kv_indptr, kv_indices, kv_last_page_len,
-        sm_scale=float(sm_scale), return_lse=True,
-    )  # fmt: skip
+        q,
+        (k_cache, v_cache),
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+        sm_scale=float(sm_scale),
+        return_lse=True,
+    )
 
 
 def flashtune_gqa_paged_prefill(
@@ -107,9 +112,16 @@ def flashtune_gqa_paged_prefill(
     from flashtune.ops.attention.planless_prefill import paged_prefill
 
     return paged_prefill(
-        q, (k_cache, v_cache), qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-        causal=True, sm_scale=float(sm_scale), return_lse=True,
-    )  # fmt: skip
+        q,
+        (k_cache, v_cache),
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+        causal=True,
+        sm_scale=float(sm_scale),
+        return_lse=True,
+    )
 
 
 def flashtune_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
@@ -151,9 +163,13 @@ def flashinfer_rope(
     import flashinfer
 
     q_out, k_out = flashinfer.rope.apply_rope_with_cos_sin_cache(
-        positions, q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), q.shape[-1],
-        cos_sin_cache, is_neox=True,
-    )  # fmt: skip
+        positions,
+        q.reshape(q.shape[0], -1),
+        k.reshape(k.shape[0], -1),
+        q.shape[-1],
+        cos_sin_cache,
+        is_neox=True,
+    )
     return q_out.view(q.shape), k_out.view(k.shape)
 
 
@@ -268,10 +284,17 @@ def _decode_plan(tensor_cores: bool | None):
             _workspace(q.device), "NHD", use_tensor_cores=use_tc
         )
         wrapper.plan(
-            kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, q.shape[2],
-            k_cache.shape[1], q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+            kv_indptr,
+            kv_indices,
+            kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            q.shape[2],
+            k_cache.shape[1],
+            q_data_type=q.dtype,
+            kv_data_type=k_cache.dtype,
             sm_scale=float(sm_scale),
-        )  # fmt: skip
+        )
         return wrapper
 
     return plan
@@ -311,10 +334,19 @@ def _paged_prefill_plan(
 
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
     wrapper.plan(
-        qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q.shape[1], k_cache.shape[2],
-        q.shape[2], k_cache.shape[1], causal=True, sm_scale=float(sm_scale),
-        q_data_type=q.dtype, kv_data_type=k_cache.dtype,
-    )  # fmt: skip
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+        q.shape[1],
+        k_cache.shape[2],
+        q.shape[2],
+        k_cache.shape[1],
+        causal=True,
+        sm_scale=float(sm_scale),
+        q_data_type=q.dtype,
+        kv_data_type=k_cache.dtype,
+    )
     return wrapper
 
 
@@ -331,9 +363,16 @@ def _ragged_prefill_plan(q, k, v, qo_indptr, kv_indptr, sm_scale):
 
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace(q.device), "NHD")
     wrapper.plan(
-        qo_indptr, kv_indptr, q.shape[1], k.shape[1], q.shape[2], causal=True,
-        sm_scale=float(sm_scale), q_data_type=q.dtype, kv_data_type=k.dtype,
-    )  # fmt: skip
+        qo_indptr,
+        kv_indptr,
+        q.shape[1],
+        k.shape[1],
+        q.shape[2],
+        causal=True,
+        sm_scale=float(sm_scale),
+        q_data_type=q.dtype,
+        kv_data_type=k.dtype,
+    )
     return wrapper
 
 
@@ -472,9 +511,13 @@ def torch_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
         q_pos = torch.arange(n_q, device=q.device)[None] + (n_kv - n_q)
         lens = torch.tensor([n_kv], device=q.device)
         o, s = _attend_padded(
-            q[None, qo[b] : qo[b + 1]], k[None, kv[b] : kv[b + 1]], v[None, kv[b] : kv[b + 1]],
-            q_pos, lens, sm_scale,
-        )  # fmt: skip
+            q[None, qo[b] : qo[b + 1]],
+            k[None, kv[b] : kv[b + 1]],
+            v[None, kv[b] : kv[b + 1]],
+            q_pos,
+            lens,
+            sm_scale,
+        )
         out[qo[b] : qo[b + 1]], lse[qo[b] : qo[b + 1]] = o[0], s[0]
     return out, lse
 
