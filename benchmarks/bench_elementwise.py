@@ -24,29 +24,35 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_norm import geomean, load_flashinfer, time_ms, try_peer  # noqa: E402
-from common import RowWriter, copy_bandwidth_gbs, fresh_inputs  # noqa: E402
+from common import RowWriter, Selection, copy_bandwidth_gbs, fresh_inputs  # noqa: E402
 
 from flashtune.ops import activation as A  # noqa: E402
 from flashtune.ops import activation_config, rope_config  # noqa: E402
 from flashtune.ops import rope as R  # noqa: E402
 
 
-def _sweep(check, make_fn, tactics, args, sweep: bool) -> tuple[float, float, str]:
-    """(default ms, tuned ms re-measured on fresh inputs, tuned tactic)."""
+def _sweep(check, make_fn, tactics, args, sel: Selection, key: str):
+    """(default ms, tuned ms, tuned tactic); None in the selection process, which only
+    records the pick (common.Selection: a fresh process measures it)."""
     check(make_fn(-1))
-    default_ms = time_ms(make_fn(-1), args)
-    best_ms, best_t = default_ms, "default"
-    if sweep:
+    if sel.selecting:
+        best_ms, best_t = time_ms(make_fn(-1), args, reps=20), "default"
         for t in tactics:
             check(make_fn(t))
             ms = time_ms(make_fn(t), args, reps=20)
             if ms < best_ms:
                 best_ms, best_t = ms, t
-    # The published "tuned" figure re-times the pick on fresh inputs, never the sweep's best
-    # sample (a minimum over noisy samples is biased low).
+        sel.record(key, best_t, best_ms)
+        return None
+    default_ms = time_ms(make_fn(-1), args)
+    if not sel.measuring:
+        return default_ms, default_ms, "default"
+    # The published "tuned" figure: the pick timed once on fresh inputs in this process,
+    # never the sweep's best sample (a minimum over noisy samples is biased low).
+    best_t, _ = sel.lookup(key, ["default", *tactics])
     pick = make_fn(best_t if best_t != "default" else -1)
-    tuned_ms = time_ms(pick, fresh_inputs(args)) if sweep else default_ms
-    return default_ms, tuned_ms, str(best_t)
+    check(pick)
+    return default_ms, time_ms(pick, fresh_inputs(args)), str(best_t)
 
 
 def _emit(writer, op, shape, bw, nbytes, by: dict[str, float], tactics: dict[str, str]):
@@ -82,15 +88,15 @@ def _emit(writer, op, shape, bw, nbytes, by: dict[str, float], tactics: dict[str
     }
 
 
-def bench_silu(writer, bw, fi, quick: bool, sweep: bool) -> list[dict[str, Any]]:
+def bench_silu(writer, bw, fi, quick: bool, sel: Selection) -> list[dict[str, Any]]:
     out = []
     for d in [14336] if quick else [11008, 14336]:
         for t in [1, 4096, 16384] if quick else [1, 64, 1024, 4096, 16384]:
-            out.append(_silu_shape(writer, bw, fi, sweep, t, d))
-    return out
+            out.append(_silu_shape(writer, bw, fi, sel, t, d))
+    return [row for row in out if row is not None]
 
 
-def _silu_shape(writer, bw, fi, sweep: bool, t: int, d: int) -> dict[str, Any]:
+def _silu_shape(writer, bw, fi, sel: Selection, t: int, d: int) -> dict[str, Any] | None:
     runner = A.GatedActivationRunner()
     x = torch.randn(t, 2 * d, dtype=torch.bfloat16, device="cuda")
     ref = A.silu_and_mul_ref(x)
@@ -105,7 +111,10 @@ def _silu_shape(writer, bw, fi, sweep: bool, t: int, d: int) -> dict[str, Any]:
 
     args = [x, torch.empty(t, d, dtype=x.dtype, device="cuda")]
     tactics = runner.get_valid_tactics(args, None)
-    dms, tms, tt = _sweep(check, make, tactics, args, sweep)
+    swept = _sweep(check, make, tactics, args, sel, f"silu/{t}/{d}")
+    if swept is None:
+        return None
+    dms, tms, tt = swept
     by = {"flashtune": dms, "flashtune_tuned": tms}
     if fi is not None:
 
@@ -127,18 +136,18 @@ def _cos_sin_cache(max_pos: int, rd: int) -> torch.Tensor:
     return torch.cat([ang.cos(), ang.sin()], dim=-1)
 
 
-def bench_rope(writer, bw, fi, quick: bool, sweep: bool) -> list[dict[str, Any]]:
+def bench_rope(writer, bw, fi, quick: bool, sel: Selection) -> list[dict[str, Any]]:
     out = []
     configs = [(32, 8, 128, 128)] if quick else [(32, 8, 128, 128), (48, 8, 128, 64)]
     for hq, hk, d, rd in configs:
         cache = _cos_sin_cache(131072, rd)
         for nnz in [1, 8192] if quick else [1, 64, 1024, 8192, 32768]:
             for inplace in (False, True):
-                out.append(_rope_shape(writer, bw, fi, sweep, cache, nnz, hq, hk, d, inplace))
-    return out
+                out.append(_rope_shape(writer, bw, fi, sel, cache, nnz, hq, hk, d, inplace))
+    return [row for row in out if row is not None]
 
 
-def _rope_shape(writer, bw, fi, sweep, cache, nnz, hq, hk, d, inplace) -> dict[str, Any]:
+def _rope_shape(writer, bw, fi, sel, cache, nnz, hq, hk, d, inplace) -> dict[str, Any] | None:
     runner = R.RopeRunner()
     rd = cache.shape[1]
     args_c = R.RopeArgs(rd, False, True)
@@ -170,7 +179,10 @@ def _rope_shape(writer, bw, fi, sweep, cache, nnz, hq, hk, d, inplace) -> dict[s
 
     args = [q.clone(), k.clone()]  # in-place timing mutates them; checks use q and k
     tactics = runner.get_valid_tactics([q.view(nnz, hq, d), k.view(nnz, hk, d)], None)
-    dms, tms, tt = _sweep(check, make, tactics, args, sweep)
+    swept = _sweep(check, make, tactics, args, sel, f"rope/{nnz}/{hq}/{hk}/{d}/{rd}/{inplace}")
+    if swept is None:
+        return None
+    dms, tms, tt = swept
     by = {"flashtune": dms, "flashtune_tuned": tms}
     if fi is not None:
         name = "apply_rope_with_cos_sin_cache" + ("_inplace" if inplace else "")
@@ -223,7 +235,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--only", choices=["silu", "rope"], default=None)
+    ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     opts = ap.parse_args()
+    sel = Selection(opts.picks, sweep=not opts.no_sweep)
     torch.manual_seed(0)
     bw = copy_bandwidth_gbs()
     print(f"GPU {torch.cuda.get_device_name()}  copy bandwidth {bw:.0f} GB/s", flush=True)
@@ -232,9 +246,12 @@ def main() -> None:
     t0 = time.perf_counter()
     silu = rope = []
     if opts.only in (None, "silu"):
-        silu = bench_silu(RowWriter("activation"), bw, fi, opts.quick, not opts.no_sweep)
+        silu = bench_silu(RowWriter("activation"), bw, fi, opts.quick, sel)
     if opts.only in (None, "rope"):
-        rope = bench_rope(RowWriter("rope"), bw, fi, opts.quick, not opts.no_sweep)
+        rope = bench_rope(RowWriter("rope"), bw, fi, opts.quick, sel)
+    if sel.selecting:
+        sel.measure_in_fresh_process(__file__)
+        return
     print(f"\n[{time.perf_counter() - t0:.0f}s]")
     if silu:
         _summary("silu_and_mul", silu)

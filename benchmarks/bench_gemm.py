@@ -12,8 +12,9 @@ checked against cuBLAS before it may win.
 Selection is not measurement: the fastest of N noisy timings is biased low, and "best
 including cuBLAS" is >= 1.0x cuBLAS by construction. So each shape's picks (cuBLAS, the best
 candidate including cuBLAS, the best Triton tactic) are then re-timed on fresh inputs (new
-random tensors from another seed, new cold-L2 copies) in the same run; the published figures
-are the re-measured ones, and the summary shows both, Triton-only beside best-including-cuBLAS.
+random tensors from another seed, new cold-L2 copies) in a fresh process started by the
+selecting one (`--picks FILE`, common.Selection); the published figures are the re-measured
+ones, and the summary shows both, Triton-only beside best-including-cuBLAS.
 
 Writes rows to benchmarks/results/gemm.jsonl (cuBLAS, best flashtune, best Triton per shape;
 "measurement": "selection" or "remeasured", the latter's labels ending in _remeasured),
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GEMM_CORPUS_M as CORPUS_M  # noqa: E402
 from common import GEMM_CORPUS_NK as CORPUS_NK  # noqa: E402
 from common import GEMM_EXTRA_MNK as EXTRA  # noqa: E402
-from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
+from common import RowWriter, Selection, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune.ops import gemm as G  # noqa: E402
 from flashtune.ops import gemm_kernels  # noqa: E402
@@ -327,13 +328,66 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     args = ap.parse_args()
+    sel = Selection(args.picks, sweep=True)
     dev = torch.device("cuda")
     start = time.perf_counter()
     out_dir = Path(os.environ.get("OUT", "/tmp"))
     all_shapes = shapes(args.quick)
     print(f"{len(all_shapes)} shapes on {torch.cuda.get_device_name()}", flush=True)
+    if sel.selecting:
+        select_all(all_shapes, dev, args.budget_s, start, out_dir, sel)
+        sel.measure_in_fresh_process(__file__)
+        return
+    table = measure_all(dev, sel, out_dir)
+    print(f"total (measurement process) {time.perf_counter() - start:.0f}s")
+    print("\n== speedup over cuBLAS ==")
+    for line in summary_lines(table):
+        print(line)
+
+
+def select_all(
+    all_shapes: list[tuple[int, int, int]],
+    dev: torch.device,
+    budget_s: float,
+    start: float,
+    out_dir: Path,
+    sel: Selection,
+) -> None:
+    """The selection process: every candidate of every shape timed (to
+    $OUT/gemm_candidates.jsonl), each shape's picks recorded in `sel`; no result row."""
     print(f"precompile: {precompile(dev, all_shapes):.1f}s", flush=True)
+    with open(out_dir / "gemm_candidates.jsonl", "w") as cand_file:
+        for M, N, K in all_shapes:
+            if time.perf_counter() - start > budget_s:
+                print(f"budget reached: stopping before M={M} N={N} K={K}")
+                break
+            picks = select(bench_shape(M, N, K, dev, cand_file))
+            sel.record(f"{M},{N},{K}", json.dumps(picks), picks["cublas"][2])
+            best = picks["best"]
+            print(
+                f"M={M:5d} N={N:6d} K={K:6d} cublas {picks['cublas'][2] * 1e3:9.1f}us  "
+                f"best {best[0]:18s} {best[2] * 1e3:9.1f}us (selection)",
+                flush=True,
+            )
+
+
+def _picks_of(key: str, sel: Selection, dev: torch.device) -> ShapeResult:
+    """One shape's picks as the selection process recorded them, with live tactic objects."""
+    M, N, K = (int(v) for v in key.split(","))
+    recorded = json.loads(sel.picks[key]["tactic"])
+    live = {json.dumps(t): t for _, t in candidates(M, N, K, dev)}
+    picks: dict[str, Pick] = {}
+    for label, (name, tactic, ms) in recorded.items():
+        if name != CUBLAS and json.dumps(tactic) not in live:
+            raise KeyError(f"{key}: tactic {tactic} of {name} is not valid in this process")
+        picks[label] = (name, live.get(json.dumps(tactic), tactic), ms)
+    return ShapeResult(M, N, K, picks)
+
+
+def measure_all(dev: torch.device, sel: Selection, out_dir: Path) -> list[ShapeResult]:
+    """The measuring process: each shape's picks re-timed on fresh inputs; rows written."""
     bw = copy_bandwidth_gbs()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     writer = RowWriter("gemm")
@@ -346,20 +400,15 @@ def main() -> None:
         overhead["custom_op"] - overhead["eager_mm"],
         host_us_per_call=overhead,
     )
-
     best_tactics: dict[str, dict] = {}
     table: list[ShapeResult] = []
-    cand_file = open(out_dir / "gemm_candidates.jsonl", "w")
-    for M, N, K in all_shapes:
-        if time.perf_counter() - start > args.budget_s:
-            print(f"budget reached: stopping before M={M} N={N} K={K}")
-            break
-        res = bench_shape(M, N, K, dev, cand_file)
-        result = ShapeResult(M, N, K, select(res))
+    for key in sel.picks:
+        result = _picks_of(key, sel, dev)
+        M, N, K = result.M, result.N, result.K
         result.remeasured = remeasure(M, N, K, dev, result.picks, result.picks["cublas"][2])
         table.append(result)
         write_rows(writer, result, bw)
-        best_tactics[f"{M},{N},{K}"] = {
+        best_tactics[key] = {
             label: {
                 "runner": name,
                 "tactic": tactic,
@@ -381,12 +430,7 @@ def main() -> None:
             f"re-measured x{_x(result.ratio('triton', 'remeasured'))}{gb}",
             flush=True,
         )
-    cand_file.close()
     (out_dir / "gemm_best_tactics.json").write_text(json.dumps(best_tactics, indent=1))
-
-    print("\n== speedup over cuBLAS ==")
-    for line in summary_lines(table):
-        print(line)
     small = [
         (2.0 * (r.M * r.K + r.N * r.K + r.M * r.N), r.remeasured.get("best"))
         for r in table
@@ -398,7 +442,7 @@ def main() -> None:
             f"M <= 16: best (re-measured) GB/s vs copy bandwidth ({bw:.0f} GB/s): geomean "
             f"{geomean(fr):.2f} min {min(fr):.2f} max {max(fr):.2f}"
         )
-    print(f"total {time.perf_counter() - start:.0f}s")
+    return table
 
 
 def _x(value: float | None) -> str:

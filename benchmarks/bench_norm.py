@@ -4,7 +4,8 @@ Shapes: hidden {2048, 4096, 5120, 8192} x batch {1, 8, 64, 256, 1024, 4096, 1638
 Each candidate is checked against the reference, then timed with flashtune.timing.measure
 (cold L2 by rotating input copies, CUDA graphs of 20 calls so microsecond kernels are not
 timed as launch overhead). flashtune is measured with its default tactic and with every
-tactic of its runner ("tuned": the best one, what the autotuner would pick).
+tactic of its runner ("tuned": the pick of a sweep in one process, what the autotuner would
+pick, timed on fresh inputs in a fresh process: common.Selection).
 
 Writes rows to benchmarks/results/rmsnorm.jsonl (and $OUT), the custom-op boundary cost as
 "custom_op_overhead" rows, and prints a table plus geomean ratios vs FlashInfer and the share
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RowWriter, copy_bandwidth_gbs, fresh_inputs  # noqa: E402
+from common import RowWriter, Selection, copy_bandwidth_gbs, fresh_inputs  # noqa: E402
 
 from flashtune.ops import norm as N  # noqa: E402
 from flashtune.ops.norm_config import default_tactic  # noqa: E402
@@ -119,7 +120,7 @@ def custom_op_overhead(writer: RowWriter) -> None:
         )
 
 
-def bench_shape(op: str, b: int, h: int, fi: Any, sweep: bool) -> list[dict[str, Any]]:
+def bench_shape(op: str, b: int, h: int, fi: Any, sel: Selection) -> list[dict[str, Any]]:
     dt = torch.bfloat16
     x = torch.randn(b, h, dtype=dt, device="cuda")
     w = torch.randn(h, dtype=dt, device="cuda")
@@ -168,23 +169,29 @@ def bench_shape(op: str, b: int, h: int, fi: Any, sweep: bool) -> list[dict[str,
         args = [x, w, torch.empty_like(x)]
         peer = (lambda xx, ww, oo: fi.norm.rmsnorm(xx, ww, EPS, out=oo)) if fi else None
 
+    key = f"{op}/{b}/{h}"
     check(ft(-1))
-    default_ms = time_ms(ft(-1), args)
-    record("flashtune", default_ms, tactic=str(default_tactic(h, b)))
-    best = (default_ms, "default")
-    swept: dict[str, float] = {}
-    if sweep:
+    if sel.selecting:  # this process only picks; a fresh one measures (common.Selection)
+        best: tuple[float, Any] = (time_ms(ft(-1), args, reps=20), "default")
         for tactic in runner.get_valid_tactics(args, None):
             check(ft(tactic))
             ms = time_ms(ft(tactic), args, reps=20)
-            swept[str(tactic)] = round(ms, 5)
             if ms < best[0]:
                 best = (ms, tactic)
-    # The pick is re-timed on fresh inputs: the published "tuned" figure is that re-measure,
-    # never the best of the sweep (a minimum over noisy samples is biased low).
-    pick = ft(best[1] if best[1] != "default" else -1)
-    tuned_ms = time_ms(pick, fresh_inputs(args)) if sweep else default_ms
-    record("flashtune_tuned", tuned_ms, tactic=str(best[1]), sweep_ms=swept, selection_ms=best[0])
+        sel.record(key, best[1], best[0])
+        return []
+    default_ms = time_ms(ft(-1), args)
+    record("flashtune", default_ms, tactic=str(default_tactic(h, b)))
+    if sel.measuring:
+        # The pick, timed once on fresh inputs: the published "tuned" figure is never the
+        # best of the sweep (a minimum over noisy samples is biased low).
+        tactic, selection_ms = sel.lookup(key, ["default", *runner.get_valid_tactics(args, None)])
+        pick = ft(tactic if tactic != "default" else -1)
+        check(pick)
+        tuned_ms = time_ms(pick, fresh_inputs(args))
+        record("flashtune_tuned", tuned_ms, tactic=str(tactic), selection_ms=selection_ms)
+    else:
+        record("flashtune_tuned", default_ms, tactic="default")
     if peer is not None and try_peer("flashinfer", lambda: check(peer)):
         record("flashinfer", time_ms(peer, args))
     record("torch", time_ms(torch_eager, args))
@@ -195,7 +202,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--no-sweep", action="store_true", help="default tactic only")
+    ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     opts = ap.parse_args()
+    sel = Selection(opts.picks, sweep=not opts.no_sweep)
     hidden = [4096] if opts.quick else HIDDEN
     batch = [1, 1024, 16384] if opts.quick else BATCH
     torch.manual_seed(0)
@@ -204,13 +213,16 @@ def main() -> None:
     fi, why = load_flashinfer()
     print("flashinfer:", fi.__version__ if fi else f"missing ({why})", flush=True)
     writer = RowWriter("rmsnorm")
-    custom_op_overhead(writer)
+    if not sel.selecting:
+        custom_op_overhead(writer)
     table = []
     for op in ("rmsnorm", "fused_add_rmsnorm"):
         for h in hidden:
             for b in batch:
                 t0 = time.perf_counter()
-                rows = bench_shape(op, b, h, fi, not opts.no_sweep)
+                rows = bench_shape(op, b, h, fi, sel)
+                if sel.selecting:
+                    continue
                 by = {r["solution"]: r for r in rows}
                 for r in rows:
                     gbs = r["bytes"] / (r["latency_ms"] * 1e-3) / 1e9
@@ -237,6 +249,9 @@ def main() -> None:
                     + f"  [{time.perf_counter() - t0:.1f}s]",
                     flush=True,
                 )
+    if sel.selecting:
+        sel.measure_in_fresh_process(__file__)
+        return
     summarize(table, bw)
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +96,51 @@ def fresh_inputs(args: list[Any]) -> list[Any]:
         else a
         for a in args
     ]
+
+
+class Selection:
+    """Selection and measurement in separate processes (issue 11: selection is not
+    measurement).
+
+    A benchmark with a tactic sweep runs twice. The first process selects: it times every
+    tactic of every shape, keeps each shape's pick and writes no row. It then starts the same
+    script again (`measure_in_fresh_process`, with `--picks FILE`); that process measures:
+    each shape's pick is timed once on fresh inputs and published as the "tuned" figure, the
+    sweep's latency kept beside it as `selection_ms`. Nothing of the selection (its inputs,
+    its allocator or L2 state, a lucky sample) reaches the published number."""
+
+    def __init__(self, picks_path: str | None, sweep: bool) -> None:
+        self.sweep = sweep
+        self.measuring = picks_path is not None
+        self.picks: dict[str, dict[str, Any]] = (
+            json.loads(Path(picks_path).read_text()) if picks_path else {}
+        )
+
+    @property
+    def selecting(self) -> bool:
+        return self.sweep and not self.measuring
+
+    def record(self, key: str, tactic: Any, selection_ms: float) -> None:
+        self.picks[key] = {"tactic": str(tactic), "selection_ms": selection_ms}
+
+    def lookup(self, key: str, tactics: Iterable[Any]) -> tuple[Any, float]:
+        """The tactic picked for `key` (matched by its text among `tactics`) and its
+        selection-pass latency."""
+        entry = self.picks[key]
+        for tactic in tactics:
+            if str(tactic) == entry["tactic"]:
+                return tactic, float(entry["selection_ms"])
+        raise KeyError(f"{key}: picked tactic {entry['tactic']!r} is not valid in this process")
+
+    def measure_in_fresh_process(self, script: str) -> None:
+        """Run `script` again with this process's arguments plus `--picks`."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "picks.json"
+            path.write_text(json.dumps(self.picks))
+            print(f"selection done ({len(self.picks)} picks); measuring in a fresh process")
+            subprocess.run(
+                [sys.executable, script, *sys.argv[1:], "--picks", str(path)], check=True
+            )
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 * 2**30) -> float:

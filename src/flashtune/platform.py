@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import platform as _py_platform
+import re
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,8 +306,39 @@ def code_provenance(path: str | os.PathLike[str] | None = None) -> dict[str, Any
 
 
 def library_versions() -> dict[str, str | None]:
-    """The versions a measurement depends on: torch, Triton and the CUDA torch was built with."""
-    return {"torch": torch.__version__, "triton": triton_version(), "cuda": torch.version.cuda}
+    """The versions a measurement depends on: torch, Triton, the CUDA torch was built with,
+    and FlashInfer (the main peer; None where it is not installed)."""
+    return {
+        "torch": torch.__version__,
+        "triton": triton_version(),
+        "cuda": torch.version.cuda,
+        "flashinfer": flashinfer_version(),
+    }
+
+
+def flashinfer_version() -> str | None:
+    """FlashInfer's version without importing it (its import initializes CUDA): an installed
+    distribution's metadata, or the `_build_meta.py` of a source tree on the path."""
+    module = sys.modules.get("flashinfer")
+    if module is not None and isinstance(getattr(module, "__version__", None), str):
+        return module.__version__
+    for dist in ("flashinfer-python", "flashinfer"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    try:
+        spec = importlib.util.find_spec("flashinfer")
+    except (ImportError, ValueError):
+        return None
+    # getattr: a stand-in module in sys.modules may carry a spec of any shape.
+    for folder in getattr(spec, "submodule_search_locations", None) or ():
+        meta = Path(folder) / "_build_meta.py"
+        if meta.is_file():
+            found = re.search(r"__version__\s*=\s*[\"']([^\"']+)", meta.read_text())
+            if found:
+                return found.group(1)
+    return None
 
 
 def snapshot(

@@ -213,3 +213,74 @@ def test_distribution_check_passes_same_distribution_and_fails_argmax():
     verdict = distribution_check(d, argmax, ref, draws=2000)
     assert verdict.status is EvaluationStatus.INCORRECT_NUMERICAL
     assert "total variation distance" in verdict.reason
+
+
+def _top_p_probs(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    # The renormalized nucleus: the smallest set of most likely tokens reaching top_p.
+    sorted_probs, order = probs.sort(-1, descending=True)
+    keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def _many_draws(probs: torch.Tensor, seed: int, draws: int):
+    # All draws in one call (fast), handed out one draw per call as the harness asks.
+    samples = iter(
+        torch.multinomial(
+            probs, draws, replacement=True, generator=torch.Generator().manual_seed(seed)
+        ).T
+    )
+    return lambda: {"y": next(samples)}
+
+
+@pytest.mark.parametrize("vocab", [1000, 128256])
+def test_distribution_check_catches_a_sampler_ignoring_top_p_on_flat_rows(vocab):
+    # Flat rows: a thousand draws almost never repeat a token, so the per-token TVD alone
+    # passes anything; the support and rank checks must not.
+    d = _definition("sampling", dtype="int64")
+    probs = torch.softmax(
+        torch.randn(8, vocab, generator=torch.Generator().manual_seed(0)) * 0.5, -1
+    )
+    nucleus = _top_p_probs(probs, 0.9)
+    inputs = {"probs": probs, "top_p": torch.full((8,), 0.9)}
+    draws = 1000
+    honest = distribution_check(
+        d,
+        _many_draws(nucleus, 1, draws),
+        _many_draws(nucleus, 2, draws),
+        draws=draws,
+        inputs=inputs,
+    )
+    assert honest.status is EvaluationStatus.PASSED, honest.reason
+    wrong = distribution_check(
+        d, _many_draws(probs, 3, draws), _many_draws(nucleus, 4, draws), draws=draws, inputs=inputs
+    )
+    assert wrong.status is EvaluationStatus.INCORRECT_NUMERICAL
+    assert "pooled rank test" in wrong.reason
+    without_inputs = distribution_check(
+        d, _many_draws(probs, 3, draws), _many_draws(nucleus, 4, draws), draws=draws
+    )
+    if vocab == 128256:  # the gap the rank test closes: per-token TVD alone passes it
+        assert without_inputs.status is EvaluationStatus.PASSED
+
+
+def test_distribution_check_rejects_impossible_tokens():
+    d = _definition("sampling", dtype="int64")
+    probs = torch.softmax(torch.randn(4, 50), -1)
+    probs[:, 7] = 0.0
+    probs = probs / probs.sum(-1, keepdim=True)
+    inputs = {"probs": probs}
+    ref = _many_draws(probs, 1, 200)
+    zero = distribution_check(d, lambda: {"y": torch.full((4,), 7)}, ref, draws=200, inputs=inputs)
+    assert zero.status is EvaluationStatus.INCORRECT_NUMERICAL
+    assert "zero probability" in zero.reason
+    outside = distribution_check(
+        d, lambda: {"y": torch.full((4,), 50)}, _many_draws(probs, 1, 200), draws=200, inputs=inputs
+    )
+    assert outside.status is EvaluationStatus.INCORRECT_NUMERICAL
+    assert "outside the vocabulary" in outside.reason
+    logits = {"logits": torch.randn(4, 50).masked_fill(torch.arange(50) == 7, -math.inf)}
+    masked = distribution_check(
+        d, lambda: {"y": torch.full((4,), 7)}, _many_draws(probs, 1, 200), draws=200, inputs=logits
+    )
+    assert masked.status is EvaluationStatus.INCORRECT_NUMERICAL

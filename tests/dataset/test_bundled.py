@@ -3,17 +3,21 @@ the references (torch on CPU; flashtune and FlashInfer on a GPU)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
-from flashtune.bench.build import build_solution
+from flashtune.bench import entry_points
+from flashtune.bench.build import build_solution, solution_hash
 from flashtune.bench.correctness import compare_outputs, distribution_check, is_stochastic
 from flashtune.cli import bundled_dataset
 from flashtune.data import (
     Dataset,
+    Solution,
     outputs_as_dict,
     run_reference,
     small_workload,
@@ -42,7 +46,7 @@ def test_loads_without_errors_and_covers_the_ops():
     }
     for name in NAMES:
         sols = {s.name for s in DS.solutions_for(name)}
-        assert {"flashtune", "torch"} <= sols, name
+        assert {f"flashtune@{name}", f"torch@{name}"} <= sols, name
         assert len(DS.workloads_for(name)) >= 5, name
     tags = {t for d in DS.definitions.values() for t in d.tags}
     assert {"model:llama-3.1-8b", "model:llama-3.1-70b-tp8", "model:qwen3-8b"} <= tags
@@ -79,6 +83,7 @@ def _check(name: str, solution: str, device: str) -> None:
             lambda: outputs_as_dict(definition, runner(*args)),
             lambda: run_reference(definition, inputs),
             draws=10,
+            inputs=inputs,
         )
     else:
         verdict = compare_outputs(definition, expected, got)
@@ -86,8 +91,6 @@ def _check(name: str, solution: str, device: str) -> None:
 
 
 def test_every_solution_builds_and_says_how_it_is_run():
-    from flashtune.bench import entry_points
-
     for sol in DS.all_solutions():
         fn = build_solution(sol)  # imports the entry point (FlashInfer itself is imported lazily)
         description = sol.description or ""
@@ -104,10 +107,40 @@ def test_every_solution_builds_and_says_how_it_is_run():
         d = DS.definition(name)
         hq, hk = d.const_axes["num_qo_heads"], d.const_axes["num_kv_heads"]
         tc = entry_points.flashinfer_decode_uses_tensor_cores(hq, hk, torch.bfloat16)
-        sols = {s.name: s.spec.entry_point.rpartition(":")[2] for s in DS.solutions_for(name)}
+        sols = {s.name: _entry_function(s) for s in DS.solutions_for(name)}
         other = "cuda_cores" if tc else "tensor_cores"
-        assert sols["flashinfer"] == "flashinfer_gqa_paged_decode", name
-        assert sols[f"flashinfer_{other}"] == f"flashinfer_gqa_paged_decode_{other}", name
+        assert sols[f"flashinfer@{name}"] == "flashinfer_gqa_paged_decode", name
+        assert sols[f"flashinfer_{other}@{name}"] == f"flashinfer_gqa_paged_decode_{other}", name
+
+
+def _entry_function(solution: Solution) -> str:
+    """The flashtune.bench.entry_points function a bundled solution's source binds to `run`."""
+    (source,) = solution.sources
+    (node,) = [n for n in ast.parse(source.content).body if isinstance(n, ast.ImportFrom)]
+    assert node.module == "flashtune.bench.entry_points"
+    (alias,) = node.names
+    assert alias.asname == "run"
+    return alias.name
+
+
+def test_solutions_are_flashinfer_bench_solutions():
+    """FlashInfer-Bench's form: code in `sources`, a `file.py::function` entry point, one of
+    its languages, target hardware, names unique in the dataset, the calling convention
+    explicit; the code's hash covers flashtune's kernels (a changed kernel is re-measured)."""
+    sols = DS.all_solutions()
+    assert len({s.name for s in sols}) == len(sols)
+    for sol in sols:
+        spec = sol.spec
+        assert spec.entry_point == "main.py::run" and [s.path for s in sol.sources] == ["main.py"]
+        assert spec.language in {"python", "triton"} and spec.target_hardware, sol.name
+        assert "destination_passing_style" in spec.model_fields_set
+        assert spec.destination_passing_style is False
+        assert sol.name == f"{sol.name.partition('@')[0]}@{sol.definition}"
+        assert callable(getattr(entry_points, _entry_function(sol)))
+    fake = {"flashtune": "edited kernels"}
+    with mock.patch("flashtune.bench.build._module_code_hash", fake.get):
+        edited = solution_hash(sols[0])
+    assert edited != solution_hash(sols[0])
 
 
 def _script():
@@ -130,13 +163,13 @@ def test_committed_solutions_are_what_the_script_generates():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_torch_baseline_matches_reference(name):
-    _check(name, "torch", "cpu")
+    _check(name, f"torch@{name}", "cpu")
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", NAMES)
 def test_flashtune_solution_matches_reference_on_gpu(name):
-    _check(name, "flashtune", "cuda")
+    _check(name, f"flashtune@{name}", "cuda")
 
 
 @pytest.mark.cuda

@@ -506,6 +506,7 @@ def _check_phase(
             lambda: outputs_as_dict(definition, next(draws)),
             lambda: wl.run_reference(wl.sets[0]),
             draws=cfg.sampling_draws,
+            inputs=wl.sets[0],
         )
         if dist.status is not EvaluationStatus.PASSED:
             raise _Failed(dist.status, dist.reason or "", dist)
