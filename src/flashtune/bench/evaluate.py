@@ -250,6 +250,10 @@ def evaluate_workload(
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             wl = _Workload(definition, workload, cfg, device, blob_root)
             ref_timing = wl.reference_timing()
+        # The reference's temporaries (gigabytes for long prefills) go back to the device
+        # before the solutions' sandboxes, other processes, allocate theirs.
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     except Exception as exc:  # noqa: BLE001 - a failing reference fails its workload only
         status = EvaluationStatus.RUNTIME_ERROR
         reason = f"reference failed: {type(exc).__name__}: {exc}"

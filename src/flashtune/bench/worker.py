@@ -70,6 +70,12 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
     if "environ" in options:  # the runner's environment, not the fork server's
         os.environ.clear()
         os.environ.update(options["environ"])
+    # Seen on an H100: references of 8k-token prefill allocate 2-8 GB temporaries of varying
+    # sizes; with fixed segments the worker's cache fragmented into 53 GB reserved but
+    # unusable, and the next reference (and the sandboxes) ran out of memory. Expandable
+    # segments remap freed memory instead. Set before CUDA starts (the sandboxes inherit it);
+    # a user's own setting wins.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
     import torch
 
@@ -84,6 +90,9 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
     mp.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
     device = torch.device(device_str)
     if device.type == "cuda":
+        if os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True":
+            # In case the allocator read its settings before the variable was set.
+            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
         torch.cuda.set_device(device)
     cfg = BenchConfig(**options.get("config", {}))
     blob_root = Dataset(options["roots"]) if options.get("roots") else None
