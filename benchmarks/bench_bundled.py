@@ -51,7 +51,7 @@ def warm() -> None:
         "ds = Dataset(bundled_dataset()); d = ds.definition(sys.argv[1]);"
         "x = synthesize_inputs(d, small_workload(d), device='cuda');"
         "[print(sys.argv[1], s.name, type(build_solution(s)(*x.values())).__name__)"
-        " for s in ds.solutions_for(d.name) if s.name != 'torch']"
+        " for s in ds.solutions_for(d.name) if s.author != 'torch']"
     )
     procs: list[subprocess.Popen] = []
     start = time.time()
@@ -112,6 +112,7 @@ def rows(out: Path) -> None:
         if ev is None:
             continue
         writer = writer_for(ev.environment)
+        kind = (t.solution or "").partition("@")[0]  # bundled names are <kind>@<definition>
         perf = ev.performance
         extra: dict[str, Any] = {"status": ev.status.value}
         if perf is not None:
@@ -124,13 +125,13 @@ def rows(out: Path) -> None:
                 timing_trials_ms=getattr(perf, "timing_trials_ms", None),
             )
             method = getattr(perf, "timing_method", None)
-            lat[(t.definition, t.workload.uuid)][t.solution] = (perf.latency_ms, method)
+            lat[(t.definition, t.workload.uuid)][kind] = (perf.latency_ms, method)
         else:
             extra["reason"] = (ev.reason or "")[:200]
         writer.write(
             t.definition,
             t.workload.axes,
-            t.solution or "",
+            kind,
             perf.latency_ms if perf else None,
             **extra,
         )

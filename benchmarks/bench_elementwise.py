@@ -9,6 +9,11 @@ best of its tactics ("tuned"). Bytes count what must move: input read + output w
 rotary part only for in-place rope) + positions + the cos/sin rows read.
 Writes benchmarks/results/activation.jsonl and rope.jsonl (and $OUT); prints tables.
 Usage: python benchmarks/bench_elementwise.py [--quick] [--no-sweep]
+       python benchmarks/bench_elementwise.py --pdl [--quick]
+
+--pdl: programmatic dependent launch instead (ops/pdl.py): a chain of PDL_CHAIN
+silu_and_mul kernels, each reading what the one before wrote (two buffers in turn), with enable_pdl False and True, in a CUDA graph and as eager launches; FlashInfer's
+likewise. Rows go to benchmarks/results/activation_pdl.jsonl.
 """
 
 from __future__ import annotations
@@ -29,6 +34,69 @@ from common import RowWriter, Selection, copy_bandwidth_gbs, fresh_inputs  # noq
 from flashtune.ops import activation as A  # noqa: E402
 from flashtune.ops import activation_config, rope_config  # noqa: E402
 from flashtune.ops import rope as R  # noqa: E402
+from flashtune.timing import measure  # noqa: E402
+
+PDL_CHAIN = 8
+
+
+def silu_chain(lib: Any, pdl: bool):
+    """fn(a, c): PDL_CHAIN silu_and_mul kernels over two [T, 2d] buffers, each writing the
+    first T * d elements of the other (a contiguous [T, d] view), which the next one reads."""
+
+    def chain(a: torch.Tensor, c: torch.Tensor) -> None:
+        t, d = a.shape[0], a.shape[1] // 2
+        for _ in range(PDL_CHAIN // 2):
+            lib.silu_and_mul(a, out=c.view(2, t, d)[0], enable_pdl=pdl)
+            lib.silu_and_mul(c, out=a.view(2, t, d)[0], enable_pdl=pdl)
+
+    return chain
+
+
+def bench_pdl(writer, fi, quick: bool) -> None:
+    from flashtune.ops import pdl as P
+
+    if not P.use_pdl(torch.device("cuda"), True):
+        print("PDL unsupported here (needs compute capability 9.0+, no interpreter)", flush=True)
+        return
+    libs = {"flashtune": A}
+    if fi is not None:
+        libs["flashinfer"] = fi.activation
+    for d in [14336] if quick else [4096, 14336]:
+        for t in [1, 64] if quick else [1, 8, 64, 256, 1024]:
+            args = [
+                torch.randn(t, 2 * d, dtype=torch.bfloat16, device="cuda"),
+                torch.randn(t, 2 * d, dtype=torch.bfloat16, device="cuda"),
+            ]
+            line = []
+            for name, lib in libs.items():
+                for graph in (True, False):
+                    ms = {}
+                    for pdl in (False, True):
+                        fn = silu_chain(lib, pdl)
+                        if not try_peer(f"{name} pdl={pdl}", lambda fn=fn, args=args: fn(*args)):
+                            break
+                        ms[pdl] = measure(
+                            fn, args, warmup=5, repetitions=30, cold_l2=False, use_cuda_graph=graph
+                        ).median_ms
+                    if len(ms) < 2:
+                        continue
+                    mode = "graph" if graph else "eager"
+                    for pdl, value in ms.items():
+                        writer.write(
+                            "silu_and_mul_pdl_chain",
+                            {"num_tokens": t, "hidden_size": d, "dtype": "bfloat16"},
+                            f"{name}_{'pdl' if pdl else 'nopdl'}_{mode}",
+                            value,
+                            kernels=PDL_CHAIN,
+                            pdl=pdl,
+                            launch=mode,
+                            speedup_of_pdl=round(ms[False] / ms[True], 3),
+                        )
+                    line.append(
+                        f"{name}/{mode} {ms[False] * 1e3:7.2f} -> {ms[True] * 1e3:7.2f}us "
+                        f"({ms[False] / ms[True]:.3f}x)"
+                    )
+            print(f"pdl chain t={t:5d} d={d:5d}  " + "  ".join(line), flush=True)
 
 
 def _sweep(check, make_fn, tactics, args, sel: Selection, key: str):
@@ -235,8 +303,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--only", choices=["silu", "rope"], default=None)
+    ap.add_argument("--pdl", action="store_true", help="PDL on/off chains only")
     ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     opts = ap.parse_args()
+    if opts.pdl:
+        torch.manual_seed(0)
+        fi, why = load_flashinfer()
+        print("flashinfer:", fi.__version__ if fi else f"missing ({why})", flush=True)
+        bench_pdl(RowWriter("activation_pdl"), fi, opts.quick)
+        return
     sel = Selection(opts.picks, sweep=not opts.no_sweep)
     torch.manual_seed(0)
     bw = copy_bandwidth_gbs()

@@ -11,6 +11,14 @@ Writes rows to benchmarks/results/rmsnorm.jsonl (and $OUT), the custom-op bounda
 "custom_op_overhead" rows, and prints a table plus geomean ratios vs FlashInfer and the share
 of measured copy bandwidth for inputs over 64 MB.
 Usage: python benchmarks/bench_norm.py [--quick] [--no-sweep]
+       python benchmarks/bench_norm.py --pdl [--quick]
+
+--pdl: programmatic dependent launch instead (ops/pdl.py): a decode step's chain of
+PDL_CHAIN back-to-back norm kernels (fused add + norm, then norm, ...), each reading what the
+one before wrote, timed with enable_pdl False and True, inside a CUDA graph (as serving
+engines replay a step) and as eager launches; FlashInfer's chain likewise when it loads.
+L2 stays warm (the chain's data is what the previous kernel just wrote). Rows go to
+benchmarks/results/rmsnorm_pdl.jsonl; the gain decides ops.pdl.PDL_BY_DEFAULT.
 """
 
 from __future__ import annotations
@@ -86,6 +94,69 @@ def host_overhead_us(fn: Callable[[], Any], n: int = 3000) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / n * 1e6
+
+
+# ----------------------------------------------------------------------------------- PDL bench
+
+PDL_CHAIN = 8  # kernels a chain: 4 (fused add + norm, norm) pairs, a few decoder layers' worth
+
+
+def norm_chain(lib: Any, pdl: bool) -> Callable[..., Any]:
+    """fn(x, residual, w, y): PDL_CHAIN norm kernels, each reading the previous one's output.
+    `lib` has FlashInfer's names and signatures (flashtune.ops.norm or flashinfer.norm)."""
+
+    def chain(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
+        for _ in range(PDL_CHAIN // 2):
+            lib.fused_add_rmsnorm(x, residual, w, EPS, enable_pdl=pdl)
+            lib.rmsnorm(x, w, EPS, out=y, enable_pdl=pdl)
+            x, y = y, x
+
+    return chain
+
+
+def bench_pdl(writer: RowWriter, fi: Any, quick: bool) -> None:
+    from flashtune.ops import pdl as P
+
+    if not P.use_pdl(torch.device("cuda"), True):
+        print("PDL unsupported here (needs compute capability 9.0+, no interpreter)", flush=True)
+        return
+    libs = {"flashtune": N}
+    if fi is not None:
+        libs["flashinfer"] = fi.norm
+    for h in [4096] if quick else [2048, 4096, 8192]:
+        for b in [1, 64] if quick else [1, 8, 64, 256, 1024]:
+            x = torch.randn(b, h, dtype=torch.bfloat16, device="cuda")
+            args = [x, torch.randn_like(x), torch.randn(h, dtype=x.dtype, device="cuda"), x.clone()]
+            line = []
+            for name, lib in libs.items():
+                for graph in (True, False):
+                    ms = {}
+                    for pdl in (False, True):
+                        fn = norm_chain(lib, pdl)
+                        if not try_peer(f"{name} pdl={pdl}", lambda fn=fn, args=args: fn(*args)):
+                            break
+                        ms[pdl] = measure(
+                            fn, args, warmup=5, repetitions=30, cold_l2=False, use_cuda_graph=graph
+                        ).median_ms
+                    if len(ms) < 2:
+                        continue
+                    mode = "graph" if graph else "eager"
+                    for pdl, value in ms.items():
+                        writer.write(
+                            "rmsnorm_pdl_chain",
+                            {"batch_size": b, "hidden_size": h, "dtype": "bfloat16"},
+                            f"{name}_{'pdl' if pdl else 'nopdl'}_{mode}",
+                            value,
+                            kernels=PDL_CHAIN,
+                            pdl=pdl,
+                            launch=mode,
+                            speedup_of_pdl=round(ms[False] / ms[True], 3),
+                        )
+                    line.append(
+                        f"{name}/{mode} {ms[False] * 1e3:7.2f} -> {ms[True] * 1e3:7.2f}us "
+                        f"({ms[False] / ms[True]:.3f}x)"
+                    )
+            print(f"pdl chain b={b:5d} h={h:5d}  " + "  ".join(line), flush=True)
 
 
 # ------------------------------------------------------------------------------- rmsnorm bench
@@ -202,8 +273,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--no-sweep", action="store_true", help="default tactic only")
+    ap.add_argument("--pdl", action="store_true", help="PDL on/off chains only")
     ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     opts = ap.parse_args()
+    if opts.pdl:
+        torch.manual_seed(0)
+        fi, why = load_flashinfer()
+        print("flashinfer:", fi.__version__ if fi else f"missing ({why})", flush=True)
+        bench_pdl(RowWriter("rmsnorm_pdl"), fi, opts.quick)
+        return
     sel = Selection(opts.picks, sweep=not opts.no_sweep)
     hidden = [4096] if opts.quick else HIDDEN
     batch = [1, 1024, 16384] if opts.quick else BATCH

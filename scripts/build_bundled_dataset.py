@@ -10,9 +10,10 @@ realistic var-axis values (batch 1..256, sequence/KV lengths 128..32k); attentio
 tables are stored as small safetensors blobs with per-request lengths drawn around the
 nominal length (never an empty request). Solutions: flashtune's kernels, torch eager
 baselines, FlashInfer baselines (for decode, `flashinfer` runs the backend FlashInfer's own
-rule picks and the other backend is listed under its own name); all importable entry points
-in flashtune.bench.entry_points, whose FlashInfer attention adapters plan once in a setup
-phase outside the timed region. Each description says how its solution is run.
+rule picks and the other backend is listed under its own name), named `<kind>@<definition>`.
+Each runs an entry point of flashtune.bench.entry_points (the FlashInfer attention adapters
+plan once in a setup phase outside the timed region) through a small source file binding
+`run` to it, so FlashInfer-Bench loads them too. Each description says how it is run.
 
     python scripts/build_bundled_dataset.py --root /tmp/ds   # elsewhere, e.g. to compare
 """
@@ -350,49 +351,97 @@ def _flashinfer_solutions(definition: Definition, family: str) -> list[tuple[str
     ]
 
 
+# FlashInfer-Bench's form: sources carrying the code, a "file.py::function" entry point, one of
+# its languages, target hardware, names unique across definitions. The code is a small file
+# binding `run` to the entry point in flashtune.bench.entry_points (the object itself, so an
+# entry's setup phase comes with it); flashtune builds it like any source solution.
+ENTRY_FILE = "main.py"
+ENTRY_MODULE = "flashtune.bench.entry_points"
+
+
+def solution_name(kind: str, definition: Definition) -> str:
+    """`<kind>@<definition>`: FlashInfer-Bench wants solution names unique in a dataset, and
+    the kind stays first, so `flashtune@*` / `torch*` / `flashinfer@*` select by kind."""
+    return f"{kind}@{definition.name}"
+
+
+def _entry_source(function: str) -> str:
+    return (
+        f"# Runs {ENTRY_MODULE}.{function} (the flashtune package must be installed).\n"
+        "# Value-returning: run(*inputs) returns the outputs.\n"
+        f"from {ENTRY_MODULE} import {function} as run\n"
+        "\n"
+        '__all__ = ["run"]\n'
+    )
+
+
+def _solution(
+    definition: Definition,
+    kind: str,
+    author: str,
+    function: str,
+    description: str,
+    language: str,
+    hardware: list[str],
+    dependencies: tuple[str, ...] = (),
+) -> Solution:
+    name = solution_name(kind, definition)
+    spec: dict[str, object] = {
+        "language": language,
+        "target_hardware": hardware,
+        "entry_point": f"{ENTRY_FILE}::run",
+    }
+    if dependencies:
+        spec["dependencies"] = list(dependencies)
+    spec["destination_passing_style"] = False
+    return Solution.model_validate(
+        {
+            "name": name,
+            "definition": definition.name,
+            "author": author,
+            "description": description,
+            "spec": spec,
+            "sources": [{"path": ENTRY_FILE, "content": _entry_source(function)}],
+        }
+    )
+
+
 def solutions_for(definition: Definition) -> list[Solution]:
     family = next(v for k, v in _FAMILY.items() if definition.name.startswith(k))
-    ep = "flashtune.bench.entry_points:{}"
     sols = [
-        Solution.model_validate(
-            {
-                "name": "flashtune",
-                "definition": definition.name,
-                "author": "flashtune",
-                "description": _FLASHTUNE[family],
-                "spec": {
-                    "language": "triton",
-                    "target_hardware": ["cuda"],
-                    "entry_point": ep.format(f"flashtune_{family}"),
-                },
-            }
+        _solution(
+            definition,
+            "flashtune",
+            "flashtune",
+            f"flashtune_{family}",
+            _FLASHTUNE[family],
+            language="triton",
+            hardware=["cuda"],
         ),
-        Solution.model_validate(
-            {
-                "name": "torch",
-                "definition": definition.name,
-                "author": "torch",
-                "description": _TORCH.get(family, "PyTorch eager baseline. ") + _NO_SETUP,
-                "spec": {"language": "torch", "entry_point": ep.format(f"torch_{family}")},
-            }
+        _solution(
+            definition,
+            "torch",
+            "torch",
+            f"torch_{family}",
+            _TORCH.get(family, "PyTorch eager baseline. ") + _NO_SETUP,
+            language="python",
+            hardware=["cpu", "cuda"],
         ),
     ]
     if family not in _NO_FLASHINFER:
-        for name, fn, description in _flashinfer_solutions(definition, family):
+        for kind, function, description in _flashinfer_solutions(definition, family):
+            # Python calling FlashInfer's own (CUDA) kernels: FlashInfer-Bench's "cuda" means
+            # CUDA sources it compiles.
             sols.append(
-                Solution.model_validate(
-                    {
-                        "name": name,
-                        "definition": definition.name,
-                        "author": "flashinfer",
-                        "description": description,
-                        "spec": {
-                            "language": "cuda",
-                            "target_hardware": ["cuda"],
-                            "dependencies": ["flashinfer"],
-                            "entry_point": ep.format(fn),
-                        },
-                    }
+                _solution(
+                    definition,
+                    kind,
+                    "flashinfer",
+                    function,
+                    description,
+                    language="python",
+                    hardware=["cuda"],
+                    dependencies=("flashinfer",),
                 )
             )
     return sols

@@ -42,10 +42,16 @@ PACKAGE = "flashtune"
 SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_LINES = 800
 
+# The root's submodules under FlashInfer's names (flashtune.decode, ...): the root's layer.
+FACADES = tuple(
+    f"flashtune.{name}"
+    for name in ("activation", "cascade", "decode", "norm", "page", "prefill", "rope", "sampling")
+)
+
 # Top to bottom. A module belongs to the layer of the longest prefix naming it ("flashtune"
 # itself names only the package root).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("cli", ("flashtune", "flashtune.cli")),
+    ("cli", ("flashtune", "flashtune.cli", *FACADES)),
     ("features", ("flashtune.bench", "flashtune.report", "flashtune.capture", "flashtune.apply")),
     ("ops", ("flashtune.ops",)),
     ("core", ("flashtune.tune", "flashtune.schema")),

@@ -59,4 +59,4 @@ def test_list_rejects_unknown_kind(dataset: Path) -> None:
 def test_validate_missing_folder(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "nope")], env={"COLUMNS": "300"})
     assert result.exit_code == 1
-    assert "not a folder" in result.stderr
+    assert "no such folder" in result.stderr

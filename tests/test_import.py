@@ -24,6 +24,30 @@ def test_import_does_not_initialize_cuda() -> None:
     assert out.stdout.strip().endswith("ok")
 
 
+def test_import_is_cheap_and_flashinfer_names_load_on_use() -> None:
+    """`import flashtune` loads neither torch nor an op; FlashInfer's names and submodules
+    load on first use, and `import flashtune as flashinfer` then serves FlashInfer's code."""
+    code = (
+        "import sys\n"
+        "import flashtune as flashinfer\n"
+        "heavy = ('torch', 'triton', 'flashtune.ops', 'flashtune.tune', 'flashtune.schema')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(heavy))\n"
+        "assert not loaded, loaded\n"
+        "assert 'rmsnorm' in dir(flashinfer) and 'decode' in dir(flashinfer)\n"
+        "from flashtune.norm import rmsnorm\n"
+        "assert flashinfer.rmsnorm is rmsnorm is flashinfer.norm.rmsnorm\n"
+        "assert 'flashtune.ops.attention' not in sys.modules\n"
+        "w = flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper\n"
+        "assert w is flashinfer.BatchDecodeWithPagedKVCacheWrapper\n"
+        "import torch\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
+
+
 def test_env_command_lists_every_setting() -> None:
     from flashtune import env
 

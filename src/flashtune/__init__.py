@@ -2,6 +2,10 @@
 
 Importing flashtune never touches CUDA or compiles anything; ops and the tuner are loaded on
 first use.
+
+FlashInfer's public names live here too, and its submodules under their FlashInfer names
+(`flashtune.decode`, `.prefill`, `.cascade`, `.page`, `.norm`, `.activation`, `.rope`,
+`.sampling`), so that `import flashtune as flashinfer` serves code written for FlashInfer.
 """
 
 from __future__ import annotations
@@ -12,6 +16,63 @@ from typing import Any
 from flashtune import env, switches
 
 __version__ = "0.1.0"
+
+# FlashInfer's top-level names, by the submodule (facade) that defines them.
+_FLASHINFER_NAMES: dict[str, tuple[str, ...]] = {
+    "activation": ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"),
+    "cascade": (
+        "MultiLevelCascadeAttentionWrapper",
+        "merge_state",
+        "merge_state_in_place",
+        "merge_states",
+        # exported once flashtune.ops.attention has them (flashtune.cascade.OPTIONAL)
+        "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+        "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
+    ),
+    "decode": (
+        "BatchDecodeWithPagedKVCacheWrapper",
+        "single_decode_with_kv_cache",
+        "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",  # flashtune.decode.OPTIONAL
+    ),
+    "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
+    "page": ("append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"),
+    "prefill": (
+        "BatchPrefillWithPagedKVCacheWrapper",
+        "BatchPrefillWithRaggedKVCacheWrapper",
+        "single_prefill_with_kv_cache",
+        "single_prefill_with_kv_cache_return_lse",
+    ),
+    "rope": (
+        "apply_rope",
+        "apply_rope_inplace",
+        "apply_rope_pos_ids",
+        "apply_rope_pos_ids_inplace",
+        "apply_llama31_rope",
+        "apply_llama31_rope_inplace",
+        "apply_llama31_rope_pos_ids",
+        "apply_llama31_rope_pos_ids_inplace",
+        "apply_rope_with_cos_sin_cache",
+        "apply_rope_with_cos_sin_cache_inplace",
+    ),
+    "sampling": (
+        "softmax",
+        "sampling_from_probs",
+        "sampling_from_logits",
+        "top_p_sampling_from_probs",
+        "top_k_sampling_from_probs",
+        "min_p_sampling_from_probs",
+        "top_k_top_p_sampling_from_probs",
+        "top_k_top_p_sampling_from_logits",
+        "top_p_renorm_probs",
+        "top_p_renorm_prob",
+        "top_k_renorm_probs",
+        "top_k_renorm_prob",
+        "top_k_mask_logits",
+        "chain_speculative_sampling",
+    ),
+}
+# Submodules under FlashInfer's names, loaded on first access.
+_MODULES = tuple(_FLASHINFER_NAMES)
 
 # Public names loaded on first use (PEP 562), so that `import flashtune` stays cheap and
 # CUDA-free: name -> the package that defines it.
@@ -27,64 +88,91 @@ _LAZY = {
     "Solution": "data",
     "Workload": "data",
     "Trace": "data",
-    # FlashInfer's sampling family, at the top level as in `flashinfer`
-    **{
-        name: "sampling"
-        for name in (
-            "softmax",
-            "sampling_from_probs",
-            "sampling_from_logits",
-            "top_p_sampling_from_probs",
-            "top_k_sampling_from_probs",
-            "min_p_sampling_from_probs",
-            "top_k_top_p_sampling_from_probs",
-            "top_k_top_p_sampling_from_logits",
-            "top_p_renorm_probs",
-            "top_p_renorm_prob",
-            "top_k_renorm_probs",
-            "top_k_renorm_prob",
-            "top_k_mask_logits",
-            "chain_speculative_sampling",
-        )
-    },
+    **{name: module for module, names in _FLASHINFER_NAMES.items() for name in names},
 }
-# Submodules under FlashInfer's names (`flashtune.sampling` is flashtune.ops.sampling).
-_MODULES = ("sampling",)
-
-__all__ = ["__version__", *_MODULES, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        # Computed: a name the attention package does not have yet stays out of
+        # `from flashtune import *` (which would otherwise fail on it).
+        return ["__version__", *_MODULES, *(n for n in _LAZY if _has(n))]
     if name in _MODULES:
         return _package(name)
     package = _LAZY.get(name)
     if package is None:
         raise AttributeError(f"module 'flashtune' has no attribute {name!r}")
-    return getattr(_package(package), name)
+    try:
+        return getattr(_package(package), name)
+    except AttributeError:
+        raise AttributeError(f"module 'flashtune' has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULES, *_LAZY})
+
+
+def _has(name: str) -> bool:
+    return hasattr(_package(_LAZY[name]), name)
 
 
 def _package(package: str) -> ModuleType:
     # Plain imports, not imports by string: the layering check (scripts/check_layers.py)
-    # sees them.
+    # sees them. `import flashtune.x as x`, not `from flashtune import x`: the latter asks
+    # this module's __getattr__ for x first and would recurse.
     if package == "tune":
-        from flashtune import tune
+        import flashtune.tune as tune
 
         return tune
     if package == "capture":
-        from flashtune import capture
+        import flashtune.capture as capture
 
         return capture
     if package == "apply":
-        from flashtune import apply
+        import flashtune.apply as apply
 
         return apply
-    if package == "sampling":
-        from flashtune.ops import sampling
+    if package == "data":
+        import flashtune.data as data
+
+        return data
+    return _facade(package)
+
+
+def _facade(name: str) -> ModuleType:
+    if name == "decode":
+        import flashtune.decode as decode
+
+        return decode
+    if name == "prefill":
+        import flashtune.prefill as prefill
+
+        return prefill
+    if name == "cascade":
+        import flashtune.cascade as cascade
+
+        return cascade
+    if name == "page":
+        import flashtune.page as page
+
+        return page
+    if name == "norm":
+        import flashtune.norm as norm
+
+        return norm
+    if name == "activation":
+        import flashtune.activation as activation
+
+        return activation
+    if name == "rope":
+        import flashtune.rope as rope
+
+        return rope
+    if name == "sampling":
+        import flashtune.sampling as sampling
 
         return sampling
-    from flashtune import data
-
-    return data
+    raise AttributeError(f"module 'flashtune' has no submodule {name!r}")
 
 
 # FLASHTUNE_CAPTURE=1 / FLASHTUNE_APPLY=1 must work in a program that never imports capture or

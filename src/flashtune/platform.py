@@ -347,12 +347,14 @@ def snapshot(
     """The environment a measurement was taken in: hardware, library versions, the code
     (`code_provenance`) and, when given, the run's own start time (ISO 8601, UTC)."""
     dev = torch.device(device) if device is not None else default_device()
+    versions = {**library_versions(), "flashtune": _flashtune_version()}
     info: dict[str, Any] = {
         "hardware": device_name(dev),
         "device": str(dev),
         "python": _py_platform.python_version(),
-        **library_versions(),
-        "flashtune": _flashtune_version(),
+        **versions,
+        # Where FlashInfer-Bench reads them (its Environment.libs: name -> version string).
+        "libs": {name: version for name, version in versions.items() if version is not None},
         "host": _py_platform.node(),
         "code": code_provenance(),
     }

@@ -57,9 +57,10 @@ def trace(
     timestamp: str = "2026-01-01T00:00:00",
 ) -> Trace:
     evaluation: dict = {"status": status, "timestamp": timestamp, "environment": {}}
-    if latency is not None:
+    # FlashInfer-Bench's rule: only PASSED is timed; PASSED / INCORRECT_NUMERICAL have errors.
+    if latency is not None and status == "PASSED":
         evaluation["performance"] = {"latency_ms": latency}
-    if abs_err is not None:
+    if abs_err is not None and status in ("PASSED", "INCORRECT_NUMERICAL"):
         evaluation["correctness"] = {"max_absolute_error": abs_err, "max_relative_error": abs_err}
     uid = uuid or "w-" + "-".join(f"{k}{v}" for k, v in sorted(axes.items()))
     return Trace.model_validate(

@@ -228,16 +228,15 @@ def test_future_rerun_cannot_shadow_the_latest_failure(ds: Dataset) -> None:
         ({"max_absolute_error": 0.0, "matched_ratio": 0.5}, "matched_ratio"),
         ({"max_absolute_error": float("nan")}, "max_absolute_error"),
         ({"max_absolute_error": 3.0, "max_relative_error": 2.0}, "exceeds"),
-        (None, "correctness record"),
     ],
 )
 def test_passed_trace_outside_the_definition_tolerances_counts_as_failed(
-    ds: Dataset, correctness: dict | None, why: str
+    ds: Dataset, correctness: dict, why: str
 ) -> None:
     plant(ds, NAME, "bad", ZEROS_SRC)
     plant(ds, NAME, "good", NORM_SRC)
     t = trace(NAME, "bad", {"batch_size": 4}, 1e-6)
-    t.evaluation.correctness = Correctness(**correctness) if correctness is not None else None
+    t.evaluation.correctness = Correctness(**correctness)
     add_traces(ds, [t, trace(NAME, "good", {"batch_size": 4}, 1.0)])
     table = ApplyTable.build(ds)
     assert table.lookup(NAME, {"batch_size": 4}) == "good"

@@ -10,6 +10,7 @@ import pytest
 
 from _examples import GOOD_DEFINITION
 from flashtune.data import (
+    Correctness,
     Dataset,
     Definition,
     Evaluation,
@@ -34,6 +35,7 @@ def _trace(definition: str, n: int, solution: str = "sol") -> Trace:
         evaluation=Evaluation(
             status=EvaluationStatus.PASSED,
             timestamp="2026-11-21T00:00:00Z",
+            correctness=Correctness(max_absolute_error=0.0, max_relative_error=0.0),
             performance=Performance(latency_ms=0.5 + n),
         ),
     )

@@ -169,3 +169,74 @@ def test_every_name_validation_allows_can_be_evaluated() -> None:
     names = {**definition.const_axes, **workload.axes, **inputs}
     for expr in calls_every_allowed_name:
         assert holds(evaluate_constraint(expr, names)), expr
+
+
+def _varlen(name: str, dtype: str) -> Definition:
+    return Definition.model_validate(
+        {
+            "name": "varlen_demo",
+            "op_type": "norm",
+            "axes": {
+                "batch": {"type": "var"},
+                "len_cu": {"type": "var"},
+                "total_tokens": {"type": "var"},
+                "d": {"type": "const", "value": 8},
+            },
+            "constraints": ["len_cu == batch + 1", f"total_tokens == {name}[-1].item()"],
+            "inputs": {
+                "x": {"shape": ["total_tokens", "d"], "dtype": "float32"},
+                name: {"shape": ["len_cu"], "dtype": dtype},
+            },
+            "outputs": {"y": {"shape": ["total_tokens", "d"], "dtype": "float32"}},
+            "reference": f"def run(x, {name}):\n    return x\n",
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"), [("cu_seqlens", "int64"), ("seq_offsets", "int32"), ("starts", "int16")]
+)
+def test_cumulative_lengths_named_in_a_constraint_satisfy_it(name: str, dtype: str) -> None:
+    """Whatever its name or integer dtype, an input whose last element a constraint equates
+    with an axis is built as cumulative lengths: from 0, non-decreasing, ending at the total."""
+    definition = _varlen(name, dtype)
+    for axes in (small_workload(definition).axes, {"batch": 3, "len_cu": 4, "total_tokens": 50}):
+        inputs = synthesize_inputs(definition, Workload(uuid="w", axes=axes, inputs={}), seed=3)
+        offsets = inputs[name]
+        assert offsets.dtype == getattr(torch, dtype)
+        assert offsets[0] == 0 and offsets[-1] == axes["total_tokens"]
+        assert bool((offsets[1:] >= offsets[:-1]).all())
+
+
+def _inequalities(constraints: list[str], axes: dict[str, dict]) -> Definition:
+    return Definition.model_validate(
+        {
+            "name": "inequality_demo",
+            "op_type": "sampling",
+            "axes": axes,
+            "constraints": constraints,
+            "inputs": {"x": {"shape": ["batch", "max_num_pages"], "dtype": "float32"}},
+            "outputs": {"y": {"shape": ["batch"], "dtype": "float32"}},
+            "reference": "def run(x):\n    return x.sum(-1)\n",
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("constraints", "const"),
+    [
+        (["topk <= max_num_pages * page_size"], {"topk": 256, "page_size": 1}),
+        (["max_num_pages * page_size >= topk"], {"topk": 100, "page_size": 3}),
+        (["batch < 2", "topk <= max_num_pages"], {"topk": 64, "page_size": 1}),
+        (["max_num_pages > batch * 20", "batch >= 3"], {"topk": 1, "page_size": 1}),
+    ],
+)
+def test_small_workload_satisfies_inequalities(constraints: list[str], const: dict) -> None:
+    axes = {"batch": {"type": "var"}, "max_num_pages": {"type": "var"}}
+    axes |= {name: {"type": "const", "value": value} for name, value in const.items()}
+    definition = _inequalities(constraints, axes)
+    workload = small_workload(definition)
+    values = {**definition.const_axes, **workload.axes}
+    assert all(holds(evaluate_constraint(c, values)) for c in constraints), values
+    assert max(workload.axes.values()) <= 4096  # still small
+    synthesize_inputs(definition, workload)  # checks every constraint again

@@ -6,12 +6,24 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from flashtune.data import Dataset, Definition, EvaluationStatus, Solution, Trace
+from flashtune.cli import bundled_dataset
+from flashtune.data import (
+    Correctness,
+    Dataset,
+    Definition,
+    EvaluationStatus,
+    Performance,
+    Solution,
+    Trace,
+    metrics_for_status,
+)
 
 fib = pytest.importorskip(
     "flashinfer_bench.data",
@@ -141,12 +153,114 @@ def test_flashtune_runs_flashinfer_bench_destination_passing_solution(tmp_path: 
     from flashtune.bench.runner import RunOptions, run_benchmark
 
     _written_by_fib(tmp_path / "fib", flat=True)
+    # A language flashtune does not build loads, and its triples are SKIPPED saying why.
+    tilelang = DPS_SOLUTION | {"name": "scale_tilelang"}
+    tilelang["spec"] = DPS_SOLUTION["spec"] | {"language": "tilelang"}
+    fib.save_json_file(fib.Solution.model_validate(tilelang), tmp_path / "fib/solutions/t.json")
     out = tmp_path / "out"
     result = run_benchmark(RunOptions(datasets=[tmp_path / "fib"], out=out), progress=False)
-    assert [t.evaluation.status for t in result.traces if t.evaluation] == [
-        EvaluationStatus.PASSED
-    ] * 2
+    by_solution: dict[str | None, list[Any]] = {}
+    for t in result.traces:
+        assert t.evaluation is not None
+        by_solution.setdefault(t.solution, []).append(t.evaluation)
+    assert [e.status for e in by_solution["scale_dps"]] == [EvaluationStatus.PASSED] * 2
+    assert [e.status for e in by_solution["scale_tilelang"]] == [EvaluationStatus.SKIPPED] * 2
+    assert "flashtune does not build tilelang solutions" in (
+        by_solution["scale_tilelang"][0].reason or ""
+    )
     # flashtune's traces of that run load in FlashInfer-Bench, with their counts.
     ts = fib.TraceSet.from_path(str(out))
     assert sum(len(v) for v in ts.traces.values()) == 2
     assert ts.summary()["passed"] == 2
+
+
+def test_flashinfer_bench_loads_the_bundled_dataset() -> None:
+    """Every bundled definition, solution and workload, with flashtune's counts; solution
+    names unique across definitions (its TraceSet refuses a repeated one)."""
+    ours = Dataset(bundled_dataset())
+    assert ours.load_all() == []
+    assert _fib_counts(bundled_dataset()) == ours.counts()
+    for solution in ours.all_solutions():
+        fib.Solution.model_validate(solution.to_dict())
+
+
+def _fib_report(command: str, root: Path, caplog: pytest.LogCaptureFixture) -> str:
+    """Run FlashInfer-Bench's `report <command> --local <root>`; its log output."""
+    import argparse
+    import logging
+
+    from flashinfer_bench.cli import main as fib_cli
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        getattr(fib_cli, command)(argparse.Namespace(local=[root], hub=False))
+    return caplog.text
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CPU `flashtune run` of the bundled dataset: a norm (flashtune and FlashInfer
+    SKIPPED here, torch PASSED) and a sampling op (checked by distribution)."""
+    from flashtune.bench.runner import RunOptions, run_benchmark
+
+    out = tmp_path_factory.mktemp("run")
+    for definitions in ("rmsnorm_h4096", "top_k_sampling_from_probs_*"):
+        opts = RunOptions(datasets=[bundled_dataset()], out=out, definitions=definitions)
+        run_benchmark(opts, progress=False)
+    return out
+
+
+def test_flashinfer_bench_reads_a_cpu_run(cpu_run: Path, caplog: pytest.LogCaptureFixture) -> None:
+    traces = Dataset(cpu_run).all_traces()
+    statuses = {t.evaluation.status for t in traces if t.evaluation}
+    assert statuses == {EvaluationStatus.PASSED, EvaluationStatus.SKIPPED}
+    passed = [t for t in traces if t.evaluation and t.evaluation.status is EvaluationStatus.PASSED]
+
+    ts = fib.TraceSet.from_path(str(cpu_run))  # raises on any record it does not accept
+    theirs = [t for v in ts.traces.values() for t in v]
+    assert sorted((t.solution, t.workload.uuid) for t in theirs) == sorted(
+        (t.solution, t.workload.uuid) for t in passed
+    )
+    for trace in theirs:  # library versions where FlashInfer-Bench reads them
+        assert trace.evaluation.environment.libs["torch"] == torch.__version__
+    summary = _fib_report("summary", cpu_run, caplog)
+    assert f"'passed': {len(passed)}" in summary and "'failed': 0" in summary
+
+
+def test_flashinfer_bench_reports_on_the_bundled_dataset_with_a_run(
+    cpu_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "ds"
+    shutil.copytree(bundled_dataset(), root)
+    shutil.copytree(cpu_run / "traces", root / "traces")
+    _fib_report("summary", root, caplog)
+    best = _fib_report("best", root, caplog)
+    assert "Best solution for rmsnorm_h4096:" in best
+    assert "- Solution: torch@rmsnorm_h4096" in best
+
+
+@pytest.mark.parametrize("status", list(EvaluationStatus), ids=lambda s: s.value)
+def test_metrics_follow_flashinfer_bench_rule(status: EvaluationStatus) -> None:
+    """What flashtune's benchmark records for each status (metrics_for_status) is what
+    FlashInfer-Bench accepts, and flashtune's own validation agrees on the rest."""
+    measured = (
+        Correctness(max_absolute_error=0.5, max_relative_error=None),
+        Performance(latency_ms=1.0, speedup_factor=None),
+    )
+    correctness, performance = metrics_for_status(status, *measured)
+    record = _passed("a", 1)
+    record["evaluation"] |= {
+        "status": status.value,
+        "correctness": correctness.to_dict() if correctness else None,
+        "performance": performance.to_dict() if performance else None,
+    }
+    line = Trace.model_validate(record).to_json()
+    if status is EvaluationStatus.SKIPPED:  # not a FlashInfer-Bench status: kept in skipped/
+        return
+    fib.Trace.model_validate_json(line)
+    for field, figures in (("correctness", correctness), ("performance", performance)):
+        if figures is None:  # the metrics the status must not carry are refused, as there
+            wrong = json.loads(line)
+            wrong["evaluation"][field] = {}
+            with pytest.raises(ValueError, match=f"must not include {field}"):
+                Trace.model_validate(wrong)

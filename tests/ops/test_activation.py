@@ -102,6 +102,16 @@ def test_custom_op_and_compile(device):
     _close(compiled(x), expected)
 
 
+@pytest.mark.parametrize("enable_pdl", [None, False, True])
+def test_enable_pdl_is_accepted_and_changes_nothing(enable_pdl, device):
+    """FlashInfer's signature: enable_pdl on every activation, ignored where unsupported."""
+    x = torch.randn(3, 5, 2 * 77, dtype=torch.float16, device=device)
+    for op, ref in OPS:
+        _close(op(x, enable_pdl=enable_pdl), ref(x))
+    with pytest.raises(TypeError, match="enable_pdl"):
+        silu_and_mul(x, enable_pdl=1)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("op,ref", OPS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -138,3 +148,16 @@ def test_default_tactic_is_a_valid_launch():
             t = activation_config.default_tactic(d, rows)
             for value in (t.block_d, t.rows, t.num_warps):
                 assert value >= 1 and value & (value - 1) == 0, t
+
+
+@pytest.mark.cuda
+def test_cuda_back_to_back_with_pdl():
+    """A chain of activations launched with PDL equals the chain without it."""
+    x = torch.randn(33, 2 * 4096, dtype=torch.bfloat16, device="cuda")
+    outs = []
+    for pdl in (False, True):
+        y = x
+        for op, _ in OPS * 2:
+            y = op(torch.cat([y, y], dim=-1), enable_pdl=pdl)
+        outs.append(y)
+    torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0)

@@ -204,6 +204,25 @@ def test_torch_compile_traces_through(device):
 # ---------------------------------------------------------------------------------------- GPU
 
 
+@pytest.mark.parametrize("enable_pdl", [None, False, True])
+def test_enable_pdl_is_accepted_and_changes_nothing(enable_pdl, device):
+    """FlashInfer's signature: enable_pdl on every norm. Off the GPU (and before Hopper) it is
+    accepted and ignored; where it is used, it changes when the kernel starts, not what it
+    computes."""
+    x = torch.randn(5, 300, dtype=torch.float16, device=device)
+    w = torch.randn(300, dtype=torch.float16, device=device)
+    for op, ref in NORMS:
+        _close(op(x, w, enable_pdl=enable_pdl), ref(x, w))
+    for op, ref in FUSED:
+        xi, r = x.clone(), torch.randn_like(x)
+        expected, residual = _expect_fused(ref, xi, r, w)
+        op(xi, r, w, enable_pdl=enable_pdl)
+        _close(xi, expected)
+        _close(r, residual)
+    with pytest.raises(TypeError, match="enable_pdl"):
+        rmsnorm(x, w, enable_pdl="yes")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("rows", [1, 33, 4096])
@@ -283,3 +302,22 @@ def test_definitions_for_3d_inputs_and_meta_tensors():
     d = gemma_fused_add_rmsnorm.definition(x, x, w)
     assert d.name == "gemma_fused_add_rmsnorm_h123"
     assert d.inputs["residual"].dtype == "float16"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hidden", [111, 4096, 16384])
+def test_cuda_back_to_back_with_pdl(hidden):
+    """Each kernel of a PDL chain reads what the one before it wrote (it waits before its
+    first load): a chain of fused add + norm calls equals the same chain without PDL."""
+    x = torch.randn(67, hidden, dtype=torch.bfloat16, device="cuda")
+    r = torch.randn_like(x)
+    w = torch.randn(hidden, dtype=torch.bfloat16, device="cuda")
+    outs = []
+    for pdl in (False, True):
+        xi, ri = x.clone(), r.clone()
+        for _ in range(4):
+            fused_add_rmsnorm(xi, ri, w, enable_pdl=pdl)
+            xi = rmsnorm(xi, w, enable_pdl=pdl)
+        outs.append((xi, ri))
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=0, rtol=0)
+    torch.testing.assert_close(outs[1][1], outs[0][1], atol=0, rtol=0)

@@ -12,6 +12,11 @@ from flashtune.ops import rope_config
 from flashtune.ops.rope import (
     RopeArgs,
     RopeRunner,
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_llama31_rope_ref,
     apply_rope,
     apply_rope_inplace,
     apply_rope_pos_ids,
@@ -19,8 +24,10 @@ from flashtune.ops.rope import (
     apply_rope_ref,
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
+    llama31_inv_freq,
     rope_with_cos_sin_cache_ref,
 )
+from flashtune.ops.rope_kernels import llama31_smoothing
 
 TOL = {
     torch.float32: (1e-5, 1e-5),
@@ -223,6 +230,100 @@ def test_cuda_ragged(interleave):
     offsets = torch.tensor([4000, 0, 17], device="cuda", dtype=torch.int32)
     qr, kr = apply_rope_ref(q, k, indptr, offsets, None, interleave, 1.0, 5e5)
     qo, ko = apply_rope(q, k, indptr, offsets, None, interleave, 1.0, 5e5)
+    _close(qo, qr)
+    _close(ko, kr)
+
+
+# ------------------------------------------------------------------------------- Llama 3.1
+
+
+def _llama31_inputs(device, dtype=torch.float32, heads=(3, 2), head_dim=64):
+    # Odd request lengths and a zero-length request. The scaling's bands (kept, blended,
+    # divided) are bands of frequencies: every position shows all three, so positions stay
+    # small enough for fp32 angles to agree with the reference's.
+    lens = [5, 0, 1, 19, 12]
+    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    offsets = torch.tensor([0, 3, 250, 97, 131], dtype=torch.int32)
+    nnz = int(indptr[-1])
+    q = torch.randn(nnz, heads[0], head_dim, dtype=dtype, device=device)
+    k = torch.randn(nnz, heads[1], head_dim, dtype=dtype, device=device)
+    return q, k, indptr.to(device), offsets.to(device)
+
+
+def test_llama31_smoothing_is_metas_scaling():
+    """The kernel's clamp(f * a + b, 0, 1) blend equals Meta's three-band definition."""
+    rd, theta, scale, low, high, old = 128, 5e5, 8.0, 1.0, 4.0, 8192
+    a, b = llama31_smoothing(low, high, old)
+    f = 1.0 / theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+    s = (f * a + b).clamp(0, 1)
+    blended = (1 - s) * f / scale + s * f
+    metas = llama31_inv_freq(rd, theta, scale, low, high, old).to(torch.float64)
+    torch.testing.assert_close(blended, metas, rtol=1e-6, atol=0.0)
+    # all three bands are present at these settings
+    assert (metas == f.float().double()).any() and (metas < f / scale * 1.0001).any()
+    with pytest.raises(ValueError, match="high_freq_factor"):
+        llama31_smoothing(4.0, 1.0, 8192)
+
+
+@pytest.mark.parametrize("interleave", [False, True], ids=["neox", "gptj"])
+@pytest.mark.parametrize("rotary_dim", [None, 32, 18])
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+def test_llama31_ragged(interleave, rotary_dim, dtype, device):
+    q, k, indptr, offsets = _llama31_inputs(device, dtype)
+    qr, kr = apply_llama31_rope_ref(q, k, indptr, offsets, rotary_dim, interleave)
+    qo, ko = apply_llama31_rope(q, k, indptr, offsets, rotary_dim, interleave)
+    _close(qo, qr, TOL_COMPUTED)
+    _close(ko, kr, TOL_COMPUTED)
+    qi, ki = q.clone(), k.clone()
+    apply_llama31_rope_inplace(qi, ki, indptr, offsets, rotary_dim, interleave)
+    torch.testing.assert_close(qi, qo, atol=0, rtol=0)
+    torch.testing.assert_close(ki, ko, atol=0, rtol=0)
+
+
+def test_llama31_pos_ids_equals_ragged(device):
+    q, k, indptr, offsets = _llama31_inputs(device, heads=(5, 1), head_dim=40)
+    counts = (indptr[1:] - indptr[:-1]).long()
+    pos = torch.repeat_interleave(offsets.long(), counts) + torch.cat(
+        [torch.arange(int(n)) for n in counts]
+    ).to(device)
+    options = {"rope_scale": 4.0, "rope_theta": 1e4, "low_freq_factor": 2.0, "old_context_len": 512}
+    qo, ko = apply_llama31_rope(q, k, indptr, offsets, 24, **options)
+    qp, kp = apply_llama31_rope_pos_ids(q, k, pos, 24, **options)
+    torch.testing.assert_close(qp, qo, atol=0, rtol=0)
+    torch.testing.assert_close(kp, ko, atol=0, rtol=0)
+    apply_llama31_rope_pos_ids_inplace(q, k, pos, 24, **options)
+    torch.testing.assert_close(q, qo, atol=0, rtol=0)
+    torch.testing.assert_close(k, ko, atol=0, rtol=0)
+
+
+def test_llama31_without_scaling_is_plain_rope(device):
+    """rope_scale 1: every band keeps its frequency, so the result is plain RoPE's."""
+    q, k, indptr, offsets = _llama31_inputs(device)
+    qo, ko = apply_llama31_rope(q, k, indptr, offsets, rope_scale=1.0, rope_theta=1e4)
+    qr, kr = apply_rope(q, k, indptr, offsets, rope_theta=1e4)
+    _close(qo, qr, TOL_COMPUTED)
+    _close(ko, kr, TOL_COMPUTED)
+
+
+def test_llama31_bad_inputs(device):
+    q, k, indptr, offsets = _llama31_inputs(device)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        apply_llama31_rope(q, k, indptr, offsets, rotary_dim=7)
+    with pytest.raises(ValueError, match="high_freq_factor"):
+        apply_llama31_rope(q, k, indptr, offsets, low_freq_factor=4, high_freq_factor=4)
+    with pytest.raises(ValueError, match="pos_ids"):
+        apply_llama31_rope_pos_ids(q, k, offsets)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("interleave", [False, True])
+def test_cuda_llama31(interleave):
+    q = torch.randn(1000, 32, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(1000, 8, 128, dtype=torch.bfloat16, device="cuda")
+    indptr = torch.tensor([0, 1, 500, 1000], device="cuda", dtype=torch.int32)
+    offsets = torch.tensor([40000, 0, 8100], device="cuda", dtype=torch.int32)
+    qr, kr = apply_llama31_rope_ref(q, k, indptr, offsets, None, interleave)
+    qo, ko = apply_llama31_rope(q, k, indptr, offsets, None, interleave)
     _close(qo, qr)
     _close(ko, kr)
 

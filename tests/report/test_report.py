@@ -8,7 +8,15 @@ import pytest
 from typer.testing import CliRunner
 
 from flashtune.cli import app
-from flashtune.data import Dataset, Evaluation, EvaluationStatus, Performance, Trace, Workload
+from flashtune.data import (
+    Correctness,
+    Dataset,
+    Evaluation,
+    EvaluationStatus,
+    Performance,
+    Trace,
+    Workload,
+)
 from flashtune.report.tables import TIMING_DIFFERS, compare, geomean, rank, summarize
 
 ENV = {"hardware": "NVIDIA H100 80GB HBM3", "torch": "2.x"}
@@ -44,6 +52,9 @@ def _trace(
             environment=ENV,
             timestamp="t",
             reason=None if status == "PASSED" else "boom",
+            correctness=Correctness(max_absolute_error=0.0, max_relative_error=0.0)
+            if status == "PASSED"
+            else None,
             performance=perf,
         ),
     )

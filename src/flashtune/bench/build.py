@@ -8,12 +8,14 @@
   ``FLASHTUNE_CACHE_DIR/build/<content hash>/`` so an unchanged solution is not rebuilt.
 
 `check_requirements` says why a solution cannot run here (no GPU for a Triton/CUDA solution,
-a dependency not installed): the runner records SKIPPED with that reason. A build failure
-raises `BuildError` with the compiler's (or the import's) log: COMPILE_ERROR.
+a dependency not installed, a language flashtune does not build such as tilelang): the
+runner records SKIPPED with that reason. A build failure raises `BuildError` with the
+compiler's (or the import's) log: COMPILE_ERROR.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.machinery
@@ -34,6 +36,7 @@ from flashtune.data.io import atomic_write_text
 from flashtune.data.models import Solution
 
 __all__ = [
+    "BUILDABLE_LANGUAGES",
     "BuildError",
     "MissingRequirement",
     "solution_hash",
@@ -42,6 +45,8 @@ __all__ = [
 ]
 
 _GPU_LANGUAGES = {"triton", "cuda"}
+# What _build knows how to build; any other language in the format (tilelang) is SKIPPED.
+BUILDABLE_LANGUAGES = frozenset({"python", "torch", "triton", "cuda", "cpp"})
 _CPU_HARDWARE = {"cpu", "any", "*"}
 _LOG_LIMIT = 8000
 
@@ -73,8 +78,33 @@ def solution_hash(solution: Solution) -> str:
     }
     if solution.spec.is_importable:
         payload["module_code"] = _module_code_hash(solution.spec.entry_point.partition(":")[0])
+    elif _imports_flashtune(solution):
+        # A source calling flashtune's code (the bundled solutions bind `run` to an entry
+        # point): a changed kernel changes what it runs, as for an importable entry point.
+        payload["module_code"] = _module_code_hash("flashtune")
     text = json.dumps(payload, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _imports_flashtune(solution: Solution) -> bool:
+    """Whether a Python source of `solution` imports flashtune (absolute imports only)."""
+    for source in solution.sources:
+        if not source.path.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(source.content)
+        except SyntaxError:
+            continue  # fails at build time, with the import's own message
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            if any(name.split(".")[0] == "flashtune" for name in names):
+                return True
+    return False
 
 
 def _module_code_hash(module: str) -> str | None:
@@ -124,6 +154,11 @@ def _importable(module: str) -> bool:
 def check_requirements(solution: Solution, device: torch.device) -> None:
     """Raise MissingRequirement saying why `solution` cannot run on `device`."""
     spec = solution.spec
+    if spec.language not in BUILDABLE_LANGUAGES:
+        raise MissingRequirement(
+            f"flashtune does not build {spec.language} solutions (it builds "
+            f"{', '.join(sorted(BUILDABLE_LANGUAGES))})"
+        )
     if device.type != "cuda":
         if spec.language in _GPU_LANGUAGES:
             raise MissingRequirement(f"no CUDA device for a {spec.language} solution")
@@ -166,6 +201,8 @@ def _build(solution: Solution, key: str) -> Callable[..., Any]:
         return _resolve(module, attr, solution)
     if spec.language in ("cuda", "cpp"):
         return _build_extension(solution, key)
+    if spec.language not in BUILDABLE_LANGUAGES:
+        raise MissingRequirement(f"flashtune does not build {spec.language} solutions")
     return _build_python(solution, key)
 
 

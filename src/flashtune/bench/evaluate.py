@@ -48,6 +48,7 @@ from flashtune.data.models import (
     Solution,
     Trace,
     Workload,
+    metrics_for_status,
 )
 from flashtune.data.reference import compile_reference, outputs_as_dict
 from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
@@ -98,13 +99,16 @@ def make_trace(
     performance: Performance | None = None,
 ) -> Trace:
     """A Trace for one evaluated triple (also used by the parent for TIMEOUT / crashes)."""
+    correctness, performance = metrics_for_status(
+        status, verdict.correctness if verdict else None, performance
+    )
     evaluation = Evaluation(
         status=status,
         environment=dict(environment),
         timestamp=_now(),
         log=_bounded(log),
         reason=reason,
-        correctness=verdict.correctness if verdict else None,
+        correctness=correctness,
         performance=performance,
         solution_hash=solution_hash(solution),
     )

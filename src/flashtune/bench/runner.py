@@ -213,8 +213,10 @@ def run_benchmark(
     console: Any = None,
     progress: bool = True,
     on_trace: Callable[[Trace], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Evaluate the selected triples of `opts.datasets` on `opts.devices`; return the traces."""
+    """Evaluate the selected triples of `opts.datasets` on `opts.devices`; return the traces.
+    `on_start` gets the number of triples to evaluate once it is known (before the first)."""
     started = time.perf_counter()
     run_started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out = opts.out.expanduser().resolve()
@@ -288,6 +290,8 @@ def run_benchmark(
             tasks.append(Task(definition, workload, todo, baselines))
             total += len(todo)
     load_errors = source.errors + sink.errors
+    if on_start is not None:  # the CLI's "interrupted after N of M" needs M
+        on_start(total)
 
     authors = {(d.name, s.name): s.author for d, _, sols in groups for s in sols}
     traces: list[Trace] = []

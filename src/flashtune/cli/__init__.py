@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
@@ -19,7 +20,20 @@ from rich.table import Table
 
 from flashtune import __version__, env
 from flashtune.cli import apply, capture, report, run, tune
-from flashtune.cli.common import bundled_dataset
+from flashtune.cli.common import (
+    bundled_dataset,
+    dataset_roots,
+    default_dataset,
+    fail,
+    missing_blobs,
+    not_a_dataset,
+    open_dataset,
+    shadowed_definitions,
+    warn,
+)
+
+if TYPE_CHECKING:
+    from flashtune.data import Dataset
 
 __all__ = ["app", "bundled_dataset", "main"]
 
@@ -37,12 +51,6 @@ app.add_typer(definitions_app, name="definitions")
 
 console = Console()
 err_console = Console(stderr=True)
-
-
-def _datasets(paths: Optional[list[Path]]) -> list[Path]:
-    if paths:
-        return list(paths)
-    return [bundled_dataset()]
 
 
 @app.callback()
@@ -94,16 +102,22 @@ def env_command(
 @app.command()
 def validate(
     paths: Optional[list[Path]] = typer.Argument(
-        None, help="dataset roots (default: the bundled dataset)"
+        None,
+        help="dataset roots (default: $FLASHTUNE_DATASET, else the bundled dataset; "
+        "and ./flashtune-results when it exists)",
     ),
 ) -> None:
     """Check datasets: print counts per kind and every error found; exit 1 on errors."""
     from flashtune.data import Dataset
 
     total_errors = 0
-    for path in _datasets(paths):
-        if not path.is_dir():
-            err_console.print(f"[red]error[/red]: {path}: not a folder")
+    roots = dataset_roots(paths)
+    for message in shadowed_definitions(roots):
+        warn(message)
+    for path in roots:
+        problem = not_a_dataset(path)
+        if problem is not None:
+            err_console.print(f"[red]error[/red]: {problem}", highlight=False)
             total_errors += 1
             continue
         ds = Dataset(path)
@@ -115,7 +129,34 @@ def validate(
         console.print(f"{path}: {summary}: {status}")
         for error in errors:
             console.print(f"  {error}", markup=False, highlight=False)
+        _report_missing_blobs(ds)
     raise typer.Exit(1 if total_errors else 0)
+
+
+_BLOBS_SHOWN = 5
+
+
+def _report_missing_blobs(ds: Dataset) -> None:
+    """Absent blobs are not errors (a published dataset often ships without them: `run`
+    synthesizes those inputs), but the numbers then come from other data: say so."""
+    blobs = missing_blobs(ds, ds.definitions.values())
+    if not blobs:
+        return
+    workloads = len({(b.definition, b.workload) for b in blobs})
+    console.print(
+        f"  {len(blobs)} safetensors input(s) of {workloads} workload(s) have no blob file: "
+        "`flashtune run` synthesizes them (seeded random data that satisfies the constraints)",
+        highlight=False,
+    )
+    for blob in blobs[:_BLOBS_SHOWN]:
+        console.print(
+            f"    {blob.definition} {blob.workload} {blob.input}: {blob.path}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    if len(blobs) > _BLOBS_SHOWN:
+        console.print(f"    ... and {len(blobs) - _BLOBS_SHOWN} more")
 
 
 _KINDS = ("definitions", "solutions", "workloads", "traces")
@@ -125,20 +166,21 @@ _KINDS = ("definitions", "solutions", "workloads", "traces")
 def list_command(
     kind: str = typer.Argument(..., help="definitions | solutions | workloads | traces"),
     dataset: Optional[list[Path]] = typer.Option(
-        None, "--dataset", "-d", help="dataset roots (repeatable)"
+        None,
+        "--dataset",
+        "-d",
+        help="dataset roots (repeatable; default: $FLASHTUNE_DATASET, else the bundled "
+        "dataset; and ./flashtune-results when it exists)",
     ),
     op_type: Optional[str] = typer.Option(None, "--op-type", help="only this op_type"),
     name: Optional[str] = typer.Option(None, "--name", help="definition name glob"),
 ) -> None:
-    """List what a dataset holds."""
-    from flashtune.data import Dataset
-
+    """List what a dataset holds; exit 1 when nothing matches."""
     if kind not in _KINDS:
-        err_console.print(
-            f"[red]error[/red]: kind must be one of {', '.join(_KINDS)}, got {kind!r}"
-        )
-        raise typer.Exit(2)
-    ds = Dataset(_datasets(dataset))
+        fail(f"kind must be one of {', '.join(_KINDS)}, got {kind!r}", code=2)
+    roots = dataset_roots(dataset)
+    # Traces find their definitions (for --op-type) in the default dataset too.
+    ds = open_dataset(roots, lookup=[default_dataset()] if kind == "traces" else [])
     defs = ds.find_definitions(op_type=op_type, name=name)
     table = Table()
     if kind == "definitions":
@@ -163,17 +205,33 @@ def list_command(
     else:
         for col in ("definition", "solution", "workload", "status", "latency ms"):
             table.add_column(col)
-        for d in defs:
-            for t in ds.traces_for(d.name):
-                ev = t.evaluation
-                lat = f"{ev.performance.latency_ms:.4f}" if ev and ev.performance else ""
-                table.add_row(
-                    d.name, t.solution or "", t.workload.uuid, ev.status.value if ev else "", lat
-                )
+        # Every trace, whether or not its definition is in these roots (a results folder
+        # holds traces only); --op-type needs the definition.
+        for t in ds.all_traces():
+            known = ds.definitions.get(t.definition)
+            if name is not None and not fnmatchcase(t.definition, name):
+                continue
+            if op_type is not None and (known is None or known.op_type != op_type):
+                continue
+            ev = t.evaluation
+            if ev is None:
+                continue
+            lat = f"{ev.performance.latency_ms:.4f}" if ev.performance else ""
+            table.add_row(t.definition, t.solution or "", t.workload.uuid, ev.status.value, lat)
+    for error in ds.errors:
+        warn(f"{error}")
+    if not table.row_count:
+        filters = " ".join(
+            f"{flag} {value!r}"
+            for flag, value in (("--op-type", op_type), ("--name", name))
+            if value
+        )
+        fail(
+            f"no {kind} in {', '.join(map(str, roots))}"
+            + (f" matching {filters}" if filters else "")
+        )
     console.print(table)
     console.print(f"{table.row_count} {kind}")
-    for error in ds.errors:
-        err_console.print(f"[yellow]warning[/yellow]: {error}", markup=True, highlight=False)
 
 
 @definitions_app.command("dump")
@@ -191,8 +249,7 @@ def definitions_dump(
     try:
         written = dump_definitions(out, model or None)
     except ValueError as exc:
-        err_console.print(f"[red]error[/red]: {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc), code=2)
     console.print(f"wrote {len(written)} definitions under {out}")
 
 

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flashtune.cli.common import dataset_roots, default_dataset, fail, open_dataset
+
 if TYPE_CHECKING:
     from flashtune.apply.table import ApplyTable
 
@@ -20,23 +22,37 @@ console = Console()
 
 @app.command("show")
 def show(
-    dataset: Optional[Path] = typer.Option(
-        None, "--dataset", "-d", help="dataset root (default FLASHTUNE_DATASET)"
+    dataset: Optional[list[Path]] = typer.Option(
+        None,
+        "--dataset",
+        "-d",
+        help="dataset roots (repeatable; default: $FLASHTUNE_DATASET, else the bundled "
+        "dataset; and ./flashtune-results when it exists)",
     ),
     definition: Optional[str] = typer.Option(None, "--definition", help="only this definition"),
     rebuild: bool = typer.Option(False, "--rebuild", help="ignore the saved table"),
 ) -> None:
-    """Print, per definition, the winning solution of each var-axes bucket."""
-    from flashtune import env
+    """Print, per definition, the winning solution of each var-axes bucket (writes nothing:
+    the saved table is used when current, else one is built in memory)."""
     from flashtune.apply.table import ApplyTable
-    from flashtune.data import Dataset
 
-    ds = Dataset(dataset if dataset is not None else env.DATASET.get())
-    table = ApplyTable.build(ds) if rebuild else ApplyTable.load(ds)
+    roots = dataset_roots(dataset)
+    ds = open_dataset(roots, lookup=[default_dataset()])
+    # Read-only: a rebuilt table is not saved (the folder may be someone else's, or the
+    # installed package); `flashtune.apply()` saves its own.
+    table = ApplyTable.build(ds) if rebuild else ApplyTable.load(ds, persist=False)
     _show_rejected(table, definition)
+    where = ", ".join(map(str, roots))
     if not table.definitions:
-        console.print(f"no passing traces in {ds.root}: nothing to apply")
-        return
+        if table.rejected:  # the table above says why each was left out: not silent
+            console.print(f"no trusted passing traces in {where}: nothing to apply")
+            return
+        fail(f"no passing traces in {where}: nothing to apply")
+    if definition is not None and definition not in table.definitions:
+        fail(
+            f"--definition {definition!r}: no passing traces for it in {where} "
+            f"(definitions with some: {', '.join(sorted(table.definitions))})"
+        )
     for name, dt in sorted(table.definitions.items()):
         if definition is not None and name != definition:
             continue

@@ -4,44 +4,54 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 
-from flashtune.cli.common import bundled_dataset
+from flashtune.cli.common import (
+    RESULTS,
+    dataset_roots,
+    default_dataset,
+    fail,
+    open_dataset,
+    warn,
+)
+
+if TYPE_CHECKING:
+    from flashtune.data import Dataset, Trace
 
 __all__ = ["register", "report_app"]
 
 console = Console(width=None if Console().is_terminal else 150)
-err_console = Console(stderr=True, soft_wrap=True)  # paths stay on one line
 report_app = typer.Typer(help="Tables, comparisons and HTML from Traces.", no_args_is_help=True)
 
 _DATASET = typer.Option(
-    None, "--dataset", "-d", help="dataset roots with traces/ (default ./flashtune-results)"
+    None,
+    "--dataset",
+    "-d",
+    help="dataset roots with traces/ (repeatable; default: $FLASHTUNE_DATASET, else the "
+    "bundled dataset; and ./flashtune-results, where `flashtune run` writes)",
 )
 
 
-def _load(dataset: Optional[list[Path]], definition: Optional[str]):
-    from flashtune.data.dataset import Dataset
-
-    roots = list(dataset) if dataset else [Path("flashtune-results")]
-    missing = [r for r in roots if not r.is_dir()]
-    if missing:
-        err_console.print(f"[red]error[/red]: no such folder: {', '.join(map(str, missing))}")
-        raise typer.Exit(2)
-    # The bundled definitions come last: traces of the bundled run find their definitions.
-    ds = Dataset([*roots, bundled_dataset()])
-    traces = [
-        t for t in ds.all_traces() if definition is None or fnmatchcase(t.definition, definition)
-    ]
+def _load(dataset: Optional[list[Path]], definition: Optional[str]) -> tuple[Dataset, list[Trace]]:
+    roots = dataset_roots(dataset)
+    # The default dataset's definitions come last: traces of the bundled run find theirs.
+    ds = open_dataset(roots, lookup=[default_dataset()])
+    every = ds.all_traces()
+    traces = [t for t in every if definition is None or fnmatchcase(t.definition, definition)]
     for error in ds.errors:  # a corrupt line: reported with file:line, skipped
-        err_console.print(
-            f"[yellow]warning[/yellow]: {error} (skipped)", markup=True, highlight=False
-        )
+        warn(f"{error} (skipped)")
+    where = ", ".join(map(str, roots))
+    if not every:
+        fail(f"no traces under {where} (`flashtune run` writes them to ./{RESULTS})")
     if not traces:
-        err_console.print(f"no traces under {', '.join(map(str, roots))}")
-        raise typer.Exit(1)
+        names = sorted({t.definition for t in every})
+        fail(
+            f"--definition {definition!r} matches none of the {len(names)} traced definitions "
+            f"under {where} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+        )
     return ds, traces
 
 
@@ -97,18 +107,20 @@ def compare(
     _, traces = _load(dataset, definition)
     rows, overall = compare_traces(traces, a, b)
     if not rows:
-        err_console.print(f"no workload where both {a!r} and {b!r} passed")
-        raise typer.Exit(1)
+        fail(f"no workload where both {a!r} and {b!r} passed")
     console.print(comparison_table(rows, a, b, overall))
 
 
 @report_app.command("html")
 def html_command(
-    out: Path = typer.Option(Path("flashtune-report/index.html"), "--out", "-o"),
+    out: Path = typer.Option(
+        Path("flashtune-report.html"), "--out", "-o", help="the HTML file to write"
+    ),
     dataset: Optional[list[Path]] = _DATASET,
     definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
 ) -> None:
-    """Write an HTML page with tables, and PNG plots when matplotlib is installed."""
+    """Write one self-contained HTML file (inline SVG plots, no other files): environment,
+    summary, and per definition the ranking, latency and throughput plots, fast_p curves."""
     from flashtune.report.html import write_html
 
     ds, traces = _load(dataset, definition)

@@ -8,18 +8,36 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flashtune.cli.common import bundled_dataset
+from flashtune.cli.common import (
+    bundled_dataset,
+    dataset_roots,
+    err_console,
+    fail,
+    missing_blobs,
+    not_a_dataset,
+    open_dataset,
+    warn,
+)
+from flashtune.cli.run_checks import (
+    Counted,
+    Selection,
+    check_devices,
+    check_selection,
+    print_closing,
+)
 
 __all__ = ["register", "run_command"]
 
 # Piped output (CI logs, README transcripts) gets a table wide enough to stay readable.
 console = Console(width=None if Console().is_terminal else 150)
-err_console = Console(stderr=True, soft_wrap=True)  # paths stay on one line
 
 
 def run_command(
     dataset: Optional[list[Path]] = typer.Option(
-        None, "--dataset", "-d", help="dataset root (repeatable); default: the bundled dataset"
+        None,
+        "--dataset",
+        "-d",
+        help="dataset root (repeatable); default: $FLASHTUNE_DATASET, else the bundled dataset",
     ),
     definitions: Optional[str] = typer.Option(
         None, "--definitions", help="definition name glob, e.g. 'rmsnorm_*'"
@@ -81,32 +99,42 @@ def run_command(
     from flashtune.bench.evaluate import BenchConfig
     from flashtune.bench.runner import RunOptions, run_benchmark
     from flashtune.bench.worker import WorkerError, parse_devices
-    from flashtune.report.render import summary_table
-    from flashtune.report.tables import summarize
 
     if timing not in ("auto", "cuda_graph", "cuda_events"):
-        err_console.print(
-            f"[red]error[/red]: --timing {timing}: expected auto, cuda_graph or cuda_events"
-        )
-        raise typer.Exit(2)
-    roots = list(dataset) if dataset else [bundled_dataset()]
+        fail(f"--timing {timing}: expected auto, cuda_graph or cuda_events", code=2)
+    roots = dataset_roots(dataset, with_results=False)
     for root in roots:
-        if not (root / "definitions").is_dir():
-            err_console.print(f"[red]error[/red]: {root}: not a dataset (no definitions/ folder)")
-            raise typer.Exit(2)
+        problem = not_a_dataset(root)
+        if problem is None and not (root / "definitions").is_dir():
+            problem = f"{root}: not a dataset to run (no definitions/ folder)"
+        if problem is not None:
+            fail(problem, code=2)
     out_resolved = out.expanduser().resolve()
     package_dir = bundled_dataset().parent
     if out_resolved.is_relative_to(package_dir):
-        err_console.print(
-            f"[red]error[/red]: --out {out} is inside the installed package ({package_dir}); "
-            "results go to a folder of yours"
+        fail(
+            f"--out {out} is inside the installed package ({package_dir}); "
+            "results go to a folder of yours",
+            code=2,
         )
-        raise typer.Exit(2)
+    selection = Selection(definitions, solutions, op_type)
+    source = open_dataset(roots)
+    check_selection(source, roots, selection)
+    blobs = missing_blobs(source, source.find_definitions(op_type, definitions))
+    if blobs:
+        err_console.print(
+            f"note: {len(blobs)} safetensors input(s) of {len({b.workload for b in blobs})} "
+            "workload(s) have no blob file: they are synthesized (seeded random data that "
+            "satisfies the definition's constraints); `flashtune validate` lists them",
+            highlight=False,
+        )
     try:
         device_list = parse_devices(devices)
     except ValueError as exc:
-        err_console.print(f"[red]error[/red]: {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc), code=2)
+    problem, visible = check_devices(device_list)
+    if problem is not None:
+        fail(f"{problem}; visible: {visible}", code=2)
     opts = RunOptions(
         datasets=roots,
         out=out_resolved,
@@ -131,35 +159,23 @@ def run_command(
         autotune=autotune,
         autotune_cache=autotune_cache,
     )
+    count = Counted()
     try:
-        result = run_benchmark(opts, console=console, progress=not quiet)
+        result = run_benchmark(
+            opts,
+            console=console,
+            progress=not quiet,
+            on_trace=count.trace,
+            on_start=count.start,
+        )
     except WorkerError as exc:
-        err_console.print(f"[red]error[/red]: {exc}")
-        raise typer.Exit(1) from None
+        fail(str(exc))
+    except KeyboardInterrupt:
+        err_console.print(count.interrupted_message(out), highlight=False)
+        raise typer.Exit(130) from None
     for error in result.load_errors:
-        err_console.print(
-            f"[yellow]warning[/yellow]: {error} (skipped)", markup=True, highlight=False
-        )
-    env = result.environment
-    console.print(
-        summary_table(summarize(result.traces), title=f"flashtune run on {env.get('hardware')}")
-    )
-    counts: dict[str, int] = {}
-    for t in result.traces:
-        status = t.evaluation.status.value if t.evaluation else "?"
-        counts[status] = counts.get(status, 0) + 1
-    breakdown = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
-    resumed = f", {result.resumed} already traced (--resume)" if result.resumed else ""
-    console.print(
-        f"{len(result.traces)} triples in {result.seconds:.0f} s ({breakdown or 'nothing to do'})"
-        f"{resumed}; torch {env.get('torch')}, triton {env.get('triton')}"
-    )
-    if result.workload_cap is not None and opts.max_workloads is None:
-        console.print(
-            f"CPU run: at most {result.workload_cap} workloads per definition (the smallest); "
-            "--max-workloads N to change"
-        )
-    console.print(f"traces: {result.out / 'traces'}  (see `flashtune report summary -d {out}`)")
+        warn(f"{error} (skipped)")
+    print_closing(result, opts, out, console)
 
 
 def register(app: typer.Typer) -> None:

@@ -28,6 +28,7 @@ from flashtune.data.models import (
     VarAxis,
     Workload,
     check_path_component,
+    metrics_for_status,
 )
 from flashtune.data.reference import compile_reference, outputs_as_dict, run_reference
 from flashtune.data.synth import (
@@ -70,6 +71,7 @@ __all__ = [
     "check_path_component",
     "compile_reference",
     "evaluate_constraint",
+    "metrics_for_status",
     "outputs_as_dict",
     "resolve_axes",
     "run_reference",

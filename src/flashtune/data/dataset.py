@@ -445,10 +445,10 @@ class Dataset:
                 record = (
                     workload
                     if isinstance(workload, Trace)
-                    else Trace(
+                    else Trace(  # in the field order, as FlashInfer-Bench writes it
                         definition=definition.name,
-                        solution=None,
                         workload=workload,
+                        solution=None,
                         evaluation=None,
                     )
                 )

@@ -64,7 +64,10 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(
+                f"duplicate key {key!r} (flashtune refuses it: one value would silently "
+                "shadow the other)"
+            )
         seen[key] = value
     return seen
 

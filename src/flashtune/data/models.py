@@ -13,7 +13,7 @@ import math
 import unicodedata
 from enum import Enum
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -53,6 +53,7 @@ __all__ = [
     "Correctness",
     "Performance",
     "Evaluation",
+    "metrics_for_status",
     "Trace",
     "dumps",
     "json_value",
@@ -97,8 +98,12 @@ def json_value(value: Any) -> Any:
 
 def _in_key_order(model: Any, dumped: Any) -> Any:
     """`dumped` (model's JSON form) with each object's keys in the order the model was read
-    with (new keys last), so a file written back keeps the key order it was read with."""
+    with (new keys last), so a file written back keeps the key order it was read with, and
+    without the fields a model writes only when known (`_absent_when_none`)."""
     if isinstance(model, _Model) and isinstance(dumped, dict):
+        dumped = {
+            k: v for k, v in dumped.items() if not (v is None and k in model._absent_when_none)
+        }
         order = [k for k in model._key_order if k in dumped]
         keys = order + [k for k in dumped if k not in order]
         return {k: _in_key_order(getattr(model, k, None), dumped[k]) for k in keys}
@@ -114,6 +119,7 @@ class _Model(BaseModel):
     order read; remember the text a model was read from (see `file_text`)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
+    _absent_when_none: ClassVar[tuple[str, ...]] = ()
     _key_order: tuple[str, ...] = PrivateAttr(default=())
     _source: tuple[str, Any] | None = PrivateAttr(default=None)
 
@@ -218,6 +224,13 @@ class TensorSpec(_Model):
     description: str | None = None
 
 
+# Why flashtune refuses constraints FlashInfer-Bench accepts (it only checks they parse).
+_WHY_CONSTRAINTS = (
+    " (flashtune evaluates constraints on the axes and inputs to synthesize valid inputs, "
+    "and interprets them from a whitelist rather than running a stranger's code)"
+)
+
+
 def _check_python(source: str, what: str) -> ast.Module:
     try:
         return ast.parse(source)
@@ -270,7 +283,9 @@ class Definition(_Model):
             try:
                 check_constraint(expr)
             except ConstraintNotAllowed as exc:
-                raise ValueError(f"constraint [{i}] {expr!r} {exc.reason}") from None
+                raise ValueError(
+                    f"constraint [{i}] {expr!r} {exc.reason}{_WHY_CONSTRAINTS}"
+                ) from None
         return constraints
 
     @model_validator(mode="after")
@@ -292,7 +307,9 @@ class Definition(_Model):
             try:
                 check_constraint(expr, names)
             except ConstraintNotAllowed as exc:
-                raise ValueError(f"constraint [{i}] {expr!r} {exc.reason}") from None
+                raise ValueError(
+                    f"constraint [{i}] {expr!r} {exc.reason}{_WHY_CONSTRAINTS}"
+                ) from None
         return self
 
     # convenience -------------------------------------------------------------------
@@ -343,7 +360,7 @@ class BuildSpec(_Model):
     language: Language
     target_hardware: list[str] = Field(default_factory=list)
     entry_point: str
-    dependencies: list[str] = Field(default_factory=list)
+    dependencies: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     # True: outputs are pre-allocated and passed after the inputs, `run(*inputs, *outputs)`.
     # False: `run(*inputs)` returns the outputs. Absent: True, as in FlashInfer-Bench, except
     # for a "package.module:function" entry point (flashtune's own form: value-returning).
@@ -504,13 +521,25 @@ class Correctness(_Model):
     # flashtune extension: ||out - ref||_2 / ||ref||_2, the worst over the outputs
     rel_norm_error: float | None = None
 
+    @field_validator("max_absolute_error", "max_relative_error")
+    @classmethod
+    def _non_negative_or_nan(cls, value: float | None) -> float | None:
+        # As FlashInfer-Bench checks them: an error is never negative; NaN means unknown.
+        if value is not None and value < 0:
+            raise ValueError(f"must be non-negative or NaN, got {value}")
+        return value
+
+    # FlashInfer-Bench's metrics are floats (null is invalid there): one not measured is
+    # written as absent, which it reads as its default.
+    _absent_when_none: ClassVar[tuple[str, ...]] = ("max_absolute_error", "max_relative_error")
+
 
 class Performance(_Model):
     # FlashInfer-Bench's three fields default to 0.0 and are never negative.
     latency_ms: float = Field(default=0.0, ge=0.0)
     latency_spread_ms: float | None = None
-    reference_latency_ms: float | None = None
-    speedup_factor: float | None = None
+    reference_latency_ms: float | None = Field(default=None, ge=0.0)
+    speedup_factor: float | None = Field(default=None, ge=0.0)
     baseline_solution: str | None = None
     baseline_latency_ms: float | None = None
     speedup_vs_baseline: float | None = None
@@ -522,11 +551,37 @@ class Performance(_Model):
     timing_calls_per_sample: int | None = None
     reference_timing_method: str | None = None
 
+    _absent_when_none: ClassVar[tuple[str, ...]] = ("reference_latency_ms", "speedup_factor")
+
+
+# FlashInfer-Bench's rule, by status: which metrics an evaluation carries (True: must,
+# False: must not). Every other status (errors, TIMEOUT, flashtune's SKIPPED) carries none.
+_METRICS_BY_STATUS: dict[str, tuple[bool, bool]] = {  # status -> (correctness, performance)
+    "PASSED": (True, True),
+    "INCORRECT_NUMERICAL": (True, False),
+}
+
+
+def metrics_for_status(
+    status: EvaluationStatus, correctness: Correctness | None, performance: Performance | None
+) -> tuple[Correctness | None, Performance | None]:
+    """The (correctness, performance) an evaluation of `status` carries under
+    FlashInfer-Bench's rule: figures the status does not carry are dropped, and a required
+    correctness that was not measured (an output checked by distribution, inputs written
+    into) is an empty one, which FlashInfer-Bench reads as its defaults."""
+    wants_correctness, wants_performance = _METRICS_BY_STATUS.get(status.value, (False, False))
+    if wants_correctness and correctness is None:
+        correctness = Correctness()
+    return (
+        correctness if wants_correctness else None,
+        performance if wants_performance else None,
+    )
+
 
 class Evaluation(_Model):
     status: EvaluationStatus
     environment: dict[str, Any] = Field(default_factory=dict)
-    timestamp: str
+    timestamp: str = Field(min_length=1)
     log: str = ""
     reason: str | None = None
     # flashtune extension: content hash of the solution evaluated (what --resume matches on).
@@ -540,7 +595,29 @@ class Evaluation(_Model):
         hardware = environment.get("hardware")
         if "hardware" in environment and not (isinstance(hardware, str) and hardware):
             raise ValueError(f"environment.hardware must be a non-empty string, got {hardware!r}")
+        libs = environment.get("libs", {})
+        # (null: a library that is not installed; FlashInfer-Bench wants strings only)
+        if not (
+            isinstance(libs, dict) and all(isinstance(v, (str, type(None))) for v in libs.values())
+        ):
+            raise ValueError(f"environment.libs must map library names to versions, got {libs!r}")
         return environment
+
+    @model_validator(mode="after")
+    def _metrics_match_status(self) -> Evaluation:
+        # As FlashInfer-Bench validates it (see metrics_for_status).
+        wanted = _METRICS_BY_STATUS.get(self.status.value, (False, False))
+        for field, want in zip(("correctness", "performance"), wanted, strict=True):
+            present = getattr(self, field) is not None
+            if want and not present:
+                raise ValueError(
+                    f"an evaluation with status {self.status.value} must include {field}"
+                )
+            if present and not want:
+                raise ValueError(
+                    f"an evaluation with status {self.status.value} must not include {field}"
+                )
+        return self
 
 
 class Trace(_Model):

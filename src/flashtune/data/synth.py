@@ -25,9 +25,13 @@ from typing import Any
 
 import torch
 
-from flashtune.data.constraints import ConstraintNotAllowed, evaluate_constraint, holds
+from flashtune.data.constraints import (
+    CONSTRAINT_FUNCTIONS,
+    ConstraintNotAllowed,
+    evaluate_constraint,
+    holds,
+)
 from flashtune.data.models import (
-    ConstAxis,
     Definition,
     ScalarInput,
     TensorSpec,
@@ -235,7 +239,9 @@ class _Synth:
             return self._float(lname, shape, dtype)
         if dtype == torch.bool:
             return torch.rand(shape, generator=self.gen) < 0.5
-        if lname.endswith("indptr") and len(shape) == 1:
+        if len(shape) == 1 and (lname.endswith("indptr") or name in self.totals):
+            # Cumulative lengths, whatever their name (`cu_seqlens`): from 0, non-decreasing,
+            # ending at the total a constraint names.
             return self._indptr(name, shape[0], dtype, done)
         if lname.endswith("last_page_len"):
             return self._last_page_len(shape, dtype, done)
@@ -461,9 +467,11 @@ def _load_blob(spec: Any, blob_root: Any, name: str) -> tuple[Path, torch.Tensor
 
 
 def small_workload(definition: Definition, size: int = 4) -> Workload:
-    """A small workload that satisfies the definition's axis-only equality constraints:
-    every var axis set to `size` (page/pool axes a little larger), then each constraint of
-    the form `axis == <expression of axes>` applied."""
+    """A small workload that satisfies the definition's constraints on axes: every var axis
+    set to `size` (page/pool axes a little larger), then each `axis == <expression of axes>`
+    applied, and an inequality that fails (`topk <= max_num_pages * page_size`) repaired by
+    growing or shrinking a var axis it names. Constraints on inputs (`total ==
+    indptr[-1].item()`) hold by synthesis (synthesize_inputs)."""
     axes: dict[str, int] = {}
     for name in definition.var_axes:
         lname = name.lower()
@@ -475,7 +483,22 @@ def small_workload(definition: Definition, size: int = 4) -> Workload:
             axes[name] = size * 2
         else:
             axes[name] = size
-    const = {k: a.value for k, a in definition.axes.items() if isinstance(a, ConstAxis)}
+    # GQA: the query head count must be a multiple of the KV head count.
+    if "num_qo_heads" in axes and "num_kv_heads" in axes:
+        axes["num_qo_heads"] = axes["num_kv_heads"] * 2
+    _satisfy_axis_constraints(definition, axes)
+    return Workload(uuid="small", axes=axes, inputs={})
+
+
+def _names_in(expr: str) -> set[str]:
+    tree = ast.parse(expr, mode="eval")
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(CONSTRAINT_FUNCTIONS)
+
+
+def _axis_equalities(definition: Definition, axes: Mapping[str, int]) -> list[tuple[str, str]]:
+    """(axis, expression) for each `axis == <expression of axes>` (either side)."""
+    known = set(axes) | set(definition.const_axes)
+    found = []
     for expr in definition.constraints:
         tree = ast.parse(expr, mode="eval").body
         if not (
@@ -485,13 +508,61 @@ def small_workload(definition: Definition, size: int = 4) -> Workload:
         left, right = tree.left, tree.comparators[0]
         for target, source in ((left, right), (right, left)):
             if isinstance(target, ast.Name) and target.id in axes:
-                used = {n.id for n in ast.walk(source) if isinstance(n, ast.Name)}
-                if used and used <= set(axes) | set(const):
-                    # Interpreted, not eval'ed: the expression comes from the dataset.
-                    value = evaluate_constraint(ast.unparse(source), {**const, **axes})
-                    axes[target.id] = int(value)
+                used = _names_in(ast.unparse(source))
+                if used and used <= known:
+                    found.append((target.id, ast.unparse(source)))
                     break
-    # GQA: the query head count must be a multiple of the KV head count.
-    if "num_qo_heads" in axes and "num_kv_heads" in axes:
-        axes["num_qo_heads"] = axes["num_kv_heads"] * 2
-    return Workload(uuid="small", axes=axes, inputs={})
+    return found
+
+
+def _holds(expr: str, values: Mapping[str, int]) -> bool:
+    try:
+        return holds(evaluate_constraint(expr, values))
+    except Exception:  # noqa: BLE001 - a division by zero, say: not satisfied
+        return False
+
+
+# How far a repair may move one axis: factors of 2 up (a pool large enough for topk) or down.
+_REPAIR_STEPS = 16
+
+
+def _satisfy_axis_constraints(definition: Definition, axes: dict[str, int]) -> None:
+    """Adjust `axes` (var axes only) until every constraint naming only axes holds, where a
+    few doublings or halvings of one axis get there; what cannot be satisfied is left for
+    check_constraints to report."""
+    const = definition.const_axes
+    equalities = _axis_equalities(definition, axes)
+    derived = {target for target, _ in equalities}
+    on_axes = [e for e in definition.constraints if _names_in(e) <= set(axes) | set(const)]
+
+    def failing() -> list[str]:
+        values = {**const, **axes}
+        return [e for e in on_axes if not _holds(e, values)]
+
+    def apply_equalities() -> None:
+        for target, source in equalities:
+            try:
+                axes[target] = int(evaluate_constraint(source, {**const, **axes}))
+            except Exception:  # noqa: BLE001 - reported by check_constraints later
+                continue
+
+    apply_equalities()
+    for _ in range(len(on_axes) + 1):
+        broken = failing()
+        if not broken:
+            return
+        expr = broken[0]
+        for name in sorted(_names_in(expr) & (set(axes) - derived)):
+            start = axes[name]
+            candidates = [start * 2**k for k in range(1, _REPAIR_STEPS + 1) if start] or [1]
+            candidates += [start // 2**k for k in range(1, _REPAIR_STEPS + 1) if start // 2**k]
+            for value in candidates:
+                axes[name] = value
+                apply_equalities()
+                if _holds(expr, {**const, **axes}) and len(failing()) < len(broken):
+                    break
+            else:
+                axes[name] = start
+                apply_equalities()
+                continue
+            break

@@ -20,6 +20,7 @@ import triton.language as tl
 from flashtune import platform
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.activation_config import ActivationTactic, default_tactic
+from flashtune.ops.pdl import launch_options, use_pdl
 from flashtune.schema import Const, OpSchema, Tensor, Var, api
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 from flashtune.tune import (
@@ -68,15 +69,21 @@ def _gated_act_kernel(
     ACT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/pdl.py)
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
     r64 = rows.to(tl.int64)[:, None]
     x_ptr = X + r64 * stride_x + cols[None, :]
+    if USE_PDL:
+        # The previous kernel may still be running: its writes are visible after the wait.
+        tl.extra.cuda.gdc_wait()
     # Each element is read once: stream it through L2 without displacing other data.
     gate = tl.load(x_ptr, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     up = tl.load(x_ptr + D, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # inputs read: the next kernel may start
     if ACT == 0:
         # exp's argument is capped so that large negative gates give 0 without an inf.
         act = gate / (1.0 + tl.exp(tl.minimum(-gate, 80.0)))
@@ -162,7 +169,7 @@ GELU_TANH_AND_MUL = _act_schema(
 # ----------------------------------------------------------------------------------------------
 
 
-def _launch(x: torch.Tensor, y: torch.Tensor, act: int, tactic: Tactic) -> None:
+def _launch(x: torch.Tensor, y: torch.Tensor, act: int, tactic: Tactic, pdl: bool = False) -> None:
     n_rows, d = y.shape
     if n_rows == 0 or d == 0:
         return
@@ -179,19 +186,23 @@ def _launch(x: torch.Tensor, y: torch.Tensor, act: int, tactic: Tactic) -> None:
         ACT=act,
         ROWS=cfg.rows,
         BLOCK_D=cfg.block_d,
+        USE_PDL=pdl,
         num_warps=cfg.num_warps,
+        **launch_options(pdl),
     )
 
 
 class GatedActivationRunner(TunableRunner):
-    """The Triton gated-activation kernel. inputs: [x2d [n, 2d], out2d [n, d], act]."""
+    """The Triton gated-activation kernel. inputs: [x2d [n, 2d], out2d [n, d], act], optionally
+    followed by pdl (bool, default False: launch with programmatic dependent launch; not part
+    of what the tuner keys on)."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         return list(ActivationTactic.space(inputs[1].shape[-1]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        x, out, act = inputs
-        _launch(x, out, act, tactic)
+        x, out, act, *rest = inputs
+        _launch(x, out, act, tactic, bool(rest and rest[0]))
         return out
 
 
@@ -244,7 +255,7 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def _act_into(input: torch.Tensor, out: torch.Tensor, act: int) -> None:
+def _act_into(input: torch.Tensor, out: torch.Tensor, act: int, pdl: bool = False) -> None:
     if not platform.kernels_available(input.device):
         out.copy_(_REFS[act](input))
         return
@@ -261,7 +272,7 @@ def _act_into(input: torch.Tensor, out: torch.Tensor, act: int) -> None:
     inputs = [x2, y2, act]
     name = f"flashtune::{_ACT_NAMES[act]}_and_mul"
     runner, tactic = choose_one(name, _RUNNERS, ACTIVATION_TUNING, inputs)
-    runner.forward(inputs, tactic)
+    runner.forward([*inputs, pdl], tactic)
     if scratch:
         out.copy_(y2.view(out.shape))
 
@@ -269,24 +280,27 @@ def _act_into(input: torch.Tensor, out: torch.Tensor, act: int) -> None:
 # torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
 # costs 18-21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
 @torch.library.custom_op("flashtune::gated_act_out", mutates_args=("out",))
-def _act_op(input: torch.Tensor, out: torch.Tensor, act: int) -> None:
-    _act_into(input, out, act)
+def _act_op(input: torch.Tensor, out: torch.Tensor, act: int, pdl: bool = False) -> None:
+    _act_into(input, out, act, pdl)
 
 
 @_act_op.register_fake
-def _(input, out, act) -> None:
+def _(input, out, act, pdl=False) -> None:
     return None
 
 
-def _gated(input: torch.Tensor, out: torch.Tensor | None, act: int) -> torch.Tensor:
+def _gated(
+    input: torch.Tensor, out: torch.Tensor | None, act: int, enable_pdl: bool | None
+) -> torch.Tensor:
     _validate(input, out)
+    pdl = use_pdl(input.device, enable_pdl)
     if out is None:
         shape = (*input.shape[:-1], input.shape[-1] // 2)
         out = torch.empty(shape, dtype=input.dtype, device=input.device)
     if torch.compiler.is_compiling():
-        _act_op(input, out, act)
+        _act_op(input, out, act, pdl)
     else:
-        _act_into(input, out, act)
+        _act_into(input, out, act, pdl)
     return out
 
 
@@ -296,21 +310,33 @@ def _gated(input: torch.Tensor, out: torch.Tensor | None, act: int) -> torch.Ten
 
 
 @api(schema=SILU_AND_MUL)
-def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """SwiGLU gate: silu(input[..., :d]) * input[..., d:]; input [..., 2d] -> [..., d]."""
-    return _gated(input, out, _SILU)
+def silu_and_mul(
+    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+) -> torch.Tensor:
+    """SwiGLU gate: silu(input[..., :d]) * input[..., d:]; input [..., 2d] -> [..., d].
+    enable_pdl: launch with programmatic dependent launch on Hopper and later (None: the
+    default of flashtune.ops.pdl); ignored where unsupported."""
+    return _gated(input, out, _SILU, enable_pdl)
 
 
 @api(schema=GELU_AND_MUL)
-def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """GeGLU gate (exact erf GELU): gelu(input[..., :d]) * input[..., d:]."""
-    return _gated(input, out, _GELU)
+def gelu_and_mul(
+    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+) -> torch.Tensor:
+    """GeGLU gate (exact erf GELU): gelu(input[..., :d]) * input[..., d:].
+    enable_pdl: launch with programmatic dependent launch on Hopper and later (None: the
+    default of flashtune.ops.pdl); ignored where unsupported."""
+    return _gated(input, out, _GELU, enable_pdl)
 
 
 @api(schema=GELU_TANH_AND_MUL)
-def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """GeGLU gate (tanh-approximate GELU): gelu_tanh(input[..., :d]) * input[..., d:]."""
-    return _gated(input, out, _GELU_TANH)
+def gelu_tanh_and_mul(
+    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+) -> torch.Tensor:
+    """GeGLU gate (tanh-approximate GELU): gelu_tanh(input[..., :d]) * input[..., d:].
+    enable_pdl: launch with programmatic dependent launch on Hopper and later (None: the
+    default of flashtune.ops.pdl); ignored where unsupported."""
+    return _gated(input, out, _GELU_TANH, enable_pdl)
 
 
 @register_examples

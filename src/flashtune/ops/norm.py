@@ -27,6 +27,7 @@ import triton.language as tl
 from flashtune import platform
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.norm_config import RMSNormTactic, default_tactic
+from flashtune.ops.pdl import launch_options, use_pdl
 from flashtune.schema import Const, OpSchema, Tensor, Var, api
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 from flashtune.tune import (
@@ -86,6 +87,7 @@ def _rmsnorm_kernel(
     NUM_CHUNKS: tl.constexpr,
     FUSED_ADD: tl.constexpr,
     WEIGHT_OFFSET: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/pdl.py)
 ):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -97,6 +99,9 @@ def _rmsnorm_kernel(
     y_row = (outer * sy0 + inn * sy1)[:, None]
     r_row = (outer * sr0 + inn * sr1)[:, None]
     cols = tl.arange(0, BLOCK_N)
+    if USE_PDL:
+        # The previous kernel may still be running: its writes are visible after the wait.
+        tl.extra.cuda.gdc_wait()
 
     if NUM_CHUNKS == 1:
         col_mask = cols < N
@@ -107,6 +112,9 @@ def _rmsnorm_kernel(
         x = tl.load(X + x_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if FUSED_ADD:
             x += tl.load(R + r_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if USE_PDL:
+            tl.extra.cuda.gdc_launch_dependents()  # inputs read: the next kernel may start
+        if FUSED_ADD:
             tl.store(R + r_row + cols[None, :], x.to(R.dtype.element_ty), mask=mask)
         rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / N + eps)  # [ROWS]
         y = x * rstd[:, None] * w[None, :]
@@ -122,6 +130,8 @@ def _rmsnorm_kernel(
                 x += tl.load(R + r_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
                 tl.store(R + r_row + cc[None, :], x.to(R.dtype.element_ty), mask=mask)
             acc += x * x
+        if USE_PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / N + eps)
         for c in range(NUM_CHUNKS):
             cc = c * BLOCK_N + cols
@@ -252,6 +262,7 @@ def _launch(
     eps: float,
     weight_offset: float,
     tactic: Tactic,
+    pdl: bool = False,
 ) -> None:
     hidden = x.shape[-1]
     n_rows = x.numel() // hidden if hidden else 0
@@ -284,20 +295,23 @@ def _launch(
         NUM_CHUNKS=num_chunks,
         FUSED_ADD=residual is not None,
         WEIGHT_OFFSET=weight_offset,
+        USE_PDL=pdl,
         num_warps=cfg.num_warps,
+        **launch_options(pdl),
     )
 
 
 class RMSNormRunner(TunableRunner):
     """The Triton RMSNorm kernel. inputs: [x, weight, out, residual | None, eps, weight_offset]
-    (out is x for the fused in-place form)."""
+    (out is x for the fused in-place form), optionally followed by pdl (bool, default False:
+    launch with programmatic dependent launch; not part of what the tuner keys on)."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         return list(RMSNormTactic.space(inputs[0].shape[-1]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        x, weight, out, residual, eps, weight_offset = inputs
-        _launch(x, weight, out, residual, eps, weight_offset, tactic)
+        x, weight, out, residual, eps, weight_offset, *rest = inputs
+        _launch(x, weight, out, residual, eps, weight_offset, tactic, bool(rest and rest[0]))
         return out
 
 
@@ -365,7 +379,12 @@ def _validate(
 
 
 def _rmsnorm_into(
-    input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float, offset: float
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    eps: float,
+    offset: float,
+    pdl: bool = False,
 ) -> None:
     if not platform.kernels_available(input.device):
         ref = gemma_rmsnorm_ref if offset else rmsnorm_ref
@@ -373,11 +392,16 @@ def _rmsnorm_into(
         return
     inputs = [input, weight, out, None, eps, offset]
     runner, tactic = choose_one("flashtune::rmsnorm", _RUNNERS, RMSNORM_TUNING, inputs)
-    runner.forward(inputs, tactic)
+    runner.forward([*inputs, pdl], tactic)
 
 
 def _fused_add_rmsnorm_inplace(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    pdl: bool = False,
 ) -> None:
     if not platform.kernels_available(input.device):
         ref = gemma_fused_add_rmsnorm_ref if offset else fused_add_rmsnorm_ref
@@ -387,7 +411,7 @@ def _fused_add_rmsnorm_inplace(
         return
     inputs = [input, weight, input, residual, eps, offset]
     runner, tactic = choose_one("flashtune::fused_add_rmsnorm", _RUNNERS, RMSNORM_TUNING, inputs)
-    runner.forward(inputs, tactic)
+    runner.forward([*inputs, pdl], tactic)
 
 
 # torch.compile traces through these custom ops; eager calls skip them. The dispatcher
@@ -396,45 +420,57 @@ def _fused_add_rmsnorm_inplace(
 # so the direct eager path stays.
 @torch.library.custom_op("flashtune::rmsnorm_out", mutates_args=("out",))
 def _rmsnorm_op(
-    input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float, offset: float
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    eps: float,
+    offset: float,
+    pdl: bool = False,
 ) -> None:
-    _rmsnorm_into(input, weight, out, eps, offset)
+    _rmsnorm_into(input, weight, out, eps, offset, pdl)
 
 
 @_rmsnorm_op.register_fake
-def _(input, weight, out, eps, offset) -> None:
+def _(input, weight, out, eps, offset, pdl=False) -> None:
     return None
 
 
 @torch.library.custom_op("flashtune::fused_add_rmsnorm", mutates_args=("input", "residual"))
 def _fused_add_rmsnorm_op(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    pdl: bool = False,
 ) -> None:
-    _fused_add_rmsnorm_inplace(input, residual, weight, eps, offset)
+    _fused_add_rmsnorm_inplace(input, residual, weight, eps, offset, pdl)
 
 
 @_fused_add_rmsnorm_op.register_fake
-def _(input, residual, weight, eps, offset) -> None:
+def _(input, residual, weight, eps, offset, pdl=False) -> None:
     return None
 
 
-def _rmsnorm(input, weight, eps, out, offset) -> torch.Tensor:
+def _rmsnorm(input, weight, eps, out, offset, enable_pdl) -> torch.Tensor:
     _validate(input, weight, out=out)
+    pdl = use_pdl(input.device, enable_pdl)
     if out is None:
         out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     if torch.compiler.is_compiling():
-        _rmsnorm_op(input, weight, out, eps, offset)
+        _rmsnorm_op(input, weight, out, eps, offset, pdl)
     else:
-        _rmsnorm_into(input, weight, out, eps, offset)
+        _rmsnorm_into(input, weight, out, eps, offset, pdl)
     return out
 
 
-def _fused_add(input, residual, weight, eps, offset) -> None:
+def _fused_add(input, residual, weight, eps, offset, enable_pdl) -> None:
     _validate(input, weight, residual=residual, fused=True)
+    pdl = use_pdl(input.device, enable_pdl)
     if torch.compiler.is_compiling():
-        _fused_add_rmsnorm_op(input, residual, weight, eps, offset)
+        _fused_add_rmsnorm_op(input, residual, weight, eps, offset, pdl)
     else:
-        _fused_add_rmsnorm_inplace(input, residual, weight, eps, offset)
+        _fused_add_rmsnorm_inplace(input, residual, weight, eps, offset, pdl)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -448,22 +484,30 @@ def rmsnorm(
     weight: torch.Tensor,
     eps: float = 1e-6,
     out: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
 ) -> torch.Tensor:
     """Root mean square normalization: out = input / sqrt(mean(input^2) + eps) * weight.
 
     input: [batch, hidden] or [batch, seq, hidden], float16/bfloat16/float32, last dimension
     contiguous (rows may have a stride); weight: [hidden], same dtype. Returns out.
+    enable_pdl: launch with programmatic dependent launch on Hopper and later (None: the
+    default of flashtune.ops.pdl); ignored where unsupported.
     """
-    return _rmsnorm(input, weight, eps, out, 0.0)
+    return _rmsnorm(input, weight, eps, out, 0.0, enable_pdl)
 
 
 @api(schema=FUSED_ADD_RMSNORM)
 def fused_add_rmsnorm(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
 ) -> None:
     """In place: residual += input; input = rmsnorm(residual) * weight (normalizing the fp32
-    sum). input and residual: [batch, hidden] or [batch, seq, hidden], same shape and dtype."""
-    _fused_add(input, residual, weight, eps, 0.0)
+    sum). input and residual: [batch, hidden] or [batch, seq, hidden], same shape and dtype.
+    enable_pdl: as in `rmsnorm`."""
+    _fused_add(input, residual, weight, eps, 0.0, enable_pdl)
 
 
 @api(schema=GEMMA_RMSNORM)
@@ -472,17 +516,24 @@ def gemma_rmsnorm(
     weight: torch.Tensor,
     eps: float = 1e-6,
     out: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
 ) -> torch.Tensor:
-    """Gemma RMSNorm: out = input / sqrt(mean(input^2) + eps) * (1 + weight)."""
-    return _rmsnorm(input, weight, eps, out, 1.0)
+    """Gemma RMSNorm: out = input / sqrt(mean(input^2) + eps) * (1 + weight). enable_pdl: as
+    in `rmsnorm`."""
+    return _rmsnorm(input, weight, eps, out, 1.0, enable_pdl)
 
 
 @api(schema=GEMMA_FUSED_ADD_RMSNORM)
 def gemma_fused_add_rmsnorm(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
 ) -> None:
-    """In place: residual += input; input = rmsnorm(residual) * (1 + weight)."""
-    _fused_add(input, residual, weight, eps, 1.0)
+    """In place: residual += input; input = rmsnorm(residual) * (1 + weight). enable_pdl: as
+    in `rmsnorm`."""
+    _fused_add(input, residual, weight, eps, 1.0, enable_pdl)
 
 
 @register_examples

@@ -7,29 +7,28 @@
   ragged batch; token i of request b sits at position offsets[b] + i - indptr[b], and cos/sin
   are computed in the kernel: angle_j = pos / rope_scale * rope_theta ** (-2j / rotary_dim).
 - `apply_rope_pos_ids(q, k, pos_ids, ...)`: the same with explicit positions.
+- `apply_llama31_rope(...)` / `apply_llama31_rope_pos_ids(...)`: the same with Llama 3.1's
+  frequency scaling (low_freq_factor, high_freq_factor, old_context_len; FlashInfer's
+  defaults rope_scale=8, rope_theta=5e5).
 
 Styles: NeoX (is_neox=True / interleave=False) rotates the pairs (x[j], x[j + rd/2]);
 GPT-J (is_neox=False / interleave=True) rotates (x[2j], x[2j + 1]). Dimensions past
 rotary_dim pass through unchanged. Math in fp32, results cast to the input dtype.
 
-One Triton kernel: program (token, block of BLOCK_H heads), q heads first, then k heads;
-cos/sin for the token are loaded (or computed) once per program and shared by its heads.
+One Triton kernel (rope_kernels.py) serves every form.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
 from flashtune import platform
 from flashtune.model_shapes import ModelConfig
-from flashtune.ops.rope_config import RopeTactic, default_tactic
+from flashtune.ops.rope_config import RopeTactic
+from flashtune.ops.rope_kernels import RopeArgs, launch_rope, llama31_smoothing
 from flashtune.schema import Const, OpSchema, Tensor, Var, api
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 from flashtune.tune import (
@@ -48,8 +47,15 @@ __all__ = [
     "apply_rope_inplace",
     "apply_rope_pos_ids",
     "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "run_rope",
     "rope_with_cos_sin_cache_ref",
     "apply_rope_ref",
+    "apply_llama31_rope_ref",
+    "llama31_inv_freq",
     "ROPE_NEOX",
     "ROPE_GPTJ",
     "RopeTactic",
@@ -60,101 +66,6 @@ __all__ = [
 ]
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-# ----------------------------------------------------------------------------------------------
-# Triton kernel
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _rope_kernel(
-    Q,  # [nnz, Hq, D] (strides sq_t, sq_h, 1)
-    K,  # [nnz, Hk, D] (strides sk_t, sk_h, 1)
-    QO,  # [nnz, Hq, D] output (may alias Q)
-    KO,  # [nnz, Hk, D] output (may alias K)
-    POS,  # [nnz] int32/int64 positions
-    CS,  # [max_pos, RD] fp32 cos | sin (FROM_CACHE only)
-    Hq,
-    Hk,
-    D,
-    half,  # rotary_dim // 2
-    max_pos,
-    sq_t,
-    sq_h,
-    sk_t,
-    sk_h,
-    sqo_t,
-    sqo_h,
-    sko_t,
-    sko_h,
-    s_cs,
-    log2_theta,
-    rcp_scale,
-    BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVE: tl.constexpr,
-    FROM_CACHE: tl.constexpr,
-    COPY_PASS: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1)
-    q_blocks = tl.cdiv(Hq, BLOCK_H)
-    if hb < q_blocks:
-        h0 = hb * BLOCK_H
-        n_heads = Hq
-        src = Q + t * sq_t
-        dst = QO + t * sqo_t
-        s_h = sq_h
-        d_h = sqo_h
-    else:
-        h0 = (hb - q_blocks) * BLOCK_H
-        n_heads = Hk
-        src = K + t * sk_t
-        dst = KO + t * sko_t
-        s_h = sk_h
-        d_h = sko_h
-    heads = h0 + tl.arange(0, BLOCK_H)
-    j = tl.arange(0, BLOCK_HALF)
-    jm = j < half
-    mask = (heads < n_heads)[:, None] & jm[None, :]
-
-    pos = tl.load(POS + t)
-    if FROM_CACHE:
-        # Out-of-range positions read nothing (cos = sin = 0) rather than stray memory.
-        ok = (pos >= 0) & (pos < max_pos)
-        cs = CS + pos.to(tl.int64) * s_cs
-        cos = tl.load(cs + j, mask=jm & ok, other=0.0).to(tl.float32)
-        sin = tl.load(cs + half + j, mask=jm & ok, other=0.0).to(tl.float32)
-    else:
-        inv_freq = tl.exp2(-(2.0 * j.to(tl.float32) / (2 * half)) * log2_theta)
-        angle = (pos.to(tl.float32) * rcp_scale) * inv_freq
-        cos = tl.cos(angle)
-        sin = tl.sin(angle)
-    cos = cos[None, :]
-    sin = sin[None, :]
-
-    row_s = heads.to(tl.int64)[:, None] * s_h
-    row_d = heads.to(tl.int64)[:, None] * d_h
-    if INTERLEAVE:
-        i1 = 2 * j[None, :]
-        i2 = i1 + 1
-    else:
-        i1 = j[None, :]
-        i2 = i1 + half
-    x1 = tl.load(src + row_s + i1, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + row_s + i2, mask=mask, other=0.0).to(tl.float32)
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
-    tl.store(dst + row_d + i1, o1.to(dst.dtype.element_ty), mask=mask)
-    tl.store(dst + row_d + i2, o2.to(dst.dtype.element_ty), mask=mask)
-
-    if COPY_PASS:
-        p = 2 * half + tl.arange(0, BLOCK_PASS)
-        pmask = (heads < n_heads)[:, None] & (p < D)[None, :]
-        xp = tl.load(src + row_s + p[None, :], mask=pmask, other=0.0)
-        tl.store(dst + row_d + p[None, :], xp, mask=pmask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -196,15 +107,77 @@ def apply_rope_ref(
     at position offsets[b] + i - indptr[b], frequencies rope_theta ** (-2j / rotary_dim)."""
     import torch
 
-    nnz, _, d = q.shape
-    rd = d if rotary_dim is None else rotary_dim
-    counts = (indptr[1:] - indptr[:-1]).long()
-    start = torch.repeat_interleave((indptr[:-1] - offsets).long(), counts, output_size=nnz)
-    pos = torch.arange(nnz, device=q.device) - start
+    rd = q.shape[-1] if rotary_dim is None else rotary_dim
     inv_freq = 1.0 / (
         rope_theta ** (torch.arange(0, rd, 2, device=q.device, dtype=torch.float32) / rd)
     )
-    angle = (pos.to(torch.float32) / rope_scale)[:, None] * inv_freq[None, :]
+    return _rotate_ragged_ref(q, k, indptr, offsets, inv_freq / rope_scale, interleave)
+
+
+def llama31_inv_freq(
+    rotary_dim,
+    rope_theta=5e5,
+    rope_scale=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    old_context_len=8192,
+    device=None,
+):
+    """Llama 3.1's scaled inverse frequencies [rotary_dim / 2], by Meta's definition:
+    wavelengths shorter than old_context_len / high_freq_factor keep their frequency, longer
+    than old_context_len / low_freq_factor are divided by rope_scale, a linear blend between."""
+    import math
+
+    import torch
+
+    inv_freq = 1.0 / (
+        rope_theta
+        ** (torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float64) / rotary_dim)
+    )
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / rope_scale + smooth * inv_freq
+    scaled = torch.where(
+        wavelen < old_context_len / high_freq_factor,
+        inv_freq,
+        torch.where(wavelen > old_context_len / low_freq_factor, inv_freq / rope_scale, blended),
+    )
+    return scaled.to(torch.float32)
+
+
+def apply_llama31_rope_ref(
+    q,
+    k,
+    indptr,
+    offsets,
+    rotary_dim=None,
+    interleave=False,
+    rope_scale=8.0,
+    rope_theta=5e5,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    old_context_len=8192,
+):
+    """`apply_rope_ref` with Llama 3.1's frequencies (`llama31_inv_freq`)."""
+    rd = q.shape[-1] if rotary_dim is None else rotary_dim
+    inv_freq = llama31_inv_freq(
+        rd, rope_theta, rope_scale, low_freq_factor, high_freq_factor, old_context_len, q.device
+    )
+    return _rotate_ragged_ref(q, k, indptr, offsets, inv_freq, interleave)
+
+
+def _rotate_ragged_ref(q, k, indptr, offsets, inv_freq, interleave):
+    """Rotate the first 2 * len(inv_freq) dimensions of each head by pos * inv_freq."""
+    nnz = q.shape[0]
+    counts = (indptr[1:] - indptr[:-1]).long()
+    start = torch.repeat_interleave((indptr[:-1] - offsets).long(), counts, output_size=nnz)
+    pos = torch.arange(nnz, device=q.device) - start
+    return _rotate_ref(q, k, pos, inv_freq, interleave)
+
+
+def _rotate_ref(q, k, pos, inv_freq, interleave):
+    rd = 2 * inv_freq.shape[0]
+    angle = pos.to(torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
 
     def rotate(x):
@@ -286,62 +259,6 @@ def _rope_cache_schema(
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RopeArgs:
-    """Everything but the tensors: how cos/sin are obtained and which pairs rotate."""
-
-    rotary_dim: int
-    interleave: bool
-    from_cache: bool
-    rope_scale: float = 1.0
-    rope_theta: float = 1e4
-
-
-def _launch(q, k, q_out, k_out, pos, cos_sin_cache, args: RopeArgs, tactic: Tactic) -> None:
-    """q, k, q_out, k_out: [nnz, H, D] views (last dim contiguous)."""
-    nnz, hq, d = q.shape
-    hk = k.shape[1]
-    if nnz == 0:
-        return
-    cfg = default_tactic(max(hq, hk), args.rotary_dim) if tactic == DEFAULT_TACTIC else tactic
-    assert isinstance(cfg, RopeTactic)
-    half = args.rotary_dim // 2
-    copy_pass = args.rotary_dim < d and q_out.data_ptr() != q.data_ptr()
-    cs = cos_sin_cache if args.from_cache else pos  # any tensor; unused without the cache
-    grid = (nnz, triton.cdiv(hq, cfg.block_h) + triton.cdiv(hk, cfg.block_h))
-    _rope_kernel[grid](
-        q,
-        k,
-        q_out,
-        k_out,
-        pos,
-        cs,
-        hq,
-        hk,
-        d,
-        half,
-        cos_sin_cache.shape[0] if args.from_cache else 0,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        q_out.stride(0),
-        q_out.stride(1),
-        k_out.stride(0),
-        k_out.stride(1),
-        cos_sin_cache.stride(0) if args.from_cache else 0,
-        math.log2(args.rope_theta),
-        1.0 / args.rope_scale,
-        BLOCK_H=cfg.block_h,
-        BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
-        BLOCK_PASS=triton.next_power_of_2(max(d - 2 * half, 1)),
-        INTERLEAVE=args.interleave,
-        FROM_CACHE=args.from_cache,
-        COPY_PASS=copy_pass,
-        num_warps=cfg.num_warps,
-    )
-
-
 class RopeRunner(TunableRunner):
     """The Triton RoPE kernel. inputs: [q, k, q_out, k_out, pos, cos_sin_cache | None, args],
     tensors as [nnz, H, D] views."""
@@ -352,7 +269,7 @@ class RopeRunner(TunableRunner):
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         q, k, q_out, k_out, pos, cache, args = inputs
-        _launch(q, k, q_out, k_out, pos, cache, args, tactic)
+        launch_rope(q, k, q_out, k_out, pos, cache, args, tactic)
         return q_out, k_out
 
 
@@ -422,8 +339,18 @@ def _validate_qk(q: Any, k: Any, qname: str, kname: str) -> None:
         )
 
 
-def _run(q3, k3, qo3, ko3, pos, cache, args: RopeArgs) -> None:
-    """Rotate q3/k3 into qo3/ko3 ([nnz, H, D] views; outputs may alias inputs)."""
+def run_rope(
+    q3: torch.Tensor,
+    k3: torch.Tensor,
+    qo3: torch.Tensor,
+    ko3: torch.Tensor,
+    pos: torch.Tensor,
+    cache: torch.Tensor | None,
+    args: RopeArgs,
+) -> None:
+    """Rotate q3/k3 into qo3/ko3: [nnz, H, D] views with a contiguous last dimension, inputs
+    validated by the caller. The outputs may alias the inputs, or have another float dtype
+    (the kernel casts on store)."""
     if not platform.kernels_available(q3.device):
         if args.from_cache:
             qr, kr = rope_with_cos_sin_cache_ref(q3, k3, cache, pos, is_neox=not args.interleave)
@@ -438,12 +365,14 @@ def _run(q3, k3, qo3, ko3, pos, cache, args: RopeArgs) -> None:
 
 
 def _pos_ids_ref(q3, k3, pos, args: RopeArgs):
-    # Explicit positions = one request per token with offset = its position.
-    n = q3.shape[0]
-    indptr = torch.arange(n + 1, device=q3.device)
-    return apply_rope_ref(
-        q3, k3, indptr, pos, args.rotary_dim, args.interleave, args.rope_scale, args.rope_theta
+    # The kernel's frequencies (rope_kernels.py), computed in plain PyTorch.
+    rd = args.rotary_dim
+    inv_freq = 1.0 / (
+        args.rope_theta ** (torch.arange(0, rd, 2, device=q3.device, dtype=torch.float32) / rd)
     )
+    smooth = (inv_freq * args.smooth_a + args.smooth_b).clamp(0.0, 1.0)
+    inv_freq = (1 - smooth) * inv_freq / args.rope_scale + smooth * inv_freq
+    return _rotate_ref(q3, k3, pos, inv_freq, args.interleave)
 
 
 # torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
@@ -478,19 +407,23 @@ def _rope_pos_op(
     interleave: bool,
     rope_scale: float,
     rope_theta: float,
+    smooth_a: float,
+    smooth_b: float,
 ) -> None:
-    args = RopeArgs(rotary_dim, interleave, False, rope_scale, rope_theta)
-    _run(q, k, q_out, k_out, pos_ids, None, args)
+    args = RopeArgs(rotary_dim, interleave, False, rope_scale, rope_theta, smooth_a, smooth_b)
+    run_rope(q, k, q_out, k_out, pos_ids, None, args)
 
 
 @_rope_pos_op.register_fake
-def _(q, k, q_out, k_out, pos_ids, rotary_dim, interleave, rope_scale, rope_theta) -> None:
+def _(
+    q, k, q_out, k_out, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, smooth_a, smooth_b
+) -> None:
     return None
 
 
 def _rope_cache_impl(q, k, q_out, k_out, positions, cos_sin_cache, head_size, is_neox) -> None:
     args = RopeArgs(cos_sin_cache.shape[-1], not is_neox, True)
-    _run(
+    run_rope(
         _heads_view("query", q, head_size),
         _heads_view("key", k, head_size),
         _heads_view("query", q_out, head_size),
@@ -575,18 +508,40 @@ def _positions_from_ragged(indptr: torch.Tensor, offsets: torch.Tensor, nnz: int
     return torch.arange(nnz, device=indptr.device) - start
 
 
-def _rope_pos(q, k, pos, rd, interleave, rope_scale, rope_theta, inplace):
+def _rope_pos(q, k, pos, args: RopeArgs, inplace):
     q_out = q if inplace else torch.empty_like(q, memory_format=torch.contiguous_format)
     k_out = k if inplace else torch.empty_like(k, memory_format=torch.contiguous_format)
-    args = (q, k, q_out, k_out, pos, rd, interleave, float(rope_scale), float(rope_theta))
     if torch.compiler.is_compiling():
-        _rope_pos_op(*args)
+        _rope_pos_op(
+            q,
+            k,
+            q_out,
+            k_out,
+            pos,
+            args.rotary_dim,
+            args.interleave,
+            args.rope_scale,
+            args.rope_theta,
+            args.smooth_a,
+            args.smooth_b,
+        )
     else:
-        _run(q, k, q_out, k_out, pos, None, RopeArgs(rd, interleave, False, *args[-2:]))
+        run_rope(q, k, q_out, k_out, pos, None, args)
     return q_out, k_out
 
 
-def _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, inplace):
+# (low_freq_factor, high_freq_factor, old_context_len) of a Llama 3.1 call
+Llama31 = tuple[float, float, float]
+
+
+def _freq_args(rd, interleave, rope_scale, rope_theta, llama31: Llama31 | None) -> RopeArgs:
+    smooth = (0.0, 0.0) if llama31 is None else llama31_smoothing(*llama31)
+    return RopeArgs(rd, bool(interleave), False, float(rope_scale), float(rope_theta), *smooth)
+
+
+def _ragged(
+    q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, inplace, llama31=None
+):
     rd = _validate_ragged(q, k, rotary_dim)
     _check_index("indptr", indptr, q.device)
     _check_index("offsets", offsets, q.device)
@@ -602,7 +557,17 @@ def _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_thet
     ):
         raise ValueError(f"indptr[-1] must equal nnz={q.shape[0]}, got {int(indptr[-1])}")
     pos = _positions_from_ragged(indptr, offsets, q.shape[0])
-    return _rope_pos(q, k, pos, rd, interleave, rope_scale, rope_theta, inplace)
+    args = _freq_args(rd, interleave, rope_scale, rope_theta, llama31)
+    return _rope_pos(q, k, pos, args, inplace)
+
+
+def _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, inplace, llama31=None):
+    rd = _validate_ragged(q, k, rotary_dim)
+    _check_index("pos_ids", pos_ids, q.device)
+    if pos_ids.shape[0] != q.shape[0]:
+        raise ValueError(f"pos_ids must have nnz={q.shape[0]} entries, got {pos_ids.shape[0]}")
+    args = _freq_args(rd, interleave, rope_scale, rope_theta, llama31)
+    return _rope_pos(q, k, pos_ids, args, inplace)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -683,11 +648,7 @@ def apply_rope_pos_ids(
     rope_theta: float = 1e4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE with explicit per-token positions pos_ids [nnz]; returns (q_rope, k_rope)."""
-    rd = _validate_ragged(q, k, rotary_dim)
-    _check_index("pos_ids", pos_ids, q.device)
-    if pos_ids.shape[0] != q.shape[0]:
-        raise ValueError(f"pos_ids must have nnz={q.shape[0]} entries, got {pos_ids.shape[0]}")
-    return _rope_pos(q, k, pos_ids, rd, interleave, rope_scale, rope_theta, False)
+    return _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, False)
 
 
 def apply_rope_pos_ids_inplace(
@@ -700,11 +661,82 @@ def apply_rope_pos_ids_inplace(
     rope_theta: float = 1e4,
 ) -> None:
     """In-place form of `apply_rope_pos_ids`."""
-    rd = _validate_ragged(q, k, rotary_dim)
-    _check_index("pos_ids", pos_ids, q.device)
-    if pos_ids.shape[0] != q.shape[0]:
-        raise ValueError(f"pos_ids must have nnz={q.shape[0]} entries, got {pos_ids.shape[0]}")
-    _rope_pos(q, k, pos_ids, rd, interleave, rope_scale, rope_theta, True)
+    _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, True)
+
+
+def apply_llama31_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`apply_rope` with Llama 3.1's frequency scaling: wavelengths shorter than
+    old_context_len / high_freq_factor keep their frequency, longer than
+    old_context_len / low_freq_factor are divided by rope_scale, a linear blend between (the
+    positions themselves are not divided). Returns (q_rope, k_rope)."""
+    llama31 = (float(low_freq_factor), float(high_freq_factor), float(old_context_len))
+    return _ragged(
+        q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, False, llama31
+    )
+
+
+def apply_llama31_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> None:
+    """In-place form of `apply_llama31_rope`."""
+    llama31 = (float(low_freq_factor), float(high_freq_factor), float(old_context_len))
+    _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, True, llama31)
+
+
+def apply_llama31_rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`apply_rope_pos_ids` with Llama 3.1's frequency scaling (see `apply_llama31_rope`)."""
+    llama31 = (float(low_freq_factor), float(high_freq_factor), float(old_context_len))
+    return _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, False, llama31)
+
+
+def apply_llama31_rope_pos_ids_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> None:
+    """In-place form of `apply_llama31_rope_pos_ids`."""
+    llama31 = (float(low_freq_factor), float(high_freq_factor), float(old_context_len))
+    _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, True, llama31)
 
 
 @register_examples

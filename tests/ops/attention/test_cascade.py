@@ -112,3 +112,11 @@ def test_cascade_bad_input(device):
         )
     with pytest.raises(NotImplementedError):
         MultiLevelCascadeAttentionWrapper(2, ws, use_cuda_graph=True)
+
+
+def test_causal_level_with_more_queries_than_keys(device):
+    # One level, so the cascade is plain causal attention: requests 0 and 2 have more
+    # queries than keys (bottom-right alignment: their first rows see no key, output 0).
+    ps = 4
+    level = [([0], [0], 3), ([1], [1, 2, 3], 2), ([2], [4], 1)]
+    _run_case([level], [6, 5, 2], 8, 2, 64, ps, "NHD", True, device, 5)

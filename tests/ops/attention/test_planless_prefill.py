@@ -169,6 +169,16 @@ def test_variants(kw, device):
     _check_ragged(QO_LENS, KV_LENS, 8, 2, 64, device, **kw)
 
 
+@pytest.mark.parametrize("window_left", [-1, 3])
+def test_causal_more_queries_than_keys(device, window_left):
+    # FlashInfer's bottom-right alignment: the first qo_len - kv_len rows see no key and
+    # give 0 with LSE -inf; a request with no KV at all too.
+    qo_lens, kv_lens = [9, 40, 3, 5], [4, 17, 3, 0]
+    kw = dict(causal=True, window_left=window_left)
+    _check_paged(qo_lens, kv_lens, 6, 2, 64, 5, "NHD", device, **kw)
+    _check_ragged(qo_lens, kv_lens, 6, 2, 64, device, **kw)
+
+
 def test_request_search_spans_several_steps(device, monkeypatch):
     # More requests than one step of the in-kernel search scans (BLOCK_B capped at 16).
     monkeypatch.setattr(planless, "_MAX_BLOCK_B", 16)
@@ -331,8 +341,6 @@ def test_bad_inputs_raise_before_any_kernel(device):
             paged((2, torch.tensor([0, 9, 5], dtype=torch.int32)))
         with pytest.raises(ValueError, match="exceeds q's 14 tokens"):
             paged((2, torch.tensor([0, 5, 15], dtype=torch.int32)))
-        with pytest.raises(ValueError, match="qo_len <= kv_len"):
-            ragged_prefill(q, k, k, qo_indptr, _indptr([3, 14], device), causal=True)
         with pytest.raises(ValueError, match="exceeds k/v's 17 tokens"):
             ragged_prefill(q, k, k, qo_indptr, _indptr([8, 10], device))
 

@@ -2,7 +2,8 @@
 
 Decode (decode.py) and prefill (prefill.py), each with its kernels, launch policy, host plan
 and runner beside it (decode_kernels / decode_config / decode_plan / decode_run.py, and the
-prefill_* modules likewise); merging of attention states (merge.py), cascade (cascade.py),
+prefill_* modules likewise); merging of attention states (merge.py), cascade (cascade.py) and FlashInfer's older
+shared-prefix wrappers on top of it (shared_prefix.py),
 the paged KV cache helpers (page.py), the CPU scheduler (scheduler.py) and the references
 (reference.py). planless.py and planless_prefill.py offer decode and prefill as single calls
 that schedule their work on the device (no plan, no host sync: CUDA-graph capturable end to
@@ -14,6 +15,7 @@ from __future__ import annotations
 from flashtune.ops.attention.cascade import MultiLevelCascadeAttentionWrapper
 from flashtune.ops.attention.decode import (
     BatchDecodeWithPagedKVCacheWrapper,
+    CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
     single_decode_with_kv_cache,
 )
 from flashtune.ops.attention.merge import merge_state, merge_state_in_place, merge_states
@@ -38,9 +40,16 @@ from flashtune.ops.attention.reference import (
     paged_attention_ref,
     single_decode_ref,
 )
+from flashtune.ops.attention.shared_prefix import (
+    BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
+    BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
+)
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "MultiLevelCascadeAttentionWrapper",

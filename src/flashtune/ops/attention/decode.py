@@ -37,11 +37,13 @@ from flashtune.ops.attention.reference import (
     gqa_paged_decode_ref,
     single_decode_ref,
 )
+from flashtune.ops.attention.rotary import rope_for
 from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Scalar, Tensor, Var
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "single_decode_with_kv_cache",
     "batch_decode_ref",
     "gqa_paged_decode_ref",
@@ -286,7 +288,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         pos_encoding_mode: str = "NONE",
         window_left: int = -1,
         logits_soft_cap: float | None = None,
-        q_data_type: str | torch.dtype = "float16",
+        q_data_type: str | torch.dtype | None = "float16",
         kv_data_type: str | torch.dtype | None = None,
         data_type: str | torch.dtype | None = None,
         sm_scale: float | None = None,
@@ -304,14 +306,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         launch: a fixed tactic / CTAs per SM / SM count for this plan (benchmarks); None
         leaves them to the autotuner and the defaults (decode_config.py).
         """
-        if pos_encoding_mode != "NONE":
-            raise NotImplementedError(
-                f"pos_encoding_mode={pos_encoding_mode!r}: only 'NONE' is implemented (apply "
-                "RoPE before writing the KV cache)"
-            )
+        rope = rope_for(pos_encoding_mode, rope_scale, rope_theta)
+        # data_type: FlashInfer's deprecated alias, for whichever of the two is not given.
         q_dtype = as_dtype("q_data_type", q_data_type, torch.float16)
-        if data_type is not None:  # FlashInfer's deprecated alias
+        if data_type is not None and q_data_type is None:
             q_dtype = as_dtype("data_type", data_type, q_dtype)
+        if data_type is not None and kv_data_type is None:
+            kv_data_type = data_type
         kv_dtype = as_dtype("kv_data_type", kv_data_type, q_dtype)
         if not isinstance(window_left, int):
             raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
@@ -336,6 +337,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             fixed_split_size=fixed_split_size,
             launch=launch,
         )
+        assert self._planner.plan is not None
+        self._planner.plan.rope = rope
         if self._use_cuda_graph:
             # Keep the caller-visible buffers in sync, as FlashInfer's graph mode does.
             indptr_buf, last_buf = self._indptr_buf, self._last_buf
@@ -392,12 +395,91 @@ class BatchDecodeWithPagedKVCacheWrapper:
         )
         return (out_t, lse_t) if return_lse else out_t
 
-    def forward(self, q: torch.Tensor, paged_kv_cache: Any, **kwargs: Any) -> Any:
-        """Deprecated FlashInfer alias of run (plan must have been called)."""
-        return self.run(q, paged_kv_cache, **kwargs)
+    def run_return_lse(
+        self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """run(..., return_lse=True): (out, base-2 LSE), as FlashInfer's partialmethod."""
+        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Any,
+        pos_encoding_mode: str = "NONE",
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        *,
+        return_lse: bool = False,
+    ) -> Any:
+        """Deprecated FlashInfer alias of run (plan must have been called). FlashInfer's
+        forward re-sets the plan's variant; here it must match the plan (else ValueError)."""
+        plan = self._planner.plan
+        if plan is None:
+            raise RuntimeError("forward() called before plan(): call plan() once per step first")
+        if rope_for(pos_encoding_mode, rope_scale, rope_theta) != plan.rope:
+            raise ValueError("forward(pos_encoding_mode/rope_*=...) differs from plan()")
+        mismatched = [
+            name
+            for name, given, planned in (
+                ("window_left", window_left, plan.window_left),
+                ("logits_soft_cap", logits_soft_cap or 0.0, plan.logits_soft_cap or 0.0),
+            )
+            if given != planned
+        ]
+        if sm_scale is not None and sm_scale != plan.sm_scale:
+            mismatched.append("sm_scale")
+        if mismatched:
+            raise ValueError(
+                f"forward({', '.join(mismatched)}=...) differs from plan(); pass them to plan()"
+            )
+        return self.run(
+            q,
+            paged_kv_cache,
+            q_scale=q_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            return_lse=return_lse,
+        )
+
+    def forward_return_lse(
+        self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Deprecated FlashInfer alias of run_return_lse (see forward)."""
+        return self.forward(q, paged_kv_cache, *args, return_lse=True, **kwargs)
 
     def end_forward(self) -> None:
         """FlashInfer compatibility no-op."""
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """The decode wrapper in CUDA-graph mode (FlashInfer's class of the same name): the
+    page-table buffers fix the batch size and the most pages; plan() may be called again
+    between replays of a captured run()."""
+
+    def __init__(
+        self,
+        workspace_buffer: torch.Tensor,
+        indptr_buffer: torch.Tensor,
+        indices_buffer: torch.Tensor,
+        last_page_len_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool = False,
+    ) -> None:
+        super().__init__(
+            workspace_buffer,
+            kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=indptr_buffer,
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=last_page_len_buffer,
+        )
 
 
 def single_decode_with_kv_cache(
@@ -461,6 +543,8 @@ def single_decode_with_kv_cache(
         q_data_type=q.dtype,
         kv_data_type=k.dtype,
         sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
     )
     res = wrapper.run(
         q[None],

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashtune.ops.attention.rotary import load_rotated
+
 __all__ = ["LOG2E", "decode_item", "paged_attn_kernel"]
 
 LOG2E = 1.4426950408889634
@@ -63,6 +65,9 @@ def decode_item(
     SOFT_CAP: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
+    ROPE: tl.constexpr,  # ROPE_LLAMA: rotate q and k as loaded (rotary.py)
+    rope_rcp_scale,
+    rope_log2_theta,
 ):
     """One work item: a query tile of one request against KV [kv_start, kv_end)."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -75,12 +80,23 @@ def decode_item(
     head = kvh * GROUP + p % GROUP
     row_ok = p < qo_len * GROUP
     tok = (qo_start + qi).to(tl.int64)
-    q = tl.load(
-        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-        mask=row_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )
     q_pos = kv_len - qo_len + qi
+    if ROPE:
+        q = load_rotated(
+            q_ptr + tok * stride_qt + head * stride_qh,
+            offs_d,
+            row_ok[:, None] & d_ok[None, :],
+            q_pos,
+            rope_rcp_scale,
+            rope_log2_theta,
+            HEAD_DIM,
+        ).to(q_ptr.dtype.element_ty)
+    else:
+        q = tl.load(
+            q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
 
     m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -102,12 +118,17 @@ def decode_item(
         )
         in_page = t % PAGE_SIZE
         kv_mask = t_ok[:, None] & d_ok[None, :]
-        k = tl.load(
-            k_base + page[:, None] * stride_kp + in_page[:, None] * stride_kt + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
+        if ROPE:
+            k_rows = k_base + page * stride_kp + in_page * stride_kt
+            k = load_rotated(k_rows, offs_d, kv_mask, t, rope_rcp_scale, rope_log2_theta, HEAD_DIM)
+        else:
+            k = tl.load(
+                k_base + page[:, None] * stride_kp + in_page[:, None] * stride_kt + offs_d[None, :],
+                mask=kv_mask,
+                other=0.0,
+            )
+        # An fp8 cache's tiles become q's dtype here (a no-op when the cache has it).
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
         if SOFT_CAP:
             s = soft_cap * _tanh(s * qk_scale)
         else:
@@ -129,7 +150,7 @@ def decode_item(
             mask=kv_mask,
             other=0.0,
         )
-        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(prob.to(q.dtype), v.to(q.dtype))
         m_i = m_new
 
     has = l_i > 0
@@ -184,6 +205,10 @@ def paged_attn_kernel(
     SOFT_CAP: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
+    # ROPE_LLAMA; off by default (the default specialization is unchanged).
+    ROPE: tl.constexpr = False,
+    rope_rcp_scale=1.0,
+    rope_log2_theta=13.287712379549449,
 ):
     cta = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -232,4 +257,7 @@ def paged_attn_kernel(
             SOFT_CAP,
             CAUSAL,
             WINDOW,
+            ROPE,
+            rope_rcp_scale,
+            rope_log2_theta,
         )

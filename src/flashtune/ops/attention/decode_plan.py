@@ -27,7 +27,7 @@ from flashtune.ops.attention.decode_config import (
     min_chunk,
     plan_sm_count,
 )
-from flashtune.ops.attention.page import validate_page_table
+from flashtune.ops.attention.page import check_kv_dtype, validate_page_table
 from flashtune.ops.attention.scheduler import (
     NUM_WORK_FIELDS,
     WorkPlan,
@@ -80,6 +80,7 @@ class DevicePlan:
     indptr_host: np.ndarray  # [B+1] int64
     last_host: np.ndarray  # [B] int64
     launch: DecodeLaunch | None = None  # the caller's fixed launch (tactic), if any
+    rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
 
 
 @dataclass(frozen=True)
@@ -263,11 +264,7 @@ class Planner:
             raise ValueError(f"head_dim must be in 16..256, got {head_dim}")
         if q_dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(f"q_data_type must be float16 or bfloat16, got {q_dtype}")
-        if kv_dtype != q_dtype:
-            raise NotImplementedError(
-                f"kv_data_type {kv_dtype} differs from q_data_type {q_dtype}: only matching "
-                "fp16/bf16 KV is implemented"
-            )
+        check_kv_dtype(q_dtype, kv_dtype)
         indptr_t = as_int_tensor("indptr", indptr)
         indices_t = as_int_tensor("indices", indices)
         last_t = as_int_tensor("last_page_len", last_page_len)
@@ -287,12 +284,8 @@ class Planner:
             qo_lens = np.diff(qo_indptr)
             if (qo_lens < 0).any():
                 raise ValueError("qo_indptr must be non-decreasing")
-            if (qo_lens > kv_lens).any() and causal:
-                b = int(np.argmax(qo_lens > kv_lens))
-                raise ValueError(
-                    f"request {b}: qo_len {qo_lens[b]} > kv_len {kv_lens[b]} (causal queries "
-                    "are aligned bottom-right and need qo_len <= kv_len)"
-                )
+            # Causal with qo_len > kv_len: FlashInfer's bottom-right alignment, the first
+            # qo_len - kv_len queries see no key (output 0, LSE -inf; the kernel masks them).
             max_rows = int(qo_lens.max()) * group if batch else group
             # With a single query per request, a window only trims the KV range: no masking.
             single = bool((qo_lens <= 1).all())

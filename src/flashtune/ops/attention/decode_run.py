@@ -17,6 +17,7 @@ from flashtune.ops.attention.decode_kernels import LOG2E, paged_attn_kernel
 from flashtune.ops.attention.decode_plan import DevicePlan
 from flashtune.ops.attention.merge import merge_partials
 from flashtune.ops.attention.reference import paged_attention_ref
+from flashtune.ops.attention.rotary import rope_arguments
 from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
 
 __all__ = ["run_plan", "launch_kernels", "PagedAttentionRunner", "RUNNERS", "TUNING"]
@@ -76,6 +77,7 @@ def _reference(
         sm_scale=plan.sm_scale * logit_scale,
         window_left=plan.window_left,
         logits_soft_cap=plan.logits_soft_cap,
+        rope=plan.rope,
     )
 
 
@@ -99,6 +101,11 @@ def launch_kernels(
     else:
         qk_scale, cap_arg = plan.sm_scale * LOG2E, 0.0
     grid = (plan.grid_ctas, plan.num_kv_heads)
+    rope: dict[str, Any] = {}
+    if plan.rope is not None:
+        # Named only when on: the default launch keeps the kernel's default specialization.
+        rcp_scale, log2_theta = rope_arguments(*plan.rope)
+        rope = dict(ROPE=True, rope_rcp_scale=rcp_scale, rope_log2_theta=log2_theta)
     paged_attn_kernel[grid](
         q,
         k,
@@ -135,6 +142,7 @@ def launch_kernels(
         WINDOW=plan.mask_window,
         num_warps=tactic.num_warps,
         num_stages=tactic.num_stages,
+        **rope,
     )
     if plan.always_merge or plan.host.has_split:
         merge_partials(

@@ -20,6 +20,8 @@ from flashtune.ops.attention.staging import host_int64
 
 __all__ = [
     "KV_LAYOUTS",
+    "FP8_KV_DTYPES",
+    "check_kv_dtype",
     "split_kv_cache",
     "get_seq_lens",
     "get_batch_indices_positions",
@@ -33,6 +35,22 @@ __all__ = [
 ]
 
 KV_LAYOUTS = ("NHD", "HND")
+# An fp8 KV cache is read by the attention kernels with fp16/bf16 queries: each K/V tile is
+# converted to q's dtype as it is loaded (half the bytes of a 16-bit cache), scaled by the
+# run's k_scale (logits) and v_scale (output).
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def check_kv_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+    """KV as q's dtype, or fp8 (e4m3/e5m2) under fp16/bf16 queries; else TypeError."""
+    if kv_dtype == q_dtype:
+        return
+    if kv_dtype in FP8_KV_DTYPES and q_dtype in (torch.float16, torch.bfloat16):
+        return
+    raise TypeError(
+        f"kv dtype {kv_dtype} with q dtype {q_dtype}: the KV cache must have q's dtype, or be "
+        "float8_e4m3fn / float8_e5m2 under float16 / bfloat16 queries"
+    )
 
 
 def split_kv_cache(

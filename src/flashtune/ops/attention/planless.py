@@ -197,6 +197,9 @@ def _planless_decode_kernel(
             SOFT_CAP,
             False,
             False,
+            False,  # ROPE: not offered by the plan-free call
+            1.0,
+            0.0,
         )
 
 

@@ -189,20 +189,13 @@ def _check_options(
         raise ValueError(f"sm_scale must be > 0 or None, got {sm_scale}")
 
 
-def _check_lengths(
-    qo: np.ndarray, kv_lens: np.ndarray, total_q: int, causal: bool, kv_name: str
-) -> None:
+def _check_lengths(qo: np.ndarray, total_q: int) -> None:
     """Host checks of the contents (the caller decides when they are free or asked for)."""
     check_indptr(qo, "qo_indptr")
     if qo[-1] > total_q:
         raise ValueError(f"qo_indptr[-1]={qo[-1]} exceeds q's {total_q} tokens")
-    qo_lens = qo[1:] - qo[:-1]
-    if causal and (qo_lens > kv_lens).any():
-        b = int((qo_lens > kv_lens).argmax())
-        raise ValueError(
-            f"causal prefill needs qo_len <= kv_len for every request; request {b} has "
-            f"qo_len={qo_lens[b]} > kv_len={kv_lens[b]} (from qo_indptr and {kv_name})"
-        )
+    # Causal with qo_len > kv_len is allowed (FlashInfer's semantics): the first
+    # qo_len - kv_len queries of such a request see no key (output 0, LSE -inf).
 
 
 def _check_paged_contents(
@@ -213,7 +206,6 @@ def _check_paged_contents(
     page_size: int,
     num_pages: int,
     total_q: int,
-    causal: bool,
     all_ids: bool,
 ) -> None:
     qo, kvp, lp = host_int64(qo_indptr, kv_indptr, last)
@@ -230,8 +222,7 @@ def _check_paged_contents(
             f"kv_last_page_len[{b}]={lp[b]} must be in 1..page_size={page_size} for a request "
             "with pages"
         )
-    kv_lens = np.where(steps > 0, (steps - 1) * page_size + lp, 0)
-    _check_lengths(qo, kv_lens, total_q, causal, "kv_indptr/kv_last_page_len")
+    _check_lengths(qo, total_q)
     # The staged path copies every listed page, so then every entry must be a valid id.
     ids = kv_indices if all_ids else kv_indices[: int(kvp[-1])]
     if ids.numel():
@@ -418,7 +409,8 @@ def paged_prefill(
     b's); paged_kv_cache: a 5-D tensor or a (k, v) pair, NHD [num_pages, page_size, H, D] or
     HND [num_pages, H, page_size, D] pages; qo_indptr and kv_indptr [batch + 1] (kv_indptr
     counts pages), kv_indices [nnz] page ids, kv_last_page_len [batch], int32 (or int64) on
-    q's device. Masks align bottom-right as in FlashInfer (causal needs qo_len <= kv_len).
+    q's device. Masks align bottom-right as in FlashInfer (with qo_len > kv_len, causal rows
+    that see no key give 0 and LSE -inf).
     Returns out [total_q, num_qo_heads, head_dim] and, with return_lse, the base-2 LSE
     [total_q, num_qo_heads] float32. Shapes, dtypes and devices are always checked; indptr
     and page-id contents only on the CPU or with FLASHTUNE_DEBUG_CHECKS (a sync on a GPU).
@@ -462,7 +454,6 @@ def paged_prefill(
             page_size,
             num_pages,
             total_q,
-            causal,
             all_ids=tactic.tma,
         )
     return _run(
@@ -531,7 +522,7 @@ def ragged_prefill(
         check_indptr(kvp, "kv_indptr")
         if kvp[-1] > total_kv:
             raise ValueError(f"kv_indptr[-1]={kvp[-1]} exceeds k/v's {total_kv} tokens")
-        _check_lengths(qo, kvp[1:] - kvp[:-1], total_q, causal, "kv_indptr")
+        _check_lengths(qo, total_q)
     tactic = _pick_tactic(
         paged=False,
         group=num_qo_heads // num_kv_heads,

@@ -16,7 +16,11 @@ Semantics follow FlashInfer: causal masks align bottom-right (query i of a reque
 qo_len queries and kv_len keys sees keys j <= i + kv_len - qo_len); `window_left` keeps keys
 j >= i + kv_len - qo_len - window_left; `logits_soft_cap` c maps a logit x to c*tanh(x/c);
 a custom mask (flattened booleans, request after request, each [qo_len, kv_len] row-major)
-replaces the causal mask; the LSE is base 2.
+replaces the causal mask; the LSE is base 2. With qo_len > kv_len, causal rows that see no
+key give output 0 and LSE -inf. pos_encoding_mode="ROPE_LLAMA" rotates q and k inside the
+kernel (rotary.py); an fp8 cache (e4m3/e5m2) is read under fp16/bf16 queries, with run's
+k_scale/v_scale. use_cuda_graph=True (prefill_graph.py): plans write into fixed buffers and
+the launch is fixed, so a captured run replays correctly after each plan.
 
 This module holds the public API and the schema'd ops behind the wrappers' run; the rest lives
 beside it: prefill_kernels.py (Triton), prefill_config.py (tactics, launch policy and the
@@ -26,13 +30,20 @@ autotuner's runner), prefill_schema.py (the Definitions), reference.py (the refe
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from flashtune.model_shapes import ModelConfig
-from flashtune.ops.attention.page import KV_LAYOUTS, build_page_table, split_kv_cache
+from flashtune.ops.attention.page import (
+    KV_LAYOUTS,
+    build_page_table,
+    check_kv_dtype,
+    split_kv_cache,
+)
 from flashtune.ops.attention.prefill_config import PREFILL_TACTICS, PrefillTactic
+from flashtune.ops.attention.prefill_graph import PrefillGraph
 from flashtune.ops.attention.prefill_plan import PrefillPlan, check_page_ids, make_plan
 from flashtune.ops.attention.prefill_run import TritonPrefillRunner, execute
 from flashtune.ops.attention.prefill_schema import (
@@ -139,7 +150,9 @@ def _check_tensor(t: Any, name: str, dim: int, device: torch.device | None = Non
 def _check_q(q: torch.Tensor, plan: PrefillPlan) -> None:
     _check_tensor(q, "q", 3)
     expected = (plan.total_q, plan.num_qo_heads, plan.head_dim)
-    if tuple(q.shape) != expected:
+    # Graph mode: q keeps the captured size; rows past qo_indptr[-1] are padding.
+    padded = plan.graph_tactic is not None and q.shape[0] >= plan.total_q
+    if tuple(q.shape) != expected and not (padded and tuple(q.shape[1:]) == expected[1:]):
         raise ValueError(
             f"q must have shape [qo_indptr[-1], num_qo_heads, head_dim] = {list(expected)} as "
             f"planned, got {list(q.shape)}"
@@ -160,8 +173,7 @@ def _check_kv(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, plan: PrefillPl
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, expected {q.device} (the device of q)")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype}, expected {q.dtype} (the dtype of q)")
+        check_kv_dtype(q.dtype, t.dtype)
         if plan.kv_dtype is not None and t.dtype != plan.kv_dtype:
             raise TypeError(f"{name} has dtype {t.dtype}, planned kv_data_type {plan.kv_dtype}")
         if t.shape[-2] != plan.num_kv_heads or t.shape[-1] != plan.head_dim:
@@ -171,6 +183,14 @@ def _check_kv(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, plan: PrefillPl
             )
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension")
+
+
+def _check_window(window_left: int | None, plan: PrefillPlan) -> None:
+    if window_left is not None and max(window_left, -1) != plan.window_left:
+        raise ValueError(
+            f"run(window_left={window_left}) differs from plan(window_left={plan.window_left}); "
+            "the plan's work list depends on it, so pass it to plan()"
+        )
 
 
 def _prepare_out(
@@ -189,7 +209,7 @@ def _prepare_out(
                 f"{list(out.shape)} {out.dtype} on {out.device}"
             )
     if return_lse:
-        shape = (plan.total_q, plan.num_qo_heads)
+        shape = (q.shape[0], plan.num_qo_heads)
         if lse is None:
             lse = torch.empty(shape, dtype=torch.float32, device=q.device)
         elif tuple(lse.shape) != shape or lse.dtype != torch.float32 or lse.device != q.device:
@@ -202,6 +222,16 @@ def _prepare_out(
     return out, lse
 
 
+def _run_scales(
+    q_scale: float | None, k_scale: float | None, v_scale: float | None
+) -> tuple[float, float]:
+    """FlashInfer's run scales as (logit scale, output scale): q_scale and k_scale multiply
+    sm_scale, v_scale the output (fp8 KV caches store K and V divided by them)."""
+    q_s = 1.0 if q_scale is None else float(q_scale)
+    k_s = 1.0 if k_scale is None else float(k_scale)
+    return q_s * k_s, 1.0 if v_scale is None else float(v_scale)
+
+
 def _run(
     plan: PrefillPlan,
     q: torch.Tensor,
@@ -210,8 +240,13 @@ def _run(
     out: torch.Tensor | None,
     lse: torch.Tensor | None,
     return_lse: bool,
+    scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     out, lse = _prepare_out(q, plan, out, lse, return_lse)
+    logit_scale, out_scale = scales
+    if logit_scale != 1.0:
+        # A copy of the plan (its device arrays and work lists shared) with the run's scale.
+        plan = dataclasses.replace(plan, sm_scale=plan.sm_scale * logit_scale)
     variant = dict(
         causal=plan.causal,
         window_left=plan.window_left if plan.window_left >= 0 else None,
@@ -234,11 +269,19 @@ def _run(
         )
     else:
         gqa_ragged_prefill(q, k, v, plan.qo_indptr_d, plan.kv_indptr_d, plan.sm_scale, **variant)
+    if out_scale != 1.0:
+        out.mul_(out_scale)
     return (out, lse) if return_lse else out  # type: ignore[return-value]
 
 
 class _PrefillWrapperBase:
-    def __init__(self, workspace_buffer: torch.Tensor, kv_layout: str, use_cuda_graph: bool):
+    def __init__(
+        self,
+        workspace_buffer: torch.Tensor,
+        kv_layout: str,
+        use_cuda_graph: bool,
+        graph_buffers: dict[str, Any] | None = None,
+    ):
         if not isinstance(workspace_buffer, torch.Tensor):
             raise TypeError(
                 f"workspace_buffer must be a torch.Tensor, got {type(workspace_buffer).__name__}"
@@ -249,6 +292,16 @@ class _PrefillWrapperBase:
         self._kv_layout = kv_layout
         self._use_cuda_graph = use_cuda_graph
         self._plan: PrefillPlan | None = None
+        self._plan_args: dict[str, Any] = {}  # make_plan's arguments of the last plan()
+        # Graph mode (prefill_graph.py): plans write into fixed buffers, run launches alike.
+        self._graph: PrefillGraph | None = None
+        if use_cuda_graph:
+            assert graph_buffers is not None
+            self._graph = PrefillGraph(workspace_buffer.device, **graph_buffers)
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
 
     @property
     def device(self) -> torch.device:
@@ -258,6 +311,35 @@ class _PrefillWrapperBase:
         if self._plan is None:
             raise RuntimeError(f"{type(self).__name__}.run called before plan()")
         return self._plan
+
+    def _make_plan(self, **kwargs: Any) -> None:
+        self._plan_args = kwargs
+        self._plan = make_plan(**kwargs)
+
+    def _replan_variant(
+        self,
+        causal: bool,
+        pos_encoding_mode: str,
+        window_left: int,
+        logits_soft_cap: float | None,
+        sm_scale: float | None,
+        rope_scale: float | None,
+        rope_theta: float | None,
+    ) -> None:
+        """FlashInfer's deprecated forward() sets the variant at run time; the work list
+        depends on it, so plan again (same batch) where it differs from the plan's."""
+        self._require_plan()
+        wanted = dict(
+            causal=causal,
+            pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+        )
+        if any(self._plan_args[k] != v for k, v in wanted.items()):
+            self._make_plan(**{**self._plan_args, **wanted})
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, *args: Any) -> None:
         self._workspace = float_workspace_buffer
@@ -282,7 +364,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         mask_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
     ) -> None:
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph)
+        buffers: dict[str, Any] = dict(
+            qo_indptr_buf=qo_indptr_buf,
+            kv_indptr_buf=paged_kv_indptr_buf,
+            kv_indices_buf=paged_kv_indices_buf,
+            kv_last_page_len_buf=paged_kv_last_page_len_buf,
+            custom_mask_buf=custom_mask_buf,
+            mask_indptr_buf=mask_indptr_buf,
+            paged=True,
+        )
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, buffers)
 
     def plan(
         self,
@@ -319,7 +410,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         ):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        self._plan = make_plan(
+        self._make_plan(
             paged=True,
             device=self.device,
             qo_indptr=qo_indptr,
@@ -341,25 +432,37 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             q_data_type=q_data_type,
             kv_data_type=kv_data_type,
             workspace=self._workspace,
+            graph=self._graph,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
         )
 
     begin_forward = plan
+
+    def end_forward(self) -> None:
+        """FlashInfer compatibility no-op."""
 
     def run(
         self,
         q: torch.Tensor,
         paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
         *args: Any,
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
         return_lse: bool = False,
+        enable_pdl: bool | None = None,
+        window_left: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of q [qo_indptr[-1], Hq, D] over the planned pages of `paged_kv_cache`.
 
         Returns out [qo_indptr[-1], Hq, D], and the base-2 LSE [qo_indptr[-1], Hq] float32
-        when return_lse.
+        when return_lse. enable_pdl is accepted and ignored; window_left must be the plan's.
         """
         plan = self._require_plan()
+        _check_window(window_left, plan)
         _check_q(q, plan)
         k, v = split_kv_cache(paged_kv_cache, self._kv_layout)
         _check_kv(k, v, q, plan)
@@ -377,12 +480,48 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
                 f"paged_kv_indices reference page {plan.num_pages_needed - 1} but the cache "
                 f"holds {k.shape[0]} pages"
             )
-        return _run(plan, q, k, v, out, lse, return_lse)
+        scales = _run_scales(q_scale, k_scale, v_scale)
+        return _run(plan, q, k, v, out, lse, return_lse, scales)
 
     def run_return_lse(
         self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)  # type: ignore
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Any,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        *,
+        return_lse: bool = False,
+    ) -> Any:
+        """Deprecated FlashInfer API: run with the variant given here (planned again if it
+        differs from the plan's)."""
+        self._replan_variant(
+            causal,
+            pos_encoding_mode,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+        )
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+    def forward_return_lse(
+        self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward(q, paged_kv_cache, *args, return_lse=True, **kwargs)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
@@ -399,7 +538,16 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         mask_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
     ) -> None:
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph)
+        buffers: dict[str, Any] = dict(
+            qo_indptr_buf=qo_indptr_buf,
+            kv_indptr_buf=kv_indptr_buf,
+            kv_indices_buf=None,
+            kv_last_page_len_buf=None,
+            custom_mask_buf=custom_mask_buf,
+            mask_indptr_buf=mask_indptr_buf,
+            paged=False,
+        )
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, buffers)
 
     def plan(
         self,
@@ -424,7 +572,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         non_blocking: bool = True,
     ) -> None:
         """Validate the batch and build the work list (CPU, from the lengths alone)."""
-        self._plan = make_plan(
+        self._make_plan(
             paged=False,
             device=self.device,
             qo_indptr=qo_indptr,
@@ -445,9 +593,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             logits_soft_cap=logits_soft_cap,
             q_data_type=q_data_type,
             kv_data_type=kv_data_type,
+            graph=self._graph,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
         )
 
     begin_forward = plan
+
+    def end_forward(self) -> None:
+        """FlashInfer compatibility no-op."""
 
     def run(
         self,
@@ -455,13 +609,19 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         k: torch.Tensor,
         v: torch.Tensor,
         *args: Any,
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
         return_lse: bool = False,
+        enable_pdl: bool | None = None,
+        window_left: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of q [qo_indptr[-1], Hq, D] over k/v [kv_indptr[-1], Hkv, D] (NHD) or
         [Hkv, kv_indptr[-1], D] (HND)."""
         plan = self._require_plan()
+        _check_window(window_left, plan)
         _check_q(q, plan)
         _check_tensor(k, "k", 3)
         _check_tensor(v, "v", 3)
@@ -470,39 +630,92 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         if k.shape != v.shape:
             raise ValueError(f"k shape {list(k.shape)} != v shape {list(v.shape)}")
         _check_kv(k, v, q, plan)
-        if k.shape[0] != int(plan.kv_indptr[-1]):
+        # Graph mode: k/v keep the captured size; tokens past kv_indptr[-1] are padding.
+        kv_tokens = int(plan.kv_indptr[-1])
+        if k.shape[0] != kv_tokens and not (self._graph is not None and k.shape[0] > kv_tokens):
             raise ValueError(
                 f"k/v must hold kv_indptr[-1]={plan.kv_indptr[-1]} tokens as planned, got "
                 f"{k.shape[0]}"
             )
-        return _run(plan, q, k, v, out, lse, return_lse)
+        scales = _run_scales(q_scale, k_scale, v_scale)
+        return _run(plan, q, k, v, out, lse, return_lse, scales)
 
     def run_return_lse(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.run(q, k, v, *args, return_lse=True, **kwargs)  # type: ignore
 
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        *,
+        return_lse: bool = False,
+    ) -> Any:
+        """Deprecated FlashInfer API: run with the variant given here (see the paged one)."""
+        self._replan_variant(
+            causal,
+            pos_encoding_mode,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+        )
+        return self.run(q, k, v, return_lse=return_lse)
+
+    def forward_return_lse(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward(q, k, v, *args, return_lse=True, **kwargs)
+
 
 def single_prefill_with_kv_cache(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    scale_q: torch.Tensor | None = None,
+    scale_k: torch.Tensor | None = None,
+    scale_v: torch.Tensor | None = None,
+    o_dtype: torch.dtype | None = None,
     custom_mask: torch.Tensor | None = None,
+    packed_custom_mask: torch.Tensor | None = None,
     causal: bool = False,
     kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_fp16_qk_reduction: bool = False,
     sm_scale: float | None = None,
     window_left: int = -1,
     logits_soft_cap: float | None = None,
+    rope_scale: float | None = None,
+    rope_theta: float | None = None,
+    backend: str = "auto",
     return_lse: bool = False,
-    **kwargs: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Prefill attention of one request: q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD) or
-    [Hkv, kv_len, D] (HND); custom_mask [qo_len, kv_len] bool (replaces causal)."""
-    unsupported = {
-        k_: v_ for k_, v_ in kwargs.items() if v_ is not None and k_ != "pos_encoding_mode"
-    }
-    if unsupported or kwargs.get("pos_encoding_mode", "NONE") != "NONE":
-        raise NotImplementedError(f"unsupported arguments: {sorted(kwargs)}")
+    """Prefill attention of one request (FlashInfer 0.2.14's signature): q [qo_len, Hq, D],
+    k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND); custom_mask [qo_len, kv_len] bool
+    (replaces causal). `backend` is a hint (one Triton kernel serves every backend);
+    use_fp16_qk_reduction is accepted (logits are always reduced in fp32, at least as
+    accurate). What this kernel does not do raises: fp8 scales, another output dtype,
+    packed masks."""
+    for name, value in (("scale_q", scale_q), ("scale_k", scale_k), ("scale_v", scale_v)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: fp8 prefill scales are not supported")
+    if o_dtype is not None and o_dtype != q.dtype:
+        raise NotImplementedError(f"o_dtype={o_dtype}: the output has q's dtype ({q.dtype})")
+    if packed_custom_mask is not None:
+        raise NotImplementedError("packed_custom_mask is not supported; pass custom_mask (bool)")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     _check_tensor(q, "q", 3)
     _check_tensor(k, "k", 3, q.device)
     _check_tensor(v, "v", 3, q.device)
@@ -528,9 +741,12 @@ def single_prefill_with_kv_cache(
         q.shape[2],
         custom_mask=mask,
         causal=causal,
+        pos_encoding_mode=pos_encoding_mode,
         window_left=window_left,
         logits_soft_cap=logits_soft_cap,
         sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
     )
     return wrapper.run(q, k, v, return_lse=return_lse)
 

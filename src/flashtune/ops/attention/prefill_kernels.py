@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashtune.ops.attention.rotary import load_rotated
+
 __all__ = ["prefill_kernel", "device_item"]
 
 
@@ -60,6 +62,9 @@ def _tile_step(
     CUSTOM_MASK: tl.constexpr,
     SOFT_CAP: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ROPE: tl.constexpr,  # rotate K at its positions (pointer loads only, never with TMA)
+    rope_rcp_scale,
+    rope_log2_theta,
 ):
     offs_n = start + tl.arange(0, BLOCK_N)
     if USE_TMA:
@@ -91,13 +96,20 @@ def _tile_step(
         in_kv = offs_n < kv_len
     if USE_TMA:
         k = k_base.load([kv_tok0 + start, kv_head * HEAD_DIM])
+    elif ROPE:
+        k_ok = (offs_n < kv_len)[:, None]
+        k = load_rotated(
+            k_base + k_rows, offs_d, k_ok, offs_n, rope_rcp_scale, rope_log2_theta, HEAD_DIM
+        )
     else:
         k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
         if MASKED:
             k = tl.load(k_ptrs, mask=in_kv[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs)
-    qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], fp32
+    # An fp8 cache's tiles become q's dtype here (a no-op when the cache has it); so does
+    # a rotated (fp32) K.
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N], fp32
     if SOFT_CAP:
         # cap * tanh(x * sm_scale / cap), tanh through exp2 (no tanh in tl); the log2(e) of
         # the base-2 softmax rides on the outer multiply.
@@ -137,7 +149,7 @@ def _tile_step(
             v = tl.load(v_ptrs, mask=in_kv[:, None], other=0.0)
         else:
             v = tl.load(v_ptrs)
-    acc = tl.dot(p.to(v.dtype), v, acc)
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
     return acc, m_new, l_i
 
 
@@ -277,6 +289,10 @@ def prefill_kernel(
     batch=0,
     INDPTR_PAGE_SIZE: tl.constexpr = 0,  # tokens per page of KV_INDPTR; 0: KV_INDPTR counts tokens
     BLOCK_B: tl.constexpr = 16,
+    # ROPE_LLAMA (rotary.py): q and k rotated as loaded; off by default (same code as before).
+    ROPE: tl.constexpr = False,
+    rope_rcp_scale=1.0,
+    rope_log2_theta=13.287712379549449,
 ):
     TOKENS: tl.constexpr = BLOCK_M // PACK  # query tokens per tile
     pid = tl.program_id(0)
@@ -309,7 +325,19 @@ def prefill_kernel(
     q_pos = tl.where(row_ok, tok, -1)
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = (qo_start + tok).to(tl.int64) * stride_qt + head * stride_qh
-    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    if ROPE:
+        # Queries sit at the last qo_len positions of the request's KV.
+        q = load_rotated(
+            Q + q_rows,
+            offs_d,
+            row_ok[:, None],
+            tok + delta,
+            rope_rcp_scale,
+            rope_log2_theta,
+            HEAD_DIM,
+        ).to(Q.dtype.element_ty)
+    else:
+        q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
 
     # KV range this tile can see, in positions of the request.
     last_tok = tl.minimum(tok0 + TOKENS, qo_len) - 1
@@ -386,6 +414,9 @@ def prefill_kernel(
             CUSTOM_MASK,
             SOFT_CAP,
             BLOCK_N,
+            ROPE,
+            rope_rcp_scale,
+            rope_log2_theta,
         )
     for start in range(full_lo, full_hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(
@@ -422,6 +453,9 @@ def prefill_kernel(
             CUSTOM_MASK,
             SOFT_CAP,
             BLOCK_N,
+            ROPE,
+            rope_rcp_scale,
+            rope_log2_theta,
         )
     for start in range(full_hi, hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(
@@ -458,6 +492,9 @@ def prefill_kernel(
             CUSTOM_MASK,
             SOFT_CAP,
             BLOCK_N,
+            ROPE,
+            rope_rcp_scale,
+            rope_log2_theta,
         )
 
     # Rows that saw no KV at all (empty request, fully masked row) give 0 and LSE -inf.

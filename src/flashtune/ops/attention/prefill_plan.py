@@ -24,6 +24,8 @@ from flashtune.ops.attention.prefill_config import (
     PrefillTactic,
     default_tactic_for,
 )
+from flashtune.ops.attention.prefill_graph import LaunchSignature, PrefillGraph
+from flashtune.ops.attention.rotary import rope_for
 from flashtune.ops.attention.staging import host_int64, host_staging
 from flashtune.tune import DEFAULT_TACTIC, Tactic
 
@@ -98,8 +100,12 @@ class PrefillPlan:
     # as ragged KV; request b's tokens start at kv_indptr[b] * page_size there (work list).
     workspace: torch.Tensor | None = None
     default_tactic: PrefillTactic | None = None  # tactic -1 for this plan, picked once
+    # CUDA-graph mode (prefill_graph.py): the one tactic run launches, the autotuner skipped;
+    # its work list lives in the wrapper's fixed buffer, padded to a fixed number of items.
+    graph_tactic: PrefillTactic | None = None
     tactic: Tactic = DEFAULT_TACTIC
     work_order: str = "request"  # one of prefill_config.WORK_ORDERS
+    rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
 
     @property
     def group_size(self) -> int:
@@ -220,11 +226,15 @@ def make_plan(
     q_data_type: str | torch.dtype | None,
     kv_data_type: str | torch.dtype | None,
     workspace: torch.Tensor | None = None,
+    graph: PrefillGraph | None = None,
+    rope_scale: float | None = None,
+    rope_theta: float | None = None,
 ) -> PrefillPlan:
+    """The plan of one batch (see the module docstring); with `graph`, every array run reads
+    is written into the graph's fixed buffers and the launch is the one the first plan fixed."""
     if packed_custom_mask is not None:
         raise NotImplementedError("packed_custom_mask is not supported; pass custom_mask (bool)")
-    if pos_encoding_mode != "NONE":
-        raise NotImplementedError(f"pos_encoding_mode must be 'NONE', got {pos_encoding_mode!r}")
+    rope = rope_for(pos_encoding_mode, rope_scale, rope_theta)
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise NotImplementedError(
             f"head_dim_vo ({head_dim_vo}) != head_dim_qk ({head_dim_qk}) is not supported"
@@ -278,13 +288,9 @@ def make_plan(
         kv_lens = np.where(kv_steps > 0, (kv_steps - 1) * page_size + last, 0)
     else:
         kv_lens = kv_steps
+    # Causal with qo_len > kv_len is FlashInfer's too: query i sees keys j <= i + kv_len -
+    # qo_len, so its first qo_len - kv_len rows see none (output 0, LSE -inf).
     qo_lens = qo[1:] - qo[:-1]
-    if causal and custom_mask is None and (qo_lens > kv_lens).any():
-        b = int((qo_lens > kv_lens).argmax())
-        raise ValueError(
-            f"causal prefill needs qo_len <= kv_len for every request; request {b} has "
-            f"qo_len={qo_lens[b]} > kv_len={kv_lens[b]}"
-        )
     plan = PrefillPlan(
         paged=paged,
         qo_indptr=qo,
@@ -302,7 +308,27 @@ def make_plan(
         kv_dtype=_canon_dtype(kv_data_type, "kv_data_type"),
         device=device,
         workspace=workspace,
+        rope=rope,
     )
+    if graph is not None:
+        graph.check_batch(batch, int(qo[-1]), int(kvp[-1]) if paged else 0)
+        signature = LaunchSignature(
+            num_qo_heads=plan.num_qo_heads,
+            num_kv_heads=plan.num_kv_heads,
+            head_dim=plan.head_dim,
+            page_size=plan.page_size,
+            causal=plan.causal,
+            window_left=plan.window_left,
+            logits_soft_cap=plan.logits_soft_cap,
+            sm_scale=plan.sm_scale,
+            custom_mask=custom_mask is not None,
+            q_dtype=plan.q_dtype,
+            kv_dtype=plan.kv_dtype,
+            rope=plan.rope,
+        )
+        kv_max = int(kv_lens.max(initial=0))
+        tactic = graph.fix_launch(signature, int(qo[-1]), plan.group_size, paged, kv_max)
+        plan.graph_tactic = plan.default_tactic = tactic
     if custom_mask is not None:
         expected = int((qo_lens * kv_lens).sum())
         if custom_mask.dim() != 1 or custom_mask.numel() != expected:
@@ -316,20 +342,36 @@ def make_plan(
         np.cumsum(qo_lens * kv_lens, out=offs[1:])
         plan.mask_d = custom_mask.to(device).view(torch.uint8).contiguous()
         plan.mask_indptr_d = torch.from_numpy(offs).to(device)
+        if graph is not None:
+            plan.mask_d, plan.mask_indptr_d = graph.store_mask(plan.mask_d, plan.mask_indptr_d)
     if paged:
         assert kv_indices is not None and kv_last_page_len is not None
-        plan.kv_indices_d = kv_indices.to(device=device, dtype=torch.int32)
-        plan.kv_last_page_len_d = kv_last_page_len.to(device=device, dtype=torch.int32)
+        if graph is not None:
+            graph.store_qo_indptr(qo_indptr, None)
+            nnz = int(kvp[-1])
+            plan.kv_indices_d = graph.store_indices(kv_indices[:nnz], kv_indptr, kv_last_page_len)
+            plan.kv_last_page_len_d = graph.kv_last_page_len_buf
+        else:
+            plan.kv_indices_d = kv_indices.to(device=device, dtype=torch.int32)
+            plan.kv_last_page_len_d = kv_last_page_len.to(device=device, dtype=torch.int32)
         if kv_indices.device.type != "cpu" and env.DEBUG_CHECKS.get():
             # On a GPU the page-id bounds cost a pass and a sync: only as a debug check (on
             # the CPU, run checks them on first use).
             check_page_ids(plan, kv_indices)
+    elif graph is not None:
+        graph.store_qo_indptr(qo_indptr, kv_indptr)
     # The index arrays run reads, and the work list of the default tactic (run would build
     # it on first use), in one host-to-device copy.
     tactic = default_tactic(plan, device)
     tpt = tactic.tokens_per_tile(plan.group_size)
     work = _work_rows(plan, tpt, tactic.block_n)
-    ints = _pack_ints(device, [qo, kvp, kv_lens, work.reshape(-1)])
+    dst = None
+    if graph is not None:
+        # A fixed grid: rows past the plan's items stay zeros (empty requests, no stores).
+        padded = np.zeros((graph.max_items, 8), dtype=np.int32)
+        padded[: work.shape[0]] = work
+        work, dst = padded, graph.ints
+    ints = _pack_ints(device, [qo, kvp, kv_lens, work.reshape(-1)], dst)
     plan.qo_indptr_d, plan.kv_indptr_d, plan.kv_lens_d, work_d = ints
     plan.works[(tpt, tactic.block_n, plan.work_order)] = work_d.view(-1, 8)
     return plan
@@ -345,8 +387,11 @@ def _int_vector(t: torch.Tensor | Sequence[int], name: str) -> torch.Tensor:
     return torch.as_tensor(np.asarray(t, dtype=np.int64).reshape(-1))
 
 
-def _pack_ints(device: torch.device, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-    """int32 device copies of `arrays`: one buffer, one (async, pinned) host-to-device copy."""
+def _pack_ints(
+    device: torch.device, arrays: list[np.ndarray], dst: torch.Tensor | None = None
+) -> list[torch.Tensor]:
+    """int32 device copies of `arrays`: one buffer (`dst` when given, written in place), one
+    (async, pinned) host-to-device copy."""
     sizes = [a.size for a in arrays]
     total = sum(sizes)
     if device.type == "cuda":
@@ -358,9 +403,14 @@ def _pack_ints(device: torch.device, arrays: list[np.ndarray]) -> list[torch.Ten
     for a, n in zip(arrays, sizes, strict=True):
         buf[off : off + n] = a
         off += n
+    if dst is not None:
+        assert dst.numel() == total and dst.dtype == torch.int32
     if device.type == "cuda":
-        dev = torch.empty(total, dtype=torch.int32, device=device)
+        dev = dst if dst is not None else torch.empty(total, dtype=torch.int32, device=device)
         staging.upload(dev, total)
+    elif dst is not None:
+        dev = dst
+        dev.copy_(torch.from_numpy(buf))
     else:
         dev = torch.from_numpy(buf)
     out, off = [], 0

@@ -18,6 +18,7 @@ from flashtune.ops.attention.prefill_config import PREFILL_TACTICS, PrefillTacti
 from flashtune.ops.attention.prefill_kernels import prefill_kernel
 from flashtune.ops.attention.prefill_plan import PrefillPlan, default_tactic
 from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
+from flashtune.ops.attention.rotary import rope_arguments
 from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
 
 __all__ = [
@@ -43,6 +44,10 @@ def execute(
 ) -> None:
     """Kernel when one can run on q's device, else the reference (CPU without interpreter)."""
     if platform.kernels_available(q.device):
+        if plan.graph_tactic is not None:
+            # Graph mode: the launch (tactic, work buffer, grid) the first plan fixed.
+            launch(plan, q, k, v, out, lse, plan.graph_tactic)
+            return
         inputs = (q, k, v, out, lse, plan)
         runner, tactic = choose_one("attention.prefill", RUNNERS, TUNING, inputs)
         runner.forward(inputs, tactic)
@@ -55,6 +60,7 @@ def execute(
         window_left=plan.window_left,
         logits_soft_cap=plan.logits_soft_cap or None,
         custom_mask=mask,
+        rope=plan.rope,
     )
     if plan.paged:
         assert plan.kv_indices_d is not None and plan.kv_last_page_len_d is not None
@@ -118,6 +124,7 @@ def launch(
         kv_indices=plan.kv_indices_d,
         mask=plan.mask_d,
         mask_indptr=plan.mask_indptr_d,
+        rope=plan.rope,
     )
 
 
@@ -154,12 +161,14 @@ def launch_kernel(
     mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
     device_work: dict[str, Any] | None = None,
+    rope: tuple[float, float] | None = None,
 ) -> None:
     """Launch prefill_kernel, one program per (work item, head group), for both paths.
 
     k/v: paged [P, page_size, Hkv, D] views (paged) or ragged/staged [T, Hkv, D]; qo_indptr
-    [batch + 1] int32 on q's device; logits_soft_cap 0 for none; pack from heads_per_program. The planned
-    path gives `work` (its [num_items, 8] list) and, where planned, the custom mask; the
+    [batch + 1] int32 on q's device; logits_soft_cap 0 for none; rope (rope_scale,
+    rope_theta) for ROPE_LLAMA; pack from heads_per_program. The planned path gives
+    `work` (its [num_items, 8] list) and, where planned, the custom mask; the
     plan-free path gives `device_work`, the kernel's DEVICE_WORK arguments other than
     QO_INDPTR (KV_INDPTR, KV_LAST_PAGE_LEN, batch, INDPTR_PAGE_SIZE, BLOCK_B), and
     num_items is then an upper bound (programs past the real items do nothing).
@@ -179,7 +188,8 @@ def launch_kernel(
         qk_scale = sm_scale * _LOG2E
         soft_cap_log2 = 0.0
     lse_t = lse if lse is not None else out
-    use_tma = tactic.tma and not paged and _tma_ok(k) and _tma_ok(v)
+    # RoPE rotates K as it is loaded: pointer loads (the staged pages of a TMA tactic too).
+    use_tma = tactic.tma and rope is None and not paged and _tma_ok(k) and _tma_ok(v)
     k_arg: Any = k
     v_arg: Any = v
     if use_tma:
@@ -195,6 +205,10 @@ def launch_kernel(
     extra = (
         {} if device_work is None else dict(DEVICE_WORK=True, QO_INDPTR=qo_indptr, **device_work)
     )
+    if rope is not None:
+        # Named only when on: the default launch keeps the kernel's default specialization.
+        rcp_scale, log2_theta = rope_arguments(*rope)
+        extra.update(ROPE=True, rope_rcp_scale=rcp_scale, rope_log2_theta=log2_theta)
     num_head_groups = num_qo_heads // pack
     prefill_kernel[(num_items * num_head_groups,)](
         q,
@@ -263,8 +277,13 @@ def _stage_pages(
         buf = torch.empty(2 * elems, dtype=k.dtype, device=k.device)
     ks = buf[:elems].view(n, ps, h, d)
     vs = buf[elems:].view(n, ps, h, d)
-    torch.index_select(k, 0, pages, out=ks)
-    torch.index_select(v, 0, pages, out=vs)
+    if k.element_size() == 1:
+        # fp8 pages move as bytes (index_select need not know the fp8 dtypes).
+        torch.index_select(k.view(torch.uint8), 0, pages, out=ks.view(torch.uint8))
+        torch.index_select(v.view(torch.uint8), 0, pages, out=vs.view(torch.uint8))
+    else:
+        torch.index_select(k, 0, pages, out=ks)
+        torch.index_select(v, 0, pages, out=vs)
     return ks.view(n * ps, h, d), vs.view(n * ps, h, d)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "batch_prefill_ragged_ref",
     "batch_prefill_paged_ref",
     "single_prefill_ref",
+    "apply_llama_rope_ref",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -106,11 +107,13 @@ def paged_attention_ref(
     window_left: int = -1,
     logits_soft_cap: float | None = None,
     compute_dtype: torch.dtype = torch.float64,
+    rope: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch attention over a paged KV cache: (out like q, lse2 [total_qo, H_qo] float32).
 
     q: [total_qo, H_qo, D], rows of request b are qo_indptr[b]:qo_indptr[b+1].
     k_cache, v_cache: [num_pages, page_size, H_kv, D] (NHD view).
+    rope: (rope_scale, rope_theta) of ROPE_LLAMA (see apply_llama_rope_ref), or None.
     """
     head_dim = q.shape[-1]
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
@@ -121,8 +124,14 @@ def paged_attention_ref(
         k, v = gather_paged_kv(k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, b)
         if q1 == q0 or k.shape[0] == 0:
             continue
+        q_b = q[q0:q1]
+        if rope is not None:
+            kv_len = k.shape[0]
+            q_b = apply_llama_rope_ref(q_b, torch.arange(q1 - q0) + (kv_len - (q1 - q0)), *rope)
+            # An fp8 K is rotated from q's dtype, as the kernels round it (rotary.py).
+            k = apply_llama_rope_ref(k.to(q.dtype), torch.arange(kv_len), *rope)
         o_b, lse_b = _attend(
-            q[q0:q1].to(compute_dtype),
+            q_b.to(compute_dtype),
             k.to(compute_dtype),
             v.to(compute_dtype),
             causal,
@@ -194,11 +203,29 @@ def batch_decode_ref(
     window_left: int = -1,
     logits_soft_cap: float | None = None,
     compute_dtype: torch.dtype = torch.float64,
+    rope: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch decode (one query token per request, q [B, H_qo, D]): (out, lse2 float32).
 
-    `gqa_paged_decode_ref` computing in float64 by default (the tests' ground truth).
+    `gqa_paged_decode_ref` computing in float64 by default (the tests' ground truth); with
+    rope (ROPE_LLAMA's (rope_scale, rope_theta)), `paged_attention_ref` rotating q and k.
     """
+    if rope is not None:
+        qo_indptr = torch.arange(q.shape[0] + 1, device=q.device)
+        return paged_attention_ref(
+            q,
+            k_cache,
+            v_cache,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            kv_last_page_len,
+            sm_scale=sm_scale,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            compute_dtype=compute_dtype,
+            rope=rope,
+        )
     return gqa_paged_decode_ref(
         q,
         k_cache,
@@ -268,6 +295,23 @@ def merge_state_ref(
 # --------------------------------------------------------------------------- prefill
 
 
+def apply_llama_rope_ref(
+    x: torch.Tensor, pos: torch.Tensor, rope_scale: float = 1.0, rope_theta: float = 1e4
+) -> torch.Tensor:
+    """FlashInfer's ROPE_LLAMA on x [n, H, D] at positions pos [n]: dimension i < D/2 pairs
+    with i + D/2, frequency theta^(-2i/D) / rope_scale; computed in float64, returned in
+    x's dtype (the kernels round the rotated tiles to it too)."""
+    d = x.shape[-1]
+    half = d // 2
+    i = torch.arange(half, dtype=torch.float64, device=x.device)
+    freq = rope_theta ** (-2.0 * i / d) / rope_scale
+    angle = pos.to(device=x.device, dtype=torch.float64)[:, None] * freq[None, :]  # [n, D/2]
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+    x64 = x.to(torch.float64)
+    lo, hi = x64[..., :half], x64[..., half:]
+    return torch.cat([lo * cos - hi * sin, hi * cos + lo * sin], dim=-1).to(x.dtype)
+
+
 @torch.no_grad()
 def batch_prefill_ragged_ref(
     q: torch.Tensor,
@@ -281,8 +325,12 @@ def batch_prefill_ragged_ref(
     logits_soft_cap: float | None = None,
     custom_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    rope: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch prefill over ragged KV: q [total_q, Hq, D], k/v [total_kv, Hkv, D].
+
+    rope: (rope_scale, rope_theta) to apply ROPE_LLAMA to q and k first (keys at their
+    position in the request, queries at the last qo_len positions), as FlashInfer does.
 
     Returns (output [total_q, Hq, D] in q's dtype, lse [total_q, Hq] float32, base 2).
     Rows that see no key give output 0 and lse -inf. `custom_mask` is FlashInfer's flattened
@@ -301,8 +349,14 @@ def batch_prefill_ragged_ref(
         qo_len, kv_len = qe - qs, ke - ks
         if qo_len == 0:
             continue
-        qb = q[qs:qe].to(compute_dtype).transpose(0, 1)  # [Hq, qo, D]
-        kb = k[ks:ke].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
+        q_req, k_req = q[qs:qe], k[ks:ke]
+        if rope is not None:
+            q_pos = torch.arange(qo_len, device=q.device) + (kv_len - qo_len)
+            q_req = apply_llama_rope_ref(q_req, q_pos, *rope)
+            k_pos = torch.arange(kv_len, device=k.device)
+            k_req = apply_llama_rope_ref(k_req.to(q.dtype), k_pos, *rope)
+        qb = q_req.to(compute_dtype).transpose(0, 1)  # [Hq, qo, D]
+        kb = k_req.to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
         vb = v[ks:ke].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
         logits = torch.matmul(qb, kb.transpose(1, 2)) * sm_scale  # [Hq, qo, kv]
         if logits_soft_cap is not None and logits_soft_cap > 0:
@@ -365,6 +419,7 @@ def batch_prefill_paged_ref(
     logits_soft_cap: float | None = None,
     custom_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    rope: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch prefill over a paged KV cache given as NHD pages [P, page_size, Hkv, D]
     (pass split_kv_cache(...) views for HND). Same outputs as batch_prefill_ragged_ref."""
@@ -381,6 +436,7 @@ def batch_prefill_paged_ref(
         logits_soft_cap,
         custom_mask,
         compute_dtype,
+        rope,
     )
 
 
@@ -394,6 +450,7 @@ def single_prefill_ref(
     logits_soft_cap: float | None = None,
     custom_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    rope: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One request: q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD); custom_mask [qo, kv]."""
     qo_indptr = torch.tensor([0, q.shape[0]], dtype=torch.int32)
@@ -411,4 +468,5 @@ def single_prefill_ref(
         logits_soft_cap,
         mask,
         compute_dtype,
+        rope,
     )

@@ -1,0 +1,362 @@
+"""Run FlashInfer 0.2.14's own test files with flashtune standing in for `flashinfer`.
+
+    python scripts/flashinfer_dropin/run.py                 # 30 sampled tests a file
+    python scripts/flashinfer_dropin/run.py --per-file 60 --files test_norm,test_rope
+    python scripts/flashinfer_dropin/run.py --full          # every test of every file
+    python scripts/flashinfer_dropin/run.py --collect-only  # no GPU needed: what would run
+    python scripts/flashinfer_dropin/run.py --cpu --files test_norm -k "111 and -19]"
+
+The tests come from the FlashInfer sdist (.peer/, filled by scripts/fetch_gpu_deps.sh); they
+run unchanged, each file in its own pytest process (a CUDA fault in one file cannot poison
+the next), with standin/ first on sys.path: a `flashinfer` package re-exporting flashtune,
+and the two helper modules the sdist lacks (jit_utils.py: no-op JIT warm-ups;
+rope_reference.py: written from the RoPE definition).
+
+Large parameter grids are sampled deterministically: the tests of a file are ordered by the
+SHA-256 of their id (the part after the file name) and the first N kept, so a run is
+repeatable and a larger N keeps every test a smaller one ran.
+
+--cpu is a smoke test for machines without a GPU, and the one mode that edits the tests: each
+file's device strings become "cpu" (CPU_REWRITES) and Triton runs in its interpreter. Pick
+small shapes with -k (the interpreter is slow); a CUDA run remains the acceptance test.
+
+Prints pass/fail/skip counts per file and writes a JSON summary (per file: counts, the
+failures with their first error line) to $OUT/flashinfer_dropin.json, or --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+STANDIN = HERE / "standin"
+SDIST = ROOT / ".peer" / "flashinfer_python-0.2.14.post1.tar.gz"
+
+# The files of issue 14, by their names in the sdist.
+FILES = (
+    "test_logits_cap",
+    "test_non_contiguous_decode",
+    "test_non_contiguous_prefill",
+    "test_sliding_window",
+    "test_rope",
+    "test_tensor_cores_decode",
+    "test_batch_decode_kernels",
+    "test_batch_prefill_kernels",
+    "test_page",
+    "test_norm",
+    "test_activation",
+    "test_single_prefill",
+    "test_shared_prefix_kernels",
+    "test_decode_prefill_lse",
+    "test_sampling",
+    "test_block_sparse",
+)
+
+# Test files of the sdist that need hardware backends flashtune does not have: out of scope
+# (issue 14), never run here.
+OUT_OF_SCOPE = {
+    "test_cudnn_decode": "cuDNN's decode attention (cudnn_batch_decode_with_kv_cache)",
+    "test_cudnn_prefill": "cuDNN's prefill attention",
+    "test_cudnn_prefill_deepseek": "cuDNN's prefill attention at DeepSeek's head sizes",
+    "test_trtllm_gen_attention": "TRT-LLM-gen attention kernels (trtllm_batch_*_with_kv_cache)",
+    "test_trtllm_gen_mla": "TRT-LLM-gen MLA decode kernels",
+    "test_trtllm_gen_fused_moe": "TRT-LLM-gen fused MoE kernels",
+    "test_trtllm_cutlass_fused_moe": "TRT-LLM's CUTLASS fused MoE",
+    "test_trtllm_allreduce": "TRT-LLM all-reduce (multi-GPU communication)",
+    "test_trtllm_allreduce_fusion": "TRT-LLM fused all-reduce (multi-GPU communication)",
+    "test_trtllm_alltoall": "TRT-LLM all-to-all (multi-GPU communication)",
+    "test_trtllm_mnnvl_allreduce": "TRT-LLM multi-node NVLink all-reduce",
+    "test_trtllm_moe_allreduce_fusion": "TRT-LLM MoE all-reduce fusion",
+    "test_trtllm_moe_allreduce_fusion_finalize": "TRT-LLM MoE all-reduce fusion",
+    "test_blackwell_fmha": "Blackwell (SM100) CUTLASS attention",
+    "test_attention_sink_blackwell": "Blackwell (SM100) attention with sinks",
+    "test_cute_dsl_blockscaled_gemm": "Blackwell CuTe-DSL block-scaled GEMM",
+    "test_groupwise_scaled_gemm_mxfp4": "Blackwell MXFP4 group GEMM",
+    "test_mm_fp4": "FP4 GEMM (Blackwell, cuDNN / CUTLASS / TRT-LLM backends)",
+    "test_fp4_quantize": "FP4 quantization (Blackwell)",
+    "test_fp4_tensor_torch_cute": "FP4 tensors through CuTe (Blackwell)",
+}
+
+# FlashInfer APIs these files call that flashtune does not implement (no hardware reason):
+# their tests fail until it does, and are counted as failures, not skipped.
+MISSING_APIS = {
+    "test_block_sparse": "BlockSparseAttentionWrapper, VariableBlockSparseAttentionWrapper",
+}
+
+
+# --cpu: FlashInfer's tests name their device in these ways; on CPU they become "cpu", and the
+# PDL guard (`major, _ = get_compute_capability(x.device)`, CUDA only) sees a Hopper, so the
+# enable_pdl=True cases run (PDL itself is off on CPU tensors).
+CPU_REWRITES = (
+    (r'device="cuda(:0)?"', 'device="cpu"'),
+    (r'"cuda(:0)?"', '"cpu"'),
+    (r"\.to\(0\)", '.to("cpu")'),
+    (r"major, _ = get_compute_capability\(\w+\.device\)", "major = 9"),
+)
+
+
+def rewrite_for_cpu(source: str) -> str:
+    for pattern, replacement in CPU_REWRITES:
+        source = re.sub(pattern, replacement, source)
+    return source
+
+
+def sample_key(nodeid: str) -> str:
+    """The sampling order of a test: SHA-256 of its id without the file part."""
+    return hashlib.sha256(nodeid.split("::", 1)[-1].encode()).hexdigest()
+
+
+def sample(nodeids: list[str], per_file: int | None) -> list[str]:
+    """The tests of one file to run: the first `per_file` by sample_key, in file order
+    (None: all)."""
+    if per_file is None or len(nodeids) <= per_file:
+        return list(nodeids)
+    keep = set(sorted(nodeids, key=sample_key)[:per_file])
+    return [n for n in nodeids if n in keep]
+
+
+# --------------------------------------------------------------------------- child: one file
+
+
+class SamplingPlugin:
+    """pytest plugin: keep a file's sample, record each test's outcome."""
+
+    def __init__(self, per_file: int | None) -> None:
+        self.per_file = per_file
+        self.collected = 0
+        self.selected: list[str] = []
+        self.outcomes: dict[str, dict[str, Any]] = {}
+
+    @pytest.hookimpl(trylast=True)  # after -k has deselected: sample what it kept
+    def pytest_collection_modifyitems(self, session: Any, config: Any, items: list[Any]) -> None:
+        self.collected = len(items)
+        keep = set(sample([item.nodeid for item in items], self.per_file))
+        kept = [item for item in items if item.nodeid in keep]
+        dropped = [item for item in items if item.nodeid not in keep]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+        self.selected = [item.nodeid for item in kept]
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        # A test's outcome: its call, or a setup that failed or skipped it.
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            outcome = report.outcome
+            if report.when == "setup" and outcome == "failed":
+                outcome = "error"
+            message = ""
+            if outcome in ("failed", "error"):
+                message = _first_error_line(str(report.longrepr))
+            elif outcome == "skipped" and isinstance(report.longrepr, tuple):
+                message = str(report.longrepr[2])
+            self.outcomes[report.nodeid] = {"outcome": outcome, "message": message[:300]}
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:  # the file did not import (a missing name, a missing module)
+            self.outcomes[report.nodeid or "<collection>"] = {
+                "outcome": "error",
+                "message": _first_error_line(str(report.longrepr))[:300],
+            }
+
+
+def _first_error_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("E "):
+            return ln[2:].strip()
+    return lines[-1] if lines else ""
+
+
+def run_child(
+    test_file: Path, per_file: int | None, collect_only: bool, select: str | None, result: Path
+) -> int:
+    sys.path.insert(0, str(STANDIN))
+    plugin = SamplingPlugin(per_file)
+    args = [
+        str(test_file),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "--rootdir",
+        str(test_file.parent),
+        "-W",
+        "ignore::DeprecationWarning",
+    ]
+    if collect_only:
+        args.append("--collect-only")
+    if select:
+        args += ["-k", select]
+    start = time.perf_counter()
+    code = pytest.main(args, plugins=[plugin])
+    counts: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for entry in plugin.outcomes.values():
+        counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
+    payload = {
+        "file": test_file.stem,
+        "collected": plugin.collected,
+        "selected": len(plugin.selected),
+        "counts": counts,
+        "not_run": len(plugin.selected) - sum(counts.values()) if not collect_only else 0,
+        "failures": {
+            nodeid: entry["message"]
+            for nodeid, entry in plugin.outcomes.items()
+            if entry["outcome"] in ("failed", "error")
+        },
+        "seconds": round(time.perf_counter() - start, 1),
+        "pytest_exit": int(code),
+    }
+    result.write_text(json.dumps(payload, indent=1))
+    return 0
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def extract_tests(sdist: Path, dest: Path) -> Path:
+    """The sdist's tests/ folder (Python files only), extracted under dest."""
+    with tarfile.open(sdist) as tar:
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.isfile() and "/tests/" in m.name and m.name.endswith(".py")
+        ]
+        if not members:
+            raise SystemExit(f"{sdist} has no tests/ folder")
+        for m in members:
+            m.name = "tests/" + m.name.split("/tests/", 1)[1]
+        tar.extractall(dest, members=members, filter="data")
+    return dest / "tests"
+
+
+def run_file(
+    test_file: Path,
+    per_file: int | None,
+    collect_only: bool,
+    timeout: float,
+    select: str | None = None,
+    cpu: bool = False,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        env = dict(os.environ)
+        # standin first, then flashtune's sources (a checkout that is not pip-installed).
+        paths = [str(STANDIN), str(ROOT / "src")]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        if cpu:
+            env["TRITON_INTERPRET"] = "1"
+            rewritten = Path(tmp) / test_file.parent.name / test_file.name
+            rewritten.parent.mkdir()
+            rewritten.write_text(rewrite_for_cpu(test_file.read_text()))
+            test_file = rewritten
+        command = [sys.executable, __file__, "--child", str(test_file), "--result", str(result)]
+        command += ["--full"] if per_file is None else ["--per-file", str(per_file)]
+        command += ["--collect-only"] if collect_only else []
+        command += ["-k", select] if select else []
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                command,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=test_file.parent,
+            )
+            tail = (proc.stdout + proc.stderr)[-2000:]
+        except subprocess.TimeoutExpired as exc:
+            tail = f"timed out after {timeout:.0f} s: {str(exc.stdout or '')[-1500:]}"
+        if result.exists():
+            payload: dict[str, Any] = json.loads(result.read_text())
+        else:  # the child died (a crash, a timeout): nothing counted as passed
+            payload = {
+                "file": test_file.stem,
+                "collected": 0,
+                "selected": 0,
+                "counts": {"passed": 0, "failed": 0, "skipped": 0, "error": 1},
+                "failures": {"<process>": tail.strip().splitlines()[-1] if tail.strip() else ""},
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+        payload["output_tail"] = tail[-1500:]
+        return payload
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--sdist", type=Path, default=SDIST, help="FlashInfer's source archive")
+    ap.add_argument("--tests-dir", type=Path, help="an extracted tests/ folder instead")
+    ap.add_argument("--files", help="comma-separated file names (default: issue 14's)")
+    ap.add_argument("--per-file", type=int, default=30, help="tests sampled a file (30)")
+    ap.add_argument("--full", action="store_true", help="every test of every file")
+    ap.add_argument("--collect-only", action="store_true", help="collect and sample only")
+    ap.add_argument("-k", dest="select", help="pytest -k expression, applied before sampling")
+    ap.add_argument("--cpu", action="store_true", help="smoke test on CPU (see above)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds a file (900)")
+    ap.add_argument("--out", type=Path, help="the JSON summary (default $OUT/...)")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    opts = ap.parse_args()
+    per_file = None if opts.full else opts.per_file
+    if opts.child is not None:
+        return run_child(opts.child, per_file, opts.collect_only, opts.select, opts.result)
+
+    names = [n.strip().removesuffix(".py") for n in opts.files.split(",")] if opts.files else FILES
+    with tempfile.TemporaryDirectory() as tmp:
+        tests = opts.tests_dir or extract_tests(opts.sdist, Path(tmp))
+        results = []
+        for name in names:
+            path = tests / f"{name}.py"
+            if not path.exists():
+                print(f"{name}: not in {tests}", flush=True)
+                continue
+            row = run_file(path, per_file, opts.collect_only, opts.timeout, opts.select, opts.cpu)
+            results.append(row)
+            c = row["counts"]
+            ran = c["passed"] + c["failed"] + c["error"]
+            print(
+                f"{name:30s} {c['passed']:4d}/{ran:<4d} passed  "
+                f"(failed {c['failed']}, errors {c['error']}, skipped {c['skipped']}; "
+                f"{row['selected']} of {row['collected']} collected)  {row['seconds']:.0f}s",
+                flush=True,
+            )
+            for nodeid, message in list(row["failures"].items())[:3]:
+                print(f"    {nodeid.split('::', 1)[-1][:90]}: {message[:150]}", flush=True)
+    passed = sum(r["counts"]["passed"] for r in results)
+    ran = sum(r["counts"]["passed"] + r["counts"]["failed"] + r["counts"]["error"] for r in results)
+    print(f"\ntotal: {passed} of {ran} passed" + (f" ({100 * passed / ran:.0f}%)" if ran else ""))
+    summary = {
+        "flashinfer_tests": str(opts.tests_dir or opts.sdist),
+        "per_file": per_file,
+        "collect_only": opts.collect_only,
+        "cpu": opts.cpu,
+        "select": opts.select,
+        "passed": passed,
+        "ran": ran,
+        "files": results,
+        "out_of_scope": OUT_OF_SCOPE,
+        "missing_apis": MISSING_APIS,
+    }
+    out = opts.out or Path(os.environ.get("OUT", ".")) / "flashinfer_dropin.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1))
+    print(f"summary: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

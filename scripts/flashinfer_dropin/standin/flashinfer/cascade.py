@@ -1,0 +1,3 @@
+"""`flashinfer.cascade` served by `flashtune.cascade`."""
+
+from flashtune.cascade import *  # noqa: F403

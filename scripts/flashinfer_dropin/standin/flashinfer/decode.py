@@ -1,0 +1,3 @@
+"""`flashinfer.decode` served by `flashtune.decode`."""
+
+from flashtune.decode import *  # noqa: F403

@@ -1,0 +1,3 @@
+"""`flashinfer.norm` served by `flashtune.norm`."""
+
+from flashtune.norm import *  # noqa: F403

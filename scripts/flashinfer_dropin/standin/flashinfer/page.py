@@ -1,0 +1,3 @@
+"""`flashinfer.page` served by `flashtune.page`."""
+
+from flashtune.page import *  # noqa: F403

@@ -1,0 +1,3 @@
+"""`flashinfer.sampling` served by `flashtune.sampling`."""
+
+from flashtune.sampling import *  # noqa: F403

@@ -1,0 +1,236 @@
+"""`flashtune run`'s checks before any worker starts (a selection that selects nothing, a
+device that is not there) and its closing words (the table, an interruption)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from flashtune.cli.common import bundled_dataset, fail
+
+if TYPE_CHECKING:
+    from flashtune.bench.runner import RunOptions, RunResult
+    from flashtune.data import Dataset, Trace
+
+__all__ = [
+    "Selection",
+    "check_selection",
+    "check_devices",
+    "visible_devices",
+    "Counted",
+    "print_closing",
+    "closing_traces",
+]
+
+_EXAMPLES = 5  # names quoted in a message, so it stays one readable line
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The --definitions / --solutions globs and the --op-type of a run."""
+
+    definitions: Optional[str] = None
+    solutions: Optional[str] = None
+    op_type: Optional[str] = None
+
+    def describe(self) -> str:
+        given = [
+            f"{flag} {value!r}"
+            for flag, value in (
+                ("--definitions", self.definitions),
+                ("--op-type", self.op_type),
+                ("--solutions", self.solutions),
+            )
+            if value is not None
+        ]
+        return " ".join(given) or "the whole dataset"
+
+
+def _some(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_EXAMPLES])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > _EXAMPLES else "")
+
+
+def check_selection(ds: Dataset, roots: Sequence[Path], selection: Selection) -> None:
+    """Exit 1, saying why, when the selection holds no (definition, solution, workload)."""
+    where = ", ".join(map(str, roots))
+    every = ds.find_definitions()
+    defs = ds.find_definitions(selection.op_type, selection.definitions)
+    if not every:
+        fail(f"no definitions in {where}")
+    if not defs:
+        op_types = sorted({d.op_type for d in every})
+        fail(
+            f"{selection.describe()} selects none of the {len(every)} definitions in {where} "
+            f"(op types: {', '.join(op_types)}; names such as {_some([d.name for d in every])}); "
+            "`flashtune list definitions` lists them"
+        )
+    with_any = [d for d in defs if ds.solutions_for(d.name)]
+    if not with_any:
+        fail(_no_solutions(ds, roots, defs))
+    chosen = [d for d in with_any if ds.solutions_for(d.name, selection.solutions)]
+    if not chosen:
+        names = sorted({s.name for d in with_any for s in ds.solutions_for(d.name)})
+        fail(
+            f"--solutions {selection.solutions!r} matches none of the solutions of the "
+            f"{len(with_any)} selected definitions ({_some(names)})"
+        )
+    if not any(ds.workloads_for(d.name) for d in chosen):
+        fail(
+            f"the {len(chosen)} selected definitions with solutions have no workloads in {where} "
+            f"({_some([d.name for d in chosen])})"
+        )
+
+
+def _no_solutions(ds: Dataset, roots: Sequence[Path], defs: Sequence[Any]) -> str:
+    """Why nothing can run: no solution in the dataset; and where baselines could come from."""
+    from flashtune.data import Dataset
+
+    where = ", ".join(map(str, roots))
+    message = f"no solutions for the {len(defs)} selected definitions in {where}: nothing to run"
+    bundled = bundled_dataset()
+    if any(r.expanduser().resolve() == bundled for r in roots):
+        return message
+    shipped = Dataset(bundled)
+    usable = {d.name: [s.name for s in shipped.solutions_for(d.name)] for d in defs}
+    usable = {name: sols for name, sols in usable.items() if sols}
+    if not usable:
+        return (
+            f"{message}; the bundled dataset has no solution for these definitions either: "
+            "add solutions under <dataset>/solutions/"
+        )
+    baselines = sorted({s for sols in usable.values() for s in sols})
+    args = " ".join(f"-d {r}" for r in roots)
+    return (
+        f"{message}; the bundled dataset has solutions for {len(usable)} of them "
+        f"({_some(baselines)}): run with {args} -d {bundled}"
+    )
+
+
+def visible_devices() -> str:
+    """One line naming the devices this process can see."""
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "torch built without CUDA" if torch.version.cuda is None else "no CUDA GPU found"
+        return f"cpu only ({why}; torch {torch.__version__})"
+    gpus = [f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())]
+    return ", ".join([*gpus, "cpu"])
+
+
+def check_devices(devices: Sequence[str]) -> tuple[Optional[str], str]:
+    """(what is wrong with `devices`, or None; the visible devices), checked before any
+    worker starts: a worker on a missing GPU dies with a traceback, not a sentence."""
+    import torch
+
+    cuda = [d for d in devices if d != "cpu"]
+    if not cuda:
+        return None, "cpu"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = []
+    for device in cuda:
+        index = device.partition(":")[2]
+        if device.partition(":")[0] != "cuda" or (index and not index.isdigit()):
+            missing.append(device)
+        elif int(index or 0) >= count:
+            missing.append(device)
+    visible = visible_devices()
+    if missing:
+        return f"--devices: {', '.join(missing)} not visible", visible
+    return None, visible
+
+
+class Counted:
+    """Counts the triples of a run as they finish, for the message of an interruption."""
+
+    def __init__(self) -> None:
+        self.total: Optional[int] = None
+        self.done = 0
+
+    def start(self, total: int) -> None:
+        self.total = total
+
+    def trace(self, trace: Trace) -> None:
+        self.done += 1
+
+    def interrupted_message(self, out: Path) -> str:
+        of = f" of {self.total}" if self.total is not None else ""
+        return (
+            f"interrupted after {self.done}{of} triples (their traces are in {out}); "
+            "`--resume` continues where this run stopped"
+        )
+
+
+def closing_traces(result: RunResult, opts: RunOptions) -> tuple[list[Trace], int]:
+    """The traces the closing table covers, and how many of the results folder it leaves out.
+
+    After --resume, every trace of the selection in the results folder that was measured in
+    this run's environment (what ran before and what ran now), so the table covers the whole
+    selection; other environments' traces are left out (counted), never mixed in."""
+    from flashtune.bench.runner import environment_key
+    from flashtune.data import Dataset
+
+    if not opts.resume:
+        return list(result.traces), 0
+    sink = Dataset(result.out)
+    names = sorted({t.definition for t in result.traces} | _selected(opts))
+    key = environment_key(result.environment)
+    kept, other = [], 0
+    for name in names:
+        for t in sink.traces_for(name):
+            if opts.solutions is not None and not _matches(t.solution, opts.solutions):
+                continue
+            if t.evaluation is not None and environment_key(t.evaluation.environment) != key:
+                other += 1
+                continue
+            kept.append(t)
+    return kept, other
+
+
+def _matches(name: Optional[str], pattern: str) -> bool:
+    from fnmatch import fnmatchcase
+
+    return name is not None and fnmatchcase(name, pattern)
+
+
+def _selected(opts: RunOptions) -> set[str]:
+    from flashtune.data import Dataset
+
+    ds = Dataset(opts.datasets)
+    return {d.name for d in ds.find_definitions(opts.op_type, opts.definitions)}
+
+
+def print_closing(result: RunResult, opts: RunOptions, out: Path, console: Any) -> None:
+    """The table per definition and solution, the counts, and where the traces are."""
+    from flashtune.report.render import summary_table
+    from flashtune.report.tables import latest, summarize
+
+    env = result.environment
+    traces, other = closing_traces(result, opts)
+    title = f"flashtune run on {env.get('hardware')}"
+    if opts.resume:
+        title += f" (all of {out} for this selection)"
+    console.print(summary_table(summarize(traces), title=title))
+    counts: dict[str, int] = {}
+    for t in latest(traces):
+        status = t.evaluation.status.value if t.evaluation else "?"
+        counts[status] = counts.get(status, 0) + 1
+    breakdown = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+    if opts.resume:
+        summary = (
+            f"{len(result.traces)} triples in {result.seconds:.0f} s, {result.resumed} already "
+            f"traced (--resume); the table: {breakdown or 'nothing traced'}"
+        )
+    else:
+        summary = f"{len(result.traces)} triples in {result.seconds:.0f} s ({breakdown})"
+    console.print(f"{summary}; torch {env.get('torch')}, triton {env.get('triton')}")
+    if other:
+        console.print(f"{other} traces in {out} from other environments are not in the table")
+    if result.workload_cap is not None and opts.max_workloads is None:
+        console.print(
+            f"CPU run: at most {result.workload_cap} workloads per definition (the smallest); "
+            "--max-workloads N to change"
+        )
+    console.print(f"traces: {result.out / 'traces'}  (see `flashtune report summary -d {out}`)")

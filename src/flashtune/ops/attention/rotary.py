@@ -1,0 +1,72 @@
+"""Rotary position encoding inside the attention kernels (FlashInfer's pos_encoding_mode
+"ROPE_LLAMA"): the Llama rotation of halves, applied to q and k as they are loaded.
+
+Conventions (FlashInfer's): dimension i < D/2 pairs with i + D/2; the frequency of pair i is
+theta^(-2i / D) / rope_scale; a key sits at its position in the request's KV (0-based), a
+query at kv_len - qo_len + its index (the last qo_len positions). The rotation runs in fp32
+and the result is rounded to q's dtype before the MMA, as FlashInfer rotates its fp16/bf16
+tiles in shared memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+__all__ = ["load_rotated", "rope_arguments", "rope_for", "DEFAULT_ROPE_THETA"]
+
+DEFAULT_ROPE_THETA = 1e4
+
+
+def rope_arguments(rope_scale: float | None, rope_theta: float | None) -> tuple[float, float]:
+    """The kernel's (rope_rcp_scale, rope_log2_theta) from FlashInfer's plan arguments."""
+    scale = 1.0 if rope_scale is None else float(rope_scale)
+    theta = DEFAULT_ROPE_THETA if rope_theta is None else float(rope_theta)
+    if not scale > 0 or not theta > 0:
+        raise ValueError(f"rope_scale and rope_theta must be > 0, got {scale} and {theta}")
+    return 1.0 / scale, math.log2(theta)
+
+
+def rope_for(
+    pos_encoding_mode: str, rope_scale: float | None, rope_theta: float | None
+) -> tuple[float, float] | None:
+    """A plan's (rope_scale, rope_theta) for FlashInfer's pos_encoding_mode (None: no RoPE);
+    modes the kernels do not have raise."""
+    if pos_encoding_mode == "NONE":
+        return None
+    if pos_encoding_mode != "ROPE_LLAMA":
+        raise NotImplementedError(
+            f"pos_encoding_mode must be 'NONE' or 'ROPE_LLAMA', got {pos_encoding_mode!r}"
+        )
+    rope = (
+        1.0 if rope_scale is None else float(rope_scale),
+        DEFAULT_ROPE_THETA if rope_theta is None else float(rope_theta),
+    )
+    rope_arguments(*rope)  # validates
+    return rope
+
+
+@triton.jit
+def load_rotated(
+    row_ptrs,  # [R] pointers to the first element of each row (head_dim contiguous)
+    offs_d,  # [BLOCK_D] column offsets (columns >= HEAD_DIM must be masked off)
+    mask,  # [R, BLOCK_D]
+    pos,  # [R] integer positions
+    rope_rcp_scale,
+    rope_log2_theta,
+    HEAD_DIM: tl.constexpr,
+):
+    """Rows x [R, BLOCK_D] rotated at their positions, in fp32: the caller rounds to q's
+    dtype (an fp8 K is rotated from its fp8 values and rounded to q's dtype, not to fp8)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    x = tl.load(row_ptrs[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    partner = (offs_d + HALF) % HEAD_DIM
+    xp = tl.load(row_ptrs[:, None] + partner[None, :], mask=mask, other=0.0)
+    pair = (offs_d % HALF).to(tl.float32)
+    freq = rope_rcp_scale * tl.exp2(-(2.0 * pair / HEAD_DIM) * rope_log2_theta)
+    angle = pos.to(tl.float32)[:, None] * freq[None, :]
+    sign = tl.where(offs_d < HALF, -1.0, 1.0)
+    out = x.to(tl.float32) * tl.cos(angle) + sign[None, :] * xp.to(tl.float32) * tl.sin(angle)
+    return out

@@ -1,0 +1,169 @@
+"""FlashInfer 0.2.14's shared-prefix wrappers (cascade of two levels, its older API).
+
+Every request attends to one shared prefix, given as contiguous k_shared/v_shared
+[prefix_len, Hkv, D] (NHD) or [Hkv, prefix_len, D] (HND), followed by its own KV in a paged
+cache. forward computes the prefix part with `single_prefill_with_kv_cache` (all queries of
+the batch as one request, non-causal: every query sees the whole prefix), the unique part
+with the batch decode or prefill wrapper, and merges the two attention states
+(`merge_state_in_place`). `MultiLevelCascadeAttentionWrapper` (cascade.py) is the general
+form, with the prefix in the paged cache too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flashtune.ops.attention.decode import BatchDecodeWithPagedKVCacheWrapper
+from flashtune.ops.attention.merge import merge_state_in_place
+from flashtune.ops.attention.prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
+
+__all__ = [
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
+]
+
+
+def _prefix_state(
+    q: torch.Tensor,
+    k_shared: torch.Tensor,
+    v_shared: torch.Tensor,
+    kv_layout: str,
+    sm_scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of every query token of q [tokens, Hq, D] over the whole shared prefix."""
+    out, lse = single_prefill_with_kv_cache(
+        q, k_shared, v_shared, causal=False, kv_layout=kv_layout, sm_scale=sm_scale, return_lse=True
+    )
+    return out, lse
+
+
+class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
+    """Decode of a batch sharing one prefix (FlashInfer's wrapper of the same name)."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
+        self._batch_decode_wrapper = BatchDecodeWithPagedKVCacheWrapper(
+            float_workspace_buffer, kv_layout
+        )
+        self._kv_layout = kv_layout
+
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: Any = None
+    ) -> None:
+        self._batch_decode_wrapper.reset_workspace_buffer(float_workspace_buffer)
+
+    def begin_forward(
+        self,
+        unique_kv_indptr: torch.Tensor,
+        unique_kv_indices: torch.Tensor,
+        unique_kv_last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        data_type: str | torch.dtype = "float16",
+    ) -> None:
+        """Plan the unique (per-request) part: the page table of each request's own KV."""
+        self._batch_decode_wrapper.plan(
+            unique_kv_indptr,
+            unique_kv_indices,
+            unique_kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            pos_encoding_mode="NONE",
+            q_data_type=data_type,  # the queries share the cache's dtype here
+            data_type=data_type,
+        )
+
+    plan = begin_forward
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_shared: torch.Tensor,
+        v_shared: torch.Tensor,
+        unique_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """q [batch, Hq, D] over the shared prefix then each request's own pages."""
+        # The plan's scale is FlashInfer's default too: 1 / sqrt(head_dim).
+        out, lse = _prefix_state(q, k_shared, v_shared, self._kv_layout, None)
+        out_unique, lse_unique = self._batch_decode_wrapper.run_return_lse(q, unique_kv_cache)
+        merge_state_in_place(out, lse, out_unique, lse_unique)
+        return out
+
+    run = forward
+
+    def end_forward(self) -> None:
+        """FlashInfer compatibility no-op."""
+
+
+class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
+    """Prefill/append of a batch sharing one prefix (FlashInfer's wrapper of the same name)."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
+        self._batch_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(
+            float_workspace_buffer, kv_layout
+        )
+        self._kv_layout = kv_layout
+
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: Any = None
+    ) -> None:
+        self._batch_prefill_wrapper.reset_workspace_buffer(float_workspace_buffer)
+
+    def begin_forward(
+        self,
+        qo_indptr: torch.Tensor,
+        paged_kv_indptr: torch.Tensor,
+        paged_kv_indices: torch.Tensor,
+        paged_kv_last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+    ) -> None:
+        """Plan the unique part: each request's queries over its own pages."""
+        self._batch_prefill_wrapper.plan(
+            qo_indptr,
+            paged_kv_indptr,
+            paged_kv_indices,
+            paged_kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+        )
+
+    plan = begin_forward
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_shared: torch.Tensor,
+        v_shared: torch.Tensor,
+        unique_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        causal: bool = False,
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+    ) -> torch.Tensor:
+        """q [qo_indptr[-1], Hq, D] over the shared prefix (non-causal) then each request's
+        own pages (`causal` applies there, aligned bottom-right)."""
+        out, lse = _prefix_state(q, k_shared, v_shared, self._kv_layout, sm_scale)
+        out_unique, lse_unique = self._batch_prefill_wrapper.forward_return_lse(
+            q, unique_kv_cache, causal=causal, sm_scale=sm_scale
+        )
+        merge_state_in_place(out, lse, out_unique, lse_unique)
+        return out
+
+    run = forward
+
+    def end_forward(self) -> None:
+        """FlashInfer compatibility no-op."""

@@ -1,0 +1,29 @@
+"""`flashinfer.prefill` under flashtune's name: `import flashtune as flashinfer` then
+`flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper` works as it does with FlashInfer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flashtune.ops.attention import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
+
+__all__ = [
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "single_prefill_with_kv_cache",
+    "single_prefill_with_kv_cache_return_lse",
+]
+
+
+def single_prefill_with_kv_cache_return_lse(
+    *args: Any, **kwargs: Any
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`single_prefill_with_kv_cache(..., return_lse=True)`: (output, lse), as FlashInfer's
+    functools.partial of the same name."""
+    return single_prefill_with_kv_cache(*args, **{**kwargs, "return_lse": True})
