@@ -173,6 +173,24 @@ def test_sampling_is_deterministic_and_grows_by_inclusion():
     assert [i.split("::")[1] for i in run.sample(renamed, 10)] == [i.split("::")[1] for i in small]
 
 
+def test_cpu_mode_rewrites_only_the_device():
+    run = _load_runner()
+    source = (
+        'x = torch.randn(3, device="cuda:0")\n'
+        "y = torch.randn(3).to(0)\n"
+        "major, _ = get_compute_capability(x.device)\n"
+        'z = torch.empty(2, device="cuda")\n'
+        'name = "cudagraph"\n'
+    )
+    assert run.rewrite_for_cpu(source) == (
+        'x = torch.randn(3, device="cpu")\n'
+        'y = torch.randn(3).to("cpu")\n'
+        "major = 9\n"
+        'z = torch.empty(2, device="cpu")\n'
+        'name = "cudagraph"\n'
+    )
+
+
 def test_out_of_scope_lists_reasons():
     run = _load_runner()
     assert run.OUT_OF_SCOPE and all(reason for reason in run.OUT_OF_SCOPE.values())

@@ -133,13 +133,39 @@ def sample(nodeids: list[str], per_file: int | None) -> list[str]:
 
 
 class SamplingPlugin:
-    """pytest plugin: keep a file's sample, record each test's outcome."""
+    """pytest plugin: keep a file's sample, record each test's outcome, and rewrite the result
+    file after each one (a file that times out or crashes the process keeps what it ran)."""
 
-    def __init__(self, per_file: int | None) -> None:
+    def __init__(self, test_file: Path, per_file: int | None, result: Path) -> None:
+        self.test_file = test_file
         self.per_file = per_file
+        self.result = result
         self.collected = 0
         self.selected: list[str] = []
         self.outcomes: dict[str, dict[str, Any]] = {}
+        self.start = time.perf_counter()
+
+    def write(self, finished: bool, pytest_exit: int | None = None) -> None:
+        counts: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        for entry in self.outcomes.values():
+            counts[entry["outcome"]] += 1
+        payload = {
+            "file": self.test_file.stem,
+            "collected": self.collected,
+            "selected": len(self.selected),
+            "counts": counts,
+            "finished": finished,
+            "failures": {
+                nodeid: entry["message"]
+                for nodeid, entry in self.outcomes.items()
+                if entry["outcome"] in ("failed", "error")
+            },
+            "seconds": round(time.perf_counter() - self.start, 1),
+            "pytest_exit": pytest_exit,
+        }
+        partial = self.result.with_suffix(".partial")
+        partial.write_text(json.dumps(payload, indent=1))
+        os.replace(partial, self.result)
 
     @pytest.hookimpl(trylast=True)  # after -k has deselected: sample what it kept
     def pytest_collection_modifyitems(self, session: Any, config: Any, items: list[Any]) -> None:
@@ -151,6 +177,7 @@ class SamplingPlugin:
             config.hook.pytest_deselected(items=dropped)
         items[:] = kept
         self.selected = [item.nodeid for item in kept]
+        self.write(finished=False)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         # A test's outcome: its call, or a setup that failed or skipped it.
@@ -164,6 +191,7 @@ class SamplingPlugin:
             elif outcome == "skipped" and isinstance(report.longrepr, tuple):
                 message = str(report.longrepr[2])
             self.outcomes[report.nodeid] = {"outcome": outcome, "message": message[:300]}
+            self.write(finished=False)
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:  # the file did not import (a missing name, a missing module)
@@ -185,7 +213,7 @@ def run_child(
     test_file: Path, per_file: int | None, collect_only: bool, select: str | None, result: Path
 ) -> int:
     sys.path.insert(0, str(STANDIN))
-    plugin = SamplingPlugin(per_file)
+    plugin = SamplingPlugin(test_file, per_file, result)
     args = [
         str(test_file),
         "-q",
@@ -202,26 +230,8 @@ def run_child(
         args.append("--collect-only")
     if select:
         args += ["-k", select]
-    start = time.perf_counter()
     code = pytest.main(args, plugins=[plugin])
-    counts: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-    for entry in plugin.outcomes.values():
-        counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
-    payload = {
-        "file": test_file.stem,
-        "collected": plugin.collected,
-        "selected": len(plugin.selected),
-        "counts": counts,
-        "not_run": len(plugin.selected) - sum(counts.values()) if not collect_only else 0,
-        "failures": {
-            nodeid: entry["message"]
-            for nodeid, entry in plugin.outcomes.items()
-            if entry["outcome"] in ("failed", "error")
-        },
-        "seconds": round(time.perf_counter() - start, 1),
-        "pytest_exit": int(code),
-    }
-    result.write_text(json.dumps(payload, indent=1))
+    plugin.write(finished=True, pytest_exit=int(code))
     return 0
 
 
@@ -280,18 +290,26 @@ def run_file(
             )
             tail = (proc.stdout + proc.stderr)[-2000:]
         except subprocess.TimeoutExpired as exc:
-            tail = f"timed out after {timeout:.0f} s: {str(exc.stdout or '')[-1500:]}"
-        if result.exists():
-            payload: dict[str, Any] = json.loads(result.read_text())
-        else:  # the child died (a crash, a timeout): nothing counted as passed
-            payload = {
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+            tail = f"timed out after {timeout:.0f} s: {out[-1500:]}"
+        payload: dict[str, Any] = (
+            json.loads(result.read_text())
+            if result.exists()
+            else {
                 "file": test_file.stem,
                 "collected": 0,
                 "selected": 0,
-                "counts": {"passed": 0, "failed": 0, "skipped": 0, "error": 1},
-                "failures": {"<process>": tail.strip().splitlines()[-1] if tail.strip() else ""},
-                "seconds": round(time.perf_counter() - start, 1),
+                "counts": {"passed": 0, "failed": 0, "skipped": 0, "error": 0},
+                "finished": False,
+                "failures": {},
             }
+        )
+        if not payload["finished"]:  # a timeout or a crash: the rest of the sample is an error
+            ran = sum(payload["counts"].values())
+            payload["counts"]["error"] += max(payload["selected"] - ran, 1)
+            last = tail.strip().splitlines()[-1] if tail.strip() else ""
+            payload["failures"]["<process>"] = f"stopped after {ran} tests: {last}"[:300]
+        payload["seconds"] = round(time.perf_counter() - start, 1)
         payload["output_tail"] = tail[-1500:]
         return payload
 
