@@ -183,3 +183,16 @@ def test_gpu_capturable_solutions_use_a_graph_others_fall_back():
     assert syncs.performance.timing_method == "device_sync"
     assert "not capturable" in syncs.log and "timing differs" in syncs.log
     assert syncs.performance.speedup_vs_baseline is None
+
+
+def test_draws_travel_stacked_and_split_back():
+    from flashtune.bench.sandbox_child import stack_draws
+
+    draws = [torch.randint(0, 50, (4,)) for _ in range(6)]
+    stacked = stack_draws(draws)
+    assert stacked.shape == (6, 4) and torch.equal(stacked[2], draws[2])
+    named = [{"samples": d} for d in draws]
+    assert torch.equal(stack_draws(named)["samples"][5], draws[5])
+    # Draws that do not stack (a shape changes) are sent one by one.
+    assert stack_draws([*draws, torch.zeros(5, dtype=torch.int64)]) is None
+    assert stack_draws([]) is None

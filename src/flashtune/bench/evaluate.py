@@ -180,6 +180,7 @@ class _Workload:
         self.sets = [self.synth(s) for s in self.seeds]
         self.refs = [self.run_reference(s) for s in self.sets]
         self.stochastic = is_stochastic(definition)
+        self._reference_draws: list[dict[str, Any]] = []
         self.swap_seed: int | None = None
         self.swap_ref: dict[str, Any] | None = None
         self.swap: dict[str, Any] | None = None  # the float values of the swap check
@@ -203,6 +204,15 @@ class _Workload:
             out = outputs_as_dict(self.definition, self.reference(**_clone(inputs)))
         _sync(self.device)
         return out
+
+    def reference_draws(self, count: int) -> list[dict[str, Any]]:
+        """`count` draws of a stochastic reference on set 0, drawn once per workload and
+        compared with every solution's own draws (each comparison stays valid; the
+        reference's cost is paid once, not once per solution)."""
+        if len(self._reference_draws) < count:
+            more = count - len(self._reference_draws)
+            self._reference_draws += [self.run_reference(self.sets[0]) for _ in range(more)]
+        return self._reference_draws[:count]
 
     def reference_timing(self) -> Timing:
         sets = [_args(self.definition, _clone(s)) for s in self.sets]
@@ -493,6 +503,20 @@ def _timing_from(payload: Any) -> Timing:
     return Timing(**fields)
 
 
+def _unstacked_draws(payload: dict, count: int) -> list[Any]:
+    """The sandbox's draws, one entry per draw: sent as a list, or stacked per output
+    (sandbox_child.stack_draws) and split here."""
+    if "stacked" not in payload:
+        return list(payload.get("draws") or [])
+    stacked, n = payload["stacked"], payload.get("count")
+    tensors = list(stacked.values()) if isinstance(stacked, dict) else [stacked]
+    if n != count or not all(isinstance(t, torch.Tensor) and len(t) == n for t in tensors):
+        raise ValueError(f"stacked draws: expected {count} draws of each output")
+    if isinstance(stacked, dict):
+        return [{k: v[i] for k, v in stacked.items()} for i in range(n)]
+    return [stacked[i] for i in range(n)]
+
+
 def _check_phase(
     definition: Definition,
     wl: _Workload,
@@ -508,11 +532,12 @@ def _check_phase(
         "swap": "after new values were written into the same input tensors: ",
     }.get(phase, "")
     if phase == "draws":
-        draws = iter(payload.get("draws") or [])
+        draws = iter(_unstacked_draws(payload, cfg.sampling_draws))
+        reference_draws = iter(wl.reference_draws(cfg.sampling_draws))
         dist = distribution_check(
             definition,
             lambda: outputs_as_dict(definition, next(draws)),
-            lambda: wl.run_reference(wl.sets[0]),
+            lambda: next(reference_draws),
             draws=cfg.sampling_draws,
             inputs=wl.sets[0],
         )
