@@ -91,8 +91,13 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
     device = torch.device(device_str)
     if device.type == "cuda":
         if os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True":
-            # In case the allocator read its settings before the variable was set.
-            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+            # In case the allocator read its settings before the variable was set (the fork
+            # server imported torch first). torch 2.11 deprecates the CUDA-specific setter
+            # for the accelerator-generic one; either is private API, hence the getattr.
+            setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+            if setter is None:
+                setter = torch.cuda.memory._set_allocator_settings
+            setter("expandable_segments:True")
         torch.cuda.set_device(device)
     cfg = BenchConfig(**options.get("config", {}))
     blob_root = Dataset(options["roots"]) if options.get("roots") else None
