@@ -28,13 +28,19 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_norm import geomean, load_flashinfer, time_ms, try_peer  # noqa: E402
-from common import RowWriter, Selection, copy_bandwidth_gbs, fresh_inputs  # noqa: E402
+from bench_norm import geomean, load_flashinfer, time_ms  # noqa: E402
+from common import (  # noqa: E402
+    RowWriter,
+    Selection,
+    bench_pdl_chains,
+    copy_bandwidth_gbs,
+    fresh_inputs,
+    try_peer,
+)
 
 from flashtune.ops import activation as A  # noqa: E402
 from flashtune.ops import activation_config, rope_config  # noqa: E402
 from flashtune.ops import rope as R  # noqa: E402
-from flashtune.timing import measure  # noqa: E402
 
 PDL_CHAIN = 8
 
@@ -53,50 +59,19 @@ def silu_chain(lib: Any, pdl: bool):
 
 
 def bench_pdl(writer, fi, quick: bool) -> None:
-    from flashtune.ops import pdl as P
+    libs = {"flashtune": A, **({"flashinfer": fi.activation} if fi is not None else {})}
 
-    if not P.use_pdl(torch.device("cuda"), True):
-        print("PDL unsupported here (needs compute capability 9.0+, no interpreter)", flush=True)
-        return
-    libs = {"flashtune": A}
-    if fi is not None:
-        libs["flashinfer"] = fi.activation
-    for d in [14336] if quick else [4096, 14336]:
-        for t in [1, 64] if quick else [1, 8, 64, 256, 1024]:
-            args = [
-                torch.randn(t, 2 * d, dtype=torch.bfloat16, device="cuda"),
-                torch.randn(t, 2 * d, dtype=torch.bfloat16, device="cuda"),
-            ]
-            line = []
-            for name, lib in libs.items():
-                for graph in (True, False):
-                    ms = {}
-                    for pdl in (False, True):
-                        fn = silu_chain(lib, pdl)
-                        if not try_peer(f"{name} pdl={pdl}", lambda fn=fn, args=args: fn(*args)):
-                            break
-                        ms[pdl] = measure(
-                            fn, args, warmup=5, repetitions=30, cold_l2=False, use_cuda_graph=graph
-                        ).median_ms
-                    if len(ms) < 2:
-                        continue
-                    mode = "graph" if graph else "eager"
-                    for pdl, value in ms.items():
-                        writer.write(
-                            "silu_and_mul_pdl_chain",
-                            {"num_tokens": t, "hidden_size": d, "dtype": "bfloat16"},
-                            f"{name}_{'pdl' if pdl else 'nopdl'}_{mode}",
-                            value,
-                            kernels=PDL_CHAIN,
-                            pdl=pdl,
-                            launch=mode,
-                            speedup_of_pdl=round(ms[False] / ms[True], 3),
-                        )
-                    line.append(
-                        f"{name}/{mode} {ms[False] * 1e3:7.2f} -> {ms[True] * 1e3:7.2f}us "
-                        f"({ms[False] / ms[True]:.3f}x)"
-                    )
-            print(f"pdl chain t={t:5d} d={d:5d}  " + "  ".join(line), flush=True)
+    def cases():
+        for d in [14336] if quick else [4096, 14336]:
+            for t in [1, 64] if quick else [1, 8, 64, 256, 1024]:
+                args = [
+                    torch.randn(t, 2 * d, dtype=torch.bfloat16, device="cuda"),
+                    torch.randn(t, 2 * d, dtype=torch.bfloat16, device="cuda"),
+                ]
+                shape = {"num_tokens": t, "hidden_size": d, "dtype": "bfloat16"}
+                yield f"t={t:5d} d={d:5d}", shape, args
+
+    bench_pdl_chains(writer, "silu_and_mul_pdl_chain", libs, silu_chain, cases(), PDL_CHAIN)
 
 
 def _sweep(check, make_fn, tactics, args, sel: Selection, key: str):
@@ -308,16 +283,13 @@ def main() -> None:
     opts = ap.parse_args()
     if opts.pdl:
         torch.manual_seed(0)
-        fi, why = load_flashinfer()
-        print("flashinfer:", fi.__version__ if fi else f"missing ({why})", flush=True)
-        bench_pdl(RowWriter("activation_pdl"), fi, opts.quick)
+        bench_pdl(RowWriter("activation_pdl"), load_flashinfer(), opts.quick)
         return
     sel = Selection(opts.picks, sweep=not opts.no_sweep)
     torch.manual_seed(0)
     bw = copy_bandwidth_gbs()
     print(f"GPU {torch.cuda.get_device_name()}  copy bandwidth {bw:.0f} GB/s", flush=True)
-    fi, why = load_flashinfer()
-    print("flashinfer:", fi.__version__ if fi else f"missing ({why})", flush=True)
+    fi = load_flashinfer()
     t0 = time.perf_counter()
     silu = rope = []
     if opts.only in (None, "silu"):

@@ -35,7 +35,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RowWriter, Selection, copy_bandwidth_gbs, fresh_inputs  # noqa: E402
+from common import (  # noqa: E402
+    RowWriter,
+    Selection,
+    bench_pdl_chains,
+    copy_bandwidth_gbs,
+    fresh_inputs,
+    try_peer,
+)
 
 from flashtune.ops import norm as N  # noqa: E402
 from flashtune.ops.norm_config import default_tactic  # noqa: E402
@@ -49,28 +56,20 @@ BATCH = [1, 8, 64, 256, 1024, 4096, 16384]
 # ------------------------------------------------------------------------ shared bench helpers
 
 
-def load_flashinfer() -> tuple[Any, str]:
-    """(module or None, why not): import failures never kill the benchmark."""
+def load_flashinfer() -> Any:
+    """FlashInfer (with the submodules these benchmarks call) or None; prints its version or
+    why it is missing: import failures never kill the benchmark."""
     try:
         import flashinfer  # noqa: F401
         import flashinfer.activation  # noqa: F401
         import flashinfer.norm  # noqa: F401
         import flashinfer.rope  # noqa: F401
-
-        return flashinfer, ""
     except Exception as exc:  # broad on purpose: the peer is optional
-        return None, f"{type(exc).__name__}: {exc}"[:300]
-
-
-def try_peer(name: str, fn: Callable[[], Any]) -> bool:
-    """Run a peer once (JIT compile, correctness); False and a message if it fails."""
-    try:
-        fn()
-        torch.cuda.synchronize()
-        return True
-    except Exception as exc:
-        print(f"  peer {name} unavailable: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        return False
+        why = f"{type(exc).__name__}: {exc}"[:300]
+        print("flashinfer:", f"missing ({why})", flush=True)
+        return None
+    print("flashinfer:", flashinfer.__version__, flush=True)
+    return flashinfer
 
 
 def time_ms(fn: Callable[..., Any], args: list[Any], reps: int = 30) -> float:
@@ -115,48 +114,18 @@ def norm_chain(lib: Any, pdl: bool) -> Callable[..., Any]:
 
 
 def bench_pdl(writer: RowWriter, fi: Any, quick: bool) -> None:
-    from flashtune.ops import pdl as P
+    libs = {"flashtune": N, **({"flashinfer": fi.norm} if fi is not None else {})}
 
-    if not P.use_pdl(torch.device("cuda"), True):
-        print("PDL unsupported here (needs compute capability 9.0+, no interpreter)", flush=True)
-        return
-    libs = {"flashtune": N}
-    if fi is not None:
-        libs["flashinfer"] = fi.norm
-    for h in [4096] if quick else [2048, 4096, 8192]:
-        for b in [1, 64] if quick else [1, 8, 64, 256, 1024]:
-            x = torch.randn(b, h, dtype=torch.bfloat16, device="cuda")
-            args = [x, torch.randn_like(x), torch.randn(h, dtype=x.dtype, device="cuda"), x.clone()]
-            line = []
-            for name, lib in libs.items():
-                for graph in (True, False):
-                    ms = {}
-                    for pdl in (False, True):
-                        fn = norm_chain(lib, pdl)
-                        if not try_peer(f"{name} pdl={pdl}", lambda fn=fn, args=args: fn(*args)):
-                            break
-                        ms[pdl] = measure(
-                            fn, args, warmup=5, repetitions=30, cold_l2=False, use_cuda_graph=graph
-                        ).median_ms
-                    if len(ms) < 2:
-                        continue
-                    mode = "graph" if graph else "eager"
-                    for pdl, value in ms.items():
-                        writer.write(
-                            "rmsnorm_pdl_chain",
-                            {"batch_size": b, "hidden_size": h, "dtype": "bfloat16"},
-                            f"{name}_{'pdl' if pdl else 'nopdl'}_{mode}",
-                            value,
-                            kernels=PDL_CHAIN,
-                            pdl=pdl,
-                            launch=mode,
-                            speedup_of_pdl=round(ms[False] / ms[True], 3),
-                        )
-                    line.append(
-                        f"{name}/{mode} {ms[False] * 1e3:7.2f} -> {ms[True] * 1e3:7.2f}us "
-                        f"({ms[False] / ms[True]:.3f}x)"
-                    )
-            print(f"pdl chain b={b:5d} h={h:5d}  " + "  ".join(line), flush=True)
+    def cases():
+        for h in [4096] if quick else [2048, 4096, 8192]:
+            for b in [1, 64] if quick else [1, 8, 64, 256, 1024]:
+                x = torch.randn(b, h, dtype=torch.bfloat16, device="cuda")
+                residual = torch.randn_like(x)
+                w = torch.randn(h, dtype=x.dtype, device="cuda")
+                shape = {"batch_size": b, "hidden_size": h, "dtype": "bfloat16"}
+                yield f"b={b:5d} h={h:5d}", shape, [x, residual, w, x.clone()]
+
+    bench_pdl_chains(writer, "rmsnorm_pdl_chain", libs, norm_chain, cases(), PDL_CHAIN)
 
 
 # ------------------------------------------------------------------------------- rmsnorm bench
@@ -278,9 +247,7 @@ def main() -> None:
     opts = ap.parse_args()
     if opts.pdl:
         torch.manual_seed(0)
-        fi, why = load_flashinfer()
-        print("flashinfer:", fi.__version__ if fi else f"missing ({why})", flush=True)
-        bench_pdl(RowWriter("rmsnorm_pdl"), fi, opts.quick)
+        bench_pdl(RowWriter("rmsnorm_pdl"), load_flashinfer(), opts.quick)
         return
     sel = Selection(opts.picks, sweep=not opts.no_sweep)
     hidden = [4096] if opts.quick else HIDDEN
@@ -288,8 +255,7 @@ def main() -> None:
     torch.manual_seed(0)
     bw = copy_bandwidth_gbs()
     print(f"GPU {torch.cuda.get_device_name()}  copy bandwidth {bw:.0f} GB/s", flush=True)
-    fi, why = load_flashinfer()
-    print("flashinfer:", fi.__version__ if fi else f"missing ({why})", flush=True)
+    fi = load_flashinfer()
     writer = RowWriter("rmsnorm")
     if not sel.selecting:
         custom_op_overhead(writer)

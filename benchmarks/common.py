@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,70 @@ class Selection:
             subprocess.run(
                 [sys.executable, script, *sys.argv[1:], "--picks", str(path)], check=True
             )
+
+
+def try_peer(name: str, fn: Callable[[], Any]) -> bool:
+    """Run a peer once (JIT compile, correctness); False and a message if it fails."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return True
+    except Exception as exc:
+        print(f"  peer {name} unavailable: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return False
+
+
+def bench_pdl_chains(
+    writer: RowWriter,
+    op: str,
+    libs: dict[str, Any],
+    make_chain: Callable[[Any, bool], Callable[..., Any]],
+    cases: Iterable[tuple[str, dict[str, Any], list[Any]]],
+    kernels: int,
+) -> None:
+    """The --pdl benchmark of bench_norm.py and bench_elementwise.py: each chain of `kernels`
+    back-to-back kernels timed with enable_pdl False and True, inside a CUDA graph and as eager
+    launches, one row per (library, launch mode, pdl).
+
+    libs: solution name -> module with FlashInfer's names (flashtune's ops module, FlashInfer's
+    submodule); make_chain(lib, pdl) -> fn(*args); cases: (label printed, shape, args). L2
+    stays warm: a chain's data is what its previous kernel just wrote."""
+    from flashtune.ops import pdl as P
+
+    if not P.use_pdl(torch.device("cuda"), True):
+        print("PDL unsupported here (needs compute capability 9.0+, no interpreter)", flush=True)
+        return
+    for label, shape, args in cases:
+        line = []
+        for name, lib in libs.items():
+            for graph in (True, False):
+                ms = {}
+                for pdl in (False, True):
+                    fn = make_chain(lib, pdl)
+                    if not try_peer(f"{name} pdl={pdl}", lambda fn=fn, args=args: fn(*args)):
+                        break
+                    ms[pdl] = measure(
+                        fn, args, warmup=5, repetitions=30, cold_l2=False, use_cuda_graph=graph
+                    ).median_ms
+                if len(ms) < 2:
+                    continue
+                mode = "graph" if graph else "eager"
+                for pdl, value in ms.items():
+                    writer.write(
+                        op,
+                        shape,
+                        f"{name}_{'pdl' if pdl else 'nopdl'}_{mode}",
+                        value,
+                        kernels=kernels,
+                        pdl=pdl,
+                        launch=mode,
+                        speedup_of_pdl=round(ms[False] / ms[True], 3),
+                    )
+                line.append(
+                    f"{name}/{mode} {ms[False] * 1e3:7.2f} -> {ms[True] * 1e3:7.2f}us "
+                    f"({ms[False] / ms[True]:.3f}x)"
+                )
+        print(f"pdl chain {label}  " + "  ".join(line), flush=True)
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 * 2**30) -> float:

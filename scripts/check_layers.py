@@ -8,9 +8,11 @@ layer, top to bottom:
 
     cli       the package root and the `flashtune` command with its sub-commands
     features  bench, report, capture, apply
+    models    model code built from the ops (flashtune.models: the end-to-end decoder)
     ops       the kernels and their public functions
     core      tune (the autotuner) and schema
-    base      data, platform, timing, env, model shapes, the bundled dataset
+    base      data, platform, timing, env, model shapes, the bundled dataset, FlashInfer's
+              name table (flashinfer_names)
 
 Reported:
   (a) private names used across modules: `from m import _x`, `m._x` on an imported module,
@@ -45,7 +47,17 @@ MAX_LINES = 800
 # The root's submodules under FlashInfer's names (flashtune.decode, ...): the root's layer.
 FACADES = tuple(
     f"flashtune.{name}"
-    for name in ("activation", "cascade", "decode", "norm", "page", "prefill", "rope", "sampling")
+    for name in (
+        "activation",
+        "cascade",
+        "decode",
+        "norm",
+        "page",
+        "prefill",
+        "rope",
+        "sampling",
+        "sparse",
+    )
 )
 
 # Top to bottom. A module belongs to the layer of the longest prefix naming it ("flashtune"
@@ -53,6 +65,7 @@ FACADES = tuple(
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("flashtune", "flashtune.cli", *FACADES)),
     ("features", ("flashtune.bench", "flashtune.report", "flashtune.capture", "flashtune.apply")),
+    ("models", ("flashtune.models",)),
     ("ops", ("flashtune.ops",)),
     ("core", ("flashtune.tune", "flashtune.schema")),
     (
@@ -65,6 +78,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "flashtune.switches",
             "flashtune.model_shapes",
             "flashtune.dataset",
+            "flashtune.flashinfer_names",
         ),
     ),
 )

@@ -10,6 +10,14 @@ from typer.testing import CliRunner
 from flashtune.cli import app
 
 
+def _run_fresh(code: str) -> str:
+    """`code`'s stripped stdout, run in a fresh interpreter (nothing imported yet), which must
+    succeed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
 def test_import_does_not_initialize_cuda() -> None:
     code = (
         "import pkgutil, importlib, torch, flashtune, flashtune.ops as ops\n"
@@ -19,9 +27,7 @@ def test_import_does_not_initialize_cuda() -> None:
         "assert not torch.cuda.is_initialized(), 'CUDA was initialized at import'\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("ok")
+    assert _run_fresh(code).endswith("ok")
 
 
 def test_import_is_cheap_and_flashinfer_names_load_on_use() -> None:
@@ -43,9 +49,7 @@ def test_import_is_cheap_and_flashinfer_names_load_on_use() -> None:
         "assert not torch.cuda.is_initialized()\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("ok")
+    assert _run_fresh(code).endswith("ok")
 
 
 def test_env_command_lists_every_setting() -> None:

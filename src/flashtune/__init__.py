@@ -13,66 +13,12 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from flashtune import env, switches
+from flashtune import env, flashinfer_names, switches
 
 __version__ = "0.1.0"
 
-# FlashInfer's top-level names, by the submodule (facade) that defines them.
-_FLASHINFER_NAMES: dict[str, tuple[str, ...]] = {
-    "activation": ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"),
-    "cascade": (
-        "MultiLevelCascadeAttentionWrapper",
-        "merge_state",
-        "merge_state_in_place",
-        "merge_states",
-        # exported once flashtune.ops.attention has them (flashtune.cascade.OPTIONAL)
-        "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
-        "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
-    ),
-    "decode": (
-        "BatchDecodeWithPagedKVCacheWrapper",
-        "single_decode_with_kv_cache",
-        "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",  # flashtune.decode.OPTIONAL
-    ),
-    "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
-    "page": ("append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"),
-    "prefill": (
-        "BatchPrefillWithPagedKVCacheWrapper",
-        "BatchPrefillWithRaggedKVCacheWrapper",
-        "single_prefill_with_kv_cache",
-        "single_prefill_with_kv_cache_return_lse",
-    ),
-    "rope": (
-        "apply_rope",
-        "apply_rope_inplace",
-        "apply_rope_pos_ids",
-        "apply_rope_pos_ids_inplace",
-        "apply_llama31_rope",
-        "apply_llama31_rope_inplace",
-        "apply_llama31_rope_pos_ids",
-        "apply_llama31_rope_pos_ids_inplace",
-        "apply_rope_with_cos_sin_cache",
-        "apply_rope_with_cos_sin_cache_inplace",
-    ),
-    "sampling": (
-        "softmax",
-        "sampling_from_probs",
-        "sampling_from_logits",
-        "top_p_sampling_from_probs",
-        "top_k_sampling_from_probs",
-        "min_p_sampling_from_probs",
-        "top_k_top_p_sampling_from_probs",
-        "top_k_top_p_sampling_from_logits",
-        "top_p_renorm_probs",
-        "top_p_renorm_prob",
-        "top_k_renorm_probs",
-        "top_k_renorm_prob",
-        "top_k_mask_logits",
-        "chain_speculative_sampling",
-    ),
-}
 # Submodules under FlashInfer's names, loaded on first access.
-_MODULES = tuple(_FLASHINFER_NAMES)
+_MODULES = tuple(flashinfer_names.TOP_LEVEL)
 
 # Public names loaded on first use (PEP 562), so that `import flashtune` stays cheap and
 # CUDA-free: name -> the package that defines it.
@@ -88,7 +34,12 @@ _LAZY = {
     "Solution": "data",
     "Workload": "data",
     "Trace": "data",
-    **{name: module for module, names in _FLASHINFER_NAMES.items() for name in names},
+    **{
+        name: module
+        for table in (flashinfer_names.TOP_LEVEL, flashinfer_names.GROWING)
+        for module, names in table.items()
+        for name in names
+    },
 }
 
 
@@ -172,6 +123,10 @@ def _facade(name: str) -> ModuleType:
         import flashtune.sampling as sampling
 
         return sampling
+    if name == "sparse":
+        import flashtune.sparse as sparse
+
+        return sparse
     raise AttributeError(f"module 'flashtune' has no submodule {name!r}")
 
 

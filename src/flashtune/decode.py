@@ -7,23 +7,11 @@ Names the attention package is still growing (the CUDA-graph wrapper) are export
 
 from __future__ import annotations
 
-from typing import Any
-
+from flashtune.flashinfer_names import growing_attributes
 from flashtune.ops import attention
-
-# `X as X`: re-exported (the module's __all__ is computed, see __getattr__).
-from flashtune.ops.attention import (
-    BatchDecodeWithPagedKVCacheWrapper as BatchDecodeWithPagedKVCacheWrapper,
+from flashtune.ops.attention import (  # noqa: F401  (re-exported: see __getattr__'s __all__)
+    BatchDecodeWithPagedKVCacheWrapper,
+    single_decode_with_kv_cache,
 )
-from flashtune.ops.attention import single_decode_with_kv_cache as single_decode_with_kv_cache
 
-_PRESENT = ["BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"]
-OPTIONAL = ("CUDAGraphBatchDecodeWithPagedKVCacheWrapper",)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__all__":  # `from flashtune.decode import *` takes only what exists
-        return [*_PRESENT, *(n for n in OPTIONAL if hasattr(attention, n))]
-    if name in OPTIONAL and hasattr(attention, name):
-        return getattr(attention, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = growing_attributes(__name__, "decode", attention)

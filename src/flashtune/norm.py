@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from flashtune.ops.norm import (
+from flashtune.flashinfer_names import TOP_LEVEL
+from flashtune.ops.norm import (  # noqa: F401  (re-exported: __all__ is the table's)
     fused_add_rmsnorm,
     gemma_fused_add_rmsnorm,
     gemma_rmsnorm,
     rmsnorm,
 )
 
-__all__ = ["rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"]
+__all__ = list(TOP_LEVEL["norm"])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from flashtune.ops.attention import (
+from flashtune.flashinfer_names import TOP_LEVEL
+from flashtune.ops.attention import (  # noqa: F401  (re-exported: __all__ is the table's)
     append_paged_kv_cache,
     get_batch_indices_positions,
     get_seq_lens,
 )
 
-__all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
+__all__ = list(TOP_LEVEL["page"])

@@ -7,18 +7,14 @@ from typing import Any
 
 import torch
 
-from flashtune.ops.attention import (
+from flashtune.flashinfer_names import TOP_LEVEL
+from flashtune.ops.attention import (  # noqa: F401  (re-exported: __all__ is the table's)
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
     single_prefill_with_kv_cache,
 )
 
-__all__ = [
-    "BatchPrefillWithPagedKVCacheWrapper",
-    "BatchPrefillWithRaggedKVCacheWrapper",
-    "single_prefill_with_kv_cache",
-    "single_prefill_with_kv_cache_return_lse",
-]
+__all__ = list(TOP_LEVEL["prefill"])
 
 
 def single_prefill_with_kv_cache_return_lse(

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from flashtune.ops.rope import (
+from flashtune.flashinfer_names import SUBMODULE_ONLY, TOP_LEVEL
+from flashtune.ops.rope import (  # noqa: F401  (re-exported: __all__ is the table's)
     apply_llama31_rope,
     apply_llama31_rope_inplace,
     apply_llama31_rope_pos_ids,
@@ -15,18 +16,6 @@ from flashtune.ops.rope import (
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
-from flashtune.ops.rope_mla import mla_rope_quantize_fp8
+from flashtune.ops.rope_mla import mla_rope_quantize_fp8  # noqa: F401  (re-exported)
 
-__all__ = [
-    "apply_rope",
-    "apply_rope_inplace",
-    "apply_rope_pos_ids",
-    "apply_rope_pos_ids_inplace",
-    "apply_llama31_rope",
-    "apply_llama31_rope_inplace",
-    "apply_llama31_rope_pos_ids",
-    "apply_llama31_rope_pos_ids_inplace",
-    "apply_rope_with_cos_sin_cache",
-    "apply_rope_with_cos_sin_cache_inplace",
-    "mla_rope_quantize_fp8",
-]
+__all__ = [*TOP_LEVEL["rope"], *SUBMODULE_ONLY["rope"]]

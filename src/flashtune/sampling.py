@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from flashtune.ops.sampling import (
+from flashtune.flashinfer_names import TOP_LEVEL
+from flashtune.ops.sampling import (  # noqa: F401  (re-exported: __all__ is the table's)
     chain_speculative_sampling,
     min_p_sampling_from_probs,
     sampling_from_logits,
@@ -19,19 +20,4 @@ from flashtune.ops.sampling import (
     top_p_sampling_from_probs,
 )
 
-__all__ = [
-    "softmax",
-    "sampling_from_probs",
-    "sampling_from_logits",
-    "top_p_sampling_from_probs",
-    "top_k_sampling_from_probs",
-    "min_p_sampling_from_probs",
-    "top_k_top_p_sampling_from_probs",
-    "top_k_top_p_sampling_from_logits",
-    "top_p_renorm_probs",
-    "top_p_renorm_prob",
-    "top_k_renorm_probs",
-    "top_k_renorm_prob",
-    "top_k_mask_logits",
-    "chain_speculative_sampling",
-]
+__all__ = list(TOP_LEVEL["sampling"])

@@ -9,19 +9,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from _gemm_traces import gemm_trace
 from flashtune.bench.runner import RunOptions, RunResult
 from flashtune.cli import app, bundled_dataset
 from flashtune.cli.common import RESULTS, dataset_roots, default_dataset
 from flashtune.cli.run_checks import closing_traces
-from flashtune.data import (
-    Correctness,
-    Dataset,
-    Evaluation,
-    EvaluationStatus,
-    Performance,
-    Trace,
-    Workload,
-)
+from flashtune.data import Dataset, Trace
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "300"}
@@ -29,17 +22,14 @@ H100 = {"hardware": "NVIDIA H100 80GB HBM3", "torch": "2.x", "triton": "3.6"}
 
 
 def _trace(solution: str, m: int, environment: dict[str, Any] = H100) -> Trace:
-    return Trace(
-        definition="gemm_n64_k64",
-        workload=Workload(uuid=f"w{m}", axes={"M": m}),
-        solution=solution,
-        evaluation=Evaluation(
-            status=EvaluationStatus.PASSED,
-            environment=environment,
-            timestamp="2026-11-24T00:00:00+00:00",
-            correctness=Correctness(max_absolute_error=0.0, max_relative_error=0.0),
-            performance=Performance(latency_ms=1.0, reference_latency_ms=2.0, speedup_factor=2.0),
-        ),
+    return gemm_trace(
+        solution,
+        m,
+        1.0,
+        environment=environment,
+        reference_latency=2.0,
+        method=None,
+        ref_method=None,
     )
 
 

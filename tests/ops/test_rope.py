@@ -221,19 +221,6 @@ def test_cuda_grid(is_neox, dtype, nnz, hq, hk, head_size, rotary_dim):
     _close(k, kr)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("interleave", [False, True])
-def test_cuda_ragged(interleave):
-    q = torch.randn(1000, 32, 128, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(1000, 8, 128, dtype=torch.bfloat16, device="cuda")
-    indptr = torch.tensor([0, 1, 500, 1000], device="cuda", dtype=torch.int32)
-    offsets = torch.tensor([4000, 0, 17], device="cuda", dtype=torch.int32)
-    qr, kr = apply_rope_ref(q, k, indptr, offsets, None, interleave, 1.0, 5e5)
-    qo, ko = apply_rope(q, k, indptr, offsets, None, interleave, 1.0, 5e5)
-    _close(qo, qr)
-    _close(ko, kr)
-
-
 # ------------------------------------------------------------------------------- Llama 3.1
 
 
@@ -317,13 +304,21 @@ def test_llama31_bad_inputs(device):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("interleave", [False, True])
-def test_cuda_llama31(interleave):
+@pytest.mark.parametrize(
+    "op, ref, first_positions, freq",
+    [
+        (apply_rope, apply_rope_ref, [4000, 0, 17], (1.0, 5e5)),
+        (apply_llama31_rope, apply_llama31_rope_ref, [40000, 0, 8100], ()),  # its defaults
+    ],
+    ids=["rope", "llama31"],
+)
+def test_cuda_ragged(op, ref, first_positions, freq, interleave):
     q = torch.randn(1000, 32, 128, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(1000, 8, 128, dtype=torch.bfloat16, device="cuda")
     indptr = torch.tensor([0, 1, 500, 1000], device="cuda", dtype=torch.int32)
-    offsets = torch.tensor([40000, 0, 8100], device="cuda", dtype=torch.int32)
-    qr, kr = apply_llama31_rope_ref(q, k, indptr, offsets, None, interleave)
-    qo, ko = apply_llama31_rope(q, k, indptr, offsets, None, interleave)
+    offsets = torch.tensor(first_positions, device="cuda", dtype=torch.int32)
+    qr, kr = ref(q, k, indptr, offsets, None, interleave, *freq)
+    qo, ko = op(q, k, indptr, offsets, None, interleave, *freq)
     _close(qo, qr)
     _close(ko, kr)
 

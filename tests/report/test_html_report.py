@@ -10,17 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from _gemm_traces import gemm_trace
 from flashtune.cli import app
-from flashtune.data import (
-    Correctness,
-    Dataset,
-    Definition,
-    Evaluation,
-    EvaluationStatus,
-    Performance,
-    Trace,
-    Workload,
-)
+from flashtune.data import Dataset, Definition, Trace
 from flashtune.report.fast_p import family, fast_p
 from flashtune.report.html import render_html, write_html
 from flashtune.report.roofline import GBPS, TFLOPS, bytes_moved, peak_for, throughput, unit_for
@@ -56,33 +48,15 @@ GEMM = Definition.model_validate(
 
 
 def _trace(solution: str, m: int, latency: float | None, status: str = "PASSED") -> Trace:
-    perf = None
-    if latency is not None:
-        perf = Performance(
-            latency_ms=latency,
-            reference_latency_ms=10.0,
-            speedup_factor=10.0 / latency,
-            timing_method="cuda_graph",
-            reference_timing_method="cuda_graph",
-            baseline_solution="torch@gemm_n64_k64",
-            baseline_latency_ms=2.0 * m,
-            speedup_vs_baseline=2.0 * m / latency,
-        )
-    passed = status == "PASSED"
-    return Trace(
-        definition="gemm_n64_k64",
-        workload=Workload(uuid=f"w{m}", axes={"M": m}),
-        solution=solution,
-        evaluation=Evaluation(
-            status=EvaluationStatus(status),
-            environment=ENV,
-            timestamp="2026-11-24T00:01:00+00:00",
-            reason=None if passed else "needs a GPU",
-            correctness=Correctness(max_absolute_error=0.0, max_relative_error=0.0)
-            if passed
-            else None,
-            performance=perf,
-        ),
+    return gemm_trace(
+        solution,
+        m,
+        latency,
+        environment=ENV,
+        status=status,
+        timestamp="2026-11-24T00:01:00+00:00",
+        reason="needs a GPU",
+        baseline=("torch@gemm_n64_k64", 2.0 * m),
     )
 
 

@@ -3,61 +3,21 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from _gemm_traces import gemm_trace
 from flashtune.cli import app
-from flashtune.data import (
-    Correctness,
-    Dataset,
-    Evaluation,
-    EvaluationStatus,
-    Performance,
-    Trace,
-    Workload,
-)
+from flashtune.data import Dataset, Trace
 from flashtune.report.tables import TIMING_DIFFERS, compare, geomean, rank, summarize
 
 ENV = {"hardware": "NVIDIA H100 80GB HBM3", "torch": "2.x"}
 
 
-def _trace(
-    sol: str,
-    m: int,
-    latency: float | None,
-    status="PASSED",
-    baseline=None,
-    method: str | None = "cuda_graph",
-    ref_method: str | None = "cuda_graph",
-) -> Trace:
-    perf = None
-    if latency is not None:
-        perf = Performance(
-            latency_ms=latency,
-            reference_latency_ms=10.0,
-            speedup_factor=10.0 / latency,
-            timing_method=method,
-            reference_timing_method=ref_method,
-        )
-        if baseline:
-            perf.baseline_solution, perf.baseline_latency_ms = baseline
-            perf.speedup_vs_baseline = baseline[1] / latency
-    return Trace(
-        definition="gemm_n64_k64",
-        workload=Workload(uuid=f"w{m}", axes={"M": m}),
-        solution=sol,
-        evaluation=Evaluation(
-            status=EvaluationStatus(status),
-            environment=ENV,
-            timestamp="t",
-            reason=None if status == "PASSED" else "boom",
-            correctness=Correctness(max_absolute_error=0.0, max_relative_error=0.0)
-            if status == "PASSED"
-            else None,
-            performance=perf,
-        ),
-    )
+def _trace(sol: str, m: int, latency: float | None, **kwargs: Any) -> Trace:
+    return gemm_trace(sol, m, latency, environment=ENV, timestamp="t", **kwargs)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from flashtune import platform
+from flashtune.flashinfer_names import TOP_LEVEL
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.activation_config import ActivationTactic, default_tactic
 from flashtune.ops.pdl import launch_options, use_pdl
@@ -33,9 +34,7 @@ from flashtune.tune import (
 )
 
 __all__ = [
-    "silu_and_mul",
-    "gelu_and_mul",
-    "gelu_tanh_and_mul",
+    *TOP_LEVEL["activation"],  # FlashInfer's names (flashtune.flashinfer_names)
     "silu_and_mul_ref",
     "gelu_and_mul_ref",
     "gelu_tanh_and_mul_ref",
@@ -279,9 +278,7 @@ def _act_into(input: torch.Tensor, out: torch.Tensor, act: int, pdl: bool = Fals
 
 # torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
 # costs 18-21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
-@torch.library.custom_op("flashtune::gated_act_out", mutates_args=("out",))
-def _act_op(input: torch.Tensor, out: torch.Tensor, act: int, pdl: bool = False) -> None:
-    _act_into(input, out, act, pdl)
+_act_op = torch.library.custom_op("flashtune::gated_act_out", _act_into, mutates_args=("out",))
 
 
 @_act_op.register_fake
@@ -323,9 +320,8 @@ def silu_and_mul(
 def gelu_and_mul(
     input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
 ) -> torch.Tensor:
-    """GeGLU gate (exact erf GELU): gelu(input[..., :d]) * input[..., d:].
-    enable_pdl: launch with programmatic dependent launch on Hopper and later (None: the
-    default of flashtune.ops.pdl); ignored where unsupported."""
+    """GeGLU gate (exact erf GELU): gelu(input[..., :d]) * input[..., d:]. enable_pdl: as in
+    `silu_and_mul`."""
     return _gated(input, out, _GELU, enable_pdl)
 
 
@@ -334,8 +330,7 @@ def gelu_tanh_and_mul(
     input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
 ) -> torch.Tensor:
     """GeGLU gate (tanh-approximate GELU): gelu_tanh(input[..., :d]) * input[..., d:].
-    enable_pdl: launch with programmatic dependent launch on Hopper and later (None: the
-    default of flashtune.ops.pdl); ignored where unsupported."""
+    enable_pdl: as in `silu_and_mul`."""
     return _gated(input, out, _GELU_TANH, enable_pdl)
 
 

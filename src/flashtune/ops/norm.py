@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from flashtune import platform
+from flashtune.flashinfer_names import TOP_LEVEL
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.norm_config import RMSNormTactic, default_tactic
 from flashtune.ops.pdl import launch_options, use_pdl
@@ -40,10 +41,7 @@ from flashtune.tune import (
 )
 
 __all__ = [
-    "rmsnorm",
-    "fused_add_rmsnorm",
-    "gemma_rmsnorm",
-    "gemma_fused_add_rmsnorm",
+    *TOP_LEVEL["norm"],  # FlashInfer's names (flashtune.flashinfer_names)
     "rmsnorm_ref",
     "fused_add_rmsnorm_ref",
     "gemma_rmsnorm_ref",
@@ -418,16 +416,9 @@ def _fused_add_rmsnorm_inplace(
 # boundary measured 18-21 us of host time per call on the H200 machine (custom op 41 us vs
 # the direct launch 21-23 us, bench_norm.py "custom_op_overhead" rows), far above a few us,
 # so the direct eager path stays.
-@torch.library.custom_op("flashtune::rmsnorm_out", mutates_args=("out",))
-def _rmsnorm_op(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    out: torch.Tensor,
-    eps: float,
-    offset: float,
-    pdl: bool = False,
-) -> None:
-    _rmsnorm_into(input, weight, out, eps, offset, pdl)
+_rmsnorm_op = torch.library.custom_op(
+    "flashtune::rmsnorm_out", _rmsnorm_into, mutates_args=("out",)
+)
 
 
 @_rmsnorm_op.register_fake
@@ -435,16 +426,9 @@ def _(input, weight, out, eps, offset, pdl=False) -> None:
     return None
 
 
-@torch.library.custom_op("flashtune::fused_add_rmsnorm", mutates_args=("input", "residual"))
-def _fused_add_rmsnorm_op(
-    input: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    offset: float,
-    pdl: bool = False,
-) -> None:
-    _fused_add_rmsnorm_inplace(input, residual, weight, eps, offset, pdl)
+_fused_add_rmsnorm_op = torch.library.custom_op(
+    "flashtune::fused_add_rmsnorm", _fused_add_rmsnorm_inplace, mutates_args=("input", "residual")
+)
 
 
 @_fused_add_rmsnorm_op.register_fake

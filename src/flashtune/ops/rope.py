@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from flashtune import platform
+from flashtune.flashinfer_names import TOP_LEVEL
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.rope_config import RopeTactic
 from flashtune.ops.rope_kernels import RopeArgs, launch_rope, llama31_smoothing
@@ -41,16 +42,7 @@ from flashtune.tune import (
 )
 
 __all__ = [
-    "apply_rope_with_cos_sin_cache",
-    "apply_rope_with_cos_sin_cache_inplace",
-    "apply_rope",
-    "apply_rope_inplace",
-    "apply_rope_pos_ids",
-    "apply_rope_pos_ids_inplace",
-    "apply_llama31_rope",
-    "apply_llama31_rope_inplace",
-    "apply_llama31_rope_pos_ids",
-    "apply_llama31_rope_pos_ids_inplace",
+    *TOP_LEVEL["rope"],  # FlashInfer's names (flashtune.flashinfer_names)
     "run_rope",
     "rope_with_cos_sin_cache_ref",
     "apply_rope_ref",
@@ -105,13 +97,15 @@ def apply_rope_ref(
 ):
     """(q_out, k_out) for a ragged batch q [nnz, Hq, D], k [nnz, Hk, D]: token i of request b
     at position offsets[b] + i - indptr[b], frequencies rope_theta ** (-2j / rotary_dim)."""
-    import torch
-
     rd = q.shape[-1] if rotary_dim is None else rotary_dim
-    inv_freq = 1.0 / (
-        rope_theta ** (torch.arange(0, rd, 2, device=q.device, dtype=torch.float32) / rd)
-    )
+    inv_freq = _inv_freq_ref(rd, rope_theta, q.device)
     return _rotate_ragged_ref(q, k, indptr, offsets, inv_freq / rope_scale, interleave)
+
+
+def _inv_freq_ref(rotary_dim, rope_theta, device):
+    """RoPE's inverse frequencies rope_theta ** (-2j / rotary_dim), [rotary_dim / 2] fp32."""
+    exponents = torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim
+    return 1.0 / (rope_theta**exponents)
 
 
 def llama31_inv_freq(
@@ -366,19 +360,13 @@ def run_rope(
 
 def _pos_ids_ref(q3, k3, pos, args: RopeArgs):
     # The kernel's frequencies (rope_kernels.py), computed in plain PyTorch.
-    rd = args.rotary_dim
-    inv_freq = 1.0 / (
-        args.rope_theta ** (torch.arange(0, rd, 2, device=q3.device, dtype=torch.float32) / rd)
-    )
+    inv_freq = _inv_freq_ref(args.rotary_dim, args.rope_theta, q3.device)
     smooth = (inv_freq * args.smooth_a + args.smooth_b).clamp(0.0, 1.0)
     inv_freq = (1 - smooth) * inv_freq / args.rope_scale + smooth * inv_freq
     return _rotate_ref(q3, k3, pos, inv_freq, args.interleave)
 
 
-# torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
-# costs 18-21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
-@torch.library.custom_op("flashtune::rope_cos_sin_cache", mutates_args=("q_out", "k_out"))
-def _rope_cache_op(
+def _rope_cache_impl(
     q: torch.Tensor,
     k: torch.Tensor,
     q_out: torch.Tensor,
@@ -388,7 +376,23 @@ def _rope_cache_op(
     head_size: int,
     is_neox: bool,
 ) -> None:
-    _rope_cache_impl(q, k, q_out, k_out, positions, cos_sin_cache, head_size, is_neox)
+    args = RopeArgs(cos_sin_cache.shape[-1], not is_neox, True)
+    run_rope(
+        _heads_view("query", q, head_size),
+        _heads_view("key", k, head_size),
+        _heads_view("query", q_out, head_size),
+        _heads_view("key", k_out, head_size),
+        positions,
+        cos_sin_cache,
+        args,
+    )
+
+
+# torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
+# costs 18-21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
+_rope_cache_op = torch.library.custom_op(
+    "flashtune::rope_cos_sin_cache", _rope_cache_impl, mutates_args=("q_out", "k_out")
+)
 
 
 @_rope_cache_op.register_fake
@@ -419,19 +423,6 @@ def _(
     q, k, q_out, k_out, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, smooth_a, smooth_b
 ) -> None:
     return None
-
-
-def _rope_cache_impl(q, k, q_out, k_out, positions, cos_sin_cache, head_size, is_neox) -> None:
-    args = RopeArgs(cos_sin_cache.shape[-1], not is_neox, True)
-    run_rope(
-        _heads_view("query", q, head_size),
-        _heads_view("key", k, head_size),
-        _heads_view("query", q_out, head_size),
-        _heads_view("key", k_out, head_size),
-        positions,
-        cos_sin_cache,
-        args,
-    )
 
 
 def _validate_cache(positions, query, key, head_size, cos_sin_cache) -> None:
@@ -474,10 +465,17 @@ def _validate_cache(positions, query, key, head_size, cos_sin_cache) -> None:
             )
 
 
+def _outputs(q: torch.Tensor, k: torch.Tensor, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the rotated q and k go: q and k themselves, or new contiguous tensors."""
+    if inplace:
+        return q, k
+    fresh = torch.contiguous_format
+    return torch.empty_like(q, memory_format=fresh), torch.empty_like(k, memory_format=fresh)
+
+
 def _rope_cache(positions, query, key, head_size, cos_sin_cache, is_neox, inplace):
     _validate_cache(positions, query, key, head_size, cos_sin_cache)
-    q_out = query if inplace else torch.empty_like(query, memory_format=torch.contiguous_format)
-    k_out = key if inplace else torch.empty_like(key, memory_format=torch.contiguous_format)
+    q_out, k_out = _outputs(query, key, inplace)
     if torch.compiler.is_compiling():
         _rope_cache_op(query, key, q_out, k_out, positions, cos_sin_cache, head_size, is_neox)
     else:
@@ -509,8 +507,7 @@ def _positions_from_ragged(indptr: torch.Tensor, offsets: torch.Tensor, nnz: int
 
 
 def _rope_pos(q, k, pos, args: RopeArgs, inplace):
-    q_out = q if inplace else torch.empty_like(q, memory_format=torch.contiguous_format)
-    k_out = k if inplace else torch.empty_like(k, memory_format=torch.contiguous_format)
+    q_out, k_out = _outputs(q, k, inplace)
     if torch.compiler.is_compiling():
         _rope_pos_op(
             q,
@@ -535,7 +532,7 @@ Llama31 = tuple[float, float, float]
 
 
 def _freq_args(rd, interleave, rope_scale, rope_theta, llama31: Llama31 | None) -> RopeArgs:
-    smooth = (0.0, 0.0) if llama31 is None else llama31_smoothing(*llama31)
+    smooth = (0.0, 0.0) if llama31 is None else llama31_smoothing(*map(float, llama31))
     return RopeArgs(rd, bool(interleave), False, float(rope_scale), float(rope_theta), *smooth)
 
 
@@ -681,7 +678,7 @@ def apply_llama31_rope(
     old_context_len / high_freq_factor keep their frequency, longer than
     old_context_len / low_freq_factor are divided by rope_scale, a linear blend between (the
     positions themselves are not divided). Returns (q_rope, k_rope)."""
-    llama31 = (float(low_freq_factor), float(high_freq_factor), float(old_context_len))
+    llama31 = (low_freq_factor, high_freq_factor, old_context_len)
     return _ragged(
         q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, False, llama31
     )
@@ -701,7 +698,7 @@ def apply_llama31_rope_inplace(
     old_context_len: int = 8192,
 ) -> None:
     """In-place form of `apply_llama31_rope`."""
-    llama31 = (float(low_freq_factor), float(high_freq_factor), float(old_context_len))
+    llama31 = (low_freq_factor, high_freq_factor, old_context_len)
     _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, True, llama31)
 
 
@@ -718,7 +715,7 @@ def apply_llama31_rope_pos_ids(
     old_context_len: int = 8192,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`apply_rope_pos_ids` with Llama 3.1's frequency scaling (see `apply_llama31_rope`)."""
-    llama31 = (float(low_freq_factor), float(high_freq_factor), float(old_context_len))
+    llama31 = (low_freq_factor, high_freq_factor, old_context_len)
     return _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, False, llama31)
 
 
@@ -735,7 +732,7 @@ def apply_llama31_rope_pos_ids_inplace(
     old_context_len: int = 8192,
 ) -> None:
     """In-place form of `apply_llama31_rope_pos_ids`."""
-    llama31 = (float(low_freq_factor), float(high_freq_factor), float(old_context_len))
+    llama31 = (low_freq_factor, high_freq_factor, old_context_len)
     _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, True, llama31)
 
 

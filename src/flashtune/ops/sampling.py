@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from flashtune import platform
+from flashtune.flashinfer_names import TOP_LEVEL
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops import sampling_kernels as kernels
 from flashtune.ops.sampling_config import SamplingTactic
@@ -75,20 +76,7 @@ from flashtune.tune import (
 )
 
 __all__ = [
-    "softmax",
-    "sampling_from_probs",
-    "sampling_from_logits",
-    "top_p_sampling_from_probs",
-    "top_k_sampling_from_probs",
-    "min_p_sampling_from_probs",
-    "top_k_top_p_sampling_from_probs",
-    "top_k_top_p_sampling_from_logits",
-    "top_p_renorm_probs",
-    "top_p_renorm_prob",
-    "top_k_renorm_probs",
-    "top_k_renorm_prob",
-    "top_k_mask_logits",
-    "chain_speculative_sampling",
+    *TOP_LEVEL["sampling"],  # FlashInfer's names (flashtune.flashinfer_names)
     "SamplingArgs",
     "SamplingOp",
     "SamplingTactic",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -120,3 +121,40 @@ def test_causal_level_with_more_queries_than_keys(device):
     ps = 4
     level = [([0], [0], 3), ([1], [1, 2, 3], 2), ([2], [4], 1)]
     _run_case([level], [6, 5, 2], 8, 2, 64, ps, "NHD", True, device, 5)
+
+
+@pytest.mark.parametrize("stage", ["decode", "append"])
+@pytest.mark.parametrize("batch,unique_len", [(12, 37), (17, 17), (17, 37)])
+@pytest.mark.parametrize("shared_len,heads,head_dim", [(512, 16, 256), (2048, 16, 128)])
+def test_flashinfer_shared_prefix_levels_fit_their_half_of_32_mb(
+    stage, batch, unique_len, shared_len, heads, head_dim
+):
+    # FlashInfer's test_shared_prefix_kernels gives the cascade 32 MB for 2 levels; planned
+    # for an H100 (132 SMs), the shared level of these shapes once asked for 19-52 MB of
+    # partial outputs. Every level must plan in its 16 MB (plan only: no kernel runs).
+    from flashtune.ops.attention.decode_config import DecodeLaunch
+    from flashtune.ops.attention.decode_plan import Planner
+
+    qo_len = unique_len if stage == "append" else 1
+    ws = torch.empty(16 * 2**20, dtype=torch.uint8)
+    shared_qo = np.array([0, batch * qo_len])
+    own_qo = np.arange(batch + 1) * qo_len
+    own_pages = -(-unique_len // 16)
+    levels = [
+        (shared_qo, [0, shared_len // 16], list(range(shared_len // 16)), [16]),
+        (
+            own_qo,
+            list(range(0, (batch + 1) * own_pages, own_pages)),
+            list(range(batch * own_pages)),
+            [(unique_len - 1) % 16 + 1] * batch,
+        ),
+    ]
+    for qo, indptr, indices, last in levels:
+        planner = Planner(ws, False, None, None, None)
+        plan = planner.make(
+            qo, indptr, indices, last, heads, heads, head_dim, 16,
+            causal=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
+            q_dtype=torch.float16, kv_dtype=torch.float16, disable_split_kv=False,
+            fixed_split_size=None, launch=DecodeLaunch(sm_count=132),
+        )  # fmt: skip
+        assert plan.host.num_partial_rows <= plan.partial_o.shape[0]

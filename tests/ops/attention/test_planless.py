@@ -63,8 +63,8 @@ def test_paged_decode_variants(kw, device):
 
 
 def test_request_search_spans_several_steps(device, monkeypatch):
-    # More requests than one step of the in-kernel search scans (BLOCK_B capped at 16).
-    monkeypatch.setattr(planless, "_MAX_BLOCK_B", 16)
+    # More requests than one step of the in-kernel search scans (BLOCK_B set to 16).
+    monkeypatch.setattr(planless, "_SEARCH_BLOCKS", (16, 16))
     lens = [int(x) for x in torch.randint(0, 90, (37,))]
     lens[5] = 400  # one long request among short ones: split, merged
     _check(lens, 4, 1, 64, 16, "NHD", device)

@@ -180,8 +180,8 @@ def test_causal_more_queries_than_keys(device, window_left):
 
 
 def test_request_search_spans_several_steps(device, monkeypatch):
-    # More requests than one step of the in-kernel search scans (BLOCK_B capped at 16).
-    monkeypatch.setattr(planless, "_MAX_BLOCK_B", 16)
+    # More requests than one step of the in-kernel search scans (BLOCK_B set to 16).
+    monkeypatch.setattr(planless, "_SEARCH_BLOCKS", (16, 16))
     qo = [int(x) for x in torch.randint(0, 6, (37,))]
     kv = [q + int(x) for q, x in zip(qo, torch.randint(0, 8, (37,)), strict=True)]
     qo[20], kv[20] = 40, 50  # a long request past the first step

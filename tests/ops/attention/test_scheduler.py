@@ -143,3 +143,35 @@ def test_uniform_large_batch_takes_the_no_split_fast_path():
     plan = plan_work(np.arange(257), lens, np.zeros(257, np.int64), 49, group_size=4)
     assert not plan.has_split and plan.num_work == 256
     assert plan.makespan <= 4 / 3 * plan.cta_cost.mean()
+
+
+def test_partial_rows_are_capped_and_a_coarser_split_still_balances():
+    # One request of 600 queries over 2048 keys (a shared prefix in a cascade): every KV
+    # chunk adds 600 partial rows. With room for 3000 rows the plan may not exceed it, but
+    # still splits (into at most 5 chunks) instead of giving up on splitting.
+    qo, lens, ip = np.array([0, 600]), [2048], np.zeros(2, np.int64)
+    free = plan_work(qo, lens, ip, 66, group_size=1, block_m=64)
+    assert free.num_partial_rows > 3000
+    capped = plan_work(qo, lens, ip, 66, group_size=1, block_m=64, max_partial_rows=3000)
+    _coverage(capped, lens, qo, 1, 64)
+    assert 0 < capped.num_partial_rows <= 3000
+    assert capped.merge_info[:, 1].max() > 1
+    # No room for any split: one item per tile, nothing to merge.
+    none = plan_work(qo, lens, ip, 66, group_size=1, block_m=64, max_partial_rows=599)
+    _coverage(none, lens, qo, 1, 64)
+    assert not none.has_split
+
+
+def test_partial_rows_cap_keeps_decode_plans_that_fit():
+    lens = [32768] + [512] * 63
+    qo, ip = np.arange(65), np.zeros(65, np.int64)
+    free = plan_work(qo, lens, ip, 66, group_size=4)
+    capped = plan_work(qo, lens, ip, 66, group_size=4, max_partial_rows=free.num_partial_rows)
+    assert np.array_equal(free.work, capped.work)
+    assert np.array_equal(free.merge_info, capped.merge_info)
+
+
+def test_fixed_chunk_that_needs_more_partial_rows_than_fit_is_an_error():
+    qo, lens, ip = np.array([0, 600]), [2048], np.zeros(2, np.int64)
+    with pytest.raises(ValueError, match="partial rows"):
+        plan_work(qo, lens, ip, 66, block_m=64, kv_chunk_size=256, max_partial_rows=1000)

@@ -14,7 +14,17 @@ from flashtune import __version__ as flashtune_version
 
 # This package's own submodules, not flashtune's that the star import bound to these names
 # (`from . import x` would keep those: it imports nothing when the attribute exists).
-_SUBMODULES = ("activation", "cascade", "decode", "jit", "norm", "page", "prefill", "rope")
+_SUBMODULES = (
+    "activation",
+    "cascade",
+    "decode",
+    "jit",
+    "norm",
+    "page",
+    "prefill",
+    "rope",
+    "sparse",
+)
 for _name in (*_SUBMODULES, "sampling", "utils"):
     globals()[_name] = importlib.import_module(f"{__name__}.{_name}")
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from flashtune.model_shapes import ModelConfig
+from flashtune.ops.attention.aliases import WrapperAliases
 from flashtune.ops.attention.decode_config import DecodeLaunch, DecodeTactic
 from flashtune.ops.attention.decode_plan import Planner, as_dtype, as_int_tensor
 from flashtune.ops.attention.decode_run import PagedAttentionRunner, run_plan
@@ -171,7 +172,7 @@ def _schema_run(fn: Any) -> _WrapperRunOp:
 # --------------------------------------------------------------------------- public API
 
 
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(WrapperAliases):
     """Batch decode over a paged KV cache (FlashInfer's wrapper of the same name).
 
     Call `plan` once per step with the page table (it runs the CPU scheduler and fills the
@@ -395,12 +396,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         )
         return (out_t, lse_t) if return_lse else out_t
 
-    def run_return_lse(
-        self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """run(..., return_lse=True): (out, base-2 LSE), as FlashInfer's partialmethod."""
-        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)
-
     def forward(
         self,
         q: torch.Tensor,
@@ -446,15 +441,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
             v_scale=v_scale,
             return_lse=return_lse,
         )
-
-    def forward_return_lse(
-        self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Deprecated FlashInfer alias of run_return_lse (see forward)."""
-        return self.forward(q, paged_kv_cache, *args, return_lse=True, **kwargs)
-
-    def end_forward(self) -> None:
-        """FlashInfer compatibility no-op."""
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):

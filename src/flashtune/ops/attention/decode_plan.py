@@ -36,7 +36,7 @@ from flashtune.ops.attention.scheduler import (
 )
 from flashtune.ops.attention.staging import host_staging
 
-__all__ = ["DevicePlan", "Planner", "as_int_tensor", "as_dtype"]
+__all__ = ["DevicePlan", "Planner", "as_int_tensor", "as_dtype", "partial_capacity"]
 
 
 def _align256(n: int) -> int:
@@ -74,7 +74,6 @@ class DevicePlan:
     index_range: tuple[int, int] | None  # (min, max) of kv_indices[:nnz] when known cheaply
     always_merge: bool  # graph mode: launch the merge kernel even when nothing was split
     mask_window: bool  # mask by window in the kernel (else the plan trimmed the KV range)
-    max_partials: int  # most partials merged into one output row (0: nothing split)
     sm_count: int
     qo_indptr_host: np.ndarray  # [B+1] int64
     indptr_host: np.ndarray  # [B+1] int64
@@ -88,13 +87,25 @@ class _Layout:
     """Sizes of the plan's integer arrays (a planner-owned buffer) and byte offsets of its
     float scratch regions in the workspace buffer."""
 
-    ints: int  # int32 elements of [work_indptr | work | merge_info]
     max_ctas: int
     max_work: int
     max_qo: int
     max_partial: int
     num_qo_heads: int
     head_dim: int
+
+    @property
+    def work_offset(self) -> int:
+        """Where the work list starts in the integer buffer: after work_indptr, rounded up
+        to 16 bytes, so the work list and merge_info pointers are 16-byte aligned for every
+        grid size (Triton specializes a kernel on pointer alignment: an offset that is
+        aligned for some grids and not others would compile two variants)."""
+        return -(-(self.max_ctas + 1) // 4) * 4
+
+    @property
+    def ints(self) -> int:
+        """int32 elements of [work_indptr | padding | work | merge_info]."""
+        return self.work_offset + self.max_work * NUM_WORK_FIELDS + self.max_qo * 3
 
     @property
     def off_plse(self) -> int:
@@ -113,20 +124,29 @@ class _Layout:
         return self.off_po + self.max_partial * self.num_qo_heads * self.head_dim * 4
 
 
-def _make_layout(
-    max_ctas: int, max_work: int, max_qo: int, max_partial: int, num_qo_heads: int, head_dim: int
-) -> _Layout:
-    ints = (max_ctas + 1) + max_work * NUM_WORK_FIELDS + max_qo * 3
-    return _Layout(ints, max_ctas, max_work, max_qo, max_partial, num_qo_heads, head_dim)
+def _workspace_too_small(have: int, need: int) -> ValueError:
+    return ValueError(
+        f"workspace_buffer holds {have} bytes but this plan needs {need} even without KV "
+        "splits; allocate a larger workspace (FlashInfer's recommendation, 128 MB, is always "
+        "enough for decode)"
+    )
+
+
+def partial_capacity(workspace_bytes: int, max_qo: int, num_qo_heads: int, head_dim: int) -> int:
+    """The most partial rows (an fp32 output and LSE per head) a workspace of
+    `workspace_bytes` holds next to the LSE scratch of `max_qo` rows, as `_Layout` lays
+    them out; -1 when not even the scratch fits."""
+    scratch = _align256(max_qo * num_qo_heads * 4)
+    if workspace_bytes < scratch:
+        return -1
+    # 255: the partial LSE region is padded to 256 bytes.
+    return max(0, (workspace_bytes - scratch - 255) // (num_qo_heads * (head_dim + 1) * 4))
 
 
 def _carve(workspace: torch.Tensor, layout: _Layout) -> dict[str, torch.Tensor]:
-    if workspace.numel() * workspace.element_size() < layout.nbytes:
-        raise ValueError(
-            f"workspace_buffer holds {workspace.numel() * workspace.element_size()} bytes but "
-            f"this plan needs {layout.nbytes}; allocate a larger workspace (FlashInfer's "
-            "recommendation, 128 MB, is always enough for decode)"
-        )
+    have = workspace.numel() * workspace.element_size()
+    if have < layout.nbytes:  # the planner sized the layout to fit: only a bug gets here
+        raise _workspace_too_small(have, layout.nbytes)
     raw = workspace.view(torch.uint8).reshape(-1)
     h, d = layout.num_qo_heads, layout.head_dim
     return {
@@ -305,6 +325,7 @@ class Planner:
             launch,
         )
 
+        ws_bytes = self.workspace.numel() * self.workspace.element_size()
         if self.use_cuda_graph:
             if self.max_batch is not None and batch != self.max_batch:
                 raise ValueError(
@@ -316,22 +337,25 @@ class Planner:
                 raise ValueError(f"plan has {total_qo} query tokens; the wrapper holds {max_qo}")
             max_tiles = batch * max(1, -(-max_rows // block_m))
             max_work = max_work_items(num_ctas, max_tiles)
-            layout = _make_layout(
-                num_ctas,
-                max_work,
-                max_qo,
-                max_work * max(1, max_qo // max(batch, 1)),
-                num_qo_heads,
-                head_dim,
-            )
+            capacity = partial_capacity(ws_bytes, max_qo, num_qo_heads, head_dim)
+            if capacity < 0:
+                raise _workspace_too_small(ws_bytes, _align256(max_qo * num_qo_heads * 4))
+            # Partial rows: as many as the largest plan could use, or as the workspace holds
+            # (plan_work then splits no further than that, for every plan of this wrapper).
+            max_partial = min(max_work * max(1, max_qo // max(batch, 1)), capacity)
+            layout = _Layout(num_ctas, max_work, max_qo, max_partial, num_qo_heads, head_dim)
             if self._graph_layout is not None and self._graph_layout != layout:
                 raise ValueError(
                     "CUDA-graph wrapper re-planned with different heads/head_dim/batch: the "
                     "captured graph's buffers would move; build a new wrapper"
                 )
             self._graph_layout = layout
+            max_partial = layout.max_partial
         else:
             max_work = None
+            max_partial = partial_capacity(ws_bytes, max(total_qo, 1), num_qo_heads, head_dim)
+            if max_partial < 0:
+                raise _workspace_too_small(ws_bytes, _align256(total_qo * num_qo_heads * 4))
 
         host = plan_work(
             qo_indptr,
@@ -346,14 +370,15 @@ class Planner:
             chunk_align=align,
             min_chunk=min_chunk(batch, num_kv_heads, sm_count),
             max_work=max_work,
+            max_partial_rows=max_partial,
             cost=WORK_COST,
         )
         if not self.use_cuda_graph:
-            layout = _make_layout(
+            layout = _Layout(
                 num_ctas,
                 max(host.num_work, 1),
                 max(total_qo, 1),
-                max(host.num_partial_rows, 1),
+                max(host.num_partial_rows, min(1, max_partial)),
                 num_qo_heads,
                 head_dim,
             )
@@ -364,9 +389,9 @@ class Planner:
         cuda = self.device.type == "cuda"
         staging = host_staging(self.device) if cuda else None
         ints = staging.host_buffer(layout.ints) if staging else regions["ints"].numpy()
-        c, w = layout.max_ctas + 1, layout.max_work * NUM_WORK_FIELDS
+        c, w = layout.work_offset, layout.max_work * NUM_WORK_FIELDS
         ints[: host.num_ctas + 1] = host.work_indptr
-        if c > host.num_ctas + 1:  # graph mode: the CTAs past the plan's run nothing
+        if c > host.num_ctas + 1:  # graph mode's idle CTAs run nothing (and the padding)
             ints[host.num_ctas + 1 : c] = host.work_indptr[-1]
         ints[c : c + host.work.size] = host.work.reshape(-1)
         ints[c + w : c + w + host.merge_info.size] = host.merge_info.reshape(-1)
@@ -425,7 +450,6 @@ class Planner:
             index_range=index_range,
             always_merge=self.use_cuda_graph,
             mask_window=window_left >= 0 and not single,
-            max_partials=int(host.merge_info[:, 1].max()) if host.num_partial_rows else 0,
             sm_count=sm_count,
             qo_indptr_host=qo_indptr,
             indptr_host=ip,
@@ -445,10 +469,10 @@ class Planner:
             buf = torch.empty(layout.ints, dtype=torch.int32, device=self.device)
             self._ints_buf = buf
         ints = buf[: layout.ints]
-        c, w = layout.max_ctas + 1, layout.max_work * NUM_WORK_FIELDS
+        c, w = layout.work_offset, layout.max_work * NUM_WORK_FIELDS
         views = {
             "ints": ints,
-            "work_indptr": ints[:c],
+            "work_indptr": ints[: layout.max_ctas + 1],
             "work": ints[c : c + w].view(layout.max_work, NUM_WORK_FIELDS),
             "merge_info": ints[c + w : c + w + layout.max_qo * 3].view(layout.max_qo, 3),
         }

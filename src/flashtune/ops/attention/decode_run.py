@@ -151,7 +151,6 @@ def launch_kernels(
             plan.merge_info,
             out,
             lse,
-            max_count=None if plan.always_merge else plan.max_partials,
             sm_count=plan.sm_count,
         )
 

@@ -313,7 +313,6 @@ def merge_partials(
     merge_info: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
-    max_count: int | None = None,
     sm_count: int | None = None,
 ) -> None:
     """Combine split-KV partial results into `out`/`lse` rows (internal, used by plan/run).
@@ -321,8 +320,12 @@ def merge_partials(
     partial_o: [P, H, D] fp32; partial_lse: [P, H] fp32; merge_info: [T, 3] int32 giving,
     for output row t, (first partial row, count, row stride); count 0 leaves row t as is.
     out: [T, H, D] (last dim contiguous); lse: [T, H] fp32 contiguous.
-    max_count: the most partials of any row when known (sizes the step; None: 32).
     sm_count: the SMs to fill (None: the device's, `platform.device_limits`).
+
+    The tile sizes do not follow the batch, so that a new batch never compiles a new
+    variant: BLOCK_S, the partials loaded per step, is 32 for every plan (what the CUDA-graph
+    decode always used; more partials take a few steps); BLOCK_D has two values, the whole
+    head_dim or, with fewer (row, head) pairs than SMs, 32-wide slices.
     """
     t, h, d = out.shape
     if t == 0 or h == 0:
@@ -331,15 +334,9 @@ def merge_partials(
         sm_count = platform.device_limits(out.device).sm_count
     block_d_full = triton.next_power_of_2(d)
     # Fewer (row, head) pairs than SMs: split head_dim so the partials of a row are read by
-    # several CTAs in one step (batch 1: 32 pairs -> 128 CTAs of 32 dims).
-    splits = 1
-    while t * h * splits < sm_count and block_d_full // (splits * 2) >= 32:
-        splits *= 2
-    block_d = block_d_full // splits
-    count = 32 if max_count is None else max(1, max_count)
-    # All partials of a row in one step when they fit: <= 64 x 32 fp32 or 32 x 128 per CTA.
-    block_s = max(2, min(triton.next_power_of_2(count), 8192 // block_d, 64))
-    _merge_partials_kernel[(t, h, splits)](
+    # several CTAs in one step (batch 1 at 32 heads, d128: 32 pairs -> 128 CTAs of 32 dims).
+    block_d = min(block_d_full, 32) if t * h < sm_count else block_d_full
+    _merge_partials_kernel[(t, h, block_d_full // block_d)](
         partial_o,
         partial_lse,
         merge_info,
@@ -350,7 +347,7 @@ def merge_partials(
         out.stride(1),
         HEAD_DIM=d,
         BLOCK_D=block_d,
-        BLOCK_S=block_s,
+        BLOCK_S=32,
     )
 
 

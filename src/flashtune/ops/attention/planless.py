@@ -65,18 +65,23 @@ __all__ = ["paged_decode", "paged_decode_examples"]
 
 _TABLE_INPUTS = ("kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale")
 
-# Requests scanned per step when a program looks for its work item: one step covers the
-# batch for batch <= 1024 (more requests take a few steps of cheap L2 hits).
-_MAX_BLOCK_B = 1024
+# The two widths of the in-kernel request search (see search_block).
+_SEARCH_BLOCKS = (128, 1024)
 
 
 def search_block(batch: int) -> int:
-    """BLOCK_B of the in-kernel request search (decode and prefill): the batch rounded up to
-    a power of two, between 16 and _MAX_BLOCK_B."""
-    return min(_MAX_BLOCK_B, max(16, next_pow2(batch)))
+    """BLOCK_B of the in-kernel request search (decode and prefill): the requests scanned
+    per step when a program looks for its work item. Two values only, so that batch sizes
+    share compiled kernels: 128 up to 128 requests, else 1024 (one step up to 1024
+    requests; more take a few steps of cheap L2 hits). A wider block costs registers in the
+    search (8 lanes per thread at 1024), a narrower one more dependent steps per program."""
+    narrow, wide = _SEARCH_BLOCKS
+    return narrow if batch <= narrow else wide
 
 
-@triton.jit
+# batch and chunk vary with every call: not specialized (Triton would compile a variant for
+# values equal to 1 and for multiples of 16), they only bound loops and offsets.
+@triton.jit(do_not_specialize=["batch", "chunk"])
 def _planless_decode_kernel(
     q_ptr,  # [B, H_qo, D]
     k_ptr,  # [num_pages, page_size, H_kv, D] logical (strided)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from flashtune.model_shapes import ModelConfig
+from flashtune.ops.attention.aliases import WrapperAliases
 from flashtune.ops.attention.page import (
     KV_LAYOUTS,
     build_page_table,
@@ -274,13 +275,14 @@ def _run(
     return (out, lse) if return_lse else out  # type: ignore[return-value]
 
 
-class _PrefillWrapperBase:
+class _PrefillWrapperBase(WrapperAliases):
     def __init__(
         self,
         workspace_buffer: torch.Tensor,
         kv_layout: str,
         use_cuda_graph: bool,
-        graph_buffers: dict[str, Any] | None = None,
+        paged: bool,
+        **graph_buffers: torch.Tensor | None,
     ):
         if not isinstance(workspace_buffer, torch.Tensor):
             raise TypeError(
@@ -291,13 +293,15 @@ class _PrefillWrapperBase:
         self._workspace = workspace_buffer
         self._kv_layout = kv_layout
         self._use_cuda_graph = use_cuda_graph
+        self._paged = paged
         self._plan: PrefillPlan | None = None
         self._plan_args: dict[str, Any] = {}  # make_plan's arguments of the last plan()
         # Graph mode (prefill_graph.py): plans write into fixed buffers, run launches alike.
         self._graph: PrefillGraph | None = None
         if use_cuda_graph:
-            assert graph_buffers is not None
-            self._graph = PrefillGraph(workspace_buffer.device, **graph_buffers)
+            # A ragged wrapper has no page-table buffers.
+            buffers = {"kv_indices_buf": None, "kv_last_page_len_buf": None, **graph_buffers}
+            self._graph = PrefillGraph(workspace_buffer.device, paged=paged, **buffers)
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -313,8 +317,15 @@ class _PrefillWrapperBase:
         return self._plan
 
     def _make_plan(self, **kwargs: Any) -> None:
-        self._plan_args = kwargs
-        self._plan = make_plan(**kwargs)
+        """make_plan with this wrapper's kind, device, workspace and graph buffers."""
+        self._plan_args = dict(
+            paged=self._paged,
+            device=self.device,
+            workspace=self._workspace,
+            graph=self._graph,
+            **kwargs,
+        )
+        self._plan = make_plan(**self._plan_args)
 
     def _replan_variant(
         self,
@@ -329,7 +340,7 @@ class _PrefillWrapperBase:
         """FlashInfer's deprecated forward() sets the variant at run time; the work list
         depends on it, so plan again (same batch) where it differs from the plan's."""
         self._require_plan()
-        wanted = dict(
+        wanted: dict[str, Any] = dict(
             causal=causal,
             pos_encoding_mode=pos_encoding_mode,
             window_left=window_left,
@@ -339,7 +350,8 @@ class _PrefillWrapperBase:
             rope_theta=rope_theta,
         )
         if any(self._plan_args[k] != v for k, v in wanted.items()):
-            self._make_plan(**{**self._plan_args, **wanted})
+            self._plan_args.update(wanted)
+            self._plan = make_plan(**self._plan_args)
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, *args: Any) -> None:
         self._workspace = float_workspace_buffer
@@ -364,16 +376,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         mask_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
     ) -> None:
-        buffers: dict[str, Any] = dict(
+        super().__init__(
+            float_workspace_buffer,
+            kv_layout,
+            use_cuda_graph,
+            paged=True,
             qo_indptr_buf=qo_indptr_buf,
             kv_indptr_buf=paged_kv_indptr_buf,
             kv_indices_buf=paged_kv_indices_buf,
             kv_last_page_len_buf=paged_kv_last_page_len_buf,
             custom_mask_buf=custom_mask_buf,
             mask_indptr_buf=mask_indptr_buf,
-            paged=True,
         )
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, buffers)
 
     def plan(
         self,
@@ -411,8 +425,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         self._make_plan(
-            paged=True,
-            device=self.device,
             qo_indptr=qo_indptr,
             kv_indptr=paged_kv_indptr,
             kv_indices=paged_kv_indices,
@@ -431,16 +443,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             logits_soft_cap=logits_soft_cap,
             q_data_type=q_data_type,
             kv_data_type=kv_data_type,
-            workspace=self._workspace,
-            graph=self._graph,
             rope_scale=rope_scale,
             rope_theta=rope_theta,
         )
 
     begin_forward = plan
-
-    def end_forward(self) -> None:
-        """FlashInfer compatibility no-op."""
 
     def run(
         self,
@@ -483,11 +490,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         scales = _run_scales(q_scale, k_scale, v_scale)
         return _run(plan, q, k, v, out, lse, return_lse, scales)
 
-    def run_return_lse(
-        self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)  # type: ignore
-
     def forward(
         self,
         q: torch.Tensor,
@@ -518,11 +520,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         )
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
 
-    def forward_return_lse(
-        self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.forward(q, paged_kv_cache, *args, return_lse=True, **kwargs)
-
 
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
     """Batch prefill attention over ragged (concatenated) K/V tensors (FlashInfer-compatible)."""
@@ -538,16 +535,16 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         mask_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
     ) -> None:
-        buffers: dict[str, Any] = dict(
+        super().__init__(
+            float_workspace_buffer,
+            kv_layout,
+            use_cuda_graph,
+            paged=False,
             qo_indptr_buf=qo_indptr_buf,
             kv_indptr_buf=kv_indptr_buf,
-            kv_indices_buf=None,
-            kv_last_page_len_buf=None,
             custom_mask_buf=custom_mask_buf,
             mask_indptr_buf=mask_indptr_buf,
-            paged=False,
         )
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, buffers)
 
     def plan(
         self,
@@ -573,8 +570,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
     ) -> None:
         """Validate the batch and build the work list (CPU, from the lengths alone)."""
         self._make_plan(
-            paged=False,
-            device=self.device,
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
             kv_indices=None,
@@ -593,15 +588,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             logits_soft_cap=logits_soft_cap,
             q_data_type=q_data_type,
             kv_data_type=kv_data_type,
-            graph=self._graph,
             rope_scale=rope_scale,
             rope_theta=rope_theta,
         )
 
     begin_forward = plan
-
-    def end_forward(self) -> None:
-        """FlashInfer compatibility no-op."""
 
     def run(
         self,
@@ -640,11 +631,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         scales = _run_scales(q_scale, k_scale, v_scale)
         return _run(plan, q, k, v, out, lse, return_lse, scales)
 
-    def run_return_lse(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.run(q, k, v, *args, return_lse=True, **kwargs)  # type: ignore
-
     def forward(
         self,
         q: torch.Tensor,
@@ -672,11 +658,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             rope_theta,
         )
         return self.run(q, k, v, return_lse=return_lse)
-
-    def forward_return_lse(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.forward(q, k, v, *args, return_lse=True, **kwargs)
 
 
 def single_prefill_with_kv_cache(

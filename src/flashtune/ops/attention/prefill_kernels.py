@@ -236,7 +236,10 @@ def device_item(
     return req, tok0, qo_start, qo_len, kv_len, kv_off
 
 
-@triton.jit
+# batch (the plan-free launch's request count) varies with every call: not specialized
+# (Triton would compile a variant for batch 1 and for multiples of 16); it only bounds the
+# request search.
+@triton.jit(do_not_specialize=["batch"])
 def prefill_kernel(
     Q,  # [total_q, num_qo_heads, HEAD_DIM]
     K,  # paged: [num_pages, PAGE_SIZE, num_kv_heads, HEAD_DIM] (strided); ragged: [total_kv, H, D]

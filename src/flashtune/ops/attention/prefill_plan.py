@@ -26,7 +26,7 @@ from flashtune.ops.attention.prefill_config import (
 )
 from flashtune.ops.attention.prefill_graph import LaunchSignature, PrefillGraph
 from flashtune.ops.attention.rotary import rope_for
-from flashtune.ops.attention.staging import host_int64, host_staging
+from flashtune.ops.attention.staging import host_int64, host_staging, packed_offsets
 from flashtune.tune import DEFAULT_TACTIC, Tactic
 
 __all__ = [
@@ -391,18 +391,16 @@ def _pack_ints(
     device: torch.device, arrays: list[np.ndarray], dst: torch.Tensor | None = None
 ) -> list[torch.Tensor]:
     """int32 device copies of `arrays`: one buffer (`dst` when given, written in place), one
-    (async, pinned) host-to-device copy."""
+    (async, pinned) host-to-device copy; each array starts 16-byte aligned (packed_offsets)."""
     sizes = [a.size for a in arrays]
-    total = sum(sizes)
+    offsets, total = packed_offsets(sizes)
     if device.type == "cuda":
         staging = host_staging(device)
         buf = staging.host_buffer(total)
     else:
         buf = np.empty(total, np.int32)
-    off = 0
-    for a, n in zip(arrays, sizes, strict=True):
-        buf[off : off + n] = a
-        off += n
+    for a, off in zip(arrays, offsets, strict=True):
+        buf[off : off + a.size] = a
     if dst is not None:
         assert dst.numel() == total and dst.dtype == torch.int32
     if device.type == "cuda":
@@ -413,11 +411,7 @@ def _pack_ints(
         dev.copy_(torch.from_numpy(buf))
     else:
         dev = torch.from_numpy(buf)
-    out, off = [], 0
-    for n in sizes:
-        out.append(dev[off : off + n])
-        off += n
-    return out
+    return [dev[off : off + n] for off, n in zip(offsets, sizes, strict=True)]
 
 
 def check_page_ids(plan: PrefillPlan, kv_indices: torch.Tensor) -> None:

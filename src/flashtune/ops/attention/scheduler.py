@@ -184,6 +184,51 @@ def _snake(costs: np.ndarray, num_ctas: int) -> tuple[np.ndarray, np.ndarray, np
     return order, cta_sorted, acc
 
 
+def _partial_rows(t_len: np.ndarray, t_qo: np.ndarray, chunk: int, chunk_align: int) -> int:
+    """Partial rows of a split into `chunk`-token chunks: every chunk of a split request
+    writes one row per query token (t_qo: the request's qo_len on its first tile, else 0)."""
+    n, _ = _chunks_per_tile(t_len, chunk, chunk_align)
+    return int(t_qo @ np.where(n > 1, n, 0))
+
+
+def _fit_partial_rows(
+    candidates: list[int],
+    t_len: np.ndarray,
+    t_qo: np.ndarray,
+    chunk_align: int,
+    max_partial_rows: int,
+    forced: bool,
+) -> list[int]:
+    """The chunk candidates whose partial rows fit in `max_partial_rows`, plus the smallest
+    aligned chunk that fits when some did not (more partials than the workspace holds would
+    otherwise fail the plan; a coarser split still balances better than none). `forced`: the
+    caller fixed the chunk size, so one that does not fit is an error, not replaced."""
+    rows = [_partial_rows(t_len, t_qo, c, chunk_align) for c in candidates]
+    keep = [c for c, r in zip(candidates, rows, strict=True) if r <= max_partial_rows]
+    if len(keep) == len(candidates):
+        return candidates
+    if forced:
+        raise ValueError(
+            f"a KV chunk of {candidates[0]} tokens needs {rows[0]} partial rows but the "
+            f"workspace (or a CUDA-graph wrapper's fixed buffers) holds {max_partial_rows}; "
+            "use a larger split size or workspace"
+        )
+    # Partial rows only shrink as chunks grow, so the chunks that fit lie above every
+    # dropped one: bisect on multiples of the alignment, up to the longest tile (unsplit).
+    lo = max(c for c in candidates if c not in keep) // chunk_align + 1
+    hi = max(lo, -(-int(t_len.max()) // chunk_align))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _partial_rows(t_len, t_qo, mid * chunk_align, chunk_align) <= max_partial_rows:
+            hi = mid
+        else:
+            lo = mid + 1
+    fit = lo * chunk_align
+    if fit < int(t_len.max()) and fit not in keep:
+        keep = sorted([fit, *keep])
+    return keep
+
+
 def max_work_items(num_ctas: int, max_tiles: int) -> int:
     """An upper bound on `plan_work`'s item count: the size of graph-mode work buffers."""
     # Chunks are never shorter than total / (4 * num_ctas), so at most 4 * num_ctas chunk
@@ -396,6 +441,7 @@ def plan_work(
     chunk_align: int = 64,
     min_chunk: int = 256,
     max_work: int | None = None,
+    max_partial_rows: int | None = None,
     cost: CostModel = CostModel(),
 ) -> WorkPlan:
     """Partition a batch's attention into work items dealt to `num_ctas` CTAs.
@@ -407,7 +453,8 @@ def plan_work(
     sliding window); KV before it is skipped entirely. split_kv=False keeps each tile in
     one item (the unbalanced baseline); kv_chunk_size forces a chunk size.
     max_work: the most items allowed (graph mode's fixed buffers); chunk sizes giving more
-    are not considered.
+    are not considered. max_partial_rows: the most partial rows the workspace holds; chunk
+    sizes needing more are replaced by the smallest chunk that fits (unsplit always fits).
 
     Vectorized with numpy (no Python loop over requests or items): plan() runs once per
     step and, in the bundled benchmark, once per timed call, and each numpy call costs about
@@ -468,6 +515,16 @@ def plan_work(
             {_align_up(max(min_chunk, math.ceil(base / k)), chunk_align) for k in (1, 2, 4)}
         )
         candidates.append(no_split)
+    if max_partial_rows is not None and candidates[0] != no_split:
+        # Chunks of >= c tokens give a request at most kv_len // c + 1 partial sets of qo_len
+        # rows each: when that bound fits, no candidate needs checking (decode, mostly).
+        qo_max = 1 if one_tile and total_qo == batch else int(qo_lens.max())
+        req_kv = total_kv if one_tile else int(kv_lens.sum())
+        if qo_max * (req_kv // candidates[0] + batch) > max_partial_rows:
+            t_qo = qo_lens if one_tile else np.where(t_row == 0, qo_lens[t_req], 0)
+            candidates = _fit_partial_rows(
+                candidates, t_len, t_qo, chunk_align, max_partial_rows, kv_chunk_size is not None
+            )
 
     if len(candidates) > 1 and t_len.size <= _SMALL_TILES:
         scored = _rank_small(
@@ -580,6 +637,8 @@ def plan_work(
         req = t_req[tile]
         pb = part_base[req]
         work[:, 7] = np.where(pb < 0, -1, pb + i_c[item] * qo_lens[req])
+    # _fit_partial_rows kept only the chunks that fit.
+    assert max_partial_rows is None or num_partial <= max_partial_rows
     return WorkPlan(
         num_ctas=num_ctas,
         work_indptr=work_indptr,

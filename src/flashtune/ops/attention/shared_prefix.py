@@ -28,33 +28,57 @@ __all__ = [
 ]
 
 
-def _prefix_state(
-    q: torch.Tensor,
-    k_shared: torch.Tensor,
-    v_shared: torch.Tensor,
-    kv_layout: str,
-    sm_scale: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of every query token of q [tokens, Hq, D] over the whole shared prefix."""
-    out, lse = single_prefill_with_kv_cache(
-        q, k_shared, v_shared, causal=False, kv_layout=kv_layout, sm_scale=sm_scale, return_lse=True
-    )
-    return out, lse
+class _SharedPrefixWrapper:
+    """What both wrappers share: the wrapper of the unique part, and the merge of its
+    attention state with the shared prefix's."""
+
+    def __init__(
+        self,
+        unique: BatchDecodeWithPagedKVCacheWrapper | BatchPrefillWithPagedKVCacheWrapper,
+        kv_layout: str,
+    ) -> None:
+        self._unique = unique
+        self._kv_layout = kv_layout
+
+    def end_forward(self) -> None:
+        """FlashInfer compatibility no-op."""
+
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: Any = None
+    ) -> None:
+        self._unique.reset_workspace_buffer(float_workspace_buffer)
+
+    def _with_prefix(
+        self,
+        q: torch.Tensor,
+        k_shared: torch.Tensor,
+        v_shared: torch.Tensor,
+        sm_scale: float | None,
+        unique: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """The attention of every query token of q [tokens, Hq, D] over the whole shared
+        prefix (non-causal), merged with `unique`, its (out, lse) over its own pages."""
+        out, lse = single_prefill_with_kv_cache(
+            q,
+            k_shared,
+            v_shared,
+            causal=False,
+            kv_layout=self._kv_layout,
+            sm_scale=sm_scale,
+            return_lse=True,
+        )
+        merge_state_in_place(out, lse, *unique)
+        return out
 
 
-class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
+class BatchDecodeWithSharedPrefixPagedKVCacheWrapper(_SharedPrefixWrapper):
     """Decode of a batch sharing one prefix (FlashInfer's wrapper of the same name)."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
         self._batch_decode_wrapper = BatchDecodeWithPagedKVCacheWrapper(
             float_workspace_buffer, kv_layout
         )
-        self._kv_layout = kv_layout
-
-    def reset_workspace_buffer(
-        self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: Any = None
-    ) -> None:
-        self._batch_decode_wrapper.reset_workspace_buffer(float_workspace_buffer)
+        super().__init__(self._batch_decode_wrapper, kv_layout)
 
     def begin_forward(
         self,
@@ -92,30 +116,20 @@ class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
     ) -> torch.Tensor:
         """q [batch, Hq, D] over the shared prefix then each request's own pages."""
         # The plan's scale is FlashInfer's default too: 1 / sqrt(head_dim).
-        out, lse = _prefix_state(q, k_shared, v_shared, self._kv_layout, None)
-        out_unique, lse_unique = self._batch_decode_wrapper.run_return_lse(q, unique_kv_cache)
-        merge_state_in_place(out, lse, out_unique, lse_unique)
-        return out
+        unique = self._batch_decode_wrapper.run_return_lse(q, unique_kv_cache)
+        return self._with_prefix(q, k_shared, v_shared, None, unique)
 
     run = forward
 
-    def end_forward(self) -> None:
-        """FlashInfer compatibility no-op."""
 
-
-class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
+class BatchPrefillWithSharedPrefixPagedKVCacheWrapper(_SharedPrefixWrapper):
     """Prefill/append of a batch sharing one prefix (FlashInfer's wrapper of the same name)."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
         self._batch_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(
             float_workspace_buffer, kv_layout
         )
-        self._kv_layout = kv_layout
-
-    def reset_workspace_buffer(
-        self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: Any = None
-    ) -> None:
-        self._batch_prefill_wrapper.reset_workspace_buffer(float_workspace_buffer)
+        super().__init__(self._batch_prefill_wrapper, kv_layout)
 
     def begin_forward(
         self,
@@ -156,14 +170,9 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
     ) -> torch.Tensor:
         """q [qo_indptr[-1], Hq, D] over the shared prefix (non-causal) then each request's
         own pages (`causal` applies there, aligned bottom-right)."""
-        out, lse = _prefix_state(q, k_shared, v_shared, self._kv_layout, sm_scale)
-        out_unique, lse_unique = self._batch_prefill_wrapper.forward_return_lse(
+        unique = self._batch_prefill_wrapper.forward_return_lse(
             q, unique_kv_cache, causal=causal, sm_scale=sm_scale
         )
-        merge_state_in_place(out, lse, out_unique, lse_unique)
-        return out
+        return self._with_prefix(q, k_shared, v_shared, sm_scale, unique)
 
     run = forward
-
-    def end_forward(self) -> None:
-        """FlashInfer compatibility no-op."""

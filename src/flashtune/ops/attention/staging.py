@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["HostStaging", "host_staging", "host_int64"]
+__all__ = ["HostStaging", "host_staging", "host_int64", "packed_offsets"]
 
 
 class HostStaging:
@@ -83,3 +83,15 @@ def host_int64(*tensors: torch.Tensor) -> list[np.ndarray]:
         return [t.detach().numpy().astype(np.int64) for t in tensors]
     cuda = next(t.device for t in tensors if t.device.type != "cpu")
     return host_staging(cuda).to_host([t.detach() for t in tensors])
+
+
+def packed_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """(offset of each array, total elements) of int32 arrays of `sizes` packed into one
+    buffer, each starting on a 16-byte boundary: Triton specializes kernels on pointer
+    alignment, so a view whose alignment followed the batch size would compile a second
+    variant of every kernel that reads it."""
+    offsets, off = [], 0
+    for n in sizes:
+        offsets.append(off)
+        off += -(-n // 4) * 4
+    return offsets, off

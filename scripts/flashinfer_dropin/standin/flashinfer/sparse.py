@@ -1,0 +1,3 @@
+"""`flashinfer.sparse` served by `flashtune.sparse`."""
+
+from flashtune.sparse import *  # noqa: F403

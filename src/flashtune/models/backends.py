@@ -1,0 +1,184 @@
+"""The model's hot ops, one class per backend: the switch `Llama(backend=...)` turns.
+
+- "torch": eager PyTorch (F.linear, F.rms_norm, SDPA over the gathered cache, sort-based
+  sampling): the baseline, and what torch.compile compiles;
+- "flashtune": flashtune's ops (gemm.mm, norm, rope, activation, the paged attention
+  wrappers, sampling), dispatched through its autotuner and apply table like any caller's;
+- "flashinfer": FlashInfer's kernels where it has them (norms, RoPE, SiLU-and-mul,
+  attention, sampling), imported when the backend is built; GEMM stays torch's (cuBLAS), as
+  FlashInfer has no general bf16 GEMM a model would call.
+
+Greedy decoding is an argmax in every backend (no library ships a faster one).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from flashtune.models.attention import (
+    AttentionShape,
+    GraphShape,
+    PagedAttention,
+    TorchDecodeAttention,
+    TorchPrefillAttention,
+    WrapperDecodeAttention,
+    WrapperPrefillAttention,
+)
+
+__all__ = ["BACKENDS", "Ops", "FlashtuneOps", "FlashinferOps", "make_ops"]
+
+BACKENDS = ("torch", "flashtune", "flashinfer")
+
+
+class Ops:
+    """Eager PyTorch. Methods that say "in place" overwrite their arguments, as the
+    FlashInfer ops of the same name do."""
+
+    name = "torch"
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [M, K] @ weight [N, K].T -> [M, N]."""
+        return F.linear(x, weight)
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm over the last dimension of x [..., H] (x may be a strided view)."""
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    def fused_add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> None:
+        """In place: residual += x; x = rmsnorm(residual)."""
+        residual.add_(x)
+        x.copy_(F.rms_norm(residual, (residual.shape[-1],), weight, eps))
+
+    def rope(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+    ) -> None:
+        """In place: rotate q [nnz, Hq, D] and k [nnz, Hk, D] (NeoX halves) by the rows of
+        cos_sin [max_position, D] (float32, cos then sin) at `positions` [nnz]."""
+        cos, sin = cos_sin[positions].chunk(2, dim=-1)  # [nnz, D / 2] each
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        for x in (q, k):
+            x1, x2 = x.float().chunk(2, dim=-1)
+            x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(x[..., :d]) * x[..., d:] for x [..., 2d]."""
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def top_k_top_p(
+        self,
+        logits: torch.Tensor,
+        top_k: int,
+        top_p: float,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """One token per row of logits [B, V], drawn from the top_k most likely tokens
+        renormalized, then the smallest set of those holding top_p of their mass."""
+        probs = torch.softmax(logits.float(), dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        sorted_probs[:, top_k:] = 0
+        sorted_probs /= sorted_probs.sum(dim=-1, keepdim=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs[mass_before > top_p] = 0  # the first token is always kept
+        drawn = torch.multinomial(sorted_probs, 1, generator=generator)
+        return order.gather(-1, drawn).squeeze(-1).to(torch.int32)
+
+    def decode_attention(
+        self, shape: AttentionShape, graph: GraphShape | None = None
+    ) -> PagedAttention:
+        return TorchDecodeAttention(shape, graph)
+
+    def prefill_attention(self, shape: AttentionShape) -> PagedAttention:
+        return TorchPrefillAttention(shape)
+
+
+class FlashtuneOps(Ops):
+    """flashtune's ops for every hot op."""
+
+    name = "flashtune"
+
+    def __init__(self) -> None:
+        from flashtune.ops import activation, attention, gemm, norm, rope, sampling
+
+        self._activation, self._attention, self._gemm = activation, attention, gemm
+        self._norm, self._rope, self._sampling = norm, rope, sampling
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._gemm.mm(x, weight)
+        return out
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out: torch.Tensor = self._norm.rmsnorm(x, weight, eps)
+        return out
+
+    def fused_add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> None:
+        self._norm.fused_add_rmsnorm(x, residual, weight, eps)
+
+    def rope(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+    ) -> None:
+        self._rope.apply_rope_with_cos_sin_cache_inplace(
+            positions, q, k, q.shape[-1], cos_sin, is_neox=True
+        )
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._activation.silu_and_mul(x)
+        return out
+
+    def top_k_top_p(
+        self,
+        logits: torch.Tensor,
+        top_k: int,
+        top_p: float,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        out: torch.Tensor = self._sampling.top_k_top_p_sampling_from_logits(
+            logits, top_k, top_p, generator=generator
+        )
+        return out
+
+    def decode_attention(
+        self, shape: AttentionShape, graph: GraphShape | None = None
+    ) -> PagedAttention:
+        return WrapperDecodeAttention(self._attention, shape, graph)
+
+    def prefill_attention(self, shape: AttentionShape) -> PagedAttention:
+        return WrapperPrefillAttention(self._attention, shape)
+
+
+class FlashinferOps(FlashtuneOps):
+    """FlashInfer's kernels through the same calls (its names and signatures are the ones
+    flashtune follows); GEMM is torch's (cuBLAS)."""
+
+    name = "flashinfer"
+
+    def __init__(self) -> None:
+        try:
+            import flashinfer
+        except ImportError as exc:
+            raise RuntimeError(
+                "the flashinfer backend needs FlashInfer (pip install flashinfer-python)"
+            ) from exc
+        lib: ModuleType = flashinfer
+        self._activation = self._attention = self._norm = self._rope = self._sampling = lib
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight)
+
+
+def make_ops(backend: str) -> Ops:
+    """The ops of `backend` (one of BACKENDS)."""
+    if backend == "torch":
+        return Ops()
+    if backend == "flashtune":
+        return FlashtuneOps()
+    if backend == "flashinfer":
+        return FlashinferOps()
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
