@@ -22,6 +22,7 @@ Two entry points:
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -585,10 +586,6 @@ def _measure_robust_gpu(
             if method == "cuda_graph":
                 raise
             fallback = str(exc)
-            # The capture may have left lazily built state half-made (a workspace allocated
-            # into the dead graph's pool): warm up again, eagerly, before timing eagerly.
-            per_call_ms = calls.warm_up(max(warmup, 1), warmup_ms, max_seconds)
-            per_sample = _calls_for(target_sample_ms, per_call_ms, max_calls)
         else:
             results = [
                 _sample_graph(graph, per_sample, calls.stream, repetitions, trial_ms, max_seconds)
@@ -598,6 +595,17 @@ def _measure_robust_gpu(
                 after(_replayer(graph, calls.stream), calls.results)
             del graph
             return _combine(results)
+    if fallback is not None:
+        # The dead graph and what the capture allocated in its private pool live as long as
+        # the exception's frames (a reference cycle): free them before running eagerly. Seen
+        # on an H100: a reference whose capture failed at a host sync kept tens of GB
+        # reserved while it then ran eagerly, and the next workload ran out of memory.
+        gc.collect()
+        torch.cuda.empty_cache()
+        # The capture may have left lazily built state half-made (a workspace allocated
+        # into the dead graph's pool): warm up again, eagerly, before timing eagerly.
+        per_call_ms = calls.warm_up(max(warmup, 1), warmup_ms, max_seconds)
+        per_sample = _calls_for(target_sample_ms, per_call_ms, max_calls)
     results = [
         _sample_device_wide(calls, per_sample, repetitions, trial_ms, max_seconds)
         for _ in range(trials)
