@@ -325,6 +325,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--repetitions", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--loop",
+        action="store_true",
+        help="issue 19's loop instead of the grid: capture into --dataset, benchmark the "
+        "captured workloads, enable_apply, run again (benchmarks/e2e_loop.py)",
+    )
+    parser.add_argument("--dataset", help="the loop's dataset directory (created)")
     args = parser.parse_args(argv)
     unknown = set(args.backends) - set(BACKENDS)
     if unknown:
@@ -334,11 +341,42 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_loop_mode(args: argparse.Namespace) -> int:
+    """--loop: capture -> benchmark -> apply -> run again on the flashtune model."""
+    from e2e_loop import format_report, run_loop
+
+    if not args.dataset:
+        print("--loop needs --dataset DIR")
+        return 1
+    config = CONFIGS[args.config]
+    if args.layers:
+        config = config.with_layers(args.layers)
+    tiny = args.config == "tiny"
+    prompt_lens = (5, 9, 3) if tiny else (512, 100, 37)
+    model = Llama(
+        config,
+        "flashtune",
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        page_size=4 if tiny else PAGE_SIZE,
+        num_pages=64 if tiny else 1024,
+        seed=args.seed,
+    )
+    devices = ["cpu"] if args.device == "cpu" else [str(torch.device(args.device, 0))]
+    report = run_loop(
+        model, Path(args.dataset), devices, prompt_lens=prompt_lens, decode_steps=8, seed=args.seed
+    )
+    print(format_report(report))
+    return 0 if report.same_tokens else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_e2e needs a GPU (or --device cpu --config tiny for the code path)")
         return 1
+    if args.loop:
+        return run_loop_mode(args)
     torch._dynamo.config.cache_size_limit = 256  # one graph per grid point, not 8
     points = decode_grid(
         args.batches or (QUICK_BATCHES if args.quick else BATCHES),

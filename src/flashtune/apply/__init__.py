@@ -13,7 +13,7 @@ import sys
 import types
 from typing import Any
 
-from flashtune.apply.adapters import builtin_adapters, enable_adapters
+from flashtune.apply.adapters import builtin_adapters, enable_adapters, families
 from flashtune.apply.patching import ArgBinder, ContextStore, PatchManager
 from flashtune.apply.runtime import (
     ApplyHandle,
@@ -40,6 +40,11 @@ __all__ = [
     "enable_apply",
     "load_solution",
 ]
+
+# The ops' result conventions under apply (a wrapper's run returns `out` unless asked for
+# lse; in-place norms and RoPE) are registered by the adapter family modules: load them with
+# the package, or enable_apply (and FLASHTUNE_APPLY) would hand back a solution's raw outputs.
+families()
 
 
 class _CallableModule(types.ModuleType):

@@ -12,6 +12,7 @@ from typing import Any, Union
 
 import torch
 
+from flashtune.data.constraints import evaluate_constraint
 from flashtune.data.models import ConstAxis, Definition, DType, TensorSpec, VarAxis
 
 __all__ = ["Var", "Const", "Tensor", "Scalar", "OpSchema", "BoundCall", "dtype_name"]
@@ -211,12 +212,30 @@ class OpSchema:
         for name, spec in self.inputs.items():
             if isinstance(spec, Tensor) and name in inputs and spec.dtype is not None:
                 dtypes[name] = spec.dtype
+        for axis, value in self._derived_axes(axes).items():
+            set_axis(axis, value, "a constraint")
         for axis, axis_spec in self.axes.items():
             if isinstance(axis_spec, Const) and axis not in axes:
                 raise ValueError(
                     f"{self.name_prefix}: const axis {axis!r} cannot be resolved from the arguments"
                 )
         return BoundCall(self, axes, inputs, dtypes, dict(arguments))
+
+    def _derived_axes(self, axes: Mapping[str, int]) -> dict[str, int]:
+        """Var axes no input shows (an output's width: silu_and_mul's hidden_size) but a
+        constraint `axis == expr` of the known axes fixes: without them a captured Workload
+        lacks a var axis of its Definition and is invalid."""
+        derived: dict[str, int] = {}
+        for constraint in self.constraints:
+            axis, sep, expr = constraint.partition("==")
+            axis = axis.strip()
+            if not sep or axis in axes or not isinstance(self.axes.get(axis), Var):
+                continue
+            try:
+                derived[axis] = int(evaluate_constraint(expr.strip(), axes))
+            except Exception:  # noqa: BLE001 - a constraint over inputs, not axes alone
+                continue
+        return derived
 
     def _dtype_of(self, spec: Tensor, call: BoundCall) -> DType:
         if spec.dtype is not None:
