@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from flashtune.model_shapes import ModelConfig
+from flashtune.ops.attention.aliases import WrapperAliases
 from flashtune.ops.attention.prefill import BatchPrefillWithPagedKVCacheWrapper
 from flashtune.ops.attention.sparse_schema import BLOCK_SPARSE_ATTENTION
 from flashtune.schema import api
@@ -139,9 +140,9 @@ def unpack_mask_bits(packed: torch.Tensor, num_bits: int) -> torch.Tensor:
     return bits.reshape(-1)[:num_bits].bool()
 
 
-class BlockSparseAttentionWrapper:
-    """Attention under a block-sparse (BSR) mask with R x C blocks (FlashInfer-compatible):
-    plan(indptr, indices, M, N, R, C, ...) then run(q [M, Hq, D], k/v [N, Hkv, D])."""
+class _SparseWrapper(WrapperAliases):
+    """What both block-sparse wrappers share: the workspace, the paged prefill wrapper they
+    configure, and FlashInfer's workspace / alias methods."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
         if not isinstance(float_workspace_buffer, torch.Tensor):
@@ -154,14 +155,6 @@ class BlockSparseAttentionWrapper:
         self._backend = backend  # a hint: one Triton prefill serves every backend
         self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, "NHD")
         self._plan_args: dict[str, Any] | None = None
-        self._o_dtype: torch.dtype | None = None
-        # (indptr, indices, sm_scale or None, logits_soft_cap) when the plan is the plain
-        # configuration the Definition describes (run goes through block_sparse_attention).
-        self._plain: tuple[torch.Tensor, torch.Tensor, float | None, float | None] | None = None
-        self.M: int | None = None
-        self.N: int | None = None
-        self.R: int | None = None
-        self.C: int | None = None
 
     def reset_workspace_buffer(
         self,
@@ -173,6 +166,22 @@ class BlockSparseAttentionWrapper:
         """The int and vector-sparse buffers are FlashInfer's FA3 scratch: not needed here."""
         self._float_workspace_buffer = float_workspace_buffer
         self._prefill.reset_workspace_buffer(float_workspace_buffer)
+
+
+class BlockSparseAttentionWrapper(_SparseWrapper):
+    """Attention under a block-sparse (BSR) mask with R x C blocks (FlashInfer-compatible):
+    plan(indptr, indices, M, N, R, C, ...) then run(q [M, Hq, D], k/v [N, Hkv, D])."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
+        super().__init__(float_workspace_buffer, backend)
+        self._o_dtype: torch.dtype | None = None
+        # (indptr, indices, sm_scale or None, logits_soft_cap) when the plan is the plain
+        # configuration the Definition describes (run goes through block_sparse_attention).
+        self._plain: tuple[torch.Tensor, torch.Tensor, float | None, float | None] | None = None
+        self.M: int | None = None
+        self.N: int | None = None
+        self.R: int | None = None
+        self.C: int | None = None
 
     def plan(
         self,
@@ -271,9 +280,6 @@ class BlockSparseAttentionWrapper:
         self._plan_args = args  # set last: a plan that raised leaves the previous one whole
 
     begin_forward = plan
-
-    def end_forward(self) -> None:
-        """FlashInfer compatibility no-op."""
 
     def run(
         self,
@@ -418,36 +424,16 @@ def variable_block_page_table(
     return qo_indptr, kv_indptr, kv_indices
 
 
-class VariableBlockSparseAttentionWrapper:
+class VariableBlockSparseAttentionWrapper(_SparseWrapper):
     """Block-sparse attention with variable block sizes and a pattern per KV head
     (FlashInfer-compatible): plan(block_mask_map [Hkv, MB, NB], block_row_sz [Hkv, MB],
     block_col_sz [Hkv, NB], ...) then run(q [Hq, qo_len, D], k/v [Hkv, kv_len, D])."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
-        if not isinstance(float_workspace_buffer, torch.Tensor):
-            raise TypeError(
-                "float_workspace_buffer must be a torch.Tensor, got "
-                f"{type(float_workspace_buffer).__name__}"
-            )
-        self._float_workspace_buffer = float_workspace_buffer
-        self.device = float_workspace_buffer.device
-        self._backend = backend
-        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, "NHD")
-        self._plan_args: dict[str, Any] | None = None
+        super().__init__(float_workspace_buffer, backend)
         self._num_kv_heads = 0
         self._qo_len = 0
         self._kv_len = 0
-
-    def reset_workspace_buffer(
-        self,
-        float_workspace_buffer: torch.Tensor,
-        int_workspace_buffer: torch.Tensor | None = None,
-        vector_sparse_indices_buffer: torch.Tensor | None = None,
-        vector_sparse_indptr_buffer: torch.Tensor | None = None,
-    ) -> None:
-        """The int and vector-sparse buffers are FlashInfer's FA3 scratch: not needed here."""
-        self._float_workspace_buffer = float_workspace_buffer
-        self._prefill.reset_workspace_buffer(float_workspace_buffer)
 
     def plan(
         self,
@@ -523,9 +509,6 @@ class VariableBlockSparseAttentionWrapper:
         self._plan_args = args
 
     begin_forward = plan
-
-    def end_forward(self) -> None:
-        """FlashInfer compatibility no-op."""
 
     def run(
         self,
