@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
 import pickle
 import time
 import traceback
@@ -271,6 +272,8 @@ def evaluate_workload(
     except Exception as exc:  # noqa: BLE001 - a failing reference fails its workload only
         status = EvaluationStatus.RUNTIME_ERROR
         reason = f"reference failed: {type(exc).__name__}: {exc}"
+        if device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError):
+            reason += f" [{_device_memory_note(device)}]"
         if isinstance(exc, InputError):
             status, reason = EvaluationStatus.INCORRECT_SHAPE, f"workload input error: {exc}"
         text = log.getvalue() + traceback.format_exc()
@@ -320,6 +323,22 @@ class _Failed(Exception):
     def __init__(self, status: EvaluationStatus, reason: str, verdict: Verdict | None = None):
         super().__init__(reason)
         self.status, self.reason, self.verdict = status, reason, verdict
+
+
+def _device_memory_note(device: torch.device) -> str:
+    """One line on the worker's CUDA memory when a reference runs out of it: whether the
+    allocator cache (reserved but unallocated) or live tensors hold it, and its settings."""
+    stats = torch.cuda.memory_stats(device)
+    gib = 1 << 30
+    reserved = stats.get("reserved_bytes.all.current", 0) / gib
+    allocated = stats.get("allocated_bytes.all.current", 0) / gib
+    free, total = torch.cuda.mem_get_info(device)
+    return (
+        f"worker memory: {allocated:.1f} GiB allocated, {reserved:.1f} GiB reserved, "
+        f"{free / gib:.1f} of {total / gib:.1f} GiB free on the device, "
+        f"{stats.get('num_alloc_retries', 0)} allocation retries, "
+        f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}"
+    )
 
 
 def _evaluate_one(
