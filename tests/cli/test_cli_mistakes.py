@@ -147,7 +147,7 @@ def test_run_says_it_synthesizes_missing_blobs(tmp_path: Path) -> None:
 def test_ctrl_c_says_how_far_and_how_to_resume(monkeypatch: pytest.MonkeyPatch) -> None:
     import flashtune.bench.runner as runner_module
 
-    def interrupted(opts, console=None, progress=True, on_trace=None, on_start=None):
+    def interrupted(opts, console=None, progress=True, on_trace=None, on_start=None, pool=None):
         on_start(5)
         for _ in range(2):
             on_trace(None)

@@ -15,6 +15,10 @@ the worker's snapshot) and the run's own start time, `run_started`, stamped here
 CPU workload cap: on a CPU device only the `CPU_WORKLOAD_CAP` smallest workloads of each
 definition run (by input bytes), unless `max_workloads` says otherwise: CPU numbers are a
 smoke test of the harness and the solutions, not a benchmark.
+
+Where the tasks run is a `WorkerPool`: `LocalPool` (one worker per device of this host, the
+default) or a Ray cluster's (`flashtune.bench.ray.RayPool`, one worker actor per GPU); the
+selection, --resume and the trace files are this module's either way.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flashtune.bench.build import solution_hash
 from flashtune.bench.evaluate import BenchConfig, make_trace
@@ -41,6 +45,9 @@ from flashtune.data.synth import resolve_axes
 __all__ = [
     "RunOptions",
     "RunResult",
+    "RunProgress",
+    "WorkerPool",
+    "LocalPool",
     "run_benchmark",
     "CPU_WORKLOAD_CAP",
     "environment_key",
@@ -80,6 +87,9 @@ class RunResult:
     load_errors: list[LoadError]
     environment: dict[str, Any]
     workload_cap: int | None = None
+    # The pool's closing lines: a cluster's triples per node and its lost workers (empty
+    # for a local run).
+    pool_notes: list[str] = field(default_factory=list)
 
 
 def environment_key(environment: dict[str, Any]) -> tuple[Any, ...]:
@@ -146,13 +156,18 @@ def _select(
     return groups
 
 
-class _Progress:
-    """Live progress (rich), thread-safe: done/total, current definitions, failures."""
+class RunProgress:
+    """Live progress (rich), thread-safe: done/total, current definitions, failures, and with
+    `per_node` (a cluster run) the triples finished on each node (its `host`) and the workers
+    each node lost."""
 
-    def __init__(self, total: int, console: Any, enabled: bool) -> None:
+    def __init__(self, total: int, console: Any, enabled: bool, per_node: bool = False) -> None:
         self.done = 0
         self.failures = 0
         self.current: dict[str, str] = {}
+        self.per_node = per_node
+        self.done_on: dict[str, int] = {}
+        self.lost_on: dict[str, int] = {}
         self.lock = threading.Lock()
         self.progress = None
         if enabled:
@@ -170,13 +185,14 @@ class _Progress:
                 MofNCompleteColumn(),
                 TextColumn("failures: {task.fields[failures]}"),
                 TimeElapsedColumn(),
+                TextColumn("{task.fields[nodes]}"),
                 TextColumn("{task.description}"),
                 console=console,
                 transient=False,
             )
-            self.task = self.progress.add_task("", total=total, failures=0)
+            self.task = self.progress.add_task("", total=total, failures=0, nodes="")
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> RunProgress:
         if self.progress is not None:
             self.progress.start()
         return self
@@ -196,7 +212,27 @@ class _Progress:
             status = trace.evaluation.status if trace.evaluation else None
             if status not in (EvaluationStatus.PASSED, EvaluationStatus.SKIPPED):
                 self.failures += 1
+            if self.per_node and trace.evaluation is not None:
+                node = str(trace.evaluation.environment.get("host", "?"))
+                self.done_on[node] = self.done_on.get(node, 0) + 1
             self._refresh()
+
+    def worker_lost(self, node: str) -> None:
+        """A worker on `node` died (or its node did): counted beside the node's triples."""
+        with self.lock:
+            self.lost_on[node] = self.lost_on.get(node, 0) + 1
+            self._refresh()
+
+    def nodes_text(self) -> str:
+        """'host-a 12, host-b 9 (1 worker lost)': triples done per node, losses beside."""
+        parts = []
+        for node in sorted(set(self.done_on) | set(self.lost_on)):
+            lost = self.lost_on.get(node, 0)
+            text = f"{node} {self.done_on.get(node, 0)}"
+            if lost:
+                text += f" ({lost} worker{'s' if lost > 1 else ''} lost)"
+            parts.append(text)
+        return ", ".join(parts)
 
     def _refresh(self) -> None:
         if self.progress is not None:
@@ -204,8 +240,112 @@ class _Progress:
                 self.task,
                 completed=self.done,
                 failures=self.failures,
+                nodes=self.nodes_text(),
                 description=", ".join(sorted(set(self.current.values()))),
             )
+
+
+class WorkerPool(Protocol):
+    """Where a run's tasks are evaluated: the devices of this host (`LocalPool`) or a Ray
+    cluster's GPUs (flashtune.bench.ray). The runner selects the tasks and writes every
+    trace; a pool only evaluates, and hands each trace to `record` as it arrives."""
+
+    per_node: bool  # progress shows per-node counts (a pool that spans machines)
+
+    def start(self, options: dict[str, Any]) -> list[dict[str, Any]]:
+        """Start the workers (`options`: what `worker._worker_main` takes); -> each worker's
+        environment (`platform.snapshot`)."""
+        ...
+
+    def cpu_only(self) -> bool:
+        """Whether every worker runs on a CPU (the run then gets the CPU workload cap)."""
+        ...
+
+    def execute(
+        self,
+        tasks: list[Task],
+        timeout: float,
+        record: Callable[[Trace], None],
+        display: RunProgress,
+    ) -> None:
+        """Evaluate every task; every solution of every task gets exactly one `record`ed trace."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the workers (they save their autotune caches)."""
+        ...
+
+    def notes(self) -> list[str]:
+        """Closing lines about the workers (a cluster: triples per node, lost workers)."""
+        ...
+
+
+class LocalPool:
+    """One worker process per device of this host, fed by one thread each from one queue."""
+
+    per_node = False
+
+    def __init__(self, devices: Sequence[str], autotune_cache: Path | None = None) -> None:
+        self.devices = list(devices)
+        self.autotune_cache = autotune_cache
+        self.workers: list[Worker] = []
+
+    def start(self, options: dict[str, Any]) -> list[dict[str, Any]]:
+        for i, device in enumerate(self.devices):
+            worker_options = dict(options)
+            if options.get("autotune") and self.autotune_cache is not None:
+                cache = self.autotune_cache
+                if len(self.devices) > 1:  # one file per worker; `flashtune tune merge` them
+                    cache = cache.with_name(f"{cache.stem}.{i}{cache.suffix}")
+                worker_options["autotune_cache"] = str(cache)
+            self.workers.append(Worker(device, worker_options))
+        _start_all(self.workers)
+        return [w.environment for w in self.workers]
+
+    def cpu_only(self) -> bool:
+        return all(d == "cpu" for d in self.devices)
+
+    def execute(
+        self,
+        tasks: list[Task],
+        timeout: float,
+        record: Callable[[Trace], None],
+        display: RunProgress,
+    ) -> None:
+        work: queue.Queue[Task] = queue.Queue()
+        for task in tasks:
+            work.put(task)
+        fallback = self.workers[0].environment
+
+        def failure(task: Task, sol: Solution, status: EvaluationStatus, why: str) -> Trace:
+            env = next((w.environment for w in self.workers if w.environment), fallback)
+            return make_trace(task.definition.name, task.workload, sol, status, env, why, why)
+
+        def feed(worker: Worker) -> None:
+            while True:
+                try:
+                    task = work.get_nowait()
+                except queue.Empty:
+                    return
+                display.working_on(worker.device, task.definition.name)
+                try:
+                    worker.run(task, timeout, record, failure)
+                except WorkerError as exc:  # the device cannot host a worker any more
+                    for sol in task.solutions:
+                        record(failure(task, sol, EvaluationStatus.RUNTIME_ERROR, str(exc)))
+
+        feeders = [threading.Thread(target=feed, args=(w,), daemon=True) for w in self.workers]
+        for thread in feeders:
+            thread.start()
+        for thread in feeders:
+            thread.join()
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    def notes(self) -> list[str]:
+        return []
 
 
 def run_benchmark(
@@ -214,9 +354,11 @@ def run_benchmark(
     progress: bool = True,
     on_trace: Callable[[Trace], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    pool: WorkerPool | None = None,
 ) -> RunResult:
-    """Evaluate the selected triples of `opts.datasets` on `opts.devices`; return the traces.
-    `on_start` gets the number of triples to evaluate once it is known (before the first)."""
+    """Evaluate the selected triples of `opts.datasets` on `pool` (default: `opts.devices` of
+    this host); return the traces. `on_start` gets the number of triples to evaluate once it
+    is known (before the first)."""
     started = time.perf_counter()
     run_started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out = opts.out.expanduser().resolve()
@@ -226,30 +368,22 @@ def run_benchmark(
             roots.append(root)
     source = Dataset([Path(d) for d in opts.datasets])
     sink = Dataset(roots)  # writes go to `out`; definitions come from the sources
-    all_cpu = all(d == "cpu" for d in opts.devices)
-    cap = (
-        opts.max_workloads
-        if opts.max_workloads is not None
-        else (CPU_WORKLOAD_CAP if all_cpu else None)
-    )
-    groups = _select(source, opts, cap)
     worker_options: dict[str, Any] = {
         "config": {k: v for k, v in vars(opts.config).items()},
         "roots": [str(Path(d).expanduser().resolve()) for d in opts.datasets],
         "autotune": opts.autotune,
         "run_started": run_started,  # for platform.snapshot(device, run_started)
     }
-    workers = []
-    for i, device in enumerate(opts.devices):
-        options = dict(worker_options)
-        if opts.autotune and opts.autotune_cache is not None:
-            cache = opts.autotune_cache
-            if len(opts.devices) > 1:  # one file per worker, merge with `flashtune tune merge`
-                cache = cache.with_name(f"{cache.stem}.{i}{cache.suffix}")
-            options["autotune_cache"] = str(cache)
-        workers.append(Worker(device, options))
-    _start_all(workers)
-    environment = {**workers[0].environment, "run_started": run_started}
+    if pool is None:
+        pool = LocalPool(opts.devices, opts.autotune_cache)
+    environments = pool.start(worker_options)
+    environment = {**environments[0], "run_started": run_started}
+    cap = (
+        opts.max_workloads
+        if opts.max_workloads is not None
+        else (CPU_WORKLOAD_CAP if pool.cpu_only() else None)
+    )
+    groups = _select(source, opts, cap)
 
     # --resume: what is already traced for this content, environment and code
     done_keys: set[tuple[Any, ...]] = set()
@@ -261,13 +395,14 @@ def run_benchmark(
         return hashes[id(s)]
 
     if opts.resume:
-        key = (environment_key(environment), code_key(environment))
+        # A triple traced on any GPU model of this pool counts (a cluster may hold several).
+        keys = {(environment_key(env), code_key(env)) for env in environments}
         for name in sorted({g[0].name for g in groups}):
             for t in sink.traces_for(name):
                 ev = t.evaluation
                 if ev is None or t.solution is None:
                     continue
-                if (environment_key(ev.environment), code_key(ev.environment)) == key:
+                if (environment_key(ev.environment), code_key(ev.environment)) in keys:
                     done_keys.add(
                         (
                             t.definition,
@@ -296,9 +431,6 @@ def run_benchmark(
     authors = {(d.name, s.name): s.author for d, _, sols in groups for s in sols}
     traces: list[Trace] = []
     lock = threading.Lock()
-    work: queue.Queue[Task] = queue.Queue()
-    for task in tasks:
-        work.put(task)
 
     def record(trace: Trace) -> None:
         if trace.evaluation is not None:  # the run's start, whatever the worker put there
@@ -315,31 +447,9 @@ def run_benchmark(
         if on_trace is not None:
             on_trace(trace)
 
-    def failure(task: Task, sol: Solution, status: EvaluationStatus, why: str) -> Trace:
-        env = next((w.environment for w in workers if w.environment), environment)
-        return make_trace(task.definition.name, task.workload, sol, status, env, why, why)
-
-    def feed(worker: Worker) -> None:
-        while True:
-            try:
-                task = work.get_nowait()
-            except queue.Empty:
-                return
-            display.working_on(worker.device, task.definition.name)
-            try:
-                worker.run(task, opts.timeout, record, failure)
-            except WorkerError as exc:  # the device cannot host a worker any more
-                for sol in task.solutions:
-                    record(failure(task, sol, EvaluationStatus.RUNTIME_ERROR, str(exc)))
-
-    with _Progress(total, console, progress) as display:
-        feeders = [threading.Thread(target=feed, args=(w,), daemon=True) for w in workers]
-        for thread in feeders:
-            thread.start()
-        for thread in feeders:
-            thread.join()
-    for w in workers:
-        w.stop()
+    with RunProgress(total, console, progress, per_node=pool.per_node) as display:
+        pool.execute(tasks, opts.timeout, record, display)
+    pool.stop()
     return RunResult(
         traces=traces,
         out=out,
@@ -349,6 +459,7 @@ def run_benchmark(
         load_errors=load_errors,
         environment=environment,
         workload_cap=cap,
+        pool_notes=pool.notes(),
     )
 
 

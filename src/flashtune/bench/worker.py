@@ -29,7 +29,14 @@ from typing import Any
 
 from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace, Workload
 
-__all__ = ["Task", "Worker", "WorkerError", "default_devices", "parse_devices"]
+__all__ = [
+    "Task",
+    "Worker",
+    "WorkerError",
+    "default_devices",
+    "faster_baseline",
+    "parse_devices",
+]
 
 _STARTUP_TIMEOUT_S = 120.0
 _PING_TIMEOUT_S = 30.0
@@ -58,6 +65,18 @@ class Task:
             "baselines": list(self.baselines),
             "baseline_latency": self.baseline_latency,
         }
+
+
+def faster_baseline(
+    baseline: tuple[str, float] | None, trace: Trace, baselines: list[str]
+) -> tuple[str, float] | None:
+    """The (name, latency) the remaining solutions of a task compare to, after `trace`: the
+    fastest baseline traced so far (a task resumed elsewhere carries it along)."""
+    perf = trace.evaluation.performance if trace.evaluation else None
+    if trace.solution in baselines and perf is not None and trace.solution is not None:
+        if baseline is None or perf.latency_ms < baseline[1]:
+            return (trace.solution, perf.latency_ms)
+    return baseline
 
 
 # --------------------------------------------------------------------------- worker side
@@ -284,10 +303,7 @@ class Worker:
             done, current, failure = outcome
             pending = [s for s in pending if s.name not in done]
             for trace in done.values():
-                perf = trace.evaluation.performance if trace.evaluation else None
-                if trace.solution in task.baselines and perf is not None:
-                    if baseline is None or perf.latency_ms < baseline[1]:
-                        baseline = (trace.solution, perf.latency_ms)
+                baseline = faster_baseline(baseline, trace, task.baselines)
             if failure is None:
                 ok, why = self.healthy()
                 if not ok:

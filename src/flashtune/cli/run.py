@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from flashtune.cli.common import (
     bundled_dataset,
@@ -94,9 +95,17 @@ def run_command(
         None, "--autotune-cache", help="autotune cache file to load and save"
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live progress display"),
+    ray: Optional[str] = typer.Option(
+        None,
+        "--ray",
+        metavar="ADDRESS",
+        help="run on a Ray cluster, one worker per GPU: 'auto' (the cluster `ray start` runs "
+        "here), 'host:port' of its head, or 'local' (start one on this machine); docs/ray.md",
+    ),
 ) -> None:
     """Check and time every (definition, solution, workload) triple; append Traces to --out."""
     from flashtune.bench.evaluate import BenchConfig
+    from flashtune.bench.ray import ClusterError, RayPool
     from flashtune.bench.runner import RunOptions, run_benchmark
     from flashtune.bench.worker import WorkerError, parse_devices
 
@@ -128,8 +137,10 @@ def run_command(
             "satisfies the definition's constraints); `flashtune validate` lists them",
             highlight=False,
         )
+    if ray is not None and devices is not None:
+        fail("--devices and --ray: a cluster run uses every GPU of the cluster; pick one", code=2)
     try:
-        device_list = parse_devices(devices)
+        device_list = parse_devices(devices) if ray is None else ["cpu"]
     except ValueError as exc:
         fail(str(exc), code=2)
     problem, visible = check_devices(device_list)
@@ -160,6 +171,7 @@ def run_command(
         autotune_cache=autotune_cache,
     )
     count = Counted()
+    pool = None if ray is None else RayPool(ray, autotune_cache=autotune_cache)
     try:
         result = run_benchmark(
             opts,
@@ -167,14 +179,17 @@ def run_command(
             progress=not quiet,
             on_trace=count.trace,
             on_start=count.start,
+            pool=pool,
         )
-    except WorkerError as exc:
+    except (WorkerError, ClusterError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         err_console.print(count.interrupted_message(out), highlight=False)
         raise typer.Exit(130) from None
     for error in result.load_errors:
         warn(f"{error} (skipped)")
+    for note in result.pool_notes:  # a cluster's triples per node, its lost workers
+        err_console.print(f"cluster: {escape(note)}", highlight=False)
     print_closing(result, opts, out, console)
 
 

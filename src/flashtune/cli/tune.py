@@ -1,7 +1,12 @@
 """`flashtune tune`: tune ops ahead of time at a model's shapes, and merge config files.
 
     flashtune tune --ops gemm,rmsnorm --model llama-3.1-8b --cache cfg.json
+    flashtune tune --ops gemm --model llama-3.1-8b --cache cfg.json --ray auto
     flashtune tune merge rank0.json rank1.json -o cfg.json
+
+With --ray, the (op, token bucket) jobs are dealt over a Ray cluster's GPUs of one model,
+each GPU tuning into a cache file of its own; those are merged into --cache with `merge`'s
+merge (docs/ray.md).
 
 What an op name means comes from the op schemas (flashtune.tune.targets): each op's example
 calls at the model's shapes, re-made at every power-of-two token count up to --max-tokens.
@@ -11,8 +16,9 @@ subcommand beside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import typer
@@ -24,7 +30,7 @@ from flashtune.tune.runner import pow2_buckets
 if TYPE_CHECKING:
     from flashtune.tune.targets import TuneCall
 
-__all__ = ["app", "register", "tune_targets_for"]
+__all__ = ["app", "register", "tune_jobs", "tune_on_cluster", "tune_targets_for"]
 
 app = typer.Typer(
     help="Tune ops at a model's shapes over the token buckets, and merge autotune config files.",
@@ -72,12 +78,17 @@ def tune(
     max_tokens: int = typer.Option(8192, "--max-tokens", help="Largest token bucket to tune."),
     dtype: str = typer.Option("bfloat16", "--dtype", help=f"One of {', '.join(_DTYPES)}."),
     device: str = typer.Option("cuda", "--device", help="Device to tune on."),
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        metavar="ADDRESS",
+        help="Spread the jobs over a Ray cluster's GPUs (one model): 'auto', 'host:port' or "
+        "'local'; needs --cache, which gets the merged result.",
+    ),
 ) -> None:
     """Tune OPS at MODEL's shapes for every token bucket up to --max-tokens."""
     if ctx.invoked_subcommand is not None:
         return
-    from flashtune.tune.tuner import autotune
-
     if dtype not in _DTYPES:
         raise typer.BadParameter(f"expected one of {', '.join(_DTYPES)}", param_hint="--dtype")
     try:
@@ -91,28 +102,84 @@ def tune(
         raise typer.BadParameter(
             f"unknown op(s) {unknown}; known: {', '.join(sorted(targets))}", param_hint="--ops"
         )
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        typer.echo(
-            "error: --device cuda but no GPU is visible; ops would not reach the tuner", err=True
-        )
-        raise typer.Exit(2)
-
     buckets = _token_buckets(max_tokens)
+    jobs = [(name, m, cfg.name, dtype) for name in names for m in buckets]
+    if ray is not None:
+        if cache is None:
+            raise typer.BadParameter("--ray needs --cache (the merged result)", param_hint="--ray")
+        summary, where = tune_on_cluster(ray, jobs, cache), f" on the cluster ({ray})"
+    else:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            typer.echo(
+                "error: --device cuda but no GPU is visible; ops would not reach the tuner",
+                err=True,
+            )
+            raise typer.Exit(2)
+        summary, where = tune_jobs(jobs, device, cache), ""
+    typer.echo(
+        f"tuned {summary['tuned']} new shape buckets for {', '.join(names)} ({cfg.name}, "
+        f"{len(buckets)} token buckets){where} in {summary['seconds']:.1f} s of profiling; "
+        f"{summary['failures']} tactics excluded" + (f"; saved to {cache}" if cache else "")
+    )
+    if summary.get("lost"):  # what the other GPUs tuned is saved; the lost jobs are not
+        raise typer.Exit(1)
+
+
+def tune_jobs(jobs: list[tuple[str, int, str, str]], device: str, cache: Path | None) -> dict:
+    """Tune each (op name, token bucket, model, dtype) job on `device` inside
+    `autotune(cache=...)`; -> {tuned, seconds, failures}. A cluster slot runs it too."""
+    from flashtune.tune.tuner import autotune
+
+    targets: dict[str, dict[str, list[TuneCall]]] = {}
     with autotune(True, cache=str(cache) if cache else None) as tuner:
         before = tuner.stats.shapes_tuned
-        for name in names:
-            for m in buckets:
-                typer.echo(f"tuning {name} {cfg.name} tokens={m}", err=True)
-                for call in targets[name]:
-                    call.run(m, _DTYPES[dtype], device)
+        for name, m, model, dtype in jobs:
+            if model not in targets:
+                targets[model] = tune_targets_for(model)
+            typer.echo(f"tuning {name} {model} tokens={m}", err=True)
+            for call in targets[model][name]:
+                call.run(m, _DTYPES[dtype], device)
         tuned = tuner.stats.shapes_tuned - before
-        seconds = tuner.stats.seconds
-        failures = len(tuner.failures)
-    typer.echo(
-        f"tuned {tuned} new shape buckets for {', '.join(names)} ({cfg.name}, {len(buckets)} token "
-        f"buckets) in {seconds:.1f} s of profiling; {failures} tactics excluded"
-        + (f"; saved to {cache}" if cache else "")
-    )
+        return {"tuned": tuned, "seconds": tuner.stats.seconds, "failures": len(tuner.failures)}
+
+
+def tune_on_cluster(
+    address: str, jobs: list[Any], cache: Path, job_function: Callable[..., dict] = tune_jobs
+) -> dict:
+    """`job_function` (`tune_jobs`) spread over the cluster's GPUs; their caches merged into
+    `cache` (the existing file first, so what it holds stays unless a GPU tuned it again).
+    -> the summed {tuned, seconds, failures} and `lost`: how many slots were lost."""
+    import tempfile
+
+    from flashtune.bench.ray import ClusterError
+    from flashtune.bench.ray.spread import spread_jobs
+
+    existing = cache.read_text() if cache.exists() else None
+    try:
+        outcomes = spread_jobs(address, job_function, jobs, text=existing)
+    except ClusterError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    lost = [o for o in outcomes if o.error is not None]
+    for o in lost:
+        typer.echo(f"warning: {len(o.jobs)} job(s) not tuned: {o.error}", err=True)
+    with tempfile.TemporaryDirectory() as folder:
+        files = [cache] if existing is not None else []
+        for i, o in enumerate(outcomes):
+            if o.text:
+                files.append(Path(folder) / f"slot{i}.json")
+                files[-1].write_text(o.text)
+        if files:
+            try:
+                entries, metadata, _ = merge_files(files)
+            except ValueError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(1) from None
+            write_cache_file(cache, entries, metadata)
+    done = [o.summary for o in outcomes if o.summary is not None]
+    return {k: sum(d[k] for d in done) for k in ("tuned", "seconds", "failures")} | {
+        "lost": len(lost)
+    }
 
 
 @app.command()

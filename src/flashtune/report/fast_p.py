@@ -5,8 +5,9 @@ baseline. fast_0 is the pass rate; fast_1 the share where it beats the baseline.
 Here per solution *family* (the part of a solution's name before '@': `flashtune@rmsnorm_h4096`
 belongs to `flashtune`), over every (definition, workload) the family was evaluated on. A
 workload where the family was SKIPPED (could not run on this machine) is not counted; one where
-the speedup cannot be taken like for like (timed differently from the baseline, or no baseline
-trace) counts as correct but not faster, and is counted in `unjudged`.
+the speedup cannot be taken like for like (timed differently from the baseline, its baseline
+trace measured on another GPU model, or no baseline trace) counts as correct but not faster,
+and is counted in `unjudged`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from flashtune.data.models import EvaluationStatus, Trace
-from flashtune.report.tables import latest, timing_method, unlike
+from flashtune.report.tables import gpu_model, latest, timing_method, unlike
 
 __all__ = ["THRESHOLDS", "FastP", "family", "fast_p"]
 
@@ -55,6 +56,7 @@ def fast_p(traces: Iterable[Trace]) -> list[FastP]:
     one workload, the best of them counts (the family's best effort)."""
     traces = latest(traces)
     methods = {(t.definition, t.workload.uuid, t.solution): timing_method(t) for t in traces}
+    gpus = {(t.definition, t.workload.uuid, t.solution): gpu_model(t) for t in traces}
     # (family, definition, workload) -> (status, speedup or None)
     best: dict[tuple[str, str, str], tuple[EvaluationStatus, float | None]] = {}
     for t in traces:
@@ -66,7 +68,8 @@ def fast_p(traces: Iterable[Trace]) -> list[FastP]:
         if ev.status is EvaluationStatus.PASSED and perf is not None:
             if perf.speedup_vs_baseline is not None:
                 key = (t.definition, t.workload.uuid, perf.baseline_solution)
-                if unlike(timing_method(t), methods.get(key)) is None:
+                same_gpu = gpus.get(key) == gpu_model(t)
+                if same_gpu and unlike(timing_method(t), methods.get(key)) is None:
                     speedup = perf.speedup_vs_baseline
         slot = (family(t.solution), t.definition, t.workload.uuid)
         if slot not in best or _better((ev.status, speedup), best[slot]):

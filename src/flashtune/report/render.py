@@ -9,7 +9,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from flashtune.data.models import EvaluationStatus
-from flashtune.report.tables import TIMING_DIFFERS, Comparison, Ranking, SolutionSummary
+from flashtune.report.tables import (
+    GPU_DIFFERS,
+    TIMING_DIFFERS,
+    Comparison,
+    Ranking,
+    SolutionSummary,
+)
 
 __all__ = [
     "summary_table",
@@ -104,13 +110,16 @@ def summary_table(summaries: Sequence[SolutionSummary], title: str = "summary") 
             note = (
                 f"[yellow]{s.suspicious} result(s) >10x the best baseline: review[/yellow] " + note
             )
+        if s.gpu_reason:  # several GPU models: no mean of them (`report best` per workload)
+            note = f"[yellow]{escape(s.gpu_reason)}[/yellow] " + note
+        gpus = GPU_DIFFERS if s.gpu_reason else None
         table.add_row(
             s.definition if s.definition != last else "",
             s.solution,
             status_text(s),
-            _fmt_ms(s.latency_ms),
-            fmt_speedup(s.speedup_vs_reference, s.excluded_reference),
-            fmt_speedup(s.speedup_vs_baseline, s.excluded_baseline),
+            gpus or _fmt_ms(s.latency_ms),
+            gpus or fmt_speedup(s.speedup_vs_reference, s.excluded_reference),
+            gpus or fmt_speedup(s.speedup_vs_baseline, s.excluded_baseline),
             note,
         )
         last = s.definition
@@ -139,6 +148,7 @@ def ranking_table(rankings: Sequence[Ranking], title: str = "best solution per w
         ranking = "  >  ".join(
             f"{name} {_fmt_ms(ms)}"
             + (f" [dim]({r.timing.get(name) or 'timing unknown'})[/dim]" if mixed else "")
+            + (f" [dim]on {escape(r.gpus.get(name) or '?')}[/dim]" if r.mixed_gpus else "")
             + (" [yellow](>10x: review)[/yellow]" if flag else "")
             for name, ms, flag in r.entries
         )
@@ -168,10 +178,12 @@ def comparison_table(rows: Sequence[Comparison], a: str, b: str, overall: float 
             escape(f"{r.excluded}: {r.reason}") if r.excluded else "",
         )
     excluded = sum(r.excluded for r in rows)
+    gpus = sorted({r.gpu or "?" for r in rows if r.workloads})
     table.add_row(
         "[bold]all[/bold]",
         str(sum(r.workloads for r in rows)),
-        fmt_speedup(overall, excluded),
+        # Rows from several GPU models are not one population: no overall mean.
+        GPU_DIFFERS if len(gpus) > 1 else fmt_speedup(overall, excluded),
         "",
         "",
         f"{excluded} pair(s): {TIMING_DIFFERS}" if excluded else "",

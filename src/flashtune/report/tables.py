@@ -10,6 +10,12 @@ timed by the same method (`Performance.timing_method`: a CUDA graph of many call
 events around each call, the CPU clock...). Where the methods differ, or either is unknown
 (absent), no speedup is computed: it shows as "n/a: timing differs", is left out of every
 geomean, and the number left out is reported beside it.
+
+One GPU model, one population: latencies taken on different GPU models (the environment's
+`hardware`, e.g. the nodes of a mixed Ray cluster) are never divided by one another nor
+averaged together. A pair measured on two models is refused like a timing difference; a
+solution or definition whose results span several models gets "n/a: different GPUs" in place
+of its geomeans, with the models named.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from flashtune.data.models import EvaluationStatus, Trace
 __all__ = [
     "SUSPICIOUS_SPEEDUP",
     "TIMING_DIFFERS",
+    "GPU_DIFFERS",
     "timing_method",
+    "gpu_model",
     "unlike",
     "SolutionSummary",
     "Ranking",
@@ -40,12 +48,25 @@ __all__ = [
 
 SUSPICIOUS_SPEEDUP = 10.0
 TIMING_DIFFERS = "n/a: timing differs"
+GPU_DIFFERS = "n/a: different GPUs"
 
 
 def timing_method(trace: Trace) -> str | None:
     """How the trace's latency was measured; None when it does not say."""
     perf = trace.evaluation.performance if trace.evaluation else None
     return getattr(perf, "timing_method", None) if perf is not None else None
+
+
+def gpu_model(trace: Trace) -> str | None:
+    """The GPU model (or CPU) the trace was measured on: its environment's `hardware`."""
+    hardware = trace.evaluation.environment.get("hardware") if trace.evaluation else None
+    return str(hardware) if hardware is not None else None
+
+
+def _gpus_differ(models: Iterable[str | None]) -> str | None:
+    """GPU_DIFFERS naming the models, when there is more than one (None: one population)."""
+    found = sorted({m or "unknown" for m in models})
+    return f"{GPU_DIFFERS} ({', '.join(found)})" if len(found) > 1 else None
 
 
 def unlike(method_a: str | None, method_b: str | None) -> str | None:
@@ -91,6 +112,9 @@ class SolutionSummary:
     excluded_reference: int = 0
     excluded_baseline: int = 0
     timing_reason: str | None = None  # the first refusal's reason
+    # Set when the passed results were measured on several GPU models: GPU_DIFFERS with the
+    # models; latency and speedups are then None (not one population).
+    gpu_reason: str | None = None
 
     @property
     def passed(self) -> int:
@@ -102,21 +126,22 @@ class SolutionSummary:
         return self.passed / ran if ran else 0.0
 
 
-def _best_baseline(traces: Sequence[Trace]) -> dict[tuple[str, str], float]:
-    """(definition, workload uuid) -> the fastest baseline latency recorded in the traces."""
-    best: dict[tuple[str, str], float] = {}
+def _best_baseline(traces: Sequence[Trace]) -> dict[tuple[str, str, str | None], float]:
+    """(definition, workload uuid, GPU model) -> the fastest baseline latency recorded."""
+    best: dict[tuple[str, str, str | None], float] = {}
     for t in traces:
         perf = t.evaluation.performance if t.evaluation else None
         if perf and perf.baseline_solution == t.solution:
-            key = (t.definition, t.workload.uuid)
+            key = (t.definition, t.workload.uuid, gpu_model(t))
             best[key] = min(best.get(key, math.inf), perf.latency_ms)
     return best
 
 
-def flagged(trace: Trace, best_baseline: dict[tuple[str, str], float]) -> bool:
-    """Whether the trace is more than SUSPICIOUS_SPEEDUP x faster than the best baseline."""
+def flagged(trace: Trace, best_baseline: dict[tuple[str, str, str | None], float]) -> bool:
+    """Whether the trace is more than SUSPICIOUS_SPEEDUP x faster than the best baseline
+    measured on the same GPU model."""
     perf = trace.evaluation.performance if trace.evaluation else None
-    base = best_baseline.get((trace.definition, trace.workload.uuid))
+    base = best_baseline.get((trace.definition, trace.workload.uuid, gpu_model(trace)))
     if perf is None or base is None or perf.latency_ms <= 0:
         return False
     return base / perf.latency_ms > SUSPICIOUS_SPEEDUP
@@ -163,8 +188,14 @@ def summarize(traces: Iterable[Trace]) -> list[SolutionSummary]:
                         s.excluded_baseline += 1
                         s.timing_reason = s.timing_reason or f"vs {s.baseline}: {why}"
                 s.suspicious += flagged(t, best)
-        s.latency_ms, s.speedup_vs_reference = geomean(lat), geomean(ref)
-        s.speedup_vs_baseline = geomean(base)
+        s.gpu_reason = _gpus_differ(
+            gpu_model(t)
+            for t in ts
+            if t.evaluation and t.evaluation.status is EvaluationStatus.PASSED
+        )
+        if s.gpu_reason is None:
+            s.latency_ms, s.speedup_vs_reference = geomean(lat), geomean(ref)
+            s.speedup_vs_baseline = geomean(base)
         out.append(s)
     return out
 
@@ -179,11 +210,18 @@ class Ranking:
     # solution -> timing method, for the entries; `mixed_timing`: not all timed one way, so
     # the order is not a like-for-like ranking (renderers then show each entry's method).
     timing: dict[str, str | None] = field(default_factory=dict)
+    # solution -> GPU model it was measured on; `mixed_gpus`: the order compares GPUs, not
+    # solutions (renderers then show each entry's GPU).
+    gpus: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def mixed_timing(self) -> bool:
         methods = {self.timing.get(name) for name, _, _ in self.entries}
         return len(methods) > 1
+
+    @property
+    def mixed_gpus(self) -> bool:
+        return _gpus_differ(self.gpus.get(name) for name, _, _ in self.entries) is not None
 
 
 def rank(traces: Iterable[Trace]) -> list[Ranking]:
@@ -210,7 +248,9 @@ def rank(traces: Iterable[Trace]) -> list[Ranking]:
             if t not in ok
         ]
         timing = {t.solution or "": timing_method(t) for t in ok}
-        out.append(Ranking(definition, uuid, dict(ts[0].workload.axes), entries, failed, timing))
+        gpus = {t.solution or "": gpu_model(t) for t in ok}
+        axes = dict(ts[0].workload.axes)
+        out.append(Ranking(definition, uuid, axes, entries, failed, timing, gpus))
     return out
 
 
@@ -225,16 +265,20 @@ class Comparison:
     max: float | None
     excluded: int = 0  # workloads where both passed but were timed differently (or unknown)
     reason: str | None = None  # the first exclusion's reason ("n/a: timing differs (...)")
+    gpu: str | None = None  # the GPU model of the compared pairs (one per row)
 
 
 def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], float | None]:
     """Speedup of solutions matching glob `a` over those matching `b`, per definition, on the
     workloads where both passed (the fastest match of each side) and were timed by one
-    method; and the geomean over all those workloads. Pairs timed differently are counted
-    in `Comparison.excluded`, never divided; a definition with only such pairs has a row
-    with no speedup."""
+    method on one GPU model; and the geomean over all those workloads. Pairs timed
+    differently or on two GPU models are counted in `Comparison.excluded`, never divided; a
+    definition with only such pairs, or with pairs from several GPU models, has a row with
+    no speedup; the overall geomean is None when the rows come from several GPU models."""
     traces = latest(traces)
-    lat: dict[tuple[str, str], dict[str, tuple[str, float, str | None]]] = defaultdict(dict)
+    lat: dict[tuple[str, str], dict[str, tuple[str, float, str | None, str | None]]] = defaultdict(
+        dict
+    )
     for t in traces:
         ev = t.evaluation
         if ev is None or ev.status is not EvaluationStatus.PASSED or ev.performance is None:
@@ -247,23 +291,32 @@ def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], 
                         t.solution or "",
                         ev.performance.latency_ms,
                         timing_method(t),
+                        gpu_model(t),
                     )
-    per_def: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
+    per_def: dict[str, list[tuple[str, str, float, str | None]]] = defaultdict(list)
     refused: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
     for (definition, _), sides in sorted(lat.items()):
         if "a" in sides and "b" in sides and sides["a"][1] > 0:
-            (name_a, ms_a, method_a), (name_b, ms_b, method_b) = sides["a"], sides["b"]
-            why = unlike(method_a, method_b)
+            (name_a, ms_a, method_a, gpu_a), (name_b, ms_b, method_b, gpu_b) = (
+                sides["a"],
+                sides["b"],
+            )
+            why = _gpus_differ((gpu_a, gpu_b)) or unlike(method_a, method_b)
             if why is None:
-                per_def[definition].append((name_a, name_b, ms_b / ms_a))
+                per_def[definition].append((name_a, name_b, ms_b / ms_a, gpu_a))
             else:
                 refused[definition].append((name_a, name_b, why))
+    for definition, items in list(per_def.items()):
+        why = _gpus_differ(gpu for _, _, _, gpu in items)
+        if why is not None:  # one definition's workloads measured on several GPU models
+            refused[definition] = [(a_, b_, why) for a_, b_, _, _ in items] + refused[definition]
+            del per_def[definition]
     rows, every = [], []
     for definition in sorted(set(per_def) | set(refused)):
         items, skipped = per_def.get(definition, []), refused.get(definition, [])
-        ratios = [r for _, _, r in items]
+        ratios = [r for _, _, r, _ in items]
         every += ratios
-        first = items[0] if items else skipped[0]
+        first = items[0][:2] if items else skipped[0][:2]
         rows.append(
             Comparison(
                 definition,
@@ -275,6 +328,9 @@ def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], 
                 max(ratios, default=None),
                 excluded=len(skipped),
                 reason=skipped[0][2] if skipped else None,
+                gpu=items[0][3] if items else None,
             )
         )
+    if _gpus_differ(r.gpu for r in rows if r.workloads) is not None:
+        return rows, None  # definitions measured on different GPU models: no overall mean
     return rows, geomean(every)
