@@ -1,15 +1,22 @@
-"""benchmarks/bench_e2e.py: its pure parts (grid, output check, summary) and, slow, the
-whole code path on CPU with the tiny config (Triton interpreter, no rows written)."""
+"""The end-to-end benchmark (flashtune.models.bench): its pure parts (grid, output check,
+summary, options, rows) and its command lines (benchmarks/bench_e2e.py, `flashtune e2e`);
+slow, the whole code path on CPU with the tiny config (Triton interpreter, no rows written)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
+from flashtune.cli import app
+from flashtune.models import bench
+from flashtune.models.bench import E2EOptions, JsonlRows
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_e2e.py"
 
@@ -23,7 +30,7 @@ def _load():
     return module
 
 
-bench = _load()
+script = _load()
 
 
 def test_decode_grid_skips_points_over_the_token_budget() -> None:
@@ -72,10 +79,58 @@ def test_speedups_are_geomeans_over_shapes_both_timed() -> None:
 
 
 def test_arguments_put_the_reference_first_and_reject_unknown_backends() -> None:
-    args = bench.parse_args(["--backends", "flashtune,torch", "--batches", "1,16"])
+    args = script.parse_args(["--backends", "flashtune,torch", "--batches", "1,16"])
     assert args.backends == ["torch", "flashtune"] and args.batches == [1, 16]
+    options = script.options_of(args)
+    assert options.backends == ("torch", "flashtune") and options.batches == (1, 16)
+    assert options.decode_points() == [(1, 1024), (1, 4096), (1, 16384), (1, 32768)] + [
+        (16, n) for n in bench.KV_LENS
+    ]
     with pytest.raises(SystemExit):
-        bench.parse_args(["--backends", "tvm"])
+        script.parse_args(["--backends", "tvm"])
+
+
+def test_options_check_their_values_and_order_the_backends() -> None:
+    assert E2EOptions(backends=("flashtune", "torch")).backends == ("torch", "flashtune")
+    for bad in ({"backends": ("tvm",)}, {"config": "gpt-2"}, {"dtype": "float32"}):
+        with pytest.raises(ValueError):
+            E2EOptions(**bad)  # type: ignore[arg-type]
+    tiny = E2EOptions(config="tiny", batches=(2,), kv_lens=(1024,))
+    assert tiny.decode_points() == [(2, 64)] and tiny.prefill_points() == [(2, 16)]
+    assert E2EOptions(quick=True, skip_decode=True).decode_points() == []
+    assert E2EOptions(quick=True).prefill_points() == list(bench.QUICK_PREFILL)
+
+
+def test_jsonl_rows_carry_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "results" / "e2e.jsonl"
+    rows = JsonlRows(path, "cpu")
+    rows.write("e2e_decode", {"batch": 1}, "flashtune", 1.5, rel_err=0.0)
+    rows.write("e2e_decode", {"batch": 1}, "torch", None, error="boom")
+    written = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["solution"] for r in written] == ["flashtune", "torch"]
+    assert written[0]["latency_ms"] == 1.5 and written[0]["rel_err"] == 0.0
+    assert written[1]["error"] == "boom"
+    for key in ("gpu", "versions", "commit", "code", "run_started", "date"):
+        assert key in written[0], key
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a GPU-less machine")
+def test_the_cli_says_the_grid_needs_cuda_and_how_to_run_on_cpu() -> None:
+    result = CliRunner().invoke(app, ["e2e", "--layers", "4", "--quick"])
+    assert result.exit_code == 1
+    message = " ".join(result.output.split())
+    assert "needs CUDA" in message and "--config tiny --device cpu" in message
+    assert script.main(["--layers", "4", "--quick"]) == 1
+
+
+def test_the_cli_rejects_bad_flags_clearly() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["e2e", "--device", "cpu", "--backends", "tvm"])
+    assert result.exit_code == 2 and "unknown backends ['tvm']" in result.output
+    result = runner.invoke(app, ["e2e", "--device", "cpu", "--batches", "1,x"])
+    assert result.exit_code == 2 and "--batches" in result.output
+    result = runner.invoke(app, ["e2e", "--device", "cpu", "--config", "tiny", "--loop"])
+    assert result.exit_code == 2 and "--dataset" in result.output
 
 
 @pytest.mark.slow
@@ -97,8 +152,19 @@ def test_the_code_path_runs_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
         "1",
         "--no-tune",
     ]
-    assert bench.main(argv) == 0
+    assert script.main(argv) == 0
     printed = capsys.readouterr().out
     assert "e2e_decode    2 x     12 flashtune" in printed
     assert "e2e_prefill: flashtune vs torch" in printed
     assert "greedy=1.00" in printed
+
+
+@pytest.mark.slow
+def test_the_cli_runs_the_code_path_on_cpu() -> None:
+    argv = ["e2e", "--config", "tiny", "--device", "cpu", "--dtype", "float16"]
+    argv += ["--backends", "flashtune,torch", "--batches", "2", "--kv-lens", "12"]
+    argv += ["--repetitions", "1", "--no-tune", "--skip-prefill"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert "e2e_decode    2 x     12 flashtune" in result.output
+    assert "e2e_decode: flashtune vs torch" in result.output

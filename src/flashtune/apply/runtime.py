@@ -8,6 +8,12 @@ definition's dtypes, so it is only used when the call's input dtypes equal the d
 cannot be checked and falls back too). Otherwise the call runs the op's own path. The check
 runs once per call signature (the cached plans are keyed by shapes AND dtypes), so the
 per-call cost is unchanged.
+
+Constants: a definition also bakes the op's bound parameters into its reference (the norm's
+eps: rmsnorm_h4096 is eps=1e-5), and its name carries none of them either. A call whose
+constants differ (an eps=1e-6 model's norm) runs the op's own path too: its winners were
+proven against another function (schema.constant_mismatches; checked once per signature
+like the dtypes).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from flashtune.data.models import Solution
 from flashtune.data.synth import torch_dtype
 from flashtune.schema import NOT_HANDLED, add_hook, register_env_hook, remove_hook
 from flashtune.schema.api import ApiOp
-from flashtune.schema.core import BoundCall, Tensor
+from flashtune.schema.core import BoundCall, Tensor, constant_mismatches, reference_constants
 
 __all__ = [
     "ApplyHandle",
@@ -85,6 +91,9 @@ class ApplyRuntime:
         self._dtypes: dict[str, dict[str, str] | None] = {}
         self._torch_dtypes: dict[str, list[tuple[str, torch.dtype]] | None] = {}
         self._warned_dtypes: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        # Per definition: the bound-parameter values its reference fixes (eps).
+        self._constants: dict[str, dict[str, Any]] = {}
+        self._warned_constants: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self._lock = threading.Lock()
 
     def reload(self) -> None:
@@ -93,6 +102,7 @@ class ApplyRuntime:
         self._runners.clear()
         self._dtypes.clear()
         self._torch_dtypes.clear()
+        self._constants.clear()
 
     def input_dtypes(self, definition: str) -> dict[str, str] | None:
         """The definition's input dtypes by name, or None when the dataset lacks it."""
@@ -141,6 +151,32 @@ class ApplyRuntime:
                     sorted(dtypes),
                     sorted(expected),
                 )
+        return False
+
+    def constants_match(self, definition: str, call: BoundCall) -> bool:
+        """Whether the call's bound constants (eps) are the ones the definition's reference
+        fixes, so its winners compute what the call asks for. A definition the dataset
+        lacks fixes nothing here (dtypes_match already refuses it). Logs a mismatch once."""
+        if not call.schema.bound:
+            return True
+        expected = self._constants.get(definition)
+        if expected is None:
+            d = self.dataset.definitions.get(definition)
+            found = reference_constants(d.reference, call.schema.bound) if d is not None else {}
+            expected = self._constants[definition] = found
+        wrong = constant_mismatches(call.constants, expected)
+        if not wrong:
+            return True
+        key = (definition, tuple(sorted((n, repr(v)) for n, (v, _) in wrong.items())))
+        if key not in self._warned_constants:
+            self._warned_constants.add(key)
+            log.warning(
+                "apply: a call of %s has %s but its winners were proven with %s; falling "
+                "back (definition names carry no constants)",
+                definition,
+                ", ".join(f"{n}={v!r}" for n, (v, _) in wrong.items()),
+                ", ".join(f"{n}={d!r}" for n, (_, d) in wrong.items()),
+            )
         return False
 
     def kwargs_dtypes_match(self, definition: str, kwargs: Mapping[str, Any]) -> bool:
@@ -448,6 +484,7 @@ class ApplyHook:
         runner = (
             self.runtime.runner(name, call.var_axes)
             if self.runtime.dtypes_match(name, call.dtypes)
+            and self.runtime.constants_match(name, call)
             else None
         )
         if runner is None:

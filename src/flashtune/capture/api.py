@@ -9,6 +9,11 @@ captured); a later call whose input dtypes differ from it is NOT recorded (a wor
 wrong dtype would be benchmarked in the definition's dtype): capture warns once per
 (definition, dtype signature) and skips it. Names are never suffixed, so they keep matching
 the corpus.
+
+Constants: the same holds for the op's bound parameters that a definition bakes into its
+reference (the norm's eps). A call whose constants differ from its definition's (an eps=1e-6
+norm under a dataset's eps=1e-5 rmsnorm_h4096) is not recorded either: warned once per
+(definition, constants), skipped.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from flashtune.data.models import (
 )
 from flashtune.schema import NOT_HANDLED, add_hook, register_env_hook, remove_hook
 from flashtune.schema.api import ApiOp
-from flashtune.schema.core import BoundCall, Scalar
+from flashtune.schema.core import BoundCall, Scalar, constant_mismatches, reference_constants
 
 __all__ = [
     "CAPTURE_DUMP_POLICY",
@@ -139,6 +144,7 @@ class _DefState:
     config: CaptureConfig
     filter: WorkloadFilter
     dtypes: dict[str, str] = field(default_factory=dict)  # input_dtypes(definition)
+    constants: dict[str, Any] = field(default_factory=dict)  # reference_constants(definition)
 
 
 @dataclass
@@ -160,6 +166,7 @@ class Capturer:
         # dropping the same shapes in the definition's dtype.
         self._mixed_ops: set[ApiOp] = set()
         self._warned_dtypes: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        self._warned_constants: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self._lock = threading.Lock()
         self._warned_graph = False
         self.captured = 0
@@ -224,6 +231,8 @@ class Capturer:
             return
         if call.dtypes != state.dtypes and self._wrong_dtypes(op, call, state, fast):
             return
+        if state.constants and self._wrong_constants(call, state, fast):
+            return
         if _graph_capturing(call):
             if not self._warned_graph:
                 self._warned_graph = True
@@ -270,6 +279,29 @@ class Capturer:
             )
         return True
 
+    def _wrong_constants(self, call: BoundCall, state: _DefState, fast: tuple | None) -> bool:
+        """True (warned once per definition and constants) when the call's bound constants
+        (eps) are not its definition's: such a call is not recorded (module docstring)."""
+        wrong = constant_mismatches(call.constants, state.constants)
+        if not wrong:
+            return False
+        if fast is not None:  # the signature holds every scalar argument: skip it cheaply
+            self._dropped_fast.add(fast)
+        name = state.definition.name
+        key = (name, tuple(sorted((n, repr(v)) for n, (v, _) in wrong.items())))
+        if key not in self._warned_constants:
+            self._warned_constants.add(key)
+            found = ", ".join(f"{n}={v!r}" for n, (v, _) in wrong.items())
+            want = ", ".join(f"{n}={d!r}" for n, (_, d) in wrong.items())
+            warnings.warn(
+                f"flashtune capture: a call of {name} has {found} but the definition has "
+                f"{want}; definition names carry no constants, so these calls are not "
+                "recorded (warned once per definition and constants)",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return True
+
     def _state(self, call: BoundCall) -> _DefState | None:
         name = call.name
         try:
@@ -286,7 +318,11 @@ class Capturer:
                     # workloads are written under: its dtypes are the ones to match.
                     definition = self.dataset.definitions.get(name) or call.definition()
                     self._states[name] = _DefState(
-                        definition, config, WorkloadFilter(config), input_dtypes(definition)
+                        definition,
+                        config,
+                        WorkloadFilter(config),
+                        input_dtypes(definition),
+                        reference_constants(definition.reference, call.schema.bound),
                     )
             return self._states[name]
 

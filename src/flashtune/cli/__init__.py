@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flashtune import __version__, env
-from flashtune.cli import apply, capture, report, run, tune
+from flashtune.cli import apply, capture, e2e, report, run, tune
 from flashtune.cli.common import (
     bundled_dataset,
     dataset_roots,
@@ -258,6 +258,7 @@ report.register(app)
 tune.register(app)
 capture.register(app)
 apply.register(app)
+e2e.register(app)
 
 
 def main() -> None:

@@ -118,13 +118,21 @@ def html_command(
     ),
     dataset: Optional[list[Path]] = _DATASET,
     definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
+    e2e: Optional[Path] = typer.Option(
+        None, "--e2e", help="`flashtune e2e` rows (JSONL): adds the End to end section"
+    ),
 ) -> None:
     """Write one self-contained HTML file (inline SVG plots, no other files): environment,
     summary, and per definition the ranking, latency and throughput plots, fast_p curves."""
+    from flashtune.report.e2e import read_e2e_rows
     from flashtune.report.html import write_html
 
     ds, traces = _load(dataset, definition)
-    path = write_html(traces, ds.definitions, out)
+    try:
+        e2e_rows = read_e2e_rows(e2e) if e2e is not None else None
+    except (OSError, ValueError) as exc:
+        fail(f"--e2e: {exc}")
+    path = write_html(traces, ds.definitions, out, e2e_rows, str(e2e or ""))
     console.print(f"wrote {path}")
 
 

@@ -2,7 +2,8 @@
 beside it) that a reader can mail or open anywhere.
 
 Top to bottom: the environment the traces were measured in (GPU, driver, versions, commit,
-date); a summary across definitions; fast_p curves per solution family (fast_p.py); then per
+date); a summary across definitions; with `flashtune e2e`'s rows, the model end to end
+(e2e.py: decode latency against batch per backend); fast_p curves per solution family (fast_p.py); then per
 definition the solutions' statuses (passed, failed and skipped in their own columns) and
 speedups, the ranking per workload, latency against the definition's main var axis per
 solution, and achieved TFLOP/s or GB/s against the GPU's datasheet peak (roofline.py).
@@ -22,6 +23,7 @@ from typing import Any
 
 from flashtune.data.io import atomic_write_text
 from flashtune.data.models import Definition, EvaluationStatus, Trace
+from flashtune.report.e2e import e2e_section
 from flashtune.report.fast_p import fast_p
 from flashtune.report.roofline import GBPS, TFLOPS, Peak, peak_for, throughput, unit_for
 from flashtune.report.svg import RefLine, line_chart
@@ -63,17 +65,30 @@ _CSS = (
 )
 
 
-def write_html(traces: Iterable[Trace], definitions: Mapping[str, Definition], out: Path) -> Path:
+def write_html(
+    traces: Iterable[Trace],
+    definitions: Mapping[str, Definition],
+    out: Path,
+    e2e_rows: Sequence[Mapping[str, Any]] | None = None,
+    e2e_source: str = "",
+) -> Path:
     """Write the report to `out` (one .html file, atomically); return its path."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, render_html(traces, definitions))
+    atomic_write_text(
+        out, render_html(traces, definitions, e2e_rows=e2e_rows, e2e_source=e2e_source)
+    )
     return out
 
 
 def render_html(
-    traces: Iterable[Trace], definitions: Mapping[str, Definition], now: datetime | None = None
+    traces: Iterable[Trace],
+    definitions: Mapping[str, Definition],
+    now: datetime | None = None,
+    e2e_rows: Sequence[Mapping[str, Any]] | None = None,
+    e2e_source: str = "",
 ) -> str:
-    """The whole report as one HTML string."""
+    """The whole report as one HTML string; with `e2e_rows` (`flashtune e2e`'s rows, from
+    `e2e_source`), an "End to end" section after the summary (report/e2e.py)."""
     traces = latest(traces)
     by_def: dict[str, list[Trace]] = defaultdict(list)
     for t in traces:
@@ -87,9 +102,10 @@ def render_html(
         f"<title>flashtune report</title><style>{_CSS}</style></head><body>",
         f"<h1>flashtune report</h1><p class='dim'>generated {generated}; "
         f"{len(traces)} traces, {len(by_def)} definitions</p>",
-        _nav(sorted(by_def)),
+        _nav(sorted(by_def), e2e=e2e_rows is not None),
         _environment(traces),
         _summary(summaries, definitions),
+        *([e2e_section(e2e_rows, e2e_source)] if e2e_rows is not None else []),
         _fast_p_section(traces),
     ]
     for name in sorted(by_def):
@@ -114,9 +130,12 @@ def _anchor(name: str) -> str:
     return "def-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
 
 
-def _nav(names: Sequence[str]) -> str:
+def _nav(names: Sequence[str], e2e: bool = False) -> str:
     links = "".join(f"<a href='#{_anchor(n)}'>{_e(n)}</a>" for n in names)
-    return f"<nav><a href='#summary'>summary</a><a href='#fast-p'>fast_p</a>{links}</nav>"
+    end_to_end = "<a href='#e2e'>end to end</a>" if e2e else ""
+    return (
+        f"<nav><a href='#summary'>summary</a>{end_to_end}<a href='#fast-p'>fast_p</a>{links}</nav>"
+    )
 
 
 # ----------------------------------------------------------------------------- environment

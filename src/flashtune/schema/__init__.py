@@ -33,7 +33,17 @@ from flashtune.schema.api import (
     registered_ops,
     remove_hook,
 )
-from flashtune.schema.core import BoundCall, Const, OpSchema, Scalar, Tensor, Var, dtype_name
+from flashtune.schema.core import (
+    BoundCall,
+    Const,
+    OpSchema,
+    Scalar,
+    Tensor,
+    Var,
+    constant_mismatches,
+    dtype_name,
+    reference_constants,
+)
 
 __all__ = [
     "NOT_HANDLED",
@@ -48,7 +58,9 @@ __all__ = [
     "Var",
     "add_hook",
     "api",
+    "constant_mismatches",
     "dtype_name",
+    "reference_constants",
     "refresh_hooks",
     "register_env_hook",
     "registered_ops",

@@ -3,6 +3,7 @@ built for any call's arguments without running a kernel."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import math
 import textwrap
@@ -15,7 +16,17 @@ import torch
 from flashtune.data.constraints import evaluate_constraint
 from flashtune.data.models import ConstAxis, Definition, DType, TensorSpec, VarAxis
 
-__all__ = ["Var", "Const", "Tensor", "Scalar", "OpSchema", "BoundCall", "dtype_name"]
+__all__ = [
+    "Var",
+    "Const",
+    "Tensor",
+    "Scalar",
+    "OpSchema",
+    "BoundCall",
+    "dtype_name",
+    "reference_constants",
+    "constant_mismatches",
+]
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,13 @@ class BoundCall:
     def name(self) -> str:
         return self.schema.name_for(self.axes)
 
+    @property
+    def constants(self) -> dict[str, Any]:
+        """The value of each of the schema's bound parameters that this call's Definition
+        bakes into its reference (the norm's eps, a rope's is_neox): the call's own, else the
+        reference's default. Definition names carry none of them."""
+        return self.schema.constants_of(self.bound)
+
     def definition(self) -> Definition:
         return self.schema.build_definition(self)
 
@@ -142,6 +160,7 @@ class OpSchema:
     description: str = ""
     bound: Sequence[str] = ()
     _reference_source: list[str] = field(default_factory=list, compare=False, repr=False)
+    _bound_defaults: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for kind, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
@@ -261,6 +280,18 @@ class OpSchema:
             f"{self.name_prefix}: dtype_from={source!r} names no tensor or dtype argument"
         )
 
+    def constants_of(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The bound parameters' values for a call with these arguments (see
+        BoundCall.constants): the argument, else the reference's default."""
+        if len(self._bound_defaults) != len(self.bound):  # once: signatures are slow to read
+            parameters = inspect.signature(self.reference).parameters
+            self._bound_defaults.update({n: parameters[n].default for n in self.bound})
+        values: dict[str, Any] = {}
+        for name in self.bound:
+            value = arguments.get(name)
+            values[name] = self._bound_defaults[name] if value is None else value
+        return values
+
     # ----------------------------------------------------------------- definition
     def name_for(self, axes: Mapping[str, int]) -> str:
         parts = [self.name_prefix]
@@ -280,10 +311,7 @@ class OpSchema:
             if call is None or n in call.inputs or not self.inputs[n].optional
         ]
         keywords = [f"{p}={p}" for p in params]
-        for name in self.bound:
-            value = call.bound.get(name) if call is not None else None
-            if value is None:
-                value = inspect.signature(self.reference).parameters[name].default
+        for name, value in self.constants_of(call.bound if call is not None else {}).items():
             keywords.append(f"{name}={_literal(value)}")
         return (
             "import math\n\nimport torch\n\n\n"
@@ -338,6 +366,57 @@ class OpSchema:
             outputs=outputs,
             reference=self.reference_source(call),
         )
+
+
+def reference_constants(reference: str, names: Sequence[str]) -> dict[str, Any]:
+    """The values a Definition's reference fixes for the bound parameters `names`, by name;
+    a name it does not reveal is left out. Two spellings are read: flashtune's (the
+    generated `run` passes `eps=1e-05` to the reference function: OpSchema.reference_source)
+    and FlashInfer's (an upper-case constant assigned in the source: `EPS = 1e-5`). A
+    reference that does not parse reveals nothing."""
+    try:
+        tree = ast.parse(reference)
+    except SyntaxError:
+        return {}
+    wanted = set(names)
+    upper = {name.upper(): name for name in names}
+    found: dict[str, Any] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "run":
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call):
+                    for keyword in call.keywords:
+                        if keyword.arg in wanted:
+                            _take_literal(found, keyword.arg, keyword.value)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and upper.get(target.id) not in (None, *found):
+                _take_literal(found, upper[target.id], node.value)
+    return found
+
+
+def _take_literal(found: dict[str, Any], name: str, node: ast.expr) -> None:
+    try:
+        found[name] = ast.literal_eval(node)
+    except ValueError:  # an expression, not a literal: unknown
+        pass
+
+
+def constant_mismatches(
+    call_constants: Mapping[str, Any], definition_constants: Mapping[str, Any]
+) -> dict[str, tuple[Any, Any]]:
+    """{name: (the call's value, the definition's)} for every constant a call and a
+    Definition both fix to different values ({} when they agree): a solution proven on the
+    definition (eps=1e-5) computes something else for the call (eps=1e-6). None on either
+    side means "the reference's default" in one of two spellings and is not compared."""
+    return {
+        name: (value, definition_constants[name])
+        for name, value in call_constants.items()
+        if value is not None
+        and definition_constants.get(name) is not None
+        and value != definition_constants[name]
+    }
 
 
 def _described(spec: Any) -> dict[str, str]:

@@ -1,0 +1,349 @@
+"""`flashtune e2e`: the Llama decoder end to end (issue 19), and the capture -> run -> apply
+loop on it.
+
+    flashtune e2e --layers 4 --quick                  # decode grid + prefill, four backends
+    flashtune e2e --loop --dataset /tmp/e2e-loop      # capture, benchmark, apply, run again
+    flashtune e2e --config tiny --device cpu --backends torch,flashtune   # the CPU check
+
+The benchmark is flashtune.models.bench; the loop's model side flashtune.models.loop. The
+loop's orchestration lives here, in the layer that drives capture, the benchmark runner and
+apply (benchmarks/bench_e2e.py runs the same functions).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+from flashtune.cli.common import fail
+
+if TYPE_CHECKING:  # the models import torch: `flashtune --help` should not wait for it
+    from flashtune.bench.runner import RunResult
+    from flashtune.data import Definition, Solution
+    from flashtune.models.bench import E2EOptions, RowSink
+    from flashtune.models.llama import Llama
+    from flashtune.models.loop import LoopReport
+
+__all__ = [
+    "DEFAULT_OUT",
+    "SolutionsFor",
+    "register",
+    "e2e",
+    "bundled_solutions_for",
+    "candidates_for",
+    "add_solutions",
+    "benchmark",
+    "winners",
+    "run_loop",
+    "loop_row",
+    "run_loop_command",
+]
+
+# Where the rows go by default (benchmarks/results/ of the checkout it runs in).
+DEFAULT_OUT = Path("benchmarks") / "results" / "e2e.jsonl"
+# The candidates come from the bundled dataset's builder: in a source checkout only.
+BUILDER = Path(__file__).resolve().parents[3] / "scripts" / "build_bundled_dataset.py"
+
+SolutionsFor = Callable[["Definition"], list["Solution"]]
+
+
+def _csv_ints(text: Optional[str], flag: str) -> Optional[tuple[int, ...]]:
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(",") if part)
+    except ValueError:
+        fail(f"{flag} takes comma-separated integers, got {text!r}", 2)
+
+
+def e2e(
+    config: str = typer.Option(
+        "llama-3.1-8b", "--config", help="llama-3.1-8b, qwen3-8b or tiny (the CPU check)"
+    ),
+    layers: int = typer.Option(0, "--layers", help="keep this many layers (0: all)"),
+    quick: bool = typer.Option(False, "--quick", help="the small grid"),
+    backends: Optional[str] = typer.Option(
+        None, "--backends", help="comma-separated, of torch,torch_compile,flashinfer,flashtune"
+    ),
+    batches: Optional[str] = typer.Option(None, "--batches", help="decode batch sizes"),
+    kv_lens: Optional[str] = typer.Option(None, "--kv-lens", help="decode KV lengths"),
+    max_kv_tokens: Optional[int] = typer.Option(
+        None, "--max-kv-tokens", help="skip grid points holding more KV tokens (default 2^21)"
+    ),
+    skip_decode: bool = typer.Option(False, "--skip-decode"),
+    skip_prefill: bool = typer.Option(False, "--skip-prefill"),
+    compile_mode: Optional[str] = typer.Option(
+        None,
+        "--compile-mode",
+        help="torch.compile mode of torch_compile (default max-autotune-no-cudagraphs)",
+    ),
+    tune: bool = typer.Option(True, "--tune/--no-tune", help="flashtune: autotune on first use"),
+    tune_cache: Optional[Path] = typer.Option(
+        None, "--tune-cache", help="flashtune autotuner cache file (load and save)"
+    ),
+    device: str = typer.Option(
+        "cuda", "--device", help="cuda; cpu checks the code path (Triton interpreter), no rows"
+    ),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 or float16"),
+    repetitions: int = typer.Option(30, "--repetitions"),
+    seed: int = typer.Option(0, "--seed"),
+    loop: bool = typer.Option(
+        False,
+        "--loop",
+        help="the loop instead of the grid: capture into --dataset, benchmark the captured "
+        "workloads, enable_apply, run again",
+    ),
+    dataset: Optional[Path] = typer.Option(
+        None, "--dataset", "-d", help="the loop's dataset folder (created)"
+    ),
+    decode_steps: int = typer.Option(8, "--decode-steps", help="the loop's decode steps"),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="rows file (JSONL, appended)"),
+) -> None:
+    """Decode latency (batch x KV length, CUDA graphs) and prefill throughput of a Llama
+    decoder on torch, torch.compile, FlashInfer and flashtune; or, with --loop, capture ->
+    `flashtune run` -> enable_apply -> run again on the flashtune model."""
+    from flashtune.models.bench import E2EOptions, JsonlRows, NoRows, device_problem, run_e2e
+
+    if loop and dataset is None:
+        fail("--loop needs --dataset DIR (the captured workloads and traces go there)", 2)
+    problem = device_problem(device, loop)
+    if problem is not None:
+        fail(problem)
+    given: dict[str, Any] = {
+        "backends": tuple(b for b in backends.split(",") if b) if backends else None,
+        "batches": _csv_ints(batches, "--batches"),
+        "kv_lens": _csv_ints(kv_lens, "--kv-lens"),
+        "max_kv_tokens": max_kv_tokens,
+        "compile_mode": compile_mode,
+        "tune_cache": str(tune_cache) if tune_cache else None,
+    }
+    try:
+        options = E2EOptions(
+            config=config,
+            layers=layers,
+            quick=quick,
+            skip_decode=skip_decode,
+            skip_prefill=skip_prefill,
+            tune=tune,
+            device=device,
+            dtype=dtype,
+            repetitions=repetitions,
+            seed=seed,
+            **{k: v for k, v in given.items() if v is not None},
+        )
+    except ValueError as exc:
+        fail(str(exc), 2)
+    on_gpu = options.device.startswith("cuda")
+    rows: RowSink = JsonlRows(out, options.device) if on_gpu else NoRows()
+    if not on_gpu:
+        typer.echo(f"{options.device}: checks the code path; no rows are written", err=True)
+    if loop:
+        assert dataset is not None  # checked first
+        report = run_loop_command(options, dataset, decode_steps, rows)
+        raise typer.Exit(0 if report.same_tokens else 1)
+    run_e2e(options, rows, typer.echo)
+    if on_gpu:
+        typer.echo(f"rows appended to {out}")
+
+
+def register(root: typer.Typer) -> None:
+    """Mount `e2e` on the flashtune command."""
+    root.command("e2e")(e2e)
+
+
+# ----------------------------------------------------------------------- the loop
+
+
+def bundled_solutions_for() -> SolutionsFor:
+    """The bundled dataset builder's `solutions_for` (flashtune, torch, FlashInfer: the
+    entry points of flashtune.bench.entry_points), from scripts/ of the source checkout."""
+    if not BUILDER.is_file():
+        raise FileNotFoundError(
+            f"the loop's candidates come from {BUILDER.name} in a flashtune source checkout "
+            f"(not found at {BUILDER}); pass solutions_for= to run_loop"
+        )
+    spec = importlib.util.spec_from_file_location("build_bundled_dataset", BUILDER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    solutions_for: SolutionsFor = module.solutions_for
+    return solutions_for
+
+
+def _entry_point_constants() -> dict[str, dict[str, Any]]:
+    """Per op_type, the constants the candidates' entry points hard-code: a definition that
+    fixes another value (a model's eps=1e-6) is a different function, which they do not
+    compute, however close the numbers come."""
+    from flashtune.bench.entry_points import RMS_EPS
+
+    return {"rmsnorm": {"eps": RMS_EPS}}
+
+
+def candidates_for(
+    definition: Definition, solutions_for: SolutionsFor
+) -> tuple[list[Solution], str | None]:
+    """The candidates of a captured definition, or none and why (their constants differ)."""
+    from flashtune.schema import constant_mismatches, reference_constants
+
+    fixed = _entry_point_constants().get(definition.op_type, {})
+    ours = reference_constants(definition.reference, list(fixed))
+    wrong = constant_mismatches(ours, fixed)
+    if wrong:
+        said = ", ".join(f"{n}={d!r}, the model's {n}={v!r}" for n, (v, d) in wrong.items())
+        return [], f"the candidates hard-code {said}"
+    return solutions_for(definition), None
+
+
+def add_solutions(dataset: Path, solutions_for: SolutionsFor) -> dict[str, str]:
+    """Add the candidates of every captured definition that has none yet; the definitions
+    left without any, and why."""
+    from flashtune.data import Dataset
+
+    ds = Dataset(dataset)
+    skipped = {}
+    for name, definition in sorted(ds.definitions.items()):
+        if ds.solutions_for(name):
+            continue
+        solutions, why = candidates_for(definition, solutions_for)
+        if why is not None:
+            skipped[name] = why
+        for solution in solutions:
+            ds.add_solution(solution)
+    return skipped
+
+
+def benchmark(dataset: Path, devices: Sequence[str], max_workloads: int | None = None) -> RunResult:
+    """`flashtune run -d DATASET --device ...` over the captured workloads: traces written
+    into the dataset, where `enable_apply` reads them."""
+    from flashtune.bench.runner import RunOptions, run_benchmark
+
+    options = RunOptions(
+        datasets=[dataset], out=dataset, devices=list(devices), max_workloads=max_workloads
+    )
+    return run_benchmark(options, progress=False)
+
+
+def winners(dataset: Path) -> dict[str, str | None]:
+    """Per captured definition, the solution apply dispatches to by default (None: no
+    solution passed, the op's own path runs)."""
+    from flashtune.apply.table import ApplyTable
+    from flashtune.data import Dataset
+
+    table = ApplyTable.build(Dataset(dataset))
+    names = sorted(Dataset(dataset).definitions)
+    return {
+        name: (table.definitions[name].default if name in table.definitions else None)
+        for name in names
+    }
+
+
+def run_loop(
+    model: Llama,
+    dataset: Path,
+    devices: Sequence[str],
+    *,
+    solutions_for: SolutionsFor | None = None,
+    prompt_lens: Sequence[int] = (5, 9, 3),
+    decode_steps: int = 3,
+    seed: int = 0,
+    max_workloads: int | None = None,
+) -> LoopReport:
+    """Capture -> benchmark -> apply -> run again, on the same prompt both times: generate
+    with capture on (index tensors dumped: the attention workloads need the real page
+    tables; one workload per distinct shape), give every captured definition its candidates
+    (default: the bundled builder's flashtune / torch / FlashInfer solutions), benchmark
+    them, then generate again under enable_apply."""
+    import torch
+
+    from flashtune.apply import enable_apply
+    from flashtune.capture import CaptureConfig, capture
+    from flashtune.data import Dataset
+    from flashtune.models.loop import LoopReport, generate
+
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (sum(prompt_lens),), generator=gen)
+    prompt = prompt.to(model.device)
+    with capture(dataset=str(dataset), default=CaptureConfig("dump_int", "shape_only")):
+        before = generate(model, prompt, prompt_lens, decode_steps)
+    skipped = add_solutions(dataset, solutions_for or bundled_solutions_for())
+    result = benchmark(dataset, devices, max_workloads)
+    statuses: dict[str, int] = {}
+    for trace in result.traces:
+        status = trace.evaluation.status.value if trace.evaluation is not None else "NONE"
+        statuses[status] = statuses.get(status, 0) + 1
+    with enable_apply(dataset=str(dataset)):
+        after = generate(model, prompt, prompt_lens, decode_steps)
+    return LoopReport(
+        dataset=dataset,
+        captured=sorted(Dataset(dataset).definitions),
+        traces=len(result.traces),
+        statuses=statuses,
+        winners=winners(dataset),
+        no_candidates=skipped,
+        before_ms=before.decode_step_ms,
+        after_ms=after.decode_step_ms,
+        same_tokens=after.same_tokens(before),
+        logits_max_abs_err=after.logits_max_abs_err(before),
+    )
+
+
+def loop_row(report: LoopReport, options: E2EOptions, decode_steps: int) -> dict[str, Any]:
+    """The loop's row (op "e2e_loop"): the decode step after apply as its latency, before
+    it, the winner of every captured definition and whether the outputs stayed the same."""
+    return {
+        "op": "e2e_loop",
+        "shape": {
+            "model": options.config,
+            "layers": options.layers,
+            "decode_steps": decode_steps,
+            "dtype": options.dtype,
+        },
+        "solution": "flashtune+apply",
+        "latency_ms": report.after_ms,
+        "before_ms": report.before_ms,
+        "winners": report.winners,
+        "statuses": report.statuses,
+        "same_tokens": report.same_tokens,
+        "logits_max_abs_err": report.logits_max_abs_err,
+        "timer": "host clock, eager decode step",
+    }
+
+
+def run_loop_command(
+    options: E2EOptions,
+    dataset: Path,
+    decode_steps: int,
+    rows: RowSink,
+    log: Callable[[str], None] = typer.echo,
+) -> LoopReport:
+    """--loop: the flashtune model of `options`, the loop into `dataset`, its report printed
+    and written as one row."""
+    import torch
+
+    from flashtune.models.loop import format_report, loop_model
+
+    model, prompt_lens = loop_model(
+        options.config,
+        options.layers,
+        device=options.device,
+        dtype=options.dtype,
+        seed=options.seed,
+    )
+    where = torch.device(options.device)
+    devices = ["cpu"] if where.type == "cpu" else [f"{where.type}:{where.index or 0}"]
+    report = run_loop(
+        model,
+        dataset,
+        devices,
+        prompt_lens=prompt_lens,
+        decode_steps=decode_steps,
+        seed=options.seed,
+    )
+    log(format_report(report))
+    row = loop_row(report, options, decode_steps)
+    rows.write(row.pop("op"), row.pop("shape"), row.pop("solution"), row.pop("latency_ms"), **row)
+    return report

@@ -1,0 +1,122 @@
+"""The model's side of issue 19's loop (capture -> benchmark -> apply -> run again): the
+generation it runs before and after apply, and the report it ends with. The orchestration,
+which drives capture, the benchmark runner and apply (layers above this one), is
+`flashtune e2e --loop` (flashtune.cli.e2e.run_loop)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from flashtune.models.bench import PAGE_SIZE, model_config
+from flashtune.models.llama import Llama
+
+__all__ = ["Generation", "LoopReport", "generate", "loop_model", "format_report"]
+
+
+@dataclass
+class Generation:
+    """What one generation produced: the logits of the prefill and of each decode step, the
+    greedy tokens fed back, and the median wall time of a decode step (host clock)."""
+
+    logits: list[torch.Tensor]
+    tokens: list[torch.Tensor]
+    decode_step_ms: float
+
+    def same_tokens(self, other: Generation) -> bool:
+        return all(torch.equal(a, b) for a, b in zip(self.tokens, other.tokens, strict=True))
+
+    def logits_max_abs_err(self, other: Generation) -> float:
+        """The largest |difference| of the two generations' logits, every step included."""
+        return max(
+            (a.float() - b.float()).abs().max().item()
+            for a, b in zip(self.logits, other.logits, strict=True)
+        )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def generate(
+    model: Llama, prompt: torch.Tensor, prompt_lens: Sequence[int], decode_steps: int
+) -> Generation:
+    """A ragged prefill of `prompt` (the requests' tokens, one after another), then
+    `decode_steps` greedy steps through eager forwards (every op call goes through the
+    schema hooks, which capture and apply sit on). The model's page table gets new
+    requests each call (never released): its cache needs room for every call's."""
+    table = model.page_table
+    requests = [table.add_request() for _ in prompt_lens]
+    logits = model.forward(prompt, table.step(requests, list(prompt_lens)))
+    outputs, tokens, times = [logits.clone()], [], []
+    for _ in range(decode_steps):
+        next_tokens = model.sample(logits)
+        tokens.append(next_tokens.clone())
+        batch = table.step(requests, [1] * len(prompt_lens))
+        _synchronize(model.device)
+        start = time.perf_counter()
+        logits = model.forward(next_tokens, batch)
+        _synchronize(model.device)
+        times.append((time.perf_counter() - start) * 1e3)
+        outputs.append(logits.clone())
+    tokens.append(model.sample(logits).clone())
+    return Generation(outputs, tokens, sorted(times)[len(times) // 2] if times else 0.0)
+
+
+def loop_model(
+    config: str, layers: int = 0, *, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0
+) -> tuple[Llama, tuple[int, ...]]:
+    """The flashtune model the loop runs, and its requests' prompt lengths: the tiny config
+    (the CPU check) gets small pages and prompts, the others a realistic ragged batch."""
+    tiny = config == "tiny"
+    model = Llama(
+        model_config(config, layers),
+        "flashtune",
+        device=device,
+        dtype=getattr(torch, dtype),
+        page_size=4 if tiny else PAGE_SIZE,
+        num_pages=64 if tiny else 1024,
+        seed=seed,
+    )
+    return model, (5, 9, 3) if tiny else (512, 100, 37)
+
+
+@dataclass
+class LoopReport:
+    """The loop's outcome. `logits_max_abs_err`: over the prefill and every decode step.
+    `winners`: per captured definition, the solution apply dispatches to (None: the op runs
+    itself); `no_candidates`: definitions given no candidate, and why."""
+
+    dataset: Path
+    captured: list[str]
+    traces: int
+    statuses: dict[str, int]
+    winners: dict[str, str | None]
+    no_candidates: dict[str, str]
+    before_ms: float
+    after_ms: float
+    same_tokens: bool
+    logits_max_abs_err: float
+
+
+def format_report(report: LoopReport) -> str:
+    """The report as lines: the winner per definition, latency before/after, outputs."""
+    lines = [f"captured {len(report.captured)} definitions into {report.dataset}"]
+    lines.append(f"traces: {report.traces} {report.statuses}")
+    for name, winner in report.winners.items():
+        why = report.no_candidates.get(name, "no passing solution")
+        lines.append(f"  {name}: {winner or f'({why}: the op runs itself)'}")
+    lines.append(
+        f"decode step (median, host clock): {report.before_ms:.3f} ms before apply, "
+        f"{report.after_ms:.3f} ms after"
+    )
+    lines.append(
+        f"outputs: greedy tokens {'equal' if report.same_tokens else 'DIFFER'}, "
+        f"logits max |diff| {report.logits_max_abs_err:.3g}"
+    )
+    return "\n".join(lines)
