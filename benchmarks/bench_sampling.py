@@ -13,10 +13,15 @@ rotating input copies, a CUDA graph of 20 calls when the solution can be capture
 top-k reads k.max() on the host: events). The floor is one read of the probabilities
 (batch * vocab * 4 bytes); rows carry the achieved fraction of the measured read bandwidth.
 With --sweep, every SamplingRunner tactic is timed and the best re-timed on fresh inputs.
+With --tactics, a dozen tactics around the default (one program a row; split rows at several
+programs a row, warps and split rounds) are timed, one printed line and row each
+("flashtune_tactic"): the table to tune the split defaults from in one GPU call (narrow it
+with --ops/--batch/--vocab; each tactic compiles three kernels per op).
 
 Writes rows to benchmarks/results/sampling.jsonl (and $OUT); prints geomean speedups of
 flashtune over FlashInfer and over torch per op and overall.
-Usage: python benchmarks/bench_sampling.py [--quick] [--sweep]
+Usage: python benchmarks/bench_sampling.py [--quick] [--sweep] [--tactics] [--ops top_k,...]
+       [--batch 1,16] [--vocab 128256]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +41,11 @@ from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune.ops import sampling as S  # noqa: E402
 from flashtune.ops import sampling_kernels as K  # noqa: E402
-from flashtune.ops.sampling_config import default_tactic  # noqa: E402
+from flashtune.ops.sampling_config import (  # noqa: E402
+    SPLIT_ROUNDS,
+    SamplingTactic,
+    default_tactic,
+)
 from flashtune.timing import CaptureError, measure  # noqa: E402
 
 BATCH = [1, 16, 64, 256]
@@ -134,34 +144,81 @@ def time_ms(fn: Callable[..., Any], args: list[Any]) -> tuple[float, str]:
         return t.median_ms, "cuda_events"
 
 
+def with_tactic(op: str, batch: int, tactic: Any) -> Callable[..., torch.Tensor]:
+    """fn(probs, top_k, top_p, min_p) running SamplingRunner with `tactic` (a fresh seed a
+    call, drawn on the device, as the public functions do)."""
+    runner = S.SamplingRunner()
+    uses_k = op in ("top_k", "joint", "top_k_first")
+
+    def run(pr: torch.Tensor, k: torch.Tensor, p: torch.Tensor, m: torch.Tensor):
+        out = torch.empty(batch, dtype=torch.int32, device=pr.device)
+        seed = torch.randint(0, 2**62, (1,), device=pr.device)
+        param = None if op == "top_k" else (m if op == "min_p" else p)
+        inputs = [pr, out, None, seed, k if uses_k else None, param]
+        return runner.forward([*inputs, S.SamplingArgs(MODES[op])], tactic)
+
+    return run
+
+
 def sweep(
     op: str, args: list[torch.Tensor], allowed: torch.Tensor, scale: float
 ) -> tuple[Any, float, dict[str, float]]:
     """Every tactic of the runner: (the best, its latency re-timed on fresh inputs, all)."""
     probs = args[0]
     batch, vocab = probs.shape
-    runner = S.SamplingRunner()
-    uses_k = op in ("top_k", "joint", "top_k_first")
-
-    def with_tactic(tactic: Any) -> Callable[..., torch.Tensor]:
-        def run(pr: torch.Tensor, k: torch.Tensor, p: torch.Tensor, m: torch.Tensor):
-            out = torch.empty(batch, dtype=torch.int32, device=pr.device)
-            seed = torch.randint(0, 2**62, (1,), device=pr.device)
-            param = None if op == "top_k" else (m if op == "min_p" else p)
-            inputs = [pr, out, None, seed, k if uses_k else None, param]
-            return runner.forward([*inputs, S.SamplingArgs(MODES[op])], tactic)
-
-        return run
-
-    tactics = runner.get_valid_tactics([probs, torch.empty(batch)], None)
+    tactics = S.SamplingRunner().get_valid_tactics([probs, torch.empty(batch)], None)
     timings: dict[str, float] = {}
     for tactic in tactics:
-        check(with_tactic(tactic), args, allowed)
-        timings[str(tactic)] = time_ms(with_tactic(tactic), args)[0]
+        check(with_tactic(op, batch, tactic), args, allowed)
+        timings[str(tactic)] = time_ms(with_tactic(op, batch, tactic), args)[0]
     best = min(tactics, key=lambda t: timings[str(t)])
     # The pick is re-timed on inputs it was not chosen on (a minimum over noisy samples is
     # biased low): the published "tuned" figure is that re-measure.
-    return best, time_ms(with_tactic(best), make_args(batch, vocab, scale))[0], timings
+    return best, time_ms(with_tactic(op, batch, best), make_args(batch, vocab, scale))[0], timings
+
+
+def tactic_candidates(vocab: int, batch: int) -> list[SamplingTactic]:
+    """A few tactics around the default, to tune from (--tactics): the default and one
+    program a row (1024-wide chunks) with and without the scan's prefetch, one program a row
+    at 2048; split rows at a quarter to twice the default's programs a row, 4 and 8 warps;
+    the default split with 1 to 5 split rounds."""
+    default = default_tactic(vocab, batch, split=True)
+    chunks = -(-vocab // 1024)
+    most = 1 << (chunks - 1).bit_length()  # one chunk a program
+    base = default.split if default.split > 1 else max(2, min(most, 256 // max(batch, 1)))
+    out = [default, replace(default, prefetch=False), SamplingTactic(1024, 1, 8)]
+    out += [SamplingTactic(1024, 1, 8, prefetch=False), SamplingTactic(2048, 1, 8)]
+    for split in (base // 4, base // 2, base, base * 2):
+        if 2 <= split <= most:
+            out += [SamplingTactic(1024, 1, w, split, SPLIT_ROUNDS) for w in (4, 8)]
+    for rounds in (1, 2, 5):
+        out.append(SamplingTactic(1024, 1, 4, base, rounds))
+    if base >= 4:
+        out.append(SamplingTactic(2048, 1, 4, base // 2, SPLIT_ROUNDS))
+    return list(dict.fromkeys(out))
+
+
+def time_tactics(
+    op: str, args: list[torch.Tensor], allowed: torch.Tensor
+) -> dict[SamplingTactic, tuple[float, str]]:
+    """tactic -> (latency, timing method) for each of `tactic_candidates`; a failing tactic
+    is printed and left out."""
+    batch, vocab = args[0].shape
+    out = {}
+    for tactic in tactic_candidates(vocab, batch):
+        fn = with_tactic(op, batch, tactic)
+        try:
+            check(fn, args, allowed)
+            out[tactic] = time_ms(fn, args)
+        except Exception as exc:  # one bad tactic must not end the table
+            print(f"  {tactic}: {type(exc).__name__}: {str(exc)[:200]}")
+    return out
+
+
+def tactic_label(tactic: SamplingTactic) -> str:
+    split = f" split={tactic.split:<3d} rounds={tactic.rounds}" if tactic.split > 1 else ""
+    prefetch = "" if tactic.prefetch else " no-prefetch"
+    return f"block={tactic.block:<4d} rows={tactic.rows} warps={tactic.num_warps}{split}{prefetch}"
 
 
 def geomean(xs: list[float]) -> float:
@@ -173,10 +230,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="batch {1, 64}, vocab 128256, one dist")
     ap.add_argument("--sweep", action="store_true", help="also time every flashtune tactic")
+    ap.add_argument(
+        "--tactics",
+        action="store_true",
+        help="also time a few tactics around the default (split rows, rounds), one line each",
+    )
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
+    ap.add_argument("--batch", help="comma-separated batch sizes (default: all, or --quick's)")
+    ap.add_argument("--vocab", help="comma-separated vocabulary sizes (default: all, or --quick's)")
     opts = ap.parse_args()
     batches = [1, 64] if opts.quick else BATCH
     vocabs = [128256] if opts.quick else VOCAB
+    if opts.batch:
+        batches = [int(b) for b in opts.batch.split(",")]
+    if opts.vocab:
+        vocabs = [int(v) for v in opts.vocab.split(",")]
     dists = DISTRIBUTIONS[:1] if opts.quick else DISTRIBUTIONS
     ops = opts.ops.split(",")
     fi = load_flashinfer()
@@ -206,7 +274,7 @@ def main() -> None:
                         fraction = nbytes / (ms * 1e-3) / 1e9 / bandwidth
                         extra = {"bytes": nbytes, "timing": method, "hbm_read_fraction": fraction}
                         if name == "flashtune":
-                            extra["tactic"] = str(default_tactic(vocab, batch))
+                            extra["tactic"] = str(default_tactic(vocab, batch, split=True))
                         writer.write(op, shape, name, ms, **extra)
                     if opts.sweep:
                         tactic, ms, timings = sweep(op, args, allowed, scale)
@@ -221,6 +289,20 @@ def main() -> None:
                         )
                     line = "  ".join(f"{n} {ms * 1e3:8.1f} us" for n, ms in got.items())
                     print(f"{op:12s} s={scale:g} V={vocab:6d} B={batch:4d}  {line}", flush=True)
+                    if opts.tactics:
+                        for tactic, (ms, method) in time_tactics(op, args, allowed).items():
+                            fraction = nbytes / (ms * 1e-3) / 1e9 / bandwidth
+                            writer.write(
+                                op,
+                                shape,
+                                "flashtune_tactic",
+                                ms,
+                                tactic=str(tactic),
+                                bytes=nbytes,
+                                timing=method,
+                                hbm_read_fraction=fraction,
+                            )
+                            print(f"    {tactic_label(tactic):48s} {ms * 1e3:8.1f} us", flush=True)
                     for peer in ("flashinfer", "torch"):
                         if peer in got and "flashtune" in got:
                             ratios[op][peer].append(got[peer] / got["flashtune"])

@@ -16,6 +16,7 @@ import math
 import pytest
 import torch
 
+from _sampling_draws import DRAWS, check_draws, kept, row
 from flashtune.ops import sampling_kernels
 from flashtune.ops.sampling import (
     SamplingArgs,
@@ -39,48 +40,6 @@ from flashtune.ops.sampling import (
     top_p_sampling_from_probs,
 )
 
-DRAWS = 2000
-
-
-def _row(vocab: int, scale: float = 1.0, zeros: float = 0.0, device="cpu") -> torch.Tensor:
-    """One probability row [1, vocab]: softmax of scaled normals, a fraction set to zero."""
-    logits = torch.randn(1, vocab, device=device) * scale
-    if zeros:
-        logits[0, torch.randperm(vocab, device=device)[: int(vocab * zeros)]] = -math.inf
-    return torch.softmax(logits, dim=-1)
-
-
-def _kept(probs: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, joint=True):
-    """The filtered, renormalized distribution of one row (float64, the filters' rules)."""
-    row = probs[0].double()
-    vocab = row.numel()
-    keep = row > 0
-    if 0 < top_k < vocab:
-        keep &= row >= torch.sort(row, descending=True).values[top_k - 1]
-    if top_p < 1.0:
-        base = row if joint else torch.where(keep, row, 0.0) / torch.where(keep, row, 0.0).sum()
-        ordered, order = torch.sort(base, descending=True)
-        before = torch.zeros_like(row)
-        before[order] = torch.cumsum(ordered, 0) - ordered
-        keep &= before <= top_p * base.sum()
-    if min_p > 0:
-        keep &= row >= min_p * row.max()
-    kept = torch.where(keep, row, 0.0)
-    return kept / kept.sum()
-
-
-def _check_draws(samples: torch.Tensor, expected: torch.Tensor) -> None:
-    """Every draw in the support, and the TVD within 3x sampling noise (module docstring)."""
-    draws = samples.long().cpu()
-    assert draws.dtype == torch.int64 and draws.numel() > 0
-    outside = (expected[draws] == 0).nonzero().flatten()
-    assert outside.numel() == 0, f"drew tokens outside the support: {draws[outside][:10].tolist()}"
-    n = draws.numel()
-    freq = torch.bincount(draws, minlength=expected.numel()).double() / n
-    tvd = 0.5 * float((freq - expected).abs().sum())
-    noise = 0.5 * float(torch.sqrt(2 * expected * (1 - expected) / (math.pi * n)).sum())
-    assert tvd <= 3 * noise + 1e-3, f"TVD {tvd:.4f} > 3 x noise {noise:.4f} over {n} draws"
-
 
 def _zeros(n: int, device="cpu") -> torch.Tensor:
     return torch.zeros(n, dtype=torch.int32, device=device)
@@ -91,36 +50,36 @@ def _zeros(n: int, device="cpu") -> torch.Tensor:
 
 @pytest.mark.parametrize("vocab,zeros", [(64, 0.0), (300, 0.5)])
 def test_sampling_from_probs_distribution(vocab, zeros):
-    probs = _row(vocab, zeros=zeros)
-    _check_draws(sampling_from_probs(probs, indices=_zeros(DRAWS)), _kept(probs))
+    probs = row(vocab, zeros=zeros)
+    check_draws(sampling_from_probs(probs, indices=_zeros(DRAWS)), kept(probs))
 
 
 def test_sampling_from_logits_distribution():
     logits = torch.randn(1, 200)
     logits[0, :50] = -math.inf
     samples = sampling_from_logits(logits, indices=_zeros(DRAWS))
-    _check_draws(samples, _kept(torch.softmax(logits, dim=-1)))
+    check_draws(samples, kept(torch.softmax(logits, dim=-1)))
 
 
 @pytest.mark.parametrize("top_p", [0.4, 0.9])
 def test_top_p_sampling_distribution(top_p):
-    probs = _row(256, scale=1.5)
+    probs = row(256, scale=1.5)
     samples = top_p_sampling_from_probs(probs, top_p, indices=_zeros(DRAWS))
-    _check_draws(samples, _kept(probs, top_p=top_p))
+    check_draws(samples, kept(probs, top_p=top_p))
 
 
 @pytest.mark.parametrize("top_k", [10, 100, 256])
 def test_top_k_sampling_distribution(top_k):
-    probs = _row(200)
+    probs = row(200)
     samples = top_k_sampling_from_probs(probs, top_k, indices=_zeros(DRAWS))
-    _check_draws(samples, _kept(probs, top_k=top_k))
+    check_draws(samples, kept(probs, top_k=top_k))
 
 
 @pytest.mark.parametrize("min_p", [0.2, 0.7])
 def test_min_p_sampling_distribution(min_p):
-    probs = _row(256, scale=1.5)
+    probs = row(256, scale=1.5)
     samples = min_p_sampling_from_probs(probs, min_p, indices=_zeros(DRAWS))
-    _check_draws(samples, _kept(probs, min_p=min_p))
+    check_draws(samples, kept(probs, min_p=min_p))
 
 
 @pytest.mark.parametrize(
@@ -128,16 +87,16 @@ def test_min_p_sampling_distribution(min_p):
     [("top_k_first", 30, 0.6), ("joint", 30, 0.6), ("top_k_first", 8, 0.95), ("joint", 0, 0.5)],
 )
 def test_top_k_top_p_sampling_distribution(order, top_k, top_p):
-    probs = _row(200, scale=1.2)
+    probs = row(200, scale=1.2)
     samples = top_k_top_p_sampling_from_probs(
         probs, top_k, top_p, indices=_zeros(DRAWS), filter_apply_order=order
     )
-    _check_draws(samples, _kept(probs, top_k=top_k, top_p=top_p, joint=order == "joint"))
+    check_draws(samples, kept(probs, top_k=top_k, top_p=top_p, joint=order == "joint"))
 
 
 def test_rows_get_their_own_parameters():
     # Two rows, each drawn DRAWS / 2 times through indices, with per-row top_k and top_p.
-    probs = torch.cat([_row(128), _row(128, scale=2.0)])
+    probs = torch.cat([row(128), row(128, scale=2.0)])
     indices = torch.arange(DRAWS, dtype=torch.int32) % 2
     top_k = torch.tensor([5, 60], dtype=torch.int32).repeat(DRAWS // 2)
     top_p = torch.tensor([0.9, 0.4]).repeat(DRAWS // 2)
@@ -145,13 +104,13 @@ def test_rows_get_their_own_parameters():
         probs, top_k, top_p, indices=indices, filter_apply_order="joint"
     )
     for r, (k, p) in enumerate([(5, 0.9), (60, 0.4)]):
-        _check_draws(samples[r::2], _kept(probs[r : r + 1], top_k=k, top_p=p))
+        check_draws(samples[r::2], kept(probs[r : r + 1], top_k=k, top_p=p))
 
 
 def test_fp16_probs_sample_within_support():
-    probs = _row(256, scale=2.0).half()
+    probs = row(256, scale=2.0).half()
     samples = top_k_sampling_from_probs(probs, 20, indices=_zeros(500))
-    expected = _kept(probs.float(), top_k=20)
+    expected = kept(probs.float(), top_k=20)
     assert bool((expected[samples.long()] > 0).all())
 
 
@@ -416,14 +375,14 @@ def test_calls_without_a_definition_are_refused_by_the_schema(kwargs):
 
 
 def test_emitted_reference_draws_within_the_support():
-    probs = _row(1000, scale=3.0).repeat(4, 1)
+    probs = row(1000, scale=3.0).repeat(4, 1)
     definition = top_k_top_p_sampling_from_probs.definition(probs, 10, 0.8)
     scope: dict = {}
     exec(definition.reference, scope)
     k, p = torch.full((4,), 10, dtype=torch.int32), torch.full((4,), 0.8)
     samples = scope["run"](probs, k, p)
     assert samples.dtype == torch.int64 and samples.shape == (4,)
-    assert bool((_kept(probs, top_k=10, top_p=0.8, joint=False)[samples] > 0).all())
+    assert bool((kept(probs, top_k=10, top_p=0.8, joint=False)[samples] > 0).all())
 
 
 # ------------------------------------------------------------------------------ GPU
@@ -461,12 +420,12 @@ def test_gpu_filters_at_llm_vocabularies(dtype, vocab):
 @pytest.mark.cuda
 @pytest.mark.parametrize("order", ["top_k_first", "joint"])
 def test_gpu_distribution_of_one_row(order):
-    probs = _row(128256, scale=4.0, device="cuda")
+    probs = row(128256, scale=4.0, device="cuda")
     samples = top_k_top_p_sampling_from_probs(
         probs, 50, 0.9, indices=_zeros(200_000, "cuda"), filter_apply_order=order
     )
-    expected = _kept(probs.cpu(), top_k=50, top_p=0.9, joint=order == "joint")
-    _check_draws(samples, expected)
+    expected = kept(probs.cpu(), top_k=50, top_p=0.9, joint=order == "joint")
+    check_draws(samples, expected)
 
 
 @pytest.mark.cuda

@@ -1,10 +1,14 @@
 """Launch configurations of the sampling kernels (sampling_kernels.py): the tactic, its search
 space and the default (tactic -1).
 
-A tactic changes how a row is read (chunk width, rows a program, warps), never which token
-a uniform draws but for the rounding of partial sums: the autotuner's check that a tactic
-reproduces the default tactic's samples holds. The pivot count is not a tactic: it decides
-the rejection rounds, and so which uniforms are drawn.
+A tactic changes how a row is read (chunk width, rows a program, warps, programs a row),
+never which token a uniform draws but for the rounding of partial sums: the autotuner's
+check that a tactic reproduces the default tactic's samples holds. The pivot count is not a
+tactic: it decides the rejection rounds, and so which uniforms are drawn.
+
+Split rows (`split` > 1, sampling only): at small batch one program a row leaves most SMs
+idle, so each pass over a row is shared by `split` programs (sampling_kernels.py), for
+`rounds` rejection rounds; rows still undecided then finish one program a row.
 """
 
 from __future__ import annotations
@@ -16,12 +20,29 @@ import triton
 
 from flashtune import platform
 
-__all__ = ["PIVOTS", "SamplingTactic", "default_tactic", "chunk_count"]
+__all__ = [
+    "PIVOTS",
+    "SPLIT_ROUNDS",
+    "SamplingTactic",
+    "default_tactic",
+    "split_default",
+    "chunk_count",
+]
 
 # Thresholds tested per pass: the candidate and 3 more between it and the smallest value
 # known to pass. FlashInfer tests 2 (its "dual pivot"); 4 narrows the interval 4-fold a
 # round for 2 more compare-and-add per value. Not yet measured on a GPU.
 PIVOTS = 4
+
+# Rejection rounds a split row runs before the rows still undecided finish one program a
+# row. A round after the first pass is usually enough (see sampling_kernels.py); a launch for
+# rows already done costs a load per program. Not yet measured on a GPU.
+SPLIT_ROUNDS = 3
+# Programs the default split aims for at small batch: about two per SM of an H100 (132).
+_SPLIT_TARGET_PROGRAMS = 256
+_SPLIT_MAX = 256
+# Largest batch (grid dimension 1 of the split kernels) a split tactic runs at.
+_SPLIT_MAX_BATCH = 65535
 
 # Elements of the [rows, PIVOTS, block] per-pivot accumulators one program keeps by default:
 # ptxas -v for sm_90 (no GPU needed): ROWS=1, BLOCK=1024, 8 warps uses 40-128 registers a
@@ -34,17 +55,24 @@ _MAX_TILE_INTERPRETED = 1 << 17
 
 @dataclass(frozen=True)
 class SamplingTactic:
-    """`rows` rows a program, each read `block` values at a time, with `num_warps` warps."""
+    """`rows` rows a program, each read `block` values at a time, with `num_warps` warps;
+    `split` > 1: each row's passes shared by that many programs for `rounds` rejection
+    rounds (then `rows` rows a program finish the rows still undecided); `prefetch`: a pass
+    loads the next chunk before reducing the current one (sampling_steps.scan)."""
 
     block: int
     rows: int
     num_warps: int
+    split: int = 1
+    rounds: int = 0
+    prefetch: bool = True
 
     @staticmethod
-    def space(vocab: int, batch: int) -> list[SamplingTactic]:
-        """Every tactic worth trying for rows of `vocab` values (`batch` rows)."""
+    def space(vocab: int, batch: int, split: bool = False) -> list[SamplingTactic]:
+        """Every tactic worth trying for rows of `vocab` values (`batch` rows); with `split`,
+        the split-row tactics too (the sampling kernel has them, the others not)."""
         full = triton.next_power_of_2(max(vocab, 1))
-        out = []
+        out = SamplingTactic.split_space(vocab, batch) if split else []
         for block in (256, 512, 1024, 2048, 4096):
             if block > max(full, 256):
                 continue
@@ -58,6 +86,34 @@ class SamplingTactic:
                         out.append(SamplingTactic(block, rows, warps))
         return out
 
+    @staticmethod
+    def split_space(vocab: int, batch: int) -> list[SamplingTactic]:
+        """The split-row tactics worth trying: up to ~4 programs an SM in all, at least a
+        chunk a program, 1024- or 2048-wide chunks."""
+        if batch > _SPLIT_MAX_BATCH:
+            return []
+        out = []
+        for block in (1024, 2048):
+            chunks = triton.cdiv(max(vocab, 1), block)
+            split = 2
+            while split <= min(_SPLIT_MAX, triton.next_power_of_2(chunks)):
+                if batch * split <= 4 * _SPLIT_TARGET_PROGRAMS:
+                    for warps in (4, 8):
+                        out.append(SamplingTactic(block, 1, warps, split, SPLIT_ROUNDS))
+                split *= 2
+        return out
+
+
+def split_default(vocab: int, batch: int, block: int) -> int:
+    """Programs a row by default: enough for ~_SPLIT_TARGET_PROGRAMS in all (a power of
+    two, up to one a chunk; the last few may get none); 1 (no split) once the batch alone
+    fills the GPU."""
+    chunks = triton.cdiv(max(vocab, 1), block)
+    if batch > _SPLIT_MAX_BATCH or 2 * batch > _SPLIT_TARGET_PROGRAMS or chunks < 8:
+        return 1
+    wanted = triton.next_power_of_2(triton.cdiv(_SPLIT_TARGET_PROGRAMS, batch))
+    return max(1, min(wanted, _SPLIT_MAX, triton.next_power_of_2(chunks)))
+
 
 def chunk_count(vocab: int, block: int) -> int:
     """NCHUNK: the chunk sums a row keeps (a power of two, as Triton's shapes must be)."""
@@ -65,9 +121,11 @@ def chunk_count(vocab: int, block: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def default_tactic(vocab: int, batch: int) -> SamplingTactic:
+def default_tactic(vocab: int, batch: int, split: bool = False) -> SamplingTactic:
     """The heuristic launch, valid for any shape. One row a program at LLM vocabularies
-    (128k-262k values: 1024-wide chunks, 8 warps); small rows are stacked."""
+    (128k-262k values: 1024-wide chunks, 8 warps); small rows are stacked. With `split`
+    (the sampling kernel), a small batch of long rows spreads each row over several
+    programs (`split_default`); never in the interpreter (its cost is per operation)."""
     full = triton.next_power_of_2(max(vocab, 1))
     batch2 = triton.next_power_of_2(max(batch, 1))
     if platform.triton_interpret():
@@ -77,4 +135,10 @@ def default_tactic(vocab: int, batch: int) -> SamplingTactic:
     block = min(full, 1024)
     rows = 1 if full > block else max(1, min(batch2, _MAX_TILE // (block * 4)))
     warps = 8 if rows * block >= 1024 else 4
+    programs = split_default(vocab, batch, block) if split else 1
+    if programs > 1:
+        # 4 warps: ptxas -v (sm_90, BLOCK=1024, SPLIT=128) gives split_round_kernel 80
+        # (min-p) to 255 registers a thread with 4 warps, 72 to 255 with 8 (207 for plain
+        # and top-p), no spills: twice the threads cost a second CTA an SM.
+        return SamplingTactic(block, 1, 4, programs, SPLIT_ROUNDS)
     return SamplingTactic(block, rows, warps)

@@ -1,12 +1,14 @@
-"""Triton kernels of the sampling family (sampling.py holds the references, schemas and API).
+"""Triton kernels of the sampling family (sampling.py holds the references, schemas and API;
+sampling_steps.py the building blocks named below; sampling_split_kernels.py the same
+sampling with a row's passes shared by several programs, for small batches).
 
 Sorting-free. A program owns ROWS rows; every round is one pass over them:
 
 - A *pass* compares each value with PIVOTS thresholds t[m] at once and gathers, per pivot,
   the sum of the values > t[m] chunk by chunk (BLOCK values a chunk, in row order), their
-  count and the smallest of them (`_scan`).
+  count and the smallest of them (`scan`).
 - A *draw* inverts the CDF of the values > low in row order: the chunk from the chunk sums,
-  then the token from one re-read of that chunk (`_pick`). Row order, not a layout of the
+  then the token from one re-read of that chunk (`pick`). Row order, not a layout of the
   kernel's, so the token drawn for a uniform does not depend on the tactic but for the
   rounding of partial sums.
 - Truncated sampling (top-k, top-p, min-p, joint) is rejection sampling over a shrinking
@@ -22,7 +24,7 @@ Sorting-free. A program owns ROWS rows; every round is one pass over them:
   most ~32 / log2(PIVOTS) + 1 rounds, typically one or two.
 - Exact thresholds (renorm, mask, the top-k stage of top-k-then-top-p) use the same passes
   with the candidate "the smallest value > low" instead of a random one: when it passes,
-  S = {p > low} exactly (`_exact_low`).
+  S = {p > low} exactly (`exact_low`).
 
 Randomness: one int64 seed per call, read from a device tensor (drawn from the caller's
 torch generator: no host synchronization, and a CUDA graph replays fresh draws); round r of
@@ -35,6 +37,20 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from flashtune.ops.sampling_split_kernels import SPLIT_DONE, SPLIT_SEARCH, load_state
+from flashtune.ops.sampling_steps import (
+    MAX_ROUNDS,
+    candidate_round,
+    candidate_thresholds,
+    enter_sampling,
+    exact_low,
+    first_state,
+    pick,
+    row_bases,
+    row_params,
+    scan,
+)
 
 __all__ = [
     "MAX_ROUNDS",
@@ -54,161 +70,14 @@ __all__ = [
     "chain_speculative_kernel",
 ]
 
-# Random streams per output row; also the cap on rejection rounds (never reached: see above).
-MAX_ROUNDS = 64
 _ROUNDS = tl.constexpr(MAX_ROUNDS)
+
+_SEARCH = tl.constexpr(SPLIT_SEARCH)
+_DONE = tl.constexpr(SPLIT_DONE)
 
 MODE_PLAIN, MODE_TOP_P, MODE_TOP_K, MODE_MIN_P, MODE_JOINT, MODE_TOP_K_FIRST = range(6)
 RENORM_TOP_P, RENORM_TOP_K, MASK_TOP_K = range(3)
 _INF = tl.constexpr(float("inf"))
-
-
-# ----------------------------------------------------------------------------------------------
-# Building blocks
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _pivots(lo, hi, P: tl.constexpr):
-    """[R, P] thresholds per row: lo, then P - 1 more spaced evenly between lo and hi [R] in
-    the floats' order-preserving bit patterns (negatives flipped), so geometric in value."""
-    k_lo = lo.to(tl.int32, bitcast=True)
-    k_lo = tl.where(k_lo < 0, k_lo ^ 0x7FFFFFFF, k_lo).to(tl.int64)
-    k_hi = hi.to(tl.int32, bitcast=True)
-    k_hi = tl.where(k_hi < 0, k_hi ^ 0x7FFFFFFF, k_hi).to(tl.int64)
-    step = tl.arange(0, P).to(tl.int64)
-    keys = (k_lo[:, None] + (k_hi - k_lo)[:, None] * step[None, :] // P).to(tl.int32)
-    return tl.where(keys < 0, keys ^ 0x7FFFFFFF, keys).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _scan(
-    base,  # [R] pointers to the rows
-    V,
-    t,  # [R, P] thresholds
-    active,  # [R] rows to read (the others read nothing and report nothing)
-    P: tl.constexpr,
-    BLOCK: tl.constexpr,
-    NCHUNK: tl.constexpr,
-    COUNTS: tl.constexpr,
-    MINS: tl.constexpr,
-):
-    """One pass: per row and pivot, the chunk sums [R, P, C] of the values > t, their count
-    [R, P] (COUNTS), the smallest of them [R, P] (MINS); and each row's largest value [R]."""
-    cols = tl.arange(0, BLOCK)
-    chunk_ids = tl.arange(0, NCHUNK)
-    R: tl.constexpr = t.shape[0]
-    sums = tl.zeros([R, P, NCHUNK], dtype=tl.float32)
-    counts = tl.zeros([R, P, BLOCK], dtype=tl.int32)
-    mins = tl.full([R, P, BLOCK], _INF, dtype=tl.float32)
-    maxs = tl.full([R, BLOCK], -_INF, dtype=tl.float32)
-    for c in range(0, tl.cdiv(V, BLOCK)):
-        offs = c * BLOCK + cols
-        mask = active[:, None] & (offs < V)[None, :]
-        x = tl.load(base[:, None] + offs[None, :], mask=mask, other=-_INF).to(tl.float32)
-        above = x[:, None, :] > t[:, :, None]
-        chunk = tl.sum(tl.where(above, x[:, None, :], 0.0), axis=2)
-        sums = tl.where(chunk_ids[None, None, :] == c, chunk[:, :, None], sums)
-        if COUNTS:
-            counts += above.to(tl.int32)
-        if MINS:
-            mins = tl.minimum(mins, tl.where(above, x[:, None, :], _INF))
-        maxs = tl.maximum(maxs, x)
-    return sums, tl.sum(counts, axis=2), tl.min(mins, axis=2), tl.max(maxs, axis=1)
-
-
-@triton.jit
-def _pick(base, V, sums, low, u, active, BLOCK: tl.constexpr, NCHUNK: tl.constexpr):
-    """Invert each row's CDF of its values > low [R] at u [R]: (token [R], its value [R]).
-    `sums` [R, C]: the chunk sums of those values. Rounding that leaves the target past a
-    chunk's last eligible value takes that value (never an ineligible one)."""
-    chunk_ids = tl.arange(0, NCHUNK)
-    target = u * tl.sum(sums, axis=1)
-    cum = tl.cumsum(sums, axis=1)
-    first = tl.min(tl.where(cum > target[:, None], chunk_ids[None, :], NCHUNK), axis=1)
-    last = tl.max(tl.where(sums > 0.0, chunk_ids[None, :], 0), axis=1)
-    c = tl.minimum(first, last)
-    target -= tl.sum(tl.where(chunk_ids[None, :] < c[:, None], sums, 0.0), axis=1)
-    cols = tl.arange(0, BLOCK)
-    offs = c[:, None] * BLOCK + cols[None, :]
-    x = tl.load(base[:, None] + offs, mask=active[:, None] & (offs < V), other=0.0)
-    x = x.to(tl.float32)
-    w = tl.where(x > low[:, None], x, 0.0)
-    wcum = tl.cumsum(w, axis=1)
-    j = tl.min(tl.where(wcum > target[:, None], cols[None, :], BLOCK), axis=1)
-    j = tl.minimum(j, tl.max(tl.where(w > 0.0, cols[None, :], 0), axis=1))
-    value = tl.sum(tl.where(cols[None, :] == j[:, None], x, 0.0), axis=1)
-    return c * BLOCK + j, value
-
-
-@triton.jit
-def _take(mat, m, P: tl.constexpr):
-    """mat[r, m[r]] for mat [R, P] and m [R]."""
-    ids = tl.arange(0, P)
-    return tl.sum(tl.where(ids[None, :] == m[:, None], mat, 0), axis=1)
-
-
-@triton.jit
-def _take_row(mat, m, P: tl.constexpr):
-    """mat[r, m[r], :] for mat [R, P, C] and m [R]."""
-    ids = tl.arange(0, P)
-    return tl.sum(tl.where(ids[None, :, None] == m[:, None, None], mat, 0.0), axis=1)
-
-
-@triton.jit
-def _rejected_pivot(ok, t, high, P: tl.constexpr):
-    """From one pass's verdicts ok [R, P] on thresholds t [R, P]: the largest rejected
-    pivot's index [R], and high [R] lowered to the smallest passing pivot above it."""
-    ids = tl.arange(0, P)
-    m = tl.max(tl.where(ok, 0, ids[None, :]), axis=1)
-    above = ok & (ids[None, :] > m[:, None])
-    return m, tl.minimum(high, tl.min(tl.where(above, t, _INF), axis=1))
-
-
-@triton.jit
-def _exact_low(
-    base,
-    V,
-    low,
-    low_sums,
-    v,
-    high,
-    k,
-    limit,
-    active,
-    P: tl.constexpr,
-    BLOCK: tl.constexpr,
-    NCHUNK: tl.constexpr,
-):
-    """Per row, the exact support {x > low} of the filter (fewer than k values above, their
-    mass <= limit), from a `low` [R] known to fail it: returns (low [R], its chunk sums
-    [R, C]). `v` [R]: the smallest value > low; `high` [R]: a value known to pass."""
-    searching = active & (v < high)
-    while tl.max(searching.to(tl.int32), axis=0) > 0:
-        t = _pivots(v, tl.minimum(high, 3.0e38), P)
-        sums, counts, mins, _ = _scan(base, V, t, searching, P, BLOCK, NCHUNK, True, True)
-        ok = (counts < k[:, None]) & (tl.sum(sums, axis=2) <= limit[:, None])
-        # When the smallest value > low passes, S = {x > low}: that row is done.
-        rejected = searching & (_take(ok.to(tl.int32), tl.zeros_like(k), P) == 0)
-        m, new_high = _rejected_pivot(ok, t, high, P)
-        low = tl.where(rejected, _take(t, m, P), low)
-        low_sums = tl.where(rejected[:, None], _take_row(sums, m, P), low_sums)
-        v = tl.where(rejected, _take(mins, m, P), v)
-        high = tl.where(rejected, new_high, high)
-        searching = rejected & (v < high)
-    return low, low_sums
-
-
-@triton.jit
-def _row_bases(X, Indices, first, n_rows, stride, HAS_INDICES: tl.constexpr, R: tl.constexpr):
-    """The R output rows of this program: (their indices [R], valid [R], input bases [R])."""
-    rows = first + tl.arange(0, R)
-    valid = rows < n_rows
-    if HAS_INDICES:
-        src = tl.load(Indices + rows, mask=valid, other=0).to(tl.int64)
-    else:
-        src = rows.to(tl.int64)
-    return rows, valid, X + src * stride
 
 
 # ----------------------------------------------------------------------------------------------
@@ -229,6 +98,10 @@ def sampling_kernel(
     B,
     V,
     stride,
+    WsF,  # [B, ws_f] float32 split-row workspace (RESUME; see split_first_kernel)
+    WsI,  # [B, ws_i] int32 split-row workspace (RESUME)
+    ws_f,
+    ws_i,
     MODE: tl.constexpr,
     HAS_INDICES: tl.constexpr,
     K_ARRAY: tl.constexpr,
@@ -237,92 +110,98 @@ def sampling_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     NCHUNK: tl.constexpr,
+    RESUME: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    rows, valid, base = _row_bases(
+    """ROWS rows a program, every pass over the whole row. RESUME: the rows the split-row
+    kernels left undecided go on from the state they wrote (the others are done)."""
+    rows, valid, base = row_bases(
         Probs, Indices, tl.program_id(0) * ROWS, B, stride, HAS_INDICES, ROWS
     )
     seed = tl.load(Seed)
     stream = rows.to(tl.int64) * _ROUNDS
     USE_K: tl.constexpr = (MODE == 2) | (MODE == 4) | (MODE == 5)
-    USE_P: tl.constexpr = (MODE == 1) | (MODE == 3) | (MODE == 4) | (MODE == 5)
-
-    k = tl.zeros([ROWS], dtype=tl.int32) + V + 1  # V + 1: no top-k test
-    if USE_K:
-        if K_ARRAY:
-            k = tl.load(TopK + rows, mask=valid, other=0).to(tl.int32)
-        else:
-            k = tl.zeros([ROWS], dtype=tl.int32) + top_k_value
-        k = tl.where((k <= 0) | (k >= V), V + 1, k)  # no filtering, as the references
-    param = tl.full([ROWS], 1.0, dtype=tl.float32)
-    if USE_P:
-        if P_ARRAY:
-            param = tl.load(TopP + rows, mask=valid, other=1.0).to(tl.float32)
-        else:
-            param = tl.zeros([ROWS], dtype=tl.float32) + top_p_value
-
-    zero = tl.zeros([ROWS, 1], dtype=tl.float32)
-    sums0, counts0, mins0, pmax = _scan(
-        base, V, zero, valid, 1, BLOCK, NCHUNK, MODE == 5, MODE == 5
+    n_chunks = tl.cdiv(V, BLOCK)
+    k, param = row_params(
+        TopK, top_k_value, TopP, top_p_value, rows, valid, V, MODE, K_ARRAY, P_ARRAY
     )
-    low = tl.sum(zero, axis=1)
-    low_sums = tl.sum(sums0, axis=1)
-    high = pmax  # the largest value always passes
-    limit = tl.full([ROWS], _INF, dtype=tl.float32)
-    if (MODE == 1) | (MODE == 4):
-        limit = tl.where(param >= 1.0, _INF, tl.maximum(param, 0.0) * tl.sum(low_sums, axis=1))
-    if MODE == 3:
-        # min-p: S = {x >= min_p * max}. A candidate >= that passes; else one pass at the
-        # float just below it, whose next candidate is in S.
-        high = tl.where(param > 0.0, param * pmax, 0.0)
-    if MODE == 5:
-        # Top-k first: the exact top-k support, then top-p within it (renormalized).
-        search = valid & (tl.sum(counts0, axis=1) >= k)
-        low, low_sums = _exact_low(
-            base,
-            V,
-            low,
-            low_sums,
-            tl.sum(mins0, axis=1),
-            high,
-            k,
-            limit,
-            search,
-            PIVOTS,
-            BLOCK,
+    if RESUME:
+        phase, low, high, value, limit, v, high_search, token, rnd, k, low_sums = load_state(
+            WsF + rows.to(tl.int64) * ws_f,
+            WsI + rows.to(tl.int64) * ws_i,
+            valid,
+            n_chunks,
             NCHUNK,
         )
-        k = tl.zeros([ROWS], dtype=tl.int32) + V + 1
-        limit = tl.where(param >= 1.0, _INF, tl.maximum(param, 0.0) * tl.sum(low_sums, axis=1))
-
-    rnd = 0
-    token, value = _pick(base, V, low_sums, low, tl.rand(seed, stream), valid, BLOCK, NCHUNK)
-    todo = valid & (value < high) & (MODE != 0)
-    while tl.max(todo.to(tl.int32), axis=0) > 0:
-        if MODE == 3:
-            below = high.to(tl.int32, bitcast=True) - 1  # high > 0: bits order like values
-            t = (
-                tl.zeros([ROWS, PIVOTS], dtype=tl.float32)
-                + below.to(tl.float32, bitcast=True)[:, None]
+        busy = valid & (phase != _DONE)
+        fresh = busy & (phase == _SEARCH)
+        if MODE == 5:
+            low, low_sums = exact_low(
+                base,
+                V,
+                low,
+                low_sums,
+                v,
+                high_search,
+                k,
+                limit,
+                fresh,
+                PIVOTS,
+                BLOCK,
+                NCHUNK,
+                PREFETCH,
             )
-            ok = t >= high[:, None]
-            sums, _, _, _ = _scan(base, V, t, todo, PIVOTS, BLOCK, NCHUNK, False, False)
-        else:
-            t = _pivots(value, high, PIVOTS)
-            sums, counts, _, _ = _scan(base, V, t, todo, PIVOTS, BLOCK, NCHUNK, USE_K, False)
-            ok = (counts < k[:, None]) & (tl.sum(sums, axis=2) <= limit[:, None])
-        # The candidate is t[:, 0]: where it passes, it is in S and the row is done.
-        rejected = todo & (_take(ok.to(tl.int32), tl.zeros_like(k), PIVOTS) == 0)
-        m, new_high = _rejected_pivot(ok, t, high, PIVOTS)
-        low = tl.where(rejected, _take(t, m, PIVOTS), low)
-        low_sums = tl.where(rejected[:, None], _take_row(sums, m, PIVOTS), low_sums)
-        high = tl.where(rejected, new_high, high)
-        rnd += 1
+    else:
+        zero = tl.zeros([ROWS, 1], dtype=tl.float32)
+        sums0, counts0, mins0, pmax = scan(
+            base, V, zero, valid, 1, BLOCK, NCHUNK, MODE == 5, MODE == 5, 0, n_chunks, PREFETCH
+        )
+        low, low_sums, high, limit = first_state(sums0, pmax, param, MODE)
+        busy = valid
+        fresh = valid
+        token = tl.zeros([ROWS], dtype=tl.int32)
+        value = tl.zeros([ROWS], dtype=tl.float32)
+        rnd = tl.zeros([ROWS], dtype=tl.int32)
+        if MODE == 5:
+            # Top-k first: the exact top-k support, then top-p within it (renormalized).
+            search = valid & (tl.sum(counts0, axis=1) >= k)
+            low, low_sums = exact_low(
+                base,
+                V,
+                low,
+                low_sums,
+                tl.sum(mins0, axis=1),
+                high,
+                k,
+                limit,
+                search,
+                PIVOTS,
+                BLOCK,
+                NCHUNK,
+                PREFETCH,
+            )
+    k, limit = enter_sampling(k, limit, param, low_sums, fresh, V, MODE)
+    first_token, first_value = pick(
+        base, V, low_sums, low, tl.rand(seed, stream), fresh, BLOCK, NCHUNK
+    )
+    token = tl.where(fresh, first_token.to(tl.int32), token)
+    value = tl.where(fresh, first_value, value)
+    todo = busy & (value < high) & (MODE != 0)
+    while tl.max(todo.to(tl.int32), axis=0) > 0:
+        t = candidate_thresholds(value, high, MODE, PIVOTS)
+        sums, counts, _, _ = scan(
+            base, V, t, todo, PIVOTS, BLOCK, NCHUNK, USE_K, False, 0, n_chunks, PREFETCH
+        )
+        rejected, low, low_sums, high = candidate_round(
+            t, sums, counts, low, low_sums, high, k, limit, todo, MODE, PIVOTS
+        )
+        rnd = tl.where(rejected, rnd + 1, rnd)
         u = tl.rand(seed, stream + rnd)
-        next_token, next_value = _pick(base, V, low_sums, low, u, rejected, BLOCK, NCHUNK)
-        token = tl.where(rejected, next_token, token)
+        next_token, next_value = pick(base, V, low_sums, low, u, rejected, BLOCK, NCHUNK)
+        token = tl.where(rejected, next_token.to(tl.int32), token)
         value = tl.where(rejected, next_value, value)
         todo = rejected & (value < high) & (rnd < _ROUNDS - 1)
-    tl.store(Out + rows, token.to(tl.int32), mask=valid)
+    tl.store(Out + rows, token, mask=busy)
 
 
 @triton.jit
@@ -341,7 +220,7 @@ def logits_sampling_kernel(
 ):
     """One draw from softmax(logits) in one pass: chunk sums of exp(x - running max), rescaled
     when the max grows, then the chosen chunk's re-read (no probabilities are written)."""
-    rows, valid, base = _row_bases(
+    rows, valid, base = row_bases(
         Logits, Indices, tl.program_id(0) * ROWS, B, stride, HAS_INDICES, ROWS
     )
     cols = tl.arange(0, BLOCK)
@@ -397,8 +276,9 @@ def renorm_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     NCHUNK: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    rows, valid, base = _row_bases(X, X, tl.program_id(0) * ROWS, B, stride_x, False, ROWS)
+    rows, valid, base = row_bases(X, X, tl.program_id(0) * ROWS, B, stride_x, False, ROWS)
     k = tl.zeros([ROWS], dtype=tl.int32) + V + 1
     if MODE != 0:
         if K_ARRAY:
@@ -411,7 +291,9 @@ def renorm_kernel(
         start = tl.full([ROWS, 1], -_INF, dtype=tl.float32)
     else:
         start = tl.zeros([ROWS, 1], dtype=tl.float32)
-    sums0, counts0, mins0, _ = _scan(base, V, start, valid, 1, BLOCK, NCHUNK, True, True)
+    sums0, counts0, mins0, _ = scan(
+        base, V, start, valid, 1, BLOCK, NCHUNK, True, True, 0, tl.cdiv(V, BLOCK), PREFETCH
+    )
     low = tl.sum(start, axis=1)
     low_sums = tl.sum(sums0, axis=1)
     limit = tl.full([ROWS], _INF, dtype=tl.float32)
@@ -424,7 +306,7 @@ def renorm_kernel(
     total = tl.sum(low_sums, axis=1)
     search = valid & ((tl.sum(counts0, axis=1) >= k) | (total > limit))
     high = tl.full([ROWS], _INF, dtype=tl.float32)
-    low, low_sums = _exact_low(
+    low, low_sums = exact_low(
         base,
         V,
         low,
@@ -437,6 +319,7 @@ def renorm_kernel(
         PIVOTS,
         BLOCK,
         NCHUNK,
+        PREFETCH,
     )
     inv = 1.0 / tl.sum(low_sums, axis=1)
     cols = tl.arange(0, BLOCK)
@@ -473,7 +356,7 @@ def softmax_kernel(
 ):
     """Online softmax: per column of the chunk grid a running max and sum (no reduction per
     chunk), combined once; then one pass writing exp(x / T - max) / sum."""
-    rows, valid, base = _row_bases(X, X, tl.program_id(0) * ROWS, B, stride_x, False, ROWS)
+    rows, valid, base = row_bases(X, X, tl.program_id(0) * ROWS, B, stride_x, False, ROWS)
     if T_ARRAY:
         t = tl.load(Temperature + rows, mask=valid, other=1.0).to(tl.float32)
     else:

@@ -16,6 +16,7 @@ import torch
 import triton
 
 from flashtune.ops import sampling_kernels as kernels
+from flashtune.ops import sampling_split_kernels as split_kernels
 from flashtune.ops.sampling_config import PIVOTS, SamplingTactic, chunk_count, default_tactic
 from flashtune.tune import DEFAULT_TACTIC, DynamicDim, Tactic, TunableRunner, TuningConfig
 
@@ -30,6 +31,8 @@ __all__ = [
     "SAMPLING_TUNING",
     "RENORM_TUNING",
     "SOFTMAX_TUNING",
+    "launch_sampling",
+    "launch_split_rounds",
     "launch_logits_sampling",
     "launch_chain_speculative",
 ]
@@ -44,47 +47,124 @@ class SamplingArgs:
     top_p: float = 0.0
 
 
-def _tactic(tactic: Tactic, vocab: int, batch: int) -> SamplingTactic:
-    cfg = default_tactic(vocab, batch) if tactic == DEFAULT_TACTIC else tactic
+def _tactic(tactic: Tactic, vocab: int, batch: int, split: bool = False) -> SamplingTactic:
+    cfg = default_tactic(vocab, batch, split) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, SamplingTactic)
     return cfg
 
 
 class SamplingRunner(TunableRunner):
-    """The rejection-sampling kernel. inputs: [probs, out, indices | None, seed,
-    top_k (batch,) | None, top_p (batch,) | None, SamplingArgs]."""
+    """The rejection-sampling kernel, one program a row or a row over several (split
+    tactics, small batches). inputs: [probs, out, indices | None, seed, top_k (batch,) |
+    None, top_p (batch,) | None, SamplingArgs]."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
-        return list(SamplingTactic.space(inputs[0].shape[1], inputs[1].shape[0]))
+        return list(SamplingTactic.space(inputs[0].shape[1], inputs[1].shape[0], split=True))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         probs, out, indices, seed, k_arr, p_arr, args = inputs
         batch, vocab = out.shape[0], probs.shape[1]
-        cfg = _tactic(tactic, vocab, batch)
-        rows = min(cfg.rows, triton.next_power_of_2(batch))
-        kernels.sampling_kernel[(triton.cdiv(batch, rows),)](
-            probs,
-            out,
-            indices if indices is not None else out,
-            seed,
-            k_arr if k_arr is not None else out,
-            args.top_k,
-            p_arr if p_arr is not None else probs,
-            args.top_p,
-            batch,
-            vocab,
-            probs.stride(0),
-            MODE=args.mode,
-            HAS_INDICES=indices is not None,
-            K_ARRAY=k_arr is not None,
-            P_ARRAY=p_arr is not None,
-            PIVOTS=PIVOTS,
-            ROWS=rows,
-            BLOCK=cfg.block,
-            NCHUNK=chunk_count(vocab, cfg.block),
-            num_warps=cfg.num_warps,
+        launch_sampling(
+            probs, out, indices, seed, k_arr, p_arr, args, _tactic(tactic, vocab, batch, True)
         )
         return out
+
+
+def launch_sampling(
+    probs: torch.Tensor,
+    out: torch.Tensor,
+    indices: torch.Tensor | None,
+    seed: torch.Tensor,
+    k_arr: torch.Tensor | None,
+    p_arr: torch.Tensor | None,
+    args: SamplingArgs,
+    cfg: SamplingTactic,
+) -> torch.Tensor:
+    """One draw per output row into out (int32) with tactic `cfg`. A split tactic runs
+    `launch_split_rounds`, then sampling_kernel(RESUME) for the rows still undecided: a
+    fixed sequence of launches (no host synchronization, graph-capturable)."""
+    batch = out.shape[0]
+    rows = min(cfg.rows, triton.next_power_of_2(batch))
+    common, flags = _sampling_launch_args(probs, out, indices, seed, k_arr, p_arr, args, cfg)
+    grid = (triton.cdiv(batch, rows),)
+    if cfg.split <= 1:
+        kernels.sampling_kernel[grid](*common, out, out, 0, 0, ROWS=rows, RESUME=False, **flags)
+        return out
+    work_f, work_i = launch_split_rounds(probs, out, indices, seed, k_arr, p_arr, args, cfg)
+    if args.mode != kernels.MODE_PLAIN:  # plain sampling is done after the first pass
+        workspace = (work_f, work_i, work_f.shape[1], work_i.shape[1])
+        kernels.sampling_kernel[grid](*common, *workspace, ROWS=rows, RESUME=True, **flags)
+    return out
+
+
+def launch_split_rounds(
+    probs: torch.Tensor,
+    out: torch.Tensor,
+    indices: torch.Tensor | None,
+    seed: torch.Tensor,
+    k_arr: torch.Tensor | None,
+    p_arr: torch.Tensor | None,
+    args: SamplingArgs,
+    cfg: SamplingTactic,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split part of a split tactic: split_first_kernel, then `cfg.rounds`
+    split_round_kernel launches, each row's passes shared by `cfg.split` programs. Writes the
+    samples of the rows they decide into out; returns the workspace (float32, int32: the
+    rows' state, column 0 of the int32 part their phase; O(batch x vocab / block))."""
+    batch, vocab = out.shape[0], probs.shape[1]
+    rows = min(cfg.rows, triton.next_power_of_2(batch))
+    common, flags = _sampling_launch_args(probs, out, indices, seed, k_arr, p_arr, args, cfg)
+    rounds = 0 if args.mode == kernels.MODE_PLAIN else cfg.rounds
+    nchunk = chunk_count(vocab, cfg.block)
+    ws_f, ws_i = split_kernels.split_workspace_widths(nchunk, PIVOTS, cfg.split, rounds + 1)
+    work_f = torch.empty(batch, ws_f, dtype=torch.float32, device=probs.device)
+    work_i = torch.zeros(batch, ws_i, dtype=torch.int32, device=probs.device)
+    grid = (cfg.split, triton.cdiv(batch, rows))
+    workspace = (work_f, work_i, ws_f, ws_i)
+    split = {"SPLIT": cfg.split, "ROWS": rows}
+    split_kernels.split_first_kernel[grid](*common, *workspace, **split, **flags)
+    for launch in range(1, rounds + 1):
+        split_kernels.split_round_kernel[grid](*common, *workspace, launch, **split, **flags)
+    return work_f, work_i
+
+
+def _sampling_launch_args(
+    probs: torch.Tensor,
+    out: torch.Tensor,
+    indices: torch.Tensor | None,
+    seed: torch.Tensor,
+    k_arr: torch.Tensor | None,
+    p_arr: torch.Tensor | None,
+    args: SamplingArgs,
+    cfg: SamplingTactic,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments every sampling kernel takes first, and the shared keyword flags."""
+    batch, vocab = out.shape[0], probs.shape[1]
+    common = (
+        probs,
+        out,
+        indices if indices is not None else out,
+        seed,
+        k_arr if k_arr is not None else out,
+        args.top_k,
+        p_arr if p_arr is not None else probs,
+        args.top_p,
+        batch,
+        vocab,
+        probs.stride(0),
+    )
+    flags = {
+        "MODE": args.mode,
+        "HAS_INDICES": indices is not None,
+        "K_ARRAY": k_arr is not None,
+        "P_ARRAY": p_arr is not None,
+        "PIVOTS": PIVOTS,
+        "BLOCK": cfg.block,
+        "NCHUNK": chunk_count(vocab, cfg.block),
+        "PREFETCH": cfg.prefetch,
+        "num_warps": cfg.num_warps,
+    }
+    return common, flags
 
 
 def _sampling_tuning_inputs(inputs: Sequence[Any], profile: Any) -> list[Any]:
@@ -141,6 +221,7 @@ class RenormRunner(TunableRunner):
             ROWS=rows,
             BLOCK=cfg.block,
             NCHUNK=chunk_count(vocab, cfg.block),
+            PREFETCH=cfg.prefetch,
             num_warps=cfg.num_warps,
         )
         return out
