@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import statistics
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -204,19 +202,20 @@ def test_no_profiling_during_cuda_graph_capture(monkeypatch: pytest.MonkeyPatch)
 
 def test_parallel_warmup_hook(fresh_tuner: AutoTuner) -> None:
     threads: set[str] = set()
+    # Two warm-ups must be inside `warmup` at once to pass the barrier: run one after the
+    # other, they would break it (the timeout guards against a hang, it is no speed limit).
+    together = threading.Barrier(2, timeout=60)
 
     class Compiled(H.FakeRunner):
         def warmup(self, inputs, tactic):  # type: ignore[override]
             threads.add(threading.current_thread().name)
-            time.sleep(0.05)
+            together.wait()
             if tactic == 1:
                 raise RuntimeError("ptxas: out of registers")
 
-    start = time.perf_counter()
     with autotune():
         assert choose_one("fake", [Compiled()], CFG, [x(4)])[1] == 2
-    # 4 warmups of 50 ms ran concurrently, in pool threads
-    assert time.perf_counter() - start < 0.19
+    assert not together.broken
     assert threads and all(t.startswith("flashtune-compile") for t in threads)
     assert [f.tactic for f in fresh_tuner.failures] == [1]
     assert "out of registers" in fresh_tuner.failures[0].reason
@@ -226,13 +225,14 @@ def test_real_cpu_work_with_the_real_timer(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(tuner_mod, "_measure", tuner_mod.timing.measure)
 
     class Work(TunableRunner):
-        # tactic t does the matmul t times (the default 20 times): 1 is the fastest.
+        # tactic t does the matmul t times (the default 64 times): 1 is the fastest, by a
+        # margin (32x) that a noisy shared CI machine does not reverse.
         def get_valid_tactics(self, inputs, profile):
-            return [1, 8]
+            return [1, 32]
 
         def forward(self, inputs, tactic=-1):
             a = inputs[0]
-            for _ in range(20 if tactic == -1 else tactic):
+            for _ in range(64 if tactic == -1 else tactic):
                 y = a @ a.T
             return y
 
@@ -439,18 +439,19 @@ def test_four_processes_save_to_one_file_at_once(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- dispatch cost
-def test_cached_dispatch_is_a_dict_lookup() -> None:
+def test_cached_dispatch_is_a_dict_lookup(
+    monkeypatch: pytest.MonkeyPatch, fresh_tuner: AutoTuner
+) -> None:
     runners = (H.FakeRunner(), H.OtherRunner())
     inputs = [x(300), torch.randn(4), None]
     with autotune():
-        choose_one("fake", runners, CFG, inputs)
-    n = 2000
-    samples = []
-    for _ in range(7):
-        start = time.perf_counter()
-        for _ in range(n):
-            choose_one("fake", runners, CFG, inputs)
-        samples.append((time.perf_counter() - start) / n * 1e6)
-    # The target is <= 5 us (benchmarks/bench_tune.py measures it); 50 us leaves room for a
-    # loaded CI machine while still catching a slow path (bucketing, file lookups) on hits.
-    assert statistics.median(samples) < 50
+        first = choose_one("fake", runners, CFG, inputs)
+
+        # A hit never reaches the slow path (bucketing, file lookups, profiling): its cost is
+        # measured in benchmarks/bench_tune.py, not asserted here.
+        def no_slow_path(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a cached dispatch took the slow path")
+
+        monkeypatch.setattr(fresh_tuner, "_choose_slow", no_slow_path)
+        for _ in range(100):
+            assert choose_one("fake", runners, CFG, inputs) == first

@@ -6,6 +6,11 @@ tactics are nested lists, restored to tuples on load. ``_metadata`` records the 
 the file was made in (compared on load, ``"*"`` matches anything) and ``_last_updated_by``
 the environment of the last writer (informational).
 
+Tactics that are frozen dataclasses of flashtune's ops (``RMSNormTactic``,
+``SamplingTactic``, ...) are written as a JSON object tagged with their class,
+``{"__tactic__": "flashtune.ops.norm_config:RMSNormTactic", "block": 1024, ...}``, and
+matched on load against the tactics the runner offers (a file never imports code).
+
 ```json
 {
   "_metadata": {"flashtune_version": "0.1.0", "torch_version": "2.13.0", "triton_version": "3.6.0",
@@ -18,6 +23,7 @@ the environment of the last writer (informational).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import datetime as _dt
 import functools
 import json
@@ -97,11 +103,61 @@ def metadata_mismatch(
     return None
 
 
+TACTIC_TYPE_KEY = "__tactic__"
+
+
+@dataclass(frozen=True)
+class StoredTactic:
+    """A dataclass tactic as a file holds it: its class's name and its fields. Reading a file
+    never imports code; the tuner swaps a stored tactic for the runner's own tactic of the
+    same class and fields (`stored_form`), or ignores it as stale."""
+
+    type_name: str
+    fields: tuple[tuple[str, Any], ...]
+
+
+def stored_form(tactic: Any) -> Any:
+    """A tactic as it compares with what a file holds: dataclasses as StoredTactic."""
+    if isinstance(tactic, StoredTactic):
+        return tactic
+    if dataclasses.is_dataclass(tactic) and not isinstance(tactic, type):
+        cls = type(tactic)
+        return StoredTactic(
+            f"{cls.__module__}:{cls.__qualname__}",
+            tuple(
+                (f.name, stored_form(getattr(tactic, f.name))) for f in dataclasses.fields(tactic)
+            ),
+        )
+    if isinstance(tactic, tuple):
+        return tuple(stored_form(v) for v in tactic)
+    return tactic
+
+
 def _to_tuple(value: Any) -> Any:
-    """Nested JSON lists -> nested tuples (tactics and profiles must be hashable)."""
+    """Nested JSON lists -> nested tuples (tactics and profiles must be hashable), and tagged
+    objects -> StoredTactic."""
     if isinstance(value, list | tuple):
         return tuple(_to_tuple(v) for v in value)
+    if isinstance(value, dict) and TACTIC_TYPE_KEY in value:
+        name = value[TACTIC_TYPE_KEY]
+        if not isinstance(name, str):
+            raise ValueError(f"tactic type {name!r} is not a class name")
+        fields = tuple((k, _to_tuple(v)) for k, v in value.items() if k != TACTIC_TYPE_KEY)
+        return StoredTactic(name, fields)
     return value
+
+
+def encode_tactic(tactic: Any) -> Any:
+    """A tactic as JSON data: dataclasses (and stored ones) as tagged objects, tuples as
+    lists."""
+    tactic = stored_form(tactic)
+    if isinstance(tactic, StoredTactic):
+        doc: dict[str, Any] = {TACTIC_TYPE_KEY: tactic.type_name}
+        doc.update((k, encode_tactic(v)) for k, v in tactic.fields)
+        return doc
+    if isinstance(tactic, list | tuple):
+        return [encode_tactic(v) for v in tactic]
+    return tactic
 
 
 def encode_key(key: CacheKey) -> str:
@@ -229,7 +285,7 @@ def write_cache_file(
     if last_updated_by is not None:
         doc[LAST_UPDATED_KEY] = dict(last_updated_by)
     for key_text, (runner, tactic) in sorted((encode_key(k), v) for k, v in entries.items()):
-        doc[key_text] = [runner, tactic]
+        doc[key_text] = [runner, encode_tactic(tactic)]
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
 
 

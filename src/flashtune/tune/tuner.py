@@ -39,6 +39,7 @@ from flashtune.tune.cache_file import (
     backup_file,
     current_metadata,
     read_cache_file,
+    stored_form,
     write_cache_file,
 )
 from flashtune.tune.checks import device_of, result_difference, tensors_of
@@ -248,9 +249,12 @@ class AutoTuner:
                 if entry is None:
                     continue
                 tactic = entry[1]
-                if source != "in-memory" and not self._tactic_still_valid(
-                    runner, tactic, inputs, profile
-                ):
+                offered = (
+                    tactic
+                    if source == "in-memory"
+                    else self._offered_tactic(runner, tactic, inputs, profile)
+                )
+                if offered is None:
                     self._warn_once(
                         ("stale", source, op_name, runner.name, tactic),
                         f"autotune: {source} config for {op_name}/{runner.name} at {profile} "
@@ -258,31 +262,37 @@ class AutoTuner:
                         "(re-tune to refresh the file)",
                     )
                     continue
-                return index, tactic, source
+                return index, offered, source
         return None
 
     @staticmethod
-    def _tactic_still_valid(
+    def _offered_tactic(
         runner: TunableRunner, tactic: Tactic, inputs: Sequence[Any], profile: Profile
-    ) -> bool:
-        # Files outlive code: a tactic a newer runner dropped must not reach its kernel. The
-        # tactic was offered for the bucket's shape (where it was tuned), which a runner may
-        # prune differently from the runtime shape: accept either.
+    ) -> Tactic | None:
+        """The runner's own tactic that a file's entry names, or None when the runner no
+        longer offers it. Files outlive code: a tactic a newer runner dropped must not reach
+        its kernel; and a file holds dataclass tactics in their stored form (cache_file), so
+        the match is on that form. The tactic was offered for the bucket's shape (where it
+        was tuned), which a runner may prune differently from the runtime shape: accept
+        either."""
         if tactic == DEFAULT_TACTIC:
-            return True
+            return tactic
         at_profile = [
             x.new_empty(shape)
             if isinstance(x, torch.Tensor) and tuple(x.shape) != tuple(shape)
             else x
             for x, shape in zip(inputs, profile, strict=False)  # key_dtypes adds one
         ]
+        wanted = stored_form(tactic)
         for candidate_inputs in (at_profile, inputs):
             try:
-                if tactic in runner.get_valid_tactics(candidate_inputs, profile):
-                    return True
+                offered = runner.get_valid_tactics(candidate_inputs, profile)
             except Exception:
                 continue
-        return False
+            for candidate in offered:
+                if candidate == tactic or stored_form(candidate) == wanted:
+                    return candidate
+        return None
 
     # ----------------------------------------------------------------- profiling
     def _profile(

@@ -1,0 +1,117 @@
+"""Tactics that are dataclasses (norm, activation, rope, sampling, GEMM) survive the config
+file: written as tagged objects, read back without importing anything, and swapped by the
+tuner for the runner's own tactic of the same class and fields; names that match nothing a
+runner offers are ignored as stale."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from flashtune.ops.activation_config import ActivationTactic
+from flashtune.ops.gemm_config import TiledTactic
+from flashtune.ops.norm_config import RMSNormTactic
+from flashtune.ops.rope_config import RopeTactic
+from flashtune.ops.sampling_config import SamplingTactic
+from flashtune.tune import (
+    AutotuneWarning,
+    DynamicDim,
+    TunableRunner,
+    TuningConfig,
+    autotune,
+    choose_one,
+)
+from flashtune.tune.cache_file import (
+    StoredTactic,
+    current_metadata,
+    read_cache_file,
+    stored_form,
+    write_cache_file,
+)
+
+NORM = RMSNormTactic(block_n=1024, rows=2, num_warps=4)
+TACTICS = [
+    NORM,
+    ActivationTactic(block_d=2048, rows=1, num_warps=8),
+    RopeTactic(block_h=4, num_warps=4),
+    SamplingTactic(block=1024, rows=1, num_warps=8, split=16, rounds=3),
+    TiledTactic(block_m=64, split_k=2),
+]
+
+
+@pytest.mark.parametrize("tactic", TACTICS, ids=lambda t: type(t).__name__)
+def test_dataclass_tactic_round_trips(tmp_path, tactic):
+    path = tmp_path / "cfg.json"
+    key = ("op", "SomeRunner", ((16, 4096),))
+    write_cache_file(path, {key: ("SomeRunner", tactic)}, current_metadata())
+    read = read_cache_file(path)
+    assert read.status == "ok", read.reason
+    stored = read.entries[key][1]
+    assert isinstance(stored, StoredTactic)
+    assert stored == stored_form(tactic)
+    hash(stored)
+    # A file read and written back (merge, incremental saves) keeps the entry as it was.
+    again = tmp_path / "again.json"
+    write_cache_file(again, read.entries, current_metadata())
+    assert json.loads(again.read_text())[str(key)] == json.loads(path.read_text())[str(key)]
+
+
+@dataclass(frozen=True)
+class Tile:
+    block: int
+    warps: int
+
+
+class TileRunner(TunableRunner):
+    """y = 2x with a dataclass tactic; remembers the tactic it last ran."""
+
+    last: Any = None
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Any]:
+        return [Tile(64, 4), Tile(128, 8)]
+
+    def forward(self, inputs: Sequence[Any], tactic: Any = -1) -> torch.Tensor:
+        TileRunner.last = tactic
+        return inputs[0] * 2
+
+
+CFG = TuningConfig(dynamic_dims=(DynamicDim(0, 0),), cold_l2=False)
+
+
+def _file_with(path, tactic_doc):
+    key = ("tile", "TileRunner", ((4, 4),))
+    write_cache_file(path, {key: ("TileRunner", Tile(128, 8))}, current_metadata())
+    doc = json.loads(path.read_text())
+    doc[str(key)][1] = tactic_doc
+    path.write_text(json.dumps(doc))
+
+
+def test_tuner_uses_the_runners_own_tactic_from_a_file(tmp_path):
+    path = tmp_path / "cfg.json"
+    key = ("tile", "TileRunner", ((4, 4),))
+    write_cache_file(path, {key: ("TileRunner", Tile(128, 8))}, current_metadata())
+    with autotune(False, cache=path):
+        runner, tactic = choose_one("tile", [TileRunner()], CFG, [torch.randn(4, 4)])
+    assert tactic == Tile(128, 8) and type(tactic) is Tile
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"__tactic__": "os:system", "block": 128, "warps": 8},  # another class
+        {"__tactic__": f"{__name__}:Tile", "block": 128, "warps": 8, "extra": 1},  # new field
+        {"__tactic__": f"{__name__}:Tile", "block": 96, "warps": 8},  # not offered
+    ],
+    ids=["foreign-class", "other-fields", "not-offered"],
+)
+def test_unmatched_stored_tactics_are_stale(tmp_path, doc):
+    path = tmp_path / "cfg.json"
+    _file_with(path, doc)
+    with pytest.warns(AutotuneWarning, match="no longer offers"), autotune(False, cache=path):
+        runner, tactic = choose_one("tile", [TileRunner()], CFG, [torch.randn(4, 4)])
+    assert tactic == -1  # the default: the file's entry reached no kernel
