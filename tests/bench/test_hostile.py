@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import pytest
 from _bench_helpers import make_dataset, statuses, toy_definition
@@ -96,8 +97,10 @@ CFG = BenchConfig(warmup=1, iterations=5, trials=1, input_sets=2)
 def _run(tmp_path, solutions, sizes=(64,), timeout=60.0):
     root = tmp_path / "ds"
     make_dataset(root, solutions, sizes=list(sizes))
+    # The first call (import, setup, compilation) has its own limit: the same one here.
+    config = replace(CFG, first_call_timeout=timeout)
     opts = RunOptions(
-        datasets=[root], out=tmp_path / "out", devices=["cpu"], config=CFG, timeout=timeout
+        datasets=[root], out=tmp_path / "out", devices=["cpu"], config=config, timeout=timeout
     )
     return run_benchmark(opts, progress=False)
 

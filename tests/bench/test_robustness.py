@@ -18,6 +18,15 @@ PLANTED = {
     "segfault": "import ctypes\n\ndef run(x, w):\n    return ctypes.string_at(0)\n",
     "abort": "import os\n\ndef run(x, w):\n    os.abort()\n",
     "hang": "import time\n\ndef run(x, w):\n    time.sleep(600)\n",
+    # A first call as slow as a cold JIT compile: longer than --timeout, within its own limit.
+    "slow_first_call": (
+        "import time\n_calls = []\n\ndef run(x, w):\n    if not _calls:\n"
+        "        time.sleep(6)\n    _calls.append(1)\n    return x * w\n"
+    ),
+    "hang_after_first_call": (
+        "import time\n_calls = []\n\ndef run(x, w):\n    _calls.append(1)\n"
+        "    if len(_calls) > 1:\n        time.sleep(600)\n    return x * w\n"
+    ),
     "wrong_shape": "def run(x, w):\n    return (x * w)[:, :4]\n",
     "wrong_dtype": "import torch\n\ndef run(x, w):\n    return (x * w).to(torch.float64)\n",
     "nan": "def run(x, w):\n    y = x * w\n    y[0, 0] = float('nan')\n    return y\n",
@@ -37,6 +46,8 @@ EXPECTED = {
     "segfault": "RUNTIME_ERROR",
     "abort": "RUNTIME_ERROR",
     "hang": "TIMEOUT",
+    "slow_first_call": "PASSED",
+    "hang_after_first_call": "TIMEOUT",
     "wrong_shape": "INCORRECT_SHAPE",
     "wrong_dtype": "INCORRECT_DTYPE",
     "nan": "INCORRECT_NUMERICAL",
@@ -82,7 +93,21 @@ def planted_run(tmp_path_factory):
     ds.add_solution(python_solution("good", GOOD, bad.name))
     out = root / "out"
     result = CliRunner().invoke(
-        app, ["run", "-d", str(root), "-o", str(out), "--timeout", "4", "--devices", "cpu", "-q"]
+        app,
+        [
+            "run",
+            "-d",
+            str(root),
+            "-o",
+            str(out),
+            "--timeout",
+            "4",
+            "--first-call-timeout",
+            "10",
+            "--devices",
+            "cpu",
+            "-q",
+        ],  # fmt: skip
     )
     # The output dataset holds no definitions: read the trace files directly. SKIPPED
     # triples go to skipped/ (FlashInfer-Bench's traces/ has no SKIPPED status).
@@ -119,7 +144,8 @@ def test_reasons_name_the_problem(planted_run):
         t.solution: t.evaluation.reason or "" for t in traces if t.definition == "toy_scale_h8"
     }
     assert "SIG" in reasons["segfault"] or "died" in reasons["segfault"]
-    assert "timeout" in reasons["hang"]
+    assert "first call" in reasons["hang"] and "within 10 s" in reasons["hang"]
+    assert "4 s timeout after its first call" in reasons["hang_after_first_call"]
     assert "wrote into its input" in reasons["writes_input"]
     # Cached by shape: the second input set's outputs, checked after timing, are stale.
     assert "after timing" in reasons["memoizes"] and "input set 1" in reasons["memoizes"]

@@ -40,6 +40,10 @@ class BenchConfig:
     sampling_draws: int = 0  # draws of a stochastic op's check; 0: the device's default
     max_seconds: float = 10.0  # per trial, so one slow solution cannot stall the run
     reference_max_seconds: float = 3.0
+    # A solution's import, setup and first call: where JIT compilers (Triton, FlashInfer's
+    # nvcc builds of 15-60 s a kernel) do their work. It gets its own limit, so a cold
+    # compile cache is not charged to the run's `timeout`, which starts after it.
+    first_call_timeout: float = 900.0
 
     def for_device(self, device: torch.device) -> BenchConfig:
         """Fill unset fields. CPU defaults are small: the CPU run of the bundled dataset must

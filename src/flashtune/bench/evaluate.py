@@ -319,6 +319,10 @@ _STATUS_FROM_CHILD = {
 }
 
 
+class _FirstCallTimeout(RuntimeError):
+    """A solution's import, setup and first call outlasted cfg.first_call_timeout."""
+
+
 class _Failed(Exception):
     def __init__(self, status: EvaluationStatus, reason: str, verdict: Verdict | None = None):
         super().__init__(reason)
@@ -401,8 +405,17 @@ def _evaluate_one(
         verdict, timing, marks = _drive(sandbox, definition, wl, cfg, timeout)
     except _Failed as exc:
         failure = (exc.status, exc.reason, exc.verdict)
+    except _FirstCallTimeout:
+        why = (
+            f"{sol.name} did not finish its import, setup and first call (where kernels "
+            f"compile) within {cfg.first_call_timeout:g} s; its process was killed"
+        )
+        failure = (EvaluationStatus.TIMEOUT, why, None)
     except SandboxTimeout:
-        why = f"{sol.name} ran past the {timeout:g} s timeout; its process was killed"
+        why = (
+            f"{sol.name} ran past the {timeout:g} s timeout after its first call; its "
+            "process was killed"
+        )
         failure = (EvaluationStatus.TIMEOUT, why, None)
     except SandboxDied as exc:
         failure = (EvaluationStatus.RUNTIME_ERROR, str(exc), None)
@@ -466,14 +479,21 @@ def _drive(
     sandbox: Sandbox, definition: Definition, wl: _Workload, cfg: BenchConfig, timeout: float
 ) -> tuple[Verdict, Timing, dict[str, float]]:
     """Follow the sandbox's messages to the end; check every output it sends. Returns the
-    verdict, the timing and the child's phase times; raises _Failed with the first failure."""
-    deadline = time.monotonic() + timeout
+    verdict, the timing and the child's phase times; raises _Failed with the first failure.
+    Until the first call's outputs arrive the limit is cfg.first_call_timeout (import, setup,
+    compilation), then `timeout` for the rest (checks, timing)."""
+    deadline = time.monotonic() + cfg.first_call_timeout
     verdict: Verdict | None = None
     timing: Timing | None = None
     phases: set[str] = set()
     marks: dict[str, float] = {}
     while True:
-        kind, payload = sandbox.receive(max(0.0, deadline - time.monotonic()))
+        try:
+            kind, payload = sandbox.receive(max(0.0, deadline - time.monotonic()))
+        except SandboxTimeout:
+            if "first" not in phases:
+                raise _FirstCallTimeout from None
+            raise
         if kind == "status":
             status = _STATUS_FROM_CHILD.get(payload.get("status"), EvaluationStatus.RUNTIME_ERROR)
             reason = str(payload.get("reason"))
@@ -482,6 +502,8 @@ def _drive(
             raise _Failed(status, reason)
         if kind == "outputs":
             phase = payload.get("phase")
+            if phase == "first" and "first" not in phases:
+                deadline = time.monotonic() + timeout
             phases.add(phase)
             verdict = (
                 _check_phase(definition, wl, cfg, phase, payload, sandbox.job.shared_sets)

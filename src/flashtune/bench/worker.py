@@ -330,6 +330,13 @@ class Worker:
                 on_trace(make_failure(task, victim, status, why))
                 pending.remove(victim)
 
+    def first_call_timeout(self) -> float:
+        """The sandboxes' limit on a solution's import, setup and first call (BenchConfig)."""
+        from flashtune.bench.config import BenchConfig
+
+        config = self.options.get("config") or {}
+        return float(config.get("first_call_timeout", BenchConfig.first_call_timeout))
+
     def _run_once(self, task: Task, timeout: float, on_trace: Callable[[Trace], None]):
         """-> (traces done by name, solution running at the end, (status, why) | None)."""
         done: dict[str, Trace] = {}
@@ -338,9 +345,11 @@ class Worker:
             self.conn.send(("task", {**task.payload(), "timeout": timeout}))
         except (OSError, BrokenPipeError):
             return done, current, (EvaluationStatus.RUNTIME_ERROR, _describe_exit(None))
-        # The worker kills a solution's sandbox at `timeout` itself and reports TIMEOUT; this
-        # deadline only catches a worker that hangs (its reference, or the worker itself).
-        deadline = time.monotonic() + timeout + _SANDBOX_GRACE_S
+        # The worker kills a solution's sandbox itself and reports TIMEOUT (after the first
+        # call's own limit plus `timeout`); this deadline only catches a worker that hangs
+        # (its reference, or the worker itself).
+        limit = timeout + self.first_call_timeout() + _SANDBOX_GRACE_S
+        deadline = time.monotonic() + limit
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -372,7 +381,7 @@ class Worker:
                 )
             if kind == "start":
                 current = value
-                deadline = time.monotonic() + timeout + _SANDBOX_GRACE_S
+                deadline = time.monotonic() + limit
             elif kind == "trace":
                 trace = Trace.model_validate_json(value)
                 done[trace.solution or ""] = trace

@@ -50,7 +50,16 @@ def run_command(
     devices: Optional[str] = typer.Option(
         None, "--devices", help="GPU indices '0,1' or 'cpu'; default: every GPU, else the CPU"
     ),
-    timeout: float = typer.Option(300.0, "--timeout", help="seconds per solution and workload"),
+    timeout: float = typer.Option(
+        300.0,
+        "--timeout",
+        help="seconds per solution and workload, counted from the end of its first call",
+    ),
+    first_call_timeout: float = typer.Option(
+        900.0,
+        "--first-call-timeout",
+        help="seconds for a solution's import, setup and first call (JIT compilation)",
+    ),
     warmup: Optional[int] = typer.Option(
         None, "--warmup", help="minimum warm-up calls (GPU 10 and >= 25 ms, CPU 1)"
     ),
@@ -163,6 +172,7 @@ def run_command(
             rtol=rtol,
             max_rel_norm=max_rel_norm,
             max_abs=max_abs,
+            first_call_timeout=first_call_timeout,
         ),
         resume=resume,
         baseline=baseline,
