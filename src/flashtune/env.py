@@ -123,6 +123,14 @@ AUTOTUNE_LOAD_BUNDLED = _setting(
     "on the GPU and torch/triton/CUDA versions it was measured with (its _metadata).",
     _parse_bool,
 )
+SAMPLING_SPLIT_DEFAULT = _setting(
+    "FLASHTUNE_SAMPLING_SPLIT_DEFAULT",
+    lambda: False,
+    "Let the untuned sampling kernels spread a row over several programs at small batch "
+    "(split-row tactics). Off until measured on a GPU: the autotuner still offers the split "
+    "tactics, and keeps one only if it draws the same tokens as the one-program default.",
+    _parse_bool,
+)
 CAPTURE = _setting(
     "FLASHTUNE_CAPTURE",
     lambda: False,

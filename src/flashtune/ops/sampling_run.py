@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import triton
 
+from flashtune import env
 from flashtune.ops import sampling_kernels as kernels
 from flashtune.ops import sampling_split_kernels as split_kernels
 from flashtune.ops.sampling_config import PIVOTS, SamplingTactic, chunk_count, default_tactic
@@ -48,6 +49,9 @@ class SamplingArgs:
 
 
 def _tactic(tactic: Tactic, vocab: int, batch: int, split: bool = False) -> SamplingTactic:
+    # The split default waits for its GPU measurement (env.SAMPLING_SPLIT_DEFAULT); the
+    # one-program default is what the tuner's same-samples check compares split tactics to.
+    split = split and env.SAMPLING_SPLIT_DEFAULT.get()
     cfg = default_tactic(vocab, batch, split) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, SamplingTactic)
     return cfg
