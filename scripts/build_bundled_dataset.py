@@ -8,12 +8,14 @@ shapes of Llama-3.1-8B, Llama-3.1-70B (tensor parallel 8) and Qwen3-8B
 the op's reference function. Nothing about an op's contract is written here. Workloads sweep
 realistic var-axis values (batch 1..256, sequence/KV lengths 128..32k); attention page
 tables are stored as small safetensors blobs with per-request lengths drawn around the
-nominal length (never an empty request). Solutions: flashtune's kernels, torch eager
+nominal length (never an empty request); block-sparse attention's BSR patterns likewise, at
+densities 0.2..1.0 (see BLOCK_SPARSE_TOKENS). Solutions: flashtune's kernels, torch eager
 baselines, FlashInfer baselines (for decode, `flashinfer` runs the backend FlashInfer's own
 rule picks and the other backend is listed under its own name), named `<kind>@<definition>`.
 Each runs an entry point of flashtune.bench.entry_points (the FlashInfer attention adapters
-plan once in a setup phase outside the timed region) through a small source file binding
-`run` to it, so FlashInfer-Bench loads them too. Each description says how it is run.
+and both block-sparse wrappers plan once in a setup phase outside the timed region) through
+a small source file binding `run` to it, so FlashInfer-Bench loads them too. Each
+description says how it is run.
 
     python scripts/build_bundled_dataset.py --root /tmp/ds   # elsewhere, e.g. to compare
 """
@@ -49,10 +51,14 @@ BUNDLED_OPS = (
     "top_k_sampling_from_probs",
     "top_p_sampling_from_probs",
     "top_k_top_p_sampling_from_probs",
+    "block_sparse_attention",
 )
 # Sampling at Llama-3's vocabulary only: the corpus's first size, and one row costs the CPU
 # run's sort-based baseline the most of any op.
 BUNDLED_CONSTS = {"page_size": 16, "vocab_size": 128256}
+# Per op, const axes fixed on top of BUNDLED_CONSTS: block-sparse attention at the heads of
+# Llama-3.1-8B and Qwen3-8B only (its index blobs are the bundle's largest; see below).
+BUNDLED_OP_CONSTS = {"block_sparse_attention": {"num_qo_heads": 32, "num_kv_heads": 8}}
 PAGE_SIZE = BUNDLED_CONSTS["page_size"]
 TOKENS = [1, 16, 64, 256, 2048]  # rows of norm / activation / rope, M of GEMM
 DECODE = [(1, 128), (1, 32768), (16, 4096), (64, 2048), (256, 1024)]  # (batch, kv_len)
@@ -60,6 +66,16 @@ PREFILL = [(1, 128), (4, 256), (1, 2048), (8, 1024), (1, 8192)]  # (batch, qo_le
 ROPE = [(1, 32, 8), (64, 32, 8), (256, 32, 8), (2048, 32, 8), (256, 8, 1)]  # tokens, Hq, Hk
 ROPE_MAX_SEQ = 8192
 SAMPLING_BATCH = [1, 4, 16, 64, 256]  # rows sampled a step (the decode batch)
+# Block-sparse attention (not causal, M = N tokens), per block shape (R, C): the densities
+# of issue 18 (1.0: the format's own cost against the dense prefill) at the long M; its
+# indices hold density * (M / R) * (N / C) int32s, so smaller blocks get fewer tokens: 8192
+# at 64 x 64 (0.2 MB of blobs for the four densities), 4096 at 16 x 16 (0.7 MB), 2048 at
+# 1 x 16 (2.9 MB). First, two short prefills (densities 0.2 and 0.9) at the short M: a CPU
+# run takes the two smallest workloads of a definition, where the torch baseline costs the
+# dense attention and the reference loops over block rows (128 of them at 1 x 16).
+BLOCK_SPARSE_DENSITY = [0.2, 0.7, 0.9, 1.0]
+BLOCK_SPARSE_SHORT_DENSITY = [0.2, 0.9]
+BLOCK_SPARSE_TOKENS = {(64, 64): (512, 8192), (16, 16): (256, 4096), (1, 16): (128, 2048)}
 
 _NS = uuid.UUID("6b3c1b9e-5a55-4d7c-8f0e-1f2a3b4c5d6e")
 
@@ -75,8 +91,10 @@ def _uuid(*parts: object) -> str:
 def _bundled(example: Example) -> bool:
     op, args, kwargs = example
     call = op.bind(*args, **kwargs)
-    fixed = all(call.axes.get(axis, value) == value for axis, value in BUNDLED_CONSTS.items())
-    return call.schema.name_prefix in BUNDLED_OPS and fixed
+    prefix = call.schema.name_prefix
+    consts = {**BUNDLED_CONSTS, **BUNDLED_OP_CONSTS.get(prefix, {})}
+    fixed = all(call.axes.get(axis, value) == value for axis, value in consts.items())
+    return prefix in BUNDLED_OPS and fixed
 
 
 def _bundled_examples(model: ModelConfig) -> list[Example]:
@@ -135,6 +153,23 @@ def _solve(definition: Definition, axes: dict[str, int]) -> dict[str, int]:
                 axes[target] = int(eval(code, {"__builtins__": {}}, known))  # noqa: S307
                 known[target] = axes[target]
     return axes
+
+
+def _bsr_pattern(
+    block_rows: int, col_blocks: int, R: int, C: int, density: float, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A BSR pattern (indptr, indices, each row's columns ascending) of about `density`, as
+    long-context sparse attention selects blocks: every block row keeps the first column
+    block (the attention sink) and its diagonal block (local context), plus each other block
+    with probability `density`, so rows differ in length."""
+    keep = torch.rand(block_rows, col_blocks, generator=gen) < density
+    rows = torch.arange(block_rows)
+    keep[:, 0] = True
+    keep[rows, (rows * R // C).clamp(max=col_blocks - 1)] = True
+    counts = keep.sum(1)
+    indptr = torch.zeros(block_rows + 1, dtype=torch.int32)
+    indptr[1:] = counts.cumsum(0)
+    return indptr, keep.nonzero()[:, 1].to(torch.int32)
 
 
 def workloads_for(definition: Definition, root: Path) -> list[Workload]:
@@ -218,6 +253,22 @@ def workloads_for(definition: Definition, root: Path) -> list[Workload]:
     elif definition.op_type == "sampling":
         for n in SAMPLING_BATCH:
             out.append(Workload(uuid=_uuid(name, n), axes={"batch_size": n}, inputs={}))
+    elif definition.op_type == "block_sparse":
+        rows, cols = definition.const_axes["block_rows"], definition.const_axes["block_cols"]
+        short, long = BLOCK_SPARSE_TOKENS[rows, cols]
+        sizes = [(short, d) for d in BLOCK_SPARSE_SHORT_DENSITY]
+        sizes += [(long, d) for d in BLOCK_SPARSE_DENSITY]
+        for n, density in sizes:
+            wid = _uuid(name, n, density)
+            indptr, indices = _bsr_pattern(n // rows, n // cols, rows, cols, density, gen)
+            inputs = _blob(root, definition, wid, {"indptr": indptr, "indices": indices})
+            axes = {
+                "num_rows": n,
+                "len_indptr": n // rows + 1,
+                "num_indices": indices.numel(),
+                "num_pages": n // cols,
+            }
+            out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
     else:
         raise ValueError(f"no workloads for {name}")
     return out
@@ -237,6 +288,7 @@ _FAMILY = {  # definition name prefix -> entry point suffix
     "top_k_sampling_from_probs_": "top_k_sampling",
     "top_p_sampling_from_probs_": "top_p_sampling",
     "top_k_top_p_sampling_from_probs_": "top_k_top_p_sampling",
+    "block_sparse_attention_": "block_sparse_attention",
 }
 _NO_FLASHINFER = {"gemm"}  # FlashInfer 0.2 has no plain bf16 GEMM
 
@@ -287,12 +339,20 @@ _FLASHTUNE = {
     "top_k_top_p_sampling": _tuned_api(
         "ops.sampling.top_k_top_p_sampling_from_probs", _SAMPLES_INT64
     ),
+    "block_sparse_attention": "flashtune's BlockSparseAttentionWrapper "
+    "(ops.attention.sparse: its Triton paged prefill with a block row as a request and a column "
+    "block as a page): plan() runs once per input set in the setup phase, outside the timed "
+    "region, as FlashInfer's is; the timed call is run() only (input sets with identical index "
+    "tensors share one plan).",
 }
 _SORTED = "the op's reference in ops.sampling_schema: sort, cumulative sum, inverse CDF. "
 _TORCH = {  # baselines other than plain eager code
     "top_k_sampling": "PyTorch eager baseline, sort-based (torch.topk, inverse CDF). ",
     "top_p_sampling": f"PyTorch eager baseline, {_SORTED}",
     "top_k_top_p_sampling": f"PyTorch eager baseline, {_SORTED}",
+    "block_sparse_attention": "PyTorch eager baseline, dense masked attention: the blocks "
+    "expanded to a mask on the device, every query row against all N keys in fp32 (query "
+    "chunks of at most 256 MB of logits), so it costs the dense attention at every density. ",
 }
 _FLASHINFER_CALL = {
     "rmsnorm": "flashinfer.norm.rmsnorm",
@@ -329,6 +389,13 @@ def _flashinfer_solutions(definition: Definition, family: str) -> list[tuple[str
         return [("flashinfer", fn, f"{desc}: {_PLANNED}")]
     if family == "gqa_ragged_prefill":
         desc = "FlashInfer's BatchPrefillWithRaggedKVCacheWrapper (causal, backend 'auto')"
+        return [("flashinfer", fn, f"{desc}: {_PLANNED}")]
+    if family == "block_sparse_attention":
+        desc = (
+            "FlashInfer's flashinfer.sparse.BlockSparseAttentionWrapper (backend 'auto'; its "
+            "tensor-core prefill kernels where block_rows x GQA group size >= 4, else its "
+            "decode kernels)"
+        )
         return [("flashinfer", fn, f"{desc}: {_PLANNED}")]
     # Decode: `flashinfer` follows FlashInfer's own backend rule; the other backend is listed
     # beside it under its own name.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import sys
+import types
 from pathlib import Path
 from unittest import mock
 
@@ -43,6 +45,7 @@ def test_loads_without_errors_and_covers_the_ops():
         "gqa_paged",
         "gqa_ragged",
         "sampling",
+        "block_sparse",
     }
     for name in NAMES:
         sols = {s.name for s in DS.solutions_for(name)}
@@ -60,12 +63,13 @@ def test_workload_axes_span_realistic_ranges():
     assert min(tokens) <= 128 and max(tokens) >= 32768
 
 
-def _check(name: str, solution: str, device: str) -> None:
+def _check(name: str, solution: str, device: str, workload_index: int = 0) -> None:
     definition = DS.definition(name)
-    if definition.op_type.startswith("gqa_"):
+    if definition.op_type.startswith("gqa_") or definition.op_type == "block_sparse":
         # The bundled page tables (blobs) never hold an empty request; a small synthesized
-        # one may, and FlashInfer's decode does not define that case.
-        workload = DS.workloads_for(name)[0].workload
+        # one may, and FlashInfer's decode does not define that case. Synthesized BSR indices
+        # may repeat a block within a row, which no real pattern does.
+        workload = DS.workloads_for(name)[workload_index].workload
     else:
         workload = small_workload(definition)
     inputs = synthesize_inputs(definition, workload, device=device, seed=1, blob_root=DS)
@@ -95,7 +99,9 @@ def test_every_solution_builds_and_says_how_it_is_run():
         fn = build_solution(sol)  # imports the entry point (FlashInfer itself is imported lazily)
         description = sol.description or ""
         assert "autotuned" not in description, sol.name  # no call here runs the tuner
-        planned = sol.definition.startswith("gqa_") and sol.author == "flashinfer"
+        planned = (sol.definition.startswith("gqa_") and sol.author == "flashinfer") or (
+            sol.definition.startswith("block_sparse_") and sol.author != "torch"
+        )
         assert callable(getattr(fn, "setup", None)) == planned, (sol.definition, sol.name)
         if planned:
             assert "plan() runs once per input set in the setup phase" in description
@@ -187,3 +193,122 @@ def test_definitions_are_the_op_schemas():
     for name in NAMES:
         committed = DS.definition(name).model_dump(mode="json")
         assert committed == generated[name].model_dump(mode="json"), name
+
+
+# --------------------------------------------------------------------------- block-sparse
+
+BLOCK_SPARSE = [name for name in NAMES if DS.definition(name).op_type == "block_sparse"]
+
+
+def _bsr(name: str, index: int) -> tuple[dict[str, int], torch.Tensor, torch.Tensor]:
+    """A bundled block-sparse workload's axes, indptr and indices (from its blob)."""
+    definition, workload = DS.definition(name), DS.workloads_for(name)[index].workload
+    inputs = synthesize_inputs(definition, workload, blob_root=DS)
+    return workload.axes, inputs["indptr"], inputs["indices"]
+
+
+def _density(axes: dict[str, int]) -> float:
+    return axes["num_indices"] / ((axes["len_indptr"] - 1) * axes["num_pages"])
+
+
+def test_block_sparse_workloads_are_realistic_bsr_patterns():
+    """Block shapes 1 x 16, 16 x 16 and 64 x 64; per shape two short prefills first (what a
+    CPU run takes) and the densities of issue 18 at M = N of 2k..8k tokens; every block row
+    non-empty, its columns distinct, ascending and inside N."""
+    consts = [DS.definition(name).const_axes for name in BLOCK_SPARSE]
+    shapes = {(c["block_rows"], c["block_cols"]) for c in consts}
+    assert shapes == {(1, 16), (16, 16), (64, 64)}
+    for name in BLOCK_SPARSE:
+        block_rows = DS.definition(name).const_axes["block_rows"]
+        workloads = [w.workload.axes for w in DS.workloads_for(name)]
+        short, long = workloads[:2], workloads[2:]
+        assert max(a["num_rows"] for a in short) < min(a["num_rows"] for a in long), name
+        assert {a["num_rows"] for a in long} <= set(range(2048, 8193)), name
+        densities = sorted(_density(a) for a in long)
+        assert densities == pytest.approx([0.2, 0.7, 0.9, 1.0], abs=0.02), name
+        for index, axes in enumerate(workloads):
+            _, indptr, indices = _bsr(name, index)
+            assert axes["num_rows"] == (indptr.numel() - 1) * block_rows
+            assert int(indptr[-1]) == indices.numel() == axes["num_indices"]
+            for b in range(indptr.numel() - 1):
+                row = indices[int(indptr[b]) : int(indptr[b + 1])]
+                assert row.numel() > 0 and bool((row[1:] > row[:-1]).all()), (name, index, b)
+            assert 0 <= int(indices.min()) and int(indices.max()) < axes["num_pages"]
+
+
+def test_block_sparse_adapters_plan_the_definitions_blocks(device):
+    """The flashtune adapter reads R, C and N off the Definition's inputs (q rows per block
+    row, k's column blocks) and plans once: its runner, its direct call, the torch baseline
+    and the Definition's reference agree (fp16: the interpreter's bf16 dot is wrong)."""
+    gen = torch.Generator().manual_seed(0)
+    R, C, num_pages, heads, head_dim = 16, 16, 4, (4, 2), 64
+    indptr = torch.tensor([0, 2, 3, 6], dtype=torch.int32, device=device)
+    indices = torch.tensor([0, 3, 1, 0, 2, 3], dtype=torch.int32, device=device)
+    q = torch.randn(3 * R, heads[0], head_dim, generator=gen).half().to(device)
+    k, v = (
+        torch.randn(num_pages, C, heads[1], head_dim, generator=gen).half().to(device) for _ in "kv"
+    )
+    args = (q, k, v, indptr, indices, head_dim**-0.5)
+    scope: dict = {}
+    exec(DS.definition("block_sparse_attention_h32_kv8_d128_r16_c16").reference, scope)
+    ref_out, ref_lse = scope["run"](*args)
+    entry = entry_points.flashtune_block_sparse_attention
+    runs = [entry.setup(*args), entry, entry_points.torch_block_sparse_attention]
+    for out, lse in (run(*args) for run in runs):
+        torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=0)
+
+
+def test_flashinfer_block_sparse_adapter_plans_once_then_only_runs(device, monkeypatch):
+    """FlashInfer's adapter against a stand-in `flashinfer.sparse` (flashtune's wrapper, whose
+    API is FlashInfer's, counting calls): plan() once in setup with FlashInfer's arguments
+    (M, N, R, C, heads, q's dtype for the output), then run() only."""
+    from flashtune.ops.attention.sparse import BlockSparseAttentionWrapper
+
+    calls: list[tuple[str, tuple]] = []
+
+    class Counting(BlockSparseAttentionWrapper):
+        def plan(self, *args, **kwargs):
+            calls.append(("plan", args[2:9]))
+            assert kwargs["o_data_type"] == torch.float16
+            super().plan(*args, **kwargs)
+
+        def run(self, *args, **kwargs):
+            calls.append(("run", ()))
+            return super().run(*args, **kwargs)
+
+    sparse = types.SimpleNamespace(BlockSparseAttentionWrapper=Counting)
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(sparse=sparse))
+    monkeypatch.setattr(entry_points, "_WORKSPACE_BYTES", 1 << 16)  # no 128 MB buffer here
+    monkeypatch.setattr(entry_points, "_workspaces", {})
+    monkeypatch.setattr(entry_points, "_plans", type(entry_points._plans)())
+    gen = torch.Generator().manual_seed(0)
+    R, C = 4, 16
+    indptr = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)
+    indices = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
+    q = torch.randn(2 * R, 4, 64, generator=gen).half().to(device)
+    k, v = (torch.randn(3, C, 2, 64, generator=gen).half().to(device) for _ in "kv")
+    args = (q, k, v, indptr, indices, 0.125)
+    runner = entry_points.flashinfer_block_sparse_attention.setup(*args)
+    out, lse = runner(*args)
+    runner(*args)
+    assert calls == [("plan", (2 * R, 3 * C, R, C, 4, 2, 64)), ("run", ()), ("run", ())]
+    ref_out, ref_lse = entry_points.torch_block_sparse_attention(*args)
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=0)
+
+
+# Density 0.7 at the long M: the middle of the range issue 18 benchmarks.
+_LONG_WORKLOAD = 3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", BLOCK_SPARSE)
+@pytest.mark.parametrize("kind", ["flashtune", "flashinfer"])
+def test_block_sparse_solutions_pass_at_a_long_workload_on_gpu(name, kind):
+    if kind == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        pytest.skip("needs flashinfer")
+    assert _density(DS.workloads_for(name)[_LONG_WORKLOAD].workload.axes) == pytest.approx(
+        0.7, abs=0.02
+    )
+    _check(name, f"{kind}@{name}", "cuda", workload_index=_LONG_WORKLOAD)

@@ -586,3 +586,107 @@ def torch_top_k_top_p_sampling(
     from flashtune.ops.sampling import top_k_top_p_sampling_from_probs_ref
 
     return top_k_top_p_sampling_from_probs_ref(probs, top_k, top_p)
+
+
+# --------------------------------------------------------------------------- block-sparse
+# The block_sparse_attention Definition's inputs: q [M, Hq, D], k/v as column blocks
+# [N / C, C, Hkv, D] (a contiguous view of FlashInfer's k/v [N, Hkv, D]), the BSR indptr
+# [M / R + 1] and indices [nnz], sm_scale. R is M / (len(indptr) - 1), C is k.shape[1].
+# Both wrappers (flashtune's and FlashInfer's BlockSparseAttentionWrapper) plan once from
+# the BSR index inputs in the setup phase, as their users do, and the runner only runs.
+
+
+def _bsr_plan_args(q, k, indptr, indices) -> tuple:
+    """FlashInfer's plan() positional arguments (indptr, indices, M, N, R, C, Hq, Hkv, D)."""
+    num_pages, block_cols, num_kv_heads, head_dim = k.shape
+    block_rows = q.shape[0] // (indptr.shape[0] - 1)
+    M, N = q.shape[0], num_pages * block_cols
+    return (indptr, indices, M, N, block_rows, block_cols, q.shape[1], num_kv_heads, head_dim)
+
+
+def _block_sparse_plan(wrapper_class: Callable[[], Any]):
+    def plan(q, k, v, indptr, indices, sm_scale):
+        wrapper = wrapper_class()(_workspace(q.device))
+        wrapper.plan(
+            *_bsr_plan_args(q, k, indptr, indices),
+            sm_scale=float(sm_scale),
+            q_data_type=q.dtype,
+            kv_data_type=k.dtype,
+            o_data_type=q.dtype,
+        )
+        return wrapper
+
+    return plan
+
+
+def _block_sparse_run(wrapper, q, k, v, *_index_and_scale):
+    # [N / C, C, Hkv, D] -> [N, Hkv, D]: a view (the blocks are contiguous), no copy.
+    return wrapper.run(q, k.flatten(0, 1), v.flatten(0, 1), return_lse=True)
+
+
+def _flashtune_block_sparse_wrapper() -> Any:
+    from flashtune.ops.attention.sparse import BlockSparseAttentionWrapper
+
+    return BlockSparseAttentionWrapper
+
+
+def _flashinfer_block_sparse_wrapper() -> Any:
+    import flashinfer
+
+    return flashinfer.sparse.BlockSparseAttentionWrapper
+
+
+flashtune_block_sparse_attention = _with_setup(
+    "flashtune_block_sparse_attention",
+    "flashtune's BlockSparseAttentionWrapper (a configuration of its paged prefill).",
+    _block_sparse_plan(_flashtune_block_sparse_wrapper),
+    _block_sparse_run,
+)
+flashinfer_block_sparse_attention = _with_setup(
+    "flashinfer_block_sparse_attention",
+    "FlashInfer's flashinfer.sparse.BlockSparseAttentionWrapper (backend 'auto').",
+    _block_sparse_plan(_flashinfer_block_sparse_wrapper),
+    _block_sparse_run,
+)
+
+# The torch baseline's logits chunk: at most this many fp32 elements (256 MB) at a time.
+_BSR_LOGITS_CHUNK = 1 << 26
+
+
+def torch_block_sparse_attention(q, k, v, indptr, indices, sm_scale):
+    """Dense masked attention: the BSR blocks expanded to a [block rows, column blocks] mask
+    on the device (no host sync), then every query row against all N keys in fp32, masked,
+    in query chunks of bounded memory. Its cost is the dense one at any density."""
+    M, num_qo_heads, head_dim = q.shape
+    num_pages, block_cols, num_kv_heads, _ = k.shape
+    num_block_rows = indptr.shape[0] - 1
+    block_rows = M // num_block_rows
+    group = num_qo_heads // num_kv_heads
+    blocks_per_row = (indptr[1:] - indptr[:-1]).long()
+    row_of_block = torch.repeat_interleave(
+        torch.arange(num_block_rows, device=q.device), blocks_per_row, output_size=indices.shape[0]
+    )
+    block_mask = torch.zeros(num_block_rows, num_pages, dtype=torch.bool, device=q.device)
+    block_mask[row_of_block, indices.long()] = True
+    key_block = torch.arange(num_pages * block_cols, device=q.device) // block_cols
+    kf = k.flatten(0, 1).float().permute(1, 2, 0)  # [Hkv, D, N]
+    vf = v.flatten(0, 1).float().transpose(0, 1)  # [Hkv, N, D]
+    out = torch.empty_like(q)
+    lse = torch.empty(M, num_qo_heads, dtype=torch.float32, device=q.device)
+    chunk = max(block_rows, _BSR_LOGITS_CHUNK // (num_qo_heads * num_pages * block_cols))
+    for start in range(0, M, chunk):
+        rows = slice(start, min(start + chunk, M))
+        # [Hkv, G * rows, D]: a KV head's query heads side by side, one matmul per KV head.
+        qc = q[rows].float().reshape(-1, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        n = qc.shape[2]
+        logits = torch.matmul(qc.reshape(num_kv_heads, group * n, head_dim), kf) * sm_scale
+        logits = logits.view(num_kv_heads, group, n, -1)
+        row_block = torch.arange(rows.start, rows.stop, device=q.device) // block_rows
+        visible = block_mask[row_block][:, key_block]  # [rows, N]
+        logits = logits.masked_fill(~visible, float("-inf"))
+        row_lse = torch.logsumexp(logits, dim=-1)  # [Hkv, G, rows]; -inf where nothing is seen
+        p = torch.exp(logits - row_lse.clamp(min=torch.finfo(torch.float32).min)[..., None])
+        o = torch.matmul(p.view(num_kv_heads, group * n, -1), vf).view(num_kv_heads, group, n, -1)
+        out[rows] = o.permute(2, 0, 1, 3).reshape(n, num_qo_heads, head_dim).to(q.dtype)
+        lse[rows] = (row_lse / math.log(2.0)).permute(2, 0, 1).reshape(n, num_qo_heads)
+    return out, lse

@@ -186,7 +186,7 @@ def _split(
 
 # Op types whose outputs are softmax-weighted means of value rows (plus a base-2 LSE).
 ATTENTION_OP_TYPES: frozenset[str] = frozenset(
-    {"gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged", "dsa_paged"}
+    {"gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged", "dsa_paged", "block_sparse"}
 )
 # Values are drawn from N(ATTENTION_VALUE_MEAN, 1). With zero-mean values an output averages
 # kv_len rows to about 1/sqrt(kv_len) in size (0.007 at 32k tokens), below bf16's atol, so

@@ -30,21 +30,24 @@ def block_sparse_attention_ref(q, k, v, indptr, indices, sm_scale, logits_soft_c
     if num_block_rows == 0:
         return out, lse
     rows = q.shape[0] // num_block_rows
-    group = q.shape[1] // k.shape[2]
+    num_kv_heads = k.shape[2]
+    kf, vf = k.float(), v.float()  # once: every block row gathers its blocks from them
+    ptr = indptr.tolist()  # one host copy, not one per block row
     for b in range(num_block_rows):
-        blocks = indices[int(indptr[b]) : int(indptr[b + 1])].long()
+        blocks = indices[ptr[b] : ptr[b + 1]].long()
         if blocks.numel() == 0:
             continue
-        kb = k[blocks].flatten(0, 1).float().transpose(0, 1).repeat_interleave(group, 0)
-        vb = v[blocks].flatten(0, 1).float().transpose(0, 1).repeat_interleave(group, 0)
-        qb = q[b * rows : (b + 1) * rows].float().transpose(0, 1)
-        logits = torch.matmul(qb, kb.transpose(1, 2)) * sm_scale
+        kb, vb = kf[blocks].flatten(0, 1), vf[blocks].flatten(0, 1)  # [keys, Hkv, D]
+        # Query head h reads KV head h // group: [rows, Hq, D] -> [rows, Hkv, group, D].
+        qb = q[b * rows : (b + 1) * rows].float().unflatten(1, (num_kv_heads, -1))
+        logits = torch.einsum("rhgd,nhd->rhgn", qb, kb) * sm_scale
         if logits_soft_cap:
             logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
         row_lse = torch.logsumexp(logits, dim=-1)
         p = torch.exp(logits - row_lse[..., None])
-        out[b * rows : (b + 1) * rows] = torch.matmul(p, vb).transpose(0, 1).to(q.dtype)
-        lse[b * rows : (b + 1) * rows] = (row_lse / math.log(2.0)).transpose(0, 1)
+        o = torch.einsum("rhgn,nhd->rhgd", p, vb)
+        out[b * rows : (b + 1) * rows] = o.flatten(1, 2).to(q.dtype)
+        lse[b * rows : (b + 1) * rows] = row_lse.flatten(1, 2) / math.log(2.0)
     return out, lse
 
 
