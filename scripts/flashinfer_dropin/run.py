@@ -5,6 +5,7 @@
     python scripts/flashinfer_dropin/run.py --full          # every test of every file
     python scripts/flashinfer_dropin/run.py --collect-only  # no GPU needed: what would run
     python scripts/flashinfer_dropin/run.py --cpu --files test_norm -k "111 and -19]"
+    python scripts/flashinfer_dropin/run.py --triton-cache ~/.cache/ft-dropin --per-test-timeout 120
 
 The tests come from the FlashInfer sdist (.peer/, filled by scripts/fetch_gpu_deps.sh); they
 run unchanged, each file in its own pytest process (a CUDA fault in one file cannot poison
@@ -19,6 +20,14 @@ repeatable and a larger N keeps every test a smaller one ran.
 --cpu is a smoke test for machines without a GPU, and the one mode that edits the tests: each
 file's device strings become "cpu" (CPU_REWRITES) and Triton runs in its interpreter. Pick
 small shapes with -k (the interpreter is slow); a CUDA run remains the acceptance test.
+The tests' CUDA graphs (capture, re-plan, replay) are emulated there (cpu_graphs.py): a
+replay runs the captured Triton launches and torch ops again with their captured arguments.
+
+Time limits: --timeout bounds a file's process (default 900 s); --per-test-timeout (pytest-
+timeout) bounds each test, so one slow compile fails one test instead of the whole file, and
+then a file's limit scales with its sample: at least (tests x per-test timeout) + 120 s.
+--triton-cache DIR is the test processes' TRITON_CACHE_DIR: kernels compiled by one file
+or run are reused by the next (the same kernel variants recur across files).
 
 Prints pass/fail/skip counts per file and writes a JSON summary (per file: counts, the
 failures with their first error line) to $OUT/flashinfer_dropin.json, or --out.
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -209,9 +219,19 @@ def _first_error_line(text: str) -> str:
 
 
 def run_child(
-    test_file: Path, per_file: int | None, collect_only: bool, select: str | None, result: Path
+    test_file: Path,
+    per_file: int | None,
+    collect_only: bool,
+    select: str | None,
+    result: Path,
+    per_test_timeout: float | None = None,
+    cpu: bool = False,
 ) -> int:
     sys.path.insert(0, str(STANDIN))
+    if cpu:
+        import cpu_graphs  # this folder is sys.path[0]: the script's own
+
+        cpu_graphs.install()
     plugin = SamplingPlugin(test_file, per_file, result)
     args = [
         str(test_file),
@@ -229,6 +249,8 @@ def run_child(
         args.append("--collect-only")
     if select:
         args += ["-k", select]
+    if per_test_timeout:
+        args.append(f"--timeout={per_test_timeout:g}")  # pytest-timeout loads itself
     code = pytest.main(args, plugins=[plugin])
     plugin.write(finished=True, pytest_exit=int(code))
     return 0
@@ -253,6 +275,51 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
     return dest / "tests"
 
 
+# Seconds a file's process gets beyond its tests' budgets: start-up, imports, collection.
+STARTUP_SECONDS = 120.0
+POLL_SECONDS = 2.0
+
+
+def file_limit(timeout: float, per_test_timeout: float | None, selected: int) -> float:
+    """Seconds a file's process may run: --timeout; with --per-test-timeout, at least every
+    selected test's whole budget plus STARTUP_SECONDS, so that compile time fails single
+    tests (pytest-timeout) and never kills the file as a whole."""
+    if not per_test_timeout:
+        return timeout
+    return max(timeout, selected * per_test_timeout + STARTUP_SECONDS)
+
+
+def _run_with_limit(
+    command: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    timeout: float,
+    per_test_timeout: float | None,
+    result: Path,
+) -> tuple[str, float | None]:
+    """Run a file's child process under file_limit (known once the child has written its
+    sample size to `result`). Returns its output, and the limit it was killed at (None when
+    it ended by itself)."""
+    proc = subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    start = time.perf_counter()
+    limit = timeout
+    while True:
+        try:
+            output, _ = proc.communicate(timeout=POLL_SECONDS)
+            return output, None
+        except subprocess.TimeoutExpired:
+            pass
+        if per_test_timeout and result.exists():  # written whole (os.replace)
+            selected = int(json.loads(result.read_text())["selected"])
+            limit = file_limit(timeout, per_test_timeout, selected)
+        if time.perf_counter() - start > limit:
+            proc.kill()
+            output, _ = proc.communicate()
+            return output, limit
+
+
 def run_file(
     test_file: Path,
     per_file: int | None,
@@ -260,6 +327,8 @@ def run_file(
     timeout: float,
     select: str | None = None,
     cpu: bool = False,
+    per_test_timeout: float | None = None,
+    triton_cache: Path | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
@@ -267,6 +336,8 @@ def run_file(
         # standin first, then flashtune's sources (a checkout that is not pip-installed).
         paths = [str(STANDIN), str(ROOT / "src")]
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        if triton_cache is not None:
+            env["TRITON_CACHE_DIR"] = str(triton_cache.expanduser().resolve())
         if cpu:
             env["TRITON_INTERPRET"] = "1"
             rewritten = Path(tmp) / test_file.parent.name / test_file.name
@@ -277,20 +348,15 @@ def run_file(
         command += ["--full"] if per_file is None else ["--per-file", str(per_file)]
         command += ["--collect-only"] if collect_only else []
         command += ["-k", select] if select else []
+        command += ["--per-test-timeout", str(per_test_timeout)] if per_test_timeout else []
+        command += ["--cpu"] if cpu else []
         start = time.perf_counter()
-        try:
-            proc = subprocess.run(
-                command,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                cwd=test_file.parent,
-            )
-            tail = (proc.stdout + proc.stderr)[-2000:]
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-            tail = f"timed out after {timeout:.0f} s: {out[-1500:]}"
+        output, killed_at = _run_with_limit(
+            command, env, test_file.parent, timeout, per_test_timeout, result
+        )
+        tail = output[-2000:]
+        if killed_at is not None:
+            tail = f"timed out after {killed_at:.0f} s: {output[-1500:]}"
         payload: dict[str, Any] = (
             json.loads(result.read_text())
             if result.exists()
@@ -324,14 +390,28 @@ def main() -> int:
     ap.add_argument("-k", dest="select", help="pytest -k expression, applied before sampling")
     ap.add_argument("--cpu", action="store_true", help="smoke test on CPU (see above)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a file (900)")
+    ap.add_argument(
+        "--per-test-timeout", type=float, help="seconds a test (pytest-timeout; default: none)"
+    )
+    ap.add_argument("--triton-cache", type=Path, help="TRITON_CACHE_DIR of the test processes")
     ap.add_argument("--out", type=Path, help="the JSON summary (default $OUT/...)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     opts = ap.parse_args()
     per_file = None if opts.full else opts.per_file
     if opts.child is not None:
-        return run_child(opts.child, per_file, opts.collect_only, opts.select, opts.result)
+        return run_child(
+            opts.child,
+            per_file,
+            opts.collect_only,
+            opts.select,
+            opts.result,
+            opts.per_test_timeout,
+            opts.cpu,
+        )
 
+    if opts.per_test_timeout and importlib.util.find_spec("pytest_timeout") is None:
+        raise SystemExit("--per-test-timeout needs pytest-timeout (pip install pytest-timeout)")
     names = [n.strip().removesuffix(".py") for n in opts.files.split(",")] if opts.files else FILES
     with tempfile.TemporaryDirectory() as tmp:
         tests = opts.tests_dir or extract_tests(opts.sdist, Path(tmp))
@@ -341,7 +421,16 @@ def main() -> int:
             if not path.exists():
                 print(f"{name}: not in {tests}", flush=True)
                 continue
-            row = run_file(path, per_file, opts.collect_only, opts.timeout, opts.select, opts.cpu)
+            row = run_file(
+                path,
+                per_file,
+                opts.collect_only,
+                opts.timeout,
+                opts.select,
+                opts.cpu,
+                opts.per_test_timeout,
+                opts.triton_cache,
+            )
             results.append(row)
             c = row["counts"]
             ran = c["passed"] + c["failed"] + c["error"]
@@ -362,6 +451,8 @@ def main() -> int:
         "collect_only": opts.collect_only,
         "cpu": opts.cpu,
         "select": opts.select,
+        "per_test_timeout": opts.per_test_timeout,
+        "triton_cache": str(opts.triton_cache) if opts.triton_cache else None,
         "passed": passed,
         "ran": ran,
         "files": results,

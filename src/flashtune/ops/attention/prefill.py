@@ -37,6 +37,7 @@ import torch
 
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.attention.aliases import WrapperAliases
+from flashtune.ops.attention.multi_item import MultiItemScoring
 from flashtune.ops.attention.page import (
     KV_LAYOUTS,
     build_page_table,
@@ -413,6 +414,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         q_data_type: str | torch.dtype | None = None,
         kv_data_type: str | torch.dtype | None = None,
         non_blocking: bool = True,
+        prefix_len_ptr: torch.Tensor | None = None,
+        token_pos_in_items_ptr: torch.Tensor | None = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: torch.Tensor | None = None,
     ) -> None:
         """Validate the batch and build the work list (CPU, from the lengths alone).
 
@@ -445,6 +450,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             kv_data_type=kv_data_type,
             rope_scale=rope_scale,
             rope_theta=rope_theta,
+            multi_item=MultiItemScoring.from_plan_args(
+                prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
+            ),
         )
 
     begin_forward = plan
@@ -567,6 +575,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         q_data_type: str | torch.dtype | None = None,
         kv_data_type: str | torch.dtype | None = None,
         non_blocking: bool = True,
+        prefix_len_ptr: torch.Tensor | None = None,
+        token_pos_in_items_ptr: torch.Tensor | None = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: torch.Tensor | None = None,
     ) -> None:
         """Validate the batch and build the work list (CPU, from the lengths alone)."""
         self._make_plan(
@@ -590,6 +602,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             kv_data_type=kv_data_type,
             rope_scale=rope_scale,
             rope_theta=rope_theta,
+            multi_item=MultiItemScoring.from_plan_args(
+                prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
+            ),
         )
 
     begin_forward = plan
@@ -683,8 +698,8 @@ def single_prefill_with_kv_cache(
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Prefill attention of one request (FlashInfer 0.2.14's signature): q [qo_len, Hq, D],
-    k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND); custom_mask [qo_len, kv_len] bool
-    (replaces causal). `backend` is a hint (one Triton kernel serves every backend);
+    k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND); custom_mask [qo_len, kv_len] bool,
+    or flat (replaces causal). `backend` is a hint (one Triton kernel serves every backend);
     use_fp16_qk_reduction is accepted (logits are always reduced in fp32, at least as
     accurate). What this kernel does not do raises: fp8 scales, another output dtype,
     packed masks."""
@@ -707,10 +722,11 @@ def single_prefill_with_kv_cache(
     qo_len, kv_len = q.shape[0], k.shape[0]
     mask = None
     if custom_mask is not None:
-        if tuple(custom_mask.shape) != (qo_len, kv_len):
+        # FlashInfer flattens the mask: [qo_len, kv_len] or its flat [qo_len * kv_len].
+        if tuple(custom_mask.shape) not in ((qo_len, kv_len), (qo_len * kv_len,)):
             raise ValueError(
-                f"custom_mask must have shape [qo_len, kv_len] = [{qo_len}, {kv_len}], got "
-                f"{list(custom_mask.shape)}"
+                f"custom_mask must have shape [qo_len, kv_len] = [{qo_len}, {kv_len}] or be "
+                f"flat, got {list(custom_mask.shape)}"
             )
         mask = custom_mask.reshape(-1)
     wrapper = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(0, device=q.device))

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from flashtune import env
+from flashtune.ops.attention.multi_item import MultiItemScoring
 from flashtune.ops.attention.prefill_config import (
     MAX_STAGING_BYTES,
     SUPPORTED_HEAD_DIMS,
@@ -229,9 +230,11 @@ def make_plan(
     graph: PrefillGraph | None = None,
     rope_scale: float | None = None,
     rope_theta: float | None = None,
+    multi_item: MultiItemScoring | None = None,
 ) -> PrefillPlan:
     """The plan of one batch (see the module docstring); with `graph`, every array run reads
-    is written into the graph's fixed buffers and the launch is the one the first plan fixed."""
+    is written into the graph's fixed buffers and the launch is the one the first plan fixed.
+    `multi_item` (FlashInfer's multi-item scoring) becomes the batch's custom mask."""
     if packed_custom_mask is not None:
         raise NotImplementedError("packed_custom_mask is not supported; pass custom_mask (bool)")
     rope = rope_for(pos_encoding_mode, rope_scale, rope_theta)
@@ -291,6 +294,10 @@ def make_plan(
     # Causal with qo_len > kv_len is FlashInfer's too: query i sees keys j <= i + kv_len -
     # qo_len, so its first qo_len - kv_len rows see none (output 0, LSE -inf).
     qo_lens = qo[1:] - qo[:-1]
+    if multi_item is not None:
+        if custom_mask is not None:
+            raise ValueError("pass either custom_mask or prefix_len_ptr (multi-item scoring)")
+        custom_mask = multi_item.custom_mask(qo_lens, kv_lens)
     plan = PrefillPlan(
         paged=paged,
         qo_indptr=qo,

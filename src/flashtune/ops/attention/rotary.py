@@ -38,7 +38,8 @@ def rope_for(
         return None
     if pos_encoding_mode != "ROPE_LLAMA":
         raise NotImplementedError(
-            f"pos_encoding_mode must be 'NONE' or 'ROPE_LLAMA', got {pos_encoding_mode!r}"
+            f"pos_encoding_mode={pos_encoding_mode!r} is not supported: flashtune's attention "
+            "kernels have 'NONE' and 'ROPE_LLAMA' (no ALiBi bias)"
         )
     rope = (
         1.0 if rope_scale is None else float(rope_scale),
