@@ -75,7 +75,12 @@ SAMPLING_BATCH = [1, 4, 16, 64, 256]  # rows sampled a step (the decode batch)
 # dense attention and the reference loops over block rows (128 of them at 1 x 16).
 BLOCK_SPARSE_DENSITY = [0.2, 0.7, 0.9, 1.0]
 BLOCK_SPARSE_SHORT_DENSITY = [0.2, 0.9]
-BLOCK_SPARSE_TOKENS = {(64, 64): (512, 8192), (16, 16): (256, 4096), (1, 16): (128, 2048)}
+BLOCK_SPARSE_TOKENS = {
+    (64, 64): (512, 8192),
+    (16, 16): (256, 4096),
+    (4, 4): (128, 2048),
+    (1, 16): (128, 2048),
+}
 
 _NS = uuid.UUID("6b3c1b9e-5a55-4d7c-8f0e-1f2a3b4c5d6e")
 

@@ -217,7 +217,7 @@ def test_block_sparse_workloads_are_realistic_bsr_patterns():
     non-empty, its columns distinct, ascending and inside N."""
     consts = [DS.definition(name).const_axes for name in BLOCK_SPARSE]
     shapes = {(c["block_rows"], c["block_cols"]) for c in consts}
-    assert shapes == {(1, 16), (16, 16), (64, 64)}
+    assert shapes == {(1, 16), (4, 4), (16, 16), (64, 64)}
     for name in BLOCK_SPARSE:
         block_rows = DS.definition(name).const_axes["block_rows"]
         workloads = [w.workload.axes for w in DS.workloads_for(name)]

@@ -584,7 +584,7 @@ class VariableBlockSparseAttentionWrapper(_SparseWrapper):
 # A 4 x 8 block grid at 40% density: block rows of 0..4 blocks, one of them empty.
 EXAMPLE_BSR_INDPTR = (0, 3, 3, 7, 13)
 EXAMPLE_BSR_INDICES = (0, 5, 2, 1, 7, 3, 4, 0, 1, 2, 4, 6, 7)
-EXAMPLE_BLOCK_SIZES = ((64, 64), (16, 16), (1, 16))
+EXAMPLE_BLOCK_SIZES = ((64, 64), (16, 16), (4, 4), (1, 16))
 
 
 @register_examples
