@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from _gemm_traces import gemm_trace
+from _html_page import parse_page
 from flashtune.cli import app
 from flashtune.data import Dataset
 from flashtune.report.e2e import decode_series, e2e_section, read_e2e_rows, setups, speedups
@@ -67,32 +67,6 @@ def _rows() -> list[dict[str, Any]]:
     return rows
 
 
-class _Page(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict[str, str]]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, {k: v or "" for k, v in attrs}))
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-    def find(self, tag: str, **attrs: str) -> list[dict[str, str]]:
-        return [
-            a
-            for t, a in self.tags
-            if t == tag and all(a.get(k.rstrip("_")) == v for k, v in attrs.items())
-        ]
-
-
-def _parse(text: str) -> _Page:
-    page = _Page()
-    page.feed(text)
-    return page
-
-
 def test_decode_series_are_like_for_like_geomeans_per_batch() -> None:
     rows = _rows()
     assert setups(rows) == [SETUP]
@@ -116,7 +90,7 @@ def test_speedups_over_the_points_both_timed() -> None:
 
 
 def test_the_section_plots_one_series_per_backend() -> None:
-    page = _parse(e2e_section(_rows(), "results/e2e.jsonl"))
+    page = parse_page(e2e_section(_rows(), "results/e2e.jsonl"))
     assert page.find("section", id="e2e")
     (plot,) = page.find("svg", class_="plot")
     assert plot["data-kind"] == "e2e-decode"
@@ -133,7 +107,7 @@ def test_the_section_plots_one_series_per_backend() -> None:
 
 def test_a_setup_per_model_and_an_empty_file_says_so() -> None:
     other = [dict(r, gpu="NVIDIA H200") for r in _rows() if r["op"] == "e2e_decode"]
-    page = _parse(e2e_section(_rows() + other))
+    page = parse_page(e2e_section(_rows() + other))
     assert len(page.find("svg", class_="plot")) == 2
     assert len(page.find("h3", class_="e2e-setup")) == 2
     assert "no decode or prefill rows" in e2e_section([])
@@ -141,9 +115,9 @@ def test_a_setup_per_model_and_an_empty_file_says_so() -> None:
 
 def test_the_report_has_the_section_only_with_rows() -> None:
     traces = [gemm_trace("torch@gemm_n64_k64", 1, 1.0, environment={"hardware": GPU})]
-    with_rows = _parse(render_html(traces, {}, e2e_rows=_rows()))
+    with_rows = parse_page(render_html(traces, {}, e2e_rows=_rows()))
     assert with_rows.find("section", id="e2e") and with_rows.find("a", href="#e2e")
-    assert not _parse(render_html(traces, {})).find("section", id="e2e")
+    assert not parse_page(render_html(traces, {})).find("section", id="e2e")
 
 
 def test_report_html_cli_reads_the_rows(tmp_path: Path) -> None:
@@ -157,7 +131,7 @@ def test_report_html_cli_reads_the_rows(tmp_path: Path) -> None:
     argv = ["report", "html", "-d", str(tmp_path / "res"), "-o", str(out)]
     result = CliRunner().invoke(app, [*argv, "--e2e", str(rows_file)])
     assert result.exit_code == 0, result.output
-    page = _parse(out.read_text())
+    page = parse_page(out.read_text())
     assert len(page.find("g", class_="series")) >= len(FACTORS)
     assert page.find("svg", class_="plot", **{"data-kind": "e2e-decode"})
     rows_file.write_text('{"op": "e2e_decode"}\nnot json\n')

@@ -4,13 +4,13 @@ environment header, a summary, fast_p curves per family, and per definition the 
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from _gemm_traces import gemm_trace
+from _html_page import parse_page
 from flashtune.cli import app
 from flashtune.data import Dataset, Definition, Trace
 from flashtune.report.fast_p import family, fast_p
@@ -71,37 +71,9 @@ def traces() -> list[Trace]:
     return out
 
 
-class _Page(HTMLParser):
-    """Tags (with attributes) and the text under each id'd section, from one parse."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict[str, str]]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, {k: v or "" for k, v in attrs}))
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-    def find(self, tag: str, **attrs: str) -> list[dict[str, str]]:
-        return [
-            a
-            for t, a in self.tags
-            if t == tag and all(a.get(k.rstrip("_")) == v for k, v in attrs.items())
-        ]
-
-
-def _parse(text: str) -> _Page:
-    page = _Page()
-    page.feed(text)
-    return page
-
-
 def test_report_structure(traces: list[Trace]) -> None:
     text = render_html(traces, {"gemm_n64_k64": GEMM})
-    page = _parse(text)
+    page = parse_page(text)
     for section in ("environment", "summary", "fast-p"):
         assert page.find("section", id=section), section
     (section,) = page.find("section", class_="definition")
@@ -119,7 +91,7 @@ def test_report_structure(traces: list[Trace]) -> None:
 
 
 def test_skipped_is_its_own_column(traces: list[Trace]) -> None:
-    page = _parse(render_html(traces, {"gemm_n64_k64": GEMM}))
+    page = parse_page(render_html(traces, {"gemm_n64_k64": GEMM}))
     text = " ".join(page.text)
     assert "skipped" in text
     # The per-solution table: triton_only has 0 passed, 0 failed, 3 skipped, no pass rate.
@@ -135,7 +107,7 @@ def test_skipped_is_its_own_column(traces: list[Trace]) -> None:
 def test_plots_have_a_series_per_solution_and_the_peak(traces: list[Trace]) -> None:
     html = render_html(traces, {"gemm_n64_k64": GEMM})
     latency = html[html.index("data-kind='latency'") :].split("</svg>")[0]
-    page = _parse(latency)
+    page = parse_page(latency)
     names = sorted(a["data-name"] for a in page.find("g", class_="series"))
     assert names == ["flashtune", "torch"]  # the definition's suffix is the section's title
     assert len(page.find("circle", class_="point")) == 6
@@ -163,7 +135,7 @@ def test_throughput_unit_follows_the_ridge_point() -> None:
 def test_plots_say_why_when_empty() -> None:
     skipped = [_trace("triton_only@gemm_n64_k64", m, None, status="SKIPPED") for m in (1, 2)]
     html = render_html(skipped, {})
-    page = _parse(html)
+    page = parse_page(html)
     assert len(page.find("svg", class_="plot")) == 3  # always present
     assert "no solution passed here" in html
 
@@ -196,7 +168,7 @@ def test_line_chart_log_axes_and_reference_line() -> None:
         log_y=True,
         ref_lines=[RefLine(100.0, "peak")],
     )
-    page = _parse(svg)
+    page = parse_page(svg)
     assert page.find("svg", class_="plot") and page.find("g", class_="ref-line")
     assert "x (log)" in " ".join(page.text) and "peak" in " ".join(page.text)
     empty = line_chart({}, kind="k", title="t", x_label="x", y_label="y", empty_message="none")
@@ -214,7 +186,7 @@ def test_report_html_cli_writes_one_file(tmp_path: Path, traces: list[Trace]) ->
     )
     assert result.exit_code == 0, result.output
     assert [p.name for p in out.parent.iterdir()] == ["report.html"]  # nothing beside it
-    assert _parse(out.read_text()).find("section", id="fast-p")
+    assert parse_page(out.read_text()).find("section", id="fast-p")
     written = write_html(traces, {}, tmp_path / "direct.html")
     assert written.read_text().startswith("<!doctype html>")
 
