@@ -21,7 +21,7 @@ with --ops/--batch/--vocab; each tactic compiles three kernels per op).
 Writes rows to benchmarks/results/sampling.jsonl (and $OUT); prints geomean speedups of
 flashtune over FlashInfer and over torch per op and overall.
 Usage: python benchmarks/bench_sampling.py [--quick] [--sweep] [--tactics] [--ops top_k,...]
-       [--batch 1,16] [--vocab 128256]
+       [--batch 1,16] [--vocab 128256] [--scales 3,8]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
 
+from flashtune import env  # noqa: E402
 from flashtune.ops import sampling as S  # noqa: E402
 from flashtune.ops import sampling_kernels as K  # noqa: E402
 from flashtune.ops.sampling_config import (  # noqa: E402
@@ -238,6 +239,7 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
     ap.add_argument("--batch", help="comma-separated batch sizes (default: all, or --quick's)")
     ap.add_argument("--vocab", help="comma-separated vocabulary sizes (default: all, or --quick's)")
+    ap.add_argument("--scales", help=f"comma-separated logit scales (default: {DISTRIBUTIONS})")
     opts = ap.parse_args()
     batches = [1, 64] if opts.quick else BATCH
     vocabs = [128256] if opts.quick else VOCAB
@@ -246,6 +248,8 @@ def main() -> None:
     if opts.vocab:
         vocabs = [int(v) for v in opts.vocab.split(",")]
     dists = DISTRIBUTIONS[:1] if opts.quick else DISTRIBUTIONS
+    if opts.scales:
+        dists = [float(x) for x in opts.scales.split(",")]
     ops = opts.ops.split(",")
     fi = load_flashinfer()
     bandwidth = copy_bandwidth_gbs()
@@ -274,7 +278,9 @@ def main() -> None:
                         fraction = nbytes / (ms * 1e-3) / 1e9 / bandwidth
                         extra = {"bytes": nbytes, "timing": method, "hbm_read_fraction": fraction}
                         if name == "flashtune":
-                            extra["tactic"] = str(default_tactic(vocab, batch, split=True))
+                            extra["tactic"] = str(
+                                default_tactic(vocab, batch, split=env.SAMPLING_SPLIT_DEFAULT.get())
+                            )
                         writer.write(op, shape, name, ms, **extra)
                     if opts.sweep:
                         tactic, ms, timings = sweep(op, args, allowed, scale)

@@ -151,3 +151,27 @@ def test_gpu_robust_graph_and_fallback_leave_a_sane_context() -> None:
     # the context still works, graphs included
     assert measure_robust(lambda a: a + 1, [x], trials=1, trial_ms=5).method == "cuda_graph"
     torch.testing.assert_close((x + 1).sum(), x.sum() + x.numel())
+
+
+def _syncs_after_a_big_temporary(a: torch.Tensor) -> torch.Tensor:
+    big = torch.empty(1 << 30, dtype=torch.uint8, device=a.device)  # 1 GiB, allocated in capture
+    big.fill_(1)
+    return a + float(big[:1].float().sum().item())  # a host sync: the capture fails
+
+
+@pytest.mark.cuda
+def test_gpu_failed_capture_gives_its_memory_back() -> None:
+    # A capture that fails to end used to keep every block it allocated reserved for the
+    # life of the process (torch never released the graph's pool), beyond empty_cache.
+    x = torch.randn(1024, 1024, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    for _ in range(3):
+        with pytest.raises(timing.CaptureError):
+            measure(_syncs_after_a_big_temporary, [x], warmup=1, repetitions=1, use_cuda_graph=True)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - before < (256 << 20)
+    # and graphs still capture and replay afterwards
+    assert measure_robust(lambda a: a * 2, [x], trials=1, trial_ms=5).method == "cuda_graph"

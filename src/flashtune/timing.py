@@ -287,11 +287,12 @@ class _Calls:
         torch.cuda.synchronize()
         self.stream.wait_stream(torch.cuda.current_stream())
         graph = _new_graph()
+        pool = torch.cuda.graph_pool_handle()  # named, so a failed capture's can be released
         error: BaseException | None = None
         results: dict[int, Any] = {}
         with torch.cuda.stream(self.stream):
             try:
-                graph.capture_begin(capture_error_mode="global")
+                graph.capture_begin(pool=pool, capture_error_mode="global")
             except Exception as exc:  # noqa: BLE001 - e.g. a capture already under way
                 raise CaptureError(f"capture_begin: {type(exc).__name__}: {exc}") from exc
             try:
@@ -305,6 +306,7 @@ class _Calls:
                 error = error or exc
         if error is not None:
             del graph, results
+            _release_failed_capture_pool(pool)
             _recover_after_capture()
             raise CaptureError(f"{type(error).__name__}: {str(error).strip()[:300]}") from error
         nodes = graph_node_count(graph)
@@ -360,6 +362,29 @@ def _reset_cuda_generator() -> None:
     fresh = torch.Generator(device="cuda")
     fresh.manual_seed(generator.initial_seed())
     generator.graphsafe_set_state(fresh.graphsafe_get_state())
+
+
+def _release_failed_capture_pool(pool: Any) -> None:
+    """Give back the memory pool of a capture that failed to end.
+
+    torch (2.11 at least) checks cudaStreamEndCapture's error before it tells the allocator
+    that the capture is over, and a graph whose capture never ended does not release its
+    pool: every block allocated during the capture stayed reserved for the life of the
+    process, beyond empty_cache. Seen on an H100: an 8k-token prefill reference (a Python
+    loop with host syncs) failed its capture and left the benchmark worker holding 57 GB, and
+    the next solution ran out of memory. Ending the pool's allocation and releasing it lets
+    empty_cache free it. Where torch did end it, the first call is refused (no capture to
+    the pool is under way) and nothing more is done: the graph released its pool itself."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if end is None or release is None:  # pragma: no cover - a torch without the hooks
+        return
+    device = torch.cuda.current_device()
+    try:
+        end(device, pool)
+    except RuntimeError:
+        return
+    release(device, pool)
 
 
 def _recover_after_capture() -> None:

@@ -151,9 +151,10 @@ def test_renorm_without_prefetch_matches():
 def test_default_splits_small_batches_of_long_rows():
     assert split_default(128256, 1, 1024) == 128  # one 1024-wide chunk a program
     assert split_default(262208, 1, 1024) == 256
-    assert split_default(128256, 16, 1024) == 16
-    assert split_default(128256, 64, 1024) == 4
-    assert split_default(128256, 256, 1024) == 1  # the batch fills the GPU
+    assert split_default(128256, 16, 1024) == 32
+    assert split_default(128256, 64, 1024) == 8
+    assert split_default(128256, 256, 1024) == 4  # at least 4 a row
+    assert split_default(128256, 512, 1024) == 1  # the batch fills the GPU
     assert split_default(2000, 1, 1024) == 1  # too few chunks to share
     # The interpreter's default never splits (its cost is per program).
     assert default_tactic(128256, 1, split=True).split == 1

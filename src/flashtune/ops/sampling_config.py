@@ -36,10 +36,14 @@ PIVOTS = 4
 
 # Rejection rounds a split row runs before the rows still undecided finish one program a
 # row. A round after the first pass is usually enough (see sampling_kernels.py); a launch for
-# rows already done costs a load per program. Not yet measured on a GPU.
-SPLIT_ROUNDS = 3
-# Programs the default split aims for at small batch: about two per SM of an H100 (132).
-_SPLIT_TARGET_PROGRAMS = 256
+# rows already done costs a load per program. H100, top-p at vocab 128256 (bench_sampling
+# --tactics): 2 rounds within 5% of the best of 1/2/3/5 at batch 1, 16, 64 and 256.
+SPLIT_ROUNDS = 2
+# Programs the default split aims for at small batch: about four per SM of an H100 (132).
+# H100, top-p at vocab 128256: the fastest split measured was 128 programs a row at batch 1,
+# 32 at 16, 8 at 64 and 4 at 256 (then 1.6x faster than one program a row of 2048 chunks).
+_SPLIT_TARGET_PROGRAMS = 512
+_SPLIT_MIN = 4
 _SPLIT_MAX = 256
 # Largest batch (grid dimension 1 of the split kernels) a split tactic runs at.
 _SPLIT_MAX_BATCH = 65535
@@ -105,13 +109,13 @@ class SamplingTactic:
 
 
 def split_default(vocab: int, batch: int, block: int) -> int:
-    """Programs a row by default: enough for ~_SPLIT_TARGET_PROGRAMS in all (a power of
-    two, up to one a chunk; the last few may get none); 1 (no split) once the batch alone
-    fills the GPU."""
+    """Programs a row by default: enough for ~_SPLIT_TARGET_PROGRAMS in all, at least
+    _SPLIT_MIN (a power of two, up to one a chunk; the last few may get none); 1 (no
+    split) above batch _SPLIT_TARGET_PROGRAMS / 2, where it was not measured."""
     chunks = triton.cdiv(max(vocab, 1), block)
     if batch > _SPLIT_MAX_BATCH or 2 * batch > _SPLIT_TARGET_PROGRAMS or chunks < 8:
         return 1
-    wanted = triton.next_power_of_2(triton.cdiv(_SPLIT_TARGET_PROGRAMS, batch))
+    wanted = max(_SPLIT_MIN, triton.next_power_of_2(triton.cdiv(_SPLIT_TARGET_PROGRAMS, batch)))
     return max(1, min(wanted, _SPLIT_MAX, triton.next_power_of_2(chunks)))
 
 

@@ -49,8 +49,7 @@ class SamplingArgs:
 
 
 def _tactic(tactic: Tactic, vocab: int, batch: int, split: bool = False) -> SamplingTactic:
-    # The split default waits for its GPU measurement (env.SAMPLING_SPLIT_DEFAULT); the
-    # one-program default is what the tuner's same-samples check compares split tactics to.
+    # env.SAMPLING_SPLIT_DEFAULT=0 turns the split default off (one program a row).
     split = split and env.SAMPLING_SPLIT_DEFAULT.get()
     cfg = default_tactic(vocab, batch, split) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, SamplingTactic)
