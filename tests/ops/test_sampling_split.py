@@ -150,7 +150,7 @@ def test_renorm_without_prefetch_matches():
 
 def test_default_splits_small_batches_of_long_rows():
     assert split_default(128256, 1, 1024) == 128  # one 1024-wide chunk a program
-    assert split_default(262208, 1, 1024) == 256
+    assert split_default(262208, 1, 1024) == 128  # the cap
     assert split_default(128256, 16, 1024) == 32
     assert split_default(128256, 64, 1024) == 8
     assert split_default(128256, 256, 1024) == 4  # at least 4 a row

@@ -37,14 +37,18 @@ PIVOTS = 4
 # Rejection rounds a split row runs before the rows still undecided finish one program a
 # row. A round after the first pass is usually enough (see sampling_kernels.py); a launch for
 # rows already done costs a load per program. H100, top-p at vocab 128256 (bench_sampling
-# --tactics): 2 rounds within 5% of the best of 1/2/3/5 at batch 1, 16, 64 and 256.
-SPLIT_ROUNDS = 2
+# --tactics): 2 rounds were within 5% of the best of 1/2/3/5 at batch 1, 16, 64 and 256,
+# each round more cost ~1 us at batch 1 and ~2 us at batch 64; but a row still undecided
+# after them costs a one-program pass (~140 us at vocab 262k; seen at batch 1 and 64
+# there), so the default keeps two rounds in reserve.
+SPLIT_ROUNDS = 4
 # Programs the default split aims for at small batch: about four per SM of an H100 (132).
 # H100, top-p at vocab 128256: the fastest split measured was 128 programs a row at batch 1,
 # 32 at 16, 8 at 64 and 4 at 256 (then 1.6x faster than one program a row of 2048 chunks).
+# 256 a row (vocab 152k and 262k at batch 1) was 2.5x slower than 128 at 128k: the cap.
 _SPLIT_TARGET_PROGRAMS = 512
 _SPLIT_MIN = 4
-_SPLIT_MAX = 256
+_SPLIT_MAX = 128
 # Largest batch (grid dimension 1 of the split kernels) a split tactic runs at.
 _SPLIT_MAX_BATCH = 65535
 
