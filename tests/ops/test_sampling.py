@@ -15,9 +15,12 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from _sampling_draws import DRAWS, check_draws, kept, row
 from flashtune.ops import sampling_kernels
+from flashtune.ops.sampling_steps import pick_in_chunk
 from flashtune.ops.sampling import (
     SamplingArgs,
     SamplingRunner,
@@ -466,3 +469,33 @@ def test_gpu_no_host_sync_and_cuda_graph_replays_draw_anew():
     for s in seen:
         assert bool(allowed.gather(1, s.long()[:, None]).all())
     assert len({tuple(s.tolist()) for s in seen}) > 1  # each replay draws anew
+
+
+@triton.jit
+def _pick_in_chunk_kernel(X, Low, Target, Out, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + cols)[None, :]
+    low = tl.load(Low + tl.arange(0, 1))
+    target = tl.load(Target + tl.arange(0, 1))
+    tl.store(Out + tl.arange(0, 1), pick_in_chunk(x, low, target, BLOCK))
+
+
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        (-1e-7, 2),  # below zero by rounding: the first eligible value, not column 0
+        (0.0, 2),
+        (0.25, 2),
+        (0.31, 5),  # past 0.3, the first eligible value's mass
+        (0.6, 5),  # past everything (rounding): the last eligible value, not the last column
+    ],
+)
+def test_a_draw_inside_a_chunk_never_takes_an_ineligible_value(target, expected):
+    # FlashInfer's test_sampling_freq (5M draws, half the probabilities 0) drew zeros on an
+    # H100 when rounding left the in-chunk target just below zero.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.tensor([0.0, 0.05, 0.3, 0.0, 0.0, 0.2, 0.0, 0.0], device=device)
+    low = torch.tensor([0.1], device=device)  # 0.05 is not above low: ineligible too
+    out = torch.empty(1, dtype=torch.int32, device=device)
+    _pick_in_chunk_kernel[(1,)](x, low, torch.tensor([target], device=device), out, BLOCK=8)
+    assert int(out[0]) == expected
