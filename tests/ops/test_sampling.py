@@ -20,7 +20,6 @@ import triton.language as tl
 
 from _sampling_draws import DRAWS, check_draws, kept, row
 from flashtune.ops import sampling_kernels
-from flashtune.ops.sampling_steps import pick_in_chunk
 from flashtune.ops.sampling import (
     SamplingArgs,
     SamplingRunner,
@@ -42,6 +41,7 @@ from flashtune.ops.sampling import (
     top_p_renorm_probs_ref,
     top_p_sampling_from_probs,
 )
+from flashtune.ops.sampling_steps import pick_in_chunk
 
 
 def _zeros(n: int, device="cpu") -> torch.Tensor:
