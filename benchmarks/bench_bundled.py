@@ -4,6 +4,12 @@
     python benchmarks/bench_bundled.py run OUT [--definitions GLOB] [--resume]
     python benchmarks/bench_bundled.py rows OUT           # -> benchmarks/results/bundled_run.jsonl
     python benchmarks/bench_bundled.py repeat OUT_A OUT_B # same solution, two runs: within 3%?
+    python benchmarks/bench_bundled.py headline COMMIT... # one headline from committed rows
+
+`headline` re-derives the figure from benchmarks/results/bundled_run.jsonl when the dataset was
+run in parts: per definition, the rows of the last-named commit that ran it (one run per
+definition, so every ratio inside a definition compares one run's traces), then one
+geomean over all of them; the headline row lists the run behind each definition.
 
 `run` drives flashtune.bench.runner directly (no CLI dependencies needed on the GPU box).
 Rows: op (definition), shape (workload axes), solution, latency_ms, spread, speedups, plus
@@ -225,6 +231,40 @@ def print_table(lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]])
     }
 
 
+def headline(commits: list[str]) -> None:
+    from common import RESULTS, RowWriter
+
+    by_def: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for line in (RESULTS / "bundled_run.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("commit") in commits and row["op"] != "bundled_headline":
+            by_def[row["op"]][row["commit"]].append(row)
+    lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]] = defaultdict(dict)
+    chosen: dict[str, dict[str, Any]] = {}
+    for definition, runs in sorted(by_def.items()):
+        commit = max(runs, key=commits.index)  # the last-named commit that ran it
+        # A commit's rows may come from several resumed calls: one run in parts; a later
+        # row of the same workload and solution replaces an earlier one.
+        runs_of_commit = sorted({r["run_started"] or "" for r in runs[commit]})
+        chosen[definition] = {"commit": commit, "run_started": runs_of_commit}
+        for r in runs[commit]:
+            if r.get("latency_ms") is not None:
+                key = (definition, json.dumps(r["shape"], sort_keys=True))
+                lat[key][r["solution"]] = (r["latency_ms"], r.get("timing_method"))
+    figures = print_table(lat)
+    for definition, run in chosen.items():
+        print(f"  {definition:46s} {run['commit']}")
+    RowWriter("bundled_run").write(
+        "bundled_headline",
+        {"workloads": len(lat)},
+        "flashtune",
+        None,
+        runs_by_definition=chosen,
+        definitions=sorted(chosen),
+        **figures,
+    )
+
+
 def repeat(a: Path, b: Path, floor_ms: float = 0.02) -> None:
     """Same (definition, solution, workload) in two runs: relative difference of medians
     (issue 5: within 3% for kernels of 20 us or more), overall and per timing method."""
@@ -275,6 +315,8 @@ if __name__ == "__main__":
         run(Path(args[0]), defs, "--resume" in args, 180.0)
     elif cmd == "rows":
         rows(Path(sys.argv[2]))
+    elif cmd == "headline":
+        headline(sys.argv[2:])
     elif cmd == "repeat":
         repeat(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
