@@ -27,7 +27,10 @@ Time limits: --timeout bounds a file's process (default 900 s); --per-test-timeo
 timeout) bounds each test, so one slow compile fails one test instead of the whole file, and
 then a file's limit scales with its sample: at least (tests x per-test timeout) + 120 s.
 --triton-cache DIR is the test processes' TRITON_CACHE_DIR: kernels compiled by one file
-or run are reused by the next (the same kernel variants recur across files).
+or run are reused by the next (the same kernel variants recur across files). --deadline S
+bounds the whole run: the file running then stops with what it ran and later files are
+listed as not run; SIGTERM (an outer `timeout`) and Ctrl-C do the same at once. Either way
+the summary is written.
 
 Prints pass/fail/skip counts per file and writes a JSON summary (per file: counts, the
 failures with their first error line) to $OUT/flashinfer_dropin.json, or --out.
@@ -41,6 +44,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -278,6 +282,7 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
 # Seconds a file's process gets beyond its tests' budgets: start-up, imports, collection.
 STARTUP_SECONDS = 120.0
 POLL_SECONDS = 2.0
+STOP: list[str] = []  # non-empty once the run was interrupted: no further file starts
 
 
 def file_limit(timeout: float, per_test_timeout: float | None, selected: int) -> float:
@@ -296,28 +301,38 @@ def _run_with_limit(
     timeout: float,
     per_test_timeout: float | None,
     result: Path,
+    deadline: float | None = None,
 ) -> tuple[str, float | None]:
     """Run a file's child process under file_limit (known once the child has written its
-    sample size to `result`). Returns its output, and the limit it was killed at (None when
-    it ended by itself)."""
+    sample size to `result`), and never past `deadline` (a time.perf_counter() value). Ctrl-C
+    or SIGTERM kills the child and returns, so the caller reports what it ran. Returns its
+    output, and the limit it was killed at (None when it ended by itself)."""
     proc = subprocess.Popen(
         command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     start = time.perf_counter()
     limit = timeout
-    while True:
-        try:
-            output, _ = proc.communicate(timeout=POLL_SECONDS)
-            return output, None
-        except subprocess.TimeoutExpired:
-            pass
-        if per_test_timeout and result.exists():  # written whole (os.replace)
-            selected = int(json.loads(result.read_text())["selected"])
-            limit = file_limit(timeout, per_test_timeout, selected)
-        if time.perf_counter() - start > limit:
-            proc.kill()
-            output, _ = proc.communicate()
-            return output, limit
+    try:
+        while True:
+            try:
+                output, _ = proc.communicate(timeout=POLL_SECONDS)
+                return output, None
+            except subprocess.TimeoutExpired:
+                pass
+            if per_test_timeout and result.exists():  # written whole (os.replace)
+                selected = int(json.loads(result.read_text())["selected"])
+                limit = file_limit(timeout, per_test_timeout, selected)
+            if deadline is not None:  # the whole run's --deadline comes first
+                limit = min(limit, deadline - start)
+            if time.perf_counter() - start > limit:
+                proc.kill()
+                output, _ = proc.communicate()
+                return output, limit
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (an outer timeout): keep what ran
+        proc.kill()
+        output, _ = proc.communicate()
+        STOP.append("interrupted")
+        return output, time.perf_counter() - start
 
 
 def run_file(
@@ -329,6 +344,7 @@ def run_file(
     cpu: bool = False,
     per_test_timeout: float | None = None,
     triton_cache: Path | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
@@ -352,7 +368,7 @@ def run_file(
         command += ["--cpu"] if cpu else []
         start = time.perf_counter()
         output, killed_at = _run_with_limit(
-            command, env, test_file.parent, timeout, per_test_timeout, result
+            command, env, test_file.parent, timeout, per_test_timeout, result, deadline
         )
         tail = output[-2000:]
         if killed_at is not None:
@@ -394,6 +410,12 @@ def main() -> int:
         "--per-test-timeout", type=float, help="seconds a test (pytest-timeout; default: none)"
     )
     ap.add_argument("--triton-cache", type=Path, help="TRITON_CACHE_DIR of the test processes")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds for the whole run: the file running then stops with what it ran, later "
+        "files are listed as not run, and the summary is written (for a machine lent by time)",
+    )
     ap.add_argument("--out", type=Path, help="the JSON summary (default $OUT/...)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -413,24 +435,36 @@ def main() -> int:
     if opts.per_test_timeout and importlib.util.find_spec("pytest_timeout") is None:
         raise SystemExit("--per-test-timeout needs pytest-timeout (pip install pytest-timeout)")
     names = [n.strip().removesuffix(".py") for n in opts.files.split(",")] if opts.files else FILES
+    deadline = time.perf_counter() + opts.deadline if opts.deadline else None
+    signal.signal(signal.SIGTERM, _interrupt)  # an outer `timeout`: report, then stop
+    not_run: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         tests = opts.tests_dir or extract_tests(opts.sdist, Path(tmp))
         results = []
         for name in names:
             path = tests / f"{name}.py"
+            if STOP or (deadline is not None and time.perf_counter() >= deadline):
+                not_run.append(name)
+                continue
             if not path.exists():
                 print(f"{name}: not in {tests}", flush=True)
                 continue
-            row = run_file(
-                path,
-                per_file,
-                opts.collect_only,
-                opts.timeout,
-                opts.select,
-                opts.cpu,
-                opts.per_test_timeout,
-                opts.triton_cache,
-            )
+            try:
+                row = run_file(
+                    path,
+                    per_file,
+                    opts.collect_only,
+                    opts.timeout,
+                    opts.select,
+                    opts.cpu,
+                    opts.per_test_timeout,
+                    opts.triton_cache,
+                    deadline,
+                )
+            except KeyboardInterrupt:  # between two files' processes
+                STOP.append("interrupted")
+                not_run.append(name)
+                continue
             results.append(row)
             c = row["counts"]
             ran = c["passed"] + c["failed"] + c["error"]
@@ -444,6 +478,9 @@ def main() -> int:
                 print(f"    {nodeid.split('::', 1)[-1][:90]}: {message[:150]}", flush=True)
     passed = sum(r["counts"]["passed"] for r in results)
     ran = sum(r["counts"]["passed"] + r["counts"]["failed"] + r["counts"]["error"] for r in results)
+    if not_run:
+        why = "interrupted" if STOP else "past --deadline"
+        print(f"not run ({why}): {', '.join(not_run)}")
     print(f"\ntotal: {passed} of {ran} passed" + (f" ({100 * passed / ran:.0f}%)" if ran else ""))
     summary = {
         "flashinfer_tests": str(opts.tests_dir or opts.sdist),
@@ -456,6 +493,8 @@ def main() -> int:
         "passed": passed,
         "ran": ran,
         "files": results,
+        "not_run": not_run,
+        "interrupted": bool(STOP),
         "out_of_scope": OUT_OF_SCOPE,
         "missing_apis": MISSING_APIS,
     }
@@ -464,6 +503,10 @@ def main() -> int:
     out.write_text(json.dumps(summary, indent=1))
     print(f"summary: {out}")
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

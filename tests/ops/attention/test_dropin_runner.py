@@ -7,8 +7,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -112,3 +114,41 @@ def test_per_test_timeout_and_triton_cache(tmp_path):
     assert row["counts"] == {"passed": 2, "failed": 1, "skipped": 0, "error": 0}
     assert list(row["failures"]) == ["test_slow.py::test_slow"]
     assert "Timeout" in row["failures"]["test_slow.py::test_slow"]
+
+
+def _slow_files(tmp_path):
+    for name in ("test_first", "test_second"):
+        (tmp_path / f"{name}.py").write_text(
+            "import time\ndef test_quick():\n    pass\ndef test_slow():\n    time.sleep(60)\n"
+        )
+    out = tmp_path / "summary.json"
+    command = [sys.executable, str(DROPIN / "run.py"), "--tests-dir", str(tmp_path)]
+    return out, command + ["--files", "test_first,test_second", "--out", str(out)]
+
+
+def test_deadline_reports_what_ran_and_what_did_not(tmp_path):
+    out, command = _slow_files(tmp_path)
+    proc = subprocess.run(
+        command + ["--deadline", "8"], capture_output=True, text=True, timeout=120, env=os.environ
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(out.read_text())
+    (row,) = summary["files"]
+    assert row["file"] == "test_first" and not row["finished"]
+    assert row["counts"]["passed"] == 1 and row["counts"]["error"] >= 1
+    assert summary["not_run"] == ["test_second"] and not summary["interrupted"]
+
+
+def test_sigterm_writes_the_summary_of_what_ran(tmp_path):
+    out, command = _slow_files(tmp_path)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(5)  # the first file's process is running (or still starting)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output
+    summary = json.loads(out.read_text())
+    assert summary["interrupted"] and summary["not_run"] == ["test_second"]
+    assert summary["files"][0]["file"] == "test_first"
