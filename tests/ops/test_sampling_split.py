@@ -23,7 +23,12 @@ from flashtune.ops.sampling import (
     SamplingTactic,
     top_k_top_p_sampling_from_probs,
 )
-from flashtune.ops.sampling_config import SPLIT_ROUNDS, default_tactic, split_default
+from flashtune.ops.sampling_config import (
+    SPLIT_ROUNDS,
+    default_tactic,
+    split_block,
+    split_default,
+)
 from flashtune.ops.sampling_run import launch_sampling, launch_split_rounds
 from flashtune.ops.sampling_split_kernels import SPLIT_DONE
 
@@ -156,6 +161,8 @@ def test_default_splits_small_batches_of_long_rows():
     assert split_default(128256, 256, 1024) == 4  # at least 4 a row
     assert split_default(128256, 512, 1024) == 1  # the batch fills the GPU
     assert split_default(2000, 1, 1024) == 1  # too few chunks to share
+    # Wider chunks once a row would keep more than 256 chunk sums (register spills).
+    assert [split_block(v) for v in (128256, 151936, 262208, 600000)] == [1024, 1024, 2048, 4096]
     # The interpreter's default never splits (its cost is per program).
     assert default_tactic(128256, 1, split=True).split == 1
 

@@ -26,6 +26,7 @@ __all__ = [
     "SamplingTactic",
     "default_tactic",
     "split_default",
+    "split_block",
     "chunk_count",
 ]
 
@@ -49,6 +50,8 @@ SPLIT_ROUNDS = 4
 _SPLIT_TARGET_PROGRAMS = 512
 _SPLIT_MIN = 4
 _SPLIT_MAX = 128
+# Most chunk sums a row keeps in the split default (see split_block).
+_SPLIT_MAX_NCHUNK = 256
 # Largest batch (grid dimension 1 of the split kernels) a split tactic runs at.
 _SPLIT_MAX_BATCH = 65535
 
@@ -143,10 +146,24 @@ def default_tactic(vocab: int, batch: int, split: bool = False) -> SamplingTacti
     block = min(full, 1024)
     rows = 1 if full > block else max(1, min(batch2, _MAX_TILE // (block * 4)))
     warps = 8 if rows * block >= 1024 else 4
-    programs = split_default(vocab, batch, block) if split else 1
+    sblock = split_block(vocab)
+    programs = split_default(vocab, batch, sblock) if split else 1
     if programs > 1:
         # 4 warps: ptxas -v (sm_90, BLOCK=1024, SPLIT=128) gives split_round_kernel 80
         # (min-p) to 255 registers a thread with 4 warps, 72 to 255 with 8 (207 for plain
         # and top-p), no spills: twice the threads cost a second CTA an SM.
-        return SamplingTactic(block, 1, 4, programs, SPLIT_ROUNDS)
+        return SamplingTactic(sblock, 1, 4, programs, SPLIT_ROUNDS)
     return SamplingTactic(block, rows, warps)
+
+
+def split_block(vocab: int) -> int:
+    """The chunk width of the split default: 1024, or wider while a row would have more
+    than _SPLIT_MAX_NCHUNK chunk sums. ptxas -v (sm_90, top-p, 4 warps): split_round_kernel
+    keeps its [PIVOTS, NCHUNK] sums in registers and spills 228 bytes at vocab 262208 in
+    1024-wide chunks (NCHUNK 512), none in 2048-wide ones (NCHUNK 256); on the H100 the
+    1024-wide split at that vocab ran 0.5-0.9x FlashInfer wherever a row needed a split
+    round, 3.5-5x where none did (2048 there is not yet measured on a GPU)."""
+    block = 1024
+    while chunk_count(vocab, block) > _SPLIT_MAX_NCHUNK and block < 4096:
+        block *= 2
+    return block
