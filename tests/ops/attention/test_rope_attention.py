@@ -140,8 +140,8 @@ def test_ragged_and_single_rope(device):
 
 def test_unsupported_modes_raise(device):
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
-    with pytest.raises(NotImplementedError, match="ALIBI"):
-        w.plan(_indptr([2]), _indptr([3]), HQ, HKV, D, pos_encoding_mode="ALIBI")
+    with pytest.raises(NotImplementedError, match="XPOS"):
+        w.plan(_indptr([2]), _indptr([3]), HQ, HKV, D, pos_encoding_mode="XPOS")
     with pytest.raises(ValueError, match="rope_theta"):
         w.plan(_indptr([2]), _indptr([3]), HQ, HKV, D, pos_encoding_mode="ROPE_LLAMA", rope_theta=0)
 

@@ -50,6 +50,7 @@ class LaunchSignature:
     q_dtype: torch.dtype | None
     kv_dtype: torch.dtype | None
     rope: tuple[float, float] | None
+    alibi: bool = False
 
 
 def _int32_buffer(t: object, name: str, device: torch.device) -> torch.Tensor:

@@ -65,6 +65,8 @@ def _tile_step(
     ROPE: tl.constexpr,  # rotate K at its positions (pointer loads only, never with TMA)
     rope_rcp_scale,
     rope_log2_theta,
+    ALIBI: tl.constexpr,
+    alibi,  # [BLOCK_M] each row's ALiBi slope, pre-multiplied (see prefill_kernel)
 ):
     offs_n = start + tl.arange(0, BLOCK_N)
     if USE_TMA:
@@ -110,12 +112,21 @@ def _tile_step(
     # An fp8 cache's tiles become q's dtype here (a no-op when the cache has it); so does
     # a rotated (fp32) K.
     qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N], fp32
+    if ALIBI:
+        # FlashInfer's bias: slope * (key position - query index in the request); the
+        # launch folds the scale this logit gets next into `alibi`.
+        bias = alibi[:, None] * (offs_n[None, :] - q_pos[:, None]).to(tl.float32)
     if SOFT_CAP:
         # cap * tanh(x * sm_scale / cap), tanh through exp2 (no tanh in tl); the log2(e) of
         # the base-2 softmax rides on the outer multiply.
         x = qk * qk_scale
+        if ALIBI:
+            x = x + bias
         e = tl.exp2(x * 2.8853900817779268)  # exp(2x)
         qk = (1.0 - 2.0 / (e + 1.0)) * soft_cap_log2
+        scale = 1.0
+    elif ALIBI:
+        qk = qk * qk_scale + bias
         scale = 1.0
     else:
         # The scale is applied inside the exp2 argument (one FMA per logit) below.
@@ -296,6 +307,11 @@ def prefill_kernel(
     ROPE: tl.constexpr = False,
     rope_rcp_scale=1.0,
     rope_log2_theta=13.287712379549449,
+    # ALiBi (FlashInfer's pos_encoding_mode="ALIBI"): per query head slopes [num_qo_heads]
+    # float32, times alibi_scale (log2(e), or sm_scale / soft_cap under a soft-cap).
+    ALIBI: tl.constexpr = False,
+    ALIBI_SLOPES=None,
+    alibi_scale=1.0,
 ):
     TOKENS: tl.constexpr = BLOCK_M // PACK  # query tokens per tile
     pid = tl.program_id(0)
@@ -327,6 +343,9 @@ def prefill_kernel(
     # Rows outside the tile get position -1 so masked tiles drop them entirely.
     q_pos = tl.where(row_ok, tok, -1)
     offs_d = tl.arange(0, HEAD_DIM)
+    alibi = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if ALIBI:
+        alibi = tl.load(ALIBI_SLOPES + head, mask=row_ok, other=0.0) * alibi_scale
     q_rows = (qo_start + tok).to(tl.int64) * stride_qt + head * stride_qh
     if ROPE:
         # Queries sit at the last qo_len positions of the request's KV.
@@ -420,6 +439,8 @@ def prefill_kernel(
             ROPE,
             rope_rcp_scale,
             rope_log2_theta,
+            ALIBI,
+            alibi,
         )
     for start in range(full_lo, full_hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(
@@ -459,6 +480,8 @@ def prefill_kernel(
             ROPE,
             rope_rcp_scale,
             rope_log2_theta,
+            ALIBI,
+            alibi,
         )
     for start in range(full_hi, hi, BLOCK_N):
         acc, m_i, l_i = _tile_step(
@@ -498,6 +521,8 @@ def prefill_kernel(
             ROPE,
             rope_rcp_scale,
             rope_log2_theta,
+            ALIBI,
+            alibi,
         )
 
     # Rows that saw no KV at all (empty request, fully masked row) give 0 and LSE -inf.

@@ -107,6 +107,7 @@ class PrefillPlan:
     tactic: Tactic = DEFAULT_TACTIC
     work_order: str = "request"  # one of prefill_config.WORK_ORDERS
     rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
+    alibi: bool = False  # ALIBI: FlashInfer's ALiBi bias (prefill_kernel)
 
     @property
     def group_size(self) -> int:
@@ -237,7 +238,8 @@ def make_plan(
     `multi_item` (FlashInfer's multi-item scoring) becomes the batch's custom mask."""
     if packed_custom_mask is not None:
         raise NotImplementedError("packed_custom_mask is not supported; pass custom_mask (bool)")
-    rope = rope_for(pos_encoding_mode, rope_scale, rope_theta)
+    alibi = pos_encoding_mode == "ALIBI"  # the prefill kernel's bias; rope_for checks the rest
+    rope = rope_for("NONE" if alibi else pos_encoding_mode, rope_scale, rope_theta)
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise NotImplementedError(
             f"head_dim_vo ({head_dim_vo}) != head_dim_qk ({head_dim_qk}) is not supported"
@@ -316,6 +318,7 @@ def make_plan(
         device=device,
         workspace=workspace,
         rope=rope,
+        alibi=alibi,
     )
     if graph is not None:
         graph.check_batch(batch, int(qo[-1]), int(kvp[-1]) if paged else 0)
@@ -332,6 +335,7 @@ def make_plan(
             q_dtype=plan.q_dtype,
             kv_dtype=plan.kv_dtype,
             rope=plan.rope,
+            alibi=plan.alibi,
         )
         kv_max = int(kv_lens.max(initial=0))
         tactic = graph.fix_launch(signature, int(qo[-1]), plan.group_size, paged, kv_max)

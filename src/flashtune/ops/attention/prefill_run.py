@@ -17,7 +17,11 @@ from flashtune import platform
 from flashtune.ops.attention.prefill_config import PREFILL_TACTICS, PrefillTactic
 from flashtune.ops.attention.prefill_kernels import prefill_kernel
 from flashtune.ops.attention.prefill_plan import PrefillPlan, default_tactic
-from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
+from flashtune.ops.attention.reference import (
+    alibi_slopes,
+    batch_prefill_paged_ref,
+    batch_prefill_ragged_ref,
+)
 from flashtune.ops.attention.rotary import rope_arguments
 from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
 
@@ -61,6 +65,7 @@ def execute(
         logits_soft_cap=plan.logits_soft_cap or None,
         custom_mask=mask,
         rope=plan.rope,
+        alibi=plan.alibi,
     )
     if plan.paged:
         assert plan.kv_indices_d is not None and plan.kv_last_page_len_d is not None
@@ -125,6 +130,7 @@ def launch(
         mask=plan.mask_d,
         mask_indptr=plan.mask_indptr_d,
         rope=plan.rope,
+        alibi=plan.alibi,
     )
 
 
@@ -162,12 +168,14 @@ def launch_kernel(
     mask_indptr: torch.Tensor | None = None,
     device_work: dict[str, Any] | None = None,
     rope: tuple[float, float] | None = None,
+    alibi: bool = False,
 ) -> None:
     """Launch prefill_kernel, one program per (work item, head group), for both paths.
 
     k/v: paged [P, page_size, Hkv, D] views (paged) or ragged/staged [T, Hkv, D]; qo_indptr
     [batch + 1] int32 on q's device; logits_soft_cap 0 for none; rope (rope_scale,
-    rope_theta) for ROPE_LLAMA; pack from heads_per_program. The planned path gives
+    rope_theta) for ROPE_LLAMA; alibi for FlashInfer's ALiBi bias (its slopes, per query
+    head); pack from heads_per_program. The planned path gives
     `work` (its [num_items, 8] list) and, where planned, the custom mask; the
     plan-free path gives `device_work`, the kernel's DEVICE_WORK arguments other than
     QO_INDPTR (KV_INDPTR, KV_LAST_PAGE_LEN, batch, INDPTR_PAGE_SIZE, BLOCK_B), and
@@ -209,6 +217,16 @@ def launch_kernel(
         # Named only when on: the default launch keeps the kernel's default specialization.
         rcp_scale, log2_theta = rope_arguments(*rope)
         extra.update(ROPE=True, rope_rcp_scale=rcp_scale, rope_log2_theta=log2_theta)
+    if alibi:
+        # FlashInfer adds the bias to the sm_scale'd logit, and under a soft-cap scales that
+        # sum by sm_scale / cap once more before the tanh: both factors folded here.
+        slopes = alibi_slopes(num_qo_heads, q.device)
+        if soft_cap:
+            qk_scale = sm_scale * sm_scale / logits_soft_cap
+            alibi_scale = sm_scale / logits_soft_cap
+        else:
+            alibi_scale = _LOG2E
+        extra.update(ALIBI=True, ALIBI_SLOPES=slopes, alibi_scale=alibi_scale)
     num_head_groups = num_qo_heads // pack
     prefill_kernel[(num_items * num_head_groups,)](
         q,

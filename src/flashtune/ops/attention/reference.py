@@ -11,6 +11,7 @@ not speed: tests, benchmarks and the CPU path import them. Conventions follow Fl
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -28,6 +29,7 @@ __all__ = [
     "batch_prefill_paged_ref",
     "single_prefill_ref",
     "apply_llama_rope_ref",
+    "alibi_slopes",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -326,11 +328,15 @@ def batch_prefill_ragged_ref(
     custom_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
     rope: tuple[float, float] | None = None,
+    alibi: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch prefill over ragged KV: q [total_q, Hq, D], k/v [total_kv, Hkv, D].
 
     rope: (rope_scale, rope_theta) to apply ROPE_LLAMA to q and k first (keys at their
     position in the request, queries at the last qo_len positions), as FlashInfer does.
+    alibi: FlashInfer's ALiBi, logit + slope[head] * (key position - query index in the
+    request); under a soft-cap FlashInfer multiplies that sum by sm_scale once more before
+    cap * tanh(x / cap), and so does this reference.
 
     Returns (output [total_q, Hq, D] in q's dtype, lse [total_q, Hq] float32, base 2).
     Rows that see no key give output 0 and lse -inf. `custom_mask` is FlashInfer's flattened
@@ -359,8 +365,16 @@ def batch_prefill_ragged_ref(
         kb = k_req.to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
         vb = v[ks:ke].to(compute_dtype).transpose(0, 1).repeat_interleave(group, 0)
         logits = torch.matmul(qb, kb.transpose(1, 2)) * sm_scale  # [Hq, qo, kv]
+        if alibi:
+            rel = (
+                torch.arange(kv_len, device=q.device)[None, :]
+                - torch.arange(qo_len, device=q.device)[:, None]
+            )
+            slopes = alibi_slopes(num_qo_heads, q.device).to(compute_dtype)
+            logits = logits + slopes[:, None, None] * rel.to(compute_dtype)
         if logits_soft_cap is not None and logits_soft_cap > 0:
-            logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+            pre = logits * sm_scale if alibi else logits
+            logits = logits_soft_cap * torch.tanh(pre / logits_soft_cap)
         i = torch.arange(qo_len, device=q.device)[:, None] + (kv_len - qo_len)
         j = torch.arange(kv_len, device=q.device)[None, :]
         keep = torch.ones(qo_len, kv_len, dtype=torch.bool, device=q.device)
@@ -378,6 +392,31 @@ def batch_prefill_ragged_ref(
         out[qs:qe] = torch.matmul(probs, vb).transpose(0, 1).to(q.dtype)
         lse[qs:qe] = (row_lse * _LOG2E).transpose(0, 1).float()
     return out, lse
+
+
+@functools.lru_cache(maxsize=64)
+def _alibi_slopes_cpu(num_heads: int) -> torch.Tensor:
+    # The ALiBi paper's geometric slopes: with n the largest power of two <= num_heads,
+    # head i < n gets 2^(-8 (i + 1) / n); the heads beyond n take every other slope of the
+    # sequence for 2n heads, 2^(-4 (2 j + 1) / n) for j = 0, 1, ... (FlashInfer's choice).
+    n = 1 << (num_heads.bit_length() - 1)
+    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+    slopes += [2.0 ** (-4.0 * (2 * j + 1) / n) for j in range(num_heads - n)]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+_ALIBI_ON_DEVICE: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def alibi_slopes(num_heads: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """FlashInfer's ALiBi slope per query head, float32 [num_heads] on `device` (one copy a
+    device, made once: no host transfer per call, CUDA-graph safe after the first)."""
+    if num_heads <= 0:
+        raise ValueError(f"num_heads must be positive, got {num_heads}")
+    key = (num_heads, str(torch.device(device)))
+    if key not in _ALIBI_ON_DEVICE:
+        _ALIBI_ON_DEVICE[key] = _alibi_slopes_cpu(num_heads).to(device)
+    return _ALIBI_ON_DEVICE[key]
 
 
 def _gather_pages(
@@ -420,6 +459,7 @@ def batch_prefill_paged_ref(
     custom_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
     rope: tuple[float, float] | None = None,
+    alibi: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch prefill over a paged KV cache given as NHD pages [P, page_size, Hkv, D]
     (pass split_kv_cache(...) views for HND). Same outputs as batch_prefill_ragged_ref."""
@@ -437,6 +477,7 @@ def batch_prefill_paged_ref(
         custom_mask,
         compute_dtype,
         rope,
+        alibi,
     )
 
 

@@ -38,8 +38,9 @@ def rope_for(
         return None
     if pos_encoding_mode != "ROPE_LLAMA":
         raise NotImplementedError(
-            f"pos_encoding_mode={pos_encoding_mode!r} is not supported: flashtune's attention "
-            "kernels have 'NONE' and 'ROPE_LLAMA' (no ALiBi bias)"
+            f"pos_encoding_mode={pos_encoding_mode!r} is not supported here: flashtune's "
+            "attention kernels have 'NONE' and 'ROPE_LLAMA', and 'ALIBI' in the prefill "
+            "wrappers and single_prefill_with_kv_cache only"
         )
     rope = (
         1.0 if rope_scale is None else float(rope_scale),

@@ -223,6 +223,7 @@ class BlockSparseAttentionWrapper(_SparseWrapper):
         if N % C != 0:
             raise ValueError(f"N ({N}) must be a multiple of C ({C}): K/V are viewed as N/C pages")
         ptr = _host_ints(indptr, "indptr")
+        _no_alibi(pos_encoding_mode)
         num_block_rows = len(ptr) - 1
         if num_block_rows != -(-M // R):
             raise ValueError(
@@ -483,6 +484,7 @@ class VariableBlockSparseAttentionWrapper(_SparseWrapper):
         qo_indptr, kv_indptr, kv_indices = variable_block_page_table(
             block_mask_map, block_row_sz, block_col_sz
         )
+        _no_alibi(pos_encoding_mode)
         q_dtype = _dtype(q_data_type, "q_data_type")
         self._prefill.plan(
             qo_indptr,
@@ -602,3 +604,12 @@ def block_sparse_examples(model: ModelConfig) -> list[Example]:
         args = (q, kv, kv, indptr, indices, d**-0.5, rows)
         examples.append((block_sparse_attention, args, dict(unused)))
     return examples
+
+
+def _no_alibi(pos_encoding_mode: str) -> None:
+    # The prefill kernel has ALiBi, but its positions would be those of the gathered blocks
+    # (not the matrix's rows and columns): not checked against FlashInfer, so refused.
+    if pos_encoding_mode == "ALIBI":
+        raise NotImplementedError(
+            "pos_encoding_mode='ALIBI' is not supported by the block-sparse wrappers"
+        )
