@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from _position_encoding import ATOL, GROUP, HKV, HQ, RTOL, D, compare, offsets
 from flashtune.ops.attention.page import build_page_table
 from flashtune.ops.attention.prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
@@ -20,17 +21,6 @@ from flashtune.ops.attention.reference import (
     batch_prefill_paged_ref,
     batch_prefill_ragged_ref,
 )
-
-HKV, GROUP, D = 2, 3, 64
-HQ = HKV * GROUP
-ATOL = RTOL = 3e-3
-
-
-def _indptr(lens):
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + n)
-    return torch.tensor(out, dtype=torch.int32)
 
 
 def test_slopes_are_the_alibi_papers():
@@ -50,7 +40,7 @@ def test_reference_is_the_written_out_formula(soft_cap):
     k = torch.randn(kv_len, HKV, D, dtype=torch.float64)
     v = torch.randn(kv_len, HKV, D, dtype=torch.float64)
     out, lse = batch_prefill_ragged_ref(
-        q, k, v, _indptr([qo_len]), _indptr([kv_len]), sm, causal=True,
+        q, k, v, offsets([qo_len]), offsets([kv_len]), sm, causal=True,
         logits_soft_cap=soft_cap or None, compute_dtype=torch.float64, alibi=True,
     )  # fmt: skip
     slopes = alibi_slopes(HQ).double()
@@ -69,11 +59,6 @@ def test_reference_is_the_written_out_formula(soft_cap):
             assert lse[i, h].item() == pytest.approx(lse_e.item(), rel=1e-5)
 
 
-def _compare(out, lse, ref_out, ref_lse):
-    torch.testing.assert_close(out.float().cpu(), ref_out.float().cpu(), atol=ATOL, rtol=RTOL)
-    torch.testing.assert_close(lse.cpu(), ref_lse.float().cpu(), atol=ATOL, rtol=RTOL)
-
-
 @pytest.mark.parametrize("soft_cap", [0.0, 30.0])
 @pytest.mark.parametrize("causal", [True, False])
 def test_ragged_alibi(device, causal, soft_cap):
@@ -83,15 +68,15 @@ def test_ragged_alibi(device, causal, soft_cap):
     v = torch.randn(sum(kv_lens), HKV, D, dtype=torch.float16, device=device)
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
     w.plan(
-        _indptr(qo_lens), _indptr(kv_lens), HQ, HKV, D, causal=causal,
+        offsets(qo_lens), offsets(kv_lens), HQ, HKV, D, causal=causal,
         pos_encoding_mode="ALIBI", logits_soft_cap=soft_cap or None,
     )  # fmt: skip
     out, lse = w.run(q, k, v, return_lse=True)
     ref = batch_prefill_ragged_ref(
-        q, k, v, _indptr(qo_lens), _indptr(kv_lens), 1 / math.sqrt(D), causal=causal,
+        q, k, v, offsets(qo_lens), offsets(kv_lens), 1 / math.sqrt(D), causal=causal,
         logits_soft_cap=soft_cap or None, compute_dtype=torch.float64, alibi=True,
     )  # fmt: skip
-    _compare(out, lse, *ref)
+    compare(out, lse, *ref)
     # The bias changes the result (a kernel ignoring it would not pass).
     plain = single_prefill_with_kv_cache(q[3:], k[30:], v[30:], causal=causal)
     single = single_prefill_with_kv_cache(
@@ -113,16 +98,16 @@ def test_paged_alibi_with_a_custom_mask(device):
     )
     w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
     w.plan(
-        _indptr(qo_lens), kv_indptr, kv_indices, last,
+        offsets(qo_lens), kv_indptr, kv_indices, last,
         HQ, HKV, D, page_size, custom_mask=mask, pos_encoding_mode="ALIBI",
     )  # fmt: skip
     out, lse = w.run(q, (k_cache, v_cache), return_lse=True)
     ref = batch_prefill_paged_ref(
-        q, k_cache, v_cache, _indptr(qo_lens), kv_indptr, kv_indices,
+        q, k_cache, v_cache, offsets(qo_lens), kv_indptr, kv_indices,
         last, 1 / math.sqrt(D), custom_mask=mask,
         compute_dtype=torch.float64, alibi=True,
     )  # fmt: skip
-    _compare(out, lse, *ref)
+    compare(out, lse, *ref)
 
 
 def test_decode_still_names_what_it_lacks():
@@ -130,5 +115,5 @@ def test_decode_still_names_what_it_lacks():
 
     w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8))
     with pytest.raises(NotImplementedError, match="ALIBI"):
-        w.plan(_indptr([1]), torch.tensor([0], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
+        w.plan(offsets([1]), torch.tensor([0], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
                HQ, HKV, D, 4, pos_encoding_mode="ALIBI")  # fmt: skip

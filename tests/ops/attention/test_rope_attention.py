@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from _position_encoding import ATOL, HKV, HQ, RTOL, D, compare, offsets
 from flashtune.ops.attention.decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     single_decode_with_kv_cache,
@@ -25,24 +26,6 @@ from flashtune.ops.attention.reference import (
     batch_prefill_ragged_ref,
     single_prefill_ref,
 )
-
-HKV, GROUP, D = 2, 3, 64
-HQ = HKV * GROUP
-ATOL = RTOL = 3e-3
-
-
-def _indptr(lens):
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + n)
-    return torch.tensor(out, dtype=torch.int32)
-
-
-def _compare(out, lse, ref_out, ref_lse):
-    torch.testing.assert_close(out.float().cpu(), ref_out.float().cpu(), atol=ATOL, rtol=RTOL)
-    finite = ~ref_lse.isinf().cpu()
-    assert torch.equal(lse.isinf().cpu(), ~finite)
-    torch.testing.assert_close(lse.cpu()[finite], ref_lse.cpu()[finite], atol=ATOL, rtol=RTOL)
 
 
 def test_reference_rotation_is_the_complex_rotation():
@@ -68,7 +51,7 @@ def test_paged_rope(device, causal, page_size):
     w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
     rope = dict(rope_scale=1.5, rope_theta=500.0)
     w.plan(
-        _indptr(qo_lens),
+        offsets(qo_lens),
         indptr,
         indices,
         last,
@@ -86,7 +69,7 @@ def test_paged_rope(device, causal, page_size):
         q,
         k,
         v,
-        _indptr(qo_lens),
+        offsets(qo_lens),
         indptr,
         indices,
         last,
@@ -95,7 +78,7 @@ def test_paged_rope(device, causal, page_size):
         compute_dtype=torch.float64,
         rope=(1.5, 500.0),
     )
-    _compare(out, lse, *ref)
+    compare(out, lse, *ref)
 
 
 def test_ragged_and_single_rope(device):
@@ -105,21 +88,21 @@ def test_ragged_and_single_rope(device):
     v = torch.randn(sum(kv_lens), HKV, D, dtype=torch.float16, device=device)
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
     w.plan(
-        _indptr(qo_lens), _indptr(kv_lens), HQ, HKV, D, causal=True, pos_encoding_mode="ROPE_LLAMA"
+        offsets(qo_lens), offsets(kv_lens), HQ, HKV, D, causal=True, pos_encoding_mode="ROPE_LLAMA"
     )
     out, lse = w.run(q, k, v, return_lse=True)
     ref = batch_prefill_ragged_ref(
         q,
         k,
         v,
-        _indptr(qo_lens),
-        _indptr(kv_lens),
+        offsets(qo_lens),
+        offsets(kv_lens),
         1 / math.sqrt(D),
         causal=True,
         compute_dtype=torch.float64,
         rope=(1.0, 1e4),
     )
-    _compare(out, lse, *ref)
+    compare(out, lse, *ref)
     # The rotation changes the result (the test would not see a kernel ignoring it).
     plain = single_prefill_with_kv_cache(q[3:], k[30:], v[30:], causal=True)
     single = single_prefill_with_kv_cache(
@@ -141,9 +124,9 @@ def test_ragged_and_single_rope(device):
 def test_unsupported_modes_raise(device):
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
     with pytest.raises(NotImplementedError, match="XPOS"):
-        w.plan(_indptr([2]), _indptr([3]), HQ, HKV, D, pos_encoding_mode="XPOS")
+        w.plan(offsets([2]), offsets([3]), HQ, HKV, D, pos_encoding_mode="XPOS")
     with pytest.raises(ValueError, match="rope_theta"):
-        w.plan(_indptr([2]), _indptr([3]), HQ, HKV, D, pos_encoding_mode="ROPE_LLAMA", rope_theta=0)
+        w.plan(offsets([2]), offsets([3]), HQ, HKV, D, pos_encoding_mode="ROPE_LLAMA", rope_theta=0)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -169,7 +152,7 @@ def test_decode_rope(device, page_size):
     out, lse = w.run(q, cache, return_lse=True)
     k, v = split_kv_cache(cache, "NHD")
     ref = batch_decode_ref(q, k, v, indptr, indices, last, rope=(2.0, 1000.0))
-    _compare(out, lse, *ref)
+    compare(out, lse, *ref)
     with pytest.raises(ValueError, match="pos_encoding_mode"):
         w.forward(q, cache)  # FlashInfer's forward defaults to NONE: not what was planned
 
