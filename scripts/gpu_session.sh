@@ -2,6 +2,9 @@
 # One call on the GPU machine (the `device` tool): set up, then run the named stages.
 #   bash scripts/gpu_session.sh tests decode prefill     # cuda tests + attention benchmarks
 #   bash scripts/gpu_session.sh bundled                  # `flashtune run` on the bundled dataset
+#   bash scripts/gpu_session.sh sampling dropin e2e      # issue 16, 14 and 19 measurements
+# Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
+# and DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit), E2E_ARGS.
 # Needs the ignored folder .peer/ (made by scripts/fetch_gpu_deps.sh) carried along: FlashInfer's source archive (the peer) and
 # wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
 # files come back from it: benchmarks write their rows there through RowWriter). The copy's
@@ -57,6 +60,18 @@ for stage in "$@"; do
     bundled-decode)
       timeout 200 python3 benchmarks/bench_bundled.py run /tmp/bundled-decode --definitions 'gqa_paged_decode*' \
         2>&1 | tee "$OUT/bundled_decode.log" | tail -n 40 ;;
+    sampling)
+      # A full grid compiles ~25 s per (op, vocab): one vocabulary group per call.
+      timeout 500 python3 benchmarks/bench_sampling.py ${SAMPLING_ARGS:---vocab 128256 --scales 8} \
+        2>&1 | tee "$OUT/sampling.log" | tail -n 30 ;;
+    dropin)
+      # --deadline ends the run with its summary (partial files included) before the call does.
+      python3 scripts/flashinfer_dropin/run.py --deadline "${DROPIN_DEADLINE:-450}" \
+        --per-test-timeout 120 --triton-cache /tmp/ft-triton ${DROPIN_ARGS:-} \
+        2>&1 | tee "$OUT/dropin.log" | tail -n 40 ;;
+    e2e)
+      timeout 500 python3 -m flashtune.cli e2e ${E2E_ARGS:---layers 4 --quick} \
+        2>&1 | tee "$OUT/e2e.log" | tail -n 40 ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== stage $stage took $(( $(date +%s) - start )) s"
