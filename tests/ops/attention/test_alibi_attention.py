@@ -117,3 +117,32 @@ def test_decode_still_names_what_it_lacks():
     with pytest.raises(NotImplementedError, match="ALIBI"):
         w.plan(offsets([1]), torch.tensor([0], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
                HQ, HKV, D, 4, pos_encoding_mode="ALIBI")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [dict(pos_encoding_mode="ALIBI"), dict(pos_encoding_mode="ROPE_LLAMA"), dict(mask=True)],
+)
+def test_variants_no_definition_describes_bypass_the_schemad_op(device, monkeypatch, variant):
+    # Capture and apply hook the schema'd op: a call it would describe as plain attention
+    # must not reach it (a proven plain solution applied there would compute the wrong thing).
+    from flashtune.ops.attention import prefill
+
+    calls = []
+    real = prefill.gqa_ragged_prefill
+    monkeypatch.setattr(
+        prefill, "gqa_ragged_prefill", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    q = torch.randn(5, HQ, D, dtype=torch.float16, device=device)
+    k = torch.randn(7, HKV, D, dtype=torch.float16, device=device)
+    v = torch.randn(7, HKV, D, dtype=torch.float16, device=device)
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
+    w.plan(offsets([5]), offsets([7]), HQ, HKV, D, causal=True)
+    w.run(q, k, v)
+    assert calls == [1]  # the plain call goes through the schema'd op
+    options = dict(variant)
+    if options.pop("mask", False):
+        options["custom_mask"] = torch.rand(5 * 7, device=device) > 0.5
+    w.plan(offsets([5]), offsets([7]), HQ, HKV, D, causal=True, **options)
+    w.run(q, k, v)
+    assert calls == [1]

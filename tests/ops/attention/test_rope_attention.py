@@ -204,3 +204,26 @@ def test_rope_gpu_sizes():
         qp, k, v, qo_indptr, indptr, indices, last, d**-0.5, causal=True, rope=(1.0, 5e5)
     )
     torch.testing.assert_close(out.float(), ref[0].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_rope_decode_bypasses_the_hooks(device, monkeypatch):
+    # Capture and apply hook the schema'd run: RoPE decode (no Definition describes it) must
+    # not reach them, plain decode must.
+    import importlib
+
+    api = importlib.import_module(
+        "flashtune.schema.api"
+    )  # the module (the package exports a function of this name)
+    seen = []
+    monkeypatch.setattr(api._HOOKS, "active", True)
+    monkeypatch.setattr(api, "_run_hooks", lambda op, a, k: seen.append(op) or api.NOT_HANDLED)
+    indptr, indices, last, num_pages = build_page_table([9, 3], 4)
+    cache = torch.randn(num_pages, 2, 4, HKV, D, dtype=torch.float16, device=device)
+    q = torch.randn(2, HQ, D, dtype=torch.float16, device=device)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 22, dtype=torch.uint8, device=device))
+    w.plan(indptr, indices, last, HQ, HKV, D, 4)
+    w.run(q, cache)
+    assert len(seen) == 1
+    w.plan(indptr, indices, last, HQ, HKV, D, 4, pos_encoding_mode="ROPE_LLAMA")
+    w.run(q, cache)
+    assert len(seen) == 1

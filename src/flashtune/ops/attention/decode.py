@@ -148,6 +148,15 @@ class _WrapperRunOp(ApiOp):
     (k, v) in NHD order (a 5-D tensor or an HND pair would give wrong axes) plus the plan's
     window and soft-cap, which the emitted reference bakes in."""
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        wrapper = args[0] if args else kwargs["self"]
+        plan = wrapper._planner.plan
+        if plan is not None and plan.rope is not None:
+            # No Definition describes RoPE decode: the kernel runs itself, so capture never
+            # records it as plain decode and apply never hands it to a plain solution.
+            return self.fn(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         arguments = super().arguments(args, kwargs)
         wrapper = arguments["self"]

@@ -257,7 +257,12 @@ def _run(
         out=out,
         lse=lse,
     )
-    if plan.paged:
+    if plan.rope is not None or plan.alibi or plan.mask_d is not None:
+        # No Definition describes RoPE, ALiBi or a custom mask (multi-item scoring is one):
+        # the kernel runs itself, so that capture never records such a call as a plain
+        # workload and apply never hands it to a solution that computes plain attention.
+        execute(plan, q, k, v, out, lse)
+    elif plan.paged:
         gqa_paged_prefill(
             q,
             k,
