@@ -33,6 +33,7 @@ import torch
 from flashtune.data import Dataset, Definition, Solution, Workload
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops import load_all
+from flashtune.ops.attention.sparse import bsr_pattern
 from flashtune.schema.dump import Example, model_definitions, model_examples
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "flashtune" / "dataset"
@@ -160,23 +161,6 @@ def _solve(definition: Definition, axes: dict[str, int]) -> dict[str, int]:
     return axes
 
 
-def _bsr_pattern(
-    block_rows: int, col_blocks: int, R: int, C: int, density: float, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A BSR pattern (indptr, indices, each row's columns ascending) of about `density`, as
-    long-context sparse attention selects blocks: every block row keeps the first column
-    block (the attention sink) and its diagonal block (local context), plus each other block
-    with probability `density`, so rows differ in length."""
-    keep = torch.rand(block_rows, col_blocks, generator=gen) < density
-    rows = torch.arange(block_rows)
-    keep[:, 0] = True
-    keep[rows, (rows * R // C).clamp(max=col_blocks - 1)] = True
-    counts = keep.sum(1)
-    indptr = torch.zeros(block_rows + 1, dtype=torch.int32)
-    indptr[1:] = counts.cumsum(0)
-    return indptr, keep.nonzero()[:, 1].to(torch.int32)
-
-
 def workloads_for(definition: Definition, root: Path) -> list[Workload]:
     name, gen = definition.name, torch.Generator().manual_seed(0)
     out = []
@@ -265,7 +249,7 @@ def workloads_for(definition: Definition, root: Path) -> list[Workload]:
         sizes += [(long, d) for d in BLOCK_SPARSE_DENSITY]
         for n, density in sizes:
             wid = _uuid(name, n, density)
-            indptr, indices = _bsr_pattern(n // rows, n // cols, rows, cols, density, gen)
+            indptr, indices = bsr_pattern(n // rows, n // cols, rows, cols, density, gen)
             inputs = _blob(root, definition, wid, {"indptr": indptr, "indices": indices})
             axes = {
                 "num_rows": n,

@@ -64,6 +64,8 @@ for stage in "$@"; do
       # A full grid compiles ~25 s per (op, vocab): one vocabulary group per call.
       timeout 500 python3 benchmarks/bench_sampling.py ${SAMPLING_ARGS:---vocab 128256 --scales 8} \
         2>&1 | tee "$OUT/sampling.log" | tail -n 30 ;;
+    block-sparse)
+      timeout 500 python3 benchmarks/bench_block_sparse.py 2>&1 | tee "$OUT/block_sparse.log" | tail -n 25 ;;
     dropin)
       # --deadline ends the run with its summary (partial files included) before the call does.
       python3 scripts/flashinfer_dropin/run.py --deadline "${DROPIN_DEADLINE:-450}" \

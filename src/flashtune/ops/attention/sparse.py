@@ -43,6 +43,7 @@ __all__ = [
     "convert_bsr_mask_layout",
     "bsr_mask_to_flat",
     "unpack_mask_bits",
+    "bsr_pattern",
 ]
 
 
@@ -613,3 +614,26 @@ def _no_alibi(pos_encoding_mode: str) -> None:
         raise NotImplementedError(
             "pos_encoding_mode='ALIBI' is not supported by the block-sparse wrappers"
         )
+
+
+def bsr_pattern(
+    block_rows: int,
+    col_blocks: int,
+    R: int,
+    C: int,
+    density: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A BSR pattern (indptr [block_rows + 1], indices, int32 on the CPU, each row's columns
+    ascending) of about `density`, as long-context sparse attention selects blocks: every
+    block row keeps the first column block (the attention sink) and its diagonal block
+    (local context), plus each other block with probability `density`, so rows differ in
+    length (tests, benchmarks and the bundled dataset's workloads)."""
+    keep = torch.rand(block_rows, col_blocks, generator=generator) < density
+    rows = torch.arange(block_rows)
+    keep[:, 0] = True
+    keep[rows, (rows * R // C).clamp(max=col_blocks - 1)] = True
+    counts = keep.sum(1)
+    indptr = torch.zeros(block_rows + 1, dtype=torch.int32)
+    indptr[1:] = counts.cumsum(0)
+    return indptr, keep.nonzero()[:, 1].to(torch.int32)
