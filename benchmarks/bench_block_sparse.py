@@ -53,14 +53,14 @@ def solutions(x: dict[str, Any], fi: Any) -> dict[str, Callable[..., torch.Tenso
     out: dict[str, Callable[..., torch.Tensor]] = {}
     ws = torch.empty(128 << 20 if dev.type == "cuda" else 1 << 20, dtype=torch.uint8, device=dev)
     ft = BlockSparseAttentionWrapper(ws)
-    ft.plan(x["indptr"], x["indices"], M, N, R, C, HQ, HKV, D, q_data_type=x["dtype"])
+    types = dict(q_data_type=x["dtype"], kv_data_type=x["dtype"], o_data_type=x["dtype"])
+    ft.plan(x["indptr"], x["indices"], M, N, R, C, HQ, HKV, D, **types)
     out["flashtune"] = ft.run
     if fi is not None:
         fws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
         w = fi.sparse.BlockSparseAttentionWrapper(fws)
         w.plan(
-            x["indptr"].to(dev), x["indices"].to(dev), M, N, R, C, HQ, HKV, D,
-            q_data_type=x["dtype"],
+            x["indptr"].to(dev), x["indices"].to(dev), M, N, R, C, HQ, HKV, D, **types
         )  # fmt: skip
         out["flashinfer"] = w.run
     if x["density"] == 1.0:
