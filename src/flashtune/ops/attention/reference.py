@@ -394,29 +394,23 @@ def batch_prefill_ragged_ref(
     return out, lse
 
 
+def alibi_slopes(num_heads: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """FlashInfer's ALiBi slope per query head, float32 [num_heads] on `device` (one copy a
+    device, made once: no host transfer per call, CUDA-graph safe after the first)."""
+    if num_heads <= 0:
+        raise ValueError(f"num_heads must be positive, got {num_heads}")
+    return _alibi_slopes(num_heads, str(torch.device(device)))
+
+
 @functools.lru_cache(maxsize=64)
-def _alibi_slopes_cpu(num_heads: int) -> torch.Tensor:
+def _alibi_slopes(num_heads: int, device: str) -> torch.Tensor:
     # The ALiBi paper's geometric slopes: with n the largest power of two <= num_heads,
     # head i < n gets 2^(-8 (i + 1) / n); the heads beyond n take every other slope of the
     # sequence for 2n heads, 2^(-4 (2 j + 1) / n) for j = 0, 1, ... (FlashInfer's choice).
     n = 1 << (num_heads.bit_length() - 1)
     slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
     slopes += [2.0 ** (-4.0 * (2 * j + 1) / n) for j in range(num_heads - n)]
-    return torch.tensor(slopes, dtype=torch.float32)
-
-
-_ALIBI_ON_DEVICE: dict[tuple[int, str], torch.Tensor] = {}
-
-
-def alibi_slopes(num_heads: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """FlashInfer's ALiBi slope per query head, float32 [num_heads] on `device` (one copy a
-    device, made once: no host transfer per call, CUDA-graph safe after the first)."""
-    if num_heads <= 0:
-        raise ValueError(f"num_heads must be positive, got {num_heads}")
-    key = (num_heads, str(torch.device(device)))
-    if key not in _ALIBI_ON_DEVICE:
-        _ALIBI_ON_DEVICE[key] = _alibi_slopes_cpu(num_heads).to(device)
-    return _ALIBI_ON_DEVICE[key]
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
 
 
 def _gather_pages(
