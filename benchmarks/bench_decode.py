@@ -1,15 +1,18 @@
 """Paged decode, the skewed-batch balance test and cascade, vs FlashInfer 0.2.14 (GPU).
 
-    python benchmarks/bench_decode.py [--quick]
+    python benchmarks/bench_decode.py [--quick] [--only PART] [--skip PART ...]
 
-Rows go to benchmarks/results/decode.jsonl and cascade.jsonl (and $OUT). Every kernel is
-timed with flashtune.timing.measure (cold L2, CUDA graph of 20 calls, median). KV GB/s counts
-the K and V bytes read once; bw_frac divides by copy_bandwidth_gbs().
+PART: grid, skewed, cascade, sweep, variants (issue 14: RoPE fused into decode and fp8 KV
+caches, see bench_variants). Rows go to benchmarks/results/decode.jsonl and cascade.jsonl
+(and $OUT). Every kernel is timed with flashtune.timing.measure (cold L2, CUDA graph of 20
+calls, median; plain events for a peer that cannot be captured). KV GB/s counts the K and V
+bytes read once; bw_frac divides by copy_bandwidth_gbs().
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -33,12 +36,19 @@ HQ, HK, D = 32, 8, 128
 DT = torch.bfloat16
 
 
-def _time(fn, args):
+def _time_how(fn, args):
+    """(median ms, timing method): a CUDA graph of 20 calls, or plain events for a peer
+    that cannot be captured."""
     try:
-        return measure(fn, args, warmup=5, repetitions=30, use_cuda_graph=True).median_ms
+        t = measure(fn, args, warmup=5, repetitions=30, use_cuda_graph=True)
+        return t.median_ms, "cuda_graph"
     except Exception:  # a peer that cannot be captured: plain events
         torch.cuda.synchronize()
-        return measure(fn, args, warmup=5, repetitions=30).median_ms
+        return measure(fn, args, warmup=5, repetitions=30).median_ms, "cuda_events"
+
+
+def _time(fn, args):
+    return _time_how(fn, args)[0]
 
 
 def _flashinfer():
@@ -58,15 +68,15 @@ def _setup(lens, page_size):
     return indptr, indices, last, cache, q
 
 
-def _ours(ws, table, page_size, **kw):
+def _ours(ws, table, page_size, heads=(HQ, HK, D), **kw):
     w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-    w.plan(*table, HQ, HK, D, page_size, q_data_type=DT, **kw)
+    w.plan(*table, *heads, page_size, **{"q_data_type": DT, **kw})
     return w
 
 
-def _peer(fi, ws, table, page_size, tensor_cores):
+def _peer(fi, ws, table, page_size, tensor_cores, heads=(HQ, HK, D), **kw):
     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
-    w.plan(*table, HQ, HK, D, page_size, q_data_type=DT, kv_data_type=DT)
+    w.plan(*table, *heads, page_size, **{"q_data_type": DT, "kv_data_type": DT, **kw})
     return w
 
 
@@ -307,12 +317,193 @@ def bench_cascade(ws, rows, bw, fi):
     )
 
 
+# --only variants (issue 14): RoPE fused into decode, and fp8 KV caches, at these shapes (bf16
+# queries), leaving out those whose K and V exceed MAX_KV_BYTES.
+VARIANT_BATCHES = (1, 16, 64, 256)
+VARIANT_KV_LENS = (1024, 4096, 16384)
+VARIANT_PAGE_SIZE = 16
+E5M2_BATCHES = (64,)  # float8_e5m2: a subset; float8_e4m3fn: every shape
+K_SCALE, V_SCALE = 0.5, 0.7  # fp8: every solution runs with these
+MAX_KV_BYTES = 8 * 2**30
+AGREE_TOL = 2e-2  # flashtune's and FlashInfer's outputs (bf16, inputs of scale 1)
+# kind -> (the row that carries it, numerator, denominator, field), latencies timed alike.
+VARIANT_RATIOS = {
+    "rope": [
+        ("flashtune", "flashtune", "flashtune_plain", "rope_overhead"),
+        ("flashinfer", "flashinfer", "flashinfer_plain", "rope_overhead"),
+    ],
+    "fp8": [("flashtune", "flashinfer", "flashtune", "speedup_vs_flashinfer")],
+}
+# kind -> (flashtune's solution, FlashInfer's of the same plan): outputs compared.
+VARIANT_AGREE = {
+    "rope": [("flashtune", "flashinfer"), ("flashtune_plain", "flashinfer_plain")],
+    "fp8": [("flashtune", "flashinfer")],
+}
+
+
+def variant_case(
+    kind,
+    batch,
+    kv_len,
+    *,
+    kv_dtype=None,
+    page_size=VARIANT_PAGE_SIZE,
+    heads=(HQ, HK, D),
+    q_dtype=DT,
+    device="cuda",
+    fi=None,
+):
+    """One shape of --only variants: fresh random inputs and every solution planned, nothing
+    timed (it runs on CPU under the interpreter too).
+
+    kind "rope": a q_dtype cache; decode planned with pos_encoding_mode="ROPE_LLAMA"
+    ("flashtune", "flashinfer") and "NONE" ("flashtune_plain", "flashinfer_plain").
+    kind "fp8": a kv_dtype cache under q_dtype queries, run with k_scale=K_SCALE and
+    v_scale=V_SCALE ("flashtune", "flashinfer").
+    Returns dict(q, cache, table, nbytes: K and V bytes, solutions: name ->
+    {use_tensor_cores: fn(q, cache)}): flashtune's under None; FlashInfer's, when `fi` is
+    given, under True and False (bench_grid's two peers).
+    """
+    hq, hk, d = heads
+    kv_dtype = kv_dtype or q_dtype
+    indptr, indices, last, n_pages = build_page_table([kv_len] * batch, page_size, device=device)
+    table = (indptr, indices, last)
+    q = torch.randn(batch, hq, d, dtype=q_dtype, device=device)
+    cache = torch.randn(n_pages, 2, page_size, hk, d, dtype=q_dtype, device=device).to(kv_dtype)
+    if kind == "rope":
+        plans, run_kw = {"": {"pos_encoding_mode": "ROPE_LLAMA"}, "_plain": {}}, {}
+    else:
+        plans, run_kw = {"": {"kv_data_type": kv_dtype}}, {"k_scale": K_SCALE, "v_scale": V_SCALE}
+    ws_bytes = 128 << 20 if torch.device(device).type == "cuda" else 4 << 20
+    solutions = {}
+    for suffix, kw in plans.items():
+        kw = {"q_data_type": q_dtype, **kw}
+        # A workspace per wrapper: all are planned before any runs, and a plan lives there.
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device)
+        w = _ours(ws, table, page_size, heads, **kw)
+        solutions["flashtune" + suffix] = {None: functools.partial(w.run, **run_kw)}
+        for tc in (True, False) if fi is not None else ():
+            try:
+                ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device)
+                pw = _peer(fi, ws, table, page_size, tc, heads, **{"kv_data_type": kv_dtype, **kw})
+            except Exception as exc:  # JIT or an unsupported combination: the peer is left out
+                print(f"  flashinfer{suffix} tc={tc} plan: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            peer = functools.partial(pw.run, **run_kw)
+            solutions.setdefault("flashinfer" + suffix, {})[tc] = peer
+    nbytes = 2 * batch * kv_len * hk * d * cache.element_size()
+    return dict(q=q, cache=cache, table=table, nbytes=nbytes, solutions=solutions)
+
+
+def _time_case(case):
+    """Run and time every solution of `case`: (name -> dict(ms, how, out, tc), name -> error
+    of those that failed). FlashInfer's: the faster use_tensor_cores, graph-timed first."""
+    args = [case["q"], case["cache"]]
+    got, errors = {}, {}
+    for name, by_tc in case["solutions"].items():
+        for tc, fn in by_tc.items():
+            try:
+                out = fn(*args)
+                ms, how = _time_how(fn, args)
+            except Exception as exc:  # a failing solution is recorded, not fatal
+                errors[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                print(f"  {name} tc={tc}: {errors[name][:200]}", flush=True)
+                continue
+            rank = (how != "cuda_graph", ms)
+            if name not in got or rank < (got[name]["how"] != "cuda_graph", got[name]["ms"]):
+                got[name] = dict(ms=ms, how=how, out=out, tc=tc)
+    return got, {name: err for name, err in errors.items() if name not in got}
+
+
+def bench_variants(fi, rows, bw):
+    """Issue 14: RoPE fused into decode (rope_overhead = ROPE_LLAMA / NONE, flashtune's and
+    FlashInfer's own; target <= 1.05) and fp8-KV decode vs FlashInfer's (speedup_vs_flashinfer
+    = FlashInfer's latency / flashtune's). A ratio only of two latencies timed the same way;
+    flashtune's outputs are compared with FlashInfer's of the same plan."""
+    grid = [(b, kv) for b in VARIANT_BATCHES for kv in VARIANT_KV_LENS]
+    cases = [("rope", DT, b, kv) for b, kv in grid]
+    cases += [("fp8", torch.float8_e4m3fn, b, kv) for b, kv in grid]
+    cases += [("fp8", torch.float8_e5m2, b, kv) for b in E5M2_BATCHES for kv in VARIANT_KV_LENS]
+    ratios, excluded = {}, {}  # (op, row, field, kv dtype) -> ratios / pairs timed differently
+    print("variants: latency (* = timed with events, not a graph), KV GB/s (fraction of copy bw)")
+    for kind, kv_dtype, b, kv in cases:
+        kv_name = str(kv_dtype).removeprefix("torch.")
+        if 2 * b * kv * HK * D * kv_dtype.itemsize > MAX_KV_BYTES:
+            print(f"{kind} {kv_name} b={b} kv={kv}: K and V over {MAX_KV_BYTES >> 30} GiB, skipped")
+            continue
+        op = f"decode_{kind}"
+        case = variant_case(kind, b, kv, kv_dtype=kv_dtype, fi=fi)
+        got, errors = _time_case(case)
+        shape = dict(batch=b, kv_len=kv, page_size=VARIANT_PAGE_SIZE, hq=HQ, hk=HK, d=D)
+        shape.update(q_dtype=str(DT).removeprefix("torch."), kv_dtype=kv_name)
+        if kind == "fp8":
+            shape.update(k_scale=K_SCALE, v_scale=V_SCALE)
+        extra = {name: {} for name in got}
+        notes = []
+        for row, num, den, field in VARIANT_RATIOS[kind]:
+            if num not in got or den not in got:
+                continue
+            key = (op, row, field, kv_name)
+            if got[num]["how"] != got[den]["how"]:
+                excluded[key] = excluded.get(key, 0) + 1
+                notes.append(f"{row} {field} n/a (timing differs)")
+                continue
+            extra[row][field] = got[num]["ms"] / got[den]["ms"]
+            ratios.setdefault(key, []).append(extra[row][field])
+            notes.append(f"{row} {field} {extra[row][field]:.3f}")
+        for ours, peer in VARIANT_AGREE[kind]:
+            if ours in got and peer in got:
+                a, p = got[ours]["out"].float(), got[peer]["out"].float()
+                diff = (a - p).abs().max().item()
+                agree = torch.allclose(a, p, atol=AGREE_TOL, rtol=AGREE_TOL)
+                extra[ours].update(max_abs_diff_vs_flashinfer=diff, agrees_with_flashinfer=agree)
+                notes.append(f"{ours} vs fi max diff {diff:.2g}{'' if agree else ' MISMATCH'}")
+        cells = []
+        for name, g in got.items():
+            gbs = case["nbytes"] / (g["ms"] * 1e-3) / 1e9
+            tc = {} if g["tc"] is None else {"use_tensor_cores": g["tc"]}
+            stats = dict(timing=g["how"], gbs=gbs, bw_frac=gbs / bw, **tc, **extra[name])
+            rows.write(op, shape, name, g["ms"], **stats)
+            mark = "" if g["how"] == "cuda_graph" else "*"
+            cells.append(f"{name} {g['ms'] * 1e3:.1f}{mark} us {gbs:.0f} ({gbs / bw:.0%})")
+        for name, err in errors.items():
+            rows.write(op, shape, name, None, error=err)
+        print(f"{kind} {kv_name} b={b} kv={kv}: " + "  ".join(cells), flush=True)
+        if notes:
+            print("    " + "; ".join(notes), flush=True)
+        del case, got
+    print("variants geomeans (ratios of latencies timed alike):")
+    for key in sorted(set(ratios) | set(excluded)):
+        op, row, field, kv_name = key
+        xs, n_out = ratios.get(key, []), excluded.get(key, 0)
+        geo = math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+        goal = " (target <= 1.05)" if (row, field) == ("flashtune", "rope_overhead") else ""
+        shown = f"{geo:.3f} (min {min(xs):.3f}, max {max(xs):.3f})" if xs else "n/a"
+        print(
+            f"  {op} {row} {field} [{kv_name} KV]: geomean {shown} over {len(xs)} shapes, "
+            f"{n_out} excluded (timing differs){goal}"
+        )
+        rows.write(
+            f"{op}_summary",
+            {"kv_dtype": kv_name},
+            row,
+            None,
+            field=field,
+            geomean=geo,
+            min=min(xs, default=None),
+            max=max(xs, default=None),
+            n=len(xs),
+            excluded_timing_differs=n_out,
+        )
+
+
 def main() -> None:
     global ws_fi
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["grid", "skewed", "cascade", "sweep"], default=None)
-    ap.add_argument("--skip", choices=["grid", "skewed", "cascade", "sweep"], nargs="*", default=[])
+    parts = ["grid", "skewed", "cascade", "sweep", "variants"]
+    ap.add_argument("--only", choices=parts, default=None)
+    ap.add_argument("--skip", choices=parts, nargs="*", default=[])
     args = ap.parse_args()
     t0 = time.time()
     bw = copy_bandwidth_gbs()
@@ -326,6 +517,7 @@ def main() -> None:
         ("skewed", lambda: bench_skewed(ws, rows, bw)),
         ("cascade", lambda: bench_cascade(ws, RowWriter("cascade"), bw, fi)),
         ("sweep", lambda: bench_sweep(ws, rows, bw)),
+        ("variants", lambda: bench_variants(fi, rows, bw)),
     ):
         if (args.only and args.only != part) or part in args.skip:
             continue

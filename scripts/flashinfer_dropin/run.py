@@ -385,11 +385,17 @@ def run_file(
                 "failures": {},
             }
         )
-        if not payload["finished"]:  # a timeout or a crash: the rest of the sample is an error
+        if not payload["finished"]:
             ran = sum(payload["counts"].values())
-            payload["counts"]["error"] += max(payload["selected"] - ran, 1)
             last = tail.strip().splitlines()[-1] if tail.strip() else ""
             payload["failures"]["<process>"] = f"stopped after {ran} tests: {last}"[:300]
+            # Stopped by --deadline or Ctrl-C/SIGTERM: the tests not reached are not
+            # failures, only not run. A crash or the file's own limit: the rest is an error.
+            stopped = STOP or (deadline is not None and time.perf_counter() >= deadline - 1)
+            if stopped and ran:
+                payload["not_reached"] = payload["selected"] - ran
+            else:
+                payload["counts"]["error"] += max(payload["selected"] - ran, 1)
         payload["seconds"] = round(time.perf_counter() - start, 1)
         payload["output_tail"] = tail[-1500:]
         return payload
@@ -471,7 +477,9 @@ def main() -> int:
             print(
                 f"{name:30s} {c['passed']:4d}/{ran:<4d} passed  "
                 f"(failed {c['failed']}, errors {c['error']}, skipped {c['skipped']}; "
-                f"{row['selected']} of {row['collected']} collected)  {row['seconds']:.0f}s",
+                f"{row['selected']} of {row['collected']} collected"
+                + (f", {row['not_reached']} not reached" if row.get("not_reached") else "")
+                + f")  {row['seconds']:.0f}s",
                 flush=True,
             )
             for nodeid, message in list(row["failures"].items())[:3]:

@@ -216,15 +216,15 @@ def test_greedy_limits():
     assert torch.equal(min_p_sampling_from_probs(probs, torch.full((5,), 1)), best)
 
 
-def test_tactics_draw_the_same_tokens():
+def test_tactics_draw_the_same_tokens(device):
     """The autotuner keeps a tactic only if it reproduces the default tactic's samples."""
-    probs = torch.softmax(torch.randn(6, 300) * 2, dim=-1)
-    seed = torch.tensor([5], dtype=torch.int64)
-    p = torch.full((6,), 0.8)
-    k = torch.full((6,), 40, dtype=torch.int32)
+    probs = torch.softmax(torch.randn(6, 300, device=device) * 2, dim=-1)
+    seed = torch.tensor([5], dtype=torch.int64, device=device)
+    p = torch.full((6,), 0.8, device=device)
+    k = torch.full((6,), 40, dtype=torch.int32, device=device)
 
     def run(tactic):
-        out = torch.empty(6, dtype=torch.int32)
+        out = torch.empty(6, dtype=torch.int32, device=device)
         inputs = [probs, out, None, seed, k, p, SamplingArgs(sampling_kernels.MODE_JOINT)]
         return SamplingRunner().forward(inputs, tactic).clone()
 

@@ -188,6 +188,23 @@ def test_failing_and_wrong_tactics_are_excluded_and_reported(
     assert fresh_tuner.stats.tactics_failed == 2
 
 
+def test_in_place_tactics_are_checked_on_untouched_inputs(fresh_tuner: AutoTuner) -> None:
+    """A runner that updates an input in place (fused add + RMSNorm's residual): timing one
+    tactic changes the tuning inputs, so each tactic's check must start from a copy taken
+    before any timing, or every tactic after the first would look wrong."""
+
+    class Accumulate(H.FakeRunner):
+        def forward(self, inputs, tactic=-1):  # type: ignore[override]
+            H.FakeRunner.forward(self, inputs, tactic)  # the fake clock
+            inputs[1].add_(inputs[0])  # residual += x, as the fused op does
+            return inputs[1] * 2
+
+    with autotune():
+        tactic = choose_one("acc", [Accumulate()], CFG, [x(4), torch.randn(4, 4)])[1]
+    assert fresh_tuner.failures == []
+    assert tactic == 1  # the fastest, no longer excluded as "wrong"
+
+
 def test_no_profiling_during_cuda_graph_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuner_mod, "_is_capturing", lambda: True)
     with autotune():

@@ -316,8 +316,11 @@ class AutoTuner:
                 self._fail(op_name, runner, "*", profile, f"get_valid_tactics raised {exc!r}")
             candidates += [(index, t) for t in tactics]
 
+        # Timing a tactic that writes in place (fused add + RMSNorm updates its residual)
+        # changes tuning_inputs: every correctness check starts from this untouched copy.
+        pristine = timing.clone_inputs(tuning_inputs)
         candidates = self._compile(op_name, runners, candidates, tuning_inputs, profile, config)
-        baseline = self._baseline(op_name, runners, candidates, tuning_inputs, profile)
+        baseline = self._baseline(op_name, runners, candidates, pristine, profile)
         if baseline is None:
             candidates = [c for c in candidates if c != (0, DEFAULT_TACTIC)]
         input_sets = self._input_sets(tuning_inputs, config)
@@ -329,7 +332,7 @@ class AutoTuner:
                 runner = runners[index]
                 try:
                     if baseline is not None and (index, tactic) != (0, DEFAULT_TACTIC):
-                        wrong = result_difference(runner, tactic, tuning_inputs, baseline, config)
+                        wrong = result_difference(runner, tactic, pristine, baseline, config)
                         if wrong:
                             self._fail(op_name, runner, tactic, profile, wrong)
                             continue
