@@ -234,11 +234,19 @@ def print_table(lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]])
 def headline(commits: list[str]) -> None:
     from common import RESULTS, RowWriter
 
+    def named(commit: str | None) -> str | None:
+        """The argument naming this row's commit (a hash or an abbreviation of it)."""
+        for c in commits:
+            if commit and (commit.startswith(c) or c.startswith(commit)):
+                return c
+        return None
+
     by_def: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for line in (RESULTS / "bundled_run.jsonl").read_text().splitlines():
         row = json.loads(line)
-        if row.get("commit") in commits and row["op"] != "bundled_headline":
-            by_def[row["op"]][row["commit"]].append(row)
+        name = named(row.get("commit"))
+        if name is not None and row["op"] != "bundled_headline":
+            by_def[row["op"]][name].append(row)
     lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]] = defaultdict(dict)
     chosen: dict[str, dict[str, Any]] = {}
     for definition, runs in sorted(by_def.items()):
@@ -246,7 +254,8 @@ def headline(commits: list[str]) -> None:
         # A commit's rows may come from several resumed calls: one run in parts; a later
         # row of the same workload and solution replaces an earlier one.
         runs_of_commit = sorted({r["run_started"] or "" for r in runs[commit]})
-        chosen[definition] = {"commit": commit, "run_started": runs_of_commit}
+        full = sorted({r["commit"] for r in runs[commit]}, key=len)[-1]  # as the rows name it
+        chosen[definition] = {"commit": full, "run_started": runs_of_commit}
         for r in runs[commit]:
             if r.get("latency_ms") is not None:
                 key = (definition, json.dumps(r["shape"], sort_keys=True))

@@ -22,6 +22,7 @@ Writes rows to benchmarks/results/sampling.jsonl (and $OUT); prints geomean spee
 flashtune over FlashInfer and over torch per op and overall.
 Usage: python benchmarks/bench_sampling.py [--quick] [--sweep] [--tactics] [--ops top_k,...]
        [--batch 1,16] [--vocab 128256] [--scales 3,8]
+       python benchmarks/bench_sampling.py --summary COMMIT --ops top_p,top_k,min_p,joint --scales 8
 """
 
 from __future__ import annotations
@@ -227,6 +228,82 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def summarize_rows(commit: str, ops: list[str], scales: list[float]) -> None:
+    """The geomean table of one commit's committed rows (benchmarks/results/sampling.jsonl),
+    the grid measured in parts (one vocabulary group per GPU call): per shape the last row of
+    each solution, ratios only between rows timed alike, as the live run computes them."""
+    import json
+
+    from common import RESULTS
+
+    latest: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for line in (RESULTS / "sampling.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        shape = row.get("shape") or {}
+        if not (row.get("commit") or "").startswith(commit) or row["op"] not in ops:
+            continue
+        if row.get("latency_ms") is None or shape.get("logit_scale") not in scales:
+            continue
+        key = (row["op"], json.dumps(shape, sort_keys=True))
+        latest.setdefault(key, {})[row["solution"]] = row
+    ratios: dict[str, dict[str, list[float]]] = {op: {"flashinfer": [], "torch": []} for op in ops}
+    excluded = {"flashinfer": 0, "torch": 0}
+    fractions = []
+    for (op, _), by_solution in sorted(latest.items()):
+        ours = by_solution.get("flashtune")
+        if ours is None:
+            continue
+        fractions.append(ours["hbm_read_fraction"])
+        for peer in ("flashinfer", "torch"):
+            theirs = by_solution.get(peer)
+            if theirs is None:
+                continue
+            if theirs.get("timing") != ours.get("timing"):
+                excluded[peer] += 1
+                continue
+            ratios[op][peer].append(theirs["latency_ms"] / ours["latency_ms"])
+    shapes = sum(1 for (op, _), r in latest.items() if "flashtune" in r)
+    print(f"commit {commit}: {shapes} shapes with a flashtune row")
+    for op in ops:
+        shown = {p: f"{geomean(xs):.2f}x" if xs else "n/a" for p, xs in ratios[op].items()}
+        print(f"  {op:12s} vs flashinfer {shown['flashinfer']}  vs torch {shown['torch']}")
+    for peer in ("flashinfer", "torch"):
+        xs = [x for op in ops for x in ratios[op][peer]]
+        worst = f", slowest shape {min(xs):.2f}x" if xs else ""
+        print(
+            f"  overall vs {peer}: {geomean(xs):.2f}x over {len(xs)} shapes timed alike"
+            f" ({excluded[peer]} excluded: timing differs){worst}"
+        )
+    if fractions:
+        print(f"  flashtune reads {min(fractions):.1%} to {max(fractions):.1%} of the bandwidth")
+    # Per vocabulary vs FlashInfer, then the latency table (us, flashtune / FlashInfer / torch).
+    by_vocab: dict[int, list[float]] = {}
+    cells: dict[tuple[str, int], dict[int, str]] = {}
+    for (op, shape_json), by_solution in latest.items():
+        shape = json.loads(shape_json)
+        vocab, batch = shape["vocab_size"], shape["batch_size"]
+        us = [
+            by_solution.get(n, {}).get("latency_ms") for n in ("flashtune", "flashinfer", "torch")
+        ]
+        cells.setdefault((op, vocab), {})[batch] = " / ".join(
+            "-" if x is None else f"{x * 1e3:.0f}" for x in us
+        )
+        ours, fi = by_solution.get("flashtune"), by_solution.get("flashinfer")
+        if ours and fi and ours.get("timing") == fi.get("timing"):
+            by_vocab.setdefault(vocab, []).append(fi["latency_ms"] / ours["latency_ms"])
+    print(
+        "  per vocabulary vs flashinfer: "
+        + ", ".join(f"{geomean(xs):.2f}x at {v}" for v, xs in sorted(by_vocab.items()))
+    )
+    batches = sorted({b for row in cells.values() for b in row})
+    print("\n| op | vocab | " + " | ".join(f"batch {b}" for b in batches) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in batches) + " |")
+    for op in ops:
+        for vocab in sorted(v for o, v in cells if o == op):
+            row = cells[(op, vocab)]
+            print(f"| {op} | {vocab} | " + " | ".join(row.get(b, "-") for b in batches) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="batch {1, 64}, vocab 128256, one dist")
@@ -240,7 +317,16 @@ def main() -> None:
     ap.add_argument("--batch", help="comma-separated batch sizes (default: all, or --quick's)")
     ap.add_argument("--vocab", help="comma-separated vocabulary sizes (default: all, or --quick's)")
     ap.add_argument("--scales", help=f"comma-separated logit scales (default: {DISTRIBUTIONS})")
+    ap.add_argument(
+        "--summary",
+        metavar="COMMIT",
+        help="no GPU work: the geomeans of COMMIT's committed rows (--ops and --scales apply)",
+    )
     opts = ap.parse_args()
+    if opts.summary:
+        scales = [float(x) for x in opts.scales.split(",")] if opts.scales else DISTRIBUTIONS
+        summarize_rows(opts.summary, opts.ops.split(","), scales)
+        return
     batches = [1, 64] if opts.quick else BATCH
     vocabs = [128256] if opts.quick else VOCAB
     if opts.batch:

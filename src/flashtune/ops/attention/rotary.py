@@ -14,10 +14,25 @@ import math
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+from flashtune import platform
 
 __all__ = ["load_rotated", "rope_arguments", "rope_for", "DEFAULT_ROPE_THETA"]
 
 DEFAULT_ROPE_THETA = 1e4
+
+# sin/cos of the rotation angles, one pair per K element of every tile. libdevice's accurate
+# sinf/cosf keep a slow path (Payne-Hanek, with a local-memory table) for huge arguments;
+# in the decode loop that made fused RoPE 5-15x slower than plain decode on an H100
+# (bench_decode.py --only variants). On a GPU the angle is first reduced to [-pi, pi]
+# (Cody-Waite, 2*pi split so that k * _TWO_PI_HI is exact for k < 2^16), then the SFU's
+# approximations (sin.approx / cos.approx: about 2^-21 absolute error there) take it. The
+# interpreter has no libdevice: it keeps tl.sin / tl.cos.
+_FAST_TRIG = tl.constexpr(not platform.triton_interpret())
+_INV_TWO_PI = tl.constexpr(1.0 / (2.0 * math.pi))
+_TWO_PI_HI = tl.constexpr(6.28125)  # 2*pi to 8 significant bits
+_TWO_PI_LO = tl.constexpr(2.0 * math.pi - 6.28125)
 
 
 def rope_arguments(rope_scale: float | None, rope_theta: float | None) -> tuple[float, float]:
@@ -70,5 +85,11 @@ def load_rotated(
     freq = rope_rcp_scale * tl.exp2(-(2.0 * pair / HEAD_DIM) * rope_log2_theta)
     angle = pos.to(tl.float32)[:, None] * freq[None, :]
     sign = tl.where(offs_d < HALF, -1.0, 1.0)
-    out = x.to(tl.float32) * tl.cos(angle) + sign[None, :] * xp.to(tl.float32) * tl.sin(angle)
+    if _FAST_TRIG:
+        turns = tl.floor(angle * _INV_TWO_PI + 0.5)
+        reduced = (angle - turns * _TWO_PI_HI) - turns * _TWO_PI_LO
+        cos, sin = libdevice.fast_cosf(reduced), libdevice.fast_sinf(reduced)
+    else:
+        cos, sin = tl.cos(angle), tl.sin(angle)
+    out = x.to(tl.float32) * cos + sign[None, :] * xp.to(tl.float32) * sin
     return out
