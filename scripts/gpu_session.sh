@@ -4,7 +4,8 @@
 #   bash scripts/gpu_session.sh bundled                  # `flashtune run` on the bundled dataset
 #   bash scripts/gpu_session.sh sampling dropin e2e      # issue 16, 14 and 19 measurements
 # Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
-# and DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit), E2E_ARGS.
+# DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit) and DROPIN_WORKERS
+# (test processes a file, 4), E2E_ARGS.
 # Needs the ignored folder .peer/ (made by scripts/fetch_gpu_deps.sh) carried along: FlashInfer's source archive (the peer) and
 # wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
 # files come back from it: benchmarks write their rows there through RowWriter). The copy's
@@ -69,7 +70,8 @@ for stage in "$@"; do
     dropin)
       # --deadline ends the run with its summary (partial files included) before the call does.
       python3 scripts/flashinfer_dropin/run.py --deadline "${DROPIN_DEADLINE:-450}" \
-        --per-test-timeout 120 --triton-cache /tmp/ft-triton ${DROPIN_ARGS:-} \
+        --per-test-timeout 120 --triton-cache /tmp/ft-triton --workers "${DROPIN_WORKERS:-4}" \
+        ${DROPIN_ARGS:-} \
         2>&1 | tee "$OUT/dropin.log" | tail -n 40 ;;
     e2e)
       timeout 500 python3 -m flashtune.cli e2e ${E2E_ARGS:---layers 4 --quick} \

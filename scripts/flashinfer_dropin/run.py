@@ -32,6 +32,10 @@ bounds the whole run: the file running then stops with what it ran and later fil
 listed as not run; SIGTERM (an outer `timeout`) and Ctrl-C do the same at once. Either way
 the summary is written.
 
+--workers N runs a file's sample in N processes side by side (process k takes every N-th
+test from the k-th; the counts are merged): tests that spend their time compiling or on the
+host, as most of these do, finish about N times sooner on one GPU.
+
 Prints pass/fail/skip counts per file and writes a JSON summary (per file: counts, the
 failures with their first error line) to $OUT/flashinfer_dropin.json, or --out.
 """
@@ -149,9 +153,16 @@ class SamplingPlugin:
     """pytest plugin: keep a file's sample, record each test's outcome, and rewrite the result
     file after each one (a file that times out or crashes the process keeps what it ran)."""
 
-    def __init__(self, test_file: Path, per_file: int | None, result: Path) -> None:
+    def __init__(
+        self,
+        test_file: Path,
+        per_file: int | None,
+        result: Path,
+        shard: tuple[int, int] = (0, 1),
+    ) -> None:
         self.test_file = test_file
         self.per_file = per_file
+        self.shard = shard
         self.result = result
         self.collected = 0
         self.selected: list[str] = []
@@ -183,7 +194,8 @@ class SamplingPlugin:
     @pytest.hookimpl(trylast=True)  # after -k has deselected: sample what it kept
     def pytest_collection_modifyitems(self, session: Any, config: Any, items: list[Any]) -> None:
         self.collected = len(items)
-        keep = set(sample([item.nodeid for item in items], self.per_file))
+        index, count = self.shard  # this process's part of the sample, in collection order
+        keep = set(sample([item.nodeid for item in items], self.per_file)[index::count])
         kept = [item for item in items if item.nodeid in keep]
         dropped = [item for item in items if item.nodeid not in keep]
         if dropped:
@@ -230,13 +242,14 @@ def run_child(
     result: Path,
     per_test_timeout: float | None = None,
     cpu: bool = False,
+    shard: tuple[int, int] = (0, 1),
 ) -> int:
     sys.path.insert(0, str(STANDIN))
     if cpu:
         import cpu_graphs  # this folder is sys.path[0]: the script's own
 
         cpu_graphs.install()
-    plugin = SamplingPlugin(test_file, per_file, result)
+    plugin = SamplingPlugin(test_file, per_file, result, shard)
     args = [
         str(test_file),
         "-q",
@@ -295,44 +308,77 @@ def file_limit(timeout: float, per_test_timeout: float | None, selected: int) ->
 
 
 def _run_with_limit(
-    command: list[str],
+    commands: list[list[str]],
     env: dict[str, str],
     cwd: Path,
     timeout: float,
     per_test_timeout: float | None,
-    result: Path,
+    results: list[Path],
     deadline: float | None = None,
-) -> tuple[str, float | None]:
-    """Run a file's child process under file_limit (known once the child has written its
-    sample size to `result`), and never past `deadline` (a time.perf_counter() value). Ctrl-C
-    or SIGTERM kills the child and returns, so the caller reports what it ran. Returns its
-    output, and the limit it was killed at (None when it ended by itself)."""
-    proc = subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+) -> list[tuple[str, float | None]]:
+    """Run a file's child processes (one per shard, side by side), each under file_limit
+    (known once the child has written its sample size to its result file), and never past
+    `deadline` (a time.perf_counter() value). Ctrl-C or SIGTERM kills the children and
+    returns, so the caller reports what they ran. Returns each child's output, and the limit
+    it was killed at (None when it ended by itself)."""
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in commands]  # no pipe to fill up
+    procs = [
+        subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        for command, log in zip(commands, logs, strict=True)
+    ]
     start = time.perf_counter()
-    limit = timeout
+    killed: list[float | None] = [None] * len(procs)
+
+    def output(k: int) -> str:
+        logs[k].seek(0)
+        return logs[k].read()
+
     try:
-        while True:
-            try:
-                output, _ = proc.communicate(timeout=POLL_SECONDS)
-                return output, None
-            except subprocess.TimeoutExpired:
-                pass
-            if per_test_timeout and result.exists():  # written whole (os.replace)
-                selected = int(json.loads(result.read_text())["selected"])
-                limit = file_limit(timeout, per_test_timeout, selected)
-            if deadline is not None:  # the whole run's --deadline comes first
-                limit = min(limit, deadline - start)
-            if time.perf_counter() - start > limit:
-                proc.kill()
-                output, _ = proc.communicate()
-                return output, limit
+        while any(proc.poll() is None for proc in procs):
+            time.sleep(POLL_SECONDS)
+            for k, proc in enumerate(procs):
+                if proc.poll() is not None:
+                    continue
+                limit = timeout
+                if per_test_timeout and results[k].exists():  # written whole (os.replace)
+                    selected = int(json.loads(results[k].read_text())["selected"])
+                    limit = file_limit(timeout, per_test_timeout, selected)
+                if deadline is not None:  # the whole run's --deadline comes first
+                    limit = min(limit, deadline - start)
+                if time.perf_counter() - start > limit:
+                    proc.kill()
+                    proc.wait()
+                    killed[k] = limit
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (an outer timeout): keep what ran
-        proc.kill()
-        output, _ = proc.communicate()
+        for k, proc in enumerate(procs):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                killed[k] = time.perf_counter() - start
         STOP.append("interrupted")
-        return output, time.perf_counter() - start
+    return [(output(k), killed[k]) for k in range(len(procs))]
+
+
+def _merge_shards(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """One file's result from its shards' results."""
+    merged = dict(payloads[0])
+    merged["selected"] = sum(p["selected"] for p in payloads)
+    merged["counts"] = {
+        key: sum(p["counts"][key] for p in payloads) for key in payloads[0]["counts"]
+    }
+    merged["finished"] = all(p["finished"] for p in payloads)
+    merged["failures"] = {
+        (f"{k} (shard {n})" if k == "<process>" else k): v
+        for n, p in enumerate(payloads)
+        for k, v in p["failures"].items()
+    }
+    not_reached = sum(p.get("not_reached", 0) for p in payloads)
+    if not_reached:
+        merged["not_reached"] = not_reached
+    merged["output_tail"] = payloads[0].get("output_tail", "")
+    exits = [p.get("pytest_exit") for p in payloads]
+    merged["pytest_exit"] = None if None in exits else max(e for e in exits if e is not None)
+    return merged
 
 
 def run_file(
@@ -345,9 +391,11 @@ def run_file(
     per_test_timeout: float | None = None,
     triton_cache: Path | None = None,
     deadline: float | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
+    """One file's sample in `workers` child processes side by side (shard k runs every
+    workers-th test of the sample, from the k-th), merged into one result."""
     with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "result.json"
         env = dict(os.environ)
         # standin first, then flashtune's sources (a checkout that is not pip-installed).
         paths = [str(STANDIN), str(ROOT / "src")]
@@ -360,45 +408,62 @@ def run_file(
             rewritten.parent.mkdir()
             rewritten.write_text(rewrite_for_cpu(test_file.read_text()))
             test_file = rewritten
-        command = [sys.executable, __file__, "--child", str(test_file), "--result", str(result)]
-        command += ["--full"] if per_file is None else ["--per-file", str(per_file)]
-        command += ["--collect-only"] if collect_only else []
-        command += ["-k", select] if select else []
-        command += ["--per-test-timeout", str(per_test_timeout)] if per_test_timeout else []
-        command += ["--cpu"] if cpu else []
+        results = [Path(tmp) / f"result{k}.json" for k in range(workers)]
+        commands = []
+        for k, result in enumerate(results):
+            command = [sys.executable, __file__, "--child", str(test_file), "--result", str(result)]
+            command += ["--full"] if per_file is None else ["--per-file", str(per_file)]
+            command += ["--collect-only"] if collect_only else []
+            command += ["-k", select] if select else []
+            command += ["--per-test-timeout", str(per_test_timeout)] if per_test_timeout else []
+            command += ["--cpu"] if cpu else []
+            command += ["--shard", f"{k}/{workers}"] if workers > 1 else []
+            commands.append(command)
         start = time.perf_counter()
-        output, killed_at = _run_with_limit(
-            command, env, test_file.parent, timeout, per_test_timeout, result, deadline
+        runs = _run_with_limit(
+            commands, env, test_file.parent, timeout, per_test_timeout, results, deadline
         )
-        tail = output[-2000:]
-        if killed_at is not None:
-            tail = f"timed out after {killed_at:.0f} s: {output[-1500:]}"
-        payload: dict[str, Any] = (
-            json.loads(result.read_text())
-            if result.exists()
-            else {
-                "file": test_file.stem,
-                "collected": 0,
-                "selected": 0,
-                "counts": {"passed": 0, "failed": 0, "skipped": 0, "error": 0},
-                "finished": False,
-                "failures": {},
-            }
-        )
-        if not payload["finished"]:
-            ran = sum(payload["counts"].values())
-            last = tail.strip().splitlines()[-1] if tail.strip() else ""
-            payload["failures"]["<process>"] = f"stopped after {ran} tests: {last}"[:300]
-            # Stopped by --deadline or Ctrl-C/SIGTERM: the tests not reached are not
-            # failures, only not run. A crash or the file's own limit: the rest is an error.
-            stopped = STOP or (deadline is not None and time.perf_counter() >= deadline - 1)
-            if stopped and ran:
-                payload["not_reached"] = payload["selected"] - ran
-            else:
-                payload["counts"]["error"] += max(payload["selected"] - ran, 1)
+        payloads = [
+            _shard_payload(test_file, result, output, killed_at, deadline)
+            for result, (output, killed_at) in zip(results, runs, strict=True)
+        ]
+        payload = _merge_shards(payloads) if workers > 1 else payloads[0]
         payload["seconds"] = round(time.perf_counter() - start, 1)
-        payload["output_tail"] = tail[-1500:]
         return payload
+
+
+def _shard_payload(
+    test_file: Path, result: Path, output: str, killed_at: float | None, deadline: float | None
+) -> dict[str, Any]:
+    """A child's result file, completed by how the child ended."""
+    tail = output[-2000:]
+    if killed_at is not None:
+        tail = f"timed out after {killed_at:.0f} s: {output[-1500:]}"
+    payload: dict[str, Any] = (
+        json.loads(result.read_text())
+        if result.exists()
+        else {
+            "file": test_file.stem,
+            "collected": 0,
+            "selected": 0,
+            "counts": {"passed": 0, "failed": 0, "skipped": 0, "error": 0},
+            "finished": False,
+            "failures": {},
+        }
+    )
+    if not payload["finished"]:
+        ran = sum(payload["counts"].values())
+        last = tail.strip().splitlines()[-1] if tail.strip() else ""
+        payload["failures"]["<process>"] = f"stopped after {ran} tests: {last}"[:300]
+        # Stopped by --deadline or Ctrl-C/SIGTERM: the tests not reached are not
+        # failures, only not run. A crash or the file's own limit: the rest is an error.
+        stopped = STOP or (deadline is not None and time.perf_counter() >= deadline - 1)
+        if stopped and ran:
+            payload["not_reached"] = payload["selected"] - ran
+        else:
+            payload["counts"]["error"] += max(payload["selected"] - ran, 1)
+    payload["output_tail"] = tail[-1500:]
+    return payload
 
 
 def main() -> int:
@@ -423,11 +488,21 @@ def main() -> int:
         "files are listed as not run, and the summary is written (for a machine lent by time)",
     )
     ap.add_argument("--out", type=Path, help="the JSON summary (default $OUT/...)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="test processes a file, side by side (its sample split between them; 1)",
+    )
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     opts = ap.parse_args()
+    if opts.workers < 1:
+        ap.error("--workers must be at least 1")
     per_file = None if opts.full else opts.per_file
     if opts.child is not None:
+        index, count = (int(x) for x in opts.shard.split("/"))
         return run_child(
             opts.child,
             per_file,
@@ -436,6 +511,7 @@ def main() -> int:
             opts.result,
             opts.per_test_timeout,
             opts.cpu,
+            (index, count),
         )
 
     if opts.per_test_timeout and importlib.util.find_spec("pytest_timeout") is None:
@@ -466,6 +542,7 @@ def main() -> int:
                     opts.per_test_timeout,
                     opts.triton_cache,
                     deadline,
+                    opts.workers,
                 )
             except KeyboardInterrupt:  # between two files' processes
                 STOP.append("interrupted")

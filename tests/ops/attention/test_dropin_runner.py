@@ -154,3 +154,27 @@ def test_sigterm_writes_the_summary_of_what_ran(tmp_path):
     summary = json.loads(out.read_text())
     assert summary["interrupted"] and summary["not_run"] == ["test_second"]
     assert summary["files"][0]["file"] == "test_first"
+
+
+def test_workers_split_a_files_sample_and_merge_the_counts(tmp_path):
+    """--workers 3: every sampled test runs once, in one of three processes, and the file's
+    counts add up as one process would report them."""
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    body = ["import os, pathlib, pytest", f"RAN = pathlib.Path({str(ran)!r})"]
+    for i in range(7):
+        body += [f"def test_{i}():", f"    (RAN / ('{i}-' + str(os.getpid()))).touch()"]
+    body += ["def test_fails():", "    assert False", "def test_skips():", "    pytest.skip('own')"]
+    (tmp_path / "test_many.py").write_text("\n".join(body) + "\n")
+    out = tmp_path / "summary.json"
+    command = [sys.executable, str(DROPIN / "run.py"), "--tests-dir", str(tmp_path)]
+    command += ["--files", "test_many", "--full", "--workers", "3", "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())["files"]
+    assert row["finished"] and row["selected"] == 9 and row["collected"] == 9
+    assert row["counts"] == {"passed": 7, "failed": 1, "skipped": 1, "error": 0}
+    assert list(row["failures"]) == ["test_many.py::test_fails"]
+    names = [p.name.split("-") for p in ran.iterdir()]
+    assert sorted(int(i) for i, _ in names) == list(range(7))  # each test exactly once
+    assert len({pid for _, pid in names}) == 3  # in three processes

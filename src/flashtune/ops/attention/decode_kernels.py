@@ -13,23 +13,11 @@ import triton
 import triton.language as tl
 
 from flashtune.ops.attention.rotary import load_rotated
+from flashtune.ops.attention.tile_dtype import as_q_dtype
 
 __all__ = ["LOG2E", "decode_item", "paged_attn_kernel"]
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _as(x, dtype: tl.constexpr):
-    """A K/V tile in q's dtype. fp8 goes through fp32: both conversions are exact (e4m3 and
-    e5m2 values are bf16 and fp16 values), and on sm_90 the direct fp8 -> f16 -> bf16 path
-    spends one F2F.BF16.F16 (the slow conversion pipe) per element, 128 a thread per tile at
-    64 x 128 (nvdisasm of the decode kernel, compiled for sm_90 without a GPU); through
-    fp32 it is HADD2.F32 and packed F2FP instead. Not yet timed on a GPU."""
-    if x.dtype.is_fp8():
-        return x.to(tl.float32).to(dtype)
-    else:
-        return x.to(dtype)
 
 
 @triton.jit
@@ -141,7 +129,7 @@ def decode_item(
                 other=0.0,
             )
         # An fp8 cache's tiles become q's dtype here (a no-op when the cache has it).
-        s = tl.dot(q, tl.trans(_as(k, q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
+        s = tl.dot(q, tl.trans(as_q_dtype(k, q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
         if SOFT_CAP:
             s = soft_cap * _tanh(s * qk_scale)
         else:
@@ -163,7 +151,7 @@ def decode_item(
             mask=kv_mask,
             other=0.0,
         )
-        acc = acc * alpha[:, None] + tl.dot(prob.to(q.dtype), _as(v, q.dtype))
+        acc = acc * alpha[:, None] + tl.dot(prob.to(q.dtype), as_q_dtype(v, q.dtype))
         m_i = m_new
 
     has = l_i > 0

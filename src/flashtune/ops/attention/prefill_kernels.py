@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from flashtune.ops.attention.rotary import load_rotated
+from flashtune.ops.attention.tile_dtype import as_q_dtype
 
 __all__ = ["prefill_kernel", "device_item"]
 
@@ -111,7 +112,7 @@ def _tile_step(
             k = tl.load(k_ptrs)
     # An fp8 cache's tiles become q's dtype here (a no-op when the cache has it); so does
     # a rotated (fp32) K.
-    qk = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N], fp32
+    qk = tl.dot(q, tl.trans(as_q_dtype(k, q.dtype)))  # [BLOCK_M, BLOCK_N], fp32
     if ALIBI:
         # FlashInfer's bias: slope * (key position - query index in the request); the
         # launch folds the scale this logit gets next into `alibi`.
@@ -160,7 +161,7 @@ def _tile_step(
             v = tl.load(v_ptrs, mask=in_kv[:, None], other=0.0)
         else:
             v = tl.load(v_ptrs)
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+    acc = tl.dot(p.to(q.dtype), as_q_dtype(v, q.dtype), acc)
     return acc, m_new, l_i
 
 
