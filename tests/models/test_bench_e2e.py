@@ -103,7 +103,8 @@ def test_options_check_their_values_and_order_the_backends() -> None:
 
 def test_jsonl_rows_carry_the_environment(tmp_path: Path) -> None:
     path = tmp_path / "results" / "e2e.jsonl"
-    rows = JsonlRows(path, "cpu")
+    copy = tmp_path / "out" / "e2e.jsonl"  # $OUT on a lent GPU machine
+    rows = JsonlRows(path, "cpu", [copy])
     rows.write("e2e_decode", {"batch": 1}, "flashtune", 1.5, rel_err=0.0)
     rows.write("e2e_decode", {"batch": 1}, "torch", None, error="boom")
     written = [json.loads(line) for line in path.read_text().splitlines()]
@@ -112,6 +113,7 @@ def test_jsonl_rows_carry_the_environment(tmp_path: Path) -> None:
     assert written[1]["error"] == "boom"
     for key in ("gpu", "versions", "commit", "code", "run_started", "date"):
         assert key in written[0], key
+    assert copy.read_text() == path.read_text()  # each row in both, as it is written
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a GPU-less machine")

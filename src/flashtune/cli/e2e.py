@@ -13,6 +13,7 @@ apply (benchmarks/bench_e2e.py runs the same functions).
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -138,7 +139,9 @@ def e2e(
     except ValueError as exc:
         fail(str(exc), 2)
     on_gpu = options.device.startswith("cuda")
-    rows: RowSink = JsonlRows(out, options.device) if on_gpu else NoRows()
+    # On a lent GPU machine ($OUT comes back), the rows are copied there as they are written.
+    copies = [Path(os.environ["OUT"]) / out.name] if os.environ.get("OUT") else []
+    rows: RowSink = JsonlRows(out, options.device, copies) if on_gpu else NoRows()
     if not on_gpu:
         typer.echo(f"{options.device}: checks the code path; no rows are written", err=True)
     if loop:

@@ -168,8 +168,10 @@ class JsonlRows:
     """Appends one JSON line per row to `path`, in benchmarks/results/ rows' form: the row,
     then the GPU, library versions, the measured code (platform.code_provenance) and times."""
 
-    def __init__(self, path: Path, device: str | None = None) -> None:
+    def __init__(self, path: Path, device: str | None = None, also: Sequence[Path] = ()) -> None:
         self.path = path
+        # Copies (a lent machine's $OUT): a run killed midway still hands back its rows.
+        self.paths = [path, *also]
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         env = platform.snapshot(device, run_started=started)
         code = env["code"]
@@ -181,15 +183,18 @@ class JsonlRows:
             "code": code,
             "run_started": started,
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
+        for p in self.paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
 
     def write(
         self, op: str, shape: dict[str, Any], solution: str, latency_ms: float | None, **extra: Any
     ) -> dict[str, Any]:
         row = {"op": op, "shape": shape, "solution": solution, "latency_ms": latency_ms, **extra}
         row.update(self.common, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-        with open(self.path, "a") as f:  # one whole line per write
-            f.write(json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        for path in self.paths:
+            with open(path, "a") as f:  # one whole line per write
+                f.write(line)
         return row
 
 
