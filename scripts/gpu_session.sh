@@ -3,6 +3,7 @@
 #   bash scripts/gpu_session.sh tests decode prefill     # cuda tests + attention benchmarks
 #   bash scripts/gpu_session.sh bundled                  # `flashtune run` on the bundled dataset
 #   bash scripts/gpu_session.sh sampling dropin e2e      # issue 16, 14 and 19 measurements
+#   bash scripts/gpu_session.sh decode-variants dropin-full   # issue 14 and 18
 # Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
 # DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit) and DROPIN_WORKERS
 # (test processes a file, 4), E2E_ARGS.
@@ -44,6 +45,8 @@ for stage in "$@"; do
     capture) timeout 90 python3 benchmarks/bench_capture.py 2>&1 | tee "$OUT/capture.log" | tail -n 12 ;;
     prefill) timeout 110 python3 benchmarks/bench_prefill.py 2>&1 | tee "$OUT/prefill.log" | tail -n 25 ;;
     prefill-grid) timeout 240 python3 benchmarks/bench_prefill.py --no-tune 2>&1 | tee "$OUT/prefill.log" | tail -n 40 ;;
+    decode-variants)  # issue 14: fused RoPE overhead, fp8-KV decode vs FlashInfer (default and tuned)
+      timeout 500 python3 benchmarks/bench_decode.py --only variants 2>&1 | tee "$OUT/variants.log" | tail -n 45 ;;
     decode-extra) timeout 120 python3 benchmarks/bench_decode.py --only skewed 2>&1 | tee -a "$OUT/decode.log" | tail -n 3
       timeout 120 python3 benchmarks/bench_decode.py --only cascade 2>&1 | tee -a "$OUT/decode.log" | tail -n 3 ;;
     bundled)
@@ -73,6 +76,10 @@ for stage in "$@"; do
         --per-test-timeout 120 --triton-cache /tmp/ft-triton --workers "${DROPIN_WORKERS:-4}" \
         ${DROPIN_ARGS:-} \
         2>&1 | tee "$OUT/dropin.log" | tail -n 40 ;;
+    dropin-full)  # whole test files (DROPIN_FILES), the sample split over DROPIN_WORKERS processes
+      python3 scripts/flashinfer_dropin/run.py --full --files "${DROPIN_FILES:-test_block_sparse}" \
+        --deadline "${DROPIN_DEADLINE:-450}" --per-test-timeout 120 --triton-cache /tmp/ft-triton \
+        --workers "${DROPIN_WORKERS:-6}" 2>&1 | tee "$OUT/dropin_full.log" | tail -n 20 ;;
     e2e)
       timeout 500 python3 -m flashtune.cli e2e ${E2E_ARGS:---layers 4 --quick} \
         2>&1 | tee "$OUT/e2e.log" | tail -n 40 ;;
