@@ -80,6 +80,9 @@ for stage in "$@"; do
       python3 scripts/flashinfer_dropin/run.py --full --files "${DROPIN_FILES:-test_block_sparse}" \
         --deadline "${DROPIN_DEADLINE:-450}" --per-test-timeout 120 --triton-cache /tmp/ft-triton \
         --workers "${DROPIN_WORKERS:-6}" 2>&1 | tee "$OUT/dropin_full.log" | tail -n 20 ;;
+    e2e-profile)  # per-kernel time of one decode step per backend (PROFILE_ARGS)
+      timeout 400 python3 benchmarks/profile_e2e.py ${PROFILE_ARGS:---batch 1 --kv-len 1024} \
+        2>&1 | grep -v "^$" | tee "$OUT/profile_e2e.log" | tail -n 40 ;;
     e2e)
       timeout 500 python3 -m flashtune.cli e2e ${E2E_ARGS:---layers 4 --quick} \
         2>&1 | tee "$OUT/e2e.log" | tail -n 40 ;;
