@@ -228,6 +228,28 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def print_geomeans(
+    ops: list[str], ratios: dict[str, dict[str, list[float]]], excluded: dict[str, int]
+) -> dict[str, list[float]]:
+    """Print flashtune's geomean speedup per op and overall against each peer (ratios: op ->
+    peer -> peer latency / flashtune's, pairs timed alike; excluded: peer -> pairs timed
+    differently); returns peer -> every op's ratios."""
+    for op in ops:
+        shown = {
+            peer: f"{geomean(xs):.2f}x" if xs else "n/a (timing differs)"
+            for peer, xs in ratios[op].items()
+        }
+        print(f"  {op:12s} vs flashinfer {shown['flashinfer']}  vs torch {shown['torch']}")
+    overall = {peer: [x for op in ops for x in ratios[op][peer]] for peer in excluded}
+    for peer, xs in overall.items():
+        worst = f", slowest shape {min(xs):.2f}x" if xs else ""
+        print(
+            f"  overall vs {peer}: {geomean(xs):.2f}x over {len(xs)} shapes timed alike"
+            f" ({excluded[peer]} excluded: timing differs){worst}"
+        )
+    return overall
+
+
 def summarize_rows(commit: str, ops: list[str], scales: list[float]) -> None:
     """The geomean table of one commit's committed rows (benchmarks/results/sampling.jsonl),
     the grid measured in parts (one vocabulary group per GPU call): per shape the last row of
@@ -264,16 +286,7 @@ def summarize_rows(commit: str, ops: list[str], scales: list[float]) -> None:
             ratios[op][peer].append(theirs["latency_ms"] / ours["latency_ms"])
     shapes = sum(1 for (op, _), r in latest.items() if "flashtune" in r)
     print(f"commit {commit}: {shapes} shapes with a flashtune row")
-    for op in ops:
-        shown = {p: f"{geomean(xs):.2f}x" if xs else "n/a" for p, xs in ratios[op].items()}
-        print(f"  {op:12s} vs flashinfer {shown['flashinfer']}  vs torch {shown['torch']}")
-    for peer in ("flashinfer", "torch"):
-        xs = [x for op in ops for x in ratios[op][peer]]
-        worst = f", slowest shape {min(xs):.2f}x" if xs else ""
-        print(
-            f"  overall vs {peer}: {geomean(xs):.2f}x over {len(xs)} shapes timed alike"
-            f" ({excluded[peer]} excluded: timing differs){worst}"
-        )
+    print_geomeans(ops, ratios, excluded)
     if fractions:
         print(f"  flashtune reads {min(fractions):.1%} to {max(fractions):.1%} of the bandwidth")
     # Per vocabulary vs FlashInfer, then the latency table (us, flashtune / FlashInfer / torch).
@@ -405,27 +418,13 @@ def main() -> None:
                                 continue
                             ratios[op][peer].append(got[peer] / got["flashtune"])
     print("\ngeomean speedup of flashtune (default tactic):")
-    overall: dict[str, list[float]] = {"flashinfer": [], "torch": []}
-    for op in ops:
-        for peer in ("flashinfer", "torch"):
-            overall[peer] += ratios[op][peer]
-        shown = {
-            peer: f"{geomean(xs):.2f}x" if xs else "n/a (timing differs)"
-            for peer, xs in ratios[op].items()
-        }
-        print(f"  {op:12s} vs flashinfer {shown['flashinfer']}  vs torch {shown['torch']}")
-    for peer, xs in overall.items():
-        g = geomean(xs)
-        print(
-            f"  overall vs {peer}: {g:.2f}x over {len(xs)} shapes timed alike"
-            f" ({excluded[peer]} excluded: n/a, timing differs)"
-        )
+    for peer, xs in print_geomeans(ops, ratios, excluded).items():
         writer.write(
             "summary",
             {"ops": ops},
             f"flashtune_vs_{peer}",
             None,
-            geomean=g,
+            geomean=geomean(xs),
             n=len(xs),
             excluded_timing_differs=excluded[peer],
         )

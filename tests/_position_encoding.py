@@ -17,6 +17,14 @@ def offsets(lens: list[int]) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.int32)
 
 
+def ragged_qkv(qo_lens: list[int], kv_lens: list[int], device) -> tuple[torch.Tensor, ...]:
+    """Fresh fp16 q [sum(qo_lens), HQ, D] and k, v [sum(kv_lens), HKV, D]: a ragged batch."""
+    q = torch.randn(sum(qo_lens), HQ, D, dtype=torch.float16, device=device)
+    k = torch.randn(sum(kv_lens), HKV, D, dtype=torch.float16, device=device)
+    v = torch.randn(sum(kv_lens), HKV, D, dtype=torch.float16, device=device)
+    return q, k, v
+
+
 def compare(out, lse, ref_out, ref_lse) -> None:
     """Output within ATOL/RTOL; LSE -inf exactly where the reference's is, else close."""
     torch.testing.assert_close(out.float().cpu(), ref_out.float().cpu(), atol=ATOL, rtol=RTOL)

@@ -408,17 +408,18 @@ def run_file(
             rewritten.parent.mkdir()
             rewritten.write_text(rewrite_for_cpu(test_file.read_text()))
             test_file = rewritten
+        options = ["--full"] if per_file is None else ["--per-file", str(per_file)]
+        options += ["--collect-only"] if collect_only else []
+        options += ["-k", select] if select else []
+        options += ["--per-test-timeout", str(per_test_timeout)] if per_test_timeout else []
+        options += ["--cpu"] if cpu else []
         results = [Path(tmp) / f"result{k}.json" for k in range(workers)]
-        commands = []
-        for k, result in enumerate(results):
-            command = [sys.executable, __file__, "--child", str(test_file), "--result", str(result)]
-            command += ["--full"] if per_file is None else ["--per-file", str(per_file)]
-            command += ["--collect-only"] if collect_only else []
-            command += ["-k", select] if select else []
-            command += ["--per-test-timeout", str(per_test_timeout)] if per_test_timeout else []
-            command += ["--cpu"] if cpu else []
-            command += ["--shard", f"{k}/{workers}"] if workers > 1 else []
-            commands.append(command)
+        commands = [
+            [sys.executable, __file__, "--child", str(test_file), "--result", str(result)]
+            + options
+            + (["--shard", f"{k}/{workers}"] if workers > 1 else [])
+            for k, result in enumerate(results)
+        ]
         start = time.perf_counter()
         runs = _run_with_limit(
             commands, env, test_file.parent, timeout, per_test_timeout, results, deadline

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from _position_encoding import ATOL, GROUP, HKV, HQ, RTOL, D, compare, offsets
+from _position_encoding import ATOL, GROUP, HKV, HQ, RTOL, D, compare, offsets, ragged_qkv
 from flashtune.ops.attention.page import build_page_table
 from flashtune.ops.attention.prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
@@ -63,9 +63,7 @@ def test_reference_is_the_written_out_formula(soft_cap):
 @pytest.mark.parametrize("causal", [True, False])
 def test_ragged_alibi(device, causal, soft_cap):
     qo_lens, kv_lens = [3, 17], [30, 20]
-    q = torch.randn(sum(qo_lens), HQ, D, dtype=torch.float16, device=device)
-    k = torch.randn(sum(kv_lens), HKV, D, dtype=torch.float16, device=device)
-    v = torch.randn(sum(kv_lens), HKV, D, dtype=torch.float16, device=device)
+    q, k, v = ragged_qkv(qo_lens, kv_lens, device)
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
     w.plan(
         offsets(qo_lens), offsets(kv_lens), HQ, HKV, D, causal=causal,

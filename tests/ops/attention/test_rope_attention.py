@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from _position_encoding import ATOL, HKV, HQ, RTOL, D, compare, offsets
+from _position_encoding import ATOL, HKV, HQ, RTOL, D, compare, offsets, ragged_qkv
 from flashtune.ops.attention.decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     single_decode_with_kv_cache,
@@ -83,9 +83,7 @@ def test_paged_rope(device, causal, page_size):
 
 def test_ragged_and_single_rope(device):
     qo_lens, kv_lens = [3, 20], [30, 20]
-    q = torch.randn(sum(qo_lens), HQ, D, dtype=torch.float16, device=device)
-    k = torch.randn(sum(kv_lens), HKV, D, dtype=torch.float16, device=device)
-    v = torch.randn(sum(kv_lens), HKV, D, dtype=torch.float16, device=device)
+    q, k, v = ragged_qkv(qo_lens, kv_lens, device)
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
     w.plan(
         offsets(qo_lens), offsets(kv_lens), HQ, HKV, D, causal=True, pos_encoding_mode="ROPE_LLAMA"
