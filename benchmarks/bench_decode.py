@@ -3,7 +3,7 @@
     python benchmarks/bench_decode.py [--quick] [--only PART] [--skip PART ...]
 
 PART: grid, skewed, cascade, sweep, variants (issue 14: RoPE fused into decode and fp8 KV
-caches, see bench_variants). Rows go to benchmarks/results/decode.jsonl and cascade.jsonl
+caches, see bench_variants), variant-sweep (every tactic on those shapes). Rows go to benchmarks/results/decode.jsonl and cascade.jsonl
 (and $OUT). Every kernel is timed with flashtune.timing.measure (cold L2, CUDA graph of 20
 calls, median; plain events for a peer that cannot be captured). KV GB/s counts the K and V
 bytes read once; bw_frac divides by copy_bandwidth_gbs().
@@ -524,11 +524,69 @@ def bench_variants(fi, rows, bw):
         )
 
 
+def bench_variant_sweep(rows, bw):
+    """Every tactic of the decode kernel on the variants' shapes, for plain bf16, fused RoPE
+    and an fp8 (e4m3) cache: which tactic the defaults should pick per variant. Each tactic
+    is fixed through plan(launch=...), so nothing is autotuned; the default (no launch) is
+    timed in the same loop."""
+    from flashtune.ops.attention.decode_config import DecodeLaunch, DecodeTactic
+
+    kinds = [("plain", DT, {}), ("rope", DT, {"pos_encoding_mode": "ROPE_LLAMA"})]
+    kinds += [("fp8", torch.float8_e4m3fn, {"kv_data_type": torch.float8_e4m3fn})]
+    shapes = [(b, kv) for b in VARIANT_BATCHES for kv in (1024, 16384)]
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    for kind, kv_dtype, plan_kw in kinds:
+        run_kw = {"k_scale": K_SCALE, "v_scale": V_SCALE} if kind == "fp8" else {}
+        best_over_default, wins = [], {}
+        for b, kv in shapes:
+            if 2 * b * kv * HK * D * kv_dtype.itemsize > MAX_KV_BYTES:
+                continue
+            indptr, indices, last, _ = build_page_table([kv] * b, VARIANT_PAGE_SIZE, device="cuda")
+            table = (indptr, indices, last)
+            n_pages = int(indptr[-1])
+            cache = torch.randn(n_pages, 2, VARIANT_PAGE_SIZE, HK, D, dtype=DT, device="cuda")
+            cache = cache.to(kv_dtype)
+            q = torch.randn(b, HQ, D, dtype=DT, device="cuda")
+            nbytes = 2 * b * kv * HK * D * kv_dtype.itemsize
+            times = {}
+            for tactic in [None, *DecodeTactic.space(D)]:
+                launch = None if tactic is None else DecodeLaunch(tactic)
+                try:
+                    w = _ours(ws, table, VARIANT_PAGE_SIZE, launch=launch, **plan_kw)
+                    times[tactic] = _time(functools.partial(w.run, **run_kw), [q, cache])
+                except Exception as exc:  # a tactic that does not fit: left out
+                    print(f"  {kind} b={b} kv={kv} {tactic}: {type(exc).__name__}: {exc!s:.120}")
+            if None not in times:
+                continue
+            default = times.pop(None)
+            best = min(times, key=times.get)
+            best_over_default.append(times[best] / default)
+            wins[best] = wins.get(best, 0) + 1
+            gbs = nbytes / (times[best] * 1e-3) / 1e9
+            shape = dict(batch=b, kv_len=kv, page_size=VARIANT_PAGE_SIZE, hq=HQ, hk=HK, d=D)
+            shape.update(kind=kind, kv_dtype=str(kv_dtype).removeprefix("torch."))
+            for tactic, ms in times.items():
+                rows.write("decode_variant_sweep", shape, str(tactic), ms)
+            rows.write("decode_variant_sweep", shape, "default", default)
+            top = sorted(times, key=times.get)[:3]
+            cells = "  ".join(
+                f"{t.block_n}/{t.num_warps}/{t.num_stages} {times[t] * 1e3:.1f}" for t in top
+            )
+            print(
+                f"{kind} b={b} kv={kv}: default {default * 1e3:.1f} us, best {cells} us "
+                f"({gbs / bw:.0%} of bw)",
+                flush=True,
+            )
+        if best_over_default:
+            geo = math.exp(sum(map(math.log, best_over_default)) / len(best_over_default))
+            print(f"{kind}: best/default geomean {geo:.3f}; wins {wins}", flush=True)
+
+
 def main() -> None:
     global ws_fi
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    parts = ["grid", "skewed", "cascade", "sweep", "variants"]
+    parts = ["grid", "skewed", "cascade", "sweep", "variants", "variant-sweep"]
     ap.add_argument("--only", choices=parts, default=None)
     ap.add_argument("--skip", choices=parts, nargs="*", default=[])
     args = ap.parse_args()
@@ -545,6 +603,7 @@ def main() -> None:
         ("cascade", lambda: bench_cascade(ws, RowWriter("cascade"), bw, fi)),
         ("sweep", lambda: bench_sweep(ws, rows, bw)),
         ("variants", lambda: bench_variants(fi, rows, bw)),
+        ("variant-sweep", lambda: bench_variant_sweep(rows, bw)),
     ):
         if (args.only and args.only != part) or part in args.skip:
             continue

@@ -21,9 +21,11 @@ export PYTHONPATH=$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}
 # shellcheck disable=SC1091
 source .peer/flashinfer-from-sdist.sh .peer/flashinfer_python-0.2.14.post1.tar.gz >>"$OUT/setup.log" 2>&1
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws TRITON_CACHE_DIR=/tmp/ft-triton
-# Compiled kernels of an earlier call (stage save-jit below) skip FlashInfer's JIT (~15 s a kernel)
+# Compiled kernels of an earlier call (stage save-jit below; copy its files into .peer/) skip FlashInfer's JIT (~15 s a kernel)
 # and Triton's compiles: ninja and Triton both see their outputs up to date.
-if [ -f .peer/jit-cache.tgz ]; then tar xzf .peer/jit-cache.tgz -C /tmp && echo "restored jit cache" | tee -a "$OUT/setup.log"; fi
+for f in .peer/jit-fi.tgz .peer/jit-triton.tgz; do
+  if [ -f "$f" ]; then tar xzf "$f" -C /tmp && echo "restored $f" | tee -a "$OUT/setup.log"; fi
+done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/setup.log"
 python3 -c "import torch, triton, pydantic, flashtune; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$OUT/setup.log"
 
@@ -50,6 +52,8 @@ for stage in "$@"; do
     prefill-grid) timeout 240 python3 benchmarks/bench_prefill.py --no-tune 2>&1 | tee "$OUT/prefill.log" | tail -n 40 ;;
     decode-variants)  # issue 14: fused RoPE overhead, fp8-KV decode vs FlashInfer (default and tuned)
       timeout 500 python3 benchmarks/bench_decode.py --only variants 2>&1 | tee "$OUT/variants.log" | tail -n 45 ;;
+    variant-sweep)  # every decode tactic for plain, RoPE and fp8 decode: what the defaults should be
+      timeout 330 python3 benchmarks/bench_decode.py --only variant-sweep 2>&1 | tee "$OUT/variant_sweep.log" | tail -n 30 ;;
     decode-extra) timeout 120 python3 benchmarks/bench_decode.py --only skewed 2>&1 | tee -a "$OUT/decode.log" | tail -n 3
       timeout 120 python3 benchmarks/bench_decode.py --only cascade 2>&1 | tee -a "$OUT/decode.log" | tail -n 3 ;;
     bundled)
@@ -90,7 +94,9 @@ for stage in "$@"; do
       timeout 500 python3 -m flashtune.cli e2e ${E2E_ARGS:---layers 4 --quick} \
         2>&1 | tee "$OUT/e2e.log" | tail -n 40 ;;
     save-jit)  # compiled FlashInfer and Triton kernels back to $OUT, for .peer/jit-cache.tgz next time
-      tar czf "$OUT/jit-cache.tgz" -C /tmp fi-ws ft-triton 2>/dev/null; ls -la "$OUT/jit-cache.tgz" ;;
+      # Two archives: one file may bring back at most 16 MiB.
+      tar czf "$OUT/jit-fi.tgz" -C /tmp fi-ws 2>/dev/null; tar czf "$OUT/jit-triton.tgz" -C /tmp ft-triton
+      ls -la "$OUT"/jit-*.tgz ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== stage $stage took $(( $(date +%s) - start )) s"

@@ -165,3 +165,41 @@ def test_fp8_gpu_sizes(kv_dtype, page_size):
         qp, k, v, qo_indptr, indptr, indices, last, 0.7 / math.sqrt(d), causal=True
     )
     _check(out, lse, ref_out.float() * 1.3, ref_lse, torch.bfloat16)
+
+
+def test_autotuner_keys_decode_by_cache_dtype_and_variant(device, monkeypatch):
+    """A tactic tuned on an fp8 cache (or with fused RoPE) is never reused for a bf16 cache
+    (or plain decode) of the same shapes: the dtypes and the variant are in the tuner's key."""
+    from flashtune.ops.attention import decode_run
+    from flashtune.tune import AutoTuner
+
+    calls = []
+    real = decode_run.choose_one
+
+    def spy(op_name, runners, config, inputs):
+        calls.append((op_name, AutoTuner.profile_of(inputs, config)))
+        return real(op_name, runners, config, inputs)
+
+    monkeypatch.setattr(decode_run, "choose_one", spy)
+    indptr, indices, last, num_pages = build_page_table([40, 7], 4)
+    q = torch.randn(2, HQ, D, dtype=torch.float16, device=device)
+    base = torch.randn(num_pages, 2, 4, HKV, D, dtype=torch.float16, device=device)
+    for kv_dtype, mode in [
+        (torch.float16, "NONE"),
+        (torch.float8_e4m3fn, "NONE"),
+        (torch.float16, "ROPE_LLAMA"),
+    ]:
+        w = BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(1 << 22, dtype=torch.uint8, device=device)
+        )
+        w.plan(
+            indptr, indices, last, HQ, HKV, D, 4,
+            q_data_type=torch.float16, kv_data_type=kv_dtype, pos_encoding_mode=mode,
+        )  # fmt: skip
+        w.run(q, base.to(kv_dtype))
+    assert [name for name, _ in calls] == [
+        "attention.paged_decode",
+        "attention.paged_decode",
+        "attention.paged_decode+rope",
+    ]
+    assert calls[0][1] != calls[1][1]  # same shapes, different cache dtype

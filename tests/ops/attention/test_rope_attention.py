@@ -127,12 +127,13 @@ def test_unsupported_modes_raise(device):
         w.plan(offsets([2]), offsets([3]), HQ, HKV, D, pos_encoding_mode="ROPE_LLAMA", rope_theta=0)
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_decode_rope(device, page_size):
+# head_dim D (a power of two) takes the kernel's half-by-half rotation, 48 its general one.
+@pytest.mark.parametrize("page_size,head_dim", [(1, D), (16, D), (16, 48)])
+def test_decode_rope(device, page_size, head_dim):
     kv_lens = [1, 37, 300, 0, 64]
     indptr, indices, last, num_pages = build_page_table(kv_lens, page_size)
-    cache = torch.randn(num_pages, 2, page_size, HKV, D, dtype=torch.float16, device=device)
-    q = torch.randn(len(kv_lens), HQ, D, dtype=torch.float16, device=device)
+    cache = torch.randn(num_pages, 2, page_size, HKV, head_dim, dtype=torch.float16, device=device)
+    q = torch.randn(len(kv_lens), HQ, head_dim, dtype=torch.float16, device=device)
     w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 22, dtype=torch.uint8, device=device))
     w.plan(
         indptr,
@@ -140,7 +141,7 @@ def test_decode_rope(device, page_size):
         last,
         HQ,
         HKV,
-        D,
+        head_dim,
         page_size,
         pos_encoding_mode="ROPE_LLAMA",
         rope_scale=2.0,

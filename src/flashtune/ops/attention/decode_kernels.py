@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashtune.ops.attention.rotary import load_rotated
+from flashtune.ops.attention.rotary import load_rotated, rope_frequencies, rotate_halves
 from flashtune.ops.attention.tile_dtype import as_q_dtype
 
 __all__ = ["LOG2E", "decode_item", "paged_attn_kernel"]
@@ -82,7 +82,25 @@ def decode_item(
     row_ok = p < qo_len * GROUP
     tok = (qo_start + qi).to(tl.int64)
     q_pos = kv_len - qo_len + qi
-    if ROPE:
+    # RoPE on a power-of-two head_dim works on the halves of q and K ([R, D/2] each): every
+    # angle is computed once and every K element loaded once (rotary.rotate_halves); the
+    # score is the sum of the two halves' dots.
+    HALVES: tl.constexpr = ROPE and HEAD_DIM == BLOCK_D
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_h = tl.arange(0, BLOCK_D // 2)  # = HALF where HALVES
+    if HALVES:
+        freq = rope_frequencies(offs_h, rope_rcp_scale, rope_log2_theta, HEAD_DIM)
+        q_rows = q_ptr + tok * stride_qt + head * stride_qh
+        q1, q2 = rotate_halves(
+            tl.load(q_rows[:, None] + offs_h[None, :], mask=row_ok[:, None], other=0.0),
+            tl.load(q_rows[:, None] + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0),
+            q_pos,
+            freq,
+        )
+        q1 = q1.to(q_ptr.dtype.element_ty)
+        q2 = q2.to(q_ptr.dtype.element_ty)
+        q = q1  # its dtype is read below
+    elif ROPE:
         q = load_rotated(
             q_ptr + tok * stride_qt + head * stride_qh,
             offs_d,
@@ -119,17 +137,33 @@ def decode_item(
         )
         in_page = t % PAGE_SIZE
         kv_mask = t_ok[:, None] & d_ok[None, :]
-        if ROPE:
-            k_rows = k_base + page * stride_kp + in_page * stride_kt
-            k = load_rotated(k_rows, offs_d, kv_mask, t, rope_rcp_scale, rope_log2_theta, HEAD_DIM)
-        else:
-            k = tl.load(
-                k_base + page[:, None] * stride_kp + in_page[:, None] * stride_kt + offs_d[None, :],
-                mask=kv_mask,
-                other=0.0,
+        if HALVES:
+            k_rows = (k_base + page * stride_kp + in_page * stride_kt)[:, None] + offs_h[None, :]
+            k1, k2 = rotate_halves(
+                tl.load(k_rows, mask=t_ok[:, None], other=0.0),
+                tl.load(k_rows + HALF, mask=t_ok[:, None], other=0.0),
+                t,
+                freq,
             )
-        # An fp8 cache's tiles become q's dtype here (a no-op when the cache has it).
-        s = tl.dot(q, tl.trans(as_q_dtype(k, q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
+            s = tl.dot(q1, tl.trans(k1.to(q.dtype)))
+            s = tl.dot(q2, tl.trans(k2.to(q.dtype)), s)  # [BLOCK_M, BLOCK_N] fp32
+        else:
+            if ROPE:
+                k_rows = k_base + page * stride_kp + in_page * stride_kt
+                k = load_rotated(
+                    k_rows, offs_d, kv_mask, t, rope_rcp_scale, rope_log2_theta, HEAD_DIM
+                )
+            else:
+                k = tl.load(
+                    k_base
+                    + page[:, None] * stride_kp
+                    + in_page[:, None] * stride_kt
+                    + offs_d[None, :],
+                    mask=kv_mask,
+                    other=0.0,
+                )
+            # An fp8 cache's tiles become q's dtype here (a no-op when the cache has it).
+            s = tl.dot(q, tl.trans(as_q_dtype(k, q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
         if SOFT_CAP:
             s = soft_cap * _tanh(s * qk_scale)
         else:

@@ -20,7 +20,7 @@ from flashtune.ops.attention.reference import paged_attention_ref
 from flashtune.ops.attention.rotary import rope_arguments
 from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
 
-__all__ = ["run_plan", "launch_kernels", "PagedAttentionRunner", "RUNNERS", "TUNING"]
+__all__ = ["run_plan", "launch_kernels", "tuning_name", "PagedAttentionRunner", "RUNNERS", "TUNING"]
 
 
 def run_plan(
@@ -50,7 +50,7 @@ def run_plan(
         if plan.launch is not None and plan.launch.tactic is not None:
             runner, tactic = RUNNERS[0], plan.launch.tactic  # fixed by the caller
         else:
-            runner, tactic = choose_one("attention.paged_decode", RUNNERS, TUNING, inputs)
+            runner, tactic = choose_one(tuning_name(plan), RUNNERS, TUNING, inputs)
         if logit_scale != 1.0:
             plan = _scaled(plan, logit_scale)
             inputs[3] = plan
@@ -155,6 +155,23 @@ def launch_kernels(
         )
 
 
+def tuning_name(plan: DevicePlan) -> str:
+    """The autotuner's op name for `plan`: the kernel variant is part of it, since a tactic
+    tuned for plain decode is not the best for fused RoPE or soft-capping (the dtypes of q and
+    the cache are keyed by TUNING.key_dtypes)."""
+    variant = "".join(
+        f"+{name}"
+        for name, on in (
+            ("rope", plan.rope is not None),
+            ("softcap", bool(plan.logits_soft_cap)),
+            ("window", plan.mask_window),
+            ("causal", plan.causal),
+        )
+        if on
+    )
+    return "attention.paged_decode" + variant
+
+
 class PagedAttentionRunner(TunableRunner):
     """The split-KV Triton kernel; inputs are (q, k, v, plan, out, lse) with a `DevicePlan`."""
 
@@ -173,4 +190,6 @@ class PagedAttentionRunner(TunableRunner):
 
 
 RUNNERS: tuple[TunableRunner, ...] = (PagedAttentionRunner(),)
-TUNING = TuningConfig(cold_l2=True, use_cuda_graph=True)
+# key_dtypes: an fp8 cache's best tactic is not bf16's at the same shapes (H100: 1.06x
+# FlashInfer tuned vs 0.88x with bf16's default, bench_decode.py --only variants).
+TUNING = TuningConfig(cold_l2=True, use_cuda_graph=True, key_dtypes=True)

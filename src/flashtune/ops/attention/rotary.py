@@ -18,7 +18,14 @@ from triton.language.extra import libdevice
 
 from flashtune import platform
 
-__all__ = ["load_rotated", "rope_arguments", "rope_for", "DEFAULT_ROPE_THETA"]
+__all__ = [
+    "load_rotated",
+    "rope_frequencies",
+    "rotate_halves",
+    "rope_arguments",
+    "rope_for",
+    "DEFAULT_ROPE_THETA",
+]
 
 DEFAULT_ROPE_THETA = 1e4
 
@@ -66,6 +73,37 @@ def rope_for(
 
 
 @triton.jit
+def _cos_sin(angle):
+    if _FAST_TRIG:
+        turns = tl.floor(angle * _INV_TWO_PI + 0.5)
+        reduced = (angle - turns * _TWO_PI_HI) - turns * _TWO_PI_LO
+        return libdevice.fast_cosf(reduced), libdevice.fast_sinf(reduced)
+    else:
+        return tl.cos(angle), tl.sin(angle)
+
+
+@triton.jit
+def rope_frequencies(pair, rope_rcp_scale, rope_log2_theta, HEAD_DIM: tl.constexpr):
+    """The rotation frequency of each pair index in `pair` (fp32)."""
+    return rope_rcp_scale * tl.exp2(-(2.0 * pair.to(tl.float32) / HEAD_DIM) * rope_log2_theta)
+
+
+@triton.jit
+def rotate_halves(x1, x2, pos, freq):
+    """The two halves of rows rotated at their positions: x1 = columns [0, D/2), x2 = columns
+    [D/2, D) ([R, D/2] each), freq from `rope_frequencies` ([D/2]), pos [R]. In fp32.
+
+    Each (pair, row) angle is computed once, where `load_rotated` computes it for both columns
+    of the pair: half the sin/cos (SFU work, the cost of fused RoPE in decode) and one load of
+    each K element instead of two."""
+    angle = pos.to(tl.float32)[:, None] * freq[None, :]
+    cos, sin = _cos_sin(angle)
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    return a * cos - b * sin, b * cos + a * sin
+
+
+@triton.jit
 def load_rotated(
     row_ptrs,  # [R] pointers to the first element of each row (head_dim contiguous)
     offs_d,  # [BLOCK_D] column offsets (columns >= HEAD_DIM must be masked off)
@@ -76,20 +114,15 @@ def load_rotated(
     HEAD_DIM: tl.constexpr,
 ):
     """Rows x [R, BLOCK_D] rotated at their positions, in fp32: the caller rounds to q's
-    dtype (an fp8 K is rotated from its fp8 values and rounded to q's dtype, not to fp8)."""
+    dtype (an fp8 K is rotated from its fp8 values and rounded to q's dtype, not to fp8).
+    Any HEAD_DIM <= BLOCK_D; `rotate_halves` is the cheaper form where HEAD_DIM == BLOCK_D."""
     HALF: tl.constexpr = HEAD_DIM // 2
     x = tl.load(row_ptrs[:, None] + offs_d[None, :], mask=mask, other=0.0)
     partner = (offs_d + HALF) % HEAD_DIM
     xp = tl.load(row_ptrs[:, None] + partner[None, :], mask=mask, other=0.0)
-    pair = (offs_d % HALF).to(tl.float32)
-    freq = rope_rcp_scale * tl.exp2(-(2.0 * pair / HEAD_DIM) * rope_log2_theta)
+    freq = rope_frequencies(offs_d % HALF, rope_rcp_scale, rope_log2_theta, HEAD_DIM)
     angle = pos.to(tl.float32)[:, None] * freq[None, :]
     sign = tl.where(offs_d < HALF, -1.0, 1.0)
-    if _FAST_TRIG:
-        turns = tl.floor(angle * _INV_TWO_PI + 0.5)
-        reduced = (angle - turns * _TWO_PI_HI) - turns * _TWO_PI_LO
-        cos, sin = libdevice.fast_cosf(reduced), libdevice.fast_sinf(reduced)
-    else:
-        cos, sin = tl.cos(angle), tl.sin(angle)
+    cos, sin = _cos_sin(angle)
     out = x.to(tl.float32) * cos + sign[None, :] * xp.to(tl.float32) * sin
     return out
