@@ -14,6 +14,8 @@ from flashtune.ops.attention.decode_config import (
     INTERPRETER_SM_COUNT,
     DecodeLaunch,
     DecodeTactic,
+    default_tactic,
+    latency_regime,
     launch_shape,
     plan_sm_count,
 )
@@ -73,3 +75,33 @@ def test_a_fixed_tactic_reaches_the_kernel(monkeypatch):
     cache = torch.randn(num_pages, 2, 16, 2, 64, dtype=torch.float16)
     w.run(q, cache)
     assert seen == [tactic]
+
+
+def test_the_default_tactic_follows_the_kernel_variant(monkeypatch):
+    """Without a fixed launch or a tuned pick, each run uses its plan's default tactic, chosen
+    for the variant: fp8 caches and fused RoPE get their own (H100 sweeps, decode_config)."""
+    seen = []
+    monkeypatch.setattr(decode_run, "launch_kernels", lambda *args: seen.append(args[-1]))
+    indptr, indices, last, num_pages = build_page_table([40, 7], 16, shuffle=False)
+    q = torch.randn(2, 4, 64, dtype=torch.float16)
+    cache = torch.randn(num_pages, 2, 16, 2, 64, dtype=torch.float16)
+    plain = default_tactic(64, 16, 16)
+    for kw, kv_dtype, expected in [
+        ({}, torch.float16, plain),
+        ({}, torch.float8_e4m3fn, default_tactic(64, 16, 16, kv_itemsize=1)),
+        # 2 requests x 2 KV heads on the interpreter's 2 SMs: not the latency regime.
+        ({"pos_encoding_mode": "ROPE_LLAMA"}, torch.float16, default_tactic(64, 16, 16, rope=True)),
+    ]:
+        w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(2**20, dtype=torch.uint8), "NHD")
+        w.plan(
+            indptr, indices, last, 4, 2, 64, 16,
+            q_data_type=torch.float16, kv_data_type=kv_dtype, **kw,
+        )  # fmt: skip
+        assert w._planner.plan is not None and w._planner.plan.default_tactic == expected
+        w.run(q, cache.to(kv_dtype))
+        assert seen[-1] == expected
+    assert default_tactic(64, 16, 16, kv_itemsize=1) != plain
+    assert default_tactic(64, 16, 16, rope=True) != plain
+    # Few requests for the SMs: RoPE keeps the plain tiles (short chunks).
+    assert default_tactic(64, 16, 16, rope=True, latency=True) == plain
+    assert latency_regime(1, 8, 132) and not latency_regime(16, 8, 132)

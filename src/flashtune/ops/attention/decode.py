@@ -346,9 +346,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WrapperAliases):
             disable_split_kv=disable_split_kv,
             fixed_split_size=fixed_split_size,
             launch=launch,
+            rope=rope,
         )
         assert self._planner.plan is not None
-        self._planner.plan.rope = rope
         if self._use_cuda_graph:
             # Keep the caller-visible buffers in sync, as FlashInfer's graph mode does.
             indptr_buf, last_buf = self._indptr_buf, self._last_buf

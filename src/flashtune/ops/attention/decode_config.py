@@ -19,6 +19,7 @@ __all__ = [
     "DecodeTactic",
     "TACTICS",
     "default_tactic",
+    "latency_regime",
     "DecodeLaunch",
     "DEFAULT_LAUNCH",
     "INTERPRETER_SM_COUNT",
@@ -51,12 +52,33 @@ TACTICS: tuple[DecodeTactic, ...] = tuple(
 )
 
 
-def default_tactic(head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
-    """The tactic used when the tuner has nothing better (tactic -1)."""
+def default_tactic(
+    head_dim: int,
+    page_size: int,
+    block_m: int,
+    *,
+    kv_itemsize: int = 2,
+    rope: bool = False,
+    latency: bool = False,
+) -> DecodeTactic:
+    """The tactic used when the tuner has nothing better (tactic -1).
+
+    kv_itemsize: bytes per cache element (1: fp8); rope: fused ROPE_LLAMA; latency: the
+    plan spreads few requests over all SMs (`latency_regime`)."""
     # Wide tiles amortize the per-block softmax work; d256 halves them to stay in registers.
     block_n = 64 if head_dim <= 128 else 32
     if block_m >= 64:
         return DecodeTactic(block_n=32 if head_dim <= 128 else 16, num_warps=4, num_stages=3)
+    if kv_itemsize == 1 and page_size > 1 and head_dim <= 128:
+        # fp8 tiles are half the shared memory: a third stage fits, and short tiles keep
+        # more loads in flight while the conversions run (H100, 32/8 heads, page 16, b1-256 x
+        # KV 1k-16k: 0.875x the latency of 64/4/2, geomean of 8 shapes, worst 1.04x).
+        return DecodeTactic(block_n=32, num_warps=4, num_stages=3)
+    if rope and not latency and head_dim <= 128:
+        # The rotation's sin/cos per K element: 128-row tiles amortize the rest of the block
+        # (H100, page 16, b16-256: 0.82-0.87x the latency of 64 rows). With few requests
+        # (latency regime) the chunks are short and 64 rows stay better (b1: 8.8 vs 10.8 us).
+        return DecodeTactic(block_n=128, num_warps=4, num_stages=2)
     if page_size == 1 and head_dim <= 128:
         # One page per token: 128 gathered rows per block keep more bytes in flight
         # (H200, 32/8 heads, b64 KV 2k: 131 us vs 162 us with 64 rows).
@@ -65,6 +87,12 @@ def default_tactic(head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
     # and the smaller shared-memory footprint fits 4 CTAs per SM instead of 3 (H200 sweep,
     # page size 16, b16-256 x KV 512-32k: 2-21% faster than 3 stages).
     return DecodeTactic(block_n=block_n, num_warps=4, num_stages=2)
+
+
+def latency_regime(batch: int, num_kv_heads: int, sm_count: int) -> bool:
+    """Few (request, KV head) pairs for the SMs: a CTA's chain of dependent block loads, not
+    bandwidth, sets the time, and requests are split into short chunks (`min_chunk`)."""
+    return batch * num_kv_heads * 4 <= sm_count
 
 
 @dataclass(frozen=True)
@@ -81,10 +109,13 @@ class DecodeLaunch:
     max_ctas_per_sm: int = 4
     sm_count: int | None = None
 
-    def tactic_for(self, head_dim: int, page_size: int, block_m: int) -> DecodeTactic:
-        return (
-            self.tactic if self.tactic is not None else default_tactic(head_dim, page_size, block_m)
-        )
+    def tactic_for(
+        self, head_dim: int, page_size: int, block_m: int, **variant: Any
+    ) -> DecodeTactic:
+        """The fixed tactic, else `default_tactic` (variant: its keyword arguments)."""
+        if self.tactic is not None:
+            return self.tactic
+        return default_tactic(head_dim, page_size, block_m, **variant)
 
 
 DEFAULT_LAUNCH = DecodeLaunch()
@@ -106,7 +137,12 @@ def plan_sm_count(limits: DeviceLimits, launch: DecodeLaunch | None = None) -> i
 
 
 def ctas_per_sm(
-    tactic: DecodeTactic, head_dim: int, block_m: int, smem_per_sm: int, max_ctas: int
+    tactic: DecodeTactic,
+    head_dim: int,
+    block_m: int,
+    smem_per_sm: int,
+    max_ctas: int,
+    kv_itemsize: int = 2,
 ) -> int:
     """Persistent CTAs per SM: as many as fit in `smem_per_sm` bytes, at most `max_ctas`.
 
@@ -117,7 +153,7 @@ def ctas_per_sm(
     # Buffered K and V tiles (stages - 1 copies of each), the Q tile twice (staging and
     # layout conversion) and the P tile, bf16: within 10% of what Triton 3.6 allocates
     # (checked on sm_90 for d 64-256, BLOCK_N 32-128, BLOCK_M 16-64, 2-4 stages).
-    kv_tile = 2 * tactic.block_n * d * 2
+    kv_tile = 2 * tactic.block_n * d * kv_itemsize  # fp8 tiles are staged as fp8
     smem = max(tactic.num_stages - 1, 1) * kv_tile + 2 * block_m * d * 2
     smem += block_m * tactic.block_n * 2 + 1024  # + page-id buffers and alignment slack
     return max(1, min(max_ctas, smem_per_sm // smem))
@@ -125,9 +161,8 @@ def ctas_per_sm(
 
 def min_chunk(batch: int, num_kv_heads: int, sm_count: int) -> int:
     """The shortest KV chunk a request is split into (tokens)."""
-    # Latency regime (batch 1-4 at 8 KV heads): a CTA's chain of dependent block loads,
-    # not bandwidth, sets the time, so short chunks spread one request over all SMs.
-    if batch * num_kv_heads * 4 <= sm_count:
+    # Latency regime (batch 1-4 at 8 KV heads): short chunks spread one request over all SMs.
+    if latency_regime(batch, num_kv_heads, sm_count):
         return 64
     # 256: the merge re-reads a 2 KB partial per chunk and head group; below 256 tokens
     # (128 KB of KV per head) that traffic and the extra items cost more than they balance.
@@ -156,19 +191,23 @@ def launch_shape(
     block_m: int,
     num_kv_heads: int,
     launch: DecodeLaunch | None = None,
+    **variant: Any,
 ) -> tuple[int, int]:
     """(CTAs of the persistent grid per KV head, KV chunk alignment) of the launch's tactic,
     memoized: they depend only on the arguments, and take ~3 us to derive.
 
     smem_per_sm: the shared memory the CTAs resident on one SM may use; the planners pass
     `DeviceLimits.shared_memory_per_block` (227 KB on H100/H200, the budget this policy was
-    measured with)."""
-    key = (sm_count, smem_per_sm, head_dim, page_size, block_m, num_kv_heads, launch)
+    measured with). variant: `default_tactic`'s keyword arguments (kv_itemsize, rope,
+    latency)."""
+    key: tuple[Any, ...] = (sm_count, smem_per_sm, head_dim, page_size, block_m, num_kv_heads)
+    key += (launch, *sorted(variant.items()))
     shape = _LAUNCH_SHAPES.get(key)
     if shape is None:
         how = launch if launch is not None else DEFAULT_LAUNCH
-        tactic = how.tactic_for(head_dim, page_size, block_m)
-        per_sm = ctas_per_sm(tactic, head_dim, block_m, smem_per_sm, how.max_ctas_per_sm)
+        tactic = how.tactic_for(head_dim, page_size, block_m, **variant)
+        itemsize = variant.get("kv_itemsize", 2)
+        per_sm = ctas_per_sm(tactic, head_dim, block_m, smem_per_sm, how.max_ctas_per_sm, itemsize)
         num_ctas = max(1, (sm_count * per_sm) // num_kv_heads)
         shape = _LAUNCH_SHAPES[key] = (num_ctas, max(tactic.block_n, 16))
     return shape

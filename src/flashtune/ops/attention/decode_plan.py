@@ -20,9 +20,12 @@ import torch
 
 from flashtune import env, platform
 from flashtune.ops.attention.decode_config import (
+    DEFAULT_LAUNCH,
     WORK_COST,
     DecodeLaunch,
+    DecodeTactic,
     block_m_for,
+    latency_regime,
     launch_shape,
     min_chunk,
     plan_sm_count,
@@ -80,6 +83,8 @@ class DevicePlan:
     last_host: np.ndarray  # [B] int64
     launch: DecodeLaunch | None = None  # the caller's fixed launch (tactic), if any
     rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
+    # Tactic -1 of this plan (decode_config.default_tactic of its variant): what sized it.
+    default_tactic: DecodeTactic | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +272,7 @@ class Planner:
         disable_split_kv: bool,
         fixed_split_size: int | None,
         launch: DecodeLaunch | None = None,
+        rope: tuple[float, float] | None = None,
     ) -> DevicePlan:
         for name, val in (
             ("num_qo_heads", num_qo_heads),
@@ -315,6 +321,12 @@ class Planner:
             kv_starts = np.maximum(kv_lens - 1 - window_left, 0)
         limits = platform.device_limits(self.device)
         sm_count = plan_sm_count(limits, launch)
+        # The kernel variant picks the default tactic, which sizes the grid and the chunks.
+        variant = dict(
+            kv_itemsize=kv_dtype.itemsize,
+            rope=rope is not None,
+            latency=latency_regime(batch, num_kv_heads, sm_count),
+        )
         num_ctas, align = launch_shape(
             sm_count,
             limits.shared_memory_per_block,
@@ -323,7 +335,9 @@ class Planner:
             block_m,
             num_kv_heads,
             launch,
+            **variant,
         )
+        tactic = (launch or DEFAULT_LAUNCH).tactic_for(head_dim, page_size, block_m, **variant)
 
         ws_bytes = self.workspace.numel() * self.workspace.element_size()
         if self.use_cuda_graph:
@@ -455,6 +469,8 @@ class Planner:
             indptr_host=ip,
             last_host=lp,
             launch=launch,
+            rope=rope,
+            default_tactic=tactic,
         )
         self.plan = plan
         return plan

@@ -184,7 +184,9 @@ class PagedAttentionRunner(TunableRunner):
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         q, k, v, dplan, out, lse = inputs
         if not isinstance(tactic, DecodeTactic):
-            tactic = default_tactic(dplan.head_dim, dplan.page_size, dplan.block_m)
+            tactic = dplan.default_tactic or default_tactic(
+                dplan.head_dim, dplan.page_size, dplan.block_m
+            )
         launch_kernels(dplan, q, k, v, out, lse, tactic)
         return out
 
