@@ -15,6 +15,9 @@ On CPU the profiler records CPU ops instead: a check of the code path, not a mea
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -63,6 +66,7 @@ def profile_step(options: E2EOptions, batch: int, kv_len: int, steps: int, top: 
             torch.cuda.synchronize()
             replay = f", graph replay {start.elapsed_time(end) / 20:.3f} ms"
         setup = time.perf_counter() - started
+        host = _host_times(graph, tokens, step, on_gpu)
         activities = [ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
         with profile(activities=activities) as prof:
             for _ in range(steps):
@@ -73,9 +77,42 @@ def profile_step(options: E2EOptions, batch: int, kv_len: int, steps: int, top: 
         timed = (lambda e: e.device_time_total) if on_gpu else (lambda e: e.self_cpu_time_total)
         total = sum(timed(e) for e in events) / steps / 1e3
         print(f"## {name}: setup {setup:.1f} s{replay}; eager step kernels {total:.3f} ms")
+        print(f"  host: {host}")
         for e in sorted(events, key=lambda e: -timed(e))[:top]:
             print(f"  {timed(e) / steps / 1e3:8.3f} ms  x{e.count // steps:3d}  {e.key[:100]}")
         sys.stdout.flush()
+
+
+def _host_times(graph, tokens, step, on_gpu: bool, n: int = 20) -> str:
+    """The host side of a step, which `flashtune e2e`'s latency_ms adds to the replay: the
+    attention plan alone, and the whole step (plan, input copies, replay) with the device
+    idle before each (medians of n, perf_counter)."""
+
+    def median_ms(fn) -> float:
+        times = []
+        for _ in range(n):
+            if on_gpu:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if on_gpu:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return sorted(times)[n // 2]
+
+    plan = median_ms(lambda: graph.attention.plan(step))
+    whole = median_ms(lambda: graph.step(tokens, step))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        graph.attention.plan(step)
+    prof.disable()
+    report = io.StringIO()
+    pstats.Stats(prof, stream=report).sort_stats("cumulative").print_stats(12)
+    lines = [ln for ln in report.getvalue().splitlines() if ln.strip()][-13:]
+    return f"plan {plan:.3f} ms, whole step {whole:.3f} ms; plan profile (x{n}):\n" + "\n".join(
+        "    " + ln for ln in lines
+    )
 
 
 def main() -> None:

@@ -23,9 +23,12 @@ source .peer/flashinfer-from-sdist.sh .peer/flashinfer_python-0.2.14.post1.tar.g
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws TRITON_CACHE_DIR=/tmp/ft-triton
 # Compiled kernels of an earlier call (stage save-jit below; copy its files into .peer/) skip FlashInfer's JIT (~15 s a kernel)
 # and Triton's compiles: ninja and Triton both see their outputs up to date.
-for f in .peer/jit-fi.tgz .peer/jit-triton.tgz; do
-  if [ -f "$f" ]; then tar xzf "$f" -C /tmp && echo "restored $f" | tee -a "$OUT/setup.log"; fi
-done
+if compgen -G ".peer/jit-fi.tgz.*" >/dev/null; then
+  cat .peer/jit-fi.tgz.* | tar xzf - -C /tmp && echo "restored FlashInfer's JIT builds" | tee -a "$OUT/setup.log"
+fi
+if [ -f .peer/jit-triton.tgz ]; then
+  tar xzf .peer/jit-triton.tgz -C /tmp && echo "restored Triton's cache" | tee -a "$OUT/setup.log"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/setup.log"
 python3 -c "import torch, triton, pydantic, flashtune; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$OUT/setup.log"
 
@@ -95,8 +98,10 @@ for stage in "$@"; do
         2>&1 | tee "$OUT/e2e.log" | tail -n 40 ;;
     save-jit)  # compiled FlashInfer and Triton kernels back to $OUT, for .peer/jit-cache.tgz next time
       # Two archives: one file may bring back at most 16 MiB.
-      tar czf "$OUT/jit-fi.tgz" -C /tmp fi-ws 2>/dev/null; tar czf "$OUT/jit-triton.tgz" -C /tmp ft-triton
-      ls -la "$OUT"/jit-*.tgz ;;
+      # FlashInfer's builds pass 16 MiB: split in parts (jit-fi.tgz.aa, .ab, ...).
+      tar czf - -C /tmp fi-ws 2>/dev/null | split -b 15m - "$OUT/jit-fi.tgz."
+      tar czf "$OUT/jit-triton.tgz" -C /tmp ft-triton
+      ls -la "$OUT"/jit-* ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== stage $stage took $(( $(date +%s) - start )) s"
