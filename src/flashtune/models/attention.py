@@ -227,6 +227,18 @@ def _workspace(device: torch.device) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
+def _host_table(batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kv_indptr, kv_indices, kv_last_page_len) on the host where the batch carries them,
+    else its device tensors."""
+    if (
+        batch.kv_indptr_host is None
+        or batch.kv_indices_host is None
+        or batch.kv_last_page_len_host is None
+    ):
+        return batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len
+    return batch.kv_indptr_host, batch.kv_indices_host, batch.kv_last_page_len_host
+
+
 class WrapperDecodeAttention(PagedAttention):
     """`lib.BatchDecodeWithPagedKVCacheWrapper` (lib: flashtune.ops.attention or flashinfer),
     planned per step; K/V appended with `lib.append_paged_kv_cache`."""
@@ -264,23 +276,25 @@ class WrapperDecodeAttention(PagedAttention):
         )
 
     def plan(self, batch: StepBatch) -> None:
+        # plan() gets the page table as serving engines hand it over, on the host when the
+        # batch has it there (no device-to-host sync in plan); in graph mode the wrapper
+        # copies it into the buffers the graph reads, which append_kv reads too.
+        indptr, indices, last = _host_table(batch)
         if self.graph is None:
             self._indptr, self._indices = batch.kv_indptr, batch.kv_indices
             self._last = batch.kv_last_page_len
             self._batch_indices, self._positions = batch.batch_indices, batch.positions
-            indices = self._indices
+            if indices is batch.kv_indices_host:
+                indices = self._indices  # a non-graph plan keeps its caller's device ids
         else:
             self._check_graph_batch(batch)
-            _static(self._indptr, batch.kv_indptr)
-            indices = _static(self._indices, batch.kv_indices)
-            _static(self._last, batch.kv_last_page_len)
             _static(self._batch_indices, batch.batch_indices)
             _static(self._positions, batch.positions)
         s = self.shape
         self._wrapper.plan(
-            self._indptr,
+            indptr,
             indices,
-            self._last,
+            last,
             s.num_qo_heads,
             s.num_kv_heads,
             s.head_dim,

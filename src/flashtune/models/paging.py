@@ -64,6 +64,11 @@ class StepBatch:
     positions: torch.Tensor  # [nnz] each new token's position in its request's KV
     slot_pages: torch.Tensor  # [nnz] int64: the page each new token's K/V goes to
     slot_offsets: torch.Tensor  # [nnz] int64: its slot in that page
+    # The page table on the host, as serving engines hand it to plan(): a plan reads its
+    # lengths on the host, and device inputs would cost it a device-to-host sync.
+    kv_indptr_host: torch.Tensor | None = None
+    kv_indices_host: torch.Tensor | None = None
+    kv_last_page_len_host: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -140,17 +145,23 @@ class PageTable:
         def device(values: Sequence[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
+        host_indptr = torch.tensor(kv_indptr, dtype=torch.int32)
+        host_indices = torch.tensor([p for own in pages for p in own], dtype=torch.int32)
+        host_last = torch.tensor([(n - 1) % ps + 1 for n in kv_lens], dtype=torch.int32)
         return StepBatch(
             q_lens=tuple(q_lens),
             kv_lens=kv_lens,
             pages=pages,
             page_size=ps,
             qo_indptr=device(qo_indptr),
-            kv_indptr=device(kv_indptr),
-            kv_indices=device([p for own in pages for p in own]),
-            kv_last_page_len=device([(n - 1) % ps + 1 for n in kv_lens]),
+            kv_indptr=host_indptr.to(self.device, non_blocking=True),
+            kv_indices=host_indices.to(self.device, non_blocking=True),
+            kv_last_page_len=host_last.to(self.device, non_blocking=True),
             batch_indices=device(batch_indices),
             positions=device(positions),
             slot_pages=device(slot_pages, torch.int64),
             slot_offsets=device([p % ps for p in positions], torch.int64),
+            kv_indptr_host=host_indptr,
+            kv_indices_host=host_indices,
+            kv_last_page_len_host=host_last,
         )
