@@ -204,3 +204,32 @@ def test_winner_of_a_definition_the_dataset_lacks_is_not_used(tmp_path: Path) ->
     with enable_apply(dataset=ds) as handle:
         torch.testing.assert_close(toy_norm(x, w), toy_norm_ref(x, w))
         assert handle.hook.misses == 1 and len(calls_of(sol)) == n
+
+
+SELF_CALLING_SRC = """from _capture_toys import toy_norm
+CALLS = []
+
+def run(hidden_states, weight):
+    CALLS.append(tuple(hidden_states.shape))
+    return toy_norm(hidden_states, weight)  # the op this solution replaces
+"""
+
+
+def test_a_solution_calling_the_op_it_replaces_runs_it_once(tmp_path: Path) -> None:
+    """flashtune's own solutions call flashtune's ops: inside a solution those calls run the
+    op's own code. Routing them to the table again recursed until Python's limit, and the
+    solution was disabled as broken (`flashtune e2e --loop` on the H100)."""
+    from flashtune.apply.solutions import broken_solutions, clear_broken_solutions
+
+    clear_broken_solutions()
+    ds = Dataset(tmp_path)
+    add_definition(ds, toy_norm.definition(torch.randn(2, 16), torch.randn(16)))
+    sol = plant(ds, "toy_norm_h16", "self", SELF_CALLING_SRC)
+    add_traces(ds, [trace("toy_norm_h16", "self", {"batch_size": 4}, 0.1)])
+    x, w = torch.randn(4, 16), torch.randn(16)
+    with enable_apply(dataset=ds) as handle:
+        torch.testing.assert_close(toy_norm(x, w), toy_norm_ref(x, w))
+        torch.testing.assert_close(toy_norm(x, w), toy_norm_ref(x, w))
+        assert handle.hook.hits == 2
+    assert calls_of(sol) == [(4, 16), (4, 16)]  # once a call, not once a recursion level
+    assert not broken_solutions()

@@ -37,6 +37,7 @@ from flashtune.apply.solutions import (
     broken_solutions,
     is_broken,
     load_solution,
+    running_solution,
     with_destinations,
 )
 from flashtune.apply.table import ApplyConfig, ApplyTable
@@ -453,6 +454,8 @@ class ApplyHook:
         self.misses = 0
 
     def __call__(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if running_solution():
+            return NOT_HANDLED  # a solution's own op calls: its code, not the table's
         if capture_api.ACTIVE_CAPTURERS:
             capture_api.observe(op, args, kwargs)
         return self.route(op, args, kwargs)
@@ -460,6 +463,8 @@ class ApplyHook:
     def route(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The winner's result for this call of `op`, or NOT_HANDLED (the caller runs the
         op's own code): the hook without its capture forwarding."""
+        if running_solution():
+            return NOT_HANDLED
         fast = capture_api.call_signature(op, args, kwargs)
         if fast is not None:
             plan = self._plans.get(fast)
@@ -625,6 +630,8 @@ def dispatch(name: str, inputs: Mapping[str, Any], runtime: Any = None) -> list[
     """Run the winner of definition `name` on `inputs` (by input name): its outputs in
     definition order, or None when the table has no solution (the caller falls back).
     For calls that no op schema describes; an op's call goes through `route`."""
+    if running_solution():
+        return None  # called from inside a solution: the caller's own path
     rt = runtime if runtime is not None else _active_runtime(None)
     if name not in rt.table.definitions:
         return None
@@ -680,6 +687,8 @@ def apply(
             return wrapper
 
         return decorate
+    if running_solution() and fallback is not None:
+        return fallback(**runtime_kwargs)  # called from inside a solution
     rt = _active_runtime(dataset)
     name = (
         def_name_or_resolver(runtime_kwargs)

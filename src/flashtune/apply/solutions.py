@@ -135,6 +135,19 @@ def broken_solutions() -> dict[tuple[str, str], str]:
     return dict(_BROKEN)
 
 
+# How many applied solutions this thread is inside. A solution may call the very op it
+# replaces (flashtune's own solutions call flashtune's ops): such inner calls run the op's
+# own code, never the table again, or each would dispatch to itself until the recursion
+# limit (seen on the H100 in `flashtune e2e --loop`).
+_DEPTH = threading.local()
+
+
+def running_solution() -> bool:
+    """True inside an applied solution's call (on this thread): op calls made there are the
+    solution's own and are neither routed by apply nor captured."""
+    return getattr(_DEPTH, "n", 0) > 0
+
+
 class Guarded:
     """A loaded solution's `run(axes, inputs)`, disabled at its first exception."""
 
@@ -148,10 +161,13 @@ class Guarded:
     def __call__(self, axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
         if (self.definition, self.solution) in _BROKEN:
             raise SolutionFailed(f"solution {self.solution!r} is disabled")
+        _DEPTH.n = getattr(_DEPTH, "n", 0) + 1
         try:
             return self.fn(axes, inputs)
         except Exception as exc:
             raise self.fail(exc) from exc
+        finally:
+            _DEPTH.n -= 1
 
     def fail(self, exc: BaseException) -> SolutionFailed:
         """Disable the solution (warning once) and return the exception to raise."""
