@@ -147,7 +147,7 @@ def e2e(
     if loop:
         assert dataset is not None  # checked first
         report = run_loop_command(options, dataset, decode_steps, rows)
-        raise typer.Exit(0 if report.same_tokens else 1)
+        raise typer.Exit(0 if report.outputs_match else 1)
     run_e2e(options, rows, typer.echo)
     if on_gpu:
         typer.echo(f"rows appended to {out}")
@@ -279,7 +279,7 @@ def run_loop(
         status = trace.evaluation.status.value if trace.evaluation is not None else "NONE"
         statuses[status] = statuses.get(status, 0) + 1
     with enable_apply(dataset=str(dataset)):
-        after = generate(model, prompt, prompt_lens, decode_steps)
+        after = generate(model, prompt, prompt_lens, decode_steps, follow=before)
     return LoopReport(
         dataset=dataset,
         captured=sorted(Dataset(dataset).definitions),
@@ -291,6 +291,8 @@ def run_loop(
         after_ms=after.decode_step_ms,
         same_tokens=after.same_tokens(before),
         logits_max_abs_err=after.logits_max_abs_err(before),
+        greedy_agreement=after.greedy_agreement(before),
+        logits_max_rel_err=after.logits_max_rel_err(before),
     )
 
 
@@ -312,6 +314,9 @@ def loop_row(report: LoopReport, options: E2EOptions, decode_steps: int) -> dict
         "statuses": report.statuses,
         "same_tokens": report.same_tokens,
         "logits_max_abs_err": report.logits_max_abs_err,
+        "logits_max_rel_err": report.logits_max_rel_err,
+        "greedy_agreement": report.greedy_agreement,
+        "outputs_match": report.outputs_match,
         "timer": "host clock, eager decode step",
     }
 

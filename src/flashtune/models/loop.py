@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from flashtune.models.bench import PAGE_SIZE, model_config
+from flashtune.models.bench import PAGE_SIZE, REL_TOLERANCE, model_config
 from flashtune.models.llama import Llama
 
 __all__ = ["Generation", "LoopReport", "generate", "loop_model", "format_report"]
@@ -30,6 +30,19 @@ class Generation:
     def same_tokens(self, other: Generation) -> bool:
         return all(torch.equal(a, b) for a, b in zip(self.tokens, other.tokens, strict=True))
 
+    def greedy_agreement(self, other: Generation) -> float:
+        """The fraction of (step, request) greedy tokens the two generations agree on."""
+        same = sum(int((a == b).sum()) for a, b in zip(self.tokens, other.tokens, strict=True))
+        return same / max(sum(t.numel() for t in self.tokens), 1)
+
+    def logits_max_rel_err(self, other: Generation) -> float:
+        """The largest relative L2 difference of the two generations' logits over the
+        prefill and every step (models.bench.compare's measure, REL_TOLERANCE its bound)."""
+        return max(
+            float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+            for a, b in zip(self.logits, other.logits, strict=True)
+        )
+
     def logits_max_abs_err(self, other: Generation) -> float:
         """The largest |difference| of the two generations' logits, every step included."""
         return max(
@@ -44,19 +57,31 @@ def _synchronize(device: torch.device) -> None:
 
 
 def generate(
-    model: Llama, prompt: torch.Tensor, prompt_lens: Sequence[int], decode_steps: int
+    model: Llama,
+    prompt: torch.Tensor,
+    prompt_lens: Sequence[int],
+    decode_steps: int,
+    follow: Generation | None = None,
 ) -> Generation:
     """A ragged prefill of `prompt` (the requests' tokens, one after another), then
     `decode_steps` greedy steps through eager forwards (every op call goes through the
     schema hooks, which capture and apply sit on). The model's page table gets new
-    requests each call (never released): its cache needs room for every call's."""
+    requests each call (never released): its cache needs room for every call's.
+
+    follow: feed that generation's tokens instead of this one's greedy picks (teacher
+    forcing), so both see the same inputs at every step and their logits compare step by
+    step: with random weights the logits are nearly flat, and one near-tie picked the
+    other way would make every later step incomparable. `tokens` still records this
+    generation's own greedy picks."""
     table = model.page_table
     requests = [table.add_request() for _ in prompt_lens]
     logits = model.forward(prompt, table.step(requests, list(prompt_lens)))
     outputs, tokens, times = [logits.clone()], [], []
-    for _ in range(decode_steps):
+    for step in range(decode_steps):
         next_tokens = model.sample(logits)
         tokens.append(next_tokens.clone())
+        if follow is not None:
+            next_tokens = follow.tokens[step]
         batch = table.step(requests, [1] * len(prompt_lens))
         _synchronize(model.device)
         start = time.perf_counter()
@@ -102,6 +127,16 @@ class LoopReport:
     after_ms: float
     same_tokens: bool
     logits_max_abs_err: float
+    # The run after apply follows the first run's tokens (generate's `follow`): these
+    # compare the two step by step.
+    greedy_agreement: float = 1.0
+    logits_max_rel_err: float = 0.0
+
+    @property
+    def outputs_match(self) -> bool:
+        """The logits after apply within models.bench.REL_TOLERANCE of those before, at
+        every step (the tolerance the e2e grid checks each backend with)."""
+        return self.logits_max_rel_err <= REL_TOLERANCE
 
 
 def format_report(report: LoopReport) -> str:
@@ -115,8 +150,11 @@ def format_report(report: LoopReport) -> str:
         f"decode step (median, host clock): {report.before_ms:.3f} ms before apply, "
         f"{report.after_ms:.3f} ms after"
     )
+    verdict = "match" if report.outputs_match else "DIFFER"
     lines.append(
-        f"outputs: greedy tokens {'equal' if report.same_tokens else 'DIFFER'}, "
-        f"logits max |diff| {report.logits_max_abs_err:.3g}"
+        f"outputs (same tokens fed to both runs): {verdict}, logits relative L2 error at most "
+        f"{report.logits_max_rel_err:.2g} (bound {REL_TOLERANCE:g}), max |diff| "
+        f"{report.logits_max_abs_err:.3g}; greedy picks agree on "
+        f"{report.greedy_agreement:.1%}"
     )
     return "\n".join(lines)

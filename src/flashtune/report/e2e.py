@@ -202,7 +202,13 @@ def _loop_part(rows: Sequence[Row]) -> str:
         shape = r.get("shape") or {}
         winners = r.get("winners") or {}
         chosen = ", ".join(f"{_e(d)}: {_e(w or 'itself')}" for d, w in sorted(winners.items()))
-        same = "equal" if r.get("same_tokens") else "<b class='bad'>DIFFER</b>"
+        # Rows since the loop feeds both runs the same tokens carry outputs_match (logits
+        # within the e2e tolerance at every step); older rows only same_tokens.
+        ok = r.get("outputs_match", r.get("same_tokens"))
+        agree = r.get("greedy_agreement")
+        same = "match" if ok else "<b class='bad'>DIFFER</b>"
+        if agree is not None:
+            same += f" (greedy {agree:.0%}, rel err {r.get('logits_max_rel_err', 0.0):.1e})"
         before, after = r.get("before_ms"), r.get("latency_ms")
         body.append(
             f"<tr><td>{_e(r.get('gpu'))}</td><td>{_e(shape.get('model'))}</td>"
@@ -212,7 +218,7 @@ def _loop_part(rows: Sequence[Row]) -> str:
     return (
         "<h3>capture &rarr; run &rarr; apply</h3><table class='e2e-loop'><tr><th>GPU</th>"
         "<th>model</th><th>decode step before apply (ms)</th><th>after (ms)</th>"
-        f"<th>greedy tokens</th><th>winner per definition</th></tr>{''.join(body)}</table>"
+        f"<th>outputs</th><th>winner per definition</th></tr>{''.join(body)}</table>"
     )
 
 
