@@ -233,3 +233,20 @@ def test_only_planned_adapters_have_a_setup():
         if name.startswith(("flashtune_", "torch_", "flashinfer_")) and callable(fn):
             planned = name in PLANNED or name in BLOCK_SPARSE_PLANNED
             assert callable(getattr(fn, "setup", None)) == planned, name
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("entry", ["flashtune_gqa_paged_decode", "flashtune_gqa_paged_prefill"])
+def test_plan_free_entries_take_the_page_table_on_the_host(entry):
+    """Under apply a solution gets what a planned wrapper was given, and FlashInfer-style
+    wrappers take the page table on the host: the plan-free entries move it to q's device
+    (the H100 loop's decode solution raised 'kv_indptr is on cpu but q is on cuda:0')."""
+    name = DECODE if "decode" in entry else PAGED
+    definition = DS.definitions[name]
+    workload = DS.workloads_for(name)[0].workload
+    inputs = synthesize_inputs(definition, workload, device="cuda", blob_root=DS)
+    fn = getattr(ep, entry)
+    on_device = fn(*inputs.values())
+    on_host = fn(*(x.cpu() if x.dtype == torch.int32 else x for x in inputs.values()))
+    for a, b in zip(on_device, on_host, strict=True):
+        torch.testing.assert_close(a, b)

@@ -86,6 +86,14 @@ def flashtune_rope(
     return q_out.view(q.shape), k_out.view(k.shape)
 
 
+def _on_device_of(q: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The page-table tensors on q's device. Under apply, a solution gets the arguments a
+    planned wrapper was given, and FlashInfer's wrappers take the page table on the host
+    (engines pass it so: plan() needs its lengths there); the plan-free kernels read it on
+    the device. A no-op for tensors already there (the benchmark's case)."""
+    return [t.to(q.device, non_blocking=True) for t in tensors]
+
+
 def flashtune_gqa_paged_decode(
     q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale
 ):
@@ -93,6 +101,9 @@ def flashtune_gqa_paged_decode(
     # call never syncs (the planned wrapper's plan() reads indptr on the host).
     from flashtune.ops.attention.planless import paged_decode
 
+    kv_indptr, kv_indices, kv_last_page_len = _on_device_of(
+        q, kv_indptr, kv_indices, kv_last_page_len
+    )
     return paged_decode(
         q,
         (k_cache, v_cache),
@@ -111,6 +122,9 @@ def flashtune_gqa_paged_prefill(
     # call never syncs (the planned wrapper's plan() reads them on the host).
     from flashtune.ops.attention.planless_prefill import paged_prefill
 
+    qo_indptr, kv_indptr, kv_indices, kv_last_page_len = _on_device_of(
+        q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len
+    )
     return paged_prefill(
         q,
         (k_cache, v_cache),
