@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from flashtune.cli import app
 from flashtune.cli.e2e import run_loop
 from flashtune.models import TINY, Llama
+from flashtune.models.loop import format_report
 
 
 def test_capture_run_apply_keeps_the_outputs(tmp_path: Path) -> None:
@@ -44,6 +45,10 @@ def test_capture_run_apply_keeps_the_outputs(tmp_path: Path) -> None:
     assert report.logits_max_abs_err <= 2e-2
     assert report.outputs_match and report.logits_max_rel_err <= 1e-2
     assert report.before_ms > 0 and report.after_ms > 0
+    # The graph-replayed step (what serving runs) is timed on a GPU only, and says so.
+    assert report.before_graph_ms is None and report.after_graph_ms is None
+    assert report.graph_note == "no CUDA graphs off a GPU"
+    assert "CUDA-graph replay): not timed (no CUDA graphs off a GPU)" in format_report(report)
 
 
 @pytest.mark.slow

@@ -90,7 +90,16 @@ def _on_device_of(q: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]
     """The page-table tensors on q's device. Under apply, a solution gets the arguments a
     planned wrapper was given, and FlashInfer's wrappers take the page table on the host
     (engines pass it so: plan() needs its lengths there); the plan-free kernels read it on
-    the device. A no-op for tensors already there (the benchmark's case)."""
+    the device. A no-op for tensors already there (the benchmark's case). Inside a CUDA-graph
+    capture a host-to-device copy is not allowed (and would invalidate the capture): it
+    raises before any copy, so apply falls back to the op's own path, which the capture can
+    record."""
+    moved = [t for t in tensors if t.device != q.device]
+    if moved and q.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "the page table is on the host during a CUDA-graph capture: this plan-free "
+            "solution cannot copy it to the device there"
+        )
     return [t.to(q.device, non_blocking=True) for t in tensors]
 
 

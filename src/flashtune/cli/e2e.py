@@ -265,7 +265,7 @@ def run_loop(
     from flashtune.apply import enable_apply
     from flashtune.capture import CaptureConfig, capture
     from flashtune.data import Dataset
-    from flashtune.models.loop import LoopReport, generate
+    from flashtune.models.loop import LoopReport, generate, graph_step_ms
 
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (sum(prompt_lens),), generator=gen)
@@ -278,8 +278,10 @@ def run_loop(
     for trace in result.traces:
         status = trace.evaluation.status.value if trace.evaluation is not None else "NONE"
         statuses[status] = statuses.get(status, 0) + 1
+    before_graph, why_before = graph_step_ms(model, prompt_lens)
     with enable_apply(dataset=str(dataset)):
         after = generate(model, prompt, prompt_lens, decode_steps, follow=before)
+        after_graph, why_after = graph_step_ms(model, prompt_lens)
     return LoopReport(
         dataset=dataset,
         captured=sorted(Dataset(dataset).definitions),
@@ -293,6 +295,9 @@ def run_loop(
         logits_max_abs_err=after.logits_max_abs_err(before),
         greedy_agreement=after.greedy_agreement(before),
         logits_max_rel_err=after.logits_max_rel_err(before),
+        before_graph_ms=before_graph,
+        after_graph_ms=after_graph,
+        graph_note=why_before or why_after,
     )
 
 
@@ -317,6 +322,9 @@ def loop_row(report: LoopReport, options: E2EOptions, decode_steps: int) -> dict
         "logits_max_rel_err": report.logits_max_rel_err,
         "greedy_agreement": report.greedy_agreement,
         "outputs_match": report.outputs_match,
+        "before_graph_ms": report.before_graph_ms,
+        "after_graph_ms": report.after_graph_ms,
+        "graph_note": report.graph_note,
         "timer": "host clock, eager decode step",
     }
 

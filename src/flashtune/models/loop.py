@@ -15,7 +15,14 @@ import torch
 from flashtune.models.bench import PAGE_SIZE, REL_TOLERANCE, model_config
 from flashtune.models.llama import Llama
 
-__all__ = ["Generation", "LoopReport", "generate", "loop_model", "format_report"]
+__all__ = [
+    "Generation",
+    "LoopReport",
+    "generate",
+    "graph_step_ms",
+    "loop_model",
+    "format_report",
+]
 
 
 @dataclass
@@ -93,6 +100,30 @@ def generate(
     return Generation(outputs, tokens, sorted(times)[len(times) // 2] if times else 0.0)
 
 
+def graph_step_ms(
+    model: Llama, kv_lens: Sequence[int], repetitions: int = 30
+) -> tuple[float | None, str | None]:
+    """(ms, None): the median CUDA-graph replay of one decode step for fresh requests at
+    these KV lengths, as serving runs a step (whatever apply routes is decided once, at
+    capture); (None, why) off a GPU or where the step cannot be captured."""
+    if model.device.type != "cuda":
+        return None, "no CUDA graphs off a GPU"
+    from flashtune.models.bench import _time_ms
+
+    table = model.page_table
+    requests = [table.add_request(n - 1) for n in kv_lens]
+    step = table.step(requests, [1] * len(kv_lens))
+    tokens = torch.zeros(len(kv_lens), dtype=torch.long, device=model.device)
+    try:
+        decode = model.decode_graph(len(kv_lens), max(kv_lens))
+        decode.step(tokens, step)  # warm-up and capture
+    except Exception as exc:  # noqa: BLE001 - reported, the eager timings still stand
+        return None, f"capture failed: {exc!r:.200}"
+    if decode.graph is None:
+        return None, "not captured"
+    return _time_ms(decode.graph.replay, model.device, repetitions), None
+
+
 def loop_model(
     config: str, layers: int = 0, *, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0
 ) -> tuple[Llama, tuple[int, ...]]:
@@ -131,6 +162,11 @@ class LoopReport:
     # compare the two step by step.
     greedy_agreement: float = 1.0
     logits_max_rel_err: float = 0.0
+    # The decode step as a CUDA-graph replay before and after apply (graph_step_ms; None
+    # off a GPU, with the reason in graph_note).
+    before_graph_ms: float | None = None
+    after_graph_ms: float | None = None
+    graph_note: str | None = None
 
     @property
     def outputs_match(self) -> bool:
@@ -150,6 +186,13 @@ def format_report(report: LoopReport) -> str:
         f"decode step (median, host clock): {report.before_ms:.3f} ms before apply, "
         f"{report.after_ms:.3f} ms after"
     )
+    if report.before_graph_ms is not None and report.after_graph_ms is not None:
+        lines.append(
+            f"decode step (CUDA-graph replay, median): {report.before_graph_ms:.3f} ms before "
+            f"apply, {report.after_graph_ms:.3f} ms after"
+        )
+    elif report.graph_note:
+        lines.append(f"decode step (CUDA-graph replay): not timed ({report.graph_note})")
     verdict = "match" if report.outputs_match else "DIFFER"
     lines.append(
         f"outputs (same tokens fed to both runs): {verdict}, logits relative L2 error at most "
