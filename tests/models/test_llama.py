@@ -22,15 +22,19 @@ DECODE_STEPS = 3
 ATOL = RTOL = 2e-2
 
 
-def _generate(model: Llama, prompt_tokens: torch.Tensor) -> list[torch.Tensor]:
-    """Logits of the prefill and of each decode step, greedy tokens fed back."""
+def _generate(
+    model: Llama, prompt_tokens: torch.Tensor, follow: list[torch.Tensor] | None = None
+) -> list[torch.Tensor]:
+    """Logits of the prefill and of each decode step, greedy tokens fed back: this model's
+    own, or those of `follow`'s logits (teacher forcing: the same inputs at every step, so a
+    near-tie picked the other way cannot make later steps incomparable)."""
     table = model.page_table
     requests = [table.add_request() for _ in PROMPTS]
     logits = model.forward(prompt_tokens, table.step(requests, PROMPTS))
     steps = [logits]
     decode = model.decode_graph(len(PROMPTS), max_kv_len=max(PROMPTS) + DECODE_STEPS)
-    for _ in range(DECODE_STEPS):
-        tokens = model.sample(logits)
+    for step in range(DECODE_STEPS):
+        tokens = model.sample(logits if follow is None else follow[step])
         logits = decode.step(tokens, table.step(requests, [1] * len(PROMPTS))).clone()
         steps.append(logits)
     return steps
@@ -55,12 +59,18 @@ def _pair(config: LlamaConfig) -> tuple[Llama, Llama]:
 def _assert_same_generation(config: LlamaConfig) -> None:
     torch_model, flashtune_model = _pair(config)
     prompt = torch.randint(0, config.vocab_size, (sum(PROMPTS),))
-    expected, actual = _generate(torch_model, prompt), _generate(flashtune_model, prompt)
+    expected = _generate(torch_model, prompt)
+    actual = _generate(flashtune_model, prompt, follow=expected)
     assert len(actual) == 1 + DECODE_STEPS
     for step, (want, got) in enumerate(zip(expected, actual, strict=True)):
         assert got.shape == (len(PROMPTS), config.vocab_size), step
         torch.testing.assert_close(got.float(), want.float(), atol=ATOL, rtol=RTOL)
-        assert torch.equal(got.argmax(-1), want.argmax(-1)), f"greedy tokens differ at {step}"
+        # The greedy token agrees wherever the reference's top two are further apart than
+        # the tolerance (fresh random prompts: a near-tie may go either way in fp16).
+        top2 = want.float().topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * (ATOL + RTOL * top2[:, 0].abs())
+        same = got.argmax(-1) == want.argmax(-1)
+        assert bool(same[clear].all()), f"greedy tokens differ at step {step}"
 
 
 def test_flashtune_backend_matches_torch() -> None:

@@ -66,6 +66,7 @@ __all__ = [
     "model_config",
     "device_problem",
     "build_models",
+    "time_ms",
     "run_grid",
     "run_e2e",
 ]
@@ -313,7 +314,7 @@ def _tuning(name: str, options: E2EOptions) -> Any:
     return contextlib.nullcontext()
 
 
-def _time_ms(fn: Callable[[], Any], device: torch.device, repetitions: int) -> float:
+def time_ms(fn: Callable[[], Any], device: torch.device, repetitions: int) -> float:
     """Median ms of fn() by the project's timer (CUDA events on a GPU, wall clock on CPU);
     fn's inputs live in static buffers, and its weights and KV are far more bytes than the
     L2 holds: every call reads them cold without input copies to rotate."""
@@ -342,9 +343,9 @@ def _decode_once(
     logits = decode.step(tokens, step).clone()  # the first step captures the graph
     extra["setup_s"] = round(time.perf_counter() - started, 2)
     device = torch.device(options.device)
-    latency = _time_ms(lambda: decode.step(tokens, step), device, options.repetitions)
+    latency = time_ms(lambda: decode.step(tokens, step), device, options.repetitions)
     if decode.graph is not None:
-        extra["graph_ms"] = _time_ms(decode.graph.replay, device, options.repetitions)
+        extra["graph_ms"] = time_ms(decode.graph.replay, device, options.repetitions)
     return logits, latency, extra
 
 
@@ -356,7 +357,7 @@ def _prefill_once(
     with _tuning(name, options):
         logits = model.forward(tokens, step).clone()
     extra: dict[str, Any] = {"setup_s": round(time.perf_counter() - started, 2)}
-    latency = _time_ms(
+    latency = time_ms(
         lambda: model.forward(tokens, step), torch.device(options.device), options.repetitions
     )
     extra["tokens_per_s"] = step.num_tokens / (latency * 1e-3)

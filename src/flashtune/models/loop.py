@@ -108,7 +108,7 @@ def graph_step_ms(
     capture); (None, why) off a GPU or where the step cannot be captured."""
     if model.device.type != "cuda":
         return None, "no CUDA graphs off a GPU"
-    from flashtune.models.bench import _time_ms
+    from flashtune.models.bench import time_ms
 
     table = model.page_table
     requests = [table.add_request(n - 1) for n in kv_lens]
@@ -121,7 +121,7 @@ def graph_step_ms(
         return None, f"capture failed: {exc!r:.200}"
     if decode.graph is None:
         return None, "not captured"
-    return _time_ms(decode.graph.replay, model.device, repetitions), None
+    return time_ms(decode.graph.replay, model.device, repetitions), None
 
 
 def loop_model(
