@@ -458,13 +458,16 @@ class ApplyHook:
             return NOT_HANDLED  # a solution's own op calls: its code, not the table's
         if capture_api.ACTIVE_CAPTURERS:
             capture_api.observe(op, args, kwargs)
-        return self.route(op, args, kwargs)
+        return self._route(op, args, kwargs)
 
     def route(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The winner's result for this call of `op`, or NOT_HANDLED (the caller runs the
         op's own code): the hook without its capture forwarding."""
         if running_solution():
             return NOT_HANDLED
+        return self._route(op, args, kwargs)
+
+    def _route(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         fast = capture_api.call_signature(op, args, kwargs)
         if fast is not None:
             plan = self._plans.get(fast)

@@ -227,18 +227,6 @@ def _workspace(device: torch.device) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-def _host_table(batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(kv_indptr, kv_indices, kv_last_page_len) on the host where the batch carries them,
-    else its device tensors."""
-    if (
-        batch.kv_indptr_host is None
-        or batch.kv_indices_host is None
-        or batch.kv_last_page_len_host is None
-    ):
-        return batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len
-    return batch.kv_indptr_host, batch.kv_indices_host, batch.kv_last_page_len_host
-
-
 class WrapperDecodeAttention(PagedAttention):
     """`lib.BatchDecodeWithPagedKVCacheWrapper` (lib: flashtune.ops.attention or flashinfer),
     planned per step; K/V appended with `lib.append_paged_kv_cache`."""
@@ -276,16 +264,20 @@ class WrapperDecodeAttention(PagedAttention):
         )
 
     def plan(self, batch: StepBatch) -> None:
-        # plan() gets the page table as serving engines hand it over, on the host when the
-        # batch has it there (no device-to-host sync in plan); in graph mode the wrapper
-        # copies it into the buffers the graph reads, which append_kv reads too.
-        indptr, indices, last = _host_table(batch)
+        # plan() gets the lengths on the host, as serving engines hand them over (no
+        # device-to-host sync in plan); in graph mode the wrapper copies the whole table into
+        # the buffers the graph reads, which append_kv reads too, and without a graph the
+        # page ids stay the caller's device tensor.
+        indptr, indices, last = (
+            batch.kv_indptr_host,
+            batch.kv_indices_host,
+            batch.kv_last_page_len_host,
+        )
         if self.graph is None:
             self._indptr, self._indices = batch.kv_indptr, batch.kv_indices
             self._last = batch.kv_last_page_len
             self._batch_indices, self._positions = batch.batch_indices, batch.positions
-            if indices is batch.kv_indices_host:
-                indices = self._indices  # a non-graph plan keeps its caller's device ids
+            indices = self._indices
         else:
             self._check_graph_batch(batch)
             _static(self._batch_indices, batch.batch_indices)

@@ -66,9 +66,9 @@ class StepBatch:
     slot_offsets: torch.Tensor  # [nnz] int64: its slot in that page
     # The page table on the host, as serving engines hand it to plan(): a plan reads its
     # lengths on the host, and device inputs would cost it a device-to-host sync.
-    kv_indptr_host: torch.Tensor | None = None
-    kv_indices_host: torch.Tensor | None = None
-    kv_last_page_len_host: torch.Tensor | None = None
+    kv_indptr_host: torch.Tensor  # kv_indptr, kv_indices and kv_last_page_len on the host
+    kv_indices_host: torch.Tensor
+    kv_last_page_len_host: torch.Tensor
 
     @property
     def batch_size(self) -> int:

@@ -81,10 +81,10 @@ class DevicePlan:
     qo_indptr_host: np.ndarray  # [B+1] int64
     indptr_host: np.ndarray  # [B+1] int64
     last_host: np.ndarray  # [B] int64
+    # Tactic -1 of this plan (decode_config.default_tactic of its variant): what sized it.
+    default_tactic: DecodeTactic
     launch: DecodeLaunch | None = None  # the caller's fixed launch (tactic), if any
     rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
-    # Tactic -1 of this plan (decode_config.default_tactic of its variant): what sized it.
-    default_tactic: DecodeTactic | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 import triton
 
 from flashtune import env, platform
-from flashtune.ops.attention.decode_config import DecodeTactic, default_tactic
+from flashtune.ops.attention.decode_config import DecodeTactic
 from flashtune.ops.attention.decode_kernels import LOG2E, paged_attn_kernel
 from flashtune.ops.attention.decode_plan import DevicePlan
 from flashtune.ops.attention.merge import merge_partials
@@ -183,11 +183,9 @@ class PagedAttentionRunner(TunableRunner):
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         q, k, v, dplan, out, lse = inputs
-        if not isinstance(tactic, DecodeTactic):
-            tactic = dplan.default_tactic or default_tactic(
-                dplan.head_dim, dplan.page_size, dplan.block_m
-            )
-        launch_kernels(dplan, q, k, v, out, lse, tactic)
+        # Tactic -1: the plan's default, the one its grid and chunks were sized for.
+        chosen = tactic if isinstance(tactic, DecodeTactic) else dplan.default_tactic
+        launch_kernels(dplan, q, k, v, out, lse, chosen)
         return out
 
 
