@@ -21,7 +21,9 @@ from flashtune.models.loop import format_report
 
 def test_capture_run_apply_keeps_the_outputs(tmp_path: Path) -> None:
     model = Llama(TINY, "flashtune", device="cpu", dtype=torch.float16, page_size=4, num_pages=32)
-    report = run_loop(model, tmp_path / "ds", ["cpu"], prompt_lens=(5, 9, 3), decode_steps=2)
+    report = run_loop(
+        model, tmp_path / "ds", ["cpu"], prompt_lens=(5, 9, 3), decode_steps=2, rounds=2
+    )
     # Every hot op of the model is visible to capture.
     families = {"gemm_", "rmsnorm_", "fused_add_rmsnorm_", "silu_and_mul_", "rope_"}
     families |= {"gqa_paged_decode_", "gqa_paged_prefill_causal_"}

@@ -239,3 +239,16 @@ def test_torch_compile_leaves_the_kv_cache_write_out_of_its_graphs() -> None:
         and is_cache(base(node))
     ]
     assert writes == []  # (the prefill's own output buffer is written, not the cache)
+
+
+def test_released_requests_give_their_pages_back() -> None:
+    from flashtune.models.paging import PageTable
+
+    table = PageTable(num_pages=4, page_size=4, device="cpu")
+    a = table.add_request(kv_len=9)  # 3 pages
+    with pytest.raises(RuntimeError, match="out of pages"):
+        table.add_request(kv_len=8)
+    table.release([a])
+    assert table.pages[a] == [] and table.lens[a] == 0
+    b = table.add_request(kv_len=16)  # all four pages again, page 0 first
+    assert sorted(table.pages[b]) == [0, 1, 2, 3] and table.pages[b][0] == 0

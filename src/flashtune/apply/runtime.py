@@ -38,6 +38,7 @@ from flashtune.apply.solutions import (
     is_broken,
     load_solution,
     running_solution,
+    runs_the_op_itself,
     with_destinations,
 )
 from flashtune.apply.table import ApplyConfig, ApplyTable
@@ -272,7 +273,7 @@ class ApplyRuntime:
             def run(axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
                 return fn(*inputs)
 
-        return Guarded(run, definition_name, solution_name)
+        return Guarded(run, definition_name, solution_name, runs_the_op_itself(solution))
 
     # ----------------------------------------------------------------- apply() by kwargs
     def input_order(self, definition: str) -> list[str]:
@@ -437,6 +438,8 @@ class _Plan:
 
 
 _MISS = object()
+# The winner is flashtune's own op (runs_the_op_itself): a call of that op runs itself.
+_OWN = object()
 
 
 def _derived(call: BoundCall) -> bool:
@@ -445,40 +448,60 @@ def _derived(call: BoundCall) -> bool:
 
 
 class ApplyHook:
-    """The per-call hook that sends schema'd op calls to their winning solution."""
+    """The per-call hook that sends schema'd op calls to their winning solution.
+
+    Counters: `hits` (a solution ran), `misses` (no usable winner: the op's own code ran),
+    `own` (the winner is flashtune's own op, runs_the_op_itself: the op ran itself)."""
 
     def __init__(self, runtime: ApplyRuntime) -> None:
         self.runtime = runtime
+        # Per call signature: a _Plan, _MISS or _OWN. Calls of flashtune's ops (the hook) and
+        # a peer's calls described as one (route) are cached apart: an own-path winner means
+        # "run the op itself" only for the first.
         self._plans: dict[tuple, Any] = {}
+        self._routed: dict[tuple, Any] = {}
         self.hits = 0
         self.misses = 0
+        self.own = 0
 
     def __call__(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if running_solution():
             return NOT_HANDLED  # a solution's own op calls: its code, not the table's
         if capture_api.ACTIVE_CAPTURERS:
             capture_api.observe(op, args, kwargs)
-        return self._route(op, args, kwargs)
+        return self._route(op, args, kwargs, self._plans, True)
 
     def route(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The winner's result for this call of `op`, or NOT_HANDLED (the caller runs the
-        op's own code): the hook without its capture forwarding."""
+        op's own code): the hook without its capture forwarding, for a peer's call (an
+        adapter) described as a call of `op`: an own-path winner runs as a solution here,
+        since the caller's own code is the peer's."""
         if running_solution():
             return NOT_HANDLED
-        return self._route(op, args, kwargs)
+        return self._route(op, args, kwargs, self._routed, False)
 
-    def _route(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _route(
+        self,
+        op: ApiOp,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        plans: dict[tuple, Any],
+        op_call: bool,
+    ) -> Any:
         fast = capture_api.call_signature(op, args, kwargs)
         if fast is not None:
-            plan = self._plans.get(fast)
+            plan = plans.get(fast)
             if plan is _MISS:
                 self.misses += 1
+                return NOT_HANDLED
+            if plan is _OWN:
+                self.own += 1
                 return NOT_HANDLED
             if plan is not None:
                 try:
                     result = plan.run(op, args, kwargs)
                 except SolutionFailed:
-                    self._plans[fast] = _MISS
+                    plans[fast] = _MISS
                     self.misses += 1
                     return NOT_HANDLED  # the op's own path runs
                 self.hits += 1
@@ -497,8 +520,15 @@ class ApplyHook:
         )
         if runner is None:
             if fast is not None and not _derived(call):
-                self._plans[fast] = _MISS
+                plans[fast] = _MISS
             self.misses += 1
+            return NOT_HANDLED
+        if op_call and runner.own_path:
+            # The same kernels the solution would reach, minus its adaptation (a wrapper's
+            # plan stays in use). Cached like a miss: by signature, for plain calls only.
+            if fast is not None and not _derived(call):
+                plans[fast] = _OWN
+            self.own += 1
             return NOT_HANDLED
         plan = _Plan(op, call, runner, args, kwargs)
         # A call with derived inputs can change its var axes (so its bucket's winner) while
@@ -507,11 +537,11 @@ class ApplyHook:
             result = plan.run(op, args, kwargs)
         except SolutionFailed:
             if fast is not None and not plan.derived:
-                self._plans[fast] = _MISS
+                plans[fast] = _MISS
             self.misses += 1
             return NOT_HANDLED  # the op's own path runs
         if fast is not None and not plan.derived:
-            self._plans[fast] = plan
+            plans[fast] = plan
         self.hits += 1
         return result
 

@@ -8,6 +8,7 @@ its own code, warned once).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
@@ -33,6 +34,7 @@ __all__ = [
     "clear_broken_solutions",
     "is_broken",
     "load_solution",
+    "runs_the_op_itself",
     "with_destinations",
 ]
 
@@ -97,6 +99,55 @@ def load_solution(solution: Solution, cache_dir: Path | None = None) -> Callable
     return getattr(module, func)
 
 
+def runs_the_op_itself(solution: Solution) -> bool:
+    """Whether the solution is flashtune's own op for its definition: its one source file
+    only imports an entry of flashtune.bench.entry_points marked as running the op
+    (OWN_PATH_ENTRIES: the bundled builder's `flashtune@` solutions) as its entry symbol.
+    Decided from the source text alone (nothing runs), so the table and the runtime agree.
+
+    For such a winner, a call of flashtune's op is better served by the op itself than by
+    the solution: the same kernels, without the solution's adaptation (a wrapper's run()
+    through a plan-free call would plan again every call)."""
+    spec = solution.spec
+    entry_file, _, symbol = spec.entry_point.partition("::")
+    if spec.destination_passing_style or len(solution.sources) != 1 or not symbol:
+        return False
+    source = solution.sources[0]
+    if source.path != entry_file:
+        return False
+    try:
+        tree = ast.parse(source.content)
+    except SyntaxError:
+        return False
+    from flashtune.bench import entry_points
+
+    imported = None
+    for node in tree.body:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == entry_points.__name__
+            and node.level == 0
+        ):
+            if imported is not None or len(node.names) != 1:
+                return False
+            alias = node.names[0]
+            if (
+                alias.name not in entry_points.OWN_PATH_ENTRIES
+                or (alias.asname or alias.name) != symbol
+            ):
+                return False
+            imported = alias.name
+        elif isinstance(node, ast.Assign) and [
+            t.id for t in node.targets if isinstance(t, ast.Name)
+        ] == ["__all__"]:
+            continue
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        else:
+            return False
+    return imported is not None
+
+
 def with_destinations(
     fn: Callable[..., Any], definition: Definition
 ) -> Callable[[Mapping[str, int], Sequence[Any]], Any]:
@@ -151,12 +202,16 @@ def running_solution() -> bool:
 class Guarded:
     """A loaded solution's `run(axes, inputs)`, disabled at its first exception."""
 
-    __slots__ = ("definition", "fn", "solution")
+    __slots__ = ("definition", "fn", "own_path", "solution")
 
-    def __init__(self, fn: Callable[..., Any], definition: str, solution: str) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], definition: str, solution: str, own_path: bool = False
+    ) -> None:
         self.fn = fn
         self.definition = definition
         self.solution = solution
+        # runs_the_op_itself: a call of flashtune's op runs the op instead (ApplyHook).
+        self.own_path = own_path
 
     def __call__(self, axes: Mapping[str, int], inputs: Sequence[Any]) -> Any:
         if (self.definition, self.solution) in _BROKEN:

@@ -45,14 +45,28 @@ def _workspace(device: torch.device) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- flashtune
+# The entries below run flashtune's own op for their definition (its default path, as a
+# user's call of the op would). `OWN_PATH_ENTRIES` names them: apply recognises a solution
+# that only imports one of them (apply.solutions.runs_the_op_itself) and, for a call of
+# flashtune's op, lets the op run itself instead of going through the solution.
+
+OWN_PATH_ENTRIES: set[str] = set()
 
 
+def runs_the_op(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark an entry as running flashtune's own op for its definition."""
+    OWN_PATH_ENTRIES.add(fn.__name__)
+    return fn
+
+
+@runs_the_op
 def flashtune_rmsnorm(hidden_states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     from flashtune.ops.norm import rmsnorm
 
     return rmsnorm(hidden_states, weight, eps=RMS_EPS)
 
 
+@runs_the_op
 def flashtune_fused_add_rmsnorm(
     hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
@@ -63,18 +77,21 @@ def flashtune_fused_add_rmsnorm(
     return x
 
 
+@runs_the_op
 def flashtune_silu_and_mul(input: torch.Tensor) -> torch.Tensor:
     from flashtune.ops.activation import silu_and_mul
 
     return silu_and_mul(input)
 
 
+@runs_the_op
 def flashtune_gemm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     from flashtune.ops.gemm import mm
 
     return mm(A, B)
 
 
+@runs_the_op
 def flashtune_rope(
     q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +120,7 @@ def _on_device_of(q: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]
     return [t.to(q.device, non_blocking=True) for t in tensors]
 
 
+@runs_the_op
 def flashtune_gqa_paged_decode(
     q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale
 ):
@@ -124,6 +142,7 @@ def flashtune_gqa_paged_decode(
     )
 
 
+@runs_the_op
 def flashtune_gqa_paged_prefill(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
 ):
@@ -147,6 +166,7 @@ def flashtune_gqa_paged_prefill(
     )
 
 
+@runs_the_op
 def flashtune_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
     from flashtune.ops.attention.planless_prefill import ragged_prefill
 
@@ -551,18 +571,21 @@ def torch_gqa_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
 # top_k_top_p is FlashInfer's default order, "top_k_first", as the Definition's reference.
 
 
+@runs_the_op
 def flashtune_top_k_sampling(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     from flashtune.ops.sampling import top_k_sampling_from_probs
 
     return top_k_sampling_from_probs(probs, top_k).long()
 
 
+@runs_the_op
 def flashtune_top_p_sampling(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     from flashtune.ops.sampling import top_p_sampling_from_probs
 
     return top_p_sampling_from_probs(probs, top_p).long()
 
 
+@runs_the_op
 def flashtune_top_k_top_p_sampling(
     probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
@@ -659,11 +682,13 @@ def _flashinfer_block_sparse_wrapper() -> Any:
     return flashinfer.sparse.BlockSparseAttentionWrapper
 
 
-flashtune_block_sparse_attention = _with_setup(
-    "flashtune_block_sparse_attention",
-    "flashtune's BlockSparseAttentionWrapper (a configuration of its paged prefill).",
-    _block_sparse_plan(_flashtune_block_sparse_wrapper),
-    _block_sparse_run,
+flashtune_block_sparse_attention = runs_the_op(
+    _with_setup(
+        "flashtune_block_sparse_attention",
+        "flashtune's BlockSparseAttentionWrapper (a configuration of its paged prefill).",
+        _block_sparse_plan(_flashtune_block_sparse_wrapper),
+        _block_sparse_run,
+    )
 )
 flashinfer_block_sparse_attention = _with_setup(
     "flashinfer_block_sparse_attention",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -244,6 +245,21 @@ def winners(dataset: Path) -> dict[str, str | None]:
     }
 
 
+def own_path_winners(dataset: Path, chosen: dict[str, str | None]) -> list[str]:
+    """The definitions whose winner is flashtune's own op (apply.runs_the_op_itself): the
+    model's calls of those ops run themselves under apply."""
+    from flashtune.apply.solutions import runs_the_op_itself
+    from flashtune.data import Dataset
+
+    ds = Dataset(dataset)
+    return sorted(
+        name
+        for name, winner in chosen.items()
+        if winner is not None
+        and any(s.name == winner and runs_the_op_itself(s) for s in ds.solutions.get(name, []))
+    )
+
+
 def run_loop(
     model: Llama,
     dataset: Path,
@@ -254,49 +270,63 @@ def run_loop(
     decode_steps: int = 3,
     seed: int = 0,
     max_workloads: int | None = None,
+    rounds: int = 3,
 ) -> LoopReport:
-    """Capture -> benchmark -> apply -> run again, on the same prompt both times: generate
-    with capture on (index tensors dumped: the attention workloads need the real page
-    tables; one workload per distinct shape), give every captured definition its candidates
-    (default: the bundled builder's flashtune / torch / FlashInfer solutions), benchmark
-    them, then generate again under enable_apply."""
+    """Capture -> benchmark -> apply -> run again: generate with capture on (index tensors
+    dumped: the attention workloads need the real page tables; one workload per distinct
+    shape), give every captured definition its candidates (default: the bundled builder's
+    flashtune / torch / FlashInfer solutions) and benchmark them. Then the comparison, like
+    for like: the same prompt, fed the captured run's tokens (teacher forcing), without
+    capture, generated `rounds` times without apply and with it in turns (drift falls on
+    both); on a GPU, the decode step captured in a CUDA graph without apply and with it,
+    replays timed in turns."""
     import torch
 
     from flashtune.apply import enable_apply
     from flashtune.capture import CaptureConfig, capture
     from flashtune.data import Dataset
-    from flashtune.models.loop import LoopReport, generate, graph_step_ms
+    from flashtune.models.loop import LoopReport, capture_step, generate, interleaved_ms
 
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (sum(prompt_lens),), generator=gen)
     prompt = prompt.to(model.device)
     with capture(dataset=str(dataset), default=CaptureConfig("dump_int", "shape_only")):
-        before = generate(model, prompt, prompt_lens, decode_steps)
+        captured = generate(model, prompt, prompt_lens, decode_steps)
     skipped = add_solutions(dataset, solutions_for or bundled_solutions_for())
     result = benchmark(dataset, devices, max_workloads)
     statuses: dict[str, int] = {}
     for trace in result.traces:
         status = trace.evaluation.status.value if trace.evaluation is not None else "NONE"
         statuses[status] = statuses.get(status, 0) + 1
-    before_graph, why_before = graph_step_ms(model, prompt_lens)
+    befores, afters = [], []
+    for _ in range(max(rounds, 1)):
+        befores.append(generate(model, prompt, prompt_lens, decode_steps, follow=captured))
+        with enable_apply(dataset=str(dataset)):
+            afters.append(generate(model, prompt, prompt_lens, decode_steps, follow=captured))
+    before, after = befores[0], afters[0]
+    replay_before, why_before = capture_step(model, prompt_lens)
     with enable_apply(dataset=str(dataset)):
-        after = generate(model, prompt, prompt_lens, decode_steps, follow=before)
-        after_graph, why_after = graph_step_ms(model, prompt_lens)
+        replay_after, why_after = capture_step(model, prompt_lens)
+    graph_ms: list[float | None] = [None, None]
+    if replay_before is not None and replay_after is not None:
+        graph_ms = list(interleaved_ms([replay_before, replay_after], model.device))
+    chosen = winners(dataset)
     return LoopReport(
         dataset=dataset,
         captured=sorted(Dataset(dataset).definitions),
         traces=len(result.traces),
         statuses=statuses,
-        winners=winners(dataset),
+        winners=chosen,
+        own_path=own_path_winners(dataset, chosen),
         no_candidates=skipped,
-        before_ms=before.decode_step_ms,
-        after_ms=after.decode_step_ms,
+        before_ms=statistics.median([g.decode_step_ms for g in befores]),
+        after_ms=statistics.median([g.decode_step_ms for g in afters]),
         same_tokens=after.same_tokens(before),
         logits_max_abs_err=after.logits_max_abs_err(before),
         greedy_agreement=after.greedy_agreement(before),
         logits_max_rel_err=after.logits_max_rel_err(before),
-        before_graph_ms=before_graph,
-        after_graph_ms=after_graph,
+        before_graph_ms=graph_ms[0],
+        after_graph_ms=graph_ms[1],
         graph_note=why_before or why_after,
     )
 
@@ -316,6 +346,7 @@ def loop_row(report: LoopReport, options: E2EOptions, decode_steps: int) -> dict
         "latency_ms": report.after_ms,
         "before_ms": report.before_ms,
         "winners": report.winners,
+        "own_path": report.own_path,
         "statuses": report.statuses,
         "same_tokens": report.same_tokens,
         "logits_max_abs_err": report.logits_max_abs_err,

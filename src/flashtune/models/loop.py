@@ -5,9 +5,10 @@ which drives capture, the benchmark runner and apply (layers above this one), is
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,8 +19,9 @@ from flashtune.models.llama import Llama
 __all__ = [
     "Generation",
     "LoopReport",
+    "capture_step",
     "generate",
-    "graph_step_ms",
+    "interleaved_ms",
     "loop_model",
     "format_report",
 ]
@@ -69,8 +71,8 @@ def generate(
 ) -> Generation:
     """A ragged prefill of `prompt` (the requests' tokens, one after another), then
     `decode_steps` greedy steps through eager forwards (every op call goes through the
-    schema hooks, which capture and apply sit on). The model's page table gets new
-    requests each call (never released): its cache needs room for every call's.
+    schema hooks, which capture and apply sit on). The requests are new each call and
+    released at its end (their pages go back to the model's page table).
 
     follow: feed that generation's tokens instead of this one's greedy picks (teacher
     forcing), so both see the same inputs at every step and their logits compare step by
@@ -94,19 +96,18 @@ def generate(
         times.append((time.perf_counter() - start) * 1e3)
         outputs.append(logits.clone())
     tokens.append(model.sample(logits).clone())
-    return Generation(outputs, tokens, sorted(times)[len(times) // 2] if times else 0.0)
+    table.release(requests)
+    return Generation(outputs, tokens, statistics.median(times) if times else 0.0)
 
 
-def graph_step_ms(
-    model: Llama, kv_lens: Sequence[int], repetitions: int = 30
-) -> tuple[float | None, str | None]:
-    """(ms, None): the median CUDA-graph replay of one decode step for fresh requests at
-    these KV lengths, as serving runs a step (whatever apply routes is decided once, at
-    capture); (None, why) off a GPU or where the step cannot be captured."""
+def capture_step(
+    model: Llama, kv_lens: Sequence[int]
+) -> tuple[Callable[[], object] | None, str | None]:
+    """(replay, None): one decode step for fresh requests at these KV lengths captured in a
+    CUDA graph, as serving runs a step (whatever apply routes is decided here, at capture),
+    and the call that replays it; (None, why) off a GPU or where it cannot be captured."""
     if model.device.type != "cuda":
         return None, "no CUDA graphs off a GPU"
-    from flashtune.models.bench import time_ms
-
     table = model.page_table
     requests = [table.add_request(n - 1) for n in kv_lens]
     step = table.step(requests, [1] * len(kv_lens))
@@ -118,7 +119,24 @@ def graph_step_ms(
         return None, f"capture failed: {exc!r:.200}"
     if decode.graph is None:
         return None, "not captured"
-    return time_ms(decode.graph.replay, model.device, repetitions), None
+    return decode.graph.replay, None
+
+
+def interleaved_ms(
+    runs: Sequence[Callable[[], object]],
+    device: torch.device,
+    rounds: int = 5,
+    repetitions: int = 30,
+) -> list[float]:
+    """The median ms of each of `runs`, timed in turns (a, b, a, b, ...) so that a drift of
+    clocks or temperature during the measurement falls on all of them alike."""
+    from flashtune.models.bench import time_ms
+
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for fn, samples in zip(runs, times, strict=True):
+            samples.append(time_ms(fn, device, repetitions))
+    return [statistics.median(samples) for samples in times]
 
 
 def loop_model(
@@ -143,7 +161,8 @@ def loop_model(
 class LoopReport:
     """The loop's outcome. `logits_max_abs_err`: over the prefill and every decode step.
     `winners`: per captured definition, the solution apply dispatches to (None: the op runs
-    itself); `no_candidates`: definitions given no candidate, and why."""
+    itself); `own_path`: those whose winner is flashtune's own op (the model's call runs the
+    op itself); `no_candidates`: definitions given no candidate, and why."""
 
     dataset: Path
     captured: list[str]
@@ -159,11 +178,12 @@ class LoopReport:
     # compare the two step by step.
     greedy_agreement: float = 1.0
     logits_max_rel_err: float = 0.0
-    # The decode step as a CUDA-graph replay before and after apply (graph_step_ms; None
-    # off a GPU, with the reason in graph_note).
+    # The decode step as a CUDA-graph replay before and after apply (capture_step, timed
+    # in turns by interleaved_ms; None off a GPU, with the reason in graph_note).
     before_graph_ms: float | None = None
     after_graph_ms: float | None = None
     graph_note: str | None = None
+    own_path: list[str] = field(default_factory=list)
 
     @property
     def outputs_match(self) -> bool:
@@ -178,7 +198,12 @@ def format_report(report: LoopReport) -> str:
     lines.append(f"traces: {report.traces} {report.statuses}")
     for name, winner in report.winners.items():
         why = report.no_candidates.get(name, "no passing solution")
-        lines.append(f"  {name}: {winner or f'({why}: the op runs itself)'}")
+        if winner is None:
+            lines.append(f"  {name}: ({why}: the op runs itself)")
+        elif name in report.own_path:
+            lines.append(f"  {name}: {winner} (flashtune's own op: it runs itself)")
+        else:
+            lines.append(f"  {name}: {winner}")
     lines.append(
         f"decode step (median, host clock): {report.before_ms:.3f} ms before apply, "
         f"{report.after_ms:.3f} ms after"

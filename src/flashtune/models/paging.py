@@ -107,15 +107,24 @@ class PageTable:
         self._grow(request, kv_len)
         return request
 
+    def release(self, requests: Sequence[int]) -> None:
+        """End these requests: their pages return to the free list (their ids stay taken,
+        holding no pages and no tokens)."""
+        for request in requests:
+            self._free.extend(reversed(self.pages[request]))
+            self.pages[request] = []
+            self.lens[request] = 0
+
     def _grow(self, request: int, new_tokens: int) -> None:
+        needed = -(-(self.lens[request] + new_tokens) // self.page_size)
+        missing = needed - len(self.pages[request])
+        if missing > len(self._free):  # checked first: a refused request takes nothing
+            raise RuntimeError(
+                f"the KV cache is out of pages (request {request} needs {needed}); "
+                "build the model with more pages"
+            )
         self.lens[request] += new_tokens
-        needed = -(-self.lens[request] // self.page_size)
-        while len(self.pages[request]) < needed:
-            if not self._free:
-                raise RuntimeError(
-                    f"the KV cache is out of pages (request {request} needs {needed}); "
-                    "build the model with more pages"
-                )
+        for _ in range(missing):
             self.pages[request].append(self._free.pop())
 
     def step(self, requests: Sequence[int], q_lens: Sequence[int]) -> StepBatch:

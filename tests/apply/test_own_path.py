@@ -1,0 +1,89 @@
+"""A winner that is flashtune's own op (the bundled builder's `flashtune@` solutions): a call
+of that op runs itself instead of going through the solution, so a wrapper keeps its plan and
+no adaptation is paid; a peer's call routed to the same winner still runs the solution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _apply_helpers import add_definition, add_traces, plant, trace
+
+from flashtune.apply import enable_apply
+from flashtune.apply.solutions import runs_the_op_itself
+from flashtune.bench import entry_points
+from flashtune.data import Dataset, Solution
+from flashtune.ops.activation import silu_and_mul, silu_and_mul_ref
+
+OWN = "from flashtune.bench.entry_points import flashtune_silu_and_mul as run\n"
+
+
+def _solution(source: str, **spec: object) -> Solution:
+    return Solution.model_validate(
+        {
+            "name": "s",
+            "definition": "d",
+            "author": "a",
+            "spec": {
+                "language": "python",
+                "entry_point": "main.py::run",
+                "destination_passing_style": False,
+                **spec,
+            },
+            "sources": [{"path": "main.py", "content": source}],
+        }
+    )
+
+
+def test_every_flashtune_entry_of_the_bundled_builder_is_marked() -> None:
+    flashtune_entries = {
+        n
+        for n in vars(entry_points)
+        if n.startswith("flashtune_") and callable(getattr(entry_points, n))
+    }
+    assert flashtune_entries and flashtune_entries == entry_points.OWN_PATH_ENTRIES
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (OWN, True),
+        ('"""doc"""\n# comment\n' + OWN + '\n__all__ = ["run"]\n', True),
+        # a peer's entry, an unmarked name, another symbol, extra code: not the op itself
+        ("from flashtune.bench.entry_points import flashinfer_silu_and_mul as run\n", False),
+        ("from flashtune.bench.entry_points import torch_gemm as run\n", False),
+        ("from flashtune.bench.entry_points import flashtune_silu_and_mul as other\n", False),
+        (OWN + "print('side effect')\n", False),
+        (OWN + "def run(x):\n    return x\n", False),
+        (OWN + "from flashtune.bench.entry_points import flashtune_gemm as run\n", False),
+        ("from .entry_points import flashtune_silu_and_mul as run\n", False),
+        ("from flashtune.bench.entry_points import (\n", False),  # a syntax error
+    ],
+)
+def test_runs_the_op_itself_reads_the_source(source: str, expected: bool) -> None:
+    assert runs_the_op_itself(_solution(source)) is expected
+
+
+def test_destination_passing_or_several_files_is_not_the_op_itself() -> None:
+    assert not runs_the_op_itself(_solution(OWN, destination_passing_style=True))
+    two = _solution(OWN).model_copy(
+        update={"sources": [*_solution(OWN).sources, *_solution("x = 1\n").sources]}
+    )
+    assert not runs_the_op_itself(two)
+
+
+def test_an_own_path_winner_lets_the_op_run_itself(tmp_path) -> None:
+    x = torch.randn(4, 32)
+    ds = Dataset(tmp_path)
+    add_definition(ds, silu_and_mul.definition(x))
+    name = silu_and_mul.bind(x).name
+    plant(ds, name, "flashtune@own", OWN)
+    add_traces(ds, [trace(name, "flashtune@own", dict(silu_and_mul.bind(x).var_axes), 0.1)])
+    expected = silu_and_mul_ref(x)
+    with enable_apply(dataset=ds) as handle:
+        for _ in range(3):  # decided once, then cached by call signature
+            torch.testing.assert_close(silu_and_mul(x), expected)
+        assert (handle.hook.own, handle.hook.hits, handle.hook.misses) == (3, 0, 0)
+        # A peer's call described as this op (an adapter's route) runs the solution: the
+        # caller's own code is the peer's, not flashtune's.
+        torch.testing.assert_close(handle.hook.route(silu_and_mul, (), {"input": x}), expected)
+        assert handle.hook.hits == 1
