@@ -87,3 +87,26 @@ def test_an_own_path_winner_lets_the_op_run_itself(tmp_path) -> None:
         # caller's own code is the peer's, not flashtune's.
         torch.testing.assert_close(handle.hook.route(silu_and_mul, (), {"input": x}), expected)
         assert handle.hook.hits == 1
+
+
+@pytest.mark.parametrize(("own_latency", "winner"), [(0.104, "flashtune@own"), (0.106, "peer")])
+def test_the_table_keeps_the_own_op_within_its_margin(tmp_path, own_latency, winner) -> None:
+    """A peer 4% faster than the op itself is within the measurement's noise (own_margin
+    0.05): the op keeps running itself; 6% faster, the peer wins."""
+    from _apply_helpers import NORM_SRC
+
+    from flashtune.apply import ApplyConfig, ApplyTable
+
+    x = torch.randn(4, 32)
+    ds = Dataset(tmp_path)
+    add_definition(ds, silu_and_mul.definition(x))
+    name = silu_and_mul.bind(x).name
+    axes = dict(silu_and_mul.bind(x).var_axes)
+    plant(ds, name, "flashtune@own", OWN)
+    plant(ds, name, "peer", NORM_SRC)
+    add_traces(
+        ds, [trace(name, "flashtune@own", axes, own_latency), trace(name, "peer", axes, 0.1)]
+    )
+    table = ApplyTable.build(ds)
+    assert table.lookup(name, axes) == winner
+    assert ApplyTable.build(ds, ApplyConfig(own_margin=0.0)).lookup(name, axes) == "peer"

@@ -179,6 +179,44 @@ def test_all_zero_reference_has_no_norm_figure():
     assert near.status is EvaluationStatus.PASSED and near.correctness.rel_norm_error is None
 
 
+def test_the_element_wise_tolerance_judged_with_is_recorded():
+    # apply re-judges a trace by the bench's element-wise rule only when it knows the atol /
+    # rtol the matched_ratio was counted with (flashtune.apply.table.correctness_problem).
+    d = _definition(dtype="bfloat16")
+    ref = torch.randn(64, 8).bfloat16()
+    bf16 = DEFAULT_TOLERANCES["bfloat16"]
+    own = compare_outputs(d, {"y": ref}, {"y": ref.clone()}).correctness
+    assert (own.atol, own.rtol) == (bf16.atol, bf16.rtol)
+    tagged = compare_outputs(_definition(tags=["tol:atol=0.05"]), {"y": ref}, {"y": ref.clone()})
+    assert (tagged.correctness.atol, tagged.correctness.rtol) == (0.05, bf16.rtol)
+    cli = compare_outputs(d, {"y": ref}, {"y": ref.clone()}, 1.0, 0.5).correctness
+    assert (cli.atol, cli.rtol) == (1.0, 0.5)  # a looser bench says so
+    failed = compare_outputs(d, {"y": ref}, {"y": ref + 1})
+    assert failed.status is EvaluationStatus.INCORRECT_NUMERICAL
+    assert (failed.correctness.atol, failed.correctness.rtol) == (bf16.atol, bf16.rtol)
+
+
+def test_multi_output_records_the_loosest_tolerance_with_the_worst_figures():
+    d = Definition.model_validate(
+        {
+            "name": "gqa_demo",
+            "op_type": "gqa_paged",
+            "axes": {"n": {"type": "var"}, "h": {"type": "const", "value": 8}},
+            "inputs": {"x": {"shape": ["n", "h"], "dtype": "bfloat16"}},
+            "outputs": {
+                "lse": {"shape": ["n"], "dtype": "float32"},  # atol 1e-3, rtol 0
+                "output": {"shape": ["n", "h"], "dtype": "bfloat16"},  # 1.6e-2, 1.6e-2
+            },
+            "reference": "def run(x):\n    return x.float().sum(-1), x\n",
+        }
+    )
+    out, lse = torch.randn(16, 8).bfloat16(), torch.linspace(2.0, 16.0, 16)
+    verdict = compare_outputs(d, {"lse": lse, "output": out}, {"lse": lse, "output": out})
+    assert verdict.status is EvaluationStatus.PASSED, verdict.reason
+    bf16 = DEFAULT_TOLERANCES["bfloat16"]
+    assert (verdict.correctness.atol, verdict.correctness.rtol) == (bf16.atol, bf16.rtol)
+
+
 def test_nan_in_both_matches():
     d = _definition(dtype="float32")
     ref = torch.randn(3, 8)

@@ -69,6 +69,34 @@ def test_add_and_reload(tmp_path: Path) -> None:
     assert fresh.load_all() == []
 
 
+def test_correctness_extensions_survive_a_round_trip(tmp_path: Path) -> None:
+    # rel_norm_error and the element-wise atol/rtol (flashtune extensions) are what apply
+    # re-judges a PASSED trace by: a trace written and read back must keep them.
+    t = _trace("scale_h8", 3)
+    t.evaluation.correctness = Correctness(
+        max_absolute_error=1.0,
+        max_relative_error=3.25,
+        matched_ratio=0.9995,
+        rel_norm_error=3e-3,
+        atol=1.6e-2,
+        rtol=float("inf"),  # a tolerance a tag turned off is written as FlashInfer-Bench would
+    )
+    raw = json.loads(t.to_json())
+    assert raw["evaluation"]["correctness"]["atol"] == 1.6e-2
+    assert raw["evaluation"]["correctness"]["rtol"] == "Infinity"
+    assert Trace.model_validate(raw) == t
+    ds = Dataset(tmp_path)
+    ds.add_definition(_definition())
+    ds.append_trace(t, author="me")
+    [back] = Dataset(tmp_path).traces_for("scale_h8")
+    assert back.evaluation.correctness == t.evaluation.correctness
+    # A record without them (older benches, other tools) reads as unknown and writes back
+    # without them.
+    old = Correctness.model_validate({"max_absolute_error": 0.5, "max_relative_error": 0.5})
+    assert (old.atol, old.rtol) == (None, None)
+    assert "atol" not in old.to_dict() and "rtol" not in old.to_dict()
+
+
 def test_filters(tmp_path: Path) -> None:
     ds = Dataset(tmp_path)
     for name, op in [("a_h1", "x"), ("a_h2", "x"), ("b_h1", "y")]:

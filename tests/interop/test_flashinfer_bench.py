@@ -149,6 +149,26 @@ def test_non_finite_floats_are_written_as_flashinfer_bench_writes_them() -> None
     assert ours.to_json() == line  # "NaN" / "Infinity", strict JSON, same bytes
 
 
+def test_flashinfer_bench_reads_the_correctness_extensions() -> None:
+    # rel_norm_error and the element-wise atol/rtol (what apply re-judges PASSED traces by)
+    # are fields FlashInfer-Bench does not know: it reads the record, and its own figures.
+    record = _passed("a", 1, error=1.0)
+    record["evaluation"]["correctness"] |= {
+        "matched_ratio": 0.9995,
+        "rel_norm_error": 3e-3,
+        "atol": 1.6e-2,
+        "rtol": math.inf,
+    }
+    ours = Trace.model_validate(record)
+    line = ours.to_json()
+    theirs = fib.Trace.model_validate_json(line)
+    assert theirs.evaluation is not None and theirs.evaluation.correctness is not None
+    assert theirs.evaluation.correctness.max_absolute_error == 1.0
+    back = Trace.model_validate_json(line).evaluation
+    assert back is not None and back.correctness is not None
+    assert (back.correctness.atol, back.correctness.rtol) == (1.6e-2, math.inf)
+
+
 def test_flashtune_runs_flashinfer_bench_destination_passing_solution(tmp_path: Path) -> None:
     from flashtune.bench.runner import RunOptions, run_benchmark
 
@@ -215,6 +235,12 @@ def test_flashinfer_bench_reads_a_cpu_run(cpu_run: Path, caplog: pytest.LogCaptu
     statuses = {t.evaluation.status for t in traces if t.evaluation}
     assert statuses == {EvaluationStatus.PASSED, EvaluationStatus.SKIPPED}
     passed = [t for t in traces if t.evaluation and t.evaluation.status is EvaluationStatus.PASSED]
+
+    # The deterministic op's traces record the element-wise tolerance they were judged by.
+    norms = [t for t in passed if t.definition == "rmsnorm_h4096"]
+    assert norms and all(
+        t.evaluation.correctness and t.evaluation.correctness.atol is not None for t in norms
+    )
 
     ts = fib.TraceSet.from_path(str(cpu_run))  # raises on any record it does not accept
     theirs = [t for v in ts.traces.values() for t in v]

@@ -10,7 +10,10 @@ Deterministic ops compare each output in three ways, and all three must hold:
 
 A NaN or Inf where the reference is finite always fails. The figures go into the trace's
 Correctness record: max_absolute_error, max_relative_error, matched_ratio, and
-rel_norm_error (the worst ||y - r|| / ||r|| over the outputs).
+rel_norm_error (the worst ||y - r|| / ||r|| over the outputs), with the element-wise atol
+and rtol the matches were counted with (the loosest over the outputs, as the figures are
+the worst): a matched_ratio means nothing without them, and apply re-judges a trace by its
+element-wise rule only when they are no looser than the definition's (flashtune.apply.table).
 
 Why three: matched_ratio alone passed wrong attention kernels. Outputs averaged over 32k
 zero-mean values are about 0.007 in size, below bf16's atol, so an all-zero output "matched"
@@ -233,10 +236,12 @@ def compare_outputs(
 ) -> Verdict:
     """Compare outputs by name; the first shape, dtype or numerical failure decides.
 
-    The Correctness figures are the worst over the outputs compared so far."""
+    The Correctness figures are the worst over the outputs compared so far, and its
+    atol/rtol the loosest element-wise tolerance those were judged with."""
     worst_abs = worst_rel = 0.0
     worst_ratio = 1.0
     worst_norm: float | None = None
+    loosest_atol = loosest_rtol = 0.0
     for name, spec in definition.outputs.items():
         ref = _as_tensor(reference[name])
         out = actual.get(name)
@@ -260,6 +265,9 @@ def compare_outputs(
         tol = tolerance_for(
             definition, spec.dtype, atol, rtol, max_rel_norm=max_rel_norm, max_abs=max_abs
         )
+        # Recorded with the figures: what matched_ratio was counted against (the loosest, so
+        # that no output was judged more loosely than the record says).
+        loosest_atol, loosest_rtol = max(loosest_atol, tol.atol), max(loosest_rtol, tol.rtol)
         o = out.detach().to(device="cpu", dtype=torch.float64)
         r = ref.detach().to(device="cpu", dtype=torch.float64)
         if o.numel() == 0:
@@ -292,6 +300,8 @@ def compare_outputs(
             max_relative_error=worst_rel,
             matched_ratio=worst_ratio,
             rel_norm_error=worst_norm,
+            atol=loosest_atol,
+            rtol=loosest_rtol,
         )
         failure = None
         if new_nonfinite.any():
@@ -326,6 +336,8 @@ def compare_outputs(
             max_relative_error=worst_rel,
             matched_ratio=worst_ratio,
             rel_norm_error=worst_norm,
+            atol=loosest_atol,
+            rtol=loosest_rtol,
         ),
     )
 

@@ -520,6 +520,13 @@ class Correctness(_Model):
     matched_ratio: float | None = None
     # flashtune extension: ||out - ref||_2 / ||ref||_2, the worst over the outputs
     rel_norm_error: float | None = None
+    # flashtune extensions: the element-wise tolerance matched_ratio was measured with (an
+    # element matches when |out - ref| <= atol + rtol * |ref|), the loosest over the outputs
+    # as the figures are the worst. Without it a matched_ratio proves nothing: 1.0 at atol=1
+    # reads like 1.0 at atol=1.6e-2 (apply re-judges traces by it: flashtune.apply.table).
+    # FlashInfer-Bench ignores fields it does not know, as it does rel_norm_error.
+    atol: float | None = None
+    rtol: float | None = None
 
     @field_validator("max_absolute_error", "max_relative_error")
     @classmethod
