@@ -110,3 +110,42 @@ def test_the_table_keeps_the_own_op_within_its_margin(tmp_path, own_latency, win
     table = ApplyTable.build(ds)
     assert table.lookup(name, axes) == winner
     assert ApplyTable.build(ds, ApplyConfig(own_margin=0.0)).lookup(name, axes) == "peer"
+
+
+def test_an_op_with_any_routed_definition_still_binds_its_calls(tmp_path) -> None:
+    """op_routing decides per op, from the table: one definition of the op won by another
+    solution makes every call of it bind and look up (the own-won shape still runs itself)."""
+    from _apply_helpers import calls_of
+
+    peer_src = "CALLS = []\n\ndef run(input):\n    CALLS.append(1)\n    d = input.shape[-1] // 2\n"
+    peer_src += "    return (input[..., :d].float().sigmoid() * input[..., :d].float()"
+    peer_src += " * input[..., d:].float()).to(input.dtype)\n"
+    small, wide = torch.randn(4, 32), torch.randn(4, 64)
+    ds = Dataset(tmp_path)
+    for x, name, src in ((small, "flashtune@own", OWN), (wide, "peer", peer_src)):
+        add_definition(ds, silu_and_mul.definition(x))
+        definition = silu_and_mul.bind(x).name
+        sol = plant(ds, definition, name, src)
+        add_traces(ds, [trace(definition, name, dict(silu_and_mul.bind(x).var_axes), 0.1)])
+    with enable_apply(dataset=ds) as handle:
+        assert handle.runtime.op_routing(silu_and_mul) == "route"
+        torch.testing.assert_close(silu_and_mul(small), silu_and_mul_ref(small))
+        torch.testing.assert_close(silu_and_mul(wide), silu_and_mul_ref(wide))
+        assert (handle.hook.own, handle.hook.hits) == (1, 1)
+    assert calls_of(sol) == [1]
+
+
+def test_an_op_the_table_does_not_cover_runs_itself_unbound(tmp_path) -> None:
+    from flashtune.ops.activation import gelu_and_mul
+
+    x = torch.randn(4, 32)
+    ds = Dataset(tmp_path)
+    add_definition(ds, silu_and_mul.definition(x))
+    name = silu_and_mul.bind(x).name
+    plant(ds, name, "flashtune@own", OWN)
+    add_traces(ds, [trace(name, "flashtune@own", dict(silu_and_mul.bind(x).var_axes), 0.1)])
+    with enable_apply(dataset=ds) as handle:
+        assert handle.runtime.op_routing(gelu_and_mul) == "none"
+        assert handle.runtime.op_routing(silu_and_mul) == "own"
+        gelu_and_mul(x)
+        assert handle.hook.misses == 1

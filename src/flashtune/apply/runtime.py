@@ -96,11 +96,16 @@ class ApplyRuntime:
         # Per definition: the bound-parameter values its reference fixes (eps).
         self._constants: dict[str, dict[str, Any]] = {}
         self._warned_constants: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        # Per op: whether a call of it may reach a solution at all (op_routing).
+        self._op_routing: dict[ApiOp, str] = {}
+        self._own: dict[tuple[str, str], bool] = {}
         self._lock = threading.Lock()
 
     def reload(self) -> None:
         """Re-read the traces (rebuilding the table if they changed)."""
         self.table = ApplyTable.load(self.dataset, self.config)
+        self._op_routing.clear()
+        self._own.clear()
         self._runners.clear()
         self._dtypes.clear()
         self._torch_dtypes.clear()
@@ -209,6 +214,47 @@ class ApplyRuntime:
             return [(n, torch_dtype(s.dtype)) for n, s in d.inputs.items() if s.shape is not None]
         except ValueError:  # a dtype torch cannot name: nothing can be checked
             return None
+
+    def op_routing(self, op: ApiOp) -> str:
+        """Where calls of flashtune's `op` can go, decided once per op from the table alone:
+        "none" (no definition of its schemas has a winner), "own" (every winner of each is
+        flashtune's own op, runs_the_op_itself: the op runs itself whatever the shapes), or
+        "route" (some call may reach a solution: bind the call and look it up). Definition
+        names start with their schema's name_prefix, so matching by prefix may only count
+        too many definitions (never too few): the answer errs towards "route"."""
+        try:
+            return self._op_routing[op]
+        except KeyError:
+            pass
+        prefixes = tuple(schema.name_prefix for schema in op.schemas)
+        names = [
+            n
+            for n in self.table.definitions
+            if any(n == p or n.startswith(p + "_") for p in prefixes)
+        ]
+        routing = "none"
+        for name in names:
+            table = self.table.definitions[name]
+            winners = {w.solution for w in table.buckets.values()}
+            if table.default is not None:
+                winners.add(table.default)
+            if winners:
+                routing = "own"
+            if not all(self._runs_the_op_itself(name, w) for w in winners):
+                routing = "route"
+                break
+        self._op_routing[op] = routing
+        return routing
+
+    def _runs_the_op_itself(self, definition: str, solution_name: str) -> bool:
+        key = (definition, solution_name)
+        if key not in self._own:
+            expected = self.table.solution_hash(definition, solution_name)
+            self._own[key] = any(
+                s.name == solution_name and _hash_or_none(s) == expected and runs_the_op_itself(s)
+                for s in self.dataset.solutions.get(definition, [])
+            )
+        return self._own[key]
 
     def runner(self, definition: str, var_axes: Mapping[str, int]) -> Guarded | None:
         """`run(axes, inputs_in_definition_order)` of the winning solution, or None."""
@@ -469,6 +515,16 @@ class ApplyHook:
             return NOT_HANDLED  # a solution's own op calls: its code, not the table's
         if capture_api.ACTIVE_CAPTURERS:
             capture_api.observe(op, args, kwargs)
+        # An op no call of which can reach a solution runs itself without binding the call
+        # (a wrapper's run() binds through its plan state every call: tens of us a call,
+        # which an eager decode step, bound by the host, pays in full).
+        routing = self.runtime.op_routing(op)
+        if routing != "route":
+            if routing == "own":
+                self.own += 1
+            else:
+                self.misses += 1
+            return NOT_HANDLED
         return self._route(op, args, kwargs, self._plans, True)
 
     def route(self, op: ApiOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
