@@ -335,3 +335,55 @@ def test_definition_reference_matches_the_gathered_reference():
         q, k, v, indptr, indices, R, C, sm_scale=0.2, logits_soft_cap=10.0
     )
     _compare(out, lse, ref_out, ref_lse, torch.float32)
+
+
+def test_merge_identical_block_rows_joins_runs_only():
+    from flashtune.ops.attention.sparse import merge_identical_block_rows
+
+    # rows: [0 1] [0 1] [1 0] [] [] [2] [2] [0 1] (a repeat of row 0, not adjacent to it)
+    indptr = np.array([0, 2, 4, 6, 6, 6, 7, 8, 10])
+    indices = np.array([0, 1, 0, 1, 1, 0, 2, 2, 0, 1])
+    qo = np.array([0, 4, 8, 12, 16, 20, 24, 28, 30])  # the last block row cut at 30
+    merged_qo, merged_ptr, merged = merge_identical_block_rows(qo, indptr, indices)
+    assert merged_qo.tolist() == [0, 8, 12, 20, 28, 30]
+    assert merged_ptr.tolist() == [0, 2, 4, 4, 5, 7]
+    assert merged.tolist() == [0, 1, 1, 0, 2, 0, 1]
+    # Nothing to merge, and a single row, come back as they were.
+    one = merge_identical_block_rows(np.array([0, 3]), np.array([0, 2]), np.array([1, 0]))
+    assert [a.tolist() for a in one] == [[0, 3], [0, 2], [1, 0]]
+
+
+@pytest.mark.parametrize("R,C,M,N", [(1, 4, 9, 32), (4, 16, 30, 64), (16, 4, 37, 36)])
+def test_block_rows_with_the_same_blocks_run_as_one(device, R, C, M, N):
+    """Identical consecutive rows (dense, and runs inside a sparse pattern) are merged into
+    one request by plan: the result is still the reference's, LSE included."""
+    mb, nb = -(-M // R), N // C
+    rows = []
+    for b in range(mb):  # runs of 1-3 equal rows, each run's blocks in a random order
+        if b == 0 or torch.rand(()) < 0.4:
+            cols = torch.nonzero(torch.rand(nb) < 0.6).flatten()
+            cols = cols[torch.randperm(cols.numel())]
+        rows.append(cols)
+    for pattern in (rows, [torch.arange(nb)] * mb):
+        counts = torch.tensor([0] + [r.numel() for r in pattern])
+        indptr, indices = counts.cumsum(0).int(), torch.cat(pattern).int()
+        q, k, v = _qkv(M, N, 4, 2, 64, torch.float16, device)
+        wrapper = BlockSparseAttentionWrapper(_ws(device))
+        wrapper.plan(
+            indptr.to(device),
+            indices.to(device),
+            M,
+            N,
+            R,
+            C,
+            4,
+            2,
+            64,
+            q_data_type=torch.float16,
+            o_data_type=torch.float16,
+        )
+        out, lse = wrapper.run(q, k, v, return_lse=True)
+        ref_out, ref_lse = dense_masked_attention_ref(
+            q, k, v, bsr_dense_mask(indptr, indices, M, N, R, C, None)
+        )
+        _compare(out, lse, ref_out, ref_lse, torch.float16)

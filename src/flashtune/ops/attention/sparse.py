@@ -44,6 +44,7 @@ __all__ = [
     "bsr_mask_to_flat",
     "unpack_mask_bits",
     "bsr_pattern",
+    "merge_identical_block_rows",
 ]
 
 
@@ -117,6 +118,36 @@ def bsr_mask_to_flat(
     valid_t = torch.from_numpy(np.ascontiguousarray(valid)).to(mask.device)
     flat[target_t] = mask.bool()[valid_t]
     return flat
+
+
+def merge_identical_block_rows(
+    qo_indptr: np.ndarray, indptr: np.ndarray, indices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs of consecutive block rows with the same column blocks (same count, same order)
+    as one block row each: (qo_indptr, indptr, indices) of the merged rows (int64, int64,
+    int32). Without
+    a mask, causality or RoPE a query's result depends only on the keys it sees, so the
+    merged rows compute what the rows did. Vectorized: row i repeats row i - 1 when their
+    lengths agree and each element equals the one a row length before it."""
+    lengths = np.diff(indptr)
+    rows = lengths.size
+    same = np.zeros(rows, dtype=bool)
+    if rows > 1:
+        same[1:] = lengths[1:] == lengths[:-1]
+        row_of = np.repeat(np.arange(rows), lengths)
+        element = np.arange(row_of.size)
+        checked = same[row_of]
+        previous = np.where(checked, element - lengths[row_of], element)
+        differs = checked & (indices[element] != indices[previous])
+        same &= np.bincount(row_of[differs], minlength=rows) == 0
+        keep = ~same[row_of]
+    else:
+        keep = np.ones(indices.size, dtype=bool)
+    first = np.flatnonzero(~same)  # row 0 always starts a run
+    merged_qo = np.append(qo_indptr[first], qo_indptr[-1]).astype(np.int64)
+    merged_ptr = np.zeros(first.size + 1, dtype=np.int64)
+    np.cumsum(lengths[first], out=merged_ptr[1:])
+    return merged_qo, merged_ptr, np.ascontiguousarray(indices[keep], dtype=np.int32)
 
 
 def convert_bsr_mask_layout(mask: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
@@ -255,12 +286,19 @@ class BlockSparseAttentionWrapper(_SparseWrapper):
             custom_mask = bsr_mask_to_flat(mask, ptr, row_lens, C)
         q_dtype = _dtype(q_data_type, "q_data_type")
         self._o_dtype = _dtype(o_data_type, "o_data_type")
+        kv_ptr, kv_indices = ptr, indices
+        if custom_mask is None and not causal and pos_encoding_mode == "NONE":
+            # Where nothing depends on a query's place in its block row, block rows with the
+            # same blocks are one request: K/V read once for all of them, and query tiles
+            # filled (density 1.0 is then the dense prefill: the format costs nothing).
+            qo_indptr, kv_ptr, merged = merge_identical_block_rows(qo_indptr, ptr, cols[:nnz])
+            kv_indices = torch.from_numpy(merged)
         # Host index arrays (already copied above): the prefill plan reads them sync-free.
         self._prefill.plan(
             torch.from_numpy(qo_indptr),
-            torch.from_numpy(ptr),
-            indices,
-            torch.full((num_block_rows,), C, dtype=torch.int32),
+            torch.from_numpy(kv_ptr),
+            kv_indices,
+            torch.full((len(qo_indptr) - 1,), C, dtype=torch.int32),
             num_qo_heads,
             num_kv_heads,
             head_dim,
