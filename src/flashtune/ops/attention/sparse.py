@@ -10,7 +10,9 @@ blocks becomes the prefill's custom mask, in the prefill's layout (request after
 pos_encoding_mode, logits_soft_cap, sm_scale, RoPE parameters, dtypes, return_lse) is the
 prefill's, so it means what it means there: `causal` aligns a block row's queries
 bottom-right against the concatenation of its blocks' keys, and ROPE_LLAMA places a key at
-its index in that concatenation, exactly as FlashInfer 0.2.14 does.
+its index in that concatenation, exactly as FlashInfer 0.2.14 does. Without a mask, causality
+or RoPE, consecutive block rows with the same blocks are planned as one request
+(`merge_identical_block_rows`): density 1.0 is then the dense prefill.
 
 `VariableBlockSparseAttentionWrapper` (per-row / per-column block sizes, a pattern per KV
 head) expands its blocks to a token-level page table (page_size 1): request (KV head h,
