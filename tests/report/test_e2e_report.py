@@ -60,6 +60,10 @@ def _rows() -> list[dict[str, Any]]:
             "latency_ms": 9.0,
             "before_ms": 10.0,
             "winners": {"gemm_n4096_k4096": "flashtune@gemm_n4096_k4096", "rmsnorm_h4096": None},
+            "own_path": ["gemm_n4096_k4096"],
+            "before_graph_ms": 1.122,
+            "after_graph_ms": 1.123,
+            "commit": "7cdf651aa",
             "same_tokens": True,
             "gpu": GPU,
         }
@@ -102,7 +106,8 @@ def test_the_section_plots_one_series_per_backend() -> None:
     for table in ("e2e-decode", "e2e-speedups", "e2e-prefill", "e2e-loop"):
         assert page.find("table", class_=table), table
     assert "4.00x" in words and "results/e2e.jsonl" in words
-    assert "flashtune@gemm_n4096_k4096" in words and "rmsnorm_h4096: itself" in words
+    assert "flashtune@gemm_n4096_k4096 (its own op)" in words and "rmsnorm_h4096: itself" in words
+    assert "1.122" in words and "1.123" in words and "7cdf651a" in words  # graph step, commit
 
 
 def test_a_setup_per_model_and_an_empty_file_says_so() -> None:

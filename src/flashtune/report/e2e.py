@@ -201,7 +201,11 @@ def _loop_part(rows: Sequence[Row]) -> str:
     for r in loops:
         shape = r.get("shape") or {}
         winners = r.get("winners") or {}
-        chosen = ", ".join(f"{_e(d)}: {_e(w or 'itself')}" for d, w in sorted(winners.items()))
+        own = set(r.get("own_path") or ())  # winners that are flashtune's own op (runs itself)
+        chosen = ", ".join(
+            f"{_e(d)}: {_e(w or 'itself')}{' (its own op)' if d in own else ''}"
+            for d, w in sorted(winners.items())
+        )
         # Rows since the loop feeds both runs the same tokens carry outputs_match (logits
         # within the e2e tolerance at every step); older rows only same_tokens.
         ok = r.get("outputs_match", r.get("same_tokens"))
@@ -210,14 +214,19 @@ def _loop_part(rows: Sequence[Row]) -> str:
         if agree is not None:
             same += f" (greedy {agree:.0%}, rel err {r.get('logits_max_rel_err', 0.0):.1e})"
         before, after = r.get("before_ms"), r.get("latency_ms")
+        commit = str(r.get("commit") or "")[:8]
         body.append(
             f"<tr><td>{_e(r.get('gpu'))}</td><td>{_e(shape.get('model'))}</td>"
+            f"<td>{_e(commit)}</td>"
             f"<td class='num'>{_fmt_ms(before)}</td><td class='num'>{_fmt_ms(after)}</td>"
+            f"<td class='num'>{_fmt_ms(r.get('before_graph_ms'))}</td>"
+            f"<td class='num'>{_fmt_ms(r.get('after_graph_ms'))}</td>"
             f"<td>{same}</td><td class='dim'>{chosen}</td></tr>"
         )
     return (
         "<h3>capture &rarr; run &rarr; apply</h3><table class='e2e-loop'><tr><th>GPU</th>"
-        "<th>model</th><th>decode step before apply (ms)</th><th>after (ms)</th>"
+        "<th>model</th><th>commit</th><th>eager decode step before apply (ms)</th>"
+        "<th>after (ms)</th><th>CUDA-graph step before (ms)</th><th>after (ms)</th>"
         f"<th>outputs</th><th>winner per definition</th></tr>{''.join(body)}</table>"
     )
 
