@@ -6,6 +6,7 @@
     python scripts/flashinfer_dropin/run.py --collect-only  # no GPU needed: what would run
     python scripts/flashinfer_dropin/run.py --cpu --files test_norm -k "111 and -19]"
     python scripts/flashinfer_dropin/run.py --triton-cache ~/.cache/ft-dropin --per-test-timeout 120
+    python scripts/flashinfer_dropin/run.py --full --resume summary.json   # what a deadline cut
 
 The tests come from the FlashInfer sdist (.peer/, filled by scripts/fetch_gpu_deps.sh); they
 run unchanged, each file in its own pytest process (a CUDA fault in one file cannot poison
@@ -149,6 +150,11 @@ def sample(nodeids: list[str], per_file: int | None) -> list[str]:
 # --------------------------------------------------------------------------- child: one file
 
 
+def selected_ids(result: Path) -> Path:
+    """Where a child writes the ids of the tests it selected, beside its result file."""
+    return result.with_suffix(".ids.json")
+
+
 class SamplingPlugin:
     """pytest plugin: keep a file's sample, record each test's outcome, and rewrite the result
     file after each one (a file that times out or crashes the process keeps what it ran)."""
@@ -159,11 +165,13 @@ class SamplingPlugin:
         per_file: int | None,
         result: Path,
         shard: tuple[int, int] = (0, 1),
+        only: set[str] | None = None,
     ) -> None:
         self.test_file = test_file
         self.per_file = per_file
         self.shard = shard
         self.result = result
+        self.only = only  # --resume: run only these test ids (before sampling)
         self.collected = 0
         self.selected: list[str] = []
         self.outcomes: dict[str, dict[str, Any]] = {}
@@ -195,13 +203,19 @@ class SamplingPlugin:
     def pytest_collection_modifyitems(self, session: Any, config: Any, items: list[Any]) -> None:
         self.collected = len(items)
         index, count = self.shard  # this process's part of the sample, in collection order
-        keep = set(sample([item.nodeid for item in items], self.per_file)[index::count])
+        candidates = [item.nodeid for item in items]
+        if self.only is not None:
+            candidates = [nodeid for nodeid in candidates if nodeid in self.only]
+        keep = set(sample(candidates, self.per_file)[index::count])
         kept = [item for item in items if item.nodeid in keep]
         dropped = [item for item in items if item.nodeid not in keep]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
         items[:] = kept
         self.selected = [item.nodeid for item in kept]
+        # The ids once, beside the result: a run stopped by its deadline lists the ones it
+        # did not reach from them (pytest runs the kept items in this order).
+        selected_ids(self.result).write_text(json.dumps(self.selected))
         self.write(finished=False)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
@@ -243,13 +257,14 @@ def run_child(
     per_test_timeout: float | None = None,
     cpu: bool = False,
     shard: tuple[int, int] = (0, 1),
+    only: set[str] | None = None,
 ) -> int:
     sys.path.insert(0, str(STANDIN))
     if cpu:
         import cpu_graphs  # this folder is sys.path[0]: the script's own
 
         cpu_graphs.install()
-    plugin = SamplingPlugin(test_file, per_file, result, shard)
+    plugin = SamplingPlugin(test_file, per_file, result, shard, only)
     args = [
         str(test_file),
         "-q",
@@ -375,6 +390,7 @@ def _merge_shards(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     not_reached = sum(p.get("not_reached", 0) for p in payloads)
     if not_reached:
         merged["not_reached"] = not_reached
+        merged["not_reached_ids"] = [i for p in payloads for i in p.get("not_reached_ids", [])]
     merged["output_tail"] = payloads[0].get("output_tail", "")
     exits = [p.get("pytest_exit") for p in payloads]
     merged["pytest_exit"] = None if None in exits else max(e for e in exits if e is not None)
@@ -392,9 +408,11 @@ def run_file(
     triton_cache: Path | None = None,
     deadline: float | None = None,
     workers: int = 1,
+    only: list[str] | None = None,
 ) -> dict[str, Any]:
     """One file's sample in `workers` child processes side by side (shard k runs every
-    workers-th test of the sample, from the k-th), merged into one result."""
+    workers-th test of the sample, from the k-th), merged into one result. `only`: run just
+    these test ids (--resume)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ)
         # standin first, then flashtune's sources (a checkout that is not pip-installed).
@@ -413,6 +431,10 @@ def run_file(
         options += ["-k", select] if select else []
         options += ["--per-test-timeout", str(per_test_timeout)] if per_test_timeout else []
         options += ["--cpu"] if cpu else []
+        if only is not None:
+            ids_file = Path(tmp) / "only.json"
+            ids_file.write_text(json.dumps(only))
+            options += ["--ids", str(ids_file)]
         results = [Path(tmp) / f"result{k}.json" for k in range(workers)]
         commands = [
             [sys.executable, __file__, "--child", str(test_file), "--result", str(result)]
@@ -461,6 +483,9 @@ def _shard_payload(
         stopped = STOP or (deadline is not None and time.perf_counter() >= deadline - 1)
         if stopped and ran:
             payload["not_reached"] = payload["selected"] - ran
+            ids = selected_ids(result)
+            if ids.exists():  # the tests after the first `ran`, in the order pytest runs them
+                payload["not_reached_ids"] = json.loads(ids.read_text())[ran:]
         else:
             payload["counts"]["error"] += max(payload["selected"] - ran, 1)
     payload["output_tail"] = tail[-1500:]
@@ -495,6 +520,13 @@ def main() -> int:
         default=1,
         help="test processes a file, side by side (its sample split between them; 1)",
     )
+    ap.add_argument(
+        "--resume",
+        type=Path,
+        help="a summary of an earlier run stopped by its deadline: run only the tests it did "
+        "not reach (not_reached_ids) and the files it did not start (not_run)",
+    )
+    ap.add_argument("--ids", type=Path, help=argparse.SUPPRESS)  # a child's --resume ids
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -513,11 +545,21 @@ def main() -> int:
             opts.per_test_timeout,
             opts.cpu,
             (index, count),
+            set(json.loads(opts.ids.read_text())) if opts.ids else None,
         )
 
     if opts.per_test_timeout and importlib.util.find_spec("pytest_timeout") is None:
         raise SystemExit("--per-test-timeout needs pytest-timeout (pip install pytest-timeout)")
     names = [n.strip().removesuffix(".py") for n in opts.files.split(",")] if opts.files else FILES
+    resume: dict[str, list[str]] = {}  # file -> the ids to run (a file absent: all of it)
+    if opts.resume is not None:
+        earlier = json.loads(opts.resume.read_text())
+        resume = {
+            row["file"]: row["not_reached_ids"]
+            for row in earlier["files"]
+            if row.get("not_reached_ids")
+        }
+        names = [*resume, *earlier.get("not_run", [])]
     deadline = time.perf_counter() + opts.deadline if opts.deadline else None
     signal.signal(signal.SIGTERM, _interrupt)  # an outer `timeout`: report, then stop
     not_run: list[str] = []
@@ -544,6 +586,7 @@ def main() -> int:
                     opts.triton_cache,
                     deadline,
                     opts.workers,
+                    resume.get(name),
                 )
             except KeyboardInterrupt:  # between two files' processes
                 STOP.append("interrupted")

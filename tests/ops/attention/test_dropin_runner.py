@@ -137,8 +137,20 @@ def test_deadline_reports_what_ran_and_what_did_not(tmp_path):
     assert row["file"] == "test_first" and not row["finished"]
     # The test running at the deadline is not reached, not an error: nothing failed.
     assert row["counts"]["passed"] == 1 and row["counts"]["error"] == 0
-    assert row["not_reached"] == 1
+    assert row["not_reached"] == 1 and row["not_reached_ids"] == ["test_first.py::test_slow"]
     assert summary["not_run"] == ["test_second"] and not summary["interrupted"]
+    # --resume runs what the deadline cut: test_first's unreached test, and test_second
+    # whole (its test_slow fails by the per-test timeout instead of sleeping a minute).
+    resumed = tmp_path / "resumed.json"
+    command = [sys.executable, str(DROPIN / "run.py"), "--tests-dir", str(tmp_path), "--full"]
+    command += ["--resume", str(out), "--out", str(resumed), "--per-test-timeout", "3"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, second = json.loads(resumed.read_text())["files"]
+    assert (first["file"], first["selected"], first["collected"]) == ("test_first", 1, 2)
+    assert list(first["failures"]) == ["test_first.py::test_slow"]
+    assert (second["file"], second["selected"]) == ("test_second", 2)
+    assert second["counts"]["passed"] == 1
 
 
 def test_sigterm_writes_the_summary_of_what_ran(tmp_path):
