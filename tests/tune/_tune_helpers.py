@@ -58,7 +58,9 @@ class CompoundRunner(FakeRunner):
     COSTS = {-1: 5.0, (64, (2, 3)): 1.0, (128, (4, 1)): 2.0}
 
 
-CONFIG = TuningConfig(dynamic_dims=(DynamicDim(0, 0),), cold_l2=False)
+# The fake clock never varies: no confirmation rounds, so every tactic is timed exactly once
+# (test_confirmation.py covers them with a clock that does vary).
+CONFIG = TuningConfig(dynamic_dims=(DynamicDim(0, 0),), cold_l2=False, confirm_rounds=0)
 
 
 def use_fake_clock() -> None:

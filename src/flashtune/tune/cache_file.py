@@ -50,6 +50,7 @@ __all__ = [
     "read_cache_file",
     "write_cache_file",
     "backup_file",
+    "corrupt_entries",
     "encode_key",
     "decode_key",
 ]
@@ -324,3 +325,10 @@ def merge_files(paths: list[Path]) -> tuple[dict[CacheKey, Entry], dict[str, Any
                 conflicts += 1
             entries[key] = entry
     return entries, metadata or {}, conflicts
+
+
+def corrupt_entries(found: FileRead) -> str:
+    """'2 corrupt entries (why; why)', for warnings about a file's bad entries."""
+    n = len(found.dropped)
+    shown = "; ".join(found.dropped[:3]) + ("; ..." if n > 3 else "")
+    return f"{n} corrupt entr{'y' if n == 1 else 'ies'} ({shown})"

@@ -146,6 +146,11 @@ class TuningConfig:
     check_tolerance: a tactic whose output differs from the default tactic's by more than
         this relative (Frobenius) error is excluded as wrong; None picks one from the dtype.
     compile_workers: threads for the runners' `warmup` hooks (parallel compilation).
+    confirm_top / confirm_rounds: after every tactic is timed once, the confirm_top fastest
+        (and the default tactic) are timed again confirm_rounds times in turns, and the pick
+        is the fastest by those medians alone: the least of many single measurements is
+        biased low (one lucky measurement wins), and a pick made by noise would stay cached.
+        0 rounds: the first measurements decide.
     """
 
     dynamic_dims: tuple[DynamicDim, ...] = ()
@@ -160,6 +165,8 @@ class TuningConfig:
     max_seconds_per_tactic: float = 1.0
     check_tolerance: float | None = None
     compile_workers: int = 8
+    confirm_top: int = 3
+    confirm_rounds: int = 2
 
 
 def _shape_of(x: Any) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -37,6 +37,7 @@ from flashtune.tune.cache_file import (
     Entry,
     FileRead,
     backup_file,
+    corrupt_entries,
     current_metadata,
     read_cache_file,
     stored_form,
@@ -52,6 +53,7 @@ from flashtune.tune.runner import (
     make_profile,
     make_tuning_inputs,
 )
+from flashtune.tune.selection import TacticFailure, TuneStats, confirm_pick
 
 __all__ = ["AutoTuner", "AutotuneWarning", "TacticFailure", "TuneStats", "autotune"]
 
@@ -67,28 +69,6 @@ _PROGRESS_MIN_TACTICS = 8
 
 class AutotuneWarning(UserWarning):
     """A config file that could not be used, or tuning that could not happen."""
-
-
-@dataclass(frozen=True)
-class TacticFailure:
-    """A candidate excluded while profiling, and why."""
-
-    op_name: str
-    runner: str
-    tactic: Tactic
-    profile: Profile
-    reason: str
-
-
-@dataclass
-class TuneStats:
-    """Counters for the summary logged when an `autotune` context exits."""
-
-    shapes_tuned: int = 0
-    tactics_timed: int = 0
-    tactics_failed: int = 0
-    cache_hits: int = 0
-    seconds: float = 0.0
 
 
 def _measure(fn: Any, args: Sequence[Any], **kwargs: Any) -> timing.Timing:
@@ -325,7 +305,7 @@ class AutoTuner:
             candidates = [c for c in candidates if c != (0, DEFAULT_TACTIC)]
         input_sets = self._input_sets(tuning_inputs, config)
 
-        best: tuple[int, Tactic, float] | None = None
+        results: list[tuple[int, Tactic, float]] = []
         timings = self.timings.setdefault((op_name, profile), {})
         with self._progress(op_name, profile, len(candidates)) as advance:
             for index, tactic in candidates:
@@ -336,16 +316,7 @@ class AutoTuner:
                         if wrong:
                             self._fail(op_name, runner, tactic, profile, wrong)
                             continue
-                    measured = _measure(
-                        functools.partial(_call, runner, tactic),
-                        tuning_inputs,
-                        warmup=config.warmup,
-                        repetitions=config.repetitions,
-                        cold_l2=config.cold_l2,
-                        use_cuda_graph=config.use_cuda_graph and runner.supports_cuda_graph,
-                        input_sets=input_sets,
-                        max_seconds=config.max_seconds_per_tactic,
-                    )
+                    median = _time_tactic(runner, tactic, tuning_inputs, input_sets, config)
                 except Exception as exc:
                     self._fail(op_name, runner, tactic, profile, f"raised {exc!r}")
                     _recover_device(exc)
@@ -353,7 +324,6 @@ class AutoTuner:
                 finally:
                     advance()
                 self.stats.tactics_timed += 1
-                median = _nan_safe(measured.median_ms)
                 timings[(runner.name, tactic)] = median
                 logger.debug(
                     "autotune: %s %s %s tactic %r: %.4f ms",
@@ -363,9 +333,9 @@ class AutoTuner:
                     tactic,
                     median,
                 )
-                if best is None or median < best[2]:
-                    best = (index, tactic, median)
+                results.append((index, tactic, median))
 
+        best = self._confirm(op_name, runners, config, tuning_inputs, input_sets, profile, results)
         elapsed = time.perf_counter() - start
         self.stats.seconds += elapsed
         if best is None:
@@ -392,6 +362,32 @@ class AutoTuner:
             elapsed,
         )
         return index, tactic
+
+    def _confirm(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        config: TuningConfig,
+        inputs: Sequence[Any],
+        input_sets: Any,
+        profile: Profile,
+        results: Sequence[tuple[int, Tactic, float]],
+    ) -> tuple[int, Tactic, float] | None:
+        """The pick among `results` (selection.confirm_pick); a finalist raising now is
+        excluded like any failing tactic."""
+
+        def time_once(index: int, tactic: Tactic) -> float | None:
+            try:
+                return _time_tactic(runners[index], tactic, inputs, input_sets, config)
+            except Exception as exc:
+                self._fail(op_name, runners[index], tactic, profile, f"raised {exc!r}")
+                _recover_device(exc)
+                return None
+
+        pick, medians = confirm_pick(results, time_once, config.confirm_top, config.confirm_rounds)
+        timings = self.timings.setdefault((op_name, profile), {})
+        timings.update({(runners[i].name, t): m for (i, t), m in medians.items()})
+        return pick
 
     def _compile(
         self,
@@ -548,7 +544,7 @@ class AutoTuner:
                     if found.dropped:
                         self._warn_once(
                             ("bundled-entries", str(path)),
-                            f"autotune: bundled config {path} has {_corrupt_entries(found)}; "
+                            f"autotune: bundled config {path} has {corrupt_entries(found)}; "
                             "the others are used",
                         )
                 elif found.status == "corrupt":
@@ -598,7 +594,7 @@ class AutoTuner:
             else:
                 if found.dropped:
                     warnings.warn(
-                        f"autotune config file {found.path}: ignoring {_corrupt_entries(found)}; "
+                        f"autotune config file {found.path}: ignoring {corrupt_entries(found)}; "
                         f"its {len(found.entries)} other entries are loaded",
                         AutotuneWarning,
                         stacklevel=3,
@@ -675,7 +671,7 @@ class AutoTuner:
             # Rewriting drops the bad entries for good: keep the file as it was first.
             backup = backup_file(path)
             warnings.warn(
-                f"autotune: {path} has {_corrupt_entries(on_disk)}; kept a copy at {backup} and "
+                f"autotune: {path} has {corrupt_entries(on_disk)}; kept a copy at {backup} and "
                 "writing the file without them",
                 AutotuneWarning,
                 stacklevel=4,
@@ -690,6 +686,23 @@ class AutoTuner:
 
 def _call(runner: TunableRunner, tactic: Tactic, *args: Any) -> Any:
     return runner.forward(args, tactic)
+
+
+def _time_tactic(
+    runner: TunableRunner, tactic: Tactic, inputs: Sequence[Any], input_sets: Any, c: TuningConfig
+) -> float:
+    """One tactic's median ms, by the config's timing effort."""
+    measured = _measure(
+        functools.partial(_call, runner, tactic),
+        inputs,
+        warmup=c.warmup,
+        repetitions=c.repetitions,
+        cold_l2=c.cold_l2,
+        use_cuda_graph=c.use_cuda_graph and runner.supports_cuda_graph,
+        input_sets=input_sets,
+        max_seconds=c.max_seconds_per_tactic,
+    )
+    return _nan_safe(measured.median_ms)
 
 
 def _recover_device(exc: BaseException) -> None:
@@ -770,13 +783,6 @@ def autotune(
                     now.seconds - before.seconds,
                     f"; saved to {cache}" if saved else "",
                 )
-
-
-def _corrupt_entries(found: FileRead) -> str:
-    """'2 corrupt entries (why; why)', for warnings about a file's bad entries."""
-    n = len(found.dropped)
-    shown = "; ".join(found.dropped[:3]) + ("; ..." if n > 3 else "")
-    return f"{n} corrupt entr{'y' if n == 1 else 'ies'} ({shown})"
 
 
 def _nan_safe(x: float) -> float:
