@@ -34,6 +34,19 @@ def _solution(source: str, **spec: object) -> Solution:
     )
 
 
+def _plant_silu(
+    ds: Dataset, x: torch.Tensor, solutions: dict[str, tuple[str, float]]
+) -> tuple[str, dict[str, Solution]]:
+    """silu_and_mul's definition at x's shape in `ds`, and a solution per name (source,
+    traced latency) with a PASSED trace at x's var axes: (definition name, solutions)."""
+    add_definition(ds, silu_and_mul.definition(x))
+    call = silu_and_mul.bind(x)
+    planted = {n: plant(ds, call.name, n, src) for n, (src, _) in solutions.items()}
+    axes = dict(call.var_axes)
+    add_traces(ds, [trace(call.name, n, axes, latency) for n, (_, latency) in solutions.items()])
+    return call.name, planted
+
+
 def test_every_flashtune_entry_of_the_bundled_builder_is_marked() -> None:
     flashtune_entries = {
         n
@@ -74,10 +87,7 @@ def test_destination_passing_or_several_files_is_not_the_op_itself() -> None:
 def test_an_own_path_winner_lets_the_op_run_itself(tmp_path) -> None:
     x = torch.randn(4, 32)
     ds = Dataset(tmp_path)
-    add_definition(ds, silu_and_mul.definition(x))
-    name = silu_and_mul.bind(x).name
-    plant(ds, name, "flashtune@own", OWN)
-    add_traces(ds, [trace(name, "flashtune@own", dict(silu_and_mul.bind(x).var_axes), 0.1)])
+    _plant_silu(ds, x, {"flashtune@own": (OWN, 0.1)})
     expected = silu_and_mul_ref(x)
     with enable_apply(dataset=ds) as handle:
         for _ in range(3):  # decided once, then cached by call signature
@@ -99,14 +109,8 @@ def test_the_table_keeps_the_own_op_within_its_margin(tmp_path, own_latency, win
 
     x = torch.randn(4, 32)
     ds = Dataset(tmp_path)
-    add_definition(ds, silu_and_mul.definition(x))
-    name = silu_and_mul.bind(x).name
+    name, _ = _plant_silu(ds, x, {"flashtune@own": (OWN, own_latency), "peer": (NORM_SRC, 0.1)})
     axes = dict(silu_and_mul.bind(x).var_axes)
-    plant(ds, name, "flashtune@own", OWN)
-    plant(ds, name, "peer", NORM_SRC)
-    add_traces(
-        ds, [trace(name, "flashtune@own", axes, own_latency), trace(name, "peer", axes, 0.1)]
-    )
     table = ApplyTable.build(ds)
     assert table.lookup(name, axes) == winner
     assert ApplyTable.build(ds, ApplyConfig(own_margin=0.0)).lookup(name, axes) == "peer"
@@ -122,11 +126,9 @@ def test_an_op_with_any_routed_definition_still_binds_its_calls(tmp_path) -> Non
     peer_src += " * input[..., d:].float()).to(input.dtype)\n"
     small, wide = torch.randn(4, 32), torch.randn(4, 64)
     ds = Dataset(tmp_path)
-    for x, name, src in ((small, "flashtune@own", OWN), (wide, "peer", peer_src)):
-        add_definition(ds, silu_and_mul.definition(x))
-        definition = silu_and_mul.bind(x).name
-        sol = plant(ds, definition, name, src)
-        add_traces(ds, [trace(definition, name, dict(silu_and_mul.bind(x).var_axes), 0.1)])
+    _plant_silu(ds, small, {"flashtune@own": (OWN, 0.1)})
+    _, planted = _plant_silu(ds, wide, {"peer": (peer_src, 0.1)})
+    sol = planted["peer"]
     with enable_apply(dataset=ds) as handle:
         assert handle.runtime.op_routing(silu_and_mul) == "route"
         torch.testing.assert_close(silu_and_mul(small), silu_and_mul_ref(small))
@@ -140,10 +142,7 @@ def test_an_op_the_table_does_not_cover_runs_itself_unbound(tmp_path) -> None:
 
     x = torch.randn(4, 32)
     ds = Dataset(tmp_path)
-    add_definition(ds, silu_and_mul.definition(x))
-    name = silu_and_mul.bind(x).name
-    plant(ds, name, "flashtune@own", OWN)
-    add_traces(ds, [trace(name, "flashtune@own", dict(silu_and_mul.bind(x).var_axes), 0.1)])
+    _plant_silu(ds, x, {"flashtune@own": (OWN, 0.1)})
     with enable_apply(dataset=ds) as handle:
         assert handle.runtime.op_routing(gelu_and_mul) == "none"
         assert handle.runtime.op_routing(silu_and_mul) == "own"

@@ -240,13 +240,15 @@ class ApplyRuntime:
                 winners.add(table.default)
             if winners:
                 routing = "own"
-            if not all(self._runs_the_op_itself(name, w) for w in winners):
+            if not all(self.winner_runs_the_op_itself(name, w) for w in winners):
                 routing = "route"
                 break
         self._op_routing[op] = routing
         return routing
 
-    def _runs_the_op_itself(self, definition: str, solution_name: str) -> bool:
+    def winner_runs_the_op_itself(self, definition: str, solution_name: str) -> bool:
+        """Whether the table's `solution_name` of `definition`, as its traces measured it
+        (content hash), is flashtune's own op (runs_the_op_itself)."""
         key = (definition, solution_name)
         if key not in self._own:
             expected = self.table.solution_hash(definition, solution_name)

@@ -246,17 +246,17 @@ def winners(dataset: Path) -> dict[str, str | None]:
 
 
 def own_path_winners(dataset: Path, chosen: dict[str, str | None]) -> list[str]:
-    """The definitions whose winner is flashtune's own op (apply.runs_the_op_itself): the
-    model's calls of those ops run themselves under apply."""
-    from flashtune.apply.solutions import runs_the_op_itself
+    """The definitions whose winner is flashtune's own op, as apply decides it
+    (ApplyRuntime.winner_runs_the_op_itself: the content its traces measured): the model's
+    calls of those ops run themselves under apply."""
+    from flashtune.apply import ApplyRuntime
     from flashtune.data import Dataset
 
-    ds = Dataset(dataset)
+    runtime = ApplyRuntime(Dataset(dataset))
     return sorted(
         name
         for name, winner in chosen.items()
-        if winner is not None
-        and any(s.name == winner and runs_the_op_itself(s) for s in ds.solutions.get(name, []))
+        if winner is not None and runtime.winner_runs_the_op_itself(name, winner)
     )
 
 
