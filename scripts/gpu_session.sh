@@ -6,7 +6,7 @@
 #   bash scripts/gpu_session.sh decode-variants dropin-full   # issue 14 and 18
 # Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
 # DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit) and DROPIN_WORKERS
-# (test processes a file, 4), E2E_ARGS.
+# (test processes a file, 4), DROPIN_K (a pytest -k expression for dropin-full), E2E_ARGS.
 # Needs the ignored folder .peer/ (made by scripts/fetch_gpu_deps.sh) carried along: FlashInfer's source archive (the peer) and
 # wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
 # files come back from it: benchmarks write their rows there through RowWriter). The copy's
@@ -88,7 +88,7 @@ for stage in "$@"; do
         2>&1 | tee "$OUT/dropin.log" | tail -n 40 ;;
     dropin-full)  # whole test files (DROPIN_FILES), the sample split over DROPIN_WORKERS processes
       python3 scripts/flashinfer_dropin/run.py --full --files "${DROPIN_FILES:-test_block_sparse}" \
-        --deadline "${DROPIN_DEADLINE:-450}" --per-test-timeout 120 --triton-cache /tmp/ft-triton \
+        ${DROPIN_K:+-k "$DROPIN_K"} --deadline "${DROPIN_DEADLINE:-450}" --per-test-timeout 120 --triton-cache /tmp/ft-triton \
         --workers "${DROPIN_WORKERS:-6}" 2>&1 | tee "$OUT/dropin_full.log" | tail -n 20 ;;
     e2e-profile)  # per-kernel time of one decode step per backend (PROFILE_ARGS)
       timeout 400 python3 benchmarks/profile_e2e.py ${PROFILE_ARGS:---batch 1 --kv-len 1024} \

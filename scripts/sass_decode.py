@@ -31,11 +31,15 @@ from flashtune.ops.attention.decode_config import DecodeLaunch, DecodeTactic
 from flashtune.ops.attention.page import build_page_table
 
 TARGET = GPUTarget("cuda", 90, 32)
+LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+RESOURCE = re.compile(r"\b(?:REG|STACK|SHARED|LOCAL):\d+")
 INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
 
 
 def sass_of_launch(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The SASS a GPU launch of `kernel` with these arguments would compile (sm_90)."""
+    """The SASS a GPU launch of `kernel` with these arguments would compile (sm_90), after
+    a line with its resources (registers, stack, local memory, shared memory)."""
     backend = make_backend(TARGET)
     binder = jit.create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, spec, options = binder(*args, **kwargs)
@@ -43,11 +47,92 @@ def sass_of_launch(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     compiled = triton.compile(
         ASTSource(kernel, signature, constexprs, attrs), target=TARGET, options=options.__dict__
     )
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True).stdout
+        usage = subprocess.run(
+            [os.path.join(tools, "cuobjdump"), "--dump-resource-usage", f.name],
+            capture_output=True,
+            text=True,
+        ).stdout
+        resources = " ".join(RESOURCE.findall(usage))
+        sass = subprocess.run(
+            [os.path.join(tools, "nvdisasm"), "-c", f.name], capture_output=True, text=True
+        ).stdout
+        return f"resources: {resources}\n{sass}"
+
+
+def kv_loop_body(sass: str) -> str:
+    """The SASS of the smallest loop (a label up to a branch back to it) that holds an MMA:
+    the steady state of the KV loop, once per block."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := LABEL.match(line))}
+    loops = []
+    for i, line in enumerate(lines):
+        m = BRANCH.search(line)
+        if m and labels.get(m.group(1), i) < i:
+            body = "\n".join(lines[labels[m.group(1)] : i + 1])
+            if "MMA" in body:
+                loops.append(body)
+    if not loops:
+        raise SystemExit("no loop with an MMA found")
+    return min(loops, key=len)
+
+
+def decode_sass(
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    heads: tuple[int, int, int],
+    page_size: int,
+    tactic: DecodeTactic | None = None,
+    rope: bool = False,
+    maxnreg: int | None = None,
+) -> str:
+    """The resources line and SASS of the decode kernel as a 16 x 4096-token batch of these
+    heads (query heads, KV heads, head_dim) would launch it; tactic None: the default."""
+    if platform.triton_interpret():
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
+    platform.kernels_available = lambda device: True  # CPU tensors: only the launch is bound
+    hq, hk, d = heads
+    launch = None if tactic is None else DecodeLaunch(tactic=tactic)
+    sass: list[str] = []
+    kernel = decode_kernels.paged_attn_kernel
+
+    def capture(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        if maxnreg:
+            kwargs["maxnreg"] = maxnreg
+        sass.append(sass_of_launch(kernel, args, kwargs))
+
+    kernel.run = capture  # type: ignore[method-assign]
+    try:
+        indptr, indices, last, pages = build_page_table([4096] * 16, page_size)
+        ws = torch.empty(64 << 20, dtype=torch.uint8)
+        wrapper = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        wrapper.plan(
+            indptr, indices, last, hq, hk, d, page_size,
+            q_data_type=q_dtype, kv_data_type=kv_dtype, launch=launch,
+            pos_encoding_mode="ROPE_LLAMA" if rope else "NONE",
+        )  # fmt: skip
+        q = torch.randn(16, hq, d).to(q_dtype)
+        cache = torch.randn(pages, 2, page_size, hk, d).to(kv_dtype)
+        try:
+            wrapper.run(q, cache)
+        except Exception:  # past the launch nothing ran: outputs are not there to merge
+            pass
+    finally:
+        del kernel.run  # the class's own run again
+    if not sass:
+        raise SystemExit("the decode kernel was not launched")
+    return sass[0]
+
+
+def registers(sass: str) -> int:
+    """Registers a thread, from `decode_sass`'s resources line."""
+    m = re.search(r"REG:(\d+)", sass.splitlines()[0])
+    if m is None:
+        raise ValueError("no REG in the resources line")
+    return int(m.group(1))
 
 
 def main() -> None:
@@ -61,40 +146,25 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--rope", action="store_true", help="pos_encoding_mode=ROPE_LLAMA")
     ap.add_argument("--match", default="", help="only instruction names starting with this")
+    ap.add_argument("--maxnreg", type=int, help="cap the registers a thread (ptxas)")
+    ap.add_argument("--loop", action="store_true", help="count the KV loop's body only")
+    ap.add_argument("--dump", help="write the whole SASS to this file")
     opts = ap.parse_args()
-    if platform.triton_interpret():
-        raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
-    platform.kernels_available = lambda device: True  # CPU tensors: only the launch is bound
     q_dtype = getattr(torch, opts.q_dtype)
     kv_dtype = getattr(torch, opts.kv_dtype) if opts.kv_dtype else q_dtype
     hq, hk, d = (int(x) for x in opts.heads.split(","))
-    launch = None
-    if opts.block_n:
-        launch = DecodeLaunch(tactic=DecodeTactic(opts.block_n, opts.warps, opts.stages))
-    sass: list[str] = []
-    kernel = decode_kernels.paged_attn_kernel
-
-    def capture(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        sass.append(sass_of_launch(kernel, args, kwargs))
-
-    kernel.run = capture  # type: ignore[method-assign]
-    indptr, indices, last, pages = build_page_table([4096] * 16, opts.page_size)
-    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8), "NHD")
-    wrapper.plan(
-        indptr, indices, last, hq, hk, d, opts.page_size,
-        q_data_type=q_dtype, kv_data_type=kv_dtype, launch=launch,
-        pos_encoding_mode="ROPE_LLAMA" if opts.rope else "NONE",
-    )  # fmt: skip
-    q = torch.randn(16, hq, d).to(q_dtype)
-    cache = torch.randn(pages, 2, opts.page_size, hk, d).to(kv_dtype)
-    try:
-        wrapper.run(q, cache)
-    except Exception:  # past the launch nothing ran: outputs are not there to merge
-        pass
-    if not sass:
-        raise SystemExit("the decode kernel was not launched")
-    counts = collections.Counter(INSTRUCTION.findall(sass[0]))
-    print(f"{sum(counts.values())} SASS instructions (sm_90); by class:")
+    tactic = DecodeTactic(opts.block_n, opts.warps, opts.stages) if opts.block_n else None
+    sass = decode_sass(
+        q_dtype, kv_dtype, (hq, hk, d), opts.page_size, tactic, opts.rope, opts.maxnreg
+    )
+    print(sass.splitlines()[0])
+    if opts.dump:
+        with open(opts.dump, "w") as f:
+            f.write(sass)
+    code = kv_loop_body(sass) if opts.loop else sass
+    counts = collections.Counter(INSTRUCTION.findall(code))
+    where = "in the KV loop's body" if opts.loop else "(sm_90)"
+    print(f"{sum(counts.values())} SASS instructions {where}; by class:")
     for name, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         if name.startswith(opts.match):
             print(f"  {n:6d}  {name}")

@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sass_decode.py"
 pytestmark = pytest.mark.slow
 
 
-def _counts(*args: str) -> dict[str, int]:
+def _run(*args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600
@@ -23,19 +23,38 @@ def _counts(*args: str) -> dict[str, int]:
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("Triton's bundled ptxas is missing")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return {name: int(n) for n, name in re.findall(r"^\s+(\d+)\s+(\S+)$", proc.stdout, re.M)}
+    return proc.stdout
+
+
+def _counts(*args: str) -> dict[str, int]:
+    out = _run(*args)
+    return {name: int(n) for n, name in re.findall(r"^\s+(\d+)\s+(\S+)$", out, re.M)}
 
 
 def _local_memory(counts: dict[str, int]) -> int:
     return sum(n for name, n in counts.items() if name.startswith(("LDL", "STL")))
 
 
-def test_fused_rope_decode_keeps_its_registers():
+def test_fused_rope_decode_keeps_sin_cos_and_spills_out_of_its_loop():
     """libdevice's sinf/cosf made fused-RoPE decode spill (117 LDL, 141 STL at 9e87e73) and run
-    5-15x slower than plain decode on an H100; the reduced angle and the SFU's sin/cos do not."""
-    plain, rope = _counts(), _counts("--rope")
-    assert rope.get("MUFU.SIN", 0) > 0 and rope.get("MUFU.COS", 0) > 0
-    assert _local_memory(rope) <= _local_memory(plain) + 8
+    5-15x slower than plain decode on an H100. Since then the KV loop rotates K by a table of
+    cos/sin made once per work item (relative positions): the loop has no sin/cos and no
+    local memory, and 2 packed FMAs a K pair."""
+    rope = _counts("--rope", "--loop")
+    assert rope.get("MUFU.SIN", 0) == 0 and rope.get("MUFU.COS", 0) == 0
+    assert _local_memory(rope) == 0
+    assert rope.get("HFMA2.BF16_V2", 0) > 0  # the rotation, two bf16 lanes an instruction
+
+
+def test_registers_table_matches_the_compiler():
+    """decode_registers.py (what the plan reads to size its grid) still describes the kernel:
+    a sample of its entries recompiled."""
+    from flashtune.ops.attention.decode_registers import REGISTERS_SM90
+
+    for variant, extra in (("plain", []), ("rope", ["--rope"])):
+        key = (variant, 128, 64, 4, 2)
+        out = _run(*extra, "--block-n", "64", "--warps", "4", "--stages", "2")
+        assert f"REG:{REGISTERS_SM90[key]} " in out.splitlines()[0] + " ", key
 
 
 def test_fp8_decode_avoids_the_slow_bf16_conversion():

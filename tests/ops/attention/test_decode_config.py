@@ -14,7 +14,9 @@ from flashtune.ops.attention.decode_config import (
     INTERPRETER_SM_COUNT,
     DecodeLaunch,
     DecodeTactic,
+    ctas_per_sm,
     default_tactic,
+    kernel_registers,
     latency_regime,
     launch_shape,
     plan_sm_count,
@@ -44,6 +46,31 @@ def test_grid_follows_the_launch():
     assert fixed[1] == 128
     # Less shared memory, fewer resident CTAs.
     assert launch_shape(132, smem // 4, 128, 16, 16, 8)[0] <= default[0]
+
+
+def test_registers_limit_the_resident_ctas():
+    """The grid assumes its CTAs run at once: registers, not only shared memory, decide how
+    many fit (226 registers x 128 threads: 2 a 64K register file, where shared memory has 4)."""
+    smem = H100.shared_memory_per_block
+    t = DecodeTactic(64, 4, 2)
+    assert ctas_per_sm(t, 128, 16, smem, 4) == 4  # shared memory alone
+    assert ctas_per_sm(t, 128, 16, smem, 4, registers=128) == 4  # 128 x 128 x 4 = 64K
+    assert ctas_per_sm(t, 128, 16, smem, 4, registers=129) == 3  # rounded up to 136
+    assert ctas_per_sm(t, 128, 16, smem, 4, registers=226) == 2
+    assert ctas_per_sm(DecodeTactic(64, 8, 2), 128, 16, smem, 4, registers=255) == 1
+    # Every measured tactic and variant has an entry; the plan's grid follows it.
+    for d in (64, 128, 256):
+        for tactic in DecodeTactic.space(d):
+            for kw in ({}, {"rope": True}, {"kv_itemsize": 1}):
+                regs = kernel_registers(tactic, d, **kw)
+                assert regs is not None and 32 <= regs <= 255
+    rope = DecodeLaunch(DecodeTactic(64, 4, 2))
+    plain_grid = launch_shape(132, smem, 128, 16, 16, 8, rope)[0]
+    rope_grid = launch_shape(132, smem, 128, 16, 16, 8, rope, rope=True)[0]
+    regs = kernel_registers(DecodeTactic(64, 4, 2), 128, rope=True)
+    assert regs is not None
+    assert rope_grid == 132 * ctas_per_sm(t, 128, 16, smem, 4, registers=regs) // 8
+    assert rope_grid <= plain_grid
 
 
 def test_tactic_space_keeps_d256_tiles_small():

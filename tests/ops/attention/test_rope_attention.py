@@ -130,7 +130,8 @@ def test_unsupported_modes_raise(device):
 # head_dim D (a power of two) takes the kernel's half-by-half rotation, 48 its general one.
 @pytest.mark.parametrize("page_size,head_dim", [(1, D), (16, D), (16, 48)])
 def test_decode_rope(device, page_size, head_dim):
-    kv_lens = [1, 37, 300, 0, 64]
+    # 3000 tokens: the query's rotation advances block by block (a recurrence) for ~50 blocks
+    kv_lens = [1, 37, 300, 0, 64, 3000]
     indptr, indices, last, num_pages = build_page_table(kv_lens, page_size)
     cache = torch.randn(num_pages, 2, page_size, HKV, head_dim, dtype=torch.float16, device=device)
     q = torch.randn(len(kv_lens), HQ, head_dim, dtype=torch.float16, device=device)

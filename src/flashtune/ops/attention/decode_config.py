@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from flashtune.ops.attention.decode_registers import REGISTERS_SM90
 from flashtune.ops.attention.scheduler import CostModel
 from flashtune.platform import DeviceLimits
 
@@ -26,6 +27,7 @@ __all__ = [
     "WORK_COST",
     "plan_sm_count",
     "ctas_per_sm",
+    "kernel_registers",
     "min_chunk",
     "block_m_for",
     "next_pow2",
@@ -136,6 +138,22 @@ def plan_sm_count(limits: DeviceLimits, launch: DecodeLaunch | None = None) -> i
     return INTERPRETER_SM_COUNT if limits.stand_in else limits.sm_count
 
 
+# The register file of an SM (sm_80 to sm_100) and the per-warp allocation unit, in
+# registers of a thread (256 a warp).
+REGISTERS_PER_SM = 65536
+REGISTER_UNIT = 8
+
+
+def kernel_registers(
+    tactic: DecodeTactic, head_dim: int, *, kv_itemsize: int = 2, rope: bool = False
+) -> int | None:
+    """Registers a thread of the decode kernel takes with this tactic and variant, as
+    measured for sm_90 (decode_registers.py); None where nothing was measured."""
+    variant = "rope" if rope else "fp8" if kv_itemsize == 1 else "plain"
+    key = (variant, next_pow2(head_dim), tactic.block_n, tactic.num_warps, tactic.num_stages)
+    return REGISTERS_SM90.get(key)
+
+
 def ctas_per_sm(
     tactic: DecodeTactic,
     head_dim: int,
@@ -143,11 +161,15 @@ def ctas_per_sm(
     smem_per_sm: int,
     max_ctas: int,
     kv_itemsize: int = 2,
+    registers: int | None = None,
 ) -> int:
-    """Persistent CTAs per SM: as many as fit in `smem_per_sm` bytes, at most `max_ctas`.
+    """Persistent CTAs per SM: as many as fit in `smem_per_sm` bytes and, given the
+    kernel's `registers` a thread, in the register file; at most `max_ctas`.
 
     The plan balances work over all CTAs assuming they run at once; a grid larger than
-    what is resident would run in waves and double the makespan of the last ones.
+    what is resident would run in waves and double the makespan of the last ones (fused
+    RoPE at 146 registers fit 3 CTAs of 4 warps where the plan assumed 4: batch 1 x 4k
+    took 1.37x plain decode on an H100).
     """
     d = next_pow2(head_dim)
     # Buffered K and V tiles (stages - 1 copies of each), the Q tile twice (staging and
@@ -156,7 +178,11 @@ def ctas_per_sm(
     kv_tile = 2 * tactic.block_n * d * kv_itemsize  # fp8 tiles are staged as fp8
     smem = max(tactic.num_stages - 1, 1) * kv_tile + 2 * block_m * d * 2
     smem += block_m * tactic.block_n * 2 + 1024  # + page-id buffers and alignment slack
-    return max(1, min(max_ctas, smem_per_sm // smem))
+    fit = smem_per_sm // smem
+    if registers is not None:
+        per_thread = -(-registers // REGISTER_UNIT) * REGISTER_UNIT
+        fit = min(fit, REGISTERS_PER_SM // (per_thread * 32 * tactic.num_warps))
+    return max(1, min(max_ctas, fit))
 
 
 def min_chunk(batch: int, num_kv_heads: int, sm_count: int) -> int:
@@ -207,7 +233,12 @@ def launch_shape(
         how = launch if launch is not None else DEFAULT_LAUNCH
         tactic = how.tactic_for(head_dim, page_size, block_m, **variant)
         itemsize = variant.get("kv_itemsize", 2)
-        per_sm = ctas_per_sm(tactic, head_dim, block_m, smem_per_sm, how.max_ctas_per_sm, itemsize)
+        regs = kernel_registers(
+            tactic, head_dim, kv_itemsize=itemsize, rope=variant.get("rope", False)
+        )
+        per_sm = ctas_per_sm(
+            tactic, head_dim, block_m, smem_per_sm, how.max_ctas_per_sm, itemsize, regs
+        )
         num_ctas = max(1, (sm_count * per_sm) // num_kv_heads)
         shape = _LAUNCH_SHAPES[key] = (num_ctas, max(tactic.block_n, 16))
     return shape

@@ -12,10 +12,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashtune.ops.attention.rotary import load_rotated, rope_frequencies, rotate_halves
+from flashtune.ops.attention.rotary import (
+    load_rotated,
+    rope_frequencies,
+    rotate_by,
+    rotate_halves,
+    rotation_step,
+    rotation_table,
+)
 from flashtune.ops.attention.tile_dtype import as_q_dtype
 
-__all__ = ["LOG2E", "decode_item", "paged_attn_kernel"]
+__all__ = ["LOG2E", "decode_item", "in_block_rotation", "paged_attn_kernel"]
 
 LOG2E = 1.4426950408889634
 
@@ -24,6 +31,19 @@ LOG2E = 1.4426950408889634
 def _tanh(x):
     # tanh through exp2 (portable to the interpreter); saturates correctly at +-inf.
     return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def in_block_rotation(
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, rope_rcp_scale, rope_log2_theta, dtype
+):
+    """cos and sin of every (row offset in a block, pair) angle, [BLOCK_N, HEAD_DIM // 2]
+    each in q's `dtype`: the rotation of the K rows of a block relative to its first row.
+    Made once per CTA; the K rotation by it runs as packed bf16/fp16 FMAs (the cos/sin
+    round to q's dtype: 2^-9 relative in bf16, within the rounding of the rotated K tile)."""
+    freq = rope_frequencies(tl.arange(0, HEAD_DIM // 2), rope_rcp_scale, rope_log2_theta, HEAD_DIM)
+    cos, sin = rotation_table(tl.arange(0, BLOCK_N), freq)
+    return cos.to(dtype), sin.to(dtype)
 
 
 @triton.jit
@@ -69,6 +89,8 @@ def decode_item(
     ROPE: tl.constexpr,  # ROPE_LLAMA: rotate q and k as loaded (rotary.py)
     rope_rcp_scale,
     rope_log2_theta,
+    in_block_cos,  # ROPE, HEAD_DIM == BLOCK_D: `in_block_rotation`'s table (else unused)
+    in_block_sin,
 ):
     """One work item: a query tile of one request against KV [kv_start, kv_end)."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -82,9 +104,12 @@ def decode_item(
     row_ok = p < qo_len * GROUP
     tok = (qo_start + qi).to(tl.int64)
     q_pos = kv_len - qo_len + qi
-    # RoPE on a power-of-two head_dim works on the halves of q and K ([R, D/2] each): every
-    # angle is computed once and every K element loaded once (rotary.rotate_halves); the
-    # score is the sum of the two halves' dots.
+    # RoPE on a power-of-two head_dim works on the halves of q and K ([R, D/2] each) and
+    # rotates by relative positions: the score of key t is (R(q_pos) q)' (R(t) k) = (R(q_pos
+    # - start) q)' (R(t - start) k) for the block starting at `start`. K rows are rotated by
+    # their offset in the block (`in_block_cos/sin`, see `in_block_rotation`) and q by q_pos
+    # - start, advanced by one fixed rotation per block (fp32). The loop keeps no sin/cos
+    # (the SFU work was the cost of fused RoPE in decode), only 2 packed FMAs a K pair.
     HALVES: tl.constexpr = ROPE and HEAD_DIM == BLOCK_D
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_h = tl.arange(0, BLOCK_D // 2)  # = HALF where HALVES
@@ -94,12 +119,11 @@ def decode_item(
         q1, q2 = rotate_halves(
             tl.load(q_rows[:, None] + offs_h[None, :], mask=row_ok[:, None], other=0.0),
             tl.load(q_rows[:, None] + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0),
-            q_pos,
+            q_pos - kv_start,
             freq,
-        )
-        q1 = q1.to(q_ptr.dtype.element_ty)
-        q2 = q2.to(q_ptr.dtype.element_ty)
-        q = q1  # its dtype is read below
+        )  # fp32, loop-carried
+        step_cos, step_sin = rotation_step(-BLOCK_N, freq)
+        q = q1.to(q_ptr.dtype.element_ty)  # its dtype is read below
     elif ROPE:
         q = load_rotated(
             q_ptr + tok * stride_qt + head * stride_qh,
@@ -139,14 +163,15 @@ def decode_item(
         kv_mask = t_ok[:, None] & d_ok[None, :]
         if HALVES:
             k_rows = (k_base + page * stride_kp + in_page * stride_kt)[:, None] + offs_h[None, :]
-            k1, k2 = rotate_halves(
-                tl.load(k_rows, mask=t_ok[:, None], other=0.0),
-                tl.load(k_rows + HALF, mask=t_ok[:, None], other=0.0),
-                t,
-                freq,
+            k1, k2 = rotate_by(
+                as_q_dtype(tl.load(k_rows, mask=t_ok[:, None], other=0.0), q.dtype),
+                as_q_dtype(tl.load(k_rows + HALF, mask=t_ok[:, None], other=0.0), q.dtype),
+                in_block_cos,
+                in_block_sin,
             )
-            s = tl.dot(q1, tl.trans(k1.to(q.dtype)))
-            s = tl.dot(q2, tl.trans(k2.to(q.dtype)), s)  # [BLOCK_M, BLOCK_N] fp32
+            s = tl.dot(q1.to(q.dtype), tl.trans(k1.to(q.dtype)))
+            s = tl.dot(q2.to(q.dtype), tl.trans(k2.to(q.dtype)), s)  # [BLOCK_M, BLOCK_N] fp32
+            q1, q2 = rotate_by(q1, q2, step_cos[None, :], step_sin[None, :])
         else:
             if ROPE:
                 k_rows = k_base + page * stride_kp + in_page * stride_kt
@@ -251,6 +276,13 @@ def paged_attn_kernel(
     w_end = tl.load(work_indptr_ptr + cta + 1)
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
+    if ROPE and HEAD_DIM == BLOCK_D:
+        in_block_cos, in_block_sin = in_block_rotation(
+            BLOCK_N, HEAD_DIM, rope_rcp_scale, rope_log2_theta, q_ptr.dtype.element_ty
+        )
+    else:
+        in_block_cos = 0.0
+        in_block_sin = 0.0
     for w in range(w_begin, w_end):
         item = work_ptr + w * 8
         decode_item(
@@ -295,4 +327,6 @@ def paged_attn_kernel(
             ROPE,
             rope_rcp_scale,
             rope_log2_theta,
+            in_block_cos,
+            in_block_sin,
         )

@@ -21,7 +21,10 @@ from flashtune import platform
 __all__ = [
     "load_rotated",
     "rope_frequencies",
+    "rotate_by",
     "rotate_halves",
+    "rotation_step",
+    "rotation_table",
     "rope_arguments",
     "rope_for",
     "DEFAULT_ROPE_THETA",
@@ -89,6 +92,26 @@ def rope_frequencies(pair, rope_rcp_scale, rope_log2_theta, HEAD_DIM: tl.constex
 
 
 @triton.jit
+def rotate_by(x1, x2, cos, sin):
+    """The halves (x1, x2) rotated by the angles whose cos and sin are given (fp32)."""
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def rotation_table(pos, freq):
+    """cos and sin of every (position, pair) angle: pos [R], freq [D/2] -> two [R, D/2]."""
+    return _cos_sin(pos.to(tl.float32)[:, None] * freq[None, :])
+
+
+@triton.jit
+def rotation_step(steps, freq):
+    """cos and sin of `steps` positions at every pair ([D/2] each), with libdevice's accurate
+    sin/cos: a loop that applies this rotation once per block accumulates its error."""
+    angle = freq * steps
+    return _cos_sin(angle)
+
+
+@triton.jit
 def rotate_halves(x1, x2, pos, freq):
     """The two halves of rows rotated at their positions: x1 = columns [0, D/2), x2 = columns
     [D/2, D) ([R, D/2] each), freq from `rope_frequencies` ([D/2]), pos [R]. In fp32.
@@ -96,11 +119,8 @@ def rotate_halves(x1, x2, pos, freq):
     Each (pair, row) angle is computed once, where `load_rotated` computes it for both columns
     of the pair: half the sin/cos (SFU work, the cost of fused RoPE in decode) and one load of
     each K element instead of two."""
-    angle = pos.to(tl.float32)[:, None] * freq[None, :]
-    cos, sin = _cos_sin(angle)
-    a = x1.to(tl.float32)
-    b = x2.to(tl.float32)
-    return a * cos - b * sin, b * cos + a * sin
+    cos, sin = rotation_table(pos, freq)
+    return rotate_by(x1.to(tl.float32), x2.to(tl.float32), cos, sin)
 
 
 @triton.jit
