@@ -99,10 +99,16 @@ def decode_sass(
     sass: list[str] = []
     kernel = decode_kernels.paged_attn_kernel
 
+    failed: list[Exception] = []
+
     def capture(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         if maxnreg:
             kwargs["maxnreg"] = maxnreg
-        sass.append(sass_of_launch(kernel, args, kwargs))
+        try:
+            sass.append(sass_of_launch(kernel, args, kwargs))
+        except Exception as exc:  # a compile error: raised below, not taken for a run's
+            failed.append(exc)
+            raise
 
     kernel.run = capture  # type: ignore[method-assign]
     try:
@@ -122,6 +128,8 @@ def decode_sass(
             pass
     finally:
         del kernel.run  # the class's own run again
+    if failed:
+        raise failed[0]
     if not sass:
         raise SystemExit("the decode kernel was not launched")
     return sass[0]

@@ -127,6 +127,21 @@ def test_unsupported_modes_raise(device):
         w.plan(offsets([2]), offsets([3]), HQ, HKV, D, pos_encoding_mode="ROPE_LLAMA", rope_theta=0)
 
 
+def test_rope_table_holds_the_block_rotations():
+    """The decode kernel's table: cos/sin of j * freq_i (rows j: offsets in a KV block, and row
+    BLOCK_N a whole block), one kept tensor per setting (a captured graph reads it)."""
+    from flashtune.ops.attention.rotary import ROPE_TABLE_ROWS, rope_table
+
+    table = rope_table(64, (2.0, 1000.0), torch.device("cpu"))
+    assert table.shape == (2, ROPE_TABLE_ROWS, 32) and table.dtype == torch.float32
+    j, i = 100, 5
+    angle = j * 1000.0 ** (-2 * i / 64) / 2.0
+    assert table[0, j, i].item() == pytest.approx(math.cos(angle), abs=1e-7)
+    assert table[1, j, i].item() == pytest.approx(math.sin(angle), abs=1e-7)
+    assert rope_table(64, (2.0, 1000.0), torch.device("cpu")) is table
+    assert rope_table(64, (1.0, 1000.0), torch.device("cpu")) is not table
+
+
 # head_dim D (a power of two) takes the kernel's half-by-half rotation, 48 its general one.
 @pytest.mark.parametrize("page_size,head_dim", [(1, D), (16, D), (16, 48)])
 def test_decode_rope(device, page_size, head_dim):

@@ -13,16 +13,17 @@ import triton
 import triton.language as tl
 
 from flashtune.ops.attention.rotary import (
+    ROPE_TABLE_ROWS,
     load_rotated,
     rope_frequencies,
     rotate_by,
     rotate_halves,
-    rotation_step,
-    rotation_table,
 )
 from flashtune.ops.attention.tile_dtype import as_q_dtype
 
-__all__ = ["LOG2E", "decode_item", "in_block_rotation", "paged_attn_kernel"]
+__all__ = ["LOG2E", "decode_item", "paged_attn_kernel"]
+
+_TABLE_ROWS = tl.constexpr(ROPE_TABLE_ROWS)
 
 LOG2E = 1.4426950408889634
 
@@ -31,19 +32,6 @@ LOG2E = 1.4426950408889634
 def _tanh(x):
     # tanh through exp2 (portable to the interpreter); saturates correctly at +-inf.
     return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
-
-
-@triton.jit
-def in_block_rotation(
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, rope_rcp_scale, rope_log2_theta, dtype
-):
-    """cos and sin of every (row offset in a block, pair) angle, [BLOCK_N, HEAD_DIM // 2]
-    each in q's `dtype`: the rotation of the K rows of a block relative to its first row.
-    Made once per CTA; the K rotation by it runs as packed bf16/fp16 FMAs (the cos/sin
-    round to q's dtype: 2^-9 relative in bf16, within the rounding of the rotated K tile)."""
-    freq = rope_frequencies(tl.arange(0, HEAD_DIM // 2), rope_rcp_scale, rope_log2_theta, HEAD_DIM)
-    cos, sin = rotation_table(tl.arange(0, BLOCK_N), freq)
-    return cos.to(dtype), sin.to(dtype)
 
 
 @triton.jit
@@ -89,8 +77,12 @@ def decode_item(
     ROPE: tl.constexpr,  # ROPE_LLAMA: rotate q and k as loaded (rotary.py)
     rope_rcp_scale,
     rope_log2_theta,
-    in_block_cos,  # ROPE, HEAD_DIM == BLOCK_D: `in_block_rotation`'s table (else unused)
+    # ROPE, HEAD_DIM == BLOCK_D (else unused): the rotation of each row offset in a block
+    # ([BLOCK_N, HEAD_DIM / 2], q's dtype) and of a whole block ([HEAD_DIM / 2], fp32).
+    in_block_cos,
     in_block_sin,
+    block_cos,
+    block_sin,
 ):
     """One work item: a query tile of one request against KV [kv_start, kv_end)."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -107,9 +99,11 @@ def decode_item(
     # RoPE on a power-of-two head_dim works on the halves of q and K ([R, D/2] each) and
     # rotates by relative positions: the score of key t is (R(q_pos) q)' (R(t) k) = (R(q_pos
     # - start) q)' (R(t - start) k) for the block starting at `start`. K rows are rotated by
-    # their offset in the block (`in_block_cos/sin`, see `in_block_rotation`) and q by q_pos
-    # - start, advanced by one fixed rotation per block (fp32). The loop keeps no sin/cos
-    # (the SFU work was the cost of fused RoPE in decode), only 2 packed FMAs a K pair.
+    # their offset in the block and q by q_pos - start, turned back by one block's rotation
+    # each block (fp32), both from rotary.rope_table (float64 on the host). The loop keeps no
+    # sin/cos (the SFU work was the cost of fused RoPE in decode), only 2 packed FMAs a K
+    # pair; the in-block table is rounded to q's dtype for them (2^-9 relative in bf16,
+    # within the rounding of the rotated K tile itself).
     HALVES: tl.constexpr = ROPE and HEAD_DIM == BLOCK_D
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_h = tl.arange(0, BLOCK_D // 2)  # = HALF where HALVES
@@ -122,7 +116,6 @@ def decode_item(
             q_pos - kv_start,
             freq,
         )  # fp32, loop-carried
-        step_cos, step_sin = rotation_step(-BLOCK_N, freq)
         q = q1.to(q_ptr.dtype.element_ty)  # its dtype is read below
     elif ROPE:
         q = load_rotated(
@@ -171,7 +164,7 @@ def decode_item(
             )
             s = tl.dot(q1.to(q.dtype), tl.trans(k1.to(q.dtype)))
             s = tl.dot(q2.to(q.dtype), tl.trans(k2.to(q.dtype)), s)  # [BLOCK_M, BLOCK_N] fp32
-            q1, q2 = rotate_by(q1, q2, step_cos[None, :], step_sin[None, :])
+            q1, q2 = rotate_by(q1, q2, block_cos[None, :], -block_sin[None, :])
         else:
             if ROPE:
                 k_rows = k_base + page * stride_kp + in_page * stride_kt
@@ -269,6 +262,7 @@ def paged_attn_kernel(
     ROPE: tl.constexpr = False,
     rope_rcp_scale=1.0,
     rope_log2_theta=13.287712379549449,
+    rope_table_ptr=None,  # ROPE: rotary.rope_table
 ):
     cta = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -277,12 +271,21 @@ def paged_attn_kernel(
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
     if ROPE and HEAD_DIM == BLOCK_D:
-        in_block_cos, in_block_sin = in_block_rotation(
-            BLOCK_N, HEAD_DIM, rope_rcp_scale, rope_log2_theta, q_ptr.dtype.element_ty
-        )
+        # rope_table [2, ROPE_TABLE_ROWS, HEAD_DIM / 2]: cos, sin; rows 0..BLOCK_N-1 are the
+        # offsets in a block, row BLOCK_N one whole block.
+        HALF: tl.constexpr = HEAD_DIM // 2
+        SIN: tl.constexpr = _TABLE_ROWS * HALF
+        offs_h = tl.arange(0, HALF)
+        cell = tl.arange(0, BLOCK_N)[:, None] * HALF + offs_h[None, :]
+        in_block_cos = tl.load(rope_table_ptr + cell).to(q_ptr.dtype.element_ty)
+        in_block_sin = tl.load(rope_table_ptr + SIN + cell).to(q_ptr.dtype.element_ty)
+        block_cos = tl.load(rope_table_ptr + BLOCK_N * HALF + offs_h)
+        block_sin = tl.load(rope_table_ptr + SIN + BLOCK_N * HALF + offs_h)
     else:
         in_block_cos = 0.0
         in_block_sin = 0.0
+        block_cos = 0.0
+        block_sin = 0.0
     for w in range(w_begin, w_end):
         item = work_ptr + w * 8
         decode_item(
@@ -329,4 +332,6 @@ def paged_attn_kernel(
             rope_log2_theta,
             in_block_cos,
             in_block_sin,
+            block_cos,
+            block_sin,
         )

@@ -31,6 +31,7 @@ from flashtune.ops.attention.decode_config import (
     plan_sm_count,
 )
 from flashtune.ops.attention.page import check_kv_dtype, validate_page_table
+from flashtune.ops.attention.rotary import rope_table
 from flashtune.ops.attention.scheduler import (
     NUM_WORK_FIELDS,
     WorkPlan,
@@ -85,6 +86,7 @@ class DevicePlan:
     default_tactic: DecodeTactic
     launch: DecodeLaunch | None = None  # the caller's fixed launch (tactic), if any
     rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
+    rope_table: torch.Tensor | None = None  # with rope: rotary.rope_table (device)
 
 
 @dataclass(frozen=True)
@@ -470,6 +472,8 @@ class Planner:
             last_host=lp,
             launch=launch,
             rope=rope,
+            # Made here, not at run: a run may be captured in a CUDA graph.
+            rope_table=None if rope is None else rope_table(head_dim, rope, self.device),
             default_tactic=tactic,
         )
         self.plan = plan

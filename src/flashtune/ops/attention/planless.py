@@ -205,7 +205,9 @@ def _planless_decode_kernel(
             False,  # ROPE: not offered by the plan-free call
             1.0,
             0.0,
-            0.0,  # no RoPE table
+            0.0,  # no RoPE tables
+            0.0,
+            0.0,
             0.0,
         )
 

@@ -10,8 +10,10 @@ tiles in shared memory.
 
 from __future__ import annotations
 
+import functools
 import math
 
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -23,7 +25,8 @@ __all__ = [
     "rope_frequencies",
     "rotate_by",
     "rotate_halves",
-    "rotation_step",
+    "ROPE_TABLE_ROWS",
+    "rope_table",
     "rotation_table",
     "rope_arguments",
     "rope_for",
@@ -75,6 +78,28 @@ def rope_for(
     return rope
 
 
+# Rows of `rope_table`: the offsets 0..127 of a KV block (BLOCK_N <= 128) and the rotation of
+# a whole block (row BLOCK_N).
+ROPE_TABLE_ROWS = 129
+
+
+def rope_table(head_dim: int, rope: tuple[float, float], device: torch.device) -> torch.Tensor:
+    """cos and sin of j * freq_i for every row j < ROPE_TABLE_ROWS and pair i < head_dim / 2,
+    [2, ROPE_TABLE_ROWS, head_dim // 2] fp32, computed in float64 (rope: (rope_scale,
+    rope_theta)). The decode kernel rotates K rows by their offset in a block with it, and q
+    by a whole block each block (decode_kernels.decode_item). One tensor per setting and
+    device, kept: a plan's kernel launches (CUDA graphs included) read it by address."""
+    return _rope_table(head_dim, float(rope[0]), float(rope[1]), str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_table(head_dim: int, scale: float, theta: float, device: str) -> torch.Tensor:
+    pair = torch.arange(head_dim // 2, dtype=torch.float64)
+    freq = theta ** (-2.0 * pair / head_dim) / scale
+    angle = torch.arange(ROPE_TABLE_ROWS, dtype=torch.float64)[:, None] * freq[None, :]
+    return torch.stack([angle.cos(), angle.sin()]).to(torch.float32).to(device)
+
+
 @triton.jit
 def _cos_sin(angle):
     if _FAST_TRIG:
@@ -101,14 +126,6 @@ def rotate_by(x1, x2, cos, sin):
 def rotation_table(pos, freq):
     """cos and sin of every (position, pair) angle: pos [R], freq [D/2] -> two [R, D/2]."""
     return _cos_sin(pos.to(tl.float32)[:, None] * freq[None, :])
-
-
-@triton.jit
-def rotation_step(steps, freq):
-    """cos and sin of `steps` positions at every pair ([D/2] each), with libdevice's accurate
-    sin/cos: a loop that applies this rotation once per block accumulates its error."""
-    angle = freq * steps
-    return _cos_sin(angle)
 
 
 @triton.jit
