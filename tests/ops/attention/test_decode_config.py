@@ -129,6 +129,6 @@ def test_the_default_tactic_follows_the_kernel_variant(monkeypatch):
         assert seen[-1] == expected
     assert default_tactic(64, 16, 16, kv_itemsize=1) != plain
     assert default_tactic(64, 16, 16, rope=True) != plain
-    # Few requests for the SMs: RoPE keeps the plain tiles (short chunks).
-    assert default_tactic(64, 16, 16, rope=True, latency=True) == plain
+    # Few requests for the SMs (short chunks): RoPE takes short tiles with a third stage.
+    assert default_tactic(64, 16, 16, rope=True, latency=True) == DecodeTactic(32, 4, 3)
     assert latency_regime(1, 8, 132) and not latency_regime(16, 8, 132)

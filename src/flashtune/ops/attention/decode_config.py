@@ -76,10 +76,13 @@ def default_tactic(
         # more loads in flight while the conversions run (H100, 32/8 heads, page 16, b1-256 x
         # KV 1k-16k: 0.875x the latency of 64/4/2, geomean of 8 shapes, worst 1.04x).
         return DecodeTactic(block_n=32, num_warps=4, num_stages=3)
-    if rope and not latency and head_dim <= 128:
-        # The rotation's sin/cos per K element: 128-row tiles amortize the rest of the block
-        # (H100, page 16, b16-256: 0.82-0.87x the latency of 64 rows). With few requests
-        # (latency regime) the chunks are short and 64 rows stay better (b1: 8.8 vs 10.8 us).
+    if rope and latency and head_dim <= 128:
+        # Fused RoPE, few requests: short tiles, 3 stages (H100, b1 x KV 1k/4k/16k: 1.13/1.04/
+        # 1.01x plain decode, where 64/4/2 took 1.12/1.05/1.09x).
+        return DecodeTactic(block_n=32, num_warps=4, num_stages=3)
+    if rope and head_dim <= 128:
+        # Fused RoPE, many requests: 128-row tiles amortize the rest of the block (H100, page
+        # 16, b16-256 x KV 1k-16k: 1.00-1.11x plain decode, 64/4/2 1.06-1.11x).
         return DecodeTactic(block_n=128, num_warps=4, num_stages=2)
     if page_size == 1 and head_dim <= 128:
         # One page per token: 128 gathered rows per block keep more bytes in flight

@@ -262,7 +262,8 @@ def paged_attn_kernel(
     ROPE: tl.constexpr = False,
     rope_rcp_scale=1.0,
     rope_log2_theta=13.287712379549449,
-    rope_table_ptr=None,  # ROPE: rotary.rope_table
+    rope_rows_ptr=None,  # ROPE: rotary.rope_table in q's dtype
+    rope_block_ptr=None,  # ROPE: rotary.rope_table in fp32
 ):
     cta = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -271,16 +272,17 @@ def paged_attn_kernel(
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
     if ROPE and HEAD_DIM == BLOCK_D:
-        # rope_table [2, ROPE_TABLE_ROWS, HEAD_DIM / 2]: cos, sin; rows 0..BLOCK_N-1 are the
-        # offsets in a block, row BLOCK_N one whole block.
+        # rotary.rope_table [2, ROPE_TABLE_ROWS, HEAD_DIM / 2]: cos, sin; rows 0..BLOCK_N-1
+        # are the offsets in a block (loaded in q's dtype: no conversion waits for them
+        # before the first K block), row BLOCK_N one whole block.
         HALF: tl.constexpr = HEAD_DIM // 2
         SIN: tl.constexpr = _TABLE_ROWS * HALF
         offs_h = tl.arange(0, HALF)
         cell = tl.arange(0, BLOCK_N)[:, None] * HALF + offs_h[None, :]
-        in_block_cos = tl.load(rope_table_ptr + cell).to(q_ptr.dtype.element_ty)
-        in_block_sin = tl.load(rope_table_ptr + SIN + cell).to(q_ptr.dtype.element_ty)
-        block_cos = tl.load(rope_table_ptr + BLOCK_N * HALF + offs_h)
-        block_sin = tl.load(rope_table_ptr + SIN + BLOCK_N * HALF + offs_h)
+        in_block_cos = tl.load(rope_rows_ptr + cell)
+        in_block_sin = tl.load(rope_rows_ptr + SIN + cell)
+        block_cos = tl.load(rope_block_ptr + BLOCK_N * HALF + offs_h)
+        block_sin = tl.load(rope_block_ptr + SIN + BLOCK_N * HALF + offs_h)
     else:
         in_block_cos = 0.0
         in_block_sin = 0.0

@@ -86,7 +86,8 @@ class DevicePlan:
     default_tactic: DecodeTactic
     launch: DecodeLaunch | None = None  # the caller's fixed launch (tactic), if any
     rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
-    rope_table: torch.Tensor | None = None  # with rope: rotary.rope_table (device)
+    # With rope: rotary.rope_table in q's dtype (K's rotation in a block) and in fp32 (q's).
+    rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -473,7 +474,12 @@ class Planner:
             launch=launch,
             rope=rope,
             # Made here, not at run: a run may be captured in a CUDA graph.
-            rope_table=None if rope is None else rope_table(head_dim, rope, self.device),
+            rope_tables=None
+            if rope is None
+            else (
+                rope_table(head_dim, rope, self.device, q_dtype),
+                rope_table(head_dim, rope, self.device),
+            ),
             default_tactic=tactic,
         )
         self.plan = plan

@@ -106,7 +106,8 @@ def launch_kernels(
         # Named only when on: the default launch keeps the kernel's default specialization.
         rcp_scale, log2_theta = rope_arguments(*plan.rope)
         rope = dict(ROPE=True, rope_rcp_scale=rcp_scale, rope_log2_theta=log2_theta)
-        rope["rope_table_ptr"] = plan.rope_table
+        assert plan.rope_tables is not None
+        rope["rope_rows_ptr"], rope["rope_block_ptr"] = plan.rope_tables
     paged_attn_kernel[grid](
         q,
         k,

@@ -83,21 +83,30 @@ def rope_for(
 ROPE_TABLE_ROWS = 129
 
 
-def rope_table(head_dim: int, rope: tuple[float, float], device: torch.device) -> torch.Tensor:
+def rope_table(
+    head_dim: int,
+    rope: tuple[float, float],
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """cos and sin of j * freq_i for every row j < ROPE_TABLE_ROWS and pair i < head_dim / 2,
-    [2, ROPE_TABLE_ROWS, head_dim // 2] fp32, computed in float64 (rope: (rope_scale,
-    rope_theta)). The decode kernel rotates K rows by their offset in a block with it, and q
-    by a whole block each block (decode_kernels.decode_item). One tensor per setting and
-    device, kept: a plan's kernel launches (CUDA graphs included) read it by address."""
-    return _rope_table(head_dim, float(rope[0]), float(rope[1]), str(torch.device(device)))
+    [2, ROPE_TABLE_ROWS, head_dim // 2], computed in float64 and rounded to `dtype` (rope:
+    (rope_scale, rope_theta)). The decode kernel rotates K rows by their offset in a block
+    with it (in q's dtype: packed FMAs take it as loaded), and q by a whole block each block
+    (fp32; decode_kernels.decode_item). One tensor per setting, device and dtype, kept: a
+    plan's kernel launches (CUDA graphs included) read it by address."""
+    key = (head_dim, float(rope[0]), float(rope[1]), str(torch.device(device)), dtype)
+    return _rope_table(*key)
 
 
 @functools.lru_cache(maxsize=64)
-def _rope_table(head_dim: int, scale: float, theta: float, device: str) -> torch.Tensor:
+def _rope_table(
+    head_dim: int, scale: float, theta: float, device: str, dtype: torch.dtype
+) -> torch.Tensor:
     pair = torch.arange(head_dim // 2, dtype=torch.float64)
     freq = theta ** (-2.0 * pair / head_dim) / scale
     angle = torch.arange(ROPE_TABLE_ROWS, dtype=torch.float64)[:, None] * freq[None, :]
-    return torch.stack([angle.cos(), angle.sin()]).to(torch.float32).to(device)
+    return torch.stack([angle.cos(), angle.sin()]).to(dtype).to(device)
 
 
 @triton.jit
