@@ -7,6 +7,7 @@
     python scripts/flashinfer_dropin/run.py --cpu --files test_norm -k "111 and -19]"
     python scripts/flashinfer_dropin/run.py --triton-cache ~/.cache/ft-dropin --per-test-timeout 120
     python scripts/flashinfer_dropin/run.py --full --resume summary.json   # what a deadline cut
+    python scripts/flashinfer_dropin/run.py --full --resume summary.json --retry-failed
 
 The tests come from the FlashInfer sdist (.peer/, filled by scripts/fetch_gpu_deps.sh); they
 run unchanged, each file in its own pytest process (a CUDA fault in one file cannot poison
@@ -526,6 +527,12 @@ def main() -> int:
         help="a summary of an earlier run stopped by its deadline: run only the tests it did "
         "not reach (not_reached_ids) and the files it did not start (not_run)",
     )
+    ap.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="with --resume: also rerun the tests that failed there (e.g. out of device "
+        "memory with many --workers)",
+    )
     ap.add_argument("--ids", type=Path, help=argparse.SUPPRESS)  # a child's --resume ids
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)
@@ -554,11 +561,13 @@ def main() -> int:
     resume: dict[str, list[str]] = {}  # file -> the ids to run (a file absent: all of it)
     if opts.resume is not None:
         earlier = json.loads(opts.resume.read_text())
-        resume = {
-            row["file"]: row["not_reached_ids"]
-            for row in earlier["files"]
-            if row.get("not_reached_ids")
-        }
+        resume = {}
+        for row in earlier["files"]:
+            ids = list(row.get("not_reached_ids", []))
+            if opts.retry_failed:
+                ids += [i for i in row.get("failures", {}) if "::" in i]  # not "<process>"
+            if ids:
+                resume[row["file"]] = ids
         names = [*resume, *earlier.get("not_run", [])]
     deadline = time.perf_counter() + opts.deadline if opts.deadline else None
     signal.signal(signal.SIGTERM, _interrupt)  # an outer `timeout`: report, then stop

@@ -190,3 +190,20 @@ def test_workers_split_a_files_sample_and_merge_the_counts(tmp_path):
     names = [p.name.split("-") for p in ran.iterdir()]
     assert sorted(int(i) for i, _ in names) == list(range(7))  # each test exactly once
     assert len({pid for _, pid in names}) == 3  # in three processes
+
+
+def test_retry_failed_reruns_only_the_failures(tmp_path):
+    """--resume S --retry-failed: the tests that failed in S (device out of memory with many
+    processes side by side) run again, alone; the ones that passed do not."""
+    (tmp_path / "test_flaky.py").write_text("def test_a():\n    pass\ndef test_b():\n    pass\n")
+    earlier = tmp_path / "earlier.json"
+    failures = {"test_flaky.py::test_b": "torch.OutOfMemoryError", "<process>": "x"}
+    earlier.write_text(json.dumps({"files": [{"file": "test_flaky", "failures": failures}]}))
+    out = tmp_path / "retried.json"
+    command = [sys.executable, str(DROPIN / "run.py"), "--tests-dir", str(tmp_path), "--full"]
+    command += ["--resume", str(earlier), "--retry-failed", "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())["files"]
+    assert (row["file"], row["selected"], row["collected"]) == ("test_flaky", 1, 2)
+    assert row["counts"]["passed"] == 1 and not row["failures"]
