@@ -20,6 +20,7 @@ from flashtune.ops.attention.decode_config import (
     latency_regime,
     launch_shape,
     plan_sm_count,
+    short_requests,
 )
 from flashtune.ops.attention.page import build_page_table
 
@@ -116,8 +117,13 @@ def test_the_default_tactic_follows_the_kernel_variant(monkeypatch):
     for kw, kv_dtype, expected in [
         ({}, torch.float16, plain),
         ({}, torch.float8_e4m3fn, default_tactic(64, 16, 16, kv_itemsize=1)),
-        # 2 requests x 2 KV heads on the interpreter's 2 SMs: not the latency regime.
-        ({"pos_encoding_mode": "ROPE_LLAMA"}, torch.float16, default_tactic(64, 16, 16, rope=True)),
+        # 2 requests x 2 KV heads on the interpreter's 2 SMs: not the latency regime, but
+        # short requests (40 and 7 tokens).
+        (
+            {"pos_encoding_mode": "ROPE_LLAMA"},
+            torch.float16,
+            default_tactic(64, 16, 16, rope=True, short=True),
+        ),
     ]:
         w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(2**20, dtype=torch.uint8), "NHD")
         w.plan(
@@ -131,4 +137,9 @@ def test_the_default_tactic_follows_the_kernel_variant(monkeypatch):
     assert default_tactic(64, 16, 16, rope=True) != plain
     # Few requests for the SMs (short chunks): RoPE takes short tiles with a third stage.
     assert default_tactic(64, 16, 16, rope=True, latency=True) == DecodeTactic(32, 4, 3)
+    # Short requests (each work item a few blocks): the same short tiles for RoPE only.
+    assert default_tactic(64, 16, 16, rope=True, short=True) == DecodeTactic(32, 4, 3)
+    assert default_tactic(64, 16, 16, short=True) == plain
+    assert short_requests(64, 8, 132, 1024.0) and not short_requests(256, 8, 132, 1024.0)
+    assert not short_requests(16, 8, 132, 4096.0)
     assert latency_regime(1, 8, 132) and not latency_regime(16, 8, 132)

@@ -21,6 +21,7 @@ __all__ = [
     "TACTICS",
     "default_tactic",
     "latency_regime",
+    "short_requests",
     "DecodeLaunch",
     "DEFAULT_LAUNCH",
     "INTERPRETER_SM_COUNT",
@@ -62,11 +63,12 @@ def default_tactic(
     kv_itemsize: int = 2,
     rope: bool = False,
     latency: bool = False,
+    short: bool = False,
 ) -> DecodeTactic:
     """The tactic used when the tuner has nothing better (tactic -1).
 
     kv_itemsize: bytes per cache element (1: fp8); rope: fused ROPE_LLAMA; latency: the
-    plan spreads few requests over all SMs (`latency_regime`)."""
+    plan spreads few requests over all SMs (`latency_regime`); short: `short_requests`."""
     # Wide tiles amortize the per-block softmax work; d256 halves them to stay in registers.
     block_n = 64 if head_dim <= 128 else 32
     if block_m >= 64:
@@ -76,9 +78,10 @@ def default_tactic(
         # more loads in flight while the conversions run (H100, 32/8 heads, page 16, b1-256 x
         # KV 1k-16k: 0.875x the latency of 64/4/2, geomean of 8 shapes, worst 1.04x).
         return DecodeTactic(block_n=32, num_warps=4, num_stages=3)
-    if rope and latency and head_dim <= 128:
-        # Fused RoPE, few requests: short tiles, 3 stages (H100, b1 x KV 1k/4k/16k: 1.13/1.04/
-        # 1.01x plain decode, where 64/4/2 took 1.12/1.05/1.09x).
+    if rope and (latency or short) and head_dim <= 128:
+        # Fused RoPE, few requests or short ones: short tiles, 3 stages (H100, b1 x KV 1k/4k/
+        # 16k: 1.10/1.01/1.00x plain decode, where 64/4/2 took 1.12/1.05/1.09x; b16 x 1k: 1.01x
+        # where 128/4/2 took 1.11x, b64 x 1k 1.05x vs 1.07x).
         return DecodeTactic(block_n=32, num_warps=4, num_stages=3)
     if rope and head_dim <= 128:
         # Fused RoPE, many requests: 128-row tiles amortize the rest of the block (H100, page
@@ -92,6 +95,13 @@ def default_tactic(
     # and the smaller shared-memory footprint fits 4 CTAs per SM instead of 3 (H200 sweep,
     # page size 16, b16-256 x KV 512-32k: 2-21% faster than 3 stages).
     return DecodeTactic(block_n=block_n, num_warps=4, num_stages=2)
+
+
+def short_requests(batch: int, num_kv_heads: int, sm_count: int, mean_kv_len: float) -> bool:
+    """Requests of at most 1k KV tokens on average, at most 4 (request, KV head) pairs an SM:
+    every work item is a few blocks long, so what each item costs besides its blocks (fused
+    RoPE: q's rotation) weighs (b256 x 1k, 16 pairs an SM, keeps the long tiles)."""
+    return mean_kv_len <= 1024 and batch * num_kv_heads <= 4 * sm_count
 
 
 def latency_regime(batch: int, num_kv_heads: int, sm_count: int) -> bool:

@@ -29,6 +29,7 @@ from flashtune.ops.attention.decode_config import (
     launch_shape,
     min_chunk,
     plan_sm_count,
+    short_requests,
 )
 from flashtune.ops.attention.page import check_kv_dtype, validate_page_table
 from flashtune.ops.attention.rotary import rope_table
@@ -329,6 +330,9 @@ class Planner:
             kv_itemsize=kv_dtype.itemsize,
             rope=rope is not None,
             latency=latency_regime(batch, num_kv_heads, sm_count),
+            short=rope is not None
+            and batch > 0
+            and short_requests(batch, num_kv_heads, sm_count, float(kv_lens.mean())),
         )
         num_ctas, align = launch_shape(
             sm_count,
