@@ -5,7 +5,9 @@ Conventions (FlashInfer's): dimension i < D/2 pairs with i + D/2; the frequency 
 theta^(-2i / D) / rope_scale; a key sits at its position in the request's KV (0-based), a
 query at kv_len - qo_len + its index (the last qo_len positions). The rotation runs in fp32
 and the result is rounded to q's dtype before the MMA, as FlashInfer rotates its fp16/bf16
-tiles in shared memory.
+tiles in shared memory. Paged decode at a power-of-two head_dim rotates by relative
+position instead (decode_kernels.decode_item): K by its offset in a block from
+`rope_table`, in q's dtype as packed FMAs, and q in fp32.
 """
 
 from __future__ import annotations
