@@ -561,7 +561,6 @@ def main() -> int:
     resume: dict[str, list[str]] = {}  # file -> the ids to run (a file absent: all of it)
     if opts.resume is not None:
         earlier = json.loads(opts.resume.read_text())
-        resume = {}
         for row in earlier["files"]:
             ids = list(row.get("not_reached_ids", []))
             if opts.retry_failed:

@@ -96,6 +96,7 @@ def decode_item(
     row_ok = p < qo_len * GROUP
     tok = (qo_start + qi).to(tl.int64)
     q_pos = kv_len - qo_len + qi
+    q_dtype = q_ptr.dtype.element_ty  # the MMAs' operand type (an fp8 cache's tiles too)
     # RoPE on a power-of-two head_dim works on the halves of q and K ([R, D/2] each) and
     # rotates by relative positions: the score of key t is (R(q_pos) q)' (R(t) k) = (R(q_pos
     # - start) q)' (R(t - start) k) for the block starting at `start`. K rows are rotated by
@@ -116,7 +117,6 @@ def decode_item(
             q_pos - kv_start,
             freq,
         )  # fp32, loop-carried
-        q = q1.to(q_ptr.dtype.element_ty)  # its dtype is read below
     elif ROPE:
         q = load_rotated(
             q_ptr + tok * stride_qt + head * stride_qh,
@@ -126,7 +126,7 @@ def decode_item(
             rope_rcp_scale,
             rope_log2_theta,
             HEAD_DIM,
-        ).to(q_ptr.dtype.element_ty)
+        ).to(q_dtype)
     else:
         q = tl.load(
             q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
@@ -157,13 +157,13 @@ def decode_item(
         if HALVES:
             k_rows = (k_base + page * stride_kp + in_page * stride_kt)[:, None] + offs_h[None, :]
             k1, k2 = rotate_by(
-                as_q_dtype(tl.load(k_rows, mask=t_ok[:, None], other=0.0), q.dtype),
-                as_q_dtype(tl.load(k_rows + HALF, mask=t_ok[:, None], other=0.0), q.dtype),
+                as_q_dtype(tl.load(k_rows, mask=t_ok[:, None], other=0.0), q_dtype),
+                as_q_dtype(tl.load(k_rows + HALF, mask=t_ok[:, None], other=0.0), q_dtype),
                 in_block_cos,
                 in_block_sin,
-            )
-            s = tl.dot(q1.to(q.dtype), tl.trans(k1.to(q.dtype)))
-            s = tl.dot(q2.to(q.dtype), tl.trans(k2.to(q.dtype)), s)  # [BLOCK_M, BLOCK_N] fp32
+            )  # in q's dtype, as the table
+            s = tl.dot(q1.to(q_dtype), tl.trans(k1))
+            s = tl.dot(q2.to(q_dtype), tl.trans(k2), s)  # [BLOCK_M, BLOCK_N] fp32
             q1, q2 = rotate_by(q1, q2, block_cos[None, :], -block_sin[None, :])
         else:
             if ROPE:
@@ -181,7 +181,7 @@ def decode_item(
                     other=0.0,
                 )
             # An fp8 cache's tiles become q's dtype here (a no-op when the cache has it).
-            s = tl.dot(q, tl.trans(as_q_dtype(k, q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
+            s = tl.dot(q, tl.trans(as_q_dtype(k, q_dtype)))  # [BLOCK_M, BLOCK_N] fp32
         if SOFT_CAP:
             s = soft_cap * _tanh(s * qk_scale)
         else:
@@ -203,7 +203,7 @@ def decode_item(
             mask=kv_mask,
             other=0.0,
         )
-        acc = acc * alpha[:, None] + tl.dot(prob.to(q.dtype), as_q_dtype(v, q.dtype))
+        acc = acc * alpha[:, None] + tl.dot(prob.to(q_dtype), as_q_dtype(v, q_dtype))
         m_i = m_new
 
     has = l_i > 0
