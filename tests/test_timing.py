@@ -69,7 +69,7 @@ def test_robust_cpu_method_trials_and_minimum_time() -> None:
 
 
 class _FakeCalls:
-    """Stands in for timing._Calls: a capture that succeeds or raises, no GPU needed."""
+    """Stands in for timing.CallRotation: a capture that succeeds or raises, no GPU needed."""
 
     def __init__(self, capturable: bool) -> None:
         self.capturable, self.stream, self.warmups, self.captured = capturable, None, 0, []
@@ -89,7 +89,7 @@ def _robust_with_fakes(
     monkeypatch, capturable: bool, method: str = "auto", replay_ms: float = 1.0
 ) -> tuple:
     fake = _FakeCalls(capturable)
-    monkeypatch.setattr(timing, "_Calls", lambda fn, sets: fake)
+    monkeypatch.setattr(timing, "CallRotation", lambda fn, sets: fake)
     monkeypatch.setattr(timing, "_replay_ms", lambda graph, stream, replays=3: replay_ms)
 
     def sample(kind):

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 
 __all__ = [
+    "CallRotation",
     "Timing",
     "TimingMethod",
     "CaptureError",
@@ -204,7 +205,7 @@ def measure(
     if device.type != "cuda":
         return _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds)
     with torch.cuda.device(device):
-        calls = _Calls(fn, input_sets)
+        calls = CallRotation(fn, input_sets)
         calls.warm_up(warmup, 0.0, max_seconds)
         if use_cuda_graph:
             graph = calls.capture(calls_per_graph)
@@ -233,7 +234,7 @@ def _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds, min_ms: float
 # --------------------------------------------------------------------------- GPU building blocks
 
 
-class _Calls:
+class CallRotation:
     """`fn` over rotating input sets on a private stream, remembering which sets it has
     been called on eagerly (graph capture must only meet sets already seen: whatever is
     built lazily per input, a Triton specialization or a planner's buffers, must exist
@@ -411,7 +412,7 @@ def _recover_after_capture() -> None:
 
 
 def _sample_events(
-    calls: _Calls, calls_per_sample: int, repetitions: int, min_ms: float, max_seconds: float
+    calls: CallRotation, calls_per_sample: int, repetitions: int, min_ms: float, max_seconds: float
 ) -> Timing:
     """Samples of `calls_per_sample` back-to-back calls between two CUDA events."""
     fn, input_sets, stream = calls.fn, calls.sets, calls.stream
@@ -441,7 +442,7 @@ def _sample_events(
 
 
 def _sample_device_wide(
-    calls: _Calls, calls_per_sample: int, repetitions: int, min_ms: float, max_seconds: float
+    calls: CallRotation, calls_per_sample: int, repetitions: int, min_ms: float, max_seconds: float
 ) -> Timing:
     """Samples of `calls_per_sample` back-to-back calls bracketed by device-wide
     synchronizations and the harness clock: work the callable launches on any stream of
@@ -598,7 +599,7 @@ def _measure_robust_gpu(
     max_seconds,
     after=None,
 ) -> Timing:
-    calls = _Calls(fn, input_sets)
+    calls = CallRotation(fn, input_sets)
     per_call_ms = calls.warm_up(max(warmup, 1), warmup_ms, max_seconds)
     # Wall time per call bounds GPU time from above, so this is a lower bound of the calls a
     # sample needs; graphs are re-sized below from a measured replay.
@@ -656,7 +657,7 @@ def _calls_for(target_ms: float, per_call_ms: float, max_calls: int) -> int:
 
 
 def _sized_graph(
-    calls: _Calls, per_graph: int, target_ms: float, max_calls: int
+    calls: CallRotation, per_graph: int, target_ms: float, max_calls: int
 ) -> tuple[torch.cuda.CUDAGraph, int]:
     """Capture, time a few replays, and recapture with more calls if a replay is shorter
     than `target_ms` (the eager estimate includes host time, so it undercounts calls for

@@ -154,7 +154,9 @@ def test_timing_method_recorded_on_cpu():
     got = _traces(d, [python_solution("mine", "def run(x, w):\n    return x * w\n")])
     perf = got["mine"].evaluation.performance
     assert perf.timing_method == "cpu" and perf.reference_timing_method == "cpu"
-    assert len(perf.timing_trials_ms) == CFG.trials and perf.timing_calls_per_sample == 1
+    # every sample calls the solution once on each input set (each call checked)
+    sets = CFG.for_device(torch.device("cpu")).input_sets
+    assert len(perf.timing_trials_ms) == CFG.trials and perf.timing_calls_per_sample == sets
     assert "timing: cpu" in got["mine"].evaluation.log
 
 

@@ -191,9 +191,10 @@ class Sandbox:
                     continue
                 raise SandboxDied(self._exit_text())
 
-    def ack(self) -> None:
+    def ack(self, data: int | None = None) -> None:
+        """Let the child go on; `data` is the next sample's seed, or None."""
         with contextlib.suppress(OSError, BrokenPipeError):
-            self.conn.send("ack")
+            self.conn.send(("ack", data))
 
     def _exit_text(self) -> str:
         self.process.join(2)

@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -48,18 +48,16 @@ class SandboxSpec:
 class SandboxJob:
     """One workload for a sandbox's solution (sent by the worker; trusted). The definition
     travels with the job: one solution's code often serves several definitions (the same
-    entry point for rmsnorm_h4096 and rmsnorm_h8192), and one process serves them all."""
+    entry point for rmsnorm_h4096 and rmsnorm_h8192), and one process serves them all.
+
+    `seed` makes input set i's index tensors and first values (`derive_seed(seed, i)`); the
+    values of each timed sample come from a seed the worker sends only when the sample is
+    about to run (bench/checked_timing.py)."""
 
     definition: str
     workload: str
-    seeds: tuple[int, ...]  # one input set per seed; set 0 is the correctness set
-    swap_seed: int | None  # float values written into set 0 in place after timing
+    seed: int
     stochastic: bool
-    # CPU only: the worker's own working copies in shared memory (set i, then the swap
-    # values). The child writes into the very tensors the worker checks, and nothing large
-    # is synthesized twice or sent back by value. None: the child synthesizes from seeds.
-    shared_sets: list[dict[str, Any]] | None = None
-    shared_swap: dict[str, Any] | None = None
 
 
 def float_input_names(inputs: Mapping[str, Any]) -> list[str]:
@@ -111,14 +109,17 @@ class _Child:
         sys.stderr.flush()
         self.conn.send_bytes(pickle.dumps((kind, encode(payload))))
 
-    def send_and_wait(self, kind: str, payload: Any) -> None:
+    def send_and_wait(self, kind: str, payload: Any) -> Any:
+        """Send, wait for the worker's ("ack", data) and return data (the next sample's
+        seed, or None)."""
         self.send(kind, payload)
         try:
             reply = self.conn.recv()
         except (EOFError, OSError):
             reply = None
-        if reply != "ack":
+        if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "ack"):
             self.linger()  # the worker has its verdict: nothing more to do
+        return reply[1]
 
     def linger(self) -> NoReturn:
         """Wait to be killed. Exiting by itself would orphan the solution's children before
@@ -209,6 +210,11 @@ class _Child:
             self.linger()
 
     def run_job(self, job: SandboxJob) -> None:
+        from flashtune.bench.checked_timing import (
+            CheckedSampler,
+            derive_seed,
+            sets_per_sample,
+        )
         from flashtune.data.models import Definition, Workload
         from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
 
@@ -216,27 +222,14 @@ class _Child:
         device, cfg, fn = self.device, self.cfg, self.fn
         workload = Workload.model_validate_json(job.workload)
         axes = resolve_axes(definition, workload)
+        dps = self.dps
+        names = list(definition.inputs)
+        out_names = list(definition.outputs)
 
         def synth(seed: int) -> dict[str, Any]:
             return synthesize_inputs(
                 definition, workload, device=device, seed=seed, blob_root=self.blob_root
             )
-
-        shared = job.shared_sets is not None
-        if shared:
-            sets = [dict(x) for x in job.shared_sets or []]
-            swap = job.shared_swap
-        else:
-            sets = [synth(s) for s in job.seeds]
-            swap = synth(job.swap_seed) if job.swap_seed is not None else None
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        self.check_tamper("inputs")
-        self.mark("inputs")
-
-        dps = self.dps
-        names = list(definition.inputs)
-        out_names = list(definition.outputs)
 
         def args_of(inputs: Mapping[str, Any]) -> list[Any]:
             args = [inputs[n] for n in names]
@@ -251,24 +244,29 @@ class _Child:
                 return dict(zip(out_names, args[len(names) :], strict=False))
             return result
 
-        def inputs_of(args: Sequence[Any]) -> dict[str, Any] | None:
-            if shared:  # the worker reads its shared tensors itself
-                return None
+        def inputs_of(args: Sequence[Any]) -> dict[str, Any]:
             return dict(zip(names, args[: len(names)], strict=False))
 
         def sync() -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
-        arg_sets = [args_of(s) for s in sets]
         setup = getattr(fn, "setup", None)
+        arg_sets: list[list[Any]] = []
         runners: list[Callable[..., Any]] = []
-        for args in arg_sets:
+
+        def add_set() -> None:
+            args = args_of(synth(derive_seed(job.seed, len(arg_sets))))
+            arg_sets.append(args)
             runners.append(setup(*args) if callable(setup) else fn)
+
+        add_set()
         sync()
+        self.check_tamper("inputs")
+        self.mark("inputs")
         self.check_tamper("setup")
 
-        # 3. correctness on set 0
+        # 1. The first call, on set 0 (it compiles and loads): checked like every other.
         args0 = arg_sets[0]
         _poison_all(args0[len(names) :])
         with torch.no_grad():
@@ -296,91 +294,92 @@ class _Child:
             self.send_and_wait("outputs", message)
             del draws, stacked, message
 
-        # 4. timing, 5./6. checks while the timed work still exists
-        from flashtune.timing import cold_l2_sets, measure_robust
-
-        # Timed sets: the distinct sets, then clones for a cold L2 (set i copies set
-        # i mod distinct, and is run by that set's runner).
-        distinct = len(arg_sets)
-        timed = cold_l2_sets(arg_sets, device)
-        by_first = {id(args[0]): runners[i % distinct] for i, args in enumerate(timed)}
-        if callable(setup):
-
-            def timed_fn(*args: Any) -> Any:
-                return by_first[id(args[0])](*args)
-        else:
-            timed_fn = fn
-        calls = _TimedCalls(timed, distinct, len(names), timed_fn, outputs_of, inputs_of, sync)
-
-        def after(replay: Callable[[], None] | None, results: dict[int, Any]) -> None:
-            self.check_after_timing(calls, replay, results, swap, names)
-
+        # 2. Warm-up on set 0, which also sizes the samples.
+        budget = cfg.budget()
         with torch.no_grad():
-            budget = cfg.budget()
-            timing = measure_robust(
-                timed_fn,
-                timed[0],
-                input_sets=timed,
-                method=cfg.method(),
-                warmup=budget.warmup,
-                warmup_ms=budget.warmup_ms,
-                repetitions=budget.iterations,
-                trial_ms=budget.trial_ms,
-                trials=budget.trials,
-                target_sample_ms=cfg.target_sample_ms,
-                max_seconds=cfg.max_seconds,
-                after=after,
+            per_call_ms = _warm_up(
+                lambda: runners[0](*args0), budget.warmup, budget.warmup_ms, cfg.max_seconds, sync
             )
-        self.check_tamper("timing")
-        self.mark("timing + checks")
-        self.send("timing", asdict(timing))
+        set_bytes = sum(a.numel() * a.element_size() for a in args0 if isinstance(a, torch.Tensor))
+        n = sets_per_sample(per_call_ms, set_bytes, device, cfg.target_sample_ms, budget.input_sets)
+        while len(arg_sets) < n:
+            add_set()
+        with torch.no_grad():
+            for i in range(1, n):  # an eager call on each set before any capture
+                runners[i](*arg_sets[i])
+        sync()
+        self.check_tamper("setup")
+        calls = [_bound(runners[i], arg_sets[i]) for i in range(n)]
+        with torch.no_grad():
+            sampler = CheckedSampler(calls, device, cfg.method())
+        self.check_tamper("capture")
+        floats = [k for k in float_input_names(inputs_of(args0))]
 
-    def check_after_timing(
-        self,
-        calls: _TimedCalls,
-        replay: Callable[[], None] | None,
-        results: dict[int, Any],
-        swap: Mapping[str, Any] | None,
-        names: Sequence[str],
-    ) -> None:
-        timed, distinct = calls.timed, calls.distinct
-
-        def run_all() -> dict[int, Any]:
-            for args in timed:
-                _poison_all(args[calls.n_inputs :])
-            for r in results.values():
-                _poison_all(r)
-            got: dict[int, Any] = {}
-            if replay is not None:
-                replay()
-                got = {i: calls.outputs_of(timed[i], results[i]) for i in results}
-            with torch.no_grad():
-                for i in range(distinct):
-                    if i not in got:  # not covered by the graph (fewer calls than sets)
-                        got[i] = calls.outputs_of(timed[i], calls.fn(*timed[i]))
-            calls.sync()
-            return got
-
-        got = run_all()
-        sets = [
+        # 3. Samples: fresh values, same poison, cold L2, timed, every call checked.
+        seed = self.send_and_wait(
+            "outputs",
             {
-                "index": i % distinct,
-                "outputs": got[i] if i < distinct else None,
-                "inputs": calls.inputs_of(timed[i]),
-            }
-            for i in range(len(timed))
-        ]
-        self.send_and_wait("outputs", {"phase": "timed", "sets": sets})
-        del got, sets
-        if swap is None:
-            return
-        for name in float_input_names(swap):
-            _copy(timed[0][names.index(name)], swap[name])
-        calls.sync()
-        got = run_all()
-        self.send_and_wait(
-            "outputs", {"phase": "swap", "sets": [{"index": 0, "outputs": got[0], "inputs": None}]}
+                "phase": "ready",
+                "sets": n,
+                "method": sampler.method,
+                "fallback": sampler.fallback,
+            },
         )
+        k = 0
+        while isinstance(seed, int):
+            for i, args in enumerate(arg_sets):
+                fresh = synth(derive_seed(seed, i))
+                for name in floats:
+                    _copy(args[names.index(name)], fresh[name])
+                del fresh
+                _poison_all(args[len(names) :])
+            for r in sampler.results:
+                _poison_all(r)
+            sampler.flush(k)
+            with torch.no_grad():
+                ms = sampler.sample()
+            self.check_tamper("timing")
+            sets = [
+                {"index": i, "outputs": outputs_of(arg_sets[i], sampler.results[i])}
+                for i in range(n)
+            ]
+            seed = self.send_and_wait(
+                "outputs", {"phase": "sample", "k": k, "ms": ms, "sets": sets}
+            )
+            del sets
+            k += 1
+        # 4. The inputs as the last sample left them: a solution must not write into them.
+        sets = [{"index": i, "inputs": inputs_of(arg_sets[i])} for i in range(n)]
+        self.send_and_wait("outputs", {"phase": "inputs", "sets": sets})
+        self.mark("timing + checks")
+        del sampler, calls, sets
+
+
+def _bound(runner: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Any]:
+    def call() -> Any:
+        return runner(*args)
+
+    return call
+
+
+def _warm_up(
+    call: Callable[[], Any], calls: int, min_ms: float, max_seconds: float, sync: Callable[[], None]
+) -> float:
+    """At least `calls` calls and `min_ms` of wall time; wall milliseconds per call (an upper
+    bound of the device time)."""
+    calls = max(calls, 1)
+    start = time.perf_counter()
+    deadline = start + max_seconds
+    done = 0
+    while True:
+        call()
+        done += 1
+        if done % 4 == 0 or done >= calls:
+            sync()
+            now = time.perf_counter()
+            if now > deadline or (done >= calls and (now - start) * 1e3 >= min_ms):
+                break
+    return (time.perf_counter() - start) * 1e3 / done
 
 
 def _free_device_memory(device: torch.device) -> None:
@@ -393,20 +392,6 @@ def _free_device_memory(device: torch.device) -> None:
 
 
 _IDLE_RESERVE_LIMIT = 256 << 20  # bytes an idle sandbox may keep reserved
-
-
-@dataclass(frozen=True)
-class _TimedCalls:
-    """What was timed, for the checks after timing: the argument lists (distinct sets
-    first, then cold-L2 clones), the callable, and how to read outputs and inputs."""
-
-    timed: list[list[Any]]
-    distinct: int
-    n_inputs: int
-    fn: Callable[..., Any]
-    outputs_of: Callable[[Sequence[Any], Any], Any]
-    inputs_of: Callable[[Sequence[Any]], dict[str, Any] | None]
-    sync: Callable[[], None]
 
 
 def _become_group_leader() -> None:

@@ -83,6 +83,12 @@ def run_command(
     max_abs: Optional[float] = typer.Option(
         None, "--max-abs", help="override every bound on the largest absolute error"
     ),
+    seed: Optional[int] = typer.Option(
+        None,
+        "--seed",
+        help="the seed every input derives from (default: drawn from the operating system "
+        "per run; each trace records it as environment.input_seed, so a run can be repeated)",
+    ),
     max_workloads: Optional[int] = typer.Option(
         None,
         "--max-workloads",
@@ -117,6 +123,7 @@ def run_command(
     from flashtune.bench.ray import ClusterError, RayPool
     from flashtune.bench.runner import RunOptions, run_benchmark
     from flashtune.bench.worker import WorkerError, parse_devices
+    from flashtune.data.io import UnsafePathError
 
     if timing not in ("auto", "cuda_graph", "cuda_events"):
         fail(f"--timing {timing}: expected auto, cuda_graph or cuda_events", code=2)
@@ -173,6 +180,7 @@ def run_command(
             max_rel_norm=max_rel_norm,
             max_abs=max_abs,
             first_call_timeout=first_call_timeout,
+            seed=seed,
         ),
         resume=resume,
         baseline=baseline,
@@ -193,6 +201,8 @@ def run_command(
         )
     except (WorkerError, ClusterError) as exc:
         fail(str(exc))
+    except UnsafePathError as exc:  # --out holds a link leading outside it: nothing ran
+        fail(str(exc), code=2)
     except KeyboardInterrupt:
         err_console.print(count.interrupted_message(out), highlight=False)
         raise typer.Exit(130) from None
@@ -200,7 +210,13 @@ def run_command(
         warn(f"{error} (skipped)")
     for note in result.pool_notes:  # a cluster's triples per node, its lost workers
         err_console.print(f"cluster: {escape(note)}", highlight=False)
+    if result.unsigned is not None:
+        warn(result.unsigned)
     print_closing(result, opts, out, console)
+    for error in result.write_errors:
+        err_console.print(f"[red]error[/red]: not written: {escape(error)}", highlight=False)
+    if result.write_errors:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
