@@ -27,6 +27,7 @@ from flashtune.apply import apply, enable_apply, load_solution  # noqa: E402
 from flashtune.apply.table import current_environment  # noqa: E402
 from flashtune.bench.build import solution_hash  # noqa: E402
 from flashtune.data import Dataset, Solution, Trace  # noqa: E402
+from flashtune.data.signing import sign_trace  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 LOOP = 2000
@@ -61,28 +62,30 @@ def main() -> None:
     )
     ds.add_solution(sol)
     # Apply trusts a trace only when it names this solution's content hash, this
-    # environment and a correctness record within tolerance (issue 12): stamp them as
-    # `flashtune run` would have.
+    # environment and a correctness record within tolerance (issue 12), and is signed with
+    # this user's key (issue 31): stamp and sign it as `flashtune run` would have.
     env = current_environment()
     ds.append_trace(
-        Trace.model_validate(
-            {
-                "definition": name,
-                "solution": "identity",
-                "workload": {"uuid": "w", "axes": {"batch_size": 4}, "inputs": {}},
-                "evaluation": {
-                    "status": "PASSED",
-                    "timestamp": "2026-01-01T00:00:00+00:00",
-                    "environment": {**env, "hardware": env["hardware"][0]},
-                    "solution_hash": solution_hash(sol),
-                    "correctness": {
-                        "max_absolute_error": 0.0,
-                        "max_relative_error": 0.0,
-                        "matched_ratio": 1.0,
+        sign_trace(
+            Trace.model_validate(
+                {
+                    "definition": name,
+                    "solution": "identity",
+                    "workload": {"uuid": "w", "axes": {"batch_size": 4}, "inputs": {}},
+                    "evaluation": {
+                        "status": "PASSED",
+                        "timestamp": "2026-01-01T00:00:00+00:00",
+                        "environment": {**env, "hardware": env["hardware"][0]},
+                        "solution_hash": solution_hash(sol),
+                        "correctness": {
+                            "max_absolute_error": 0.0,
+                            "max_relative_error": 0.0,
+                            "matched_ratio": 1.0,
+                        },
+                        "performance": {"latency_ms": 0.001},
                     },
-                    "performance": {"latency_ms": 0.001},
-                },
-            }
+                }
+            )
         ),
         author="bench",
     )

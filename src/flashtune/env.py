@@ -91,6 +91,22 @@ CACHE_DIR = _setting(
     "Where flashtune keeps build caches (compiled CUDA solutions) and autotune files.",
     _parse_path,
 )
+SANDBOX = _setting(
+    "FLASHTUNE_SANDBOX",
+    lambda: True,
+    "Isolate each benchmarked solution at the OS level (user/network namespaces, Landlock, "
+    "seccomp: docs/evaluation.md). 0 turns it off, for debugging only: solutions then run as "
+    "this user with its files, network and processes, and `flashtune run` and every trace "
+    "say so.",
+    _parse_bool,
+)
+MAX_JSON_MB = _setting(
+    "FLASHTUNE_MAX_JSON_MB",
+    lambda: 64,
+    "Largest dataset JSON file (a definition, a solution) or JSONL line (a workload, a trace) "
+    "read, in MiB; a larger one is one load error (`flashtune validate` lists it), not a crash.",
+    _parse_int,
+)
 LOG_LEVEL = _setting(
     "FLASHTUNE_LOG_LEVEL",
     lambda: "WARNING",

@@ -77,10 +77,13 @@ def add_traces(
     ds: Dataset, traces: list[Trace], author: str = "test", stub_missing: bool = False
 ) -> None:
     """Append traces as the benchmark would have written them here: stamped with the
-    solution's content hash and this environment, unless the trace sets its own. With
-    `stub_missing`, a solution the dataset lacks is planted first (a table-only test)."""
+    solution's content hash and this environment, unless the trace sets its own, and signed
+    with this user's key (as `flashtune run` signs what it writes; apply trusts nothing
+    else). With `stub_missing`, a solution the dataset lacks is planted first (a table-only
+    test)."""
     from flashtune.apply.table import current_environment
     from flashtune.bench.build import solution_hash
+    from flashtune.data.signing import sign_trace
 
     for t in traces:
         sols = [s for s in ds.solutions.get(t.definition, []) if s.name == t.solution]
@@ -93,7 +96,7 @@ def add_traces(
             if not ev.environment:
                 env = current_environment()
                 ev.environment = {**env, "hardware": env["hardware"][0]}
-        ds.append_trace(t, author=author)
+        ds.append_trace(sign_trace(t), author=author)
 
 
 def add_definition(ds: Dataset, definition: Definition) -> None:

@@ -367,5 +367,7 @@ def test_files_apply_writes_follow_the_umask(
     assert len(written) == 2
     for p in written:
         assert p.stat().st_mode & 0o777 == 0o666 & ~umask, p
-    # the key that signs saved tables is a secret: private whatever the umask
-    assert (cache / "apply" / "table.key").stat().st_mode & 0o777 == 0o600
+    # the keys that sign saved tables and traces are secrets: private whatever the umask
+    for key in ("table", "traces"):
+        assert (cache / "keys" / f"{key}.key").stat().st_mode & 0o777 == 0o600
+    assert (cache / "keys").stat().st_mode & 0o777 == 0o700

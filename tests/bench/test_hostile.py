@@ -124,7 +124,7 @@ def test_no_cheat_passes(hostile_run, name):
 
 def test_each_cheat_is_named(hostile_run):
     reasons = {t.solution: t.evaluation.reason or "" for t in hostile_run.traces}
-    assert "identity" in reasons["a_identity_cache"] or "same input" in reasons["a_identity_cache"]
+    assert "timed call" in reasons["a_identity_cache"] and "identity" in reasons["a_identity_cache"]
     assert "wrote into its input" in reasons["d_input_scribbler"]
     assert (
         "tampering" in reasons["f_clock_patch"] and "time.perf_counter" in reasons["f_clock_patch"]

@@ -188,7 +188,9 @@ def test_flashtune_runs_flashinfer_bench_destination_passing_solution(tmp_path: 
     assert "flashtune does not build tilelang solutions" in (
         by_solution["scale_tilelang"][0].reason or ""
     )
-    # flashtune's traces of that run load in FlashInfer-Bench, with their counts.
+    # flashtune's traces of that run load in FlashInfer-Bench, with their counts, their
+    # harness signatures (a top-level extension field) included.
+    assert all(t.signature and t.signature["mac"] for t in result.traces)
     ts = fib.TraceSet.from_path(str(out))
     assert sum(len(v) for v in ts.traces.values()) == 2
     assert ts.summary()["passed"] == 2

@@ -2,11 +2,15 @@
 whose Traces PASSED within tolerance, plus a default winner for shapes no bucket covers.
 
 Datasets come from strangers, so a trace is evidence only when (see `trust_problem`):
+- its signature verifies under this user's key (`flashtune.data.signing`): `flashtune run`
+  signed it here, or the user imported it with `flashtune traces trust`; a trace appended
+  or edited by anything else (a solution under benchmark, a hand) is not used;
 - its `evaluation.solution_hash` is the content hash of the solution as it is now (a forged
   trace, or one of a solution edited since it was benchmarked, proves nothing about it);
 - its environment matches this process (hardware it has, same torch/triton/cuda; "*" in
   the trace matches anything);
-- its timestamp is not in the future (it would otherwise win "the latest result" forever);
+- its timestamp is an ISO 8601 time not in the future (it would otherwise win "the latest
+  result" forever; the latest is chosen by parsed time, `flashtune.data.timestamps`);
 and a PASSED trace counts as passed only within the definition's tolerances, which a
 looser bench may not have applied (see `correctness_problem`): by the bench's own
 element-wise rule when the trace records the element-wise atol/rtol it was judged with and
@@ -26,24 +30,31 @@ import hmac
 import json
 import logging
 import math
-import os
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from flashtune import env, platform
+from flashtune import platform
 from flashtune.apply.recheck import Bounds, correctness_problem
 from flashtune.apply.solutions import runs_the_op_itself
 from flashtune.bench.build import solution_hash
 from flashtune.bench.correctness import is_stochastic, tolerance_for
 from flashtune.data.dataset import Dataset
-from flashtune.data.io import atomic_write_text, make_temp_file
+from flashtune.data.io import atomic_write_text
 from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace
+from flashtune.data.signing import (
+    TRACES,
+    SigningKeyError,
+    document_mac,
+    key_id,
+    trace_signature_problem,
+    user_key,
+)
+from flashtune.data.timestamps import recency, timestamp_problem
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -213,10 +224,6 @@ class DefinitionTable:
 # them at the top level (platform.snapshot), FlashInfer-Bench's under "libs".
 _ENV_LIBS = ("torch", "triton", "cuda")
 WILDCARD = "*"
-# Clocks of the machines that wrote a dataset are not this one's: a minute of skew is
-# allowed. A timestamp without a zone may be local time anywhere (up to UTC+14).
-FUTURE_SKEW = timedelta(minutes=1)
-_NAIVE_SKEW = timedelta(hours=14) + FUTURE_SKEW
 
 
 def current_environment() -> dict[str, Any]:
@@ -253,19 +260,6 @@ def environment_problem(recorded: Any, current: Mapping[str, Any]) -> str | None
             return f"measured on {value!r}; this process has {', '.join(want)}"
         if key != "hardware" and value != want:
             return f"measured with {key} {value!r}; this process has {want!r}"
-    return None
-
-
-def _timestamp_problem(timestamp: str, now: datetime) -> str | None:
-    try:
-        when = datetime.fromisoformat(timestamp)
-    except (TypeError, ValueError):
-        return f"timestamp {timestamp!r} is not an ISO 8601 time"
-    skew = FUTURE_SKEW
-    if when.tzinfo is None:
-        when, skew = when.replace(tzinfo=timezone.utc), _NAIVE_SKEW
-    if when > now + skew:
-        return f"timestamp {timestamp} is in the future"
     return None
 
 
@@ -330,11 +324,29 @@ def trust_problem(
     current_hashes: Mapping[str, Solution],
     environment: Mapping[str, Any],
     now: datetime,
+    key: bytes | None = None,
 ) -> str | None:
     """Why `trace` is no evidence about its solution as it is now, or None.
 
     current_hashes: content hash -> solution, of the dataset's solutions with the trace's
-    definition and name (empty: no such solution)."""
+    definition and name (empty: no such solution). key: this user's trace key
+    (`flashtune.data.signing.user_key`; None: there is none, and no trace is trusted).
+
+    The signature is checked last, so that the reason given for a trace that fails
+    several checks is the one that importing it with `flashtune traces trust` would not
+    cure (another GPU, an edited solution)."""
+    problem = _evidence_problem(trace, current_hashes, environment, now)
+    if problem is not None:
+        return problem
+    return trace_signature_problem(trace, key)
+
+
+def _evidence_problem(
+    trace: Trace,
+    current_hashes: Mapping[str, Solution],
+    environment: Mapping[str, Any],
+    now: datetime,
+) -> str | None:
     ev = trace.evaluation
     assert ev is not None
     if not current_hashes:
@@ -349,7 +361,7 @@ def trust_problem(
     problem = environment_problem(ev.environment, environment)
     if problem is not None:
         return problem
-    return _timestamp_problem(ev.timestamp, now)
+    return timestamp_problem(ev.timestamp, now)
 
 
 @dataclass(frozen=True)
@@ -397,8 +409,11 @@ def build_definition_table(
     within ApplyConfig.own_margin of the fastest."""
     bounds = correctness_bounds(definition, config)
     # Latest result per (workload, solution): a re-run replaces an older measurement.
-    latest: dict[tuple[str, str], tuple[str, bool, float]] = {}
-    hashes: dict[str, tuple[str, str]] = {}  # solution -> (timestamp, hash) of its latest trace
+    # Compared as parsed times (flashtune.data.timestamps.recency), never as strings; a tie
+    # goes to the trace recorded later.
+    now = datetime.now(timezone.utc)
+    latest: dict[tuple[str, str], tuple[datetime, bool, float]] = {}
+    hashes: dict[str, tuple[datetime, str]] = {}  # solution -> (time, hash) of its latest trace
     workload_axes: dict[str, dict[str, int]] = {}
     for t in traces:
         ev = t.evaluation
@@ -413,10 +428,11 @@ def build_definition_table(
                     rejected.append(Rejection.of(t, problem))
         latency = ev.performance.latency_ms if ok and ev.performance else math.inf
         key = (t.workload.uuid, t.solution)
-        if key not in latest or ev.timestamp >= latest[key][0]:
-            latest[key] = (ev.timestamp, ok, latency)
-        if ev.solution_hash and (t.solution not in hashes or ev.timestamp >= hashes[t.solution][0]):
-            hashes[t.solution] = (ev.timestamp, ev.solution_hash)
+        when = recency(ev.timestamp, now)
+        if key not in latest or when >= latest[key][0]:
+            latest[key] = (when, ok, latency)
+        if ev.solution_hash and (t.solution not in hashes or when >= hashes[t.solution][0]):
+            hashes[t.solution] = (when, ev.solution_hash)
         workload_axes[t.workload.uuid] = dict(t.workload.axes)
     if not latest:
         return None
@@ -580,11 +596,12 @@ class ApplyTable:
         definitions = dataset.definitions
         rejected: list[Rejection] = []
         by_def: dict[str, list[Trace]] = {}
+        key = _trace_key()
         for t in dataset.all_traces():
             ev = t.evaluation
             if t.solution is None or ev is None or ev.status == EvaluationStatus.SKIPPED:
                 continue  # workloads and skips are no evidence either way
-            problem = trust_problem(t, hashes(t.definition, t.solution), environment, now)
+            problem = trust_problem(t, hashes(t.definition, t.solution), environment, now, key)
             if problem is not None:
                 rejected.append(Rejection.of(t, problem))
                 continue
@@ -628,6 +645,7 @@ class ApplyTable:
             saved is not None
             and saved.get("config") == asdict(config)
             and saved.get("environment") == environment
+            and saved.get("trace_key") == _trace_key_id()  # what its traces were verified by
         ):
             if saved.get("stat") == stat:
                 return cls._from_saved(saved, config)
@@ -655,13 +673,14 @@ class ApplyTable:
             "stat": stat or [],
             "config": asdict(self.config),
             "environment": self.environment,
+            "trace_key": _trace_key_id(),
             "definitions": {n: t.to_json() for n, t in sorted(self.definitions.items())},
             "rejected": [r.to_json() for r in self.rejected],
         }
 
     def save(self, path: Path, stat: list[list[Any]] | None = None) -> None:
         doc = self.to_json(stat)
-        key = _signing_key()
+        key = _table_key()
         if key is not None:  # unsigned, it is never read back (see _read_saved)
             doc["signature"] = _signature(doc, key)
         atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
@@ -693,52 +712,38 @@ def _log_rejections(rejected: Sequence[Rejection]) -> None:
 
 # The saved table sits in the dataset, which may come from a stranger: a table file shipped
 # with it (its stat signature forged to match) would skip every trust check. Tables are
-# therefore signed with a secret of this user, kept in the cache folder; a table without a
-# valid signature is rebuilt from the traces.
-_KEY_FILE = "table.key"
-_KEYS: dict[Path, bytes] = {}
+# therefore signed with a secret of this user (flashtune.data.signing, purpose "table"); a
+# table without a valid signature is rebuilt from the traces.
+_TABLE = "table"
 
 
-def _signing_key() -> bytes | None:
+def _table_key() -> bytes | None:
     """This user's secret for signing saved tables (None: the cache folder is unusable, and
     saved tables are then never trusted)."""
-    path = Path(env.CACHE_DIR.get()) / "apply" / _KEY_FILE
-    key = _KEYS.get(path)
-    if key is not None:
-        return key
     try:
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = make_temp_file(path)
-            try:
-                os.fchmod(fd, 0o600)  # a secret: private whatever the umask
-                os.write(fd, secrets.token_hex(32).encode())
-                os.fsync(fd)
-                os.close(fd)
-                fd = -1
-                try:  # link, not replace: a key another process made first is kept
-                    os.link(tmp, path)
-                except FileExistsError:
-                    pass
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-                tmp.unlink(missing_ok=True)
-        key = path.read_bytes().strip()
-    except OSError as exc:
+        return user_key(_TABLE)
+    except SigningKeyError as exc:
         log.info("apply: no key to sign saved tables with (%s); tables are rebuilt", exc)
         return None
-    if len(key) < 32:
+
+
+def _trace_key() -> bytes | None:
+    """This user's key that `flashtune run` signs traces with (None: there is none, and no
+    trace is trusted: each is rejected with why)."""
+    try:
+        return user_key(TRACES)
+    except SigningKeyError as exc:
+        log.warning("apply: no key to verify traces with (%s); no trace is trusted", exc)
         return None
-    _KEYS[path] = key
-    return key
+
+
+def _trace_key_id() -> str | None:
+    key = _trace_key()
+    return key_id(key) if key is not None else None
 
 
 def _signature(doc: Mapping[str, Any], key: bytes) -> str:
-    payload = json.dumps(
-        {k: v for k, v in doc.items() if k != "signature"}, sort_keys=True, separators=(",", ":")
-    )
-    return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+    return document_mac(key, _TABLE, doc, exclude=("signature",))
 
 
 def _read_saved(path: Path) -> dict[str, Any] | None:
@@ -751,7 +756,7 @@ def _read_saved(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
         return None
-    key = _signing_key()
+    key = _table_key()
     signature = raw.get("signature")
     if key is None or not isinstance(signature, str):
         return None

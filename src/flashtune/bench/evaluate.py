@@ -393,11 +393,18 @@ def _evaluate_one(
         "config": asdict(replace(cfg, seed=0)),
         "roots": wl.roots(),
     }
+    shared = None
+    if wl.device.type == "cpu":
+        # Shared memory: the child works on these very tensors, and the worker writes each
+        # sample's values into them itself (nothing large is synthesized twice or sent back
+        # by value, and the child never sees a seed).
+        shared = [_shared_clone(x) for x in wl.sets]
     job = SandboxJob(
         definition=definition.to_json(),
         workload=workload.to_json(),
         seed=wl.seed,
         stochastic=wl.stochastic,
+        shared_sets=shared,
     )
     failure: tuple[EvaluationStatus, str, Verdict | None] | None = None
     sandbox = pool.get(spec)
@@ -432,6 +439,7 @@ def _evaluate_one(
     if failure is not None:
         pool.discard(sandbox)  # it may be stuck, or hold a broken CUDA context
         return trace(*failure)
+    pool.release(sandbox)
     if marks:
         log.write("sandbox: " + ", ".join(f"{k} by {v:.3f} s" for k, v in marks.items()) + "\n")
 
@@ -463,6 +471,13 @@ def _evaluate_one(
     return trace(EvaluationStatus.PASSED, None, verdict, performance)
 
 
+def _shared_clone(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: v.clone().share_memory_() if isinstance(v, torch.Tensor) else v
+        for k, v in inputs.items()
+    }
+
+
 def _indexed(device: torch.device) -> str:
     """'cuda' -> 'cuda:<current>': the sandbox must use the worker's GPU."""
     index: int | None = device.index  # None for a bare "cuda" (torch's stubs say int)
@@ -473,11 +488,18 @@ def _indexed(device: torch.device) -> str:
 
 class _Samples:
     """The worker's side of the timed samples (bench/checked_timing.py): it draws each
-    sample's seed, checks every call of the sample against the reference on that sample's
-    values, and keeps the per-call times it will report."""
+    sample's seed, makes that sample's inputs and reference outputs before the sample runs
+    (on the CPU it writes the values into the sandbox's shared sets itself), checks every
+    call of the sample, and keeps the per-call times it will report."""
 
-    def __init__(self, wl: _Workload, cfg: BenchConfig, solution: str) -> None:
-        self.wl, self.cfg, self.solution = wl, cfg, solution
+    def __init__(
+        self,
+        wl: _Workload,
+        cfg: BenchConfig,
+        solution: str,
+        shared: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.wl, self.cfg, self.solution, self.shared = wl, cfg, solution, shared
         budget = cfg.budget()
         self.wanted = max(1, budget.trials * budget.iterations)
         self.trials = budget.trials
@@ -485,13 +507,13 @@ class _Samples:
         self.method = ""
         self.fallback: str | None = None
         self.times_ms: list[float] = []
-        self.seed: int | None = None
-        self.cases: list[dict[str, Any]] = []  # the last sample's inputs, per set
+        self.cases: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (inputs, reference)
         self.started = 0.0
 
     def ready(self, payload: dict) -> int:
         sets, method = payload.get("sets"), payload.get("method")
-        if type(sets) is not int or not 1 <= sets <= MAX_SETS:
+        limit = len(self.shared) if self.shared is not None else MAX_SETS
+        if type(sets) is not int or not 1 <= sets <= limit:
             raise ValueError(f"input sets per sample: {sets!r}")
         if method not in ("cuda_graph", "device_sync", "cpu"):
             raise ValueError(f"timing method {method!r}")
@@ -499,11 +521,21 @@ class _Samples:
         self.sets, self.method = sets, method
         self.fallback = fallback if isinstance(fallback, str) else None
         self.started = time.monotonic()
-        return self.next_seed()
+        return self.next_sample()
 
-    def next_seed(self) -> int:
-        self.seed = self.wl.sample_seed(self.solution, len(self.times_ms))
-        return self.seed
+    def next_sample(self) -> int:
+        """Make the next sample's inputs and reference outputs; return what the sandbox
+        needs to run it: the sample seed, or (shared sets, the values already written into
+        them) the sample's number only."""
+        k = len(self.times_ms)
+        seed = self.wl.sample_seed(self.solution, k)
+        self.cases = [self.wl.case(seed, i) for i in range(self.sets)]
+        if self.shared is None:
+            return seed
+        for target, (inputs, _) in zip(self.shared, self.cases, strict=False):
+            for name in self.wl.floats:
+                target[name].copy_(inputs[name])
+        return k
 
     def more(self) -> bool:
         """Another sample: until the budget's samples are checked, or the time cap is spent
@@ -535,7 +567,7 @@ def _drive(
     verdict: Verdict | None = None
     phases: set[str] = set()
     marks: dict[str, float] = {}
-    samples = _Samples(wl, cfg, solution)
+    samples = _Samples(wl, cfg, solution, sandbox.job.shared_sets)
     while True:
         try:
             kind, payload = sandbox.receive(max(0.0, deadline - time.monotonic()))
@@ -563,7 +595,7 @@ def _drive(
                 reply = samples.ready(payload)
             elif phase == "sample":
                 verdict = _check_sample(definition, wl, cfg, samples, payload) or verdict
-                reply = samples.next_seed() if samples.more() else None
+                reply = samples.next_sample() if samples.more() else None
             else:
                 verdict = _check_phase(definition, wl, cfg, phase, payload, samples) or verdict
             phases.add(str(phase))
@@ -606,7 +638,7 @@ def _check_sample(
     """One timed sample: its time, and the outputs of every one of its calls, each against
     the reference on the values that call was given."""
     k, ms = payload.get("k"), payload.get("ms")
-    if samples.seed is None or k != len(samples.times_ms):
+    if not samples.cases or k != len(samples.times_ms):
         raise ValueError(f"sample {k!r} out of order")
     if not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
         raise ValueError(f"sample time {ms!r}")
@@ -616,14 +648,19 @@ def _check_sample(
     ):
         raise ValueError(f"sample {k}: expected the outputs of {samples.sets} calls, in order")
     verdict: Verdict | None = None
-    cases: list[dict[str, Any]] = []
-    for entry in entries:
-        index = entry["index"]
-        inputs, expected = wl.case(samples.seed, index)
-        cases.append(inputs)
-        where = f"timed call {index + 1} of {samples.sets} in sample {k + 1}"
-        verdict = _judge(definition, wl, cfg, expected, entry.get("outputs"), where) or verdict
-    samples.cases = cases
+    if samples.shared is not None:  # shared sets cost nothing to read: inputs first
+        for target, (pristine, _) in zip(samples.shared, samples.cases, strict=False):
+            _inputs_unchanged(pristine, target, f"in timed sample {k + 1}: ")
+    for entry, (_, expected) in zip(entries, samples.cases, strict=True):
+        where = f"timed call {entry['index'] + 1} of {samples.sets} in sample {k + 1}"
+        try:
+            verdict = _judge(definition, wl, cfg, expected, entry.get("outputs"), where) or verdict
+        except _Failed as exc:
+            exc.reason += (
+                " (each timed call gets new input values: a result cached by tensor identity, "
+                "address or values is stale, and work that left the timed call is lost)"
+            )
+            raise
     samples.times_ms.append(float(ms))
     return verdict
 
@@ -702,13 +739,19 @@ def _check_phase(
     if phase == "first":
         if len(entries) != 1 or entries[0].get("index") != 0:
             raise ValueError("the first call is on input set 0")
-        _inputs_unchanged(wl.sets[0], entries[0].get("inputs"), "")
+        got = entries[0].get("inputs")
+        if got is None and samples.shared is not None:
+            got = samples.shared[0]
+        _inputs_unchanged(wl.sets[0], got, "")
         return _judge(definition, wl, cfg, wl.first_ref, entries[0].get("outputs"), "")
     if phase == "inputs":
         if [e.get("index") for e in entries] != list(range(len(samples.cases))):
             raise ValueError("the inputs after the last sample, for every set")
-        for entry, pristine in zip(entries, samples.cases, strict=True):
-            _inputs_unchanged(pristine, entry.get("inputs"), "in the timed calls: ")
+        for entry, (pristine, _) in zip(entries, samples.cases, strict=True):
+            got = entry.get("inputs")
+            if got is None and samples.shared is not None:  # the worker reads them itself
+                got = samples.shared[entry["index"]]
+            _inputs_unchanged(pristine, got, "in the timed calls: ")
         return None
     raise ValueError(f"unknown phase {phase!r}")
 

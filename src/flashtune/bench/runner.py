@@ -10,7 +10,14 @@ versions) and code (`code_key`: the git tree of the checkout, else the hash of f
 sources).
 
 Every trace's environment carries the code provenance (`platform.code_provenance`, taken in
-the worker's snapshot) and the run's own start time, `run_started`, stamped here.
+the worker's snapshot) and the run's own start time, `run_started`, stamped here. Then this
+process, the runner (never a worker, never a sandbox), signs it with this user's key
+(`flashtune.data.signing.sign_trace`): apply trusts no other trace, and `--resume` counts
+only traces whose signature verifies, so a line appended or edited by anything else (a
+solution under benchmark, a hand) is measured again rather than believed. Traces are
+written only inside `out`: a symbolic link under its traces/ or skipped/ that leads outside
+stops the run before it starts (`UnsafePathError`), and each append refuses links on its
+way (`flashtune.data.io.append_line`).
 
 CPU workload cap: on a CPU device only the `CPU_WORKLOAD_CAP` smallest workloads of each
 definition run (by input bytes), unless `max_workloads` says otherwise: CPU numbers are a
@@ -26,20 +33,29 @@ from __future__ import annotations
 import fnmatch
 import math
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from flashtune.bench.build import solution_hash
 from flashtune.bench.evaluate import BenchConfig, make_trace
+from flashtune.bench.isolation import harden_harness
 from flashtune.bench.worker import Task, Worker, WorkerError
 from flashtune.data.dataset import Dataset
-from flashtune.data.io import LoadError
+from flashtune.data.io import LoadError, UnsafePathError
 from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace, Workload
+from flashtune.data.signing import (
+    TRACES,
+    SigningKeyError,
+    sign_trace,
+    trace_signature_problem,
+    user_key,
+)
 from flashtune.data.synth import resolve_axes
 
 __all__ = [
@@ -90,6 +106,10 @@ class RunResult:
     # The pool's closing lines: a cluster's triples per node and its lost workers (empty
     # for a local run).
     pool_notes: list[str] = field(default_factory=list)
+    # Traces that could not be written (kept in `traces`), and why: the run failed.
+    write_errors: list[str] = field(default_factory=list)
+    # Why the traces are not signed (no key: apply will not trust them), else None.
+    unsigned: str | None = None
 
 
 def environment_key(environment: dict[str, Any]) -> tuple[Any, ...]:
@@ -359,6 +379,8 @@ def run_benchmark(
     """Evaluate the selected triples of `opts.datasets` on `pool` (default: `opts.devices` of
     this host); return the traces. `on_start` gets the number of triples to evaluate once it
     is known (before the first)."""
+    # The runner holds the trace files: no solution may ptrace it or write its memory.
+    harden_harness()
     started = time.perf_counter()
     run_started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out = opts.out.expanduser().resolve()
@@ -368,8 +390,20 @@ def run_benchmark(
             roots.append(root)
     source = Dataset([Path(d) for d in opts.datasets])
     sink = Dataset(roots)  # writes go to `out`; definitions come from the sources
+    escaping = sink.links_leading_outside()
+    if escaping:
+        raise UnsafePathError(
+            f"--out {out}: refusing to write traces through a symbolic link that leads "
+            f"outside it: {'; '.join(escaping[:3])}"
+            + (f" (and {len(escaping) - 3} more)" if len(escaping) > 3 else "")
+        )
+    # Inputs no one can predict: the run's seed comes from the operating system unless the
+    # user names one (--seed) to reproduce a run; every trace records it.
+    config = opts.config
+    if config.seed is None:
+        config = replace(config, seed=secrets.randbits(62))
     worker_options: dict[str, Any] = {
-        "config": {k: v for k, v in vars(opts.config).items()},
+        "config": {k: v for k, v in vars(config).items()},
         "roots": [str(Path(d).expanduser().resolve()) for d in opts.datasets],
         "autotune": opts.autotune,
         "run_started": run_started,  # for platform.snapshot(device, run_started)
@@ -394,13 +428,25 @@ def run_benchmark(
             hashes[id(s)] = solution_hash(s)
         return hashes[id(s)]
 
+    # This user's key, read here in the runner (workers are spawned, never forked from it).
+    key: bytes | None = None
+    unsigned: str | None = None
+    try:
+        key = user_key(TRACES)
+    except SigningKeyError as exc:
+        unsigned = f"traces are not signed ({exc}): apply will not trust them"
+
     if opts.resume:
-        # A triple traced on any GPU model of this pool counts (a cluster may hold several).
+        # A triple traced on any GPU model of this pool counts (a cluster may hold several),
+        # if its trace is this user's own (its signature verifies): a forged or edited line
+        # must not make --resume skip a real measurement.
         keys = {(environment_key(env), code_key(env)) for env in environments}
         for name in sorted({g[0].name for g in groups}):
             for t in sink.traces_for(name):
                 ev = t.evaluation
                 if ev is None or t.solution is None:
+                    continue
+                if trace_signature_problem(t, key) is not None:
                     continue
                 if (environment_key(ev.environment), code_key(ev.environment)) in keys:
                     done_keys.add(
@@ -430,6 +476,7 @@ def run_benchmark(
 
     authors = {(d.name, s.name): s.author for d, _, sols in groups for s in sols}
     traces: list[Trace] = []
+    write_errors: list[str] = []
     lock = threading.Lock()
 
     def record(trace: Trace) -> None:
@@ -437,11 +484,17 @@ def run_benchmark(
             trace.evaluation.environment = {
                 **trace.evaluation.environment,
                 "run_started": run_started,
+                "input_seed": config.seed,
             }
+        if key is not None:  # last: the signature covers everything above
+            sign_trace(trace, key)
         with lock:
-            sink.append_trace(
-                trace, author=authors.get((trace.definition, trace.solution or ""), "unknown")
-            )
+            try:
+                sink.append_trace(
+                    trace, author=authors.get((trace.definition, trace.solution or ""), "unknown")
+                )
+            except OSError as exc:  # a link swapped in since the check, a full disk
+                write_errors.append(f"{trace.definition} {trace.solution}: {exc}")
             traces.append(trace)
         display.finished(trace)
         if on_trace is not None:
@@ -460,6 +513,8 @@ def run_benchmark(
         environment=environment,
         workload_cap=cap,
         pool_notes=pool.notes(),
+        write_errors=write_errors,
+        unsigned=unsigned,
     )
 
 

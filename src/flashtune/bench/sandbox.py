@@ -16,6 +16,10 @@ cleanly: a failure, a timeout or tampering ends it, and the next workload gets a
 - nothing the solution patches (the clock, torch, the checker), scans (frames, `gc`) or
   leaves behind (threads, children, GPU state) reaches another solution.
 
+The child also runs under the operating system's sandbox (bench/isolation.py: namespaces,
+Landlock, seccomp), entered before anything else, with a private scratch folder made here
+and removed when it closes; its first message reports the isolation it got.
+
 Messages from the child are decoded without unpickling code (bench/messages.py resolves no
 global at all): tensors travel as plain descriptions, CPU tensors by value, CUDA tensors as
 CUDA IPC handles that the worker opens and copies at once while the child waits.
@@ -49,15 +53,17 @@ import json
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from multiprocessing import forkserver
 from typing import Any
 
-from flashtune.bench import entry_points, sandbox_child
+from flashtune.bench import entry_points, isolation, sandbox_child
 from flashtune.bench.messages import decode, loads
 from flashtune.bench.sandbox_child import (
     SandboxJob,
@@ -79,6 +85,7 @@ __all__ = [
     "describe_exit",
     "forkserver_context",
     "main_hidden",
+    "probe_isolation",
 ]
 
 _LOG_LIMIT = 8000
@@ -120,6 +127,10 @@ def forkserver_context() -> Any:
         if _CONTEXT is None:
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload([m.__name__ for m in _PRELOAD])
+            # Started now rather than by the first child, with the mark that makes it make
+            # itself non-dumpable as it imports its preloads (bench/isolation.py).
+            with isolation.marked_for_forkserver():
+                forkserver.ensure_running()
             _CONTEXT = ctx
         return _CONTEXT
 
@@ -157,14 +168,40 @@ class Sandbox:
             self.process.start()
         child.close()
         self.conn = parent
+        # The child's first message says how it is isolated (bench/isolation.py), sent before
+        # any of the solution exists. A sandbox weaker than the worker's probe found this
+        # platform to be (what every trace claims) is not used: `broken` says why.
+        self.isolation: dict[str, Any] = {}
+        self.broken: str | None = None
+        try:
+            kind, report = self.receive(_REPORT_TIMEOUT_S)
+        except (SandboxDied, SandboxTimeout, ValueError, TypeError) as exc:
+            kind, report = "", f"{type(exc).__name__}: {exc}"
+        if kind != "isolation" or not isinstance(report, dict):
+            self.broken = f"the sandbox did not report its isolation ({str(report)[:300]})"
+        elif "error" in report:
+            self.broken = str(report["error"])[:500]
+        else:
+            self.isolation = report
+            short = isolation.weaker(report, _EXPECTED) if _EXPECTED is not None else []
+            if short:
+                self.broken = "the sandbox is less isolated than this worker's probe: " + (
+                    "; ".join(short)
+                )
+        if self.broken is not None:
+            isolation.kill_tree(self.process.pid)
 
     def start(self, job: SandboxJob) -> None:
         """Send the next workload. Only to a child that finished its last job ("done"): it
         is then waiting for this message, so the send cannot block on a busy child."""
+        if self.broken is not None:
+            raise SandboxDied(self.broken)
         self.job = job
         self.jobs += 1
         try:
-            self.conn.send(job)
+            # Shared CPU tensors' memory goes over this connection, not through a unix
+            # socket the sandbox would connect to (it may make none: bench/isolation.py).
+            isolation.send_with_fds(self.conn, job)
         except (OSError, BrokenPipeError):
             raise SandboxDied(self._exit_text()) from None
 
@@ -194,7 +231,7 @@ class Sandbox:
     def ack(self, data: int | None = None) -> None:
         """Let the child go on; `data` is the next sample's seed, or None."""
         with contextlib.suppress(OSError, BrokenPipeError):
-            self.conn.send(("ack", data))
+            isolation.send_with_fds(self.conn, ("ack", data))
 
     def _exit_text(self) -> str:
         self.process.join(2)
@@ -212,6 +249,21 @@ class Sandbox:
         except OSError:
             return ""
 
+
+    def _signal_tree(self, signum: int) -> None:
+        pid = self.process.pid
+        if pid is None:
+            return
+        for p in [pid, *descendants(pid)]:
+            with contextlib.suppress(OSError):
+                os.kill(p, signum)
+
+    def pause(self) -> None:
+        """Stop the child and everything it started (SIGSTOP) until `resume`."""
+        self._signal_tree(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_tree(signal.SIGCONT)
     def close(self) -> None:
         """Kill the child and everything it started; remove its log."""
         pid = self.process.pid
@@ -230,12 +282,63 @@ class Sandbox:
             self.conn.close()
         with contextlib.suppress(OSError):
             os.unlink(self.spec.log_path)
+        # What its processes left behind after it died (orphans the worker adopted), and
+        # its scratch folder (builds, caches, temporary files).
+        isolation.reap_strays()
+        if self.spec.scratch:
+            _remove_tree(self.spec.scratch)
+
+
+def _remove_tree(path: str) -> None:
+    """rm -rf, also of folders the solution made unreadable to its owner (chmod 000)."""
+
+    def retry(function: Any, target: str, *_: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(target), 0o700)
+            os.chmod(target, 0o700)
+        with contextlib.suppress(OSError):
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                function(target)
+
+    # rmtree follows no symbolic link; `onerror` is `onexc` from Python 3.12 on.
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=retry)
+    else:
+        shutil.rmtree(path, onerror=retry)
 
 
 def open_sandbox(spec_without_log: dict[str, Any]) -> Sandbox:
     fd, log_path = tempfile.mkstemp(prefix="flashtune-sandbox-", suffix=".log")
     os.close(fd)
-    return Sandbox(SandboxSpec(**spec_without_log, log_path=log_path))
+    # The sandbox's private folder, the only one it may write (bench/isolation.py).
+    scratch = tempfile.mkdtemp(prefix="flashtune-scratch-")
+    spec = SandboxSpec(**spec_without_log, log_path=log_path, scratch=scratch)
+    return Sandbox(spec)
+
+
+_REPORT_TIMEOUT_S = 120.0
+# What every sandbox of this process must report (`probe_isolation`); None: not probed.
+_EXPECTED: dict[str, Any] | None = None
+
+
+def probe_isolation() -> dict[str, Any]:
+    """How a sandbox is isolated here: one started for nothing but its report (the same
+    code path as any other). Every later sandbox of this process must report the same, or
+    it is not used (`Sandbox.broken`); the worker puts this report in every trace's
+    environment ("sandbox")."""
+    global _EXPECTED
+    spec = {"solution": "{}", "device": "cpu", "config": {}, "roots": ()}
+    probe = open_sandbox(spec)
+    try:
+        if probe.broken is not None:
+            raise RuntimeError(f"the isolation probe failed: {probe.broken}")
+        report = dict(probe.isolation)
+    finally:
+        probe.close()
+    _EXPECTED = report
+    return report
 
 
 class SandboxPool:
@@ -259,7 +362,9 @@ class SandboxPool:
     def get(self, spec_without_log: dict[str, Any]) -> Sandbox:
         key = self.key(spec_without_log)
         sandbox = self._live.pop(key, None)
-        if sandbox is None or not sandbox.process.is_alive():
+        if sandbox is not None and sandbox.process.is_alive():
+            sandbox.resume()
+        else:
             if sandbox is not None:
                 sandbox.close()
             sandbox = open_sandbox(spec_without_log)
@@ -267,6 +372,12 @@ class SandboxPool:
         while len(self._live) > self.size:
             self._live.pop(next(iter(self._live))).close()
         return sandbox
+
+    def release(self, sandbox: Sandbox) -> None:
+        """A job ended cleanly: the sandbox waits, stopped, for its solution's next workload.
+        Stopped, it cannot spend CPU time (threads, children) while another solution is
+        timed."""
+        sandbox.pause()
 
     def discard(self, sandbox: Sandbox) -> None:
         """End a sandbox whose last job did not finish cleanly."""

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from flashtune.bench import messages
+from flashtune.bench import isolation, messages
 from flashtune.bench.messages import encode
 from flashtune.bench.tamper import harness_spaces, snapshot, tampered
 
@@ -42,6 +42,9 @@ class SandboxSpec:
     config: dict[str, Any]
     roots: tuple[str, ...]
     log_path: str
+    # The sandbox's private folder (bench/isolation.py): the only one it may write; made by
+    # the worker, removed when the sandbox closes.
+    scratch: str = ""
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ class SandboxJob:
     workload: str
     seed: int
     stochastic: bool
+    # CPU only: the worker's input sets in shared memory. The child calls the solution on
+    # these very tensors, and the worker writes each sample's values into them before it
+    # lets the sample run: the child synthesizes nothing and sends no input back.
+    shared_sets: list[dict[str, Any]] | None = None
 
 
 def float_input_names(inputs: Mapping[str, Any]) -> list[str]:
@@ -244,7 +251,11 @@ class _Child:
                 return dict(zip(out_names, args[len(names) :], strict=False))
             return result
 
-        def inputs_of(args: Sequence[Any]) -> dict[str, Any]:
+        shared = job.shared_sets
+
+        def inputs_of(args: Sequence[Any]) -> dict[str, Any] | None:
+            if shared is not None:  # the worker reads its shared tensors itself
+                return None
             return dict(zip(names, args[: len(names)], strict=False))
 
         def sync() -> None:
@@ -256,7 +267,11 @@ class _Child:
         runners: list[Callable[..., Any]] = []
 
         def add_set() -> None:
-            args = args_of(synth(derive_seed(job.seed, len(arg_sets))))
+            if shared is not None:
+                inputs = dict(shared[len(arg_sets)])
+            else:
+                inputs = synth(derive_seed(job.seed, len(arg_sets)))
+            args = args_of(inputs)
             arg_sets.append(args)
             runners.append(setup(*args) if callable(setup) else fn)
 
@@ -313,7 +328,7 @@ class _Child:
         with torch.no_grad():
             sampler = CheckedSampler(calls, device, cfg.method())
         self.check_tamper("capture")
-        floats = [k for k in float_input_names(inputs_of(args0))]
+        floats = float_input_names(dict(zip(names, args0, strict=False)))
 
         # 3. Samples: fresh values, same poison, cold L2, timed, every call checked.
         seed = self.send_and_wait(
@@ -328,10 +343,11 @@ class _Child:
         k = 0
         while isinstance(seed, int):
             for i, args in enumerate(arg_sets):
-                fresh = synth(derive_seed(seed, i))
-                for name in floats:
-                    _copy(args[names.index(name)], fresh[name])
-                del fresh
+                if shared is None:  # on the CPU the worker has written the values
+                    fresh = synth(derive_seed(seed, i))
+                    for name in floats:
+                        _copy(args[names.index(name)], fresh[name])
+                    del fresh
                 _poison_all(args[len(names) :])
             for r in sampler.results:
                 _poison_all(r)
@@ -404,14 +420,26 @@ def _become_group_leader() -> None:
 
 
 def child_main(conn: Any, spec: SandboxSpec) -> None:
-    _become_group_leader()
     # The solution's prints and the harness's tracebacks go to a file the worker reads,
-    # also when the child dies.
+    # also when the child dies. Opened first: it lies outside the scratch folder, the only
+    # one the sandbox may write once isolated.
     fd = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # Then the OS-level sandbox, before anything else runs here; its report goes to the
+    # worker first (nothing of the solution exists yet, so it can be believed).
+    try:
+        report: dict[str, Any] = isolation.enter_sandbox(spec.scratch, spec.roots)
+    except Exception as exc:  # noqa: BLE001 - reported; the worker will not use this process
+        traceback.print_exc()
+        report = {"error": f"entering the sandbox failed: {type(exc).__name__}: {exc}"}
+    _become_group_leader()
+    isolation.set_fd_channel(conn)  # shared CPU tensors arrive through it
+    conn.send_bytes(pickle.dumps(("isolation", encode(report))))
     child = _Child(conn, spec)
+    if "error" in report:
+        child.linger()
     try:
         child.serve()
     except BaseException as exc:  # noqa: BLE001 - the solution's failure is the result

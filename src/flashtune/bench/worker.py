@@ -96,11 +96,18 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
     # a user's own setting wins.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
+    from flashtune.bench import isolation
+
+    # Out of the solutions' reach: not dumpable (no ptrace, no /proc/<pid>/mem), and the
+    # adopter of whatever a dead sandbox left running (killed as the sandboxes close).
+    isolation.harden_harness()
+    isolation.become_reaper()
+
     import torch
 
     from flashtune import platform
     from flashtune.bench.evaluate import BenchConfig, evaluate_workload
-    from flashtune.bench.sandbox import SandboxPool
+    from flashtune.bench.sandbox import SandboxPool, probe_isolation
     from flashtune.data.dataset import Dataset
 
     # The worker is a daemon of the runner (it dies with it), but it starts one sandbox
@@ -129,6 +136,8 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
         except ImportError:  # the tuner is optional: the run goes on untuned
             pass
     environment = platform.snapshot(device)
+    # How every sandbox of this worker is isolated (each one must report the same).
+    environment["sandbox"] = probe_isolation()
     conn.send(("ready", environment))
     # One sandbox per solution code, reused across workloads and definitions (a few stay
     # alive, least recently used first to go); all closed when the worker stops.
@@ -250,7 +259,12 @@ class Worker:
 
     def kill(self) -> None:
         if self.process is not None and self.process.is_alive():
-            self.process.kill()  # SIGKILL: a hung kernel ignores politer signals
+            from flashtune.bench.isolation import kill_tree
+
+            # SIGKILL (a hung kernel ignores politer signals) to the worker and, first,
+            # everything below it: its sandboxes, and what they left behind (the worker
+            # adopts their orphans), which would otherwise outlive it.
+            kill_tree(self.process.pid)
         if self.process is not None:
             self.process.join(10)
         if self.conn is not None:

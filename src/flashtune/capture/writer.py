@@ -26,7 +26,12 @@ from typing import Any
 import torch
 
 from flashtune.data.dataset import Dataset
-from flashtune.data.io import current_umask, make_temp_file, remove_stale_temp_files
+from flashtune.data.io import (
+    confined_path,
+    current_umask,
+    make_temp_file,
+    remove_stale_temp_files,
+)
 from flashtune.data.models import Definition, Workload
 
 __all__ = ["CaptureRecord", "CaptureWriter", "flush_all", "host_copies"]
@@ -215,7 +220,8 @@ class CaptureWriter:
         if record.tensors and record.blob:
             if record.event is not None:
                 record.event.synchronize()
-            blob = self.dataset.root / record.blob
+            # Inside the dataset: not through a link that leads out (UnsafePathError).
+            blob = confined_path(self.dataset.root, self.dataset.root / record.blob)
             _save_safetensors(blob, record.tensors)
         try:
             self.dataset.add_workloads(definition, [record.workload])

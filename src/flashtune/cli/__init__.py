@@ -1,8 +1,8 @@
 """The `flashtune` command: the top layer, above everything it drives.
 
 One module per sub-command group (run.py: `flashtune run`, report.py, tune.py, capture.py,
-apply.py), mounted here by plain imports; this module holds the dataset commands (validate,
-list, env, definitions).
+apply.py, traces.py), mounted here by plain imports; this module holds the dataset commands
+(validate, list, env, definitions).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flashtune import __version__, env
-from flashtune.cli import apply, capture, e2e, report, run, tune
+from flashtune.cli import apply, capture, e2e, report, run, traces, tune
 from flashtune.cli.common import (
     bundled_dataset,
     dataset_roots,
@@ -258,6 +258,7 @@ report.register(app)
 tune.register(app)
 capture.register(app)
 apply.register(app)
+traces.register(app)
 e2e.register(app)
 
 

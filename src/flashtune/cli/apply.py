@@ -73,6 +73,8 @@ def show(
 
 
 _REJECTED_SHOWN = 20
+# The reasons of flashtune.data.signing.trace_signature_problem that `traces trust` cures.
+_NOT_OURS = ("not signed", "signed with another key")
 
 
 def _show_rejected(table: ApplyTable, definition: Optional[str]) -> None:
@@ -88,6 +90,13 @@ def _show_rejected(table: ApplyTable, definition: Optional[str]) -> None:
     console.print(t)
     if len(rejected) > _REJECTED_SHOWN:
         console.print(f"... and {len(rejected) - _REJECTED_SHOWN} more")
+    unsigned = sum(r.reason.startswith(_NOT_OURS) for r in rejected)
+    if unsigned:
+        console.print(
+            f"{unsigned} of them were not signed by `flashtune run` here: apply trusts only "
+            "its own traces; `flashtune traces trust PATH` imports traces you trust "
+            "(docs/capture-and-apply.md)"
+        )
 
 
 def register(root: typer.Typer) -> None:

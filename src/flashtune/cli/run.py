@@ -213,8 +213,8 @@ def run_command(
     if result.unsigned is not None:
         warn(result.unsigned)
     print_closing(result, opts, out, console)
-    for error in result.write_errors:
-        err_console.print(f"[red]error[/red]: not written: {escape(error)}", highlight=False)
+    for unwritten in result.write_errors:
+        err_console.print(f"[red]error[/red]: not written: {escape(unwritten)}", highlight=False)
     if result.write_errors:
         raise typer.Exit(1)
 

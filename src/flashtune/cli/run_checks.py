@@ -204,6 +204,7 @@ def _selected(opts: RunOptions) -> set[str]:
 
 def print_closing(result: RunResult, opts: RunOptions, out: Path, console: Any) -> None:
     """The table per definition and solution, the counts, and where the traces are."""
+    from flashtune.bench import isolation
     from flashtune.report.render import summary_table
     from flashtune.report.tables import latest, summarize
 
@@ -226,6 +227,13 @@ def print_closing(result: RunResult, opts: RunOptions, out: Path, console: Any) 
     else:
         summary = f"{len(result.traces)} triples in {result.seconds:.0f} s ({breakdown})"
     console.print(f"{summary}; torch {env.get('torch')}, triton {env.get('triton')}")
+    # How the solutions were isolated from the harness, loud where they were not (the
+    # worker's probe, as every trace's environment records it).
+    sandbox = env.get("sandbox")
+    style = "" if isolation.isolated(sandbox) else "bold red"
+    console.print(
+        isolation.describe(sandbox), style=style, highlight=False, markup=False, soft_wrap=True
+    )
     if other:
         console.print(f"{other} traces in {out} from other environments are not in the table")
     if result.workload_cap is not None and opts.max_workloads is None:

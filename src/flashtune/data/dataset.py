@@ -20,7 +20,13 @@ writes go to the first. Files are loaded lazily and once; a bad file or line is 
 
 Every name that becomes a path component above (author, op_type, definition, solution name)
 is checked by the models and again here, where the path is built: a dataset from a stranger
-must not make flashtune write outside its root.
+must not make flashtune write outside its root. Nor may a symbolic link it holds: every write
+(definitions, solutions, workload and trace lines) is confined to the write root
+(`flashtune.data.io`: a link leading outside is refused with UnsafePathError, and the folders
+and file are opened without following links).
+
+A hostile file (too large, too deeply nested, not UTF-8, malformed) is one error in `errors`,
+never an exception: `flashtune validate` lists it and `flashtune run` skips it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from flashtune.data.io import (
     append_line,
     atomic_write_text,
     iter_jsonl_lines,
+    links_leading_outside,
     parse_json,
     parse_model,
     read_text,
@@ -400,7 +407,7 @@ class Dataset:
         with self._lock:
             if path.exists() and not overwrite:
                 raise FileExistsError(f"definition {definition.name!r} already exists at {path}")
-            atomic_write_text(path, definition.file_text(indent=2))
+            atomic_write_text(path, definition.file_text(indent=2), root=self.root)
             if self._definitions is not None:
                 self._definitions[definition.name] = definition
                 self._definition_paths[definition.name] = path
@@ -428,7 +435,7 @@ class Dataset:
         with self._lock:
             if path.exists() and not overwrite:
                 raise FileExistsError(f"solution {solution.name!r} already exists at {path}")
-            atomic_write_text(path, solution.file_text(indent=2))
+            atomic_write_text(path, solution.file_text(indent=2), root=self.root)
             if self._solutions is not None:
                 sols = self._solutions.setdefault(solution.definition, [])
                 sols[:] = [s for s in sols if s.name != solution.name] + [solution]
@@ -452,7 +459,7 @@ class Dataset:
                         evaluation=None,
                     )
                 )
-                append_line(path, record.file_text(indent=None, end=""))
+                append_line(path, record.file_text(indent=None, end=""), root=self.root)
                 if definition.name in self._workloads:
                     self._workloads[definition.name].append(record)
         return path
@@ -471,15 +478,21 @@ class Dataset:
         return self.root / folder / author / op_type / f"{trace.definition}.jsonl"
 
     def append_trace(self, trace: Trace, author: str = "unknown") -> Path:
-        """Append one Trace as a whole, flushed line."""
+        """Append one Trace as a whole, flushed line (UnsafePathError if its file, or a
+        folder on the way, is a symbolic link leading outside the dataset)."""
         definition = self.definitions.get(trace.definition)
         op_type = definition.op_type if definition else "unknown"
         path = self.trace_path(trace, author, op_type)
         with self._lock:
-            append_line(path, trace.file_text(indent=None, end=""))
+            append_line(path, trace.file_text(indent=None, end=""), root=self.root)
             if trace.definition in self._traces:
                 self._traces[trace.definition].append(trace)
         return path
+
+    def links_leading_outside(self, folders: Sequence[str] = ("traces", SKIPPED_DIR)) -> list[str]:
+        """The symbolic links under the write root's `folders` that lead outside it, one
+        message each: every write refuses them (UnsafePathError); a run checks first."""
+        return links_leading_outside(self.root, tuple(folders))
 
     def refresh(self) -> None:
         """Forget everything loaded, so the next access re-reads the files."""

@@ -520,6 +520,9 @@ class Correctness(_Model):
     matched_ratio: float | None = None
     # flashtune extension: ||out - ref||_2 / ||ref||_2, the worst over the outputs
     rel_norm_error: float | None = None
+    # flashtune extension: the worst per-row ||out_row - ref_row|| / max(||ref_row||, floor)
+    # over the outputs (rows: every dimension but the last; flashtune.bench.correctness)
+    row_rel_norm_error: float | None = None
     # flashtune extensions: the element-wise tolerance matched_ratio was measured with (an
     # element matches when |out - ref| <= atol + rtol * |ref|), the loosest over the outputs
     # as the figures are the worst. Without it a matched_ratio proves nothing: 1.0 at atol=1
@@ -632,6 +635,10 @@ class Trace(_Model):
     workload: Workload
     solution: str | None = None
     evaluation: Evaluation | None = None
+    # flashtune extension: the harness's HMAC over the rest of the trace, made by the
+    # runner with this user's key (flashtune.data.signing: {"alg", "key_id", "mac"}); apply
+    # trusts only traces whose MAC verifies. FlashInfer-Bench ignores it.
+    signature: dict[str, Any] | None = None
 
     @field_validator("definition")
     @classmethod

@@ -23,6 +23,7 @@ from typing import Any
 
 from flashtune.data.io import atomic_write_text
 from flashtune.data.models import Definition, EvaluationStatus, Trace
+from flashtune.data.timestamps import recency
 from flashtune.report.e2e import e2e_section
 from flashtune.report.fast_p import fast_p
 from flashtune.report.roofline import GBPS, TFLOPS, Peak, peak_for, throughput, unit_for
@@ -167,7 +168,10 @@ def _environment(traces: Sequence[Trace]) -> str:
         key = tuple(row.values())
         stamp = t.evaluation.timestamp or ""
         _, n, first, last = rows.get(key, (row, 0, stamp, stamp))
-        rows[key] = (row, n + 1, min(first, stamp), max(last, stamp))
+        # By parsed time, not as strings (a timestamp that proves nothing sorts oldest).
+        first = min(first, stamp, key=recency)
+        last = max(last, stamp, key=recency)
+        rows[key] = (row, n + 1, first, last)
     head = "".join(f"<th>{_e(label)}</th>" for _, label in ENVIRONMENT_FIELDS)
     body = []
     for row, n, first, last in rows.values():

@@ -24,9 +24,11 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 
 from flashtune.data.models import EvaluationStatus, Trace
+from flashtune.data.timestamps import recency
 
 __all__ = [
     "SUSPICIOUS_SPEEDUP",
@@ -85,14 +87,21 @@ def geomean(values: Iterable[float]) -> float | None:
 
 
 def latest(traces: Iterable[Trace]) -> list[Trace]:
-    """One trace per (definition, solution, workload): the last one recorded (resumed and
-    repeated runs append; the newest measurement wins)."""
-    keep: dict[tuple[str, str, str], Trace] = {}
+    """One trace per (definition, solution, workload): the newest measurement (resumed and
+    repeated runs append), by parsed time (`flashtune.data.timestamps.recency`: a time zone
+    is honoured, none is UTC, and a timestamp that does not parse or lies in the future
+    counts as the oldest, so it never shadows a real later result); of equal times, the one
+    recorded last."""
+    now = datetime.now(timezone.utc)
+    keep: dict[tuple[str, str, str], tuple[datetime, Trace]] = {}
     for t in traces:
         if t.solution is None or t.evaluation is None:
             continue
-        keep[(t.definition, t.solution, t.workload.uuid)] = t
-    return list(keep.values())
+        key = (t.definition, t.solution, t.workload.uuid)
+        when = recency(t.evaluation.timestamp, now)
+        if key not in keep or when >= keep[key][0]:
+            keep[key] = (when, t)
+    return [t for _, t in keep.values()]
 
 
 @dataclass
