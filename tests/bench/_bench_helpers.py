@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from flashtune.data import Dataset, Definition, Solution, Workload
@@ -73,3 +74,17 @@ def statuses(traces) -> dict[tuple[str, str], str]:
     for key, values in out.items():
         assert len(values) == 1, f"{key}: mixed statuses {values}"
     return {k: next(iter(v)) for k, v in out.items()}
+
+
+def processes_running(marker: str) -> list[int]:
+    """The processes whose command line contains `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found

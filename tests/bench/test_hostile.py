@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from _bench_helpers import make_dataset, statuses, toy_definition
+from _bench_helpers import make_dataset, processes_running, statuses, toy_definition
 
 from flashtune.bench.evaluate import BenchConfig
 from flashtune.bench.runner import RunOptions, run_benchmark
@@ -146,19 +146,6 @@ def test_honest_solution_after_cheats_keeps_status_and_time(hostile_run, honest_
     assert after.evaluation.performance.reference_latency_ms > 1e-4
 
 
-def _processes_running(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc (Linux)")
 def test_children_in_new_sessions_are_killed(tmp_path):
     marker = f"987.{os.getpid()}"  # unique to this test run
@@ -173,9 +160,9 @@ def test_children_in_new_sessions_are_killed(tmp_path):
     result = _run(tmp_path, {"spawner": spawner, "z_honest": HONEST})
     assert statuses(result.traces)[("toy_scale_h8", "z_honest")] == "PASSED"
     deadline = time.monotonic() + 5
-    while _processes_running(marker) and time.monotonic() < deadline:
+    while processes_running(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes_running(marker) == []
+    assert processes_running(marker) == []
 
 
 def test_fork_then_exit_fails_at_once(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _bench_helpers import make_dataset, statuses
+from _bench_helpers import make_dataset, processes_running, statuses
 from rich.console import Console
 
 import flashtune
@@ -178,19 +178,6 @@ def _solution(name: str, body: str, values: dict[str, Any]) -> str:
     return PRELUDE + constants + body.replace("{marker}", values["MARKER"]) + TAIL
 
 
-def _processes(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -341,9 +328,9 @@ def test_the_harness_cannot_be_signalled(attack_run, platform_report):
 def test_no_helper_outlives_the_run(attack_run):
     assert attack_run["statuses"][("toy_scale_h8", "h_helper_orphan")] == "RUNTIME_ERROR"
     deadline = time.monotonic() + 5
-    while _processes(attack_run["marker"]) and time.monotonic() < deadline:
+    while processes_running(attack_run["marker"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes(attack_run["marker"]) == []
+    assert processes_running(attack_run["marker"]) == []
 
 
 def test_no_network_and_no_fork_server(attack_run, platform_report):
@@ -481,3 +468,28 @@ def test_triton_reads_the_shared_cache_and_writes_its_own(tmp_path, monkeypatch)
     written = cache.put(b"cold", "new.cubin")
     assert written.startswith(str(own)) and not (shared / "KEY" / "new.cubin").exists()
     assert cache.get_file("new.cubin") == written
+
+
+def test_temporary_files_land_in_the_scratch(tmp_path):
+    """tempfile keeps the folder it chose first: in a GPU run the fork server had chosen /tmp,
+    where a sandbox may not write, and Triton's compiles failed (PermissionError). Inside the
+    sandbox it must choose the scratch, whatever the process chose before."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child becomes a sandbox; the test process stays as it is
+        try:
+            import tempfile
+
+            tempfile.tempdir = "/tmp"  # what the fork server had cached
+            isolation.enter_sandbox(scratch)
+            with tempfile.NamedTemporaryFile() as f:
+                f.write(b"ok")
+                os.write(write, f.name.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    name = os.read(read, 4096).decode()
+    os.waitpid(pid, 0)
+    assert name.startswith(str(scratch)), name

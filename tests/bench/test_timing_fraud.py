@@ -180,3 +180,51 @@ def test_timing_from_samples_groups_trials():
     assert t.calls_per_sample == 4 and t.min_ms == 1.0 and t.max_ms == 12.0
     with pytest.raises(ValueError):
         timing_from_samples([], trials=1, method="cpu", calls_per_sample=1)
+
+
+_SAMPLER = (
+    "import torch\n\n"
+    "def _draw(probs, top_k):\n"
+    "    kth = torch.topk(probs, int(top_k.max()), dim=-1).values.gather(\n"
+    "        -1, top_k.long().reshape(-1, 1) - 1)\n"
+    "    weights = probs.masked_fill(probs < kth, 0.0)\n"
+    "    return torch.multinomial(weights, 1).reshape(-1)\n\n"
+)
+# Honest on the inputs of its first call (the first-call check and the distribution check's
+# draws use them), token 0 for anything else: the timed calls.
+SAMPLING_CHEAT = _SAMPLER + (
+    "_seen = []\n\n"
+    "def run(probs, top_k):\n"
+    "    key = float(probs[:, :64].sum())\n"
+    "    if not _seen:\n"
+    "        _seen.append(key)\n"
+    "    if key == _seen[0]:\n"
+    "        return _draw(probs, top_k)\n"
+    "    return torch.zeros(probs.shape[0], dtype=torch.int64)\n"
+)
+
+
+def test_a_sampler_honest_only_on_the_checked_inputs_fails_in_a_timed_call(tmp_path):
+    from flashtune.cli.common import bundled_dataset
+    from flashtune.data import Dataset, Workload
+
+    name = "top_k_sampling_from_probs_v128256"
+    definition = Dataset([bundled_dataset()]).definition(name)
+    root = tmp_path / "ds"
+    ds = Dataset(root)
+    ds.add_definition(definition)
+    ds.add_workloads(definition, [Workload(uuid="b4", axes={"batch_size": 4})])
+    ds.add_solution(python_solution("cheat", SAMPLING_CHEAT, name))
+    ds.add_solution(python_solution("honest", _SAMPLER + "run = _draw\n", name))
+    opts = RunOptions(
+        datasets=[root],
+        out=tmp_path / "out",
+        devices=["cpu"],
+        config=replace(CFG, sampling_draws=50, first_call_timeout=120.0),
+        timeout=120.0,
+    )
+    traces = {t.solution: t.evaluation for t in run_benchmark(opts, progress=False).traces}
+    assert traces["honest"].status.value == "PASSED", traces["honest"].reason
+    cheat = traces["cheat"]
+    assert cheat.status.value == "INCORRECT_NUMERICAL", cheat.reason
+    assert "timed call" in cheat.reason and "outside the allowed set" in cheat.reason

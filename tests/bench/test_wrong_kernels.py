@@ -10,6 +10,7 @@ before the PV product, fp32 accumulators. All on CPU, a few seconds in all.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -236,7 +237,10 @@ def test_honest_attention_passes(workload, kernel):
     verdict = compare_outputs(d, ref, kernel(d, x, ref))
     assert verdict.status is EvaluationStatus.PASSED, verdict.reason
     assert verdict.correctness.rel_norm_error < 3e-3  # the bf16 bound (1e-2) is 3x this
-    assert verdict.correctness.max_absolute_error <= 1.6e-2  # one bf16 ulp of |out| < 4
+    # Within one bf16 ulp of the largest |out| (inputs of several scales and kinds now:
+    # outputs reach 4..8, where an ulp is 3.1e-2; once all below 4, where it is 1.6e-2).
+    largest = float(ref["output"].float().abs().max())
+    assert verdict.correctness.max_absolute_error <= 2.0 ** (math.floor(math.log2(largest)) - 7)
 
 
 @pytest.mark.parametrize("workload, kernel, label", WRONG, ids=[w[2] for w in WRONG])

@@ -156,6 +156,7 @@ def test_flashinfer_bench_reads_the_correctness_extensions() -> None:
     record["evaluation"]["correctness"] |= {
         "matched_ratio": 0.9995,
         "rel_norm_error": 3e-3,
+        "row_rel_norm_error": 7e-3,
         "atol": 1.6e-2,
         "rtol": math.inf,
     }
@@ -167,6 +168,7 @@ def test_flashinfer_bench_reads_the_correctness_extensions() -> None:
     back = Trace.model_validate_json(line).evaluation
     assert back is not None and back.correctness is not None
     assert (back.correctness.atol, back.correctness.rtol) == (1.6e-2, math.inf)
+    assert back.correctness.row_rel_norm_error == 7e-3
 
 
 def test_flashtune_runs_flashinfer_bench_destination_passing_solution(tmp_path: Path) -> None:

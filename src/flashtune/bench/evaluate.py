@@ -42,6 +42,7 @@ from flashtune.bench.correctness import (
     inputs_modified,
     is_stochastic,
 )
+from flashtune.bench.sampling_support import filters_from, support_problem
 from flashtune.data.models import (
     Definition,
     Evaluation,
@@ -651,10 +652,11 @@ def _check_sample(
     if samples.shared is not None:  # shared sets cost nothing to read: inputs first
         for target, (pristine, _) in zip(samples.shared, samples.cases, strict=False):
             _inputs_unchanged(pristine, target, f"in timed sample {k + 1}: ")
-    for entry, (_, expected) in zip(entries, samples.cases, strict=True):
+    for entry, (inputs, expected) in zip(entries, samples.cases, strict=True):
         where = f"timed call {entry['index'] + 1} of {samples.sets} in sample {k + 1}"
+        got = entry.get("outputs")
         try:
-            verdict = _judge(definition, wl, cfg, expected, entry.get("outputs"), where) or verdict
+            verdict = _judge(definition, wl, cfg, expected, got, where, inputs) or verdict
         except _Failed as exc:
             exc.reason += (
                 " (each timed call gets new input values: a result cached by tensor identity, "
@@ -665,6 +667,22 @@ def _check_sample(
     return verdict
 
 
+def _support_problem(outputs: Mapping[str, Any], inputs: Mapping[str, Any]) -> str | None:
+    """A sampling call's draws (integer outputs of one token per row) outside the tokens its
+    inputs allow (bench/sampling_support.py): checked on every call, timed ones included, so
+    a sampler cannot be honest only on the draws the distribution check sees."""
+    for name, value in outputs.items():
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.dim() != 1:
+            continue
+        filters = filters_from(inputs, value.shape[0])
+        if filters is None:
+            continue
+        problem = support_problem(value.reshape(-1, 1).long(), filters)
+        if problem is not None:
+            return f"output {name!r}: {problem}"
+    return None
+
+
 def _judge(
     definition: Definition,
     wl: _Workload,
@@ -672,8 +690,10 @@ def _judge(
     expected: Mapping[str, Any],
     got: Any,
     where: str,
+    inputs: Mapping[str, Any],
 ) -> Verdict:
-    """Compare one call's outputs with the reference's; raise _Failed when they differ."""
+    """Compare one call's outputs with the reference's (a sampling call's: shape, dtype and
+    support); raise _Failed when they differ."""
     prefix = f"{where}: " if where else ""
     try:
         outputs = outputs_as_dict(definition, got)
@@ -681,6 +701,9 @@ def _judge(
         raise _Failed(EvaluationStatus.INCORRECT_SHAPE, f"{prefix}{exc}") from None
     if wl.stochastic:
         v = _shape_dtype(definition, expected, outputs)
+        problem = _support_problem(outputs, inputs) if v.status is EvaluationStatus.PASSED else None
+        if problem is not None:
+            v = Verdict(EvaluationStatus.INCORRECT_NUMERICAL, problem)
     else:
         v = compare_outputs(
             definition,
@@ -743,7 +766,7 @@ def _check_phase(
         if got is None and samples.shared is not None:
             got = samples.shared[0]
         _inputs_unchanged(wl.sets[0], got, "")
-        return _judge(definition, wl, cfg, wl.first_ref, entries[0].get("outputs"), "")
+        return _judge(definition, wl, cfg, wl.first_ref, entries[0].get("outputs"), "", wl.sets[0])
     if phase == "inputs":
         if [e.get("index") for e in entries] != list(range(len(samples.cases))):
             raise ValueError("the inputs after the last sample, for every set")

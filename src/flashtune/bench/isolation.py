@@ -62,6 +62,7 @@ from flashtune.bench import confine
 from flashtune.bench.confine import FS_EXECUTE, FS_READ, FS_READ_DIR, FS_READ_FILE
 
 __all__ = [
+    "process_table",
     "FILE_SIZE_LIMIT",
     "FORKSERVER_MARK",
     "TRITON_CACHE_MANAGER",
@@ -151,7 +152,7 @@ def become_reaper() -> bool:
     return True
 
 
-def _process_table() -> list[tuple[int, int, int, int]]:
+def process_table() -> list[tuple[int, int, int, int]]:
     """(pid, ppid, process group, session) of every process /proc shows."""
     table: list[tuple[int, int, int, int]] = []
     try:
@@ -190,7 +191,7 @@ def kill_tree(pid: int) -> None:
     """SIGKILL `pid`'s descendants, then `pid` (a few rounds: they may fork meanwhile). Its
     descendants first: orphans of a dead process move to init, out of sight."""
     for _ in range(4):
-        victims = _below(_process_table(), [pid])
+        victims = _below(process_table(), [pid])
         for victim in victims:
             with contextlib.suppress(OSError):
                 os.kill(victim, signal.SIGKILL)
@@ -209,7 +210,7 @@ def reap_strays() -> list[int]:
     if not _REAPER:
         return []
     me, session = os.getpid(), os.getsid(0)
-    table = _process_table()
+    table = process_table()
     strays = [pid for pid, ppid, _, sid in table if ppid == me and sid != session]
     if not strays:
         return []
@@ -415,6 +416,9 @@ def _redirect_caches(
         layers.append("triton")
     for key, value in environ.items():
         os.environ[key] = str(value)
+    # tempfile keeps the folder it chose first (the fork server's /tmp, for its socket):
+    # forget it, so Triton's compiles and the solution's temporary files land in the scratch.
+    tempfile.tempdir = None
     report["shared_caches"] = "read-only: " + (", ".join(layers) or "none")
     os.chdir(scratch)
     return reads, writes

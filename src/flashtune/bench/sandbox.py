@@ -249,7 +249,6 @@ class Sandbox:
         except OSError:
             return ""
 
-
     def _signal_tree(self, signum: int) -> None:
         pid = self.process.pid
         if pid is None:
@@ -264,6 +263,7 @@ class Sandbox:
 
     def resume(self) -> None:
         self._signal_tree(signal.SIGCONT)
+
     def close(self) -> None:
         """Kill the child and everything it started; remove its log."""
         pid = self.process.pid

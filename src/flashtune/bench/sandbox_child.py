@@ -454,25 +454,10 @@ def descendants(pid: int) -> list[int]:
     (a child that left the tree with setsid() is still found while the sandbox lives)."""
     children: dict[int, list[int]] = {}
     members: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) < 4:
-            continue
-        ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])
-        children.setdefault(ppid, []).append(int(entry))
-        if (pgrp == pid or session == pid) and int(entry) != pid:
-            members.append(int(entry))
+    for entry, ppid, pgrp, session in isolation.process_table():
+        children.setdefault(ppid, []).append(entry)
+        if (pgrp == pid or session == pid) and entry != pid:
+            members.append(entry)
     found: set[int] = set()
     todo = [pid]
     while todo:

@@ -1,8 +1,12 @@
 """Input synthesis: build a definition's inputs for a workload, seeded and reproducible.
 
-- floats: random normal (never zeros); probability inputs (`*probs`) are rows of a softmax;
-  attention values (`v`, `v_cache`, ...) have mean ATTENTION_VALUE_MEAN, so outputs are
-  about 0.5 in size and an all-zero output cannot match;
+- floats: drawn from the op type's value family (flashtune.data.families: entries normal,
+  uniform or Laplace, per-row scales over decades, outlier channels; never zeros), chosen
+  per input set by the seed; attention values (`v`, `v_cache`, ...) have mean
+  ATTENTION_VALUE_MEAN, so outputs are about 0.5 in size and an all-zero output cannot
+  match; probability and logit rows of the sampling op types, and their top_k / top_p /
+  min_p, come from flashtune.data.sampling_inputs (rows of several shapes, filters at their
+  edges); other probability inputs (`*probs`) are rows of a softmax;
 - scalars: the workload's value, or a sensible default (`sm_scale` = 1/sqrt(head_dim));
 - safetensors blobs: loaded when present (paths may not escape the dataset root);
 - index tensors (int inputs that are "random", or whose blob is missing) are synthesized to
@@ -31,11 +35,26 @@ from flashtune.data.constraints import (
     evaluate_constraint,
     holds,
 )
+from flashtune.data.families import (
+    ATTENTION_OP_TYPES,
+    ATTENTION_VALUE_MEAN,
+    Draws,
+    ValueFamily,
+)
 from flashtune.data.models import (
     Definition,
     ScalarInput,
     TensorSpec,
     Workload,
+)
+from flashtune.data.sampling_inputs import (
+    SAMPLING_OP_TYPES,
+    RowPlan,
+    min_p_values,
+    plan_rows,
+    sampling_logits,
+    top_k_values,
+    top_p_values,
 )
 
 __all__ = [
@@ -184,37 +203,6 @@ def _split(
     return base
 
 
-# Op types whose outputs are softmax-weighted means of value rows (plus a base-2 LSE).
-ATTENTION_OP_TYPES: frozenset[str] = frozenset(
-    {"gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged", "dsa_paged", "block_sparse"}
-)
-# Values are drawn from N(ATTENTION_VALUE_MEAN, 1). With zero-mean values an output averages
-# kv_len rows to about 1/sqrt(kv_len) in size (0.007 at 32k tokens), below bf16's atol, so
-# an all-zero output "matched" 92% of elements. With mean 0.5 outputs are about 0.5 and zeros
-# match none. The mean also shrinks the relative-norm error of wrong kernels (skipping 128 of
-# 2048 pages: 0.26 at mean 0, 5.3e-3 at mean 0.5, measured at 32k tokens), so those are
-# caught by the LSE bound (9.8e-2 > 1e-4), see flashtune.bench.correctness.
-ATTENTION_VALUE_MEAN = 0.5
-# Inputs that hold the values an attention output averages: v / v_cache / paged_v_cache, and
-# MLA's compressed cache (ckv_cache), which is both key and value: a constant added to every
-# key shifts each query's logits by the same amount, which the softmax ignores.
-_VALUE_NAMES = frozenset({"v", "value", "values"})
-_VALUE_SUFFIXES = ("v_cache", "value_cache")
-
-
-def _is_attention_value(definition: Definition, lname: str) -> bool:
-    return definition.op_type in ATTENTION_OP_TYPES and (
-        lname in _VALUE_NAMES or lname.endswith(_VALUE_SUFFIXES)
-    )
-
-
-# Float inputs at least this large are drawn on the target GPU, from a generator seeded by
-# the CPU generator's stream: the same seed gives the same values on the same kind of device
-# (every sandbox of `flashtune run` synthesizes the inputs the worker checks against), and a
-# paged KV cache of 10^8 elements takes milliseconds instead of seconds of CPU randn.
-_DEVICE_DRAW_MIN_NUMEL = 1 << 20
-
-
 class _Synth:
     def __init__(
         self,
@@ -230,13 +218,18 @@ class _Synth:
         self.totals = _totals_from_constraints(definition)
         self.page_size = axes.get("page_size", 1)
         self.lengths: dict[str, list[int]] = {}  # indptr name -> segment lengths
+        self.draws = Draws(gen, device)
+        # The input set's value family (entry kind, outliers) is drawn first, from the seed.
+        self.family = ValueFamily(definition.op_type, self.draws)
+        self.scores = _scores_input(definition)  # a sampling op's probs/logits input, if any
+        self._plan: RowPlan | None = None
 
     def tensor(self, name: str, spec: TensorSpec, done: dict[str, Any]) -> torch.Tensor:
         shape = _shape(spec, self.axes)
         dtype = torch_dtype(spec.dtype)
         lname = name.lower()
         if dtype.is_floating_point:
-            return self._float(lname, shape, dtype)
+            return self._float(name, spec, shape, dtype, done)
         if dtype == torch.bool:
             return torch.rand(shape, generator=self.gen) < 0.5
         if len(shape) == 1 and (lname.endswith("indptr") or name in self.totals):
@@ -253,6 +246,9 @@ class _Synth:
                 dtype
             )
         if lname == "top_k":
+            plan = self.plan(shape)
+            if plan is not None:
+                return top_k_values(plan).to(dtype)
             vocab = self._vocab_size()
             return torch.randint(
                 1, min(vocab, 128) + 1, shape, generator=self.gen, dtype=torch.int64
@@ -267,28 +263,65 @@ class _Synth:
                 return self.axes[spec.shape[-1]]
         return self.axes.get("vocab_size", 64)
 
-    def _float(self, lname: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def plan(self, shape: tuple[int, ...]) -> RowPlan | None:
+        """The sampling rows' plan (flashtune.data.sampling_inputs), drawn at its first use,
+        for a per-row input of `shape` ([rows]); None when the definition is no sampling op
+        with a [rows, vocab] probs/logits input, or `shape` is not per row."""
+        if self.scores is None:
+            return None
+        rows, vocab = _shape(self.d.inputs[self.scores], self.axes)
+        if tuple(shape) not in ((rows,), (rows, vocab)):
+            return None
+        if self._plan is None:
+            names = set(self.d.inputs)
+            tight = "top_k" in names and "top_p" in names
+            self._plan = plan_rows(rows, vocab, self.gen, tight)
+        return self._plan
+
+    def _float(
+        self,
+        name: str,
+        spec: TensorSpec,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        done: dict[str, Any],
+    ) -> torch.Tensor:
+        lname = name.lower()
+        if name == self.scores:
+            plan = self.plan(shape)
+            assert plan is not None  # the scores input's own shape
+            logits = sampling_logits(plan, shape[-1], self.draws)
+            if lname.endswith("logits"):
+                return logits.to(dtype)
+            return torch.softmax(logits, dim=-1).to(dtype)
+        if lname in ("top_p", "min_p"):
+            return self._filter_value(lname, shape, done).to(dtype)
         if lname.endswith("probs"):
-            return torch.softmax(torch.randn(shape, generator=self.gen) * 3, dim=-1).to(dtype)
-        if lname == "top_p":
-            return (0.5 + 0.5 * torch.rand(shape, generator=self.gen)).to(dtype)
+            return torch.softmax(self.draws.randn(shape) * 3, dim=-1).to(dtype)
         if lname == "cos_sin_cache":
             # Real caches hold cos/sin values, in [-1, 1].
             return (torch.rand(shape, generator=self.gen) * 2 - 1).to(dtype)
-        x = self._randn(shape)
-        if _is_attention_value(self.d, lname):
-            x = x + ATTENTION_VALUE_MEAN
-        if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            return x.clamp(-8, 8).to(dtype)
-        return x.to(dtype)
+        # Activations: inputs whose first axis is a var axis (tokens, batch); weights: the rest.
+        activation = bool(spec.shape and spec.shape[0] in self.d.var_axes)
+        return self.family.values(lname, shape, dtype, activation)
 
-    def _randn(self, shape: tuple[int, ...]) -> torch.Tensor:
-        dev = self.device
-        if dev is None or dev.type != "cuda" or math.prod(shape) < _DEVICE_DRAW_MIN_NUMEL:
-            return torch.randn(shape, generator=self.gen)
-        seed = int(torch.randint(0, 2**62, (1,), generator=self.gen).item())
-        device_gen = torch.Generator(device=dev).manual_seed(seed)
-        return torch.randn(shape, generator=device_gen, device=dev)
+    def _filter_value(
+        self, lname: str, shape: tuple[int, ...], done: dict[str, Any]
+    ) -> torch.Tensor:
+        """top_p / min_p at the edge of each row's boundary rank (sampling_inputs), once the
+        rows exist (drawn here or read from a blob); else a random value (top_p in
+        [0.5, 1), min_p in [0.05, 0.5))."""
+        plan = self.plan(shape)
+        scores = done.get(self.scores) if self.scores is not None else None
+        if plan is not None and isinstance(scores, torch.Tensor):
+            weights = scores
+            if self.scores is not None and self.scores.lower().endswith("logits"):
+                weights = torch.softmax(scores.float(), dim=-1)
+            if lname == "min_p":
+                return min_p_values(weights, plan).float()
+            return top_p_values(weights, plan, self.gen, "top_k" in self.d.inputs).float()
+        u = torch.rand(shape, generator=self.gen)
+        return 0.5 + 0.5 * u if lname == "top_p" else 0.05 + 0.45 * u
 
     def _indptr(
         self, name: str, length: int, dtype: torch.dtype, done: dict[str, Any]
@@ -339,6 +372,16 @@ class _Synth:
         if n <= pages:  # distinct pages, shuffled: as a real allocator hands them out
             return torch.randperm(pages, generator=self.gen)[:n].to(dtype)
         return torch.randint(0, pages, (n,), generator=self.gen, dtype=torch.int64).to(dtype)
+
+
+def _scores_input(definition: Definition) -> str | None:
+    """A sampling op's `probs` or `logits` input of shape [rows, vocab], if it has one."""
+    if definition.op_type not in SAMPLING_OP_TYPES:
+        return None
+    for name, spec in definition.inputs.items():
+        if name.lower() in ("probs", "logits") and spec.shape and len(spec.shape) == 2:
+            return name
+    return None
 
 
 def _scalar_default(name: str, spec: TensorSpec, axes: Mapping[str, int]) -> Any:
