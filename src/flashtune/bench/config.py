@@ -42,6 +42,11 @@ class BenchConfig:
     sampling_draws: int = 0  # draws of a stochastic op's check; 0: the device's default
     max_seconds: float = 10.0  # per trial, so one slow solution cannot stall the run
     reference_max_seconds: float = 3.0
+    # The worker's own work for one solution's timed samples: each timed call costs it an
+    # input synthesis and a reference run, and a slow reference (a Python loop over
+    # requests) would otherwise cost minutes per solution. Past it the samples stop (at
+    # least 3 are taken); the trace's performance says how many were.
+    max_check_seconds: float = 8.0
     # A solution's import, setup and first call: where JIT compilers (Triton, FlashInfer's
     # nvcc builds of 15-60 s a kernel) do their work. It gets its own limit, so a cold
     # compile cache is not charged to the run's `timeout`, which starts after it.

@@ -455,6 +455,8 @@ def _evaluate_one(
         timing_method=timing.method,
         timing_trials_ms=list(timing.trial_medians_ms),
         timing_calls_per_sample=timing.calls_per_sample,
+        # every one of these samples' calls was checked (bench/checked_timing.py)
+        timing_checked_samples=timing.repetitions,
         reference_timing_method=ref.method,
     )
     if baseline is not None:
@@ -510,6 +512,7 @@ class _Samples:
         self.times_ms: list[float] = []
         self.cases: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (inputs, reference)
         self.started = 0.0
+        self.spent = 0.0  # seconds of the worker's own work for the samples
 
     def ready(self, payload: dict) -> int:
         sets, method = payload.get("sets"), payload.get("method")
@@ -539,12 +542,15 @@ class _Samples:
         return k
 
     def more(self) -> bool:
-        """Another sample: until the budget's samples are checked, or the time cap is spent
-        (at least 3 samples)."""
+        """Another sample: until the budget's samples are checked, the time cap is spent, or
+        the worker's own checking (inputs and reference runs: one per timed call) has cost
+        `cfg.max_check_seconds`; at least 3 samples whatever the caps."""
         if len(self.times_ms) >= self.wanted:
             return False
+        if len(self.times_ms) < 3:
+            return True
         cap = self.cfg.max_seconds * max(1, self.trials)
-        return len(self.times_ms) < 3 or time.monotonic() - self.started < cap
+        return time.monotonic() - self.started < cap and self.spent < self.cfg.max_check_seconds
 
     def timing(self) -> Timing:
         timing = timing_from_samples(self.times_ms, self.trials, self.method, self.sets)
@@ -600,7 +606,10 @@ def _drive(
             else:
                 verdict = _check_phase(definition, wl, cfg, phase, payload, samples) or verdict
             phases.add(str(phase))
-            deadline += time.monotonic() - checking
+            spent = time.monotonic() - checking
+            deadline += spent
+            if phase in ("ready", "sample"):
+                samples.spent += spent
             sandbox.ack(reply)
         elif kind == "done":
             got = payload.get("phases_s") if isinstance(payload, dict) else None
