@@ -355,3 +355,23 @@ def test_distribution_check_rejects_impossible_tokens():
         d, lambda: {"y": torch.full((4,), 7)}, _many_draws(probs, 1, 200), draws=200, inputs=logits
     )
     assert masked.status is EvaluationStatus.INCORRECT_NUMERICAL
+
+
+def test_atol_grows_with_a_large_rows_scale_and_still_catches_a_wrong_row():
+    """A row of scale ~1000 (an fp16 GEMM over outlier channels) carries summation-order
+    errors of that scale even where the exact value cancels to near zero: an honest kernel
+    once failed with 99.83% matched at a fixed atol. Errors of the row's rounding scale pass;
+    a row off by 1% still fails."""
+    torch.manual_seed(0)
+    d = _definition(dtype="float16")
+    exact = torch.randn(4, 4096, dtype=torch.float64) * torch.tensor([[1.0], [1e3], [1e3], [0.1]])
+    ref = exact.to(torch.float16)
+    # Sum-order noise of 1e-4 of each row's scale, everywhere (cancelling elements too).
+    scale = exact.square().mean(-1, keepdim=True).sqrt()
+    honest = (exact + 1e-4 * scale * torch.randn_like(exact)).to(torch.float16)
+    assert compare_outputs(d, {"y": ref}, {"y": honest}).status is EvaluationStatus.PASSED
+    wrong = honest.clone()
+    wrong[1] = (exact[1] * 1.01).to(torch.float16)
+    assert (
+        compare_outputs(d, {"y": ref}, {"y": wrong}).status is EvaluationStatus.INCORRECT_NUMERICAL
+    )

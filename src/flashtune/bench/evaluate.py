@@ -41,8 +41,9 @@ from flashtune.bench.correctness import (
     distribution_check,
     inputs_modified,
     is_stochastic,
+    shape_dtype_verdict,
 )
-from flashtune.bench.sampling_support import filters_from, support_problem
+from flashtune.bench.sampling_support import outputs_outside_support
 from flashtune.data.models import (
     Definition,
     Evaluation,
@@ -54,7 +55,7 @@ from flashtune.data.models import (
     metrics_for_status,
 )
 from flashtune.data.reference import compile_reference, outputs_as_dict
-from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
+from flashtune.data.synth import resolve_axes, synthesize_inputs
 
 try:  # a workload whose blob does not fit its axes
     from flashtune.data.synth import InputError
@@ -676,22 +677,6 @@ def _check_sample(
     return verdict
 
 
-def _support_problem(outputs: Mapping[str, Any], inputs: Mapping[str, Any]) -> str | None:
-    """A sampling call's draws (integer outputs of one token per row) outside the tokens its
-    inputs allow (bench/sampling_support.py): checked on every call, timed ones included, so
-    a sampler cannot be honest only on the draws the distribution check sees."""
-    for name, value in outputs.items():
-        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.dim() != 1:
-            continue
-        filters = filters_from(inputs, value.shape[0])
-        if filters is None:
-            continue
-        problem = support_problem(value.reshape(-1, 1).long(), filters)
-        if problem is not None:
-            return f"output {name!r}: {problem}"
-    return None
-
-
 def _judge(
     definition: Definition,
     wl: _Workload,
@@ -709,8 +694,12 @@ def _judge(
     except ValueError as exc:
         raise _Failed(EvaluationStatus.INCORRECT_SHAPE, f"{prefix}{exc}") from None
     if wl.stochastic:
-        v = _shape_dtype(definition, expected, outputs)
-        problem = _support_problem(outputs, inputs) if v.status is EvaluationStatus.PASSED else None
+        v = shape_dtype_verdict(definition, expected, outputs)
+        problem = (
+            outputs_outside_support(outputs, inputs)
+            if v.status is EvaluationStatus.PASSED
+            else None
+        )
         if problem is not None:
             v = Verdict(EvaluationStatus.INCORRECT_NUMERICAL, problem)
     else:
@@ -786,22 +775,3 @@ def _check_phase(
             _inputs_unchanged(pristine, got, "in the timed calls: ")
         return None
     raise ValueError(f"unknown phase {phase!r}")
-
-
-def _shape_dtype(
-    definition: Definition, reference: Mapping[str, Any], actual: Mapping[str, Any]
-) -> Verdict:
-    for name, spec in definition.outputs.items():
-        out, ref = actual.get(name), reference[name]
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
-            shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            return Verdict(
-                EvaluationStatus.INCORRECT_SHAPE,
-                f"output {name!r} is {shape}, expected shape {list(ref.shape)}",
-            )
-        if out.dtype != torch_dtype(spec.dtype):
-            return Verdict(
-                EvaluationStatus.INCORRECT_DTYPE,
-                f"output {name!r} has dtype {out.dtype}, expected {spec.dtype}",
-            )
-    return Verdict(EvaluationStatus.PASSED)

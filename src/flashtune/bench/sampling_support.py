@@ -46,6 +46,7 @@ __all__ = [
     "filters_from",
     "kept_sets",
     "support_problem",
+    "outputs_outside_support",
     "edge_problem",
     "edge_powers",
     "lower_tail_log_bound",
@@ -300,4 +301,20 @@ def edge_problem(samples: torch.Tensor, f: Filters, alpha: float = EDGE_ALPHA) -
                 f"an honest sampler puts at least {expected:.1f} (P <= {math.exp(log_p):.1e} "
                 f"< {each:.1e}): as a sampler that {wrong} would"
             )
+    return None
+
+
+def outputs_outside_support(outputs: Mapping[str, Any], inputs: Mapping[str, Any]) -> str | None:
+    """A sampling call's draws (integer outputs of one token per row) outside the tokens its
+    inputs allow (bench/sampling_support.py): checked on every call, timed ones included, so
+    a sampler cannot be honest only on the draws the distribution check sees."""
+    for name, value in outputs.items():
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.dim() != 1:
+            continue
+        filters = filters_from(inputs, value.shape[0])
+        if filters is None:
+            continue
+        problem = support_problem(value.reshape(-1, 1).long(), filters)
+        if problem is not None:
+            return f"output {name!r}: {problem}"
     return None

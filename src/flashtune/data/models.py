@@ -559,6 +559,8 @@ class Performance(_Model):
     timing_method: str | None = None
     timing_trials_ms: list[float] | None = None
     timing_calls_per_sample: int | None = None
+    # How many timed samples were checked call by call (bench/checked_timing.py).
+    timing_checked_samples: int | None = None
     reference_timing_method: str | None = None
 
     _absent_when_none: ClassVar[tuple[str, ...]] = ("reference_latency_ms", "speedup_factor")
