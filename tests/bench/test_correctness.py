@@ -151,7 +151,10 @@ def test_matched_ratio_tolerates_few_small_outliers_in_low_precision():
     big.view(-1)[:10] += 0.25
     verdict = compare_outputs(d, {"y": ref}, {"y": big})
     assert verdict.status is EvaluationStatus.INCORRECT_NUMERICAL
-    assert "row [0] has relative norm error" in verdict.reason
+    # the first 10 elements span rows 0 and 1 (8 a row): either is named
+    assert "row [0] has relative norm error" in verdict.reason or (
+        "row [1] has relative norm error" in verdict.reason
+    )
 
 
 def test_outliers_within_matched_ratio_are_bounded_by_norm_and_max_abs():
