@@ -12,7 +12,6 @@ the per-row bounds sit 3x above (docs/evaluation.md, "Defaults by output dtype")
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -140,16 +139,6 @@ def test_attention_keeps_logits_moderate_and_values_centred():
 
 def test_every_profiled_op_type_is_a_known_one():
     assert {"rmsnorm", "gemm", "activation", "rope", "gqa_paged", "mla_paged"} <= set(PROFILES)
-
-
-def test_large_inputs_are_drawn_without_python_loops_over_rows():
-    d = _definition("rmsnorm_h4096")
-    w = Workload(uuid="big", axes={"batch_size": 32768})  # 134M elements
-    start = time.perf_counter()
-    x = synthesize_inputs(d, w, seed=0)
-    elapsed = time.perf_counter() - start
-    assert x["hidden_states"].shape == (32768, 4096)
-    assert elapsed < 30  # a Python loop over 32k rows of 4096 took minutes
 
 
 # ------------------------------------------------------------------- sampling rows

@@ -97,6 +97,17 @@ def _ancestors():
 """
 TAIL = "\ndef run(x, w):\n    return x * w\n"
 
+# A helper that outlives its sandbox: double fork, new session, exec.
+_HELPER = """
+def _helper():
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "{marker}"])
+        os._exit(0)
+_helper()
+"""
+
 ATTACKS = {
     # The worker is the fork server's parent: write its memory.
     "a_proc_mem": """
@@ -143,27 +154,10 @@ for pid in _ancestors():
         os.kill(pid, signal.SIGCONT)
     _try(f"signal {pid}", _signal)
 """,
-    # A helper that outlives its sandbox: double fork, new session, exec.
-    "g_helper": """
-def _helper():
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.execv("/bin/sleep", ["sleep", "{marker}"])
-        os._exit(0)
-_helper()
-""",
+    # The helper above, left running when the sandbox ends cleanly.
+    "g_helper": _HELPER,
     # The same, then the sandbox dies at once (its helper is orphaned to the worker).
-    "h_helper_orphan": """
-def _helper():
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.execv("/bin/sleep", ["sleep", "{marker}"])
-        os._exit(0)
-_helper()
-os._exit(0)
-""",
+    "h_helper_orphan": _HELPER + "os._exit(0)\n",
     # The network, and the fork server's unix socket (it forks an unsandboxed process for
     # whoever connects).
     "i_sockets": """
@@ -232,9 +226,7 @@ def attack_run(tmp_path_factory, platform_report):
     make_dataset(root, solutions, sizes=[64])
     before = {"dataset": _snapshot(root), "old_trace": old_trace.read_text()}
     opts = RunOptions(datasets=[root], out=out, devices=["cpu"], config=CFG, timeout=60.0)
-    started = time.perf_counter()
     result = run_benchmark(opts, progress=False)
-    seconds = time.perf_counter() - started
     try:
         accepted = listener.accept()[0]
         accepted.close()
@@ -257,7 +249,6 @@ def attack_run(tmp_path_factory, platform_report):
         "old_trace": old_trace,
         "marker": marker,
         "connected": connected,
-        "seconds": seconds,
     }
     for path in Path(flashtune.__file__).parent.glob(f"evil_{marker}.py"):
         path.unlink()  # only there if the sandbox failed

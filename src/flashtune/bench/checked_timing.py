@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from flashtune.timing import CallRotation, Timing, l2_bytes
+from flashtune.timing import CallRotation, EmptyGraphError, Timing, l2_bytes
 
 __all__ = [
     "MAX_SETS",
@@ -108,8 +108,10 @@ class CheckedSampler:
         rotation.touched = self.n  # every set has had eager calls (warm-up, first call)
         try:
             graph = rotation.capture(self.n)
+        except EmptyGraphError:  # its work ran outside the capture: an error, never a time
+            raise
         except Exception as exc:  # noqa: BLE001 - CaptureError: time eagerly instead
-            if method == "cuda_graph" or type(exc).__name__ == "EmptyGraphError":
+            if method == "cuda_graph":
                 raise
             self.fallback = str(exc)
             return
