@@ -45,6 +45,7 @@ from typing import Any, Protocol
 from flashtune.bench.build import solution_hash
 from flashtune.bench.evaluate import BenchConfig, make_trace
 from flashtune.bench.isolation import harden_harness
+from flashtune.bench.progress import RunProgress
 from flashtune.bench.worker import Task, Worker, WorkerError
 from flashtune.data.dataset import Dataset
 from flashtune.data.io import LoadError, UnsafePathError
@@ -61,7 +62,6 @@ from flashtune.data.synth import resolve_axes
 __all__ = [
     "RunOptions",
     "RunResult",
-    "RunProgress",
     "WorkerPool",
     "LocalPool",
     "run_benchmark",
@@ -174,95 +174,6 @@ def _select(
         for workload in workloads:
             groups.append((definition, workload, solutions))
     return groups
-
-
-class RunProgress:
-    """Live progress (rich), thread-safe: done/total, current definitions, failures, and with
-    `per_node` (a cluster run) the triples finished on each node (its `host`) and the workers
-    each node lost."""
-
-    def __init__(self, total: int, console: Any, enabled: bool, per_node: bool = False) -> None:
-        self.done = 0
-        self.failures = 0
-        self.current: dict[str, str] = {}
-        self.per_node = per_node
-        self.done_on: dict[str, int] = {}
-        self.lost_on: dict[str, int] = {}
-        self.lock = threading.Lock()
-        self.progress = None
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self.progress = Progress(
-                TextColumn("[bold]flashtune run[/bold]"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("failures: {task.fields[failures]}"),
-                TimeElapsedColumn(),
-                TextColumn("{task.fields[nodes]}"),
-                TextColumn("{task.description}"),
-                console=console,
-                transient=False,
-            )
-            self.task = self.progress.add_task("", total=total, failures=0, nodes="")
-
-    def __enter__(self) -> RunProgress:
-        if self.progress is not None:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def working_on(self, device: str, definition: str) -> None:
-        with self.lock:
-            self.current[device] = definition
-            self._refresh()
-
-    def finished(self, trace: Trace) -> None:
-        with self.lock:
-            self.done += 1
-            status = trace.evaluation.status if trace.evaluation else None
-            if status not in (EvaluationStatus.PASSED, EvaluationStatus.SKIPPED):
-                self.failures += 1
-            if self.per_node and trace.evaluation is not None:
-                node = str(trace.evaluation.environment.get("host", "?"))
-                self.done_on[node] = self.done_on.get(node, 0) + 1
-            self._refresh()
-
-    def worker_lost(self, node: str) -> None:
-        """A worker on `node` died (or its node did): counted beside the node's triples."""
-        with self.lock:
-            self.lost_on[node] = self.lost_on.get(node, 0) + 1
-            self._refresh()
-
-    def nodes_text(self) -> str:
-        """'host-a 12, host-b 9 (1 worker lost)': triples done per node, losses beside."""
-        parts = []
-        for node in sorted(set(self.done_on) | set(self.lost_on)):
-            lost = self.lost_on.get(node, 0)
-            text = f"{node} {self.done_on.get(node, 0)}"
-            if lost:
-                text += f" ({lost} worker{'s' if lost > 1 else ''} lost)"
-            parts.append(text)
-        return ", ".join(parts)
-
-    def _refresh(self) -> None:
-        if self.progress is not None:
-            self.progress.update(
-                self.task,
-                completed=self.done,
-                failures=self.failures,
-                nodes=self.nodes_text(),
-                description=", ".join(sorted(set(self.current.values()))),
-            )
 
 
 class WorkerPool(Protocol):
@@ -410,6 +321,8 @@ def run_benchmark(
     }
     if pool is None:
         pool = LocalPool(opts.devices, opts.autotune_cache)
+    display = RunProgress(0, console, progress, per_node=pool.per_node)
+    display.say(f"starting the workers; traces go to {out / 'traces'}")
     environments = pool.start(worker_options)
     environment = {**environments[0], "run_started": run_started}
     cap = (
@@ -500,7 +413,12 @@ def run_benchmark(
         if on_trace is not None:
             on_trace(trace)
 
-    with RunProgress(total, console, progress, per_node=pool.per_node) as display:
+    per_definition: dict[str, int] = {}
+    for task in tasks:
+        name = task.definition.name
+        per_definition[name] = per_definition.get(name, 0) + len(task.solutions)
+    display.expect(total, per_definition)
+    with display:
         pool.execute(tasks, opts.timeout, record, display)
     pool.stop()
     return RunResult(

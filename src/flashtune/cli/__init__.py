@@ -31,6 +31,7 @@ from flashtune.cli.common import (
     shadowed_definitions,
     warn,
 )
+from flashtune.cli.output import CSV, JSON, Format, emit_rows, output_format, result_console
 
 if TYPE_CHECKING:
     from flashtune.data import Dataset
@@ -174,53 +175,20 @@ def list_command(
     ),
     op_type: Optional[str] = typer.Option(None, "--op-type", help="only this op_type"),
     name: Optional[str] = typer.Option(None, "--name", help="definition name glob"),
+    as_json: bool = JSON,
+    as_csv: bool = CSV,
 ) -> None:
     """List what a dataset holds; exit 1 when nothing matches."""
     if kind not in _KINDS:
         fail(f"kind must be one of {', '.join(_KINDS)}, got {kind!r}", code=2)
+    fmt = output_format(as_json, as_csv)
     roots = dataset_roots(dataset)
     # Traces find their definitions (for --op-type) in the default dataset too.
     ds = open_dataset(roots, lookup=[default_dataset()] if kind == "traces" else [])
-    defs = ds.find_definitions(op_type=op_type, name=name)
-    table = Table()
-    if kind == "definitions":
-        for col in ("name", "op_type", "const axes", "var axes"):
-            table.add_column(col)
-        for d in defs:
-            consts = ", ".join(f"{k}={v}" for k, v in d.const_axes.items())
-            table.add_row(d.name, d.op_type, consts, ", ".join(d.var_axes))
-    elif kind == "solutions":
-        for col in ("name", "definition", "author", "language", "entry point"):
-            table.add_column(col)
-        for d in defs:
-            for s in ds.solutions_for(d.name):
-                table.add_row(s.name, s.definition, s.author, s.spec.language, s.spec.entry_point)
-    elif kind == "workloads":
-        for col in ("definition", "uuid", "axes"):
-            table.add_column(col)
-        for d in defs:
-            for w in ds.workloads_for(d.name):
-                axes = ", ".join(f"{k}={v}" for k, v in w.workload.axes.items())
-                table.add_row(d.name, w.workload.uuid, axes)
-    else:
-        for col in ("definition", "solution", "workload", "status", "latency ms"):
-            table.add_column(col)
-        # Every trace, whether or not its definition is in these roots (a results folder
-        # holds traces only); --op-type needs the definition.
-        for t in ds.all_traces():
-            known = ds.definitions.get(t.definition)
-            if name is not None and not fnmatchcase(t.definition, name):
-                continue
-            if op_type is not None and (known is None or known.op_type != op_type):
-                continue
-            ev = t.evaluation
-            if ev is None:
-                continue
-            lat = f"{ev.performance.latency_ms:.4f}" if ev.performance else ""
-            table.add_row(t.definition, t.solution or "", t.workload.uuid, ev.status.value, lat)
+    rows = _list_rows(ds, kind, op_type, name)
     for error in ds.errors:
         warn(f"{error}")
-    if not table.row_count:
+    if not rows:
         filters = " ".join(
             f"{flag} {value!r}"
             for flag, value in (("--op-type", op_type), ("--name", name))
@@ -230,8 +198,84 @@ def list_command(
             f"no {kind} in {', '.join(map(str, roots))}"
             + (f" matching {filters}" if filters else "")
         )
-    console.print(table)
-    console.print(f"{table.row_count} {kind}")
+
+    def table() -> Table:
+        out = Table()
+        for column in rows[0]:
+            out.add_column(column.replace("_", " "), overflow="fold")
+        for row in rows:
+            out.add_row(*(_cell(v) for v in row.values()))
+        return out
+
+    console = result_console()
+    emit_rows(rows, fmt, table, console)
+    if fmt is Format.TABLE:
+        console.print(f"{len(rows)} {kind}")
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return "" if value is None else str(value)
+
+
+def _list_rows(
+    ds: Dataset, kind: str, op_type: Optional[str], name: Optional[str]
+) -> list[dict[str, object]]:
+    """One dict per listed item; the table's columns are its keys."""
+    defs = ds.find_definitions(op_type=op_type, name=name)
+    if kind == "definitions":
+        return [
+            {
+                "name": d.name,
+                "op_type": d.op_type,
+                "const_axes": dict(d.const_axes),
+                "var_axes": list(d.var_axes),
+            }
+            for d in defs
+        ]
+    if kind == "solutions":
+        return [
+            {
+                "name": s.name,
+                "definition": s.definition,
+                "author": s.author,
+                "language": s.spec.language,
+                "entry_point": s.spec.entry_point,
+            }
+            for d in defs
+            for s in ds.solutions_for(d.name)
+        ]
+    if kind == "workloads":
+        return [
+            {"definition": d.name, "uuid": w.workload.uuid, "axes": dict(w.workload.axes)}
+            for d in defs
+            for w in ds.workloads_for(d.name)
+        ]
+    rows: list[dict[str, object]] = []
+    # Every trace, whether or not its definition is in these roots (a results folder holds
+    # traces only); --op-type needs the definition.
+    for t in ds.all_traces():
+        known = ds.definitions.get(t.definition)
+        if name is not None and not fnmatchcase(t.definition, name):
+            continue
+        if op_type is not None and (known is None or known.op_type != op_type):
+            continue
+        ev = t.evaluation
+        if ev is None:
+            continue
+        rows.append(
+            {
+                "definition": t.definition,
+                "solution": t.solution or "",
+                "workload": t.workload.uuid,
+                "status": ev.status.value,
+                "latency_ms": ev.performance.latency_ms if ev.performance else None,
+            }
+        )
+    return rows
 
 
 @definitions_app.command("dump")

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.console import Console
 
 from flashtune.cli.common import (
     RESULTS,
@@ -17,13 +16,14 @@ from flashtune.cli.common import (
     open_dataset,
     warn,
 )
+from flashtune.cli.output import CSV, JSON, Format, emit_rows, output_format, result_console
 
 if TYPE_CHECKING:
     from flashtune.data import Dataset, Trace
 
 __all__ = ["register", "report_app"]
 
-console = Console(width=None if Console().is_terminal else 150)
+console = result_console()
 report_app = typer.Typer(help="Tables, comparisons and HTML from Traces.", no_args_is_help=True)
 
 _DATASET = typer.Option(
@@ -59,14 +59,19 @@ def _load(dataset: Optional[list[Path]], definition: Optional[str]) -> tuple[Dat
 def summary(
     dataset: Optional[list[Path]] = _DATASET,
     definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
+    as_json: bool = JSON,
+    as_csv: bool = CSV,
 ) -> None:
     """Per definition and solution: statuses, pass rate, geomean latency and speedups."""
     from flashtune.report.render import summary_table
     from flashtune.report.tables import summarize
 
+    fmt = output_format(as_json, as_csv)
     _, traces = _load(dataset, definition)
     rows = summarize(traces)
-    console.print(summary_table(rows))
+    emit_rows(rows, fmt, lambda: summary_table(rows), console)
+    if fmt is not Format.TABLE:
+        return
     by_solution: dict[str, list[int]] = {}
     for s in rows:
         ran = s.total - s.statuses.get("SKIPPED", 0)
@@ -84,13 +89,39 @@ def summary(
 def best(
     dataset: Optional[list[Path]] = _DATASET,
     definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
+    as_json: bool = JSON,
+    as_csv: bool = CSV,
 ) -> None:
     """Per definition and workload: passed solutions ranked fastest first."""
     from flashtune.report.render import ranking_table
     from flashtune.report.tables import rank
 
+    fmt = output_format(as_json, as_csv)
     _, traces = _load(dataset, definition)
-    console.print(ranking_table(rank(traces)))
+    rankings = rank(traces)
+    # For programs: one row per (workload, solution), passed ones by rank, then the failed.
+    rows = [
+        {
+            "definition": r.definition,
+            "workload": r.workload,
+            "axes": r.axes,
+            "solution": solution,
+            "rank": place,
+            "latency_ms": latency,
+            "flagged": flagged,
+            "status": "PASSED",
+            "timing": r.timing.get(solution),
+            "gpu": r.gpus.get(solution),
+        }
+        for r in rankings
+        for place, (solution, latency, flagged) in enumerate(r.entries, 1)
+    ] + [
+        {"definition": r.definition, "workload": r.workload, "axes": r.axes}
+        | {"solution": solution, "rank": None, "latency_ms": None, "status": status}
+        for r in rankings
+        for solution, status in r.failed
+    ]
+    emit_rows(rows, fmt, lambda: ranking_table(rankings), console)
 
 
 @report_app.command("compare")
@@ -99,16 +130,20 @@ def compare(
     b: str = typer.Argument(..., help="solution name glob (e.g. flashinfer)"),
     dataset: Optional[list[Path]] = _DATASET,
     definition: Optional[str] = typer.Option(None, "--definition", help="definition glob"),
+    as_json: bool = JSON,
+    as_csv: bool = CSV,
 ) -> None:
-    """Speedup of A over B (latency B / latency A) per definition: geomean, min, max."""
+    """Speedup of A over B (latency B / latency A) per definition: geomean, min, max.
+    --json/--csv give the rows per definition (the overall geomean is the table's)."""
     from flashtune.report.render import comparison_table
     from flashtune.report.tables import compare as compare_traces
 
+    fmt = output_format(as_json, as_csv)
     _, traces = _load(dataset, definition)
     rows, overall = compare_traces(traces, a, b)
     if not rows:
         fail(f"no workload where both {a!r} and {b!r} passed")
-    console.print(comparison_table(rows, a, b, overall))
+    emit_rows(rows, fmt, lambda: comparison_table(rows, a, b, overall), console)
 
 
 @report_app.command("html")

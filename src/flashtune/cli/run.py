@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from flashtune.cli.common import (
@@ -19,6 +18,7 @@ from flashtune.cli.common import (
     open_dataset,
     warn,
 )
+from flashtune.cli.output import result_console
 from flashtune.cli.run_checks import (
     Counted,
     Selection,
@@ -29,8 +29,8 @@ from flashtune.cli.run_checks import (
 
 __all__ = ["register", "run_command"]
 
-# Piped output (CI logs, README transcripts) gets a table wide enough to stay readable.
-console = Console(width=None if Console().is_terminal else 150)
+# Piped output (CI logs, README transcripts): tables as wide as they need, nothing cut.
+console = result_console()
 
 
 def run_command(

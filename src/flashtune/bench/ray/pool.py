@@ -28,8 +28,8 @@ from types import ModuleType
 from typing import Any
 
 from flashtune.bench.evaluate import make_trace
+from flashtune.bench.progress import RunProgress
 from flashtune.bench.ray.connect import connected, slot_placement, slot_plan
-from flashtune.bench.runner import RunProgress
 from flashtune.bench.worker import Task, Worker, WorkerError, faster_baseline
 from flashtune.data.io import atomic_write_text
 from flashtune.data.models import EvaluationStatus, Solution, Trace
