@@ -19,9 +19,12 @@ written only inside `out`: a symbolic link under its traces/ or skipped/ that le
 stops the run before it starts (`UnsafePathError`), and each append refuses links on its
 way (`flashtune.data.io.append_line`).
 
-CPU workload cap: on a CPU device only the `CPU_WORKLOAD_CAP` smallest workloads of each
-definition run (by input bytes), unless `max_workloads` says otherwise: CPU numbers are a
-smoke test of the harness and the solutions, not a benchmark.
+Workload caps: a run without --max-workloads or --all is a quick one. On a CPU only the
+`CPU_WORKLOAD_CAP` smallest workloads of each definition run (by input bytes): CPU numbers are
+a smoke test of the harness and the solutions, not a benchmark. On GPUs `GPU_WORKLOAD_CAP`
+workloads of each definition run, spread over its sizes (the smallest, the largest, and
+between them), so a first run answers in minutes and still covers each definition's range;
+`all_workloads` (--all) runs every workload, `max_workloads` the N smallest.
 
 Where the tasks run is a `WorkerPool`: `LocalPool` (one worker per device of this host, the
 default) or a Ray cluster's (`flashtune.bench.ray.RayPool`, one worker actor per GPU); the
@@ -66,11 +69,14 @@ __all__ = [
     "LocalPool",
     "run_benchmark",
     "CPU_WORKLOAD_CAP",
+    "GPU_WORKLOAD_CAP",
+    "workload_cap",
     "environment_key",
     "code_key",
 ]
 
 CPU_WORKLOAD_CAP = 2
+GPU_WORKLOAD_CAP = 3
 _ENV_KEYS = ("hardware", "torch", "triton", "cuda", "flashtune")
 
 
@@ -89,8 +95,12 @@ class RunOptions:
     resume: bool = False
     baseline: str = "torch*"
     max_workloads: int | None = None
+    all_workloads: bool = False  # --all: no quick cap
     autotune: bool = False
     autotune_cache: Path | None = None
+    # Datasets read for their solutions only: they run on the definitions of `datasets` whose
+    # contract they were written for (Dataset's solution_sources); their workloads do not run.
+    solutions_from: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -103,6 +113,8 @@ class RunResult:
     load_errors: list[LoadError]
     environment: dict[str, Any]
     workload_cap: int | None = None
+    # How the capped workloads were picked: "the smallest" or "spread over sizes".
+    workload_pick: str = "the smallest"
     # The pool's closing lines: a cluster's triples per node and its lost workers (empty
     # for a local run).
     pool_notes: list[str] = field(default_factory=list)
@@ -150,8 +162,28 @@ def _input_bytes(definition: Definition, workload: Workload) -> int:
     return total
 
 
+def workload_cap(opts: RunOptions, cpu_only: bool) -> tuple[int | None, bool]:
+    """(workloads per definition, None: all; whether they spread over the sizes rather than
+    being the smallest) for this run."""
+    if opts.max_workloads is not None:
+        return opts.max_workloads, False
+    if opts.all_workloads:
+        return None, False
+    return (CPU_WORKLOAD_CAP, False) if cpu_only else (GPU_WORKLOAD_CAP, True)
+
+
+def _spread(items: list[Workload], n: int) -> list[Workload]:
+    """`n` of `items` (sorted by size) evenly spaced from the first to the last."""
+    if len(items) <= n:
+        return items
+    if n == 1:
+        return items[:1]
+    picks = sorted({round(i * (len(items) - 1) / (n - 1)) for i in range(n)})
+    return [items[i] for i in picks]
+
+
 def _select(
-    ds: Dataset, opts: RunOptions, cap: int | None
+    ds: Dataset, opts: RunOptions, cap: int | None, spread: bool = False
 ) -> list[tuple[Definition, Workload, list[Solution]]]:
     groups = []
     for definition in ds.find_definitions(opts.op_type, opts.definitions):
@@ -170,7 +202,8 @@ def _select(
                 continue  # reported by `flashtune validate`
             workloads.append(record.workload)
         if cap is not None:
-            workloads = sorted(workloads, key=lambda w: _input_bytes(definition, w))[:cap]
+            workloads = sorted(workloads, key=lambda w: _input_bytes(definition, w))
+            workloads = _spread(workloads, cap) if spread else workloads[:cap]
         for workload in workloads:
             groups.append((definition, workload, solutions))
     return groups
@@ -299,7 +332,7 @@ def run_benchmark(
     for root in [out, *(Path(d).expanduser().resolve() for d in opts.datasets)]:
         if root not in roots:
             roots.append(root)
-    source = Dataset([Path(d) for d in opts.datasets])
+    source = Dataset([Path(d) for d in opts.datasets], solution_sources=opts.solutions_from)
     sink = Dataset(roots)  # writes go to `out`; definitions come from the sources
     escaping = sink.links_leading_outside()
     if escaping:
@@ -325,12 +358,8 @@ def run_benchmark(
     display.say(f"starting the workers; traces go to {out / 'traces'}")
     environments = pool.start(worker_options)
     environment = {**environments[0], "run_started": run_started}
-    cap = (
-        opts.max_workloads
-        if opts.max_workloads is not None
-        else (CPU_WORKLOAD_CAP if pool.cpu_only() else None)
-    )
-    groups = _select(source, opts, cap)
+    cap, spread = workload_cap(opts, pool.cpu_only())
+    groups = _select(source, opts, cap, spread)
 
     # --resume: what is already traced for this content, environment and code
     done_keys: set[tuple[Any, ...]] = set()
@@ -430,6 +459,7 @@ def run_benchmark(
         load_errors=load_errors,
         environment=environment,
         workload_cap=cap,
+        workload_pick="spread over sizes" if spread else "the smallest",
         pool_notes=pool.notes(),
         write_errors=write_errors,
         unsigned=unsigned,

@@ -20,12 +20,16 @@ from flashtune.cli.common import (
 )
 from flashtune.cli.output import result_console
 from flashtune.cli.run_checks import (
+    FAIL_ON,
     Counted,
     Selection,
     check_devices,
     check_selection,
+    closing_traces,
+    failing_triples,
     print_closing,
 )
+from flashtune.cli.run_sources import say_attachments, solution_sources
 
 __all__ = ["register", "run_command"]
 
@@ -44,6 +48,18 @@ def run_command(
         None, "--definitions", help="definition name glob, e.g. 'rmsnorm_*'"
     ),
     solutions: Optional[str] = typer.Option(None, "--solutions", help="solution name glob"),
+    solutions_from: Optional[list[Path]] = typer.Option(
+        None,
+        "--solutions-from",
+        help="a dataset read for its solutions only (repeatable): they run on the definitions "
+        "of --dataset whose contract they were written for; its workloads do not run",
+    ),
+    bundled_solutions: bool = typer.Option(
+        True,
+        "--bundled-solutions/--no-bundled-solutions",
+        help="attach the bundled dataset's solutions the same way (a dataset written by "
+        "capture has none of its own)",
+    ),
     op_type: Optional[str] = typer.Option(
         None, "--op-type", help="only definitions of this op_type"
     ),
@@ -92,7 +108,18 @@ def run_command(
     max_workloads: Optional[int] = typer.Option(
         None,
         "--max-workloads",
-        help="at most this many workloads per definition, smallest first (CPU default: 2)",
+        help="at most this many workloads per definition, smallest first (default, a quick "
+        "run: CPU the 2 smallest, GPU 3 spread over the sizes)",
+    ),
+    all_workloads: bool = typer.Option(
+        False, "--all", help="every workload of every definition (no quick-run cap)"
+    ),
+    fail_on: str = typer.Option(
+        "none",
+        "--fail-on",
+        help="exit 1 when a triple did not pass, for CI: 'incorrect' (a wrong answer: shape, "
+        "dtype, numerical), 'failed' (also runtime/compile errors and timeouts), 'any' "
+        "(also skipped), 'none' (default: exit 0 whatever the statuses)",
     ),
     baseline: str = typer.Option(
         "torch*", "--baseline", help="glob of the baseline solution names speedups refer to"
@@ -125,6 +152,10 @@ def run_command(
     from flashtune.bench.worker import WorkerError, parse_devices
     from flashtune.data.io import UnsafePathError
 
+    if fail_on not in FAIL_ON:
+        fail(f"--fail-on {fail_on}: expected {', '.join(FAIL_ON)}", code=2)
+    if all_workloads and max_workloads is not None:
+        fail("--all and --max-workloads: pick one", code=2)
     if timing not in ("auto", "cuda_graph", "cuda_events"):
         fail(f"--timing {timing}: expected auto, cuda_graph or cuda_events", code=2)
     roots = dataset_roots(dataset, with_results=False)
@@ -143,8 +174,10 @@ def run_command(
             code=2,
         )
     selection = Selection(definitions, solutions, op_type)
-    source = open_dataset(roots)
-    check_selection(source, roots, selection)
+    sources = solution_sources(solutions_from, bundled_solutions)
+    source = open_dataset(roots, solutions_from=sources)
+    check_selection(source, roots, selection)  # says why when nothing attaches
+    say_attachments(source, roots, selection)
     blobs = missing_blobs(source, source.find_definitions(op_type, definitions))
     if blobs:
         err_console.print(
@@ -168,6 +201,7 @@ def run_command(
         definitions=definitions,
         solutions=solutions,
         op_type=op_type,
+        solutions_from=sources,
         devices=device_list,
         timeout=timeout,
         config=BenchConfig(
@@ -185,6 +219,7 @@ def run_command(
         resume=resume,
         baseline=baseline,
         max_workloads=max_workloads,
+        all_workloads=all_workloads,
         autotune=autotune,
         autotune_cache=autotune_cache,
     )
@@ -216,6 +251,10 @@ def run_command(
     for unwritten in result.write_errors:
         err_console.print(f"[red]error[/red]: not written: {escape(unwritten)}", highlight=False)
     if result.write_errors:
+        raise typer.Exit(1)
+    failing = failing_triples(closing_traces(result, opts)[0], fail_on)
+    if failing:
+        err_console.print(f"[red]--fail-on {fail_on}[/red]: {failing}", highlight=False)
         raise typer.Exit(1)
 
 

@@ -22,6 +22,8 @@ __all__ = [
     "Counted",
     "print_closing",
     "closing_traces",
+    "FAIL_ON",
+    "failing_triples",
 ]
 
 _EXAMPLES = 5  # names quoted in a message, so it stays one readable line
@@ -85,27 +87,40 @@ def check_selection(ds: Dataset, roots: Sequence[Path], selection: Selection) ->
 
 
 def _no_solutions(ds: Dataset, roots: Sequence[Path], defs: Sequence[Any]) -> str:
-    """Why nothing can run: no solution in the dataset; and where baselines could come from."""
+    """Why nothing can run: no solution in the roots, none attached from the sources of
+    solutions (`Dataset.solution_sources`); and why, or where some could come from."""
     from flashtune.data import Dataset
 
     where = ", ".join(map(str, roots))
-    message = f"no solutions for the {len(defs)} selected definitions in {where}: nothing to run"
-    bundled = bundled_dataset()
-    if any(r.expanduser().resolve() == bundled for r in roots):
-        return message
-    shipped = Dataset(bundled)
-    usable = {d.name: [s.name for s in shipped.solutions_for(d.name)] for d in defs}
-    usable = {name: sols for name, sols in usable.items() if sols}
-    if not usable:
+    sources = ", ".join(map(str, ds.solution_sources))
+    also = f" or attached from {sources}" if sources else ""
+    message = (
+        f"no solutions for the {len(defs)} selected definitions in {where}{also}: nothing to run"
+    )
+    names = {d.name for d in defs}
+    unattached = [u for u in ds.unattached if u.definition in names]
+    if unattached:  # the likeliest surprise: a captured definition of another dtype or eps
+        shown = "; ".join(u.message() for u in unattached[:_EXAMPLES])
+        more = f"; and {len(unattached) - _EXAMPLES} more" if len(unattached) > _EXAMPLES else ""
         return (
-            f"{message}; the bundled dataset has no solution for these definitions either: "
-            "add solutions under <dataset>/solutions/"
+            f"{message}; {shown}{more}. Add solutions for these definitions under "
+            "<dataset>/solutions/, or capture calls of the dtypes and constants the "
+            "solutions were written for"
         )
-    baselines = sorted({s for sols in usable.values() for s in sols})
-    args = " ".join(f"-d {r}" for r in roots)
+    bundled = bundled_dataset()
+    resolved = [r.expanduser().resolve() for r in [*roots, *ds.solution_sources]]
+    if bundled not in resolved:  # --no-bundled-solutions: would the bundled ones attach?
+        probe = Dataset(ds.roots, solution_sources=[bundled])
+        usable = sorted({s.name for d in defs for s in probe.solutions_for(d.name)})
+        if usable:
+            return (
+                f"{message}; the bundled dataset has solutions for these definitions "
+                f"({_some(usable)}): leave out --no-bundled-solutions"
+            )
     return (
-        f"{message}; the bundled dataset has solutions for {len(usable)} of them "
-        f"({_some(baselines)}): run with {args} -d {bundled}"
+        f"{message}; the bundled dataset has no solution for these definitions either: add "
+        "solutions under <dataset>/solutions/, or name a dataset that has some with "
+        "--solutions-from"
     )
 
 
@@ -238,7 +253,43 @@ def print_closing(result: RunResult, opts: RunOptions, out: Path, console: Any) 
         console.print(f"{other} traces in {out} from other environments are not in the table")
     if result.workload_cap is not None and opts.max_workloads is None:
         console.print(
-            f"CPU run: at most {result.workload_cap} workloads per definition (the smallest); "
-            "--max-workloads N to change"
+            f"quick run: at most {result.workload_cap} workloads per definition "
+            f"({result.workload_pick}); --all runs every workload, --max-workloads N the N "
+            "smallest"
         )
     console.print(f"traces: {result.out / 'traces'}  (see `flashtune report summary -d {out}`)")
+
+
+# --fail-on: which statuses fail a run (exit 1), from the narrowest to the widest.
+_WRONG = ("INCORRECT_SHAPE", "INCORRECT_DTYPE", "INCORRECT_NUMERICAL")
+_BROKEN = (*_WRONG, "RUNTIME_ERROR", "COMPILE_ERROR", "TIMEOUT")
+FAIL_ON: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "incorrect": _WRONG,
+    "failed": _BROKEN,
+    "any": (*_BROKEN, "SKIPPED"),
+}
+
+
+def failing_triples(traces: Sequence[Trace], fail_on: str) -> str:
+    """'' when no trace has a status `fail_on` counts, else what failed ("3 of 40 triples:
+    2 timeout, 1 incorrect_numerical (gemm_n4096_k4096 flashtune@...)")."""
+    from flashtune.report.tables import latest
+
+    statuses = FAIL_ON[fail_on]
+    bad = [
+        t
+        for t in latest(traces)
+        if t.evaluation is not None and t.evaluation.status.value in statuses
+    ]
+    if not bad:
+        return ""
+    counts: dict[str, int] = {}
+    for t in bad:
+        assert t.evaluation is not None
+        status = t.evaluation.status.value.lower()
+        counts[status] = counts.get(status, 0) + 1
+    breakdown = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    first = ", ".join(f"{t.definition} {t.solution}" for t in bad[:3])
+    more = f", and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return f"{len(bad)} of {len(latest(traces))} triples: {breakdown} ({first}{more})"
