@@ -97,6 +97,7 @@ def run(out: Path, definitions: str | None, resume: bool, timeout: float) -> Non
         timeout=timeout,
         config=BenchConfig(),
         resume=resume,
+        all_workloads=True,  # the headline covers every workload, not the quick run's
     )
     result = run_benchmark(opts, progress=False, on_trace=show)
     print(f"{len(result.traces)} triples in {result.seconds:.0f} s ({result.resumed} resumed)")

@@ -221,12 +221,17 @@ def add_solutions(dataset: Path, solutions_for: SolutionsFor) -> dict[str, str]:
 
 
 def benchmark(dataset: Path, devices: Sequence[str], max_workloads: int | None = None) -> RunResult:
-    """`flashtune run -d DATASET --device ...` over the captured workloads: traces written
-    into the dataset, where `enable_apply` reads them."""
+    """`flashtune run -d DATASET --devices ... --all` over the captured workloads (every one:
+    no quick-run cap unless `max_workloads`): traces written into the dataset, where
+    `enable_apply` reads them."""
     from flashtune.bench.runner import RunOptions, run_benchmark
 
     options = RunOptions(
-        datasets=[dataset], out=dataset, devices=list(devices), max_workloads=max_workloads
+        datasets=[dataset],
+        out=dataset,
+        devices=list(devices),
+        max_workloads=max_workloads,
+        all_workloads=max_workloads is None,
     )
     return run_benchmark(options, progress=False)
 
