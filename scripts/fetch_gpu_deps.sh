@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fill the ignored folder .peer/ with what a GPU machine of the `device` tool lacks (it has no
 # network): FlashInfer 0.2.14.post1's source archive (the peer in every benchmark) with its
-# loader script, and Python 3.12 wheels of pydantic (flashtune's data model) and friends.
+# loader script, Python 3.12 wheels of pydantic (flashtune's data model) and friends, and with
+# RAY=1 a slim Ray wheel and its dependencies in .peer/ray/ (for `flashtune run --ray local`).
 # Run it once here, then pass carry=[".peer"] to each run (scripts/gpu_session.sh uses it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,10 +13,27 @@ mkdir -p .peer/wheels
 sdist=flashinfer_python-0.2.14.post1.tar.gz
 if [ ! -f ".peer/$sdist" ]; then
   # By name, through pip's own configuration: no registry address in this repository.
-  python3 -m pip download -q --no-deps --no-binary :all: flashinfer-python==0.2.14.post1 -d .peer
+  # --no-build-isolation: pip prepares an sdist's metadata even for a download, and in an
+  # isolated build environment the sdist's build requirements (torch) cannot be resolved.
+  python3 -m pip download -q --no-deps --no-build-isolation --no-binary :all: \
+    flashinfer-python==0.2.14.post1 -d .peer
 fi
 [ -f .peer/flashinfer-from-sdist.sh ] || cp ../shared/gpu/flashinfer-from-sdist.sh .peer/
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .peer/wheels pydantic pydantic-core annotated-types typing-inspection typing-extensions filelock safetensors
+if [ "${RAY:-0}" = 1 ]; then
+  # Ray's wheel is ~80 MB and the carry limit 64 MiB: keep its core (scripts/slim_ray_wheel.py).
+  mkdir -p .peer/ray .peer/ray-full
+  python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .peer/ray-full "ray==$(sed -n 's/^ray==//p' constraints.txt)"
+  for wheel in .peer/ray-full/*.whl; do
+    case "$(basename "$wheel")" in
+      ray-*) python3 scripts/slim_ray_wheel.py "$wheel" .peer/ray ;;
+      *) cp "$wheel" .peer/ray/ ;;
+    esac
+  done
+  rm -rf .peer/ray-full
+fi
 ls -la .peer .peer/wheels

@@ -17,6 +17,9 @@ OUT=${OUT:-/tmp/flashtune-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --find-links .peer/wheels pydantic filelock safetensors >"$OUT/setup.log" 2>&1
+if [ -d .peer/ray ]; then  # RAY=1 scripts/fetch_gpu_deps.sh: the slim Ray wheel and its dependencies
+  python3 -m pip install -q --no-index --find-links .peer/ray ray >>"$OUT/setup.log" 2>&1
+fi
 export PYTHONPATH=$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}
 # shellcheck disable=SC1091
 source .peer/flashinfer-from-sdist.sh .peer/flashinfer_python-0.2.14.post1.tar.gz >>"$OUT/setup.log" 2>&1
