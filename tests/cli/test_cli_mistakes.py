@@ -49,10 +49,16 @@ def test_run_without_solutions_names_the_bundled_baselines(tmp_path: Path) -> No
     target = tmp_path / "public" / "definitions" / "rmsnorm" / src.name
     target.parent.mkdir(parents=True)
     shutil.copy(src, target)
-    result = runner.invoke(app, ["run", "-d", str(tmp_path / "public"), "-q"], env=WIDE)
+    public = str(tmp_path / "public")
+    result = runner.invoke(app, ["run", "-d", public, "--no-bundled-solutions", "-q"], env=WIDE)
     assert result.exit_code == 1, result.output
     assert "no solutions for the 1 selected definitions" in result.stderr
-    assert f"-d {bundled_dataset()}" in result.stderr and "rmsnorm_h4096" in result.stderr
+    assert "leave out --no-bundled-solutions" in result.stderr
+    assert "torch@rmsnorm_h4096" in result.stderr
+    # By default they attach (same contract): what is missing now is a workload to run.
+    result = runner.invoke(app, ["run", "-d", public, "-q"], env=WIDE)
+    assert result.exit_code == 1, result.output
+    assert "have no workloads in" in result.stderr and "no solutions" not in result.stderr
 
 
 def test_run_on_a_gpu_that_is_not_there_names_what_is_visible() -> None:

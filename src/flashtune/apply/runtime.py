@@ -44,7 +44,7 @@ from flashtune.apply.solutions import (
 from flashtune.apply.table import ApplyConfig, ApplyTable
 from flashtune.bench.build import solution_hash
 from flashtune.capture import api as capture_api
-from flashtune.data.dataset import Dataset
+from flashtune.data.dataset import Dataset, bundled_root
 from flashtune.data.models import Solution
 from flashtune.data.synth import torch_dtype
 from flashtune.schema import NOT_HANDLED, add_hook, register_env_hook, remove_hook
@@ -72,7 +72,15 @@ log = logging.getLogger("flashtune.apply")
 
 
 class ApplyRuntime:
-    """A dataset's apply table plus the loaded solutions it names."""
+    """A dataset's apply table plus the loaded solutions it names.
+
+    Given a folder (or None: FLASHTUNE_DATASET), the dataset is read with the bundled
+    dataset's solutions attached to its definitions of the same contract, as `flashtune run`
+    attaches them: the traces of a run on a captured dataset name bundled solutions, which
+    the captured folder does not hold. Each is used only if its content hash is the one the
+    signed trace recorded, like a solution of the folder itself. A Dataset is used as given
+    (pass `Dataset(root, solution_sources=[...])` for the sources of a `--solutions-from`
+    run)."""
 
     def __init__(
         self,
@@ -81,7 +89,10 @@ class ApplyRuntime:
         table: ApplyTable | None = None,
     ) -> None:
         if not isinstance(dataset, Dataset):
-            dataset = Dataset(dataset if dataset is not None else env.DATASET.get())
+            dataset = Dataset(
+                dataset if dataset is not None else env.DATASET.get(),
+                solution_sources=[bundled_root()],
+            )
         self.dataset = dataset
         self.config = config or ApplyConfig()
         self.table = table if table is not None else ApplyTable.load(dataset, self.config)

@@ -500,6 +500,9 @@ def _input_files(dataset: Dataset) -> list[tuple[Path, Path]]:
         files.extend((root, p) for p in sorted((root / "traces").glob("*/*/*.jsonl")))
         for folder in ("solutions", "definitions"):
             files.extend((root, p) for p in sorted((root / folder).rglob("*.json")))
+    for root in dataset.solution_sources:  # attached solutions are checked against theirs too
+        for folder in ("solutions", "definitions"):
+            files.extend((root, p) for p in sorted((root / folder).rglob("*.json")))
     return files
 
 

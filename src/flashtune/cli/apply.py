@@ -9,7 +9,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flashtune.cli.common import dataset_roots, default_dataset, fail, open_dataset
+from flashtune.cli.common import (
+    bundled_dataset,
+    dataset_roots,
+    default_dataset,
+    fail,
+    open_dataset,
+)
 
 if TYPE_CHECKING:
     from flashtune.apply.table import ApplyTable
@@ -37,7 +43,9 @@ def show(
     from flashtune.apply.table import ApplyTable
 
     roots = dataset_roots(dataset)
-    ds = open_dataset(roots, lookup=[default_dataset()])
+    # The bundled solutions attach as apply attaches them (ApplyRuntime): a run on a
+    # captured dataset traced them.
+    ds = open_dataset(roots, lookup=[default_dataset()], solutions_from=[bundled_dataset()])
     # Read-only: a rebuilt table is not saved (the folder may be someone else's, or the
     # installed package); `flashtune.apply()` saves its own.
     table = ApplyTable.build(ds) if rebuild else ApplyTable.load(ds, persist=False)

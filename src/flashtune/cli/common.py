@@ -5,8 +5,11 @@ The default dataset rule, the same for every command: the roots given with --dat
 (repeatable); without -d, $FLASHTUNE_DATASET when it is set, else the bundled dataset, and
 after it ./flashtune-results (where `flashtune run` writes by default) when that folder
 exists. `run` reads the same dataset for what to run and writes to --out (default
-./flashtune-results), which it also reads for --resume. Commands that read traces look their
-definitions up in the default dataset too, so the traces of a bundled run find theirs.
+./flashtune-results), which it also reads for --resume; the solutions of the bundled dataset
+(and of each --solutions-from) run too, on the definitions whose contract they were written
+for (a captured dataset has none of its own), and contribute no workloads. Commands that
+read traces look their definitions up in the default dataset too, so the traces of a
+bundled run find theirs.
 Read-only commands (list, validate, report summary/best/compare, apply show) never write.
 """
 
@@ -51,7 +54,9 @@ err_console = Console(stderr=True, soft_wrap=True)  # paths stay on one line
 
 
 def bundled_dataset() -> Path:
-    """The dataset shipped inside the package (the default benchmark)."""
+    """The dataset shipped inside the package (the default benchmark); the folder of
+    `flashtune.data.dataset.bundled_root`, found here without importing the data layer
+    (torch)."""
     return Path(__file__).resolve().parents[1] / "dataset"
 
 
@@ -95,11 +100,15 @@ def not_a_dataset(root: Path) -> str | None:
     return None
 
 
-def open_dataset(roots: Sequence[Path], lookup: Sequence[Path] = ()) -> Dataset:
-    """A Dataset over `roots` (then `lookup`, roots read for their definitions only), after
-    refusing (exit 2) any of `roots` that is not a dataset and warning about definitions that
-    one root hides in another."""
-    for root in roots:
+def open_dataset(
+    roots: Sequence[Path], lookup: Sequence[Path] = (), solutions_from: Sequence[Path] = ()
+) -> Dataset:
+    """A Dataset over `roots` (then `lookup`, roots read for their definitions only), with
+    the solutions of `solutions_from` attached to the definitions of the same contract
+    (`Dataset(solution_sources=...)`), after refusing (exit 2) any of `roots` or
+    `solutions_from` that is not a dataset and warning about definitions that one root hides
+    in another."""
+    for root in [*roots, *solutions_from]:
         problem = not_a_dataset(root)
         if problem is not None:
             fail(problem, code=2)
@@ -111,7 +120,7 @@ def open_dataset(roots: Sequence[Path], lookup: Sequence[Path] = ()) -> Dataset:
         warn(message)
     from flashtune.data import Dataset
 
-    return Dataset(every)
+    return Dataset(every, solution_sources=solutions_from)
 
 
 def _definition_file(root: Path, definition: Definition) -> Path:
@@ -123,8 +132,11 @@ def _definition_file(root: Path, definition: Definition) -> Path:
 
 
 def shadowed_definitions(roots: Sequence[Path]) -> list[str]:
-    """One message per definition that an earlier root defines differently from a later one:
-    the earlier one is used (a Dataset's first root wins), the later one is hidden."""
+    """One message per definition that an earlier root defines differently from a later one
+    (another contract: `Definition.contract_differences`; a description or a `model:` tag
+    changes nothing a solution computes, and a captured definition differs from the bundled
+    one in those): the earlier one is used (a Dataset's first root wins), the later one is
+    hidden."""
     if len(roots) < 2:
         return []
     from flashtune.data import Dataset
@@ -139,14 +151,10 @@ def shadowed_definitions(roots: Sequence[Path]) -> list[str]:
                 first[name] = (definition, root)
                 continue
             used, used_root = first[name]
-            differ = [
-                key
-                for key, value in used.model_dump().items()
-                if definition.model_dump().get(key) != value
-            ]
+            differ = used.contract_differences(definition)
             if differ:
                 messages.append(
-                    f"definition {name!r} differs ({', '.join(differ)}) between "
+                    f"definition {name!r} differs ({'; '.join(differ)}) between "
                     f"{_definition_file(used_root, used)} (used) and "
                     f"{_definition_file(root, definition)} (ignored: an earlier -d wins)"
                 )

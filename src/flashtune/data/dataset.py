@@ -15,7 +15,14 @@ triple it could not run here) is not a FlashInfer-Bench status, so it goes to sk
 FlashInfer-Bench does not look; flashtune reads it back with the traces.
 
 Several roots can be combined: reads see all of them (the first root wins on a name clash),
-writes go to the first. Files are loaded lazily and once; a bad file or line is recorded in
+writes go to the first. `solution_sources` are datasets read for their solutions only (the
+bundled dataset, for a dataset written by capture, which has definitions and workloads but no
+solutions): a source's solutions of a definition attach when the source's definition of that
+name has the same contract as this dataset's (`Definition.contract`: name, axes, inputs and
+outputs, reference, tolerances; not descriptions or `model:` tags). A definition whose
+contract differs gets none of them, and `unattached` says which and why: a solution written
+for another dtype, another eps or another layout must not pass for this one's. A source
+contributes no definitions, workloads or traces. Files are loaded lazily and once; a bad file or line is recorded in
 `errors` (file, line, field, problem) and the rest of the dataset still loads.
 
 Every name that becomes a path component above (author, op_type, definition, solution name)
@@ -35,6 +42,7 @@ import fnmatch
 import glob
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -62,10 +70,37 @@ from flashtune.data.models import (
 
 M = TypeVar("M", Definition, Solution)
 
-__all__ = ["Dataset", "LoadError", "SKIPPED_DIR"]
+__all__ = ["Dataset", "LoadError", "SKIPPED_DIR", "UnattachedSolutions", "bundled_root"]
 
 # Where SKIPPED evaluations are kept, beside traces/ (which FlashInfer-Bench reads).
 SKIPPED_DIR = "skipped"
+
+
+def bundled_root() -> Path:
+    """The dataset shipped inside the package (flashtune/dataset/: data only): the default
+    benchmark, and the default source of solutions for a captured dataset."""
+    return Path(__file__).resolve().parents[1] / "dataset"
+
+
+@dataclass(frozen=True)
+class UnattachedSolutions:
+    """A solution source's solutions of a definition that did not attach: the source's
+    definition of that name has another contract than the dataset's."""
+
+    definition: str
+    source: Path
+    solutions: tuple[str, ...]
+    differences: tuple[str, ...]  # Definition.contract_differences, the dataset's first
+
+    def message(self) -> str:
+        count = len(self.solutions)
+        return (
+            f"{self.definition}: the {count} solution{'s' if count != 1 else ''} of {self.source} "
+            f"({', '.join(self.solutions)}) do not attach: its {self.definition!r} is another "
+            f"contract (yours vs its: {'; '.join(self.differences)}), and a solution runs "
+            "only on the definition it was written for"
+        )
+
 
 # safetensors' dtype codes, by the FlashInfer Trace dtype names they store.
 _SAFETENSORS_DTYPES = {
@@ -141,12 +176,24 @@ def _jsonl_files(folder: Path, definition: str | None = None) -> list[Path]:
 class Dataset:
     """Lazy, indexed view over one or more dataset roots."""
 
-    def __init__(self, roots: str | Path | Sequence[str | Path]) -> None:
+    def __init__(
+        self,
+        roots: str | Path | Sequence[str | Path],
+        solution_sources: Sequence[str | Path] = (),
+    ) -> None:
         if isinstance(roots, (str, Path)):
             roots = [roots]
         if not roots:
             raise ValueError("Dataset needs at least one root folder")
         self.roots: list[Path] = [Path(r).expanduser().resolve() for r in roots]
+        # Read for their solutions only (see the module docstring); a root is read whole.
+        self.solution_sources: list[Path] = []
+        for source in solution_sources:
+            path = Path(source).expanduser().resolve()
+            if path not in self.roots and path not in self.solution_sources:
+                self.solution_sources.append(path)
+        self._attached: dict[tuple[str, str], Path] = {}
+        self._unattached: list[UnattachedSolutions] = []
         self._lock = threading.RLock()
         self._definitions: dict[str, Definition] | None = None
         self._definition_paths: dict[str, Path] = {}
@@ -252,7 +299,46 @@ class Dataset:
                             continue
                         seen.add((sol.definition, sol.name))
                         self._solutions.setdefault(sol.definition, []).append(sol)
+                for source in self.solution_sources:
+                    self._attach(Dataset(source), seen)
             return self._solutions
+
+    def _attach(self, source: Dataset, seen: set[tuple[str, str]]) -> None:
+        """Add `source`'s solutions of the definitions whose contract equals ours (a
+        solution of the same name already here wins, as the first root does)."""
+        assert self._solutions is not None
+        for name, solutions in sorted(source.solutions.items()):
+            mine, theirs = self.definitions.get(name), source.definitions.get(name)
+            if mine is None or theirs is None:
+                continue  # nothing to run them on here, or nothing to compare with
+            differences = mine.contract_differences(theirs)
+            if differences:
+                names = tuple(s.name for s in solutions)
+                self._unattached.append(
+                    UnattachedSolutions(name, source.root, names, tuple(differences))
+                )
+                continue
+            for sol in solutions:
+                if (name, sol.name) in seen:
+                    continue
+                seen.add((name, sol.name))
+                self._solutions.setdefault(name, []).append(sol)
+                self._attached[(name, sol.name)] = source.root
+        for path, errors in source._errors.items():
+            self._record(path, errors)
+
+    def attached_from(self, definition: str, solution: str) -> Path | None:
+        """The solution source `solution` of `definition` was attached from (None: it is a
+        root's own, or there is no such solution)."""
+        self.solutions  # noqa: B018 - loads them
+        return self._attached.get((definition, solution))
+
+    @property
+    def unattached(self) -> list[UnattachedSolutions]:
+        """The solution sources' solutions left out because their definition's contract
+        differs from this dataset's definition of the same name (see the module docstring)."""
+        self.solutions  # noqa: B018 - loads them
+        return list(self._unattached)
 
     def solutions_for(self, definition: str, name: str | None = None) -> list[Solution]:
         sols = self.solutions.get(definition, [])
@@ -500,6 +586,8 @@ class Dataset:
             self._definitions = None
             self._definition_paths = {}
             self._solutions = None
+            self._attached = {}
+            self._unattached = []
             self._workloads = {}
             self._traces = {}
             self._errors = {}

@@ -324,6 +324,59 @@ class Definition(_Model):
     def tags_with(self, prefix: str) -> list[str]:
         return [t[len(prefix) :] for t in self.tags if t.startswith(prefix)]
 
+    def contract(self) -> dict[str, Any]:
+        """What a solution of this definition is written and judged against: name, op_type,
+        axes (kinds and const values), constraints, inputs and outputs in order (a solution
+        is called `run(*inputs)` and returns its outputs in that order; shapes and dtypes),
+        the reference, and the `tol:` tags (the bench's tolerances). Descriptions and the
+        other tags (`fi_api:`, `model:`: where the definition is used) describe it and are
+        left out, so the same contract captured from a program, dumped from a schema or
+        shipped in the bundled dataset compares equal."""
+        return {
+            "name": self.name,
+            "op_type": self.op_type,
+            "axes": {
+                n: (a.type, a.value if isinstance(a, ConstAxis) else None)
+                for n, a in sorted(self.axes.items())
+            },
+            "constraints": list(self.constraints),
+            "inputs": [(n, s.shape, s.dtype) for n, s in self.inputs.items()],
+            "outputs": [(n, s.shape, s.dtype) for n, s in self.outputs.items()],
+            "reference": self.reference,
+            "tags": sorted(t for t in self.tags if t.startswith("tol:")),
+        }
+
+    def contract_differences(self, other: Definition) -> list[str]:
+        """How `other`'s contract differs from this one's, one phrase per difference, this
+        one's first ("inputs.A: float16[M, K] vs bfloat16[M, K]"); [] when they are the
+        same contract."""
+        mine, theirs = self.contract(), other.contract()
+        out: list[str] = []
+        for key, value in mine.items():
+            if theirs[key] == value:
+                continue
+            if key in ("inputs", "outputs"):
+                here = {n: (shape, dtype) for n, shape, dtype in value}
+                there = {n: (shape, dtype) for n, shape, dtype in theirs[key]}
+                for name in [*here, *(n for n in there if n not in here)]:
+                    a, b = here.get(name), there.get(name)
+                    if a != b:
+                        out.append(f"{key}.{name}: {_spec_text(a)} vs {_spec_text(b)}")
+                if here == there:  # the same tensors in another order: another call
+                    out.append(f"{key}: order {list(here)} vs {list(there)}")
+            elif key == "reference":
+                out.append("reference: another function")
+            else:
+                out.append(f"{key}: {value} vs {theirs[key]}")
+        return out
+
+
+def _spec_text(spec: tuple[list[str] | None, str] | None) -> str:
+    if spec is None:
+        return "absent"
+    shape, dtype = spec
+    return f"scalar {dtype}" if shape is None else f"{dtype}[{', '.join(shape)}]"
+
 
 # --------------------------------------------------------------------------- solutions
 
