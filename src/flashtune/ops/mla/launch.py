@@ -1,0 +1,387 @@
+"""Host side of MLA attention: launching a plan (the attention kernel, then the merge of
+split-KV partials) through the autotuner's runner, the plan-free launch, and the CPU path
+(the reference) where no kernel can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from flashtune import env, platform
+from flashtune.ops.attention.merge import merge_partials
+from flashtune.ops.mla.config import (
+    DEFAULT_LAUNCH,
+    MLALaunch,
+    MLATactic,
+    block_m_for,
+    ctas_per_sm,
+    default_tactic,
+    min_chunk,
+    plan_sm_count,
+    planless_chunk,
+)
+from flashtune.ops.mla.kernels import (
+    LOG2E,
+    SCALE_GROUPS,
+    SCALE_NONE,
+    SCALE_TENSOR,
+    mla_paged_kernel,
+    mla_planless_kernel,
+)
+from flashtune.ops.mla.plan import MLAPlan
+from flashtune.ops.mla.reference import mla_paged_ref
+from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
+
+__all__ = [
+    "MLAInputs",
+    "KVScales",
+    "PlanlessTable",
+    "PlanlessOptions",
+    "run_plan",
+    "launch_kernels",
+    "launch_planless",
+    "tuning_name",
+    "MLAPagedRunner",
+    "RUNNERS",
+    "TUNING",
+    "use_kernels",
+]
+
+
+@dataclass(frozen=True)
+class MLAInputs:
+    """A call's tensors: the two parts of the query and of the paged latent cache."""
+
+    q_nope: torch.Tensor  # [total_q, H, D_CKV]
+    q_pe: torch.Tensor  # [total_q, H, D_KPE]
+    ckv_cache: torch.Tensor  # [num_pages, page_size, D_CKV]
+    kpe_cache: torch.Tensor  # [num_pages, page_size, D_KPE]
+
+
+@dataclass(frozen=True)
+class KVScales:
+    """How an fp8 cache is scaled back (FlashInfer's run(ckv_scale=, ckv_scale_arr=,
+    kpe_scale=)): real = stored * scale; ckv_arr [num_pages, page_size, D_CKV // 128] fp32
+    (one scale per token and 128 channels) replaces ckv."""
+
+    ckv: float = 1.0
+    kpe: float = 1.0
+    ckv_arr: torch.Tensor | None = None
+
+    @property
+    def mode(self) -> int:
+        if self.ckv_arr is not None:
+            return SCALE_GROUPS
+        return SCALE_TENSOR if (self.ckv != 1.0 or self.kpe != 1.0) else SCALE_NONE
+
+
+def use_kernels(device: torch.device) -> bool:
+    """Whether the Triton kernels run here (else the reference does)."""
+    return platform.kernels_available(device) and not env.FORCE_REFERENCE.get()
+
+
+def _strides(inputs: MLAInputs, scales: KVScales, out: torch.Tensor) -> list[int]:
+    arr = scales.ckv_arr
+    return [
+        inputs.q_nope.stride(0),
+        inputs.q_nope.stride(1),
+        inputs.q_pe.stride(0),
+        inputs.q_pe.stride(1),
+        inputs.ckv_cache.stride(0),
+        inputs.ckv_cache.stride(1),
+        inputs.kpe_cache.stride(0),
+        inputs.kpe_cache.stride(1),
+        arr.stride(0) if arr is not None else 0,
+        arr.stride(1) if arr is not None else 0,
+        out.stride(0),
+        out.stride(1),
+    ]
+
+
+def _reference(
+    inputs: MLAInputs,
+    tables: dict[str, Any],
+    sm_scale: float,
+    causal: bool,
+    scales: KVScales,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU path: the reference on the call's page table (tables: mla_paged_ref's
+    index arguments)."""
+    return mla_paged_ref(
+        inputs.q_nope,
+        inputs.q_pe,
+        inputs.ckv_cache,
+        inputs.kpe_cache,
+        sm_scale=sm_scale,
+        causal=causal,
+        ckv_scale=scales.ckv if scales.ckv_arr is None and scales.ckv != 1.0 else None,
+        kpe_scale=scales.kpe if scales.kpe != 1.0 else None,
+        ckv_scale_arr=scales.ckv_arr,
+        **tables,
+    )
+
+
+def run_plan(
+    plan: MLAPlan,
+    inputs: MLAInputs,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    scales: KVScales,
+) -> torch.Tensor:
+    """Run `plan` on checked inputs, writing `out` (and `lse` when given); returns the LSE
+    buffer written (`lse`, or the plan's scratch)."""
+    lse_buf = lse if lse is not None else plan.lse_scratch
+    p = plan.params
+    if not use_kernels(out.device):
+        dev = out.device
+        t = plan.tables
+        ref_o, ref_lse = _reference(
+            inputs,
+            {
+                "qo_indptr": torch.as_tensor(t.qo_indptr, device=dev),
+                "kv_indptr": torch.as_tensor(t.kv_indptr, device=dev),
+                "kv_indices": plan.kv_indices,
+                "kv_len_arr": torch.as_tensor(t.kv_len, device=dev),
+            },
+            p.sm_scale,
+            p.causal,
+            scales,
+        )
+        n = plan.total_qo
+        out[:n].copy_(ref_o[:n])
+        lse_buf[:n].copy_(ref_lse[:n])
+        return lse_buf
+    if plan.total_qo == 0:
+        return lse_buf
+    runner: TunableRunner
+    tactic: Tactic
+    args = [inputs.q_nope, inputs.q_pe, inputs.ckv_cache, inputs.kpe_cache, plan, out, lse_buf]
+    if plan.launch is not None and plan.launch.tactic is not None:
+        runner, tactic = RUNNERS[0], plan.launch.tactic  # fixed by the caller
+    else:
+        runner, tactic = choose_one(tuning_name(plan), RUNNERS, TUNING, args)
+    runner([*args, scales], tactic)
+    return lse_buf
+
+
+def launch_kernels(
+    plan: MLAPlan,
+    inputs: MLAInputs,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scales: KVScales,
+    tactic: MLATactic,
+) -> None:
+    """Launch the attention kernel and, where the plan split KV, the merge kernel."""
+    p = plan.params
+    arr = scales.ckv_arr
+    mla_paged_kernel[(plan.grid_ctas,)](
+        inputs.q_nope,
+        inputs.q_pe,
+        inputs.ckv_cache,
+        inputs.kpe_cache,
+        arr if arr is not None else plan.partial_lse,  # read only with SCALE_GROUPS
+        plan.kv_indices,
+        plan.work_indptr,
+        plan.work,
+        out,
+        lse,
+        plan.partial_o,
+        plan.partial_lse,
+        *_strides(inputs, scales, out),
+        p.num_heads,
+        p.sm_scale * LOG2E,
+        float(scales.ckv),
+        float(scales.kpe),
+        D_CKV=p.head_dim_ckv,
+        D_KPE=p.head_dim_kpe,
+        PAGE_SIZE=p.page_size,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=tactic.block_n,
+        CAUSAL=p.causal,
+        SCALE_MODE=scales.mode,
+        num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
+    )
+    if plan.always_merge or plan.host.has_split:
+        # Rows past the merge info (a CUDA-graph wrapper's padding) are left alone.
+        n = min(out.shape[0], plan.merge_info.shape[0])
+        merge_partials(
+            plan.partial_o,
+            plan.partial_lse,
+            plan.merge_info[:n],
+            out[:n],
+            lse[:n],
+            sm_count=plan.sm_count,
+        )
+
+
+def tuning_name(plan: MLAPlan) -> str:
+    """The autotuner's op name: causal multi-token plans run another kernel variant (the
+    dtypes of q and the cache are keyed by TUNING.key_dtypes)."""
+    multi = plan.total_qo > plan.batch
+    return "mla.paged" + ("+causal" if plan.params.causal and multi else "")
+
+
+class MLAPagedRunner(TunableRunner):
+    """The split-KV Triton kernel; inputs are (q_nope, q_pe, ckv_cache, kpe_cache, plan,
+    out, lse[, scales]) with an `MLAPlan`."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        if inputs[0].device.type != "cuda":
+            return []
+        return list(MLATactic.space(inputs[4].block_m))
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        q_nope, q_pe, ckv, kpe, plan, out, lse = inputs[:7]
+        scales = inputs[7] if len(inputs) > 7 else KVScales()
+        # Tactic -1: the plan's default, the one its grid and chunks were sized for.
+        chosen = tactic if isinstance(tactic, MLATactic) else plan.default_tactic
+        launch_kernels(plan, MLAInputs(q_nope, q_pe, ckv, kpe), out, lse, scales, chosen)
+        return out
+
+
+RUNNERS: tuple[TunableRunner, ...] = (MLAPagedRunner(),)
+# key_dtypes: an fp8 cache's best tactic is not bf16's at the same shapes.
+TUNING = TuningConfig(cold_l2=True, use_cuda_graph=True, key_dtypes=True)
+
+
+# --------------------------------------------------------------------------- plan-free
+
+
+@dataclass(frozen=True)
+class PlanlessTable:
+    """A plan-free call's page table (int32, on q's device): qo_indptr None for decode (one
+    query per request), kv_last_page_len None when every page is full."""
+
+    qo_indptr: torch.Tensor | None
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last_page_len: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class PlanlessOptions:
+    sm_scale: float
+    causal: bool
+    launch: MLALaunch | None = None
+
+
+def _search_block(batch: int) -> int:
+    # Two widths only, so that batch sizes share compiled kernels (as the GQA plan-free calls).
+    return 128 if batch <= 128 else 1024
+
+
+def launch_planless(
+    inputs: MLAInputs,
+    table: PlanlessTable,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scales: KVScales,
+    options: PlanlessOptions,
+) -> None:
+    """The plan-free call on checked inputs: decode (table.qo_indptr None) splits each
+    request's KV in chunks chosen from shapes alone and merges them; otherwise one program
+    per query tile reads the tile's whole (causally trimmed) KV. No host sync."""
+    dev = out.device
+    batch = table.kv_indptr.numel() - 1
+    if not use_kernels(dev):
+        ref_o, ref_lse = _reference(
+            inputs,
+            {
+                "qo_indptr": table.qo_indptr,
+                "kv_indptr": table.kv_indptr,
+                "kv_indices": table.kv_indices,
+                "kv_last_page_len": table.kv_last_page_len,
+            },
+            options.sm_scale,
+            options.causal,
+            scales,
+        )
+        out.copy_(ref_o)
+        lse.copy_(ref_lse)
+        return
+    total_q, h, d_ckv = inputs.q_nope.shape
+    if batch == 0 or total_q == 0:
+        return
+    page_size = inputs.ckv_cache.shape[1]
+    itemsize = inputs.ckv_cache.element_size()
+    decode = table.qo_indptr is None
+    how = options.launch if options.launch is not None else DEFAULT_LAUNCH
+    block_m = block_m_for(h if decode else min(total_q * h, 64), options.launch)
+    tactic = how.tactic if how.tactic is not None else default_tactic(block_m, itemsize)
+    limits = platform.device_limits(dev)
+    sm_count = plan_sm_count(limits, options.launch)
+    if decode:
+        tiles = -(-h // block_m)
+        per_sm = ctas_per_sm(
+            tactic,
+            block_m,
+            d_ckv,
+            inputs.q_pe.shape[-1],
+            itemsize,
+            limits.shared_memory_per_block,
+            how.max_ctas_per_sm,
+        )
+        chunk, programs = planless_chunk(
+            batch,
+            table.kv_indices.numel() * page_size,
+            tiles,
+            sm_count * per_sm,
+            max(tactic.block_n, 16),
+            min_chunk(batch * tiles, sm_count),
+        )
+        # One fp32 allocation for the partial outputs and LSEs (row j belongs to program j).
+        partial = torch.empty(programs * h * (d_ckv + 1), dtype=torch.float32, device=dev)
+        partial_o = partial[: programs * h * d_ckv].view(programs, h, d_ckv)
+        partial_lse = partial[programs * h * d_ckv :].view(programs, h)
+        merge_info = torch.empty(batch, 3, dtype=torch.int32, device=dev)
+        grid = (programs, tiles)
+    else:
+        chunk = 0
+        programs = -(-total_q * h // block_m) + batch
+        partial_o, partial_lse, merge_info = out, lse, table.kv_indptr  # unused
+        grid = (programs, 1)
+    arr = scales.ckv_arr
+    mla_planless_kernel[grid](
+        inputs.q_nope,
+        inputs.q_pe,
+        inputs.ckv_cache,
+        inputs.kpe_cache,
+        arr if arr is not None else lse,  # read only with SCALE_GROUPS
+        table.qo_indptr if table.qo_indptr is not None else table.kv_indptr,
+        table.kv_indptr,
+        table.kv_last_page_len if table.kv_last_page_len is not None else table.kv_indptr,
+        table.kv_indices,
+        out,
+        lse,
+        partial_o,
+        partial_lse,
+        merge_info,
+        batch,
+        chunk,
+        *_strides(inputs, scales, out),
+        h,
+        options.sm_scale * LOG2E,
+        float(scales.ckv),
+        float(scales.kpe),
+        D_CKV=d_ckv,
+        D_KPE=inputs.q_pe.shape[-1],
+        PAGE_SIZE=page_size,
+        BLOCK_M=block_m,
+        BLOCK_N=tactic.block_n,
+        BLOCK_B=_search_block(batch),
+        CAUSAL=options.causal and not decode,
+        SCALE_MODE=scales.mode,
+        DECODE=decode,
+        HAS_LAST=table.kv_last_page_len is not None,
+        num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
+    )
+    # Nothing can be split when one chunk holds every token the page table could describe.
+    if decode and programs - batch > 1:
+        merge_partials(partial_o, partial_lse, merge_info, out, lse, sm_count=sm_count)

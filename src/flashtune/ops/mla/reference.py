@@ -1,0 +1,84 @@
+"""The reference of paged MLA attention in plain PyTorch (float32 math): the contract the
+kernels, the tests, the CPU path and the schema's Definitions (schema.py) share.
+
+Self-contained (it uses only `math` and `torch`), since its source is emitted into the
+Definitions as their reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["mla_paged_ref"]
+
+
+@torch.no_grad()
+def mla_paged_ref(
+    q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None,
+    kv_last_page_len=None, kv_len_arr=None, causal=True, ckv_scale=None, kpe_scale=None,
+    ckv_scale_arr=None,
+):  # fmt: skip
+    """Multi-head Latent Attention over a paged latent cache; returns (output, lse).
+
+    q_nope [total_q, H, Dc], q_pe [total_q, H, Dp]; ckv_cache [num_pages, page_size, Dc],
+    kpe_cache [num_pages, page_size, Dp]. Request b's pages are kv_indices[kv_indptr[b] :
+    kv_indptr[b + 1]] and its queries rows qo_indptr[b] : qo_indptr[b + 1] (None: one query
+    per request, decode). Its KV length: kv_len_arr[b] (FlashInfer's plan), else full pages
+    but the last, which holds kv_last_page_len[b] tokens, else full pages.
+    Logit of query row i, head h, key t: sm_scale * (q_nope . ckv[t] + q_pe . kpe[t]); the
+    output is the softmax-weighted sum of ckv. Causal: the queries are the last qo_len
+    tokens of the request, query i sees keys t <= kv_len - qo_len + i. A query that sees no
+    key gets output 0 and LSE -inf. lse [total_q, H] float32 is base 2 (log2 of the sum of
+    exp of the logits). fp8 caches: real = stored * ckv_scale (or ckv_scale_arr
+    [num_pages, page_size, Dc // 128], one scale per token and 128 channels) and
+    stored * kpe_scale.
+    """
+    total_q, num_heads, head_dim_ckv = q_nope.shape
+    page_size = ckv_cache.shape[1]
+    batch = kv_indptr.shape[0] - 1
+    device = q_nope.device
+    if qo_indptr is None:
+        qo_indptr = torch.arange(batch + 1, device=device)
+    output = torch.zeros(total_q, num_heads, head_dim_ckv, dtype=q_nope.dtype, device=device)
+    lse = torch.full((total_q, num_heads), -math.inf, dtype=torch.float32, device=device)
+    ckv = ckv_cache.to(torch.float32)
+    kpe = kpe_cache.to(torch.float32)
+    if ckv_scale_arr is not None:
+        groups = ckv_scale_arr.shape[-1]
+        ckv = ckv.unflatten(-1, (groups, head_dim_ckv // groups))
+        ckv = (ckv * ckv_scale_arr.to(torch.float32)[..., None]).flatten(-2)
+    elif ckv_scale is not None:
+        ckv = ckv * ckv_scale
+    if kpe_scale is not None:
+        kpe = kpe * kpe_scale
+    for b in range(batch):
+        qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        ps, pe = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        if kv_len_arr is not None:
+            kv_len = int(kv_len_arr[b])
+        elif pe == ps:
+            kv_len = 0
+        elif kv_last_page_len is not None:
+            kv_len = (pe - ps - 1) * page_size + int(kv_last_page_len[b])
+        else:
+            kv_len = (pe - ps) * page_size
+        if qe == qs or kv_len == 0:
+            continue
+        pages = kv_indices[ps:pe].to(torch.long)
+        kc = ckv[pages].flatten(0, 1)[:kv_len]  # [kv_len, Dc]
+        kp = kpe[pages].flatten(0, 1)[:kv_len]  # [kv_len, Dp]
+        qn = q_nope[qs:qe].to(torch.float32)  # [qo_len, H, Dc]
+        qp = q_pe[qs:qe].to(torch.float32)  # [qo_len, H, Dp]
+        logits = torch.einsum("qhd,kd->qhk", qn, kc) + torch.einsum("qhd,kd->qhk", qp, kp)
+        logits = logits * sm_scale
+        if causal:
+            last_key = torch.arange(qe - qs, device=device) + (kv_len - (qe - qs))
+            keys = torch.arange(kv_len, device=device)
+            logits = logits.masked_fill((keys[None, :] > last_key[:, None])[:, None, :], -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)  # [qo_len, H], natural log
+        p = torch.exp(logits - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
+        output[qs:qe] = torch.einsum("qhk,kd->qhd", p, kc).to(q_nope.dtype)
+        lse[qs:qe] = row_lse / math.log(2.0)
+    return output, lse
