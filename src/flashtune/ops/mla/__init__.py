@@ -223,7 +223,8 @@ class _PlanFreeOp(ApiOp):
     """The schema's view of the plan-free calls (their arguments are the Definition's)."""
 
     def __init__(self, fn: Any, decode: bool) -> None:
-        super().__init__(fn, self.schema_for, list(MLA_SCHEMAS.values()))
+        mine = [s for key, s in MLA_SCHEMAS.items() if (key[0] == "decode") == decode]
+        super().__init__(fn, self.schema_for, mine)
         self.decode = decode
 
     def schema_for(self, *args: Any, **kwargs: Any) -> OpSchema:
