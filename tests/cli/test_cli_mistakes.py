@@ -164,10 +164,10 @@ def test_ctrl_c_says_how_far_and_how_to_resume(monkeypatch: pytest.MonkeyPatch) 
         app, ["run", "--devices", "cpu", "--definitions", "rmsnorm_h4096", "-q"], env=WIDE
     )
     assert result.exit_code == 130
-    assert "interrupted after 2 of 5 triples" in result.stderr
-    assert "`--resume` continues" in result.stderr
+    assert "interrupted by SIGINT after 2 of 5 triples" in result.stderr
+    assert "`flashtune run --resume` continues" in result.stderr
 
 
 def test_counted_message_without_a_total() -> None:
     count = Counted()
-    assert "interrupted after 0 triples" in count.interrupted_message(Path("out"))
+    assert "by SIGTERM after 0 triples" in count.interrupted_message(Path("out"), "SIGTERM")

@@ -51,6 +51,11 @@ class BenchConfig:
     # nvcc builds of 15-60 s a kernel) do their work. It gets its own limit, so a cold
     # compile cache is not charged to the run's `timeout`, which starts after it.
     first_call_timeout: float = 900.0
+    # ... as long as they make progress: a first call that for `hang_timeout` seconds in a
+    # row runs no child process (a compiler) and uses (almost) no CPU is hanging, and is
+    # killed then (bench/sandbox.py's HangWatch; 0: never). The bundled dataset's first
+    # calls on the CPU took 0.3 s at most (2 cores), and a compile uses a CPU or a child.
+    hang_timeout: float = 60.0
 
     def for_device(self, device: torch.device) -> BenchConfig:
         """Fill unset fields. CPU defaults are small: the CPU run of the bundled dataset must

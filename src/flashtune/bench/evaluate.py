@@ -67,6 +67,7 @@ except ImportError:  # pragma: no cover - until the data layer defines it
 
 from flashtune.bench.checked_timing import MAX_SETS, derive_seed, timing_from_samples
 from flashtune.bench.sandbox import (
+    HangWatch,
     Sandbox,
     SandboxDied,
     SandboxJob,
@@ -417,8 +418,8 @@ def _evaluate_one(
         verdict, timing, marks = _drive(sandbox, definition, wl, cfg, timeout, sol.name)
     except _Failed as exc:
         failure = (exc.status, exc.reason, exc.verdict)
-    except _FirstCallTimeout:
-        why = (
+    except _FirstCallTimeout as exc:  # the hang rule's reason, else the long limit's
+        why = str(exc) or (
             f"{sol.name} did not finish its import, setup and first call (where kernels "
             f"compile) within {cfg.first_call_timeout:g} s; its process was killed"
         )
@@ -572,17 +573,23 @@ def _drive(
     compilation), then `timeout` for the rest (checks, timing); the worker's own time spent
     checking is not charged to the solution."""
     deadline = time.monotonic() + cfg.first_call_timeout
+    watch = HangWatch(sandbox, cfg.hang_timeout)  # a first call that hangs ends sooner
     verdict: Verdict | None = None
     phases: set[str] = set()
     marks: dict[str, float] = {}
     samples = _Samples(wl, cfg, solution, sandbox.job.shared_sets)
     while True:
+        wait = max(0.0, deadline - time.monotonic())
         try:
-            kind, payload = sandbox.receive(max(0.0, deadline - time.monotonic()))
+            kind, payload = sandbox.receive(wait if "first" in phases else watch.wait(wait))
         except SandboxTimeout:
-            if "first" not in phases:
+            if "first" in phases:
+                raise
+            if time.monotonic() >= deadline:
                 raise _FirstCallTimeout from None
-            raise
+            if watch.hanging():
+                raise _FirstCallTimeout(watch.reason(solution)) from None
+            continue
         if kind == "status":
             status = _STATUS_FROM_CHILD.get(payload.get("status"), EvaluationStatus.RUNTIME_ERROR)
             reason = str(payload.get("reason"))

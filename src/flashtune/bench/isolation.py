@@ -72,6 +72,7 @@ __all__ = [
     "become_reaper",
     "reap_strays",
     "kill_tree",
+    "kill_descendants",
     "send_with_fds",
     "set_fd_channel",
     "PassedFd",
@@ -190,6 +191,14 @@ def _below(table: list[tuple[int, int, int, int]], roots: Iterable[int]) -> set[
 def kill_tree(pid: int) -> None:
     """SIGKILL `pid`'s descendants, then `pid` (a few rounds: they may fork meanwhile). Its
     descendants first: orphans of a dead process move to init, out of sight."""
+    kill_descendants(pid)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def kill_descendants(pid: int) -> None:
+    """SIGKILL every process below `pid` (stopped ones too), in a few rounds: they may fork
+    meanwhile, and a subreaper `pid` (the worker) adopts the orphans of those killed."""
     for _ in range(4):
         victims = _below(process_table(), [pid])
         for victim in victims:
@@ -197,8 +206,6 @@ def kill_tree(pid: int) -> None:
                 os.kill(victim, signal.SIGKILL)
         if not victims:
             break
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
 
 
 def reap_strays() -> list[int]:

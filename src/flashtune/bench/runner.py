@@ -239,6 +239,11 @@ class WorkerPool(Protocol):
         """Stop the workers (they save their autotune caches)."""
         ...
 
+    def abort(self) -> None:
+        """The run is stopping (a signal, a failure): kill every worker and what it started,
+        now, from the main thread while `execute` may still be running in others."""
+        ...
+
     def notes(self) -> list[str]:
         """Closing lines about the workers (a cluster: triples per node, lost workers)."""
         ...
@@ -286,7 +291,7 @@ class LocalPool:
             return make_trace(task.definition.name, task.workload, sol, status, env, why, why)
 
         def feed(worker: Worker) -> None:
-            while True:
+            while not worker.aborted:
                 try:
                     task = work.get_nowait()
                 except queue.Empty:
@@ -301,12 +306,15 @@ class LocalPool:
         feeders = [threading.Thread(target=feed, args=(w,), daemon=True) for w in self.workers]
         for thread in feeders:
             thread.start()
-        for thread in feeders:
-            thread.join()
+        _join(feeders)
 
     def stop(self) -> None:
         for w in self.workers:
             w.stop()
+
+    def abort(self) -> None:
+        for w in self.workers:
+            w.abort()
 
     def notes(self) -> list[str]:
         return []
@@ -322,7 +330,33 @@ def run_benchmark(
 ) -> RunResult:
     """Evaluate the selected triples of `opts.datasets` on `pool` (default: `opts.devices` of
     this host); return the traces. `on_start` gets the number of triples to evaluate once it
-    is known (before the first)."""
+    is known (before the first).
+
+    Whatever interrupts it (a stop signal's exception in the caller's main thread, at any
+    moment, a failure to start), the pool is aborted before the exception goes on: every
+    worker process and what it started are killed, and no trace is recorded from then on
+    (a triple cut short by the stop is not a result; `--resume` runs it again). What was
+    recorded before stays in the trace files."""
+    if pool is None:
+        pool = LocalPool(opts.devices, opts.autotune_cache)
+    stopped = threading.Event()
+    try:
+        return _run(opts, console, progress, on_trace, on_start, pool, stopped)
+    except BaseException:
+        stopped.set()  # first: the failures the kill below causes are not recorded
+        pool.abort()
+        raise
+
+
+def _run(
+    opts: RunOptions,
+    console: Any,
+    progress: bool,
+    on_trace: Callable[[Trace], None] | None,
+    on_start: Callable[[int], None] | None,
+    pool: WorkerPool,
+    stopped: threading.Event,
+) -> RunResult:
     # The runner holds the trace files: no solution may ptrace it or write its memory.
     harden_harness()
     started = time.perf_counter()
@@ -352,8 +386,6 @@ def run_benchmark(
         "autotune": opts.autotune,
         "run_started": run_started,  # for platform.snapshot(device, run_started)
     }
-    if pool is None:
-        pool = LocalPool(opts.devices, opts.autotune_cache)
     display = RunProgress(0, console, progress, per_node=pool.per_node)
     display.say(f"starting the workers; traces go to {out / 'traces'}")
     environments = pool.start(worker_options)
@@ -422,6 +454,8 @@ def run_benchmark(
     lock = threading.Lock()
 
     def record(trace: Trace) -> None:
+        if stopped.is_set():
+            return
         if trace.evaluation is not None:  # the run's start, whatever the worker put there
             trace.evaluation.environment = {
                 **trace.evaluation.environment,
@@ -475,12 +509,20 @@ def _start_all(workers: Sequence[Worker]) -> None:
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
 
-    threads = [threading.Thread(target=start, args=(w,)) for w in workers]
+    # Daemons: a stop signal must not wait for a start to end (the abort kills the worker).
+    threads = [threading.Thread(target=start, args=(w,), daemon=True) for w in workers]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    _join(threads)
     if errors:
         for w in workers:
             w.kill()
         raise errors[0]
+
+
+def _join(threads: Sequence[threading.Thread]) -> None:
+    """Join, waking twice a second: a signal that the kernel hands to another thread of
+    this process runs its handler (a stop) only when the main thread wakes."""
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.5)

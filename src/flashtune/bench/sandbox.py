@@ -59,7 +59,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing import forkserver
 from typing import Any
 
@@ -86,6 +86,7 @@ __all__ = [
     "forkserver_context",
     "main_hidden",
     "probe_isolation",
+    "HangWatch",
 ]
 
 _LOG_LIMIT = 8000
@@ -128,11 +129,29 @@ def forkserver_context() -> Any:
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload([m.__name__ for m in _PRELOAD])
             # Started now rather than by the first child, with the mark that makes it make
-            # itself non-dumpable as it imports its preloads (bench/isolation.py).
-            with isolation.marked_for_forkserver():
+            # itself non-dumpable as it imports its preloads (bench/isolation.py), and with
+            # a terminal's SIGINT and SIGHUP blocked: sent to the whole foreground process
+            # group, they would interrupt its imports with a traceback (it ignores SIGINT
+            # only once they are done). It keeps them blocked; the runner stops the run, and
+            # its children (a worker, a sandbox) unblock them.
+            with isolation.marked_for_forkserver(), _terminal_signals_blocked():
                 forkserver.ensure_running()
             _CONTEXT = ctx
         return _CONTEXT
+
+
+_TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _terminal_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGHUP blocked in this thread (the processes it starts inherit the mask;
+    in this process they go to another thread, pending ones when the block ends)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINAL_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager
@@ -257,6 +276,30 @@ class Sandbox:
             with contextlib.suppress(OSError):
                 os.kill(p, signum)
 
+    def activity(self) -> tuple[float, int]:
+        """(CPU seconds used so far by the child and the live processes below it, their
+        children's reaped ones included; how many programs it runs: live processes below it
+        with another command line than its own, such as a compiler, not a fork of itself),
+        from /proc: what `HangWatch` calls progress."""
+        pid = self.process.pid
+        if pid is None:
+            return 0.0, 0
+        cpu, running = 0.0, 0
+        own = _cmdline(pid)
+        for p in [pid, *descendants(pid)]:
+            try:
+                with open(f"/proc/{p}/stat", "rb") as f:
+                    text = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            fields = text[text.rfind(")") + 2 :].split()
+            if len(fields) < 15 or fields[0] in ("Z", "X"):  # dead, not yet reaped
+                continue
+            cpu += sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS  # utime .. cstime
+            # Not a fork of itself: the interpreter's sandbox runs in one (sandbox_child.py).
+            running += p != pid and _cmdline(p) != own
+        return cpu, running
+
     def pause(self) -> None:
         """Stop the child and everything it started (SIGSTOP) until `resume`."""
         self._signal_tree(signal.SIGSTOP)
@@ -287,6 +330,64 @@ class Sandbox:
         isolation.reap_strays()
         if self.spec.scratch:
             _remove_tree(self.spec.scratch)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# The hang rule's idea of working: a solution using at least this share of one CPU.
+# A process that sleeps, waits on a lock or on a pipe uses none (measured: 0.00 s of CPU
+# over 10 s for `time.sleep`, with torch imported); Triton's compile, a torch call on
+# the CPU and a GPU synchronization (CUDA spins while it waits) use a whole CPU.
+_BUSY_SHARE = 0.05
+_WATCH_EVERY_S = 1.0
+
+
+class HangWatch:
+    """The first call's hang rule (docs/evaluation.md, "Time limits"). A solution's import,
+    setup and first call get cfg.first_call_timeout, as long as they make progress: while
+    its process runs a child process (a compiler: Triton's ptxas, nvcc, ninja, gcc), or its
+    processes use CPU (Triton's own compile in-process, a slow first call on the CPU). One
+    that does neither for `bound` seconds in a row is hanging (a deadlock, a sleep, a wait
+    on something that never comes) and is killed then, not after the long limit."""
+
+    def __init__(
+        self, sandbox: Sandbox, bound: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.sandbox, self.bound, self.clock = sandbox, bound, clock  # bound <= 0: no rule
+        now = clock()
+        self.progress_at = now
+        self.sampled = (now, sandbox.activity()[0] if bound > 0 else 0.0)
+
+    def wait(self, remaining: float) -> float:
+        """How long to wait for the sandbox's next message (`remaining`: until the first
+        call's limit) before the next look at its processes."""
+        return min(remaining, _WATCH_EVERY_S, self.bound / 4) if self.bound > 0 else remaining
+
+    def hanging(self) -> bool:
+        """Look at the processes now: True once they made no progress for `bound` s."""
+        if self.bound <= 0:
+            return False
+        now = self.clock()
+        cpu, children = self.sandbox.activity()
+        then, cpu_then = self.sampled
+        self.sampled = (now, cpu)
+        if children or cpu - cpu_then >= _BUSY_SHARE * (now - then):
+            self.progress_at = now
+        return now - self.progress_at >= self.bound
+
+    def reason(self, solution: str) -> str:
+        return (
+            f"{solution} hung in its import, setup or first call: for {self.bound:g} s it "
+            f"was not compiling (no child process such as a compiler) and used under "
+            f"{_BUSY_SHARE:.0%} of a CPU; its process was killed (--hang-timeout)"
+        )
 
 
 def _remove_tree(path: str) -> None:

@@ -14,13 +14,23 @@ attributes failures of the worker to the solution that was running:
 - between tasks a health check (a ping that runs a tiny op and a device synchronize) must
   answer, else the worker is replaced.
 The remaining solutions of an interrupted task go to the new worker.
+
+Nothing of a worker outlives its run, however the runner ends: the worker leads a process
+group of its own (a terminal's Ctrl-C and hangup, and `timeout`'s signal to the group, go to
+the runner alone, which ends the workers itself: `Worker.abort`); on SIGTERM, SIGINT or
+SIGHUP, and when the runner dies (SIGKILL included: its end of the worker's lifeline pipe
+closes), the worker kills every process below it, its sandboxes and what they started, and
+exits.
 """
 
 from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import multiprocessing.connection as mpc
 import os
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -82,10 +92,56 @@ def faster_baseline(
 # --------------------------------------------------------------------------- worker side
 
 
-def _worker_main(conn: Any, device_str: str, options: dict[str, Any]) -> None:
-    """Entry point of the worker process."""
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _stay_with_runner(lifeline: Any) -> None:
+    """End this worker and everything below it when the run ends, whatever ends it (the
+    module's docstring). A thread does it, not a signal handler: the main thread may be in
+    a long call (a reference on a big CPU workload) when the signal comes."""
     import contextlib
 
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    for signum in _STOP_SIGNALS:
+        # A handler, so the signal does not kill this process before the thread below has
+        # killed the sandboxes (their children would be left to init); the C-level handler
+        # writes the signal's number to the wakeup fd whatever the main thread is doing.
+        signal.signal(signum, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    # Blocked in the fork server this worker comes from (bench/sandbox.py); pending ones
+    # arrive now, to the handlers above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    watcher = threading.Thread(
+        target=_end_with_run, args=(wake_r, lifeline), name="flashtune-stop-watch", daemon=True
+    )
+    watcher.start()
+
+
+def _end_with_run(wake_r: int, lifeline: Any) -> None:
+    from flashtune.bench import isolation
+
+    exit_code = 1  # the runner is gone: no one reads it
+    watched: list[Any] = [wake_r] if lifeline is None else [wake_r, lifeline]
+    while exit_code == 1:
+        ready = mpc.wait(watched)
+        if lifeline is not None and lifeline in ready:
+            break
+        stop = [n for n in os.read(wake_r, 64) if n in _STOP_SIGNALS]
+        if stop:
+            exit_code = 128 + stop[0]
+    isolation.kill_descendants(os.getpid())
+    os._exit(exit_code)
+
+
+def _worker_main(conn: Any, device_str: str, options: dict[str, Any], lifeline: Any = None) -> None:
+    """Entry point of the worker process. `lifeline`: the reading end of a pipe whose
+    writing end only the runner holds (it ends the worker when it closes)."""
+    import contextlib
+
+    _stay_with_runner(lifeline)
     if "environ" in options:  # the runner's environment, not the fork server's
         os.environ.clear()
         os.environ.update(options["environ"])
@@ -224,6 +280,9 @@ class Worker:
         self.process: Any = None
         self.conn: Any = None
         self.restarts = 0
+        self._lifeline: Any = None  # the writing end, held here only (`_worker_main`)
+        self._lock = threading.Lock()
+        self.aborted = False
 
     # lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -235,17 +294,25 @@ class Worker:
         # started.
         ctx = forkserver_context()
         parent, child = ctx.Pipe(duplex=True)
+        lifeline, self._lifeline = ctx.Pipe(duplex=False)
         options = {**self.options, "environ": dict(os.environ)}
         self.process = ctx.Process(
             target=_worker_main,
-            args=(child, self.device, options),
+            args=(child, self.device, options, lifeline),
             name=f"flashtune-worker-{self.device}",
             daemon=True,
         )
-        with main_hidden():
-            self.process.start()
-        child.close()
         self.conn = parent
+        with self._lock:  # against `abort` from another thread: it kills what started
+            if not self.aborted:
+                with main_hidden():
+                    self.process.start()
+        child.close()
+        lifeline.close()
+        if self.process.pid is None:
+            self.process = None
+            self.kill()
+            raise WorkerError(f"worker for {self.device}: the run is stopping")
         if not parent.poll(_STARTUP_TIMEOUT_S):
             self.kill()
             raise WorkerError(f"worker for {self.device} did not start in {_STARTUP_TIMEOUT_S} s")
@@ -269,7 +336,22 @@ class Worker:
             self.process.join(10)
         if self.conn is not None:
             self.conn.close()
-        self.process, self.conn = None, None
+        if self._lifeline is not None:
+            self._lifeline.close()
+        self.process, self.conn, self._lifeline = None, None, None
+
+    def abort(self) -> None:
+        """The run is stopping (a signal): SIGKILL the worker's whole tree now, from any
+        thread, and never start it again. The thread feeding it then sees it die (and gets
+        WorkerError if it tries to restart it); nothing it records counts any more."""
+        with self._lock:
+            self.aborted = True
+            process = self.process
+        pid = process.pid if process is not None else None
+        if pid is not None:
+            from flashtune.bench.isolation import kill_tree
+
+            kill_tree(pid)
 
     def restart(self) -> None:
         self.kill()

@@ -7,6 +7,10 @@ apply.py, traces.py), mounted here by plain imports; this module holds the datas
 
 from __future__ import annotations
 
+# First, before the imports below take their seconds (torch): from here on a stop signal
+# ends the program cleanly (flashtune/cli/stopping.py), not with a traceback.
+from flashtune.cli import stopping  # isort: skip
+
 import json
 import logging
 import sys
@@ -307,8 +311,12 @@ e2e.register(app)
 
 
 def main() -> None:
+    stopping.install()
     try:
-        app()
+        with stopping.guarded():
+            app()
+    except stopping.Stopped as stop:
+        stopping.finish(stop.signum)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)

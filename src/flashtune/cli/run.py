@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from flashtune.cli import stopping
 from flashtune.cli.common import (
     bundled_dataset,
     dataset_roots,
@@ -74,7 +75,15 @@ def run_command(
     first_call_timeout: float = typer.Option(
         900.0,
         "--first-call-timeout",
-        help="seconds for a solution's import, setup and first call (JIT compilation)",
+        help="seconds for a solution's import, setup and first call (JIT compilation), while "
+        "they make progress: a compiler runs as its child process, or it uses CPU; one that "
+        "does neither for --hang-timeout seconds in a row is killed then as hanging",
+    ),
+    hang_timeout: float = typer.Option(
+        60.0,
+        "--hang-timeout",
+        help="seconds a solution's import, setup and first call may go without compiling "
+        "(no child process) or using CPU before it is killed as hanging (0: never)",
     ),
     warmup: Optional[int] = typer.Option(
         None, "--warmup", help="minimum warm-up calls (GPU 10 and >= 25 ms, CPU 1)"
@@ -214,6 +223,7 @@ def run_command(
             max_rel_norm=max_rel_norm,
             max_abs=max_abs,
             first_call_timeout=first_call_timeout,
+            hang_timeout=hang_timeout,
             seed=seed,
         ),
         resume=resume,
@@ -224,6 +234,9 @@ def run_command(
         autotune_cache=autotune_cache,
     )
     count = Counted()
+    # A stop signal at any moment from here on (bench/runner.py aborts the workers; then
+    # flashtune/cli/stopping.py prints this and exits with 128 + its number).
+    stopping.set_last_words(lambda signal: count.interrupted_message(out, signal))
     pool = None if ray is None else RayPool(ray, autotune_cache=autotune_cache)
     try:
         result = run_benchmark(
@@ -238,8 +251,8 @@ def run_command(
         fail(str(exc))
     except UnsafePathError as exc:  # --out holds a link leading outside it: nothing ran
         fail(str(exc), code=2)
-    except KeyboardInterrupt:
-        err_console.print(count.interrupted_message(out), highlight=False)
+    except KeyboardInterrupt:  # a program that runs this command without flashtune's handlers
+        err_console.print(count.interrupted_message(out, "SIGINT"), highlight=False)
         raise typer.Exit(130) from None
     for error in result.load_errors:
         warn(f"{error} (skipped)")

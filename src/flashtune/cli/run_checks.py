@@ -170,11 +170,11 @@ class Counted:
     def trace(self, trace: Trace) -> None:
         self.done += 1
 
-    def interrupted_message(self, out: Path) -> str:
+    def interrupted_message(self, out: Path, signal: str) -> str:
         of = f" of {self.total}" if self.total is not None else ""
         return (
-            f"interrupted after {self.done}{of} triples (their traces are in {out}); "
-            "`--resume` continues where this run stopped"
+            f"interrupted by {signal} after {self.done}{of} triples; traces so far in {out}; "
+            "`flashtune run --resume` continues"
         )
 
 

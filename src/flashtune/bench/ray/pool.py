@@ -201,6 +201,7 @@ class RayPool:
         self._done: dict[str, int] = {}  # host -> triples the workers there streamed back
         self._failed: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._aborted = False
 
     # lifecycle -----------------------------------------------------------------
     def start(self, options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -264,6 +265,19 @@ class RayPool:
             self._session.__exit__(None, None, None)
             self._session = None
         self._ray = None
+
+    def abort(self) -> None:
+        """Kill the worker actors now, without waiting (each actor's worker then kills its
+        sandboxes: its lifeline to the actor's process closes), and replace none of them."""
+        self._aborted = True
+        ray = self._ray
+        if ray is None:
+            return
+        for slot in self.slots:
+            try:
+                ray.kill(slot.actor)
+            except Exception:  # noqa: BLE001 - a lost actor is what abort wants
+                pass
 
     def notes(self) -> list[str]:
         """Triples and failures per node, then what happened to the workers."""
@@ -389,7 +403,7 @@ class RayPool:
         assert self._ray is not None
         ray = self._ray
         ray.kill(slot.actor)  # unavailable is not always dead: make sure it holds nothing
-        if slot.replaced:
+        if slot.replaced or self._aborted:
             return False
         slot.replaced = True
         actor = self._spawn(slot.index)

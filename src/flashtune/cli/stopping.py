@@ -1,0 +1,121 @@
+"""Clean stops of the `flashtune` program on SIGTERM, SIGINT and SIGHUP, at any moment.
+
+`timeout`, systemd, Kubernetes and Slurm end a program with SIGTERM; a terminal sends
+SIGINT (Ctrl-C) and SIGHUP (hangup) to its whole foreground process group. Whenever one
+comes, the program
+- ends every process it started: `flashtune run`'s workers, their sandboxes and what those
+  started (bench/runner.py aborts the pool as the stop unwinds it), then whatever is left
+  below this process (multiprocessing's fork server and resource tracker);
+- keeps the traces finished so far (each was appended as a whole line when it finished);
+- prints one line on stderr (for `flashtune run`: how many triples were traced, where, and
+  that `flashtune run --resume` continues), and no traceback;
+- exits with 128 + the signal's number: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP).
+
+Importing this module in the program itself (`python -m flashtune.cli`, the `flashtune`
+script: flashtune/cli/__init__.py imports it before anything slow) installs the handlers.
+Until `main` runs its command (the imports take seconds: torch) a signal ends the program at
+once: nothing has started that needs ending. While the command runs (`guarded`) the first
+signal raises `Stopped` in the main thread, which unwinds what runs (the runner's abort) up
+to `main`, which calls `finish`; a second one finishes at once. A program that merely
+imports flashtune.cli (the tests, through typer's CliRunner) keeps its own handlers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import NoReturn
+
+from flashtune.bench.isolation import kill_descendants
+
+__all__ = ["STOP_SIGNALS", "Stopped", "install", "guarded", "set_last_words", "finish"]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+    """A stop signal, raised in the main thread while `guarded`. A BaseException, as
+    KeyboardInterrupt is: `except Exception` clauses on its way let it through."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_raising = False  # inside `guarded`, until a first signal
+_started = False  # `guarded` was entered: the command runs
+_last_words: Callable[[str], str] | None = None
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
+    global _raising
+    if _raising:
+        _raising = False  # the next one finishes at once
+        raise Stopped(signum)
+    finish(signum)
+
+
+def install() -> None:
+    """Handle the stop signals as the module's docstring says (main thread only)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _handle)
+
+
+@contextmanager
+def guarded() -> Iterator[None]:
+    """Around the command: a first stop signal raises `Stopped` in it."""
+    global _raising, _started
+    _raising = _started = True
+    try:
+        yield
+    finally:
+        _raising = False
+
+
+def set_last_words(words: Callable[[str], str]) -> None:
+    """What `finish` prints, from the signal's name (`flashtune run`: its triples so far)."""
+    global _last_words
+    _last_words = words
+
+
+def finish(signum: int) -> NoReturn:
+    """End the program for stop signal `signum`: kill every process below this one, print
+    the last words on stderr, exit with 128 + `signum` (no atexit handler, no traceback)."""
+    for other in STOP_SIGNALS:  # a signal now (a second Ctrl-C) leaves at once
+        signal.signal(other, lambda n, _: os._exit(128 + n))
+    kill_descendants(os.getpid())
+    name = signal.Signals(signum).name
+    if _last_words is not None:
+        line = _last_words(name)
+    elif _started:
+        line = f"interrupted by {name}"
+    else:
+        line = f"interrupted by {name} while starting; nothing ran"
+    for stream in (sys.stdout, sys.stderr):
+        try:  # what was printed before the stop, as far as it got
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a broken pipe, a write this signal cut short
+            pass
+    try:
+        os.write(2, f"flashtune: {line}\n".encode())
+    except OSError:
+        pass
+    os._exit(128 + signum)
+
+
+def _is_program() -> bool:
+    """Whether this process is the flashtune program, not one that imports flashtune.cli:
+    `python -m flashtune.cli` while Python imports the package to run (its argv[0] is then
+    "-m"), or the `flashtune` script."""
+    argv = list(getattr(sys, "orig_argv", []))
+    if sys.argv[:1] == ["-m"] and "-m" in argv:
+        return argv[argv.index("-m") + 1 :][:1] == ["flashtune.cli"]
+    return os.path.basename(sys.argv[0]) == "flashtune"
+
+
+if _is_program():
+    install()
