@@ -31,6 +31,7 @@ __all__ = [
     "plan_sm_count",
     "smem_bytes",
     "ctas_per_sm",
+    "REGISTERS_PER_SM",
     "min_chunk",
     "latency_regime",
     "next_pow2",
@@ -50,30 +51,52 @@ class MLATactic:
     num_stages: int
 
     @staticmethod
-    def space(block_m: int) -> list[MLATactic]:
-        """The tactics worth trying for tiles of `block_m` rows: the [block_m, 512] fp32
-        accumulator takes block_m * 4 registers a thread at 4 warps, so tall tiles need 8."""
-        return [t for t in TACTICS if block_m <= 32 or t.num_warps == 8]
+    def space(
+        block_m: int,
+        kv_itemsize: int = 2,
+        head_dims: tuple[int, int] = (512, 64),
+        smem_limit: int = 227 * 1024,
+    ) -> list[MLATactic]:
+        """The tactics whose tiles fit one program's shared memory (`smem_bytes`)."""
+        return [
+            t
+            for t in TACTICS
+            if smem_bytes(t, block_m, head_dims[0], head_dims[1], kv_itemsize) <= smem_limit
+        ]
 
 
 TACTICS: tuple[MLATactic, ...] = tuple(
-    MLATactic(bn, nw, ns) for bn in (16, 32, 64) for nw in (4, 8) for ns in (1, 2, 3)
+    MLATactic(bn, nw, ns) for bn in (32, 64, 128) for nw in (4, 8, 16) for ns in (2, 3, 4)
 )
 
 
-def default_tactic(block_m: int, kv_itemsize: int = 2) -> MLATactic:
-    """The tactic used when the tuner has nothing better (tactic -1).
+# The default tactics, best first: the first whose tiles fit (`smem_bytes`) is taken.
+# 8 warps: at 4 the [block_m, 512] fp32 accumulator and the q tile take all 255 registers
+# and spill (56 spills at 64-token tiles). 64-token tiles, 3 stages: two tiles in flight
+# while one is computed (H100, 16 heads, page 64: b128 x 8k 406 us, 2.97 TB/s, vs 589 us for
+# 64/4/2; b16 x 4k 42 us vs 59; b1 x 16k 21 us vs 27). Taller tiles need smaller KV tiles.
+_DEFAULTS = (
+    MLATactic(64, 8, 3),
+    MLATactic(64, 8, 2),
+    MLATactic(32, 8, 3),
+    MLATactic(32, 8, 2),
+    MLATactic(32, 4, 2),
+)
 
-    block_m: rows per program; kv_itemsize: bytes per cache element (1: fp8)."""
-    if block_m >= 64:
-        # [64, 512] fp32 accumulator: 128 registers a thread at 8 warps; short KV tiles keep
-        # the score tile and the staged ckv tile small.
-        return MLATactic(block_n=32, num_warps=8, num_stages=2)
-    if block_m >= 32:
-        return MLATactic(block_n=32, num_warps=8, num_stages=2)
-    # 16 rows (one decode request of 16 heads): wide KV tiles amortize the per-tile softmax;
-    # an fp8 tile is half the shared memory, so a third stage fits.
-    return MLATactic(block_n=64, num_warps=4, num_stages=3 if kv_itemsize == 1 else 2)
+
+def default_tactic(
+    block_m: int,
+    kv_itemsize: int = 2,
+    head_dims: tuple[int, int] = (512, 64),
+    smem_limit: int = 227 * 1024,
+) -> MLATactic:
+    """The tactic used when the tuner has nothing better (tactic -1): the first of the
+    measured defaults whose tiles fit `smem_limit` (block_m: rows per program; kv_itemsize:
+    bytes per cache element, 1 for fp8)."""
+    for tactic in _DEFAULTS:
+        if smem_bytes(tactic, block_m, head_dims[0], head_dims[1], kv_itemsize) <= smem_limit:
+            return tactic
+    return _DEFAULTS[-1]
 
 
 @dataclass(frozen=True)
@@ -81,8 +104,8 @@ class MLALaunch:
     """How an MLA call launches, when the caller fixes it rather than the defaults.
 
     tactic: the kernel's tactic for every call of the plan (None: the autotuner's pick, else
-    `default_tactic`). block_m: query rows (token x head pairs) per program, 16..128, a power
-    of two (None: `block_m_for` of the longest request). max_ctas_per_sm: the most persistent
+    `default_tactic`). block_m: query rows (token x head pairs) per program, 16, 32 or 64
+    (None: `block_m_for` of the longest request). max_ctas_per_sm: the most persistent
     CTAs per SM. sm_count: the SMs to plan for (None: the device's)."""
 
     tactic: MLATactic | None = None
@@ -101,7 +124,7 @@ INTERPRETER_SM_COUNT = 2
 # (16 heads: 32 KB, ~28 tokens), plus the prologue (q load) and the epilogue.
 WORK_COST = CostModel(qo=1.0, kv=1.0, fixed=48.0)
 
-BLOCK_M_CHOICES = (16, 32, 64, 128)
+BLOCK_M_CHOICES = (16, 32, 64)
 
 
 def next_pow2(n: int) -> int:
@@ -131,18 +154,24 @@ def plan_sm_count(limits: DeviceLimits, launch: MLALaunch | None = None) -> int:
 def smem_bytes(
     tactic: MLATactic, block_m: int, head_dim_ckv: int, head_dim_kpe: int, kv_itemsize: int
 ) -> int:
-    """Shared memory of one program: the buffered ckv + kpe tiles (stages - 1 copies, staged
-    in the cache's dtype), the q tiles and the probability tile (q's dtype, 2 bytes)."""
+    """Shared memory of one program as Triton 3.6 allocates it on sm_90 (measured: 16 rows
+    64/8/3 168 KB, 32/4/2 55 KB; 64 rows 64/8/3 288 KB): the buffered ckv + kpe tiles
+    (stages - 1 copies, in the cache's dtype), the q tiles (twice from 32 rows up: the MMA
+    operand and its staging) and the probability tile (q's dtype, 2 bytes)."""
     width = head_dim_ckv + head_dim_kpe
-    kv_tile = tactic.block_n * width * kv_itemsize
+    q_tiles = block_m * width * 2 * (2 if block_m >= 32 else 1)
+    rest = q_tiles + block_m * tactic.block_n * 2 + 2048
     if kv_itemsize == 1:
-        kv_tile += tactic.block_n * width * 2  # the tile converted to q's dtype for the MMA
-    return (
-        max(tactic.num_stages - 1, 1) * kv_tile
-        + block_m * width * 2
-        + block_m * tactic.block_n * 2
-        + 1024
-    )
+        # An fp8 tile is loaded to registers, converted, and staged once in q's dtype for the
+        # MMAs (16 rows: 64/8/2 86 KB, 64/8/3 90 KB, 128/8/2 122 KB measured).
+        return tactic.block_n * width * 2 + rest
+    return max(tactic.num_stages - 1, 1) * tactic.block_n * width * kv_itemsize + rest
+
+
+# Registers a thread of the MLA kernel at block_m 16, head_dim_ckv 512 (sm_90, Triton 3.6):
+# 255 at 4 warps (spilling), 157-218 at 8 warps; taller tiles take at least as many.
+_REGISTERS = {4: 255, 8: 216}
+REGISTERS_PER_SM = 65536
 
 
 def ctas_per_sm(
@@ -154,14 +183,16 @@ def ctas_per_sm(
     smem_per_sm: int,
     max_ctas: int,
 ) -> int:
-    """Persistent CTAs per SM: as many as fit in `smem_per_sm` bytes, at most `max_ctas`.
+    """Persistent CTAs per SM: as many as fit in `smem_per_sm` bytes and in the register
+    file, at most `max_ctas`.
 
-    The plan balances its work over all CTAs assuming they run at once (a grid larger than
-    what is resident would run in waves). Registers bound it too: a [64, 512] fp32
-    accumulator over 8 warps is 128 registers a thread, so two such CTAs fill the register
-    file; hence the default of at most 2."""
+    The plan balances its work over all CTAs assuming they run at once: a grid larger than
+    what is resident runs in waves (H100, b128 x 8k: 32/8/2 planned for 2 CTAs an SM took
+    765 us, for 1 CTA 724 us; it holds 157 registers a thread, so one CTA of 8 warps fills
+    an SM's register file past half)."""
     need = smem_bytes(tactic, block_m, head_dim_ckv, head_dim_kpe, kv_itemsize)
-    return max(1, min(max_ctas, smem_per_sm // need))
+    regs = _REGISTERS.get(tactic.num_warps, 255) * 32 * tactic.num_warps
+    return max(1, min(max_ctas, smem_per_sm // need, REGISTERS_PER_SM // regs))
 
 
 def latency_regime(num_tiles: int, sm_count: int) -> bool:

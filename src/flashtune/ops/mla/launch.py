@@ -234,7 +234,11 @@ class MLAPagedRunner(TunableRunner):
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         if inputs[0].device.type != "cuda":
             return []
-        return list(MLATactic.space(inputs[4].block_m))
+        plan: MLAPlan = inputs[4]
+        p = plan.params
+        smem = platform.device_limits(inputs[0].device).shared_memory_per_block
+        dims = (p.head_dim_ckv, p.head_dim_kpe)
+        return list(MLATactic.space(plan.block_m, p.kv_dtype.itemsize, dims, smem))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         q_nope, q_pe, ckv, kpe, plan, out, lse = inputs[:7]
@@ -313,8 +317,9 @@ def launch_planless(
     decode = table.qo_indptr is None
     how = options.launch if options.launch is not None else DEFAULT_LAUNCH
     block_m = block_m_for(h if decode else min(total_q * h, 64), options.launch)
-    tactic = how.tactic if how.tactic is not None else default_tactic(block_m, itemsize)
     limits = platform.device_limits(dev)
+    dims = (d_ckv, inputs.q_pe.shape[-1])
+    tactic = how.tactic or default_tactic(block_m, itemsize, dims, limits.shared_memory_per_block)
     sm_count = plan_sm_count(limits, options.launch)
     if decode:
         tiles = -(-h // block_m)

@@ -317,7 +317,9 @@ class MLAPlanner:
                 )
         else:
             block_m = block_m_for(max_rows, launch)
-            tactic = how.tactic if how.tactic is not None else default_tactic(block_m, itemsize)
+            dims = (params.head_dim_ckv, params.head_dim_kpe)
+            smem = limits.shared_memory_per_block
+            tactic = how.tactic or default_tactic(block_m, itemsize, dims, smem)
         per_sm = ctas_per_sm(
             tactic,
             block_m,
