@@ -71,17 +71,21 @@ TACTICS: tuple[MLATactic, ...] = tuple(
 
 
 # The default tactics, best first: the first whose tiles fit (`smem_bytes`) is taken.
-# 8 warps: at 4 the [block_m, 512] fp32 accumulator and the q tile take all 255 registers
-# and spill (56 spills at 64-token tiles). 64-token tiles, 3 stages: two tiles in flight
-# while one is computed (H100, 16 heads, page 64: b128 x 8k 406 us, 2.97 TB/s, vs 589 us for
-# 64/4/2; b16 x 4k 42 us vs 59; b1 x 16k 21 us vs 27). Taller tiles need smaller KV tiles.
-_DEFAULTS = (
-    MLATactic(64, 8, 3),
-    MLATactic(64, 8, 2),
-    MLATactic(32, 8, 3),
-    MLATactic(32, 8, 2),
-    MLATactic(32, 4, 2),
-)
+# Measured on an H100 (16 heads, page 64, benchmarks/bench_mla.py --only sweep...):
+# - 16 rows, bf16: 8 warps (at 4 the [16, 512] fp32 accumulator and the q tile take all 255
+#   registers and spill), 64-token tiles, 3 stages: b128 x 8k 406 us (2.97 TB/s) vs 589 us
+#   for 64/4/2; b16 x 4k 42 us vs 59; b1 x 16k 21 us vs 27.
+# - 16 rows, fp8 e4m3: 128-token tiles over 16 warps, b128 x 8k 496 us (64/8/3: 551 us).
+# - 32 rows (MTP, 2 tokens): 64/8/3 (b32 x 4k, 4 tokens: 167 us; 64/8/2 179, 32/8/3 214).
+# - 64 rows, one tile a request (MTP, 4 tokens): 32/8/3 124 us, 64/8/2 143 us; prefill
+#   (b4 x 1024 queries over 4k): 64/8/2 2.50 ms, 32/8/3 2.75 ms. 16 warps spill at 128
+#   registers a thread and lose everywhere but fp8 (2x slower for prefill).
+_DEFAULTS = {
+    "bf16": (MLATactic(64, 8, 3), MLATactic(64, 8, 2), MLATactic(32, 8, 3), MLATactic(32, 8, 2)),
+    "fp8": (MLATactic(128, 16, 2), MLATactic(64, 8, 3), MLATactic(64, 8, 2)),
+    "short64": (MLATactic(32, 8, 3), MLATactic(32, 8, 2)),
+}
+_FALLBACK = MLATactic(32, 4, 2)
 
 
 def default_tactic(
@@ -89,14 +93,23 @@ def default_tactic(
     kv_itemsize: int = 2,
     head_dims: tuple[int, int] = (512, 64),
     smem_limit: int = 227 * 1024,
+    *,
+    long_queries: bool = True,
 ) -> MLATactic:
     """The tactic used when the tuner has nothing better (tactic -1): the first of the
-    measured defaults whose tiles fit `smem_limit` (block_m: rows per program; kv_itemsize:
-    bytes per cache element, 1 for fp8)."""
-    for tactic in _DEFAULTS:
+    measured defaults whose tiles fit `smem_limit`. block_m: rows per program; kv_itemsize:
+    bytes per cache element (1: fp8); long_queries: some request has more rows than one
+    tile (prefill) rather than one tile each (decode, MTP)."""
+    if kv_itemsize == 1 and block_m == 16:
+        candidates = _DEFAULTS["fp8"]
+    elif block_m == 64 and not long_queries:
+        candidates = _DEFAULTS["short64"]
+    else:
+        candidates = _DEFAULTS["bf16"]
+    for tactic in candidates:
         if smem_bytes(tactic, block_m, head_dims[0], head_dims[1], kv_itemsize) <= smem_limit:
             return tactic
-    return _DEFAULTS[-1]
+    return _FALLBACK
 
 
 @dataclass(frozen=True)

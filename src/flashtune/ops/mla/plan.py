@@ -319,7 +319,10 @@ class MLAPlanner:
             block_m = block_m_for(max_rows, launch)
             dims = (params.head_dim_ckv, params.head_dim_kpe)
             smem = limits.shared_memory_per_block
-            tactic = how.tactic or default_tactic(block_m, itemsize, dims, smem)
+            long_queries = max_rows > block_m
+            tactic = how.tactic or default_tactic(
+                block_m, itemsize, dims, smem, long_queries=long_queries
+            )
         per_sm = ctas_per_sm(
             tactic,
             block_m,
