@@ -197,6 +197,16 @@ def main() -> None:
                 few = [MLATactic(bn, nw, ns) for bn in (32, 64) for nw in (4, 8) for ns in (2, 3)]
                 for b, n, ps in ((128, 8192, 64), (16, 4096, 64), (1, 16384, 64)):
                     bench.sweep(b, n, ps, tactics=None if args.full_sweep else few)
+            elif part == "sweep-reload":
+                few = [
+                    MLATactic(bn, 8, ns, rq)
+                    for bn in (32, 64)
+                    for ns in (2, 3)
+                    for rq in (False, True)
+                ]
+                bench.sweep(32, 4096, 64, qo_len=4, tactics=few, block_m=64)
+                bench.sweep(4, 4096, 64, qo_len=1024, tactics=few, block_m=64)
+                bench.sweep(32, 4096, 64, qo_len=2, tactics=few, block_m=32)
             elif part == "sweep-mtp":
                 few = [MLATactic(bn, nw, ns) for bn in (32, 64) for nw in (8, 16) for ns in (2, 3)]
                 for block_m in (32, 64):

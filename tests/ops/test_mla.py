@@ -335,11 +335,12 @@ def test_launch_choices_are_checked():
     "qo_lens,kv_lens,causal",
     [
         ([1] * 33, [0, 1, 17, 4000, 999] + [300] * 28, True),  # decode, split and merged
-        ([2, 3, 4, 1], [129, 2048, 7, 0], True),  # MTP
+        ([2, 3, 4, 1], [129, 2048, 7, 0], True),  # MTP, 64-row tiles
+        ([2, 1, 2], [300, 5000, 17], True),  # MTP, 32-row tiles (q reloaded per KV tile)
         ([300, 64, 1], [1324, 64, 5000], True),  # prefill over a cached prefix
         ([40, 8], [90, 8], False),
     ],
-    ids=["decode", "mtp", "prefill", "noncausal"],
+    ids=["decode", "mtp", "mtp2", "prefill", "noncausal"],
 )
 def test_gpu_bf16(qo_lens, kv_lens, causal, page_size):
     _, out, lse, (ref_out, ref_lse) = _run_wrapper(

@@ -49,6 +49,9 @@ class MLATactic:
     block_n: int
     num_warps: int
     num_stages: int
+    # Load q for every KV tile instead of keeping the [block_m, 576] tile live across the
+    # loop: registers for tall tiles, at the price of L2 reads.
+    reload_q: bool = False
 
     @staticmethod
     def space(
@@ -57,10 +60,13 @@ class MLATactic:
         head_dims: tuple[int, int] = (512, 64),
         smem_limit: int = 227 * 1024,
     ) -> list[MLATactic]:
-        """The tactics whose tiles fit one program's shared memory (`smem_bytes`)."""
+        """The tactics whose tiles fit one program's shared memory (`smem_bytes`); with
+        32 rows and more, each also with q reloaded for every KV tile."""
+        reload = (False, True) if block_m >= 32 else (False,)
         return [
-            t
+            MLATactic(t.block_n, t.num_warps, t.num_stages, r)
             for t in TACTICS
+            for r in reload
             if smem_bytes(t, block_m, head_dims[0], head_dims[1], kv_itemsize) <= smem_limit
         ]
 
@@ -76,12 +82,14 @@ TACTICS: tuple[MLATactic, ...] = tuple(
 #   registers and spill), 64-token tiles, 3 stages: b128 x 8k 406 us (2.97 TB/s) vs 589 us
 #   for 64/4/2; b16 x 4k 42 us vs 59; b1 x 16k 21 us vs 27.
 # - 16 rows, fp8 e4m3: 128-token tiles over 16 warps, b128 x 8k 496 us (64/8/3: 551 us).
-# - 32 rows (MTP, 2 tokens): 64/8/3 (b32 x 4k, 4 tokens: 167 us; 64/8/2 179, 32/8/3 214).
+# - 32 rows (MTP, 2 tokens), q loaded for every KV tile (the live q tile made it spill):
+#   64/8/3 b32 x 4k 82 us (93 keeping q live; 64/8/2 96, 32/8/3 109).
 # - 64 rows, one tile a request (MTP, 4 tokens): 32/8/3 124 us, 64/8/2 143 us; prefill
 #   (b4 x 1024 queries over 4k): 64/8/2 2.50 ms, 32/8/3 2.75 ms. 16 warps spill at 128
 #   registers a thread and lose everywhere but fp8 (2x slower for prefill).
 _DEFAULTS = {
     "bf16": (MLATactic(64, 8, 3), MLATactic(64, 8, 2), MLATactic(32, 8, 3), MLATactic(32, 8, 2)),
+    "rows32": (MLATactic(64, 8, 3, True), MLATactic(64, 8, 2, True), MLATactic(32, 8, 3)),
     "fp8": (MLATactic(128, 16, 2), MLATactic(64, 8, 3), MLATactic(64, 8, 2)),
     "short64": (MLATactic(32, 8, 3), MLATactic(32, 8, 2)),
 }
@@ -104,6 +112,8 @@ def default_tactic(
         candidates = _DEFAULTS["fp8"]
     elif block_m == 64 and not long_queries:
         candidates = _DEFAULTS["short64"]
+    elif block_m == 32:
+        candidates = _DEFAULTS["rows32"]
     else:
         candidates = _DEFAULTS["bf16"]
     for tactic in candidates:

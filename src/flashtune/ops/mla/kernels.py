@@ -75,6 +75,7 @@ def mla_item(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     SCALE_MODE: tl.constexpr,
+    RELOAD_Q: tl.constexpr,  # load q for every KV tile (L2 hits) instead of keeping it live
 ):
     """One work item: a tile of packed rows of one request against KV [kv_start, kv_end)."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -144,6 +145,15 @@ def mla_item(
         else:
             # An fp8 cache's tile becomes q's dtype here (a no-op when the cache has it).
             c = as_q_dtype(c, q_dtype)
+        if RELOAD_Q:
+            qn = tl.load(
+                q_nope_ptr
+                + tok[:, None] * stride_qnt
+                + head[:, None] * stride_qnh
+                + offs_c[None, :],
+                mask=row_ok[:, None],
+                other=0.0,
+            )
         s = tl.dot(qn, tl.trans(c))  # [BLOCK_M, BLOCK_N] fp32
         if SCALE_MODE == 1:
             s = s * ckv_scale
@@ -154,6 +164,15 @@ def mla_item(
                 other=0.0,
             )
             kp = as_q_dtype(kp, q_dtype)
+            if RELOAD_Q:
+                qp = tl.load(
+                    q_pe_ptr
+                    + tok[:, None] * stride_qpt
+                    + head[:, None] * stride_qph
+                    + offs_k[None, :],
+                    mask=row_ok[:, None],
+                    other=0.0,
+                )
             if SCALE_MODE == 0:
                 s = tl.dot(qp, tl.trans(kp), s)
             else:
@@ -227,6 +246,7 @@ def mla_paged_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     SCALE_MODE: tl.constexpr,
+    RELOAD_Q: tl.constexpr = False,
 ):
     cta = tl.program_id(0)
     w_begin = tl.load(work_indptr_ptr + cta)
@@ -275,6 +295,7 @@ def mla_paged_kernel(
             BLOCK_N,
             CAUSAL,
             SCALE_MODE,
+            RELOAD_Q,
         )
 
 
@@ -324,6 +345,7 @@ def mla_planless_kernel(
     SCALE_MODE: tl.constexpr,
     DECODE: tl.constexpr,  # one query per request, KV split in chunks; else one item a tile
     HAS_LAST: tl.constexpr,
+    RELOAD_Q: tl.constexpr = False,
 ):
     """DECODE: program (j, i) runs chunk j of the flattened (request, chunk) list for the
     request's head tile i. Else: program j runs tile j of the flattened (request, query
@@ -429,4 +451,5 @@ def mla_planless_kernel(
             BLOCK_N,
             CAUSAL,
             SCALE_MODE,
+            RELOAD_Q,
         )

@@ -206,6 +206,7 @@ def launch_kernels(
         SCALE_MODE=scales.mode,
         num_warps=tactic.num_warps,
         num_stages=tactic.num_stages,
+        **({"RELOAD_Q": True} if tactic.reload_q else {}),
     )
     if plan.always_merge or plan.host.has_split:
         # Rows past the merge info (a CUDA-graph wrapper's padding) are left alone.
@@ -386,6 +387,7 @@ def launch_planless(
         HAS_LAST=table.kv_last_page_len is not None,
         num_warps=tactic.num_warps,
         num_stages=tactic.num_stages,
+        **({"RELOAD_Q": True} if tactic.reload_q else {}),
     )
     # Nothing can be split when one chunk holds every token the page table could describe.
     if decode and programs - batch > 1:
