@@ -85,9 +85,10 @@ def _run_wrapper(qo_lens, kv_lens, page_size, causal, dtype, device, *, heads=16
            SCALE, dtype, kv_dtype, fixed_split_size=split, launch=launch)  # fmt: skip
     kwargs = run_kwargs or {}
     out, lse = w.run(q_nope, q_pe, ckv, kpe, return_lse=True, **kwargs)
-    scale_args = {
-        k: v for k, v in kwargs.items() if k in ("ckv_scale", "kpe_scale", "ckv_scale_arr")
-    }
+    scale_args = {}
+    if "kpe_scale" in kwargs:
+        ckv_scale = kwargs.get("ckv_scale_arr", kwargs.get("ckv_scale"))
+        scale_args["kv_scale"] = (ckv_scale, kwargs["kpe_scale"])
     ref = mla_paged_ref(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,
                         qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=causal, **scale_args)  # fmt: skip
     return w, out, lse, ref
@@ -366,7 +367,7 @@ def test_gpu_plan_free_and_fp8(heads):
     out, lse = mla_paged_decode(q_nope, q_pe, *fp8, kv_indptr, kv_indices, SCALE, last,
                                 return_lse=True, options=opts)  # fmt: skip
     ref = mla_paged_ref(q_nope, q_pe, *fp8, kv_indptr, kv_indices, SCALE, kv_last_page_len=last,
-                        ckv_scale=0.5, kpe_scale=1.5)  # fmt: skip
+                        kv_scale=(0.5, 1.5))  # fmt: skip
     _check(out, lse, *ref, torch.bfloat16)
 
 

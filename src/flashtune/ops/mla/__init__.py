@@ -12,8 +12,8 @@ last qo_len tokens; causal lets query i see keys up to kv_len - qo_len + i.
 
 Layout: reference.py (the contract in PyTorch), schema.py (the Definitions), kernels.py
 (Triton), config.py (tactics and launch policy), plan.py (the host plan), launch.py
-(launching, the autotuner's runner, the plan-free launch). docs: the package's section of
-docs/attention.md is still to be written (see the session report).
+(launching, the autotuner's runner, the plan-free launch). docs/mla.md: semantics, API,
+measurements.
 """
 
 from __future__ import annotations

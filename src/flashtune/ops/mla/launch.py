@@ -118,9 +118,9 @@ def _reference(
         inputs.kpe_cache,
         sm_scale=sm_scale,
         causal=causal,
-        ckv_scale=scales.ckv if scales.ckv_arr is None and scales.ckv != 1.0 else None,
-        kpe_scale=scales.kpe if scales.kpe != 1.0 else None,
-        ckv_scale_arr=scales.ckv_arr,
+        kv_scale=None
+        if scales.mode == SCALE_NONE
+        else (scales.ckv_arr if scales.ckv_arr is not None else scales.ckv, scales.kpe),
         **tables,
     )
 

@@ -17,8 +17,7 @@ __all__ = ["mla_paged_ref"]
 @torch.no_grad()
 def mla_paged_ref(
     q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None,
-    kv_last_page_len=None, kv_len_arr=None, causal=True, ckv_scale=None, kpe_scale=None,
-    ckv_scale_arr=None,
+    kv_last_page_len=None, kv_len_arr=None, causal=True, kv_scale=None,
 ):  # fmt: skip
     """Multi-head Latent Attention over a paged latent cache; returns (output, lse).
 
@@ -31,9 +30,9 @@ def mla_paged_ref(
     output is the softmax-weighted sum of ckv. Causal: the queries are the last qo_len
     tokens of the request, query i sees keys t <= kv_len - qo_len + i. A query that sees no
     key gets output 0 and LSE -inf. lse [total_q, H] float32 is base 2 (log2 of the sum of
-    exp of the logits). fp8 caches: real = stored * ckv_scale (or ckv_scale_arr
-    [num_pages, page_size, Dc // 128], one scale per token and 128 channels) and
-    stored * kpe_scale.
+    exp of the logits). fp8 caches: kv_scale = (ckv_scale, kpe_scale), real = stored *
+    scale, where ckv_scale is a float or [num_pages, page_size, Dc // 128] (one scale per
+    token and 128 channels).
     """
     total_q, num_heads, head_dim_ckv = q_nope.shape
     page_size = ckv_cache.shape[1]
@@ -45,13 +44,14 @@ def mla_paged_ref(
     lse = torch.full((total_q, num_heads), -math.inf, dtype=torch.float32, device=device)
     ckv = ckv_cache.to(torch.float32)
     kpe = kpe_cache.to(torch.float32)
-    if ckv_scale_arr is not None:
-        groups = ckv_scale_arr.shape[-1]
-        ckv = ckv.unflatten(-1, (groups, head_dim_ckv // groups))
-        ckv = (ckv * ckv_scale_arr.to(torch.float32)[..., None]).flatten(-2)
-    elif ckv_scale is not None:
-        ckv = ckv * ckv_scale
-    if kpe_scale is not None:
+    if kv_scale is not None:
+        ckv_scale, kpe_scale = kv_scale
+        if isinstance(ckv_scale, torch.Tensor):
+            groups = ckv_scale.shape[-1]
+            ckv = ckv.unflatten(-1, (groups, head_dim_ckv // groups))
+            ckv = (ckv * ckv_scale.to(torch.float32)[..., None]).flatten(-2)
+        else:
+            ckv = ckv * ckv_scale
         kpe = kpe * kpe_scale
     for b in range(batch):
         qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
