@@ -118,7 +118,7 @@ def run_command(
         None,
         "--max-workloads",
         help="at most this many workloads per definition, smallest first (default, a quick "
-        "run: CPU the 2 smallest, GPU 3 spread over the sizes)",
+        "run: CPU the 2 smallest, GPU the smallest and the largest)",
     ),
     all_workloads: bool = typer.Option(
         False, "--all", help="every workload of every definition (no quick-run cap)"
