@@ -45,6 +45,9 @@ __all__ = [
     "clone_inputs",
     "copies_for_cold_l2",
     "cold_l2_sets",
+    "median_ci",
+    "relative_spread",
+    "CI_CONFIDENCE",
 ]
 
 # Bound once, at import: a solution that later replaces `time.perf_counter` does not move
@@ -78,6 +81,8 @@ class Timing:
     trial_medians_ms: the median of each trial (`measure_robust`); `median_ms` is their
     median, and their range says how stable the measurement was.
     fallback: why a CUDA graph was not used, when one was tried and failed.
+    ci_low_ms / ci_high_ms: a distribution-free confidence interval of the median over all
+    samples (`median_ci`), widened to contain `median_ms`; None where not computed.
     """
 
     median_ms: float
@@ -90,6 +95,8 @@ class Timing:
     calls_per_sample: int = 1
     trial_medians_ms: tuple[float, ...] = ()
     fallback: str | None = None
+    ci_low_ms: float | None = None
+    ci_high_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +106,55 @@ class Timing:
         """max - min of the trial medians (0 with a single trial)."""
         t = self.trial_medians_ms
         return (max(t) - min(t)) if len(t) > 1 else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """(ci_low_ms, ci_high_ms), or None."""
+        if self.ci_low_ms is None or self.ci_high_ms is None:
+            return None
+        return (self.ci_low_ms, self.ci_high_ms)
+
+    @property
+    def relative_spread(self) -> float | None:
+        """The interval's larger half-width over the median (0.05: within 5%), or None."""
+        if self.interval is None or self.median_ms <= 0:
+            return None
+        return _half_width(self.median_ms, *self.interval)
+
+
+def _half_width(median: float, low: float, high: float) -> float:
+    return max(median - low, high - median) / median if median > 0 else math.inf
+
+
+# The confidence of the intervals `median_ci` gives (below 6 samples no interval of order
+# statistics reaches it: there it is [min, max], of confidence 1 - 2^(1 - n)).
+CI_CONFIDENCE = 0.95
+
+
+def median_ci(samples: Sequence[float], confidence: float = CI_CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median of `samples`: the order
+    statistics x(k), x(n + 1 - k) with the largest k such that P(Binomial(n, 1/2) < k) <=
+    (1 - confidence) / 2. CPU timings are skewed and often bimodal (descheduled calls): no
+    normal or bootstrap interval is honest at a few samples. [min, max] if no k qualifies."""
+    ordered = sorted(float(x) for x in samples)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no samples")
+    alpha = (1.0 - confidence) / 2
+    k, below = 0, 0.0  # below = P(Binomial(n, 1/2) <= k - 1)
+    while k < n // 2:
+        nxt = below + math.comb(n, k) / 2.0**n
+        if nxt > alpha:
+            break
+        below, k = nxt, k + 1
+    k = max(k, 1)  # 1-based rank of the lower bound
+    return ordered[k - 1], ordered[n - k]
+
+
+def relative_spread(samples: Sequence[float]) -> float:
+    """`Timing.relative_spread` of these samples: the larger half of `median_ci` over the
+    median (inf for a median of 0)."""
+    return _half_width(statistics.median(samples), *median_ci(samples))
 
 
 def l2_bytes(device: torch.device) -> int:
@@ -136,6 +192,7 @@ def _stats(samples_ms: list[float], method: str = "cpu", calls_per_sample: int =
     n = len(samples_ms)
     q1 = samples_ms[n // 4]
     q3 = samples_ms[(3 * n) // 4] if n > 1 else samples_ms[0]
+    low, high = median_ci(samples_ms)
     return Timing(
         median_ms=statistics.median(samples_ms),
         min_ms=samples_ms[0],
@@ -145,6 +202,8 @@ def _stats(samples_ms: list[float], method: str = "cpu", calls_per_sample: int =
         repetitions=n,
         method=method,
         calls_per_sample=calls_per_sample,
+        ci_low_ms=low,
+        ci_high_ms=high,
     )
 
 
@@ -213,7 +272,24 @@ def measure(
         return _sample_events(calls, 1, repetitions, 0.0, max_seconds)
 
 
-def _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds, min_ms: float = 0.0) -> Timing:
+# Samples the spread rule of `_measure_cpu` takes at most (each check sorts them all).
+MAX_SPREAD_SAMPLES = 1000
+
+
+def _measure_cpu(
+    fn,
+    input_sets,
+    warmup,
+    repetitions,
+    max_seconds,
+    min_ms: float = 0.0,
+    spread: float | None = None,
+    spread_seconds: float = 0.0,
+) -> Timing:
+    """perf_counter around each call. With `spread`, sampling goes on past `repetitions`
+    until the median's interval is within `spread` of it (`relative_spread`), for at most
+    `spread_seconds` (and `max_seconds`) in all: a handful of CPU samples of a
+    sub-millisecond op can hold one descheduled call of 100x the rest."""
     for i in range(warmup):
         fn(*input_sets[i % len(input_sets)])
     samples: list[float] = []
@@ -227,7 +303,11 @@ def _measure_cpu(fn, input_sets, warmup, repetitions, max_seconds, min_ms: float
         samples.append((now - start) * 1e3)
         i += 1
         if _enough(now, start_all, deadline, i, repetitions, min_ms):
-            break
+            over = now > deadline or now - start_all >= spread_seconds
+            if spread is None or over or i >= MAX_SPREAD_SAMPLES:
+                break
+            if (i < 64 or i % 16 == 0) and relative_spread(samples) <= spread:
+                break
     return _stats(samples, "cpu")
 
 
@@ -518,6 +598,8 @@ def measure_robust(
     max_calls_per_sample: int = 1000,
     max_seconds: float = 10.0,
     after: AfterTiming | None = None,
+    spread: float | None = None,
+    spread_seconds: float = 0.0,
 ) -> Timing:
     """Time `fn(*args)` reproducibly; return per-call statistics of the median trial.
 
@@ -551,7 +633,9 @@ def measure_robust(
       outside the capture would otherwise time as nothing); without a graph, samples are
       bracketed by device-wide synchronizations (method "device_sync"), so work on every
       stream counts.
-    On the CPU: perf_counter around each call (method "cpu"), same trials and minimums.
+    On the CPU: perf_counter around each call (method "cpu"), same trials and minimums;
+    with `spread`, each trial samples on until its median's 95% interval is within `spread`
+    of it or `spread_seconds` have passed (`_measure_cpu`).
     """
     device = _device_of(args)
     if input_sets is None:
@@ -561,10 +645,8 @@ def measure_robust(
     if device.type != "cuda":
         for i in range(warmup):
             fn(*input_sets[i % len(input_sets)])
-        results = [
-            _measure_cpu(fn, input_sets, 0, max(repetitions, 1), max_seconds, trial_ms)
-            for _ in range(trials)
-        ]
+        rule = (max(repetitions, 1), max_seconds, trial_ms, spread, spread_seconds)
+        results = [_measure_cpu(fn, input_sets, 0, *rule) for _ in range(trials)]
         if after is not None:
             after(None, {})
         return _combine(results)
@@ -687,12 +769,19 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, stream, replays: int = 3) -> float:
 
 
 def _combine(results: list[Timing]) -> Timing:
-    """Median of the trial medians; IQR: the median trial IQR; min/max/mean over all."""
+    """Median of the trial medians; IQR: the median trial IQR; min/max/mean over all; the
+    interval: from the lowest trial's lower bound to the highest trial's upper bound (a
+    disturbance that moved a whole trial widens it)."""
     medians = tuple(r.median_ms for r in results)
     reps = sum(r.repetitions for r in results)
+    median = statistics.median(medians)
+    lows = [r.ci_low_ms for r in results if r.ci_low_ms is not None]
+    highs = [r.ci_high_ms for r in results if r.ci_high_ms is not None]
     return replace(
         results[0],
-        median_ms=statistics.median(medians),
+        ci_low_ms=min([*lows, median]) if lows else None,
+        ci_high_ms=max([*highs, median]) if highs else None,
+        median_ms=median,
         min_ms=min(r.min_ms for r in results),
         max_ms=max(r.max_ms for r in results),
         iqr_ms=statistics.median(r.iqr_ms for r in results),

@@ -151,15 +151,18 @@ def _importable(module: str) -> bool:
         return False
 
 
-def check_requirements(solution: Solution, device: torch.device) -> None:
-    """Raise MissingRequirement saying why `solution` cannot run on `device`."""
+def check_requirements(solution: Solution, device: torch.device, interpret: bool = False) -> None:
+    """Raise MissingRequirement saying why `solution` cannot run on `device`. `interpret`: a
+    Triton solution runs in Triton's interpreter on the CPU (bench/interpreter.py decides
+    when), whatever hardware it targets."""
     spec = solution.spec
     if spec.language not in BUILDABLE_LANGUAGES:
         raise MissingRequirement(
             f"flashtune does not build {spec.language} solutions (it builds "
             f"{', '.join(sorted(BUILDABLE_LANGUAGES))})"
         )
-    if device.type != "cuda":
+    interpreted = interpret and spec.language == "triton"
+    if device.type != "cuda" and not interpreted:
         if spec.language in _GPU_LANGUAGES:
             raise MissingRequirement(f"no CUDA device for a {spec.language} solution")
         hardware = {h.lower() for h in spec.target_hardware}

@@ -16,8 +16,9 @@ sends the next seed. So:
 - the solution sees a sample's values only when the sample is about to run.
 
 This module holds what both sides share: how set seeds derive from a sample seed, how many
-sets a sample calls, the sandbox's sampler, and how the worker turns checked samples into a
-Timing. The worker draws the seeds and owns the verdict (bench/evaluate.py).
+sets a sample calls, the sandbox's sampler, the worker's side of the samples (its seeds, its
+inputs, when to stop) and how the worker turns checked samples into a Timing. The worker
+owns the verdict (bench/evaluate.py).
 """
 
 from __future__ import annotations
@@ -27,16 +28,29 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 import torch
 
-from flashtune.timing import CallRotation, EmptyGraphError, Timing, l2_bytes
+from flashtune.bench.config import BenchConfig
+from flashtune.timing import (
+    CI_CONFIDENCE,
+    CallRotation,
+    EmptyGraphError,
+    Timing,
+    l2_bytes,
+    median_ci,
+    relative_spread,
+)
 
 __all__ = [
     "MAX_SETS",
     "CheckedSampler",
+    "SampledWorkload",
+    "WorkerSamples",
     "derive_seed",
+    "interval_text",
     "sets_per_sample",
     "timing_from_samples",
 ]
@@ -162,7 +176,9 @@ def timing_from_samples(
     samples_ms: Sequence[float], trials: int, method: str, calls_per_sample: int
 ) -> Timing:
     """The worker's Timing from the checked samples: samples split into `trials` consecutive
-    groups; the latency is the median of the groups' medians."""
+    groups; the latency is the median of the groups' medians; its interval is the
+    distribution-free 95% interval of the median of all samples (`timing.median_ci`),
+    widened to contain the latency."""
     samples = [float(s) for s in samples_ms]
     if not samples:
         raise ValueError("no checked sample")
@@ -173,8 +189,10 @@ def timing_from_samples(
     ordered = sorted(samples)
     n = len(ordered)
     iqr = ordered[(3 * n) // 4] - ordered[n // 4] if n > 1 else 0.0
+    median = statistics.median(medians)
+    low, high = median_ci(ordered)
     return Timing(
-        median_ms=statistics.median(medians),
+        median_ms=median,
         min_ms=ordered[0],
         max_ms=ordered[-1],
         iqr_ms=iqr,
@@ -183,4 +201,127 @@ def timing_from_samples(
         method=method,
         calls_per_sample=calls_per_sample,
         trial_medians_ms=medians,
+        ci_low_ms=min(low, median),
+        ci_high_ms=max(high, median),
     )
+
+
+class SampledWorkload(Protocol):
+    """What `WorkerSamples` needs of the worker's workload (bench/evaluate.py)."""
+
+    floats: list[str]
+
+    def sample_seed(self, solution: str, k: int) -> int: ...
+
+    def case(self, sample_seed: int, index: int) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+
+class WorkerSamples:
+    """The worker's side of the timed samples: it draws each sample's seed, makes that
+    sample's inputs and reference outputs before the sample runs (on the CPU it writes the
+    values into the sandbox's shared sets itself), checks every call of the sample (through
+    its caller), keeps the per-call times it will report, and says when to stop (`more`).
+
+    `interpret`: the solution runs in Triton's interpreter (bench/interpreter.py): its
+    samples are checks only, `cfg.interpreter_samples` of them within
+    `cfg.interpreter_seconds`, at least one; `draws` is the number of draws of a sampling op
+    (the worker sets it when it answers the first call)."""
+
+    def __init__(
+        self,
+        wl: SampledWorkload,
+        cfg: BenchConfig,
+        solution: str,
+        shared: list[dict[str, Any]] | None = None,
+        cpu: bool = False,
+        interpret: bool = False,
+    ) -> None:
+        self.wl, self.cfg, self.solution, self.shared = wl, cfg, solution, shared
+        self.cpu, self.interpret = cpu, interpret
+        budget = cfg.budget()
+        self.trials = budget.trials
+        if interpret:
+            self.wanted, self.floor = max(1, cfg.interpreter_samples), 1
+        else:
+            self.wanted = max(1, budget.trials * budget.iterations)
+            self.floor = min(3, self.wanted)
+        self.draws = cfg.sampling_draws
+        self.sets = 0
+        self.method = ""
+        self.fallback: str | None = None
+        self.times_ms: list[float] = []
+        self.cases: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (inputs, reference)
+        self.started = 0.0
+        self.spent = 0.0  # seconds of the worker's own work for the samples
+        self.launches: Any = None  # the interpreter's kernel launches, as the sandbox counted
+
+    def ready(self, payload: dict) -> int:
+        sets, method = payload.get("sets"), payload.get("method")
+        limit = len(self.shared) if self.shared is not None else MAX_SETS
+        if type(sets) is not int or not 1 <= sets <= limit:
+            raise ValueError(f"input sets per sample: {sets!r}")
+        if method not in ("cuda_graph", "device_sync", "cpu"):
+            raise ValueError(f"timing method {method!r}")
+        fallback = payload.get("fallback")
+        self.sets, self.method = sets, method
+        self.fallback = fallback if isinstance(fallback, str) else None
+        self.started = time.monotonic()
+        return self.next_sample()
+
+    def next_sample(self) -> int:
+        """Make the next sample's inputs and reference outputs; return what the sandbox
+        needs to run it: the sample seed, or (shared sets, the values already written into
+        them) the sample's number only."""
+        k = len(self.times_ms)
+        seed = self.wl.sample_seed(self.solution, k)
+        self.cases = [self.wl.case(seed, i) for i in range(self.sets)]
+        if self.shared is None:
+            return seed
+        for target, (inputs, _) in zip(self.shared, self.cases, strict=False):
+            for name in self.wl.floats:
+                target[name].copy_(inputs[name])
+        return k
+
+    def more(self) -> bool:
+        """Another sample? At least `floor` (3; 1 in the interpreter) whatever the caps.
+        Then on a GPU until the budget's samples are checked; on a CPU until the median's
+        95% interval is within `cfg.spread_target` of it (and at least `iterations`
+        samples), `cfg.max_samples`, or `cfg.spread_seconds`; either way no further once the
+        time cap is spent or the worker's own checking (inputs and reference runs: one per
+        timed call) has cost `cfg.max_check_seconds`."""
+        n = len(self.times_ms)
+        if n < self.floor:
+            return True
+        elapsed = time.monotonic() - self.started
+        if self.interpret:
+            return n < self.wanted and elapsed < self.cfg.interpreter_seconds
+        cap = self.cfg.max_seconds * max(1, self.trials)
+        if elapsed >= cap or self.spent >= self.cfg.max_check_seconds:
+            return False
+        if not self.cpu:
+            return n < self.wanted
+        if n >= self.cfg.max_samples or elapsed >= self.cfg.spread_seconds:
+            return False
+        return n < self.wanted or relative_spread(self.times_ms) > self.cfg.spread_target
+
+    def timing(self) -> Timing:
+        timing = timing_from_samples(self.times_ms, self.trials, self.method, self.sets)
+        return replace(timing, fallback=self.fallback)
+
+
+def interval_text(timing: Timing, target: float | None = None) -> str:
+    """'median 0.2 ms, 95% interval [0.19, 0.22] ms (±6.2%) over 40 samples', and
+    '(noisy: above the ±5% target)' when the spread exceeds `target` (for the trace's log).
+    Below 6 samples the interval is [min, max], of confidence 1 - 2^(1 - n) (75% at 3)."""
+    spread, interval, n = timing.relative_spread, timing.interval, timing.repetitions
+    text = f"median {timing.median_ms:.5g} ms"
+    if spread is None or interval is None:
+        return f"{text} over {n} samples (no interval)"
+    level = CI_CONFIDENCE if n >= 6 else 1 - 2.0 ** (1 - n)
+    text += (
+        f", {level:.0%} interval [{interval[0]:.5g}, {interval[1]:.5g}] ms (±{spread:.1%}) "
+        f"over {n} samples"
+    )
+    if target is not None and spread > target:
+        text += f" (noisy: above the ±{target:.0%} target)"
+    return text

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
 import torch
 
-__all__ = ["BenchConfig", "TimingBudget"]
+__all__ = ["BenchConfig", "TimingBudget", "cpu_threads"]
 
 T = TypeVar("T")
 _METHODS = ("auto", "cuda_graph", "cuda_events")
@@ -56,11 +58,37 @@ class BenchConfig:
     # killed then (bench/sandbox.py's HangWatch; 0: never). The bundled dataset's first
     # calls on the CPU took 0.3 s at most (2 cores), and a compile uses a CPU or a child.
     hang_timeout: float = 60.0
+    # CPU timing (the GPU's fixed 3 x 10 samples are steady to a few percent): samples go on
+    # past `iterations` until the median's 95% interval (timing.median_ci) lies within
+    # `spread_target` of it, for at most `spread_seconds` of one solution's samples (worker's
+    # checks included) or `max_samples`; the reference by the same rule, for at most
+    # `reference_spread_seconds`. Four CPU runs of 5 samples once measured one torch rmsnorm
+    # at 0.23, 0.27, 44 and 120 ms.
+    spread_target: float = 0.05
+    spread_seconds: float = 1.0
+    reference_spread_seconds: float = 0.5
+    max_samples: int = 200
+    # Intra-op threads of the CPU's timed calls (warm-up and samples), the solution's (in
+    # its sandbox) and the reference's (in the worker) alike; 0: torch's default. The other
+    # calls (first call, checks, draws) keep torch's default. One: a two-thread op waits at
+    # its barrier for a thread that another process holds off its core, 44-52 ms a call on
+    # the shared two-core machine (measured: a 0.07 ms rmsnorm reference ran at 48 ms for
+    # whole bursts of calls with two threads, never above 1.5 ms with one).
+    cpu_threads: int = 1
+    # A Triton solution on a CPU runs in Triton's interpreter (bench/interpreter.py): checked,
+    # not timed. After its first call it gets `interpreter_samples` checked samples of new
+    # values within `interpreter_seconds` (at least one) and, for a sampling op, that many
+    # seconds of draws at the first call's pace, at least `interpreter_min_draws` (at most
+    # `sampling_draws`): a draw of a 128k-token sampling kernel takes 0.25-1.5 s there.
+    interpreter_samples: int = 1
+    interpreter_seconds: float = 6.0
+    interpreter_min_draws: int = 8
 
     def for_device(self, device: torch.device) -> BenchConfig:
         """Fill unset fields. CPU defaults are small: the CPU run of the bundled dataset must
-        finish in minutes on two cores, and CPU timings are indicative only: 3 checked
-        samples of one call, each costing the worker a reference call. GPU defaults: >= 25
+        finish in minutes on two cores: at least 10 checked samples of one call (fewer when
+        `spread_seconds` runs out first, 3 at least), each costing the worker a reference
+        call, more while the spread is above `spread_target`. GPU defaults: >= 25
         ms of warm-up, 3 trials of 10 checked samples (~1 ms each; bench/checked_timing.py);
         `input_sets` and `trial_ms` size the reference's own timing.
         Sampling checks draw 1000 times on a GPU, 200 on the CPU: a sort-based draw over a
@@ -72,7 +100,7 @@ class BenchConfig:
         return replace(
             self,
             warmup=_or(self.warmup, 10 if gpu else 1),
-            iterations=_or(self.iterations, 10 if gpu else 3),
+            iterations=_or(self.iterations, 10),
             trials=_or(self.trials, 3 if gpu else 1),
             input_sets=_or(self.input_sets, 4 if gpu else 1),
             warmup_ms=_or(self.warmup_ms, 25.0 if gpu else 0.0),
@@ -117,3 +145,17 @@ class TimingBudget:
 
 def _or(value: T | None, default: T) -> T:
     return default if value is None else value
+
+
+@contextmanager
+def cpu_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` inside, restored after (0: unchanged): the
+    CPU's timed calls run with `BenchConfig.cpu_threads`."""
+    before = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads > 0:
+            torch.set_num_threads(before)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from flashtune.bench.build import MissingRequirement, check_requirements, solution_hash
-from flashtune.bench.config import BenchConfig
+from flashtune.bench.config import BenchConfig, cpu_threads
 from flashtune.bench.correctness import (
     Verdict,
     compare_outputs,
@@ -65,7 +65,8 @@ except ImportError:  # pragma: no cover - until the data layer defines it
         pass
 
 
-from flashtune.bench.checked_timing import MAX_SETS, derive_seed, timing_from_samples
+from flashtune.bench.checked_timing import WorkerSamples, derive_seed, interval_text
+from flashtune.bench.interpreter import draws_for, interpreted, interpreted_outcome
 from flashtune.bench.sandbox import (
     HangWatch,
     Sandbox,
@@ -143,22 +144,29 @@ def _time_reference(
     fn: Callable[..., Any], input_sets: list[list[Any]], cfg: BenchConfig, device
 ) -> Timing:
     """The reference is timed briefly (one trial, a smaller budget): it is a readable
-    baseline, often slow (Python loops). Solutions are timed in their sandbox."""
+    baseline, often slow (Python loops). Solutions are timed in their sandbox. On the CPU it
+    is timed as they are: with `cfg.cpu_threads` threads, sampling on until its median's
+    interval is within `cfg.spread_target` of it, for at most `cfg.reference_spread_seconds`
+    (every speedup over it is divided by it)."""
     input_sets = cold_l2_sets(input_sets, device)
     budget = cfg.budget()
-    return measure_robust(
-        fn,
-        input_sets[0],
-        input_sets=input_sets,
-        method=cfg.method(),
-        warmup=min(budget.warmup, 2),
-        warmup_ms=min(budget.warmup_ms, 10.0),
-        repetitions=min(budget.iterations, 3),
-        trial_ms=min(budget.trial_ms, 30.0),
-        trials=1,
-        target_sample_ms=cfg.target_sample_ms,
-        max_seconds=cfg.reference_max_seconds,
-    )
+    cpu = device.type != "cuda"
+    with cpu_threads(cfg.cpu_threads if cpu else 0):
+        return measure_robust(
+            fn,
+            input_sets[0],
+            input_sets=input_sets,
+            method=cfg.method(),
+            warmup=min(budget.warmup, 2),
+            warmup_ms=min(budget.warmup_ms, 10.0),
+            repetitions=min(budget.iterations, 3),
+            trial_ms=min(budget.trial_ms, 30.0),
+            trials=1,
+            target_sample_ms=cfg.target_sample_ms,
+            max_seconds=cfg.reference_max_seconds,
+            spread=cfg.spread_target if cpu else None,
+            spread_seconds=min(cfg.reference_spread_seconds, cfg.reference_max_seconds),
+        )
 
 
 # --------------------------------------------------------------------------- the workload
@@ -385,10 +393,11 @@ def _evaluate_one(
         )
 
     try:
-        check_requirements(sol, wl.device)
+        interpret = interpreted(definition, sol, wl.device)  # a Triton solution on a CPU
+        check_requirements(sol, wl.device, interpret=interpret)
     except MissingRequirement as exc:  # no process needed to know it
         return trace(EvaluationStatus.SKIPPED, str(exc))
-    spec = {
+    spec: dict[str, Any] = {
         "solution": sol.to_json(),
         "device": _indexed(wl.device),
         # The run's seed stays in the worker: with it a solution could derive every sample's
@@ -396,6 +405,8 @@ def _evaluate_one(
         "config": asdict(replace(cfg, seed=0)),
         "roots": wl.roots(),
     }
+    if interpret:  # its own kind of sandbox (a spawned process), never shared with others
+        spec["interpret"] = True
     shared = None
     if wl.device.type == "cpu":
         # Shared memory: the child works on these very tensors, and the worker writes each
@@ -415,7 +426,7 @@ def _evaluate_one(
         log.write(f"sandbox: reused (job {sandbox.jobs + 1} of this process)\n")
     try:
         sandbox.start(job)
-        verdict, timing, marks = _drive(sandbox, definition, wl, cfg, timeout, sol.name)
+        verdict, samples, marks = _drive(sandbox, definition, wl, cfg, timeout, sol.name, interpret)
     except _Failed as exc:
         failure = (exc.status, exc.reason, exc.verdict)
     except _FirstCallTimeout as exc:  # the hang rule's reason, else the long limit's
@@ -441,10 +452,17 @@ def _evaluate_one(
     log.write(sandbox.log())
     if failure is not None:
         pool.discard(sandbox)  # it may be stuck, or hold a broken CUDA context
+        if interpret:  # a failure there may be the interpreter's: say where it ran
+            failure = (failure[0], f"in Triton's interpreter (CPU): {failure[1]}", failure[2])
         return trace(*failure)
     pool.release(sandbox)
     if marks:
         log.write("sandbox: " + ", ".join(f"{k} by {v:.3f} s" for k, v in marks.items()) + "\n")
+    if interpret:  # SKIPPED with a correctness: "correct, not timed" (bench/interpreter.py)
+        reason, text, checked = interpreted_outcome(samples, verdict, wl.stochastic)
+        log.write(text)
+        return trace(EvaluationStatus.SKIPPED, reason, checked)
+    timing = samples.timing()
 
     ref_ms = ref.median_ms
     performance = Performance(
@@ -460,6 +478,8 @@ def _evaluate_one(
         # every one of these samples' calls was checked (bench/checked_timing.py)
         timing_checked_samples=timing.repetitions,
         reference_timing_method=ref.method,
+        latency_ci_ms=timing.interval,
+        reference_latency_ci_ms=ref.interval,
     )
     if baseline is not None:
         performance.baseline_solution, performance.baseline_latency_ms = baseline
@@ -471,6 +491,8 @@ def _evaluate_one(
         f"{timing.repetitions} samples over {len(timing.trial_medians_ms)} trial(s), "
         f"trial medians (ms) {', '.join(f'{t:.5g}' for t in timing.trial_medians_ms)}\n"
     )
+    for who, t in (("solution", timing), ("reference", ref)):
+        log.write(f"timing: {who} {interval_text(t, cfg.spread_target)}\n")
     if timing.fallback:
         log.write(f"timing: not capturable into a CUDA graph ({timing.fallback})\n")
     return trace(EvaluationStatus.PASSED, None, verdict, performance)
@@ -491,74 +513,6 @@ def _indexed(device: torch.device) -> str:
     return str(device)
 
 
-class _Samples:
-    """The worker's side of the timed samples (bench/checked_timing.py): it draws each
-    sample's seed, makes that sample's inputs and reference outputs before the sample runs
-    (on the CPU it writes the values into the sandbox's shared sets itself), checks every
-    call of the sample, and keeps the per-call times it will report."""
-
-    def __init__(
-        self,
-        wl: _Workload,
-        cfg: BenchConfig,
-        solution: str,
-        shared: list[dict[str, Any]] | None = None,
-    ) -> None:
-        self.wl, self.cfg, self.solution, self.shared = wl, cfg, solution, shared
-        budget = cfg.budget()
-        self.wanted = max(1, budget.trials * budget.iterations)
-        self.trials = budget.trials
-        self.sets = 0
-        self.method = ""
-        self.fallback: str | None = None
-        self.times_ms: list[float] = []
-        self.cases: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (inputs, reference)
-        self.started = 0.0
-        self.spent = 0.0  # seconds of the worker's own work for the samples
-
-    def ready(self, payload: dict) -> int:
-        sets, method = payload.get("sets"), payload.get("method")
-        limit = len(self.shared) if self.shared is not None else MAX_SETS
-        if type(sets) is not int or not 1 <= sets <= limit:
-            raise ValueError(f"input sets per sample: {sets!r}")
-        if method not in ("cuda_graph", "device_sync", "cpu"):
-            raise ValueError(f"timing method {method!r}")
-        fallback = payload.get("fallback")
-        self.sets, self.method = sets, method
-        self.fallback = fallback if isinstance(fallback, str) else None
-        self.started = time.monotonic()
-        return self.next_sample()
-
-    def next_sample(self) -> int:
-        """Make the next sample's inputs and reference outputs; return what the sandbox
-        needs to run it: the sample seed, or (shared sets, the values already written into
-        them) the sample's number only."""
-        k = len(self.times_ms)
-        seed = self.wl.sample_seed(self.solution, k)
-        self.cases = [self.wl.case(seed, i) for i in range(self.sets)]
-        if self.shared is None:
-            return seed
-        for target, (inputs, _) in zip(self.shared, self.cases, strict=False):
-            for name in self.wl.floats:
-                target[name].copy_(inputs[name])
-        return k
-
-    def more(self) -> bool:
-        """Another sample: until the budget's samples are checked, the time cap is spent, or
-        the worker's own checking (inputs and reference runs: one per timed call) has cost
-        `cfg.max_check_seconds`; at least 3 samples whatever the caps."""
-        if len(self.times_ms) >= self.wanted:
-            return False
-        if len(self.times_ms) < 3:
-            return True
-        cap = self.cfg.max_seconds * max(1, self.trials)
-        return time.monotonic() - self.started < cap and self.spent < self.cfg.max_check_seconds
-
-    def timing(self) -> Timing:
-        timing = timing_from_samples(self.times_ms, self.trials, self.method, self.sets)
-        return replace(timing, fallback=self.fallback)
-
-
 def _drive(
     sandbox: Sandbox,
     definition: Definition,
@@ -566,18 +520,20 @@ def _drive(
     cfg: BenchConfig,
     timeout: float,
     solution: str,
-) -> tuple[Verdict, Timing, dict[str, float]]:
+    interpret: bool = False,
+) -> tuple[Verdict, WorkerSamples, dict[str, float]]:
     """Follow the sandbox's messages to the end; check every output it sends. Returns the
-    verdict, the timing and the child's phase times; raises _Failed with the first failure.
-    Until the first call's outputs arrive the limit is cfg.first_call_timeout (import, setup,
-    compilation), then `timeout` for the rest (checks, timing); the worker's own time spent
-    checking is not charged to the solution."""
+    verdict, the samples (their timing: `.timing()`) and the child's phase times; raises
+    _Failed with the first failure. Until the first call's outputs arrive the limit is
+    cfg.first_call_timeout (import, setup, compilation), then `timeout` for the rest
+    (checks, timing); the worker's own time spent checking is not charged to the solution."""
     deadline = time.monotonic() + cfg.first_call_timeout
     watch = HangWatch(sandbox, cfg.hang_timeout)  # a first call that hangs ends sooner
     verdict: Verdict | None = None
     phases: set[str] = set()
     marks: dict[str, float] = {}
-    samples = _Samples(wl, cfg, solution, sandbox.job.shared_sets)
+    cpu = wl.device.type != "cuda"
+    samples = WorkerSamples(wl, cfg, solution, sandbox.job.shared_sets, cpu, interpret)
     while True:
         wait = max(0.0, deadline - time.monotonic())
         try:
@@ -613,6 +569,14 @@ def _drive(
                 reply = samples.next_sample() if samples.more() else None
             else:
                 verdict = _check_phase(definition, wl, cfg, phase, payload, samples) or verdict
+                if phase == "first" and interpret and wl.stochastic:
+                    # The interpreter draws for a bounded time (bench/interpreter.py).
+                    samples.draws = reply = draws_for(
+                        payload.get("call_s"),
+                        cfg.interpreter_seconds,
+                        cfg.interpreter_min_draws,
+                        cfg.sampling_draws,
+                    )
             phases.add(str(phase))
             spent = time.monotonic() - checking
             deadline += spent
@@ -623,17 +587,19 @@ def _drive(
             got = payload.get("phases_s") if isinstance(payload, dict) else None
             if isinstance(got, dict):
                 marks = {str(k): v for k, v in got.items() if isinstance(v, float)}
+            if isinstance(payload, dict):
+                samples.launches = payload.get("launches")
             break
         else:
             raise ValueError(f"unknown message {kind!r}")
     needed = {"first", "ready", "sample", "inputs"} | ({"draws"} if wl.stochastic else set())
-    if not needed <= phases or verdict is None or len(samples.times_ms) < min(3, samples.wanted):
+    if not needed <= phases or verdict is None or len(samples.times_ms) < samples.floor:
         missing = sorted(needed - phases) or ["samples"]
         raise _Failed(
             EvaluationStatus.RUNTIME_ERROR,
             f"the solution's process ended before the harness finished ({', '.join(missing)})",
         )
-    return verdict, samples.timing(), marks
+    return verdict, samples, marks
 
 
 def _unstacked_draws(payload: dict, count: int) -> list[Any]:
@@ -651,7 +617,7 @@ def _unstacked_draws(payload: dict, count: int) -> list[Any]:
 
 
 def _check_sample(
-    definition: Definition, wl: _Workload, cfg: BenchConfig, samples: _Samples, payload: dict
+    definition: Definition, wl: _Workload, cfg: BenchConfig, samples: WorkerSamples, payload: dict
 ) -> Verdict | None:
     """One timed sample: its time, and the outputs of every one of its calls, each against
     the reference on the values that call was given."""
@@ -744,18 +710,18 @@ def _check_phase(
     cfg: BenchConfig,
     phase: Any,
     payload: dict,
-    samples: _Samples,
+    samples: WorkerSamples,
 ) -> Verdict | None:
     """The untimed phases: the first call, a stochastic op's draws, the inputs after the
     last sample."""
     if phase == "draws":
-        draws = iter(_unstacked_draws(payload, cfg.sampling_draws))
-        reference_draws = iter(wl.reference_draws(cfg.sampling_draws))
+        draws = iter(_unstacked_draws(payload, samples.draws))
+        reference_draws = iter(wl.reference_draws(samples.draws))
         dist = distribution_check(
             definition,
             lambda: outputs_as_dict(definition, next(draws)),
             lambda: next(reference_draws),
-            draws=cfg.sampling_draws,
+            draws=samples.draws,
             inputs=wl.sets[0],
         )
         if dist.status is not EvaluationStatus.PASSED:

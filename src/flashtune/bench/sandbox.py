@@ -178,7 +178,9 @@ class Sandbox:
         self.spec = spec
         self.jobs = 0
         self._log_offset = 0
-        ctx = forkserver_context()
+        # A sandbox for Triton's interpreter is spawned, a fresh interpreter: the fork
+        # server has imported flashtune's kernels without it (bench/interpreter.py).
+        ctx: Any = mp.get_context("spawn") if spec.interpret else forkserver_context()
         parent, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
             target=child_main, args=(child, spec), name="flashtune-sandbox", daemon=False

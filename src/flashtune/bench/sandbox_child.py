@@ -45,6 +45,10 @@ class SandboxSpec:
     # The sandbox's private folder (bench/isolation.py): the only one it may write; made by
     # the worker, removed when the sandbox closes.
     scratch: str = ""
+    # Run Triton in its interpreter (a Triton solution on a CPU: checked, not timed;
+    # bench/interpreter.py). Only in a process that has imported no kernel yet (a spawned
+    # one, not a fork of the server): TRITON_INTERPRET works when a kernel is decorated.
+    interpret: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ def float_input_names(inputs: Mapping[str, Any]) -> list[str]:
 # The C methods themselves, bound before any solution is imported.
 _fill = torch._C.TensorBase.fill_
 _copy = torch._C.TensorBase.copy_
+_get_threads, _set_threads = torch.get_num_threads, torch.set_num_threads
 
 
 def _poison(t: torch.Tensor) -> None:
@@ -177,7 +182,7 @@ class _Child:
         self.spaces = harness_spaces(sys.modules[__name__], messages)
         self.before = snapshot(self.spaces)
         try:
-            check_requirements(sol, self.device)
+            check_requirements(sol, self.device, interpret=spec.interpret)
             self.fn = build_solution(sol)
         except MissingRequirement as exc:
             self.status("SKIPPED", str(exc))
@@ -189,12 +194,20 @@ class _Child:
         self.check_tamper("import")
         self.mark("import")
         while True:
-            self.run_job(job)
+            done: dict[str, Any] = {"phases_s": self.marks}
+            if spec.interpret:
+                from flashtune.bench.interpreter import count_launches
+
+                with count_launches() as launches:
+                    self.run_job(job)
+                done["launches"] = dict(launches)
+            else:
+                self.run_job(job)
             # An idle sandbox must not keep the GPU memory its job cached: several stay
             # alive, and the worker's next reference and the next sandbox need the room.
             if self.device.type == "cuda":
                 _free_device_memory(self.device)
-            self.send("done", {"phases_s": self.marks})
+            self.send("done", done)
             job = self.next_job()
             self.marks, self.started = {}, time.perf_counter()
 
@@ -284,19 +297,26 @@ class _Child:
         # 1. The first call, on set 0 (it compiles and loads): checked like every other.
         args0 = arg_sets[0]
         _poison_all(args0[len(names) :])
+        called = time.perf_counter()
         with torch.no_grad():
             result = runners[0](*args0)
         sync()
+        call_s = time.perf_counter() - called
         self.check_tamper("first call")
         self.mark("setup + first call")
         first = {"index": 0, "outputs": outputs_of(args0, result), "inputs": inputs_of(args0)}
-        self.send_and_wait("outputs", {"phase": "first", "sets": [first]})
+        # The worker answers with the number of draws a sampling op makes (fewer in the
+        # interpreter, sized from this call's time); None: cfg.sampling_draws.
+        wanted = self.send_and_wait(
+            "outputs", {"phase": "first", "sets": [first], "call_s": call_s}
+        )
         del result, first
 
         if job.stochastic:
             draws = []
+            count = wanted if isinstance(wanted, int) and wanted > 0 else cfg.sampling_draws
             with torch.no_grad():
-                for _ in range(cfg.sampling_draws):
+                for _ in range(count):
                     draws.append(outputs_of(args0, runners[0](*args0)))
                     if dps:  # the next draw must not overwrite this one
                         draws[-1] = {k: v.clone() for k, v in draws[-1].items()}
@@ -309,12 +329,22 @@ class _Child:
             self.send_and_wait("outputs", message)
             del draws, stacked, message
 
-        # 2. Warm-up on set 0, which also sizes the samples.
+        # 2. Warm-up on set 0, which also sizes the samples. On the CPU the warm-up and the
+        # samples run with cfg.cpu_threads intra-op threads (BenchConfig.cpu_threads).
+        threads = _get_threads()
+        if device.type != "cuda" and cfg.cpu_threads > 0:
+            _set_threads(cfg.cpu_threads)
         budget = cfg.budget()
-        with torch.no_grad():
-            per_call_ms = _warm_up(
-                lambda: runners[0](*args0), budget.warmup, budget.warmup_ms, cfg.max_seconds, sync
-            )
+        per_call_ms = 0.0  # sizes GPU samples only; nothing to warm in the interpreter
+        if not self.spec.interpret:
+            with torch.no_grad():
+                per_call_ms = _warm_up(
+                    lambda: runners[0](*args0),
+                    budget.warmup,
+                    budget.warmup_ms,
+                    cfg.max_seconds,
+                    sync,
+                )
         set_bytes = sum(a.numel() * a.element_size() for a in args0 if isinstance(a, torch.Tensor))
         n = sets_per_sample(per_call_ms, set_bytes, device, cfg.target_sample_ms, budget.input_sets)
         while len(arg_sets) < n:
@@ -367,6 +397,7 @@ class _Child:
         # 4. The inputs as the last sample left them: a solution must not write into them.
         sets = [{"index": i, "inputs": inputs_of(arg_sets[i])} for i in range(n)]
         self.send_and_wait("outputs", {"phase": "inputs", "sets": sets})
+        _set_threads(threads)
         self.mark("timing + checks")
         del sampler, calls, sets
 
@@ -422,10 +453,35 @@ def _become_group_leader() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGHUP))
 
 
+def _fork_single_threaded() -> None:
+    """Go on in a fork of this process, which waits for it and ends as it ends (exit status
+    or signal). A spawned sandbox (Triton's interpreter) has imported torch, which starts a
+    thread, and a process of several threads cannot enter a user namespace; a fork has one
+    thread, as a fork of the fork server has. The waiting parent holds nothing of the
+    solution, and the worker kills it with its tree."""
+    pid = os.fork()
+    if pid == 0:
+        return
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
 def child_main(conn: Any, spec: SandboxSpec) -> None:
     # The solution's prints and the harness's tracebacks go to a file the worker reads,
     # also when the child dies. Opened first: it lies outside the scratch folder, the only
     # one the sandbox may write once isolated.
+    if spec.interpret:  # before any kernel is decorated (the solution's import, later)
+        os.environ["TRITON_INTERPRET"] = "1"
+        _fork_single_threaded()
     fd = os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -28,6 +28,7 @@ from flashtune.data.models import (
     VarAxis,
     Workload,
     check_path_component,
+    correct_not_timed,
     metrics_for_status,
 )
 from flashtune.data.reference import compile_reference, outputs_as_dict, run_reference
@@ -70,6 +71,7 @@ __all__ = [
     "check_constraints",
     "check_path_component",
     "compile_reference",
+    "correct_not_timed",
     "evaluate_constraint",
     "metrics_for_status",
     "outputs_as_dict",

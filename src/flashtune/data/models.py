@@ -54,6 +54,7 @@ __all__ = [
     "Performance",
     "Evaluation",
     "metrics_for_status",
+    "correct_not_timed",
     "Trace",
     "dumps",
     "json_value",
@@ -615,16 +616,39 @@ class Performance(_Model):
     # How many timed samples were checked call by call (bench/checked_timing.py).
     timing_checked_samples: int | None = None
     reference_timing_method: str | None = None
+    # The 95% confidence intervals [low, high] of latency_ms and reference_latency_ms (each a
+    # median: `flashtune.timing.median_ci`, order statistics of the samples, so no shape of
+    # the distribution is assumed). The reports claim a speedup only where the intervals do
+    # not overlap (report/tables.py); FlashInfer-Bench ignores these fields.
+    latency_ci_ms: tuple[float, float] | None = None
+    reference_latency_ci_ms: tuple[float, float] | None = None
 
     _absent_when_none: ClassVar[tuple[str, ...]] = ("reference_latency_ms", "speedup_factor")
 
 
 # FlashInfer-Bench's rule, by status: which metrics an evaluation carries (True: must,
-# False: must not). Every other status (errors, TIMEOUT, flashtune's SKIPPED) carries none.
+# False: must not). Every other status (errors, TIMEOUT, flashtune's SKIPPED) carries none,
+# except that flashtune's SKIPPED may carry a correctness (below).
 _METRICS_BY_STATUS: dict[str, tuple[bool, bool]] = {  # status -> (correctness, performance)
     "PASSED": (True, True),
     "INCORRECT_NUMERICAL": (True, False),
 }
+# SKIPPED is flashtune's status (kept in skipped/, where FlashInfer-Bench does not read), so
+# its rule is flashtune's: a SKIPPED evaluation with a correctness is a solution that was
+# checked correct but not timed (a Triton solution run in Triton's interpreter on a CPU,
+# bench/interpreter.py). It is not PASSED because PASSED must carry a performance, and a
+# latency of 0 would rank first in FlashInfer-Bench's `best` and in apply.
+_CORRECTNESS_OPTIONAL = frozenset({"SKIPPED"})
+
+
+def correct_not_timed(evaluation: Evaluation | None) -> bool:
+    """Whether `evaluation` is a solution checked correct but not timed: SKIPPED, with a
+    correctness (its reason says where it was checked)."""
+    return (
+        evaluation is not None
+        and evaluation.status.value in _CORRECTNESS_OPTIONAL
+        and evaluation.correctness is not None
+    )
 
 
 def metrics_for_status(
@@ -637,8 +661,9 @@ def metrics_for_status(
     wants_correctness, wants_performance = _METRICS_BY_STATUS.get(status.value, (False, False))
     if wants_correctness and correctness is None:
         correctness = Correctness()
+    keep = wants_correctness or status.value in _CORRECTNESS_OPTIONAL
     return (
-        correctness if wants_correctness else None,
+        correctness if keep else None,
         performance if wants_performance else None,
     )
 
@@ -678,7 +703,8 @@ class Evaluation(_Model):
                 raise ValueError(
                     f"an evaluation with status {self.status.value} must include {field}"
                 )
-            if present and not want:
+            optional = field == "correctness" and self.status.value in _CORRECTNESS_OPTIONAL
+            if present and not want and not optional:
                 raise ValueError(
                     f"an evaluation with status {self.status.value} must not include {field}"
                 )

@@ -16,6 +16,17 @@ One GPU model, one population: latencies taken on different GPU models (the envi
 averaged together. A pair measured on two models is refused like a timing difference; a
 solution or definition whose results span several models gets "n/a: different GPUs" in place
 of its geomeans, with the models named.
+
+Spread: a trace records the 95% interval of each median it measured (`Performance.
+latency_ci_ms`, `reference_latency_ci_ms`). A latency whose interval reaches further than
+`NOISY_SPREAD` from it is too noisy to rank; a speedup is claimed only where the two
+intervals say so: its own interval (the ratio of the intervals' ends) must lie on one side
+of 1 and span less than `UNCERTAIN_FACTOR`; otherwise it is still shown, flagged
+(`speedup_flag`), never hidden and never claimed. Rankings tie solutions whose intervals
+overlap. Traces without intervals (older runs) are not flagged.
+
+A triple that was checked correct but not timed (a Triton solution in Triton's interpreter
+on a CPU: `flashtune.data.correct_not_timed`) is counted apart from the skipped ones.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 
-from flashtune.data.models import EvaluationStatus, Trace
+from flashtune.data.models import EvaluationStatus, Trace, correct_not_timed
 from flashtune.data.timestamps import recency
 
 __all__ = [
@@ -46,9 +57,25 @@ __all__ = [
     "compare",
     "latest",
     "flagged",
+    "NOISY_SPREAD",
+    "UNCERTAIN_FACTOR",
+    "Interval",
+    "latency_interval",
+    "reference_interval",
+    "spread_of",
+    "ratio_interval",
+    "speedup_flag",
+    "overlap",
 ]
 
 SUSPICIOUS_SPEEDUP = 10.0
+# A latency whose 95% interval reaches further than this from it is too noisy to rank.
+NOISY_SPREAD = 0.10
+# A speedup whose own interval spans more than this factor is flagged as uncertain (the
+# "789x" of a CPU reference timed at 160 ms once, 0.2 ms the next time).
+UNCERTAIN_FACTOR = 2.0
+
+Interval = tuple[float, float]
 TIMING_DIFFERS = "n/a: timing differs"
 GPU_DIFFERS = "n/a: different GPUs"
 
@@ -77,6 +104,64 @@ def unlike(method_a: str | None, method_b: str | None) -> str | None:
     if method_a is not None and method_a == method_b:
         return None
     return f"{TIMING_DIFFERS} ({method_a or 'unknown'} vs {method_b or 'unknown'})"
+
+
+def _interval(value: object) -> Interval | None:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        low, high = value
+        if isinstance(low, (int, float)) and isinstance(high, (int, float)) and 0 < low <= high:
+            return (float(low), float(high))
+    return None
+
+
+def latency_interval(trace: Trace) -> Interval | None:
+    """The 95% interval of the trace's latency (None: not recorded, or not positive)."""
+    perf = trace.evaluation.performance if trace.evaluation else None
+    return _interval(getattr(perf, "latency_ci_ms", None)) if perf is not None else None
+
+
+def reference_interval(trace: Trace) -> Interval | None:
+    perf = trace.evaluation.performance if trace.evaluation else None
+    return _interval(getattr(perf, "reference_latency_ci_ms", None)) if perf else None
+
+
+def spread_of(trace: Trace) -> float | None:
+    """How far the latency's interval reaches from it, relative (0.05: within 5%)."""
+    perf = trace.evaluation.performance if trace.evaluation else None
+    interval = latency_interval(trace)
+    if perf is None or interval is None or perf.latency_ms <= 0:
+        return None
+    ms = perf.latency_ms
+    return max(ms - interval[0], interval[1] - ms) / ms
+
+
+def ratio_interval(slower: Interval | None, faster: Interval | None) -> Interval | None:
+    """The interval of slower / faster from the intervals of both (their far ends)."""
+    if slower is None or faster is None:
+        return None
+    return (slower[0] / faster[1], slower[1] / faster[0])
+
+
+def overlap(a: Interval | None, b: Interval | None) -> bool:
+    """Whether two latencies' intervals overlap (False when either is unknown)."""
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+
+def speedup_flag(interval: Interval | None) -> str | None:
+    """Why a speedup with this interval is not claimed: "within noise" (it reaches both
+    sides of 1: the two latencies' intervals overlap), "uncertain" (it spans more than
+    UNCERTAIN_FACTOR); None: claimed, or no interval to judge by."""
+    if interval is None:
+        return None
+    if interval[0] <= 1.0 <= interval[1]:
+        return "within noise"
+    if interval[1] > UNCERTAIN_FACTOR * interval[0]:
+        return "uncertain"
+    return None
+
+
+def _speedup_note(what: str, value: float, interval: Interval, flag: str) -> str:
+    return f"{what} {value:.3g}x {flag} (95% interval {interval[0]:.3g}x-{interval[1]:.3g}x)"
 
 
 def geomean(values: Iterable[float]) -> float | None:
@@ -124,6 +209,14 @@ class SolutionSummary:
     # Set when the passed results were measured on several GPU models: GPU_DIFFERS with the
     # models; latency and speedups are then None (not one population).
     gpu_reason: str | None = None
+    # The widest relative spread of the passed latencies (None: no interval recorded); the
+    # speedups flagged by their intervals (`speedup_flag`), counted, and the first's note.
+    spread: float | None = None
+    noisy_reference: int = 0
+    noisy_baseline: int = 0
+    noise_reason: str | None = None
+    # SKIPPED triples that were checked correct, not timed (counted in statuses too).
+    correct_untimed: int = 0
 
     @property
     def passed(self) -> int:
@@ -162,6 +255,7 @@ def summarize(traces: Iterable[Trace]) -> list[SolutionSummary]:
     traces = latest(traces)
     best = _best_baseline(traces)
     methods = {(t.definition, t.workload.uuid, t.solution): timing_method(t) for t in traces}
+    intervals = {(t.definition, t.workload.uuid, t.solution): latency_interval(t) for t in traces}
     groups: dict[tuple[str, str], list[Trace]] = defaultdict(list)
     for t in traces:
         groups[(t.definition, t.solution or "")].append(t)
@@ -169,10 +263,12 @@ def summarize(traces: Iterable[Trace]) -> list[SolutionSummary]:
     for (definition, solution), ts in sorted(groups.items()):
         s = SolutionSummary(definition, solution, total=len(ts))
         lat, ref, base = [], [], []
+        spreads: list[float] = []
         for t in ts:
             ev = t.evaluation
             assert ev is not None
             s.statuses[ev.status] += 1
+            s.correct_untimed += correct_not_timed(ev)
             if ev.status is not EvaluationStatus.PASSED and s.reason is None:
                 s.reason = ev.reason
             perf = ev.performance
@@ -183,6 +279,13 @@ def summarize(traces: Iterable[Trace]) -> list[SolutionSummary]:
                     why = unlike(method, getattr(perf, "reference_timing_method", None))
                     if why is None:
                         ref.append(perf.speedup_factor)
+                        span = ratio_interval(reference_interval(t), latency_interval(t))
+                        flag = speedup_flag(span)
+                        if flag is not None and span is not None:
+                            s.noisy_reference += 1
+                            s.noise_reason = s.noise_reason or _speedup_note(
+                                "vs ref", perf.speedup_factor, span, flag
+                            )
                     else:
                         s.excluded_reference += 1
                         s.timing_reason = s.timing_reason or f"vs reference: {why}"
@@ -193,10 +296,21 @@ def summarize(traces: Iterable[Trace]) -> list[SolutionSummary]:
                     why = unlike(method, methods.get(key))
                     if why is None:
                         base.append(perf.speedup_vs_baseline)
+                        span = ratio_interval(intervals.get(key), latency_interval(t))
+                        flag = speedup_flag(span) if perf.baseline_solution != solution else None
+                        if flag is not None and span is not None:
+                            s.noisy_baseline += 1
+                            s.noise_reason = s.noise_reason or _speedup_note(
+                                f"vs {s.baseline}", perf.speedup_vs_baseline, span, flag
+                            )
                     else:
                         s.excluded_baseline += 1
                         s.timing_reason = s.timing_reason or f"vs {s.baseline}: {why}"
                 s.suspicious += flagged(t, best)
+                spread = spread_of(t)
+                if spread is not None:
+                    spreads.append(spread)
+        s.spread = max(spreads, default=None)
         s.gpu_reason = _gpus_differ(
             gpu_model(t)
             for t in ts
@@ -222,6 +336,16 @@ class Ranking:
     # solution -> GPU model it was measured on; `mixed_gpus`: the order compares GPUs, not
     # solutions (renderers then show each entry's GPU).
     gpus: dict[str, str | None] = field(default_factory=dict)
+    # solution -> its latency's 95% interval; solution -> relative spread (entries only).
+    intervals: dict[str, Interval | None] = field(default_factory=dict)
+    spreads: dict[str, float | None] = field(default_factory=dict)
+    # the `failed` solutions that were checked correct but not timed
+    untimed: set[str] = field(default_factory=set)
+
+    def tied(self, i: int) -> bool:
+        """Whether entries i and i + 1 cannot be ordered: their intervals overlap."""
+        a, b = self.entries[i][0], self.entries[i + 1][0]
+        return overlap(self.intervals.get(a), self.intervals.get(b))
 
     @property
     def mixed_timing(self) -> bool:
@@ -259,7 +383,11 @@ def rank(traces: Iterable[Trace]) -> list[Ranking]:
         timing = {t.solution or "": timing_method(t) for t in ok}
         gpus = {t.solution or "": gpu_model(t) for t in ok}
         axes = dict(ts[0].workload.axes)
-        out.append(Ranking(definition, uuid, axes, entries, failed, timing, gpus))
+        ranking = Ranking(definition, uuid, axes, entries, failed, timing, gpus)
+        ranking.intervals = {t.solution or "": latency_interval(t) for t in ok}
+        ranking.spreads = {t.solution or "": spread_of(t) for t in ok}
+        ranking.untimed = {t.solution or "" for t in ts if correct_not_timed(t.evaluation)}
+        out.append(ranking)
     return out
 
 
@@ -275,6 +403,8 @@ class Comparison:
     excluded: int = 0  # workloads where both passed but were timed differently (or unknown)
     reason: str | None = None  # the first exclusion's reason ("n/a: timing differs (...)")
     gpu: str | None = None  # the GPU model of the compared pairs (one per row)
+    # compared pairs whose latencies' intervals overlap: in the geomean, not a speedup
+    within_noise: int = 0
 
 
 def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], float | None]:
@@ -288,6 +418,7 @@ def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], 
     lat: dict[tuple[str, str], dict[str, tuple[str, float, str | None, str | None]]] = defaultdict(
         dict
     )
+    spans: dict[tuple[str, str, str], Interval | None] = {}
     for t in traces:
         ev = t.evaluation
         if ev is None or ev.status is not EvaluationStatus.PASSED or ev.performance is None:
@@ -302,9 +433,11 @@ def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], 
                         timing_method(t),
                         gpu_model(t),
                     )
+                    spans[(t.definition, t.workload.uuid, side)] = latency_interval(t)
     per_def: dict[str, list[tuple[str, str, float, str | None]]] = defaultdict(list)
     refused: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
-    for (definition, _), sides in sorted(lat.items()):
+    noise: Counter = Counter()
+    for (definition, uuid), sides in sorted(lat.items()):
         if "a" in sides and "b" in sides and sides["a"][1] > 0:
             (name_a, ms_a, method_a, gpu_a), (name_b, ms_b, method_b, gpu_b) = (
                 sides["a"],
@@ -313,6 +446,11 @@ def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], 
             why = _gpus_differ((gpu_a, gpu_b)) or unlike(method_a, method_b)
             if why is None:
                 per_def[definition].append((name_a, name_b, ms_b / ms_a, gpu_a))
+                a_span, b_span = (
+                    spans.get((definition, uuid, "a")),
+                    spans.get((definition, uuid, "b")),
+                )
+                noise[definition] += overlap(a_span, b_span)
             else:
                 refused[definition].append((name_a, name_b, why))
     for definition, items in list(per_def.items()):
@@ -338,6 +476,7 @@ def compare(traces: Iterable[Trace], a: str, b: str) -> tuple[list[Comparison], 
                 excluded=len(skipped),
                 reason=skipped[0][2] if skipped else None,
                 gpu=items[0][3] if items else None,
+                within_noise=noise[definition] if items else 0,
             )
         )
     if _gpus_differ(r.gpu for r in rows if r.workloads) is not None:
