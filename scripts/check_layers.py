@@ -16,7 +16,9 @@ layer, top to bottom:
 
 Reported:
   (a) private names used across modules: `from m import _x`, `m._x` on an imported module,
-      or a private module imported from outside its package;
+      or a private module imported from outside its package. An op family's package
+      (`flashtune.ops.<family>`, `flashtune.ops.attention.<job>`) is one unit: its modules
+      (kernels, launch, plan, ...) share private names, nothing outside it may use them;
   (b) upward imports: a module importing from a layer above its own;
   (c) import cycles (function-level imports count: they run too; `if TYPE_CHECKING:` ones
       do not);
@@ -275,7 +277,11 @@ class _Visitor(ast.NodeVisitor):
                 return  # the root's constants: not an edge (see the module docstring)
             self._edge(target, node.lineno, tuple(plain))
             for name in plain:
-                if _is_private(name) and target != self.module.name:
+                if (
+                    _is_private(name)
+                    and target != self.module.name
+                    and not _same_family(self.module.name, target, self.modules)
+                ):
                     self.private_imports.append((node.lineno, target, name))
 
     def _absolute(self, node: ast.ImportFrom) -> str | None:
@@ -338,12 +344,32 @@ class _Visitor(ast.NodeVisitor):
                 self.strings.append((node.lineno, value))
 
 
+# Packages whose sub-packages are op families (one unit for private names).
+FAMILY_PARENTS = ("flashtune.ops", "flashtune.ops.attention")
+
+
+def family_of(module: str, modules: dict[str, Module]) -> str | None:
+    """The op-family package `module` belongs to (None: not inside one)."""
+    for parent in sorted(FAMILY_PARENTS, key=len, reverse=True):
+        if not module.startswith(parent + "."):
+            continue
+        family = f"{parent}.{module[len(parent) + 1 :].split('.')[0]}"
+        if family in modules and modules[family].is_package and family not in FAMILY_PARENTS:
+            return family
+    return None
+
+
+def _same_family(a: str, b: str, modules: dict[str, Module]) -> bool:
+    family = family_of(a, modules)
+    return family is not None and family == family_of(b, modules)
+
+
 def _is_constant(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant)
 
 
 def _private_attributes(
-    tree: ast.AST, aliases: dict[str, str], own: str
+    tree: ast.AST, aliases: dict[str, str], own: str, modules: dict[str, Module]
 ) -> Iterator[tuple[int, str]]:
     """`alias._name` where alias is an imported flashtune module (or a dotted chain of them)."""
     for node in ast.walk(tree):
@@ -356,7 +382,7 @@ def _private_attributes(
         if head not in aliases:
             continue
         module = aliases[head] + (f".{rest}" if rest else "")
-        if module != own:
+        if module != own and not _same_family(own, module, modules):
             yield node.lineno, f"{module}.{node.attr}"
 
 
@@ -400,7 +426,7 @@ def check(src: Path = SRC) -> Report:
                 Finding("private", module.name, rel, line, f"imports private module {target}")
             )
         module_aliases = {k: v for k, v in visitor.aliases.items() if v in modules}
-        for line, dotted in _private_attributes(tree, module_aliases, module.name):
+        for line, dotted in _private_attributes(tree, module_aliases, module.name, modules):
             report.findings.append(Finding("private", module.name, rel, line, f"uses {dotted}"))
         for line, message in visitor.dynamic:
             if "computed name" in message and not visitor.strings:
