@@ -188,3 +188,37 @@ def test_cpu_run_checks_triton_solutions_in_the_interpreter(tmp_path: Path) -> N
     # Written to skipped/ (FlashInfer-Bench does not read it) and read back as such.
     back = {t.solution: t.evaluation for t in Dataset(out).all_traces()}
     assert correct_not_timed(back["triton_good"])
+
+
+@pytest.mark.slow  # a spawned sandbox, sampling kernels in the interpreter: ~10 s
+@needs_triton
+def test_flashtune_sampler_is_correct_not_timed_in_the_interpreter() -> None:
+    """flashtune's own Triton sampler (the bundled solution's code) at a small vocabulary:
+    its first call, a sample of new values and its draws checked in the interpreter."""
+    from flashtune.bench.evaluate import evaluate_workload
+    from flashtune.cli.common import bundled_dataset
+    from flashtune.data import Workload
+
+    bundled = Dataset(bundled_dataset())
+    name = "top_k_sampling_from_probs_v128256"
+    (definition,) = [d for d in bundled.find_definitions() if d.name == name]
+    record = definition.to_dict()
+    record["name"] = "top_k_sampling_from_probs_v1024"
+    record["axes"]["vocab_size"]["value"] = 1024
+    small = Definition.model_validate(record)
+    (solution,) = [s for s in bundled.solutions_for(name) if s.name.startswith("flashtune@")]
+    solution = solution.model_copy(update={"definition": small.name})
+    cfg = BenchConfig(interpreter_seconds=1.0, interpreter_min_draws=20)
+    events = evaluate_workload(
+        small,
+        Workload(uuid="w", axes={"batch_size": 2}),
+        [solution],
+        cfg,
+        CPU,
+        platform.snapshot("cpu"),
+    )
+    (trace,) = [t for kind, t in events if kind == "trace"]
+    ev = trace.evaluation
+    assert ev is not None and correct_not_timed(ev), ev and ev.reason
+    assert ev.reason is not None and "20 draws checked by distribution" in ev.reason
+    assert "sampling_kernel" in ev.reason  # flashtune's Triton kernel, interpreted
