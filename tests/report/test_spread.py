@@ -10,6 +10,7 @@ from rich.console import Console
 
 from _gemm_traces import gemm_trace
 from flashtune.data import Correctness, EvaluationStatus, Trace
+from flashtune.report.html import render_html
 from flashtune.report.render import comparison_table, ranking_table, summary_table
 from flashtune.report.tables import (
     compare,
@@ -103,6 +104,8 @@ def test_rank_ties_overlapping_results_and_shows_untimed() -> None:
     assert "≈  b" in text and ">  c" in text
     assert "interp: correct, not timed" in text
     assert spread_of(traces[0]) == pytest.approx(0.1)
+    page = render_html(traces, {})
+    assert "&asymp; b" in page and "interp (correct, not timed)" in page
 
 
 def test_compare_counts_pairs_within_noise() -> None:

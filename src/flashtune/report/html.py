@@ -366,14 +366,24 @@ def _ranking_table(rankings: Sequence[Ranking]) -> str:
     for r in rankings:
         axes = ", ".join(f"{k}={v}" for k, v in r.axes.items())
         mixed = r.mixed_timing  # not like for like: say how each was timed
-        ranking = " &gt; ".join(
+        parts = [
             f"{_e(n)} {ms:.4f} ms"
+            + (f" ±{r.spreads[n]:.0%}" if r.spreads.get(n) is not None else "")
             + (f" ({_e(r.timing.get(n) or 'timing unknown')})" if mixed else "")
             + (" <b>(&gt;10x: review)</b>" if f else "")
             for n, ms, f in r.entries
+        ]
+        # &asymp;: the two intervals overlap, so their order is not claimed (report/tables.py)
+        ranking = "".join(
+            p + ((" &asymp; " if r.tied(i) else " &gt; ") if i + 1 < len(parts) else "")
+            for i, p in enumerate(parts)
         )
         failed = ", ".join(f"{_e(n)}: {_e(s)}" for n, s in r.failed if s != "SKIPPED")
-        skipped = ", ".join(_e(n) for n, s in r.failed if s == "SKIPPED")
+        skipped = ", ".join(
+            _e(n) + (" (correct, not timed)" if n in r.untimed else "")
+            for n, s in r.failed
+            if s == "SKIPPED"
+        )
         rows.append(
             f"<tr><td>{_e(axes)}</td><td>{ranking}</td><td class='bad'>{failed}</td>"
             f"<td class='dim'>{skipped}</td></tr>"
