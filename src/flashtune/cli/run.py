@@ -89,7 +89,10 @@ def run_command(
         None, "--warmup", help="minimum warm-up calls (GPU 10 and >= 25 ms, CPU 1)"
     ),
     iterations: Optional[int] = typer.Option(
-        None, "--iterations", help="minimum timed samples per trial (GPU 10 and >= 100 ms, CPU 5)"
+        None,
+        "--iterations",
+        help="minimum timed samples per trial (GPU 10 and >= 100 ms; CPU 10, then more until "
+        "the median's 95% interval is within 5% or 1 s is spent)",
     ),
     trials: Optional[int] = typer.Option(
         None, "--trials", help="timing trials, median reported (GPU 3, CPU 1)"
