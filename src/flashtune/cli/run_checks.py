@@ -220,6 +220,7 @@ def _selected(opts: RunOptions) -> set[str]:
 def print_closing(result: RunResult, opts: RunOptions, out: Path, console: Any) -> None:
     """The table per definition and solution, the counts, and where the traces are."""
     from flashtune.bench import isolation
+    from flashtune.data import correct_not_timed
     from flashtune.report.render import summary_table
     from flashtune.report.tables import latest, summarize
 
@@ -232,6 +233,8 @@ def print_closing(result: RunResult, opts: RunOptions, out: Path, console: Any) 
     counts: dict[str, int] = {}
     for t in latest(traces):
         status = t.evaluation.status.value if t.evaluation else "?"
+        if correct_not_timed(t.evaluation):  # a Triton solution checked in the interpreter
+            status = "correct, not timed"
         counts[status] = counts.get(status, 0) + 1
     breakdown = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
     if opts.resume:
