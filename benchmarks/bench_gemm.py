@@ -45,8 +45,10 @@ from common import GEMM_EXTRA_MNK as EXTRA  # noqa: E402
 from common import RowWriter, Selection, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune.ops import gemm as G  # noqa: E402
-from flashtune.ops import gemm_kernels  # noqa: E402
+from flashtune.ops.gemm import launch as L  # noqa: E402
+from flashtune.ops.gemm.config import SMALL_M  # noqa: E402
 from flashtune.timing import copies_for_cold_l2, measure  # noqa: E402
+from flashtune.tune import TunableRunner  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # H100 SXM dense bf16
 DTYPE = torch.bfloat16
@@ -61,14 +63,14 @@ def shapes(quick: bool) -> list[tuple[int, int, int]]:
     if quick:
         out = [s for s in out if s[1] in (4096, 128, 57344, 11008, 1024)]
     # Decode shapes first: they carry the target that needs a real kernel win.
-    return sorted(dict.fromkeys(out), key=lambda s: (s[0] > G.SMALL_M, s[0], s[1], s[2]))
+    return sorted(dict.fromkeys(out), key=lambda s: (s[0] > SMALL_M, s[0], s[1], s[2]))
 
 
-def candidates(M: int, N: int, K: int, dev: torch.device) -> list[tuple[G.TunableRunner, object]]:
+def candidates(M: int, N: int, K: int, dev: torch.device) -> list[tuple[TunableRunner, object]]:
     A = torch.empty((M, K), device="meta", dtype=DTYPE)
     B = torch.empty((N, K), device="meta", dtype=DTYPE)
-    out: list[tuple[G.TunableRunner, object]] = []
-    for runner in (G.TritonSmallMRunner(), G.TritonTiledRunner()):
+    out: list[tuple[TunableRunner, object]] = []
+    for runner in (L.TritonSmallMRunner(), L.TritonTiledRunner()):
         # Tactics come from the runner's own pruned list; the device limits come from dev.
         tactics = runner.get_valid_tactics([_on(A, dev), _on(B, dev)], None)
         out += [(runner, t) for t in tactics]
@@ -93,7 +95,7 @@ def precompile(dev: torch.device, all_shapes: list[tuple[int, int, int]]) -> flo
     """Compile every (runner, config) once on tiny inputs with the real shapes' specialization
     (N, K multiples of 16, K divisible by every BLOCK_K, unit inner strides), in threads:
     Triton compiles outside the GIL for the most part (ptxas is a subprocess)."""
-    seen: dict[tuple, tuple[G.TunableRunner, object]] = {}
+    seen: dict[tuple, tuple[TunableRunner, object]] = {}
     for M, N, K in all_shapes:
         for runner, t in candidates(M, N, K, dev):
             # split_k is a runtime argument: configs that differ only in it share a binary.
@@ -102,20 +104,20 @@ def precompile(dev: torch.device, all_shapes: list[tuple[int, int, int]]) -> flo
     A = torch.randn(16, 1024, device=dev, dtype=DTYPE)
     B = torch.randn(64, 1024, device=dev, dtype=DTYPE)
 
-    def job(item: tuple[G.TunableRunner, object]) -> None:
+    def job(item: tuple[TunableRunner, object]) -> None:
         runner, t = item
         runner.forward([A, B, None], t)
 
     start = time.perf_counter()
-    gemm_kernels.split_k_counters(dev, 1)  # allocate once, outside the threads
+    L.split_k_counters(dev, 1)  # allocate once, outside the threads
     with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
         list(pool.map(job, seen.values()))
     torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def _is_split(runner: G.TunableRunner, index: int) -> bool:
-    return index == (4 if isinstance(runner, G.TritonTiledRunner) else 3)
+def _is_split(runner: TunableRunner, index: int) -> bool:
+    return index == (4 if isinstance(runner, L.TritonTiledRunner) else 3)
 
 
 def time_fn(fn, sets, est_ms: float) -> float:
@@ -139,14 +141,14 @@ def _inputs(M: int, N: int, K: int, dev: torch.device, generator: torch.Generato
     B = torch.randn(N, K, device=dev, dtype=DTYPE, generator=generator) * 0.05
     copies = copies_for_cold_l2([A, B], dev)
     sets = [[A, B]] + [[A.clone(), B.clone()] for _ in range(copies - 1)]
-    ref = G.CublasRunner().forward([A, B, None]).float()
+    ref = L.CublasRunner().forward([A, B, None]).float()
     tol = 2e-2 * ref.abs().max().item() + 1e-2
     return A, B, sets, ref, tol
 
 
 def bench_shape(M, N, K, dev, cand_file):
     A, B, sets, ref, tol = _inputs(M, N, K, dev)
-    cublas = G.CublasRunner()
+    cublas = L.CublasRunner()
 
     # A first cuBLAS estimate sizes the CUDA graphs.
     est = measure(
@@ -186,7 +188,7 @@ def select(results: list[Pick]) -> dict[str, Pick]:
 
 
 def _runner_fn(name: str, tactic: object) -> Callable[..., torch.Tensor]:
-    runners = (G.CublasRunner(), G.TritonSmallMRunner(), G.TritonTiledRunner())
+    runners = (L.CublasRunner(), L.TritonSmallMRunner(), L.TritonTiledRunner())
     runner = next(r for r in runners if r.name == name)
     if name == CUBLAS:
         return lambda a, b: runner.forward([a, b, None])
@@ -299,7 +301,7 @@ def custom_op_overhead(dev: torch.device) -> dict[str, float]:
     """Host time per call (us) of mm eager vs through the torch custom op, tiny shape."""
     A = torch.randn(1, 256, device=dev, dtype=DTYPE)
     B = torch.randn(256, 256, device=dev, dtype=DTYPE)
-    small = G.TritonSmallMRunner()
+    small = L.TritonSmallMRunner()
     fns = {
         "eager_mm": lambda: G.mm(A, B),
         "custom_op": lambda: torch.ops.flashtune.mm(A, B, None, "nk"),
@@ -419,7 +421,7 @@ def measure_all(dev: torch.device, sel: Selection, out_dir: Path) -> list[ShapeR
         }
         best = result.picks["best"]
         gb = ""
-        if M <= G.SMALL_M and result.remeasured.get("best"):
+        if M <= SMALL_M and result.remeasured.get("best"):
             nbytes = 2.0 * (M * K + N * K + M * N)
             gb = f" {nbytes / (result.remeasured['best'] * 1e-3) / 1e9:6.0f} GB/s"
         print(
@@ -434,7 +436,7 @@ def measure_all(dev: torch.device, sel: Selection, out_dir: Path) -> list[ShapeR
     small = [
         (2.0 * (r.M * r.K + r.N * r.K + r.M * r.N), r.remeasured.get("best"))
         for r in table
-        if r.M <= G.SMALL_M
+        if r.M <= SMALL_M
     ]
     fr = [nbytes / (ms * 1e-3) / 1e9 / bw for nbytes, ms in small if ms]
     if fr:
@@ -464,7 +466,7 @@ def write_rows(writer: RowWriter, r: ShapeResult, bw: float) -> None:
             if ms is None or vs is None:
                 continue
             gbs = nbytes / (ms * 1e-3) / 1e9
-            extra = {"gbs": gbs, "gbs_vs_copy": gbs / bw} if r.M <= G.SMALL_M else {}
+            extra = {"gbs": gbs, "gbs_vs_copy": gbs / bw} if r.M <= SMALL_M else {}
             suffix = "_remeasured" if measurement == "remeasured" else ""
             writer.write(
                 "gemm",

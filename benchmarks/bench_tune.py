@@ -51,7 +51,8 @@ def shape_plan() -> list[tuple[int, int, int]]:
 def gemm_api() -> tuple[Any, Any, Any, str]:
     """(mm, runners, tuning config, source): the real op, or a stand-in if it is missing."""
     try:
-        from flashtune.ops.gemm import GEMM_RUNNERS, GEMM_TUNING, mm
+        from flashtune.ops.gemm import mm
+        from flashtune.ops.gemm.launch import GEMM_RUNNERS, GEMM_TUNING
 
         return mm, GEMM_RUNNERS, GEMM_TUNING, "flashtune.ops.gemm"
     except Exception as exc:  # the op module is another engineer's, maybe not ready

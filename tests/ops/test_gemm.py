@@ -12,8 +12,12 @@ import math
 import pytest
 import torch
 
+from flashtune import platform
 from flashtune.ops import gemm as G
-from flashtune.ops import gemm_kernels
+from flashtune.ops.gemm import config as cfg
+from flashtune.ops.gemm import launch as L
+from flashtune.ops.gemm.reference import gemm_fp8_ref, gemm_ref
+from flashtune.tune import TunableRunner
 
 # (dtype, atol, rtol) with outputs of unit scale (B is divided by sqrt(K)).
 TOL = {
@@ -22,7 +26,7 @@ TOL = {
     torch.bfloat16: (2e-2, 2e-2),
 }
 CPU_SHAPES = [(5, 123, 77), (1, 64, 33), (17, 40, 128)]  # K=128: EVEN_K, no K mask
-RUNNERS = [G.CublasRunner(), G.TritonTiledRunner(), G.TritonSmallMRunner()]
+RUNNERS = [L.CublasRunner(), L.TritonTiledRunner(), L.TritonSmallMRunner()]
 
 
 def _inputs(M, N, K, dtype, device, layout="nk", bias=False):
@@ -35,13 +39,13 @@ def _inputs(M, N, K, dtype, device, layout="nk", bias=False):
 
 def _check(C, A, B, bias=None, tol=None):
     atol, rtol = tol or TOL[A.dtype]
-    expected = G.gemm_ref(A, B, bias)
+    expected = gemm_ref(A, B, bias)
     assert C.shape == expected.shape and C.dtype == expected.dtype
     torch.testing.assert_close(C.float(), expected.float(), atol=atol, rtol=rtol)
 
 
 def _cpu_kernels(device):
-    if device.type == "cpu" and not G.platform.kernels_available(device):
+    if device.type == "cpu" and not platform.kernels_available(device):
         pytest.skip("Triton interpreter not available")
 
 
@@ -64,10 +68,10 @@ SMALL_M_TACTICS = [
 @pytest.mark.parametrize("shape", CPU_SHAPES)
 @pytest.mark.parametrize(
     "runner,tactic",
-    [(G.CublasRunner(), -1)]
-    + [(G.TritonTiledRunner(), t) for t in TILED_TACTICS]
-    + [(G.TritonSmallMRunner(), t) for t in SMALL_M_TACTICS],
-    ids=lambda x: x.name if isinstance(x, G.TunableRunner) else str(x),
+    [(L.CublasRunner(), -1)]
+    + [(L.TritonTiledRunner(), t) for t in TILED_TACTICS]
+    + [(L.TritonSmallMRunner(), t) for t in SMALL_M_TACTICS],
+    ids=lambda x: x.name if isinstance(x, TunableRunner) else str(x),
 )
 def test_runner_tactics(runner, tactic, shape, dtype, device):
     _cpu_kernels(device)
@@ -97,7 +101,7 @@ def test_stream_k_schedules(shape, device):
     A, B, _, bias = _inputs(M, N, K, torch.float16, device, bias=True)
     for block_m, programs in ((16, 1), (16, 3), (16, 7), (1 if M == 1 else 16, 5)):
         C = torch.empty(M, N, dtype=torch.float16, device=device)
-        gemm_kernels.launch_small_m_streamk(
+        L.launch_small_m_streamk(
             A,
             B,
             C,
@@ -111,15 +115,15 @@ def test_stream_k_schedules(shape, device):
             num_stages=2,
         )
         _check(C, A, B, bias)
-    assert int(gemm_kernels.split_k_counters(device, 1).abs().sum()) == 0
+    assert int(L.split_k_counters(device, 1).abs().sum()) == 0
 
 
 def test_split_k_leaves_counters_zero(device):
     _cpu_kernels(device)
     A, B, _, _ = _inputs(2, 50, 200, torch.float32, device)
-    G.TritonSmallMRunner().forward([A, B, None], (16, 16, 32, 4, 4, 2))
-    G.TritonTiledRunner().forward([A, B, None], (16, 32, 32, 1, 5, 4, 2))
-    assert int(gemm_kernels.split_k_counters(device, 1).abs().sum()) == 0
+    L.TritonSmallMRunner().forward([A, B, None], (16, 16, 32, 4, 4, 2))
+    L.TritonTiledRunner().forward([A, B, None], (16, 32, 32, 1, 5, 4, 2))
+    assert int(L.split_k_counters(device, 1).abs().sum()) == 0
 
 
 # ------------------------------------------------------------------------- CPU: public API
@@ -210,14 +214,14 @@ def test_bad_input_mixed_devices():
 
 
 def test_tactic_spaces_enumerate_and_round_trip():
-    tiled = list(G.TiledSpace(block_m=(16, 64), split_k=(1, 4)))
+    tiled = list(cfg.TiledSpace(block_m=(16, 64), split_k=(1, 4)))
     assert len(tiled) == len(set(tiled)) == 2 * 4 * 3 * 2 * 2 * 2 * 4
-    assert all(isinstance(t, G.TiledTactic) for t in tiled)
+    assert all(isinstance(t, cfg.TiledTactic) for t in tiled)
     t = tiled[5]
-    assert G.TiledTactic.from_tactic(json.loads(json.dumps(t.as_tactic()))) == t
-    small = list(G.SmallMSpace())
+    assert cfg.TiledTactic.from_tactic(json.loads(json.dumps(t.as_tactic()))) == t
+    small = list(cfg.SmallMSpace())
     assert small and all(s.block_m >= 16 or s.fma_registers() <= 64 for s in small)
-    assert G.SmallMTactic.from_tactic(small[0].as_tactic()) == small[0]
+    assert cfg.SmallMTactic.from_tactic(small[0].as_tactic()) == small[0]
 
 
 def test_get_valid_tactics_are_json_tuples():
@@ -227,12 +231,12 @@ def test_get_valid_tactics_are_json_tuples():
         tactics = runner.get_valid_tactics([A, B, None], None)
         assert all(isinstance(t, tuple) for t in tactics)
         json.dumps(tactics)
-    assert G.TritonSmallMRunner().get_valid_tactics([A, B, None], None)
+    assert L.TritonSmallMRunner().get_valid_tactics([A, B, None], None)
     big = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
-    assert G.TritonSmallMRunner().get_valid_tactics([big, B, None], None) == []
+    assert L.TritonSmallMRunner().get_valid_tactics([big, B, None], None) == []
     # The tuning config tunes M (input 0, dim 0) per power-of-two bucket.
-    assert G.GEMM_TUNING.dynamic_dims[0].input_idx == 0
-    assert G.GEMM_TUNING.dynamic_dims[0].bucket(17) == 32
+    assert L.GEMM_TUNING.dynamic_dims[0].input_idx == 0
+    assert L.GEMM_TUNING.dynamic_dims[0].bucket(17) == 32
 
 
 # ---------------------------------------------------------------------------------- GPU
@@ -268,7 +272,7 @@ def test_gpu_every_valid_tactic(runner, shape):
     M, N, K = shape
     A, B, _, _ = _inputs(M, N, K, torch.bfloat16, "cuda")
     tactics = runner.get_valid_tactics([A, B, None], None)
-    if runner.name == "TritonSmallMRunner" and M > 4 * G.SMALL_M:
+    if runner.name == "TritonSmallMRunner" and M > 4 * cfg.SMALL_M:
         assert tactics == []
     for t in tactics:
         C = runner.forward([A, B, None], t)
@@ -296,7 +300,7 @@ def test_gpu_mm_bias_layout(layout, dtype):
 @pytest.mark.cuda
 def test_gpu_split_k_in_cuda_graph():
     A, B, _, _ = _inputs(4, 4096, 4096, torch.bfloat16, "cuda")
-    runner, tactic = G.TritonSmallMRunner(), (16, 64, 128, 8, 4, 3)
+    runner, tactic = L.TritonSmallMRunner(), (16, 64, 128, 8, 4, 3)
     runner.forward([A, B, None], tactic)  # warm up outside the graph
     out = torch.empty(4, 4096, dtype=torch.bfloat16, device="cuda")
     graph = torch.cuda.CUDAGraph()
@@ -319,7 +323,7 @@ def test_gpu_fp8(shape):
     B = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn)
     sa = torch.tensor([0.1], device="cuda")
     sb = torch.tensor([0.02], device="cuda")
-    expected = G.gemm_fp8_ref(A, B, sa, sb).float()
+    expected = gemm_fp8_ref(A, B, sa, sb).float()
     for runner in RUNNERS:
         for t in [-1] + runner.get_valid_tactics([A, B, None], None)[:3]:
             C = runner.forward([A, B, None, None, (sa, sb)], t)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flashtune.ops.activation_config import ActivationTactic
-from flashtune.ops.gemm_config import TiledTactic
+from flashtune.ops.gemm.config import TiledTactic
 from flashtune.ops.norm_config import RMSNormTactic
 from flashtune.ops.rope_config import RopeTactic
 from flashtune.ops.sampling_config import SamplingTactic

@@ -1,4 +1,4 @@
-"""Launch configurations of the GEMM kernels (gemm_kernels.py), in one place.
+"""Launch configurations of the GEMM kernels (kernels.py), in one place.
 
 Tactics are frozen dataclasses; each kernel's search space is a frozen dataclass too, whose
 iteration yields every tactic of the product (`TiledSpace`, `SmallMSpace`). The pruned lists

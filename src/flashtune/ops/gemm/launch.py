@@ -1,22 +1,10 @@
-"""GEMM: C = A @ B.T with B stored [N, K] (the FlashInfer-Trace `gemm` definitions), or
-C = A @ B with B stored [K, N]; fp16/bf16 (and fp32) inputs, fp32 accumulation, optional bias;
-fp8 e4m3 with per-tensor scales and a bf16/fp16 output (`mm_fp8`).
+"""Host side of GEMM: the kernels' launches (kernels.py), the three runners the autotuner
+chooses from and their tuning config, input validation, and the torch custom op that
+torch.compile traces through.
 
-Three runners compute it (the kernels live in gemm_kernels.py, their tactics, search spaces
-and defaults in gemm_config.py):
-- `CublasRunner`: torch (F.linear / addmm / _scaled_mm), i.e. cuBLAS(Lt) on a GPU.
-- `TritonTiledRunner`: a tiled Triton GEMM; tactics span block sizes, warps, stages, group-M
-  swizzle and split-K (`TiledTactic`, space `TiledSpace`).
-- `TritonSmallMRunner`: the decode GEMM (M <= 16): bound by reading B once, so it spreads
-  N and a split K over many CTAs (a split-K grid, or a stream-K schedule with equal work
-  per SM) and reads B with 16-byte loads (`SmallMTactic`, space `SmallMSpace`).
-  H200, bf16, 162 corpus shapes with M <= 16: 1.08x cuBLAS geomean with the best tactic
-  per shape (benchmarks/results/gemm.jsonl).
-The public `mm` asks the autotuner (`choose_one("gemm", GEMM_RUNNERS, GEMM_TUNING, ...)`,
-M tuned per power-of-two bucket) which runner and tactic to launch.
-
-Layouts: for b_layout="kn" B is passed on as its transposed view, so every runner sees B as a
-logical [N, K] tensor and reads it through its strides (no copy).
+Runners' inputs = (A [M, K], B [N, K] (any strides), bias [N] | None[, out [M, N] | None
+[, scales (A_scale, B_scale) | None]]); the tuner passes the first three. Tactics and
+search spaces come from config.py.
 """
 
 from __future__ import annotations
@@ -27,11 +15,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from flashtune import platform
-from flashtune.model_shapes import ModelConfig
-from flashtune.ops import gemm_kernels
-from flashtune.ops.gemm_config import (
+from flashtune.ops.gemm.config import (
     SMALL_M,
     SmallMSpace,
     SmallMTactic,
@@ -43,8 +30,12 @@ from flashtune.ops.gemm_config import (
     tiled_candidates,
     tiled_default_tactic,
 )
-from flashtune.schema import Const, OpSchema, Tensor, Var, api
-from flashtune.schema.dump import Example, meta_tensor, register_examples
+from flashtune.ops.gemm.kernels import (
+    _gemm_small_m_kernel,
+    _gemm_small_m_streamk_kernel,
+    _gemm_tiled_kernel,
+)
+from flashtune.ops.gemm.reference import gemm_fp8_ref, gemm_ref
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
@@ -55,25 +46,15 @@ from flashtune.tune import (
 )
 
 __all__ = [
-    "mm",
-    "gemm",
-    "mm_fp8",
-    "gemm_ref",
-    "gemm_kn_ref",
-    "GEMM",
-    "GEMM_KN",
-    "gemm_fp8_ref",
-    "TiledTactic",
-    "TiledSpace",
-    "SmallMTactic",
-    "SmallMSpace",
     "CublasRunner",
     "TritonTiledRunner",
     "TritonSmallMRunner",
     "GEMM_RUNNERS",
     "GEMM_TUNING",
-    "SMALL_M",
-    "gemm_examples",
+    "launch_tiled",
+    "launch_small_m",
+    "launch_small_m_streamk",
+    "split_k_counters",
 ]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -83,76 +64,226 @@ _LAYOUTS = ("nk", "kn")
 
 
 # ----------------------------------------------------------------------------------------------
-# Reference
+# Launches of the kernels (kernels.py)
 # ----------------------------------------------------------------------------------------------
 
-
-def gemm_ref(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T (+ bias), B [N, K]: fp32 products and sums, rounded once to A's dtype."""
-    import torch
-
-    C = torch.matmul(A.float(), B.float().T)
-    if bias is not None:
-        C = C + bias.float()
-    return C.to(A.dtype)
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+# Counters are allocated once per device with headroom, so a launch inside CUDA-graph
+# capture (after one warm-up call) never allocates.
+_MIN_COUNTERS = 1 << 16
 
 
-def gemm_kn_ref(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B (+ bias), B stored [K, N]: fp32 products and sums, rounded once to A's dtype."""
-    import torch
+def split_k_counters(device: torch.device, num_tiles: int) -> torch.Tensor:
+    """The device's zeroed int32 arrival counters, at least `num_tiles` of them.
 
-    C = torch.matmul(A.float(), B.float())
-    if bias is not None:
-        C = C + bias.float()
-    return C.to(A.dtype)
+    Kernels leave them zero, so they are shared by every split-K launch on the device.
+    Launches on two streams at once must not share them: the GEMM API launches on the
+    current stream only.
+    """
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < num_tiles:
+        if torch.cuda.is_available() and device.type == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "gemm split-K: counters must be allocated before CUDA graph capture; "
+                    "run the GEMM once outside the graph first"
+                )
+        buf = torch.zeros(max(num_tiles, _MIN_COUNTERS), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
 
 
-def gemm_fp8_ref(
+def _extras(
     A: torch.Tensor,
-    B: torch.Tensor,
-    A_scale: torch.Tensor,
-    B_scale: torch.Tensor,
-    dtype: torch.dtype = torch.bfloat16,
-    bias: torch.Tensor | None = None,
+    C: torch.Tensor,
+    bias: torch.Tensor | None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None,
+    split_k: int,
+    num_tiles: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    M, N = C.shape
+    dummy = C  # never read: guarded by a constexpr or by SPLIT_K == 1
+    if split_k > 1:
+        ws = torch.empty((split_k, M, N), dtype=torch.float32, device=A.device)
+        locks = split_k_counters(A.device, num_tiles)
+    else:
+        ws = locks = dummy
+    sa, sb = scales if scales is not None else (dummy, dummy)
+    return (bias if bias is not None else dummy), ws, locks, sa, sb
+
+
+def launch_tiled(
+    A: torch.Tensor,  # [M, K]
+    B: torch.Tensor,  # [N, K], any strides
+    C: torch.Tensor,  # [M, N]
+    bias: torch.Tensor | None,  # [N]
+    scales: tuple[torch.Tensor, torch.Tensor] | None,
+    *,
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    group_m: int,
+    split_k: int,
+    num_warps: int,
+    num_stages: int,
 ) -> torch.Tensor:
-    """C = (A * A_scale) @ (B * B_scale).T (+ bias) for fp8 A [M, K], B [N, K], in fp32."""
-    import torch
-
-    C = torch.matmul(A.float(), B.float().T) * (A_scale.float() * B_scale.float())
-    if bias is not None:
-        C = C + bias.float()
-    return C.to(dtype)
-
-
-# ----------------------------------------------------------------------------------------------
-# Schemas. Axes and tensors carry no description so that the generated Definitions equal the
-# corpus files (gemm_n4096_k4096.json) field for field.
-# ----------------------------------------------------------------------------------------------
-
-
-def _gemm_schema(prefix: str, b_dims: list[str], reference: Any, layout: str) -> OpSchema:
-    return OpSchema(
-        op_type="gemm",
-        name_prefix=prefix,
-        axes={"M": Var(), "N": Const(abbrev="n"), "K": Const(abbrev="k")},
-        inputs={
-            "A": Tensor(["M", "K"], dtype_from="A"),
-            "B": Tensor(b_dims, dtype_from="A"),
-            "bias": Tensor(["N"], dtype_from="A", optional=True),
-        },
-        outputs={"C": Tensor(["M", "N"], dtype_from="A")},
-        reference=reference,
-        description=f"General matrix multiply (GEMM) C = {layout} (+ bias).",
+    """C = A @ B.T (+ bias) with the tiled kernel."""
+    M, K = A.shape
+    N = B.shape[0]
+    num_tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    bias_arg, ws, locks, sa, sb = _extras(A, C, bias, scales, split_k, num_tiles)
+    grid = (num_tiles, split_k)
+    _gemm_tiled_kernel[grid](
+        A,
+        B,
+        C,
+        bias_arg,
+        ws,
+        locks,
+        sa,
+        sb,
+        M,
+        N,
+        K,
+        split_k,
+        A.stride(0),
+        A.stride(1),
+        B.stride(0),
+        B.stride(1),
+        C.stride(0),
+        C.stride(1),
+        HAS_BIAS=bias is not None,
+        HAS_SCALE=scales is not None,
+        IEEE_FP32=A.dtype == torch.float32,
+        EVEN_K=K % block_k == 0,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP_M=group_m,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
+    return C
 
 
-GEMM = _gemm_schema("gemm", ["N", "K"], gemm_ref, "A @ B.T")
-# B stored [K, N]: its own Definition, since its B tensor has the other shape.
-GEMM_KN = _gemm_schema("gemm_kn", ["K", "N"], gemm_kn_ref, "A @ B")
+def launch_small_m(
+    A: torch.Tensor,  # [M, K]
+    B: torch.Tensor,  # [N, K], any strides
+    C: torch.Tensor,  # [M, N]
+    bias: torch.Tensor | None,  # [N]
+    scales: tuple[torch.Tensor, torch.Tensor] | None,
+    *,
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    split_k: int,
+    num_warps: int,
+    num_stages: int,
+) -> torch.Tensor:
+    """C = A @ B.T (+ bias) with the decode (small-M) kernel."""
+    M, K = A.shape
+    N = B.shape[0]
+    m_tiles = triton.cdiv(M, block_m)
+    n_tiles = triton.cdiv(N, block_n)
+    bias_arg, ws, locks, sa, sb = _extras(A, C, bias, scales, split_k, m_tiles * n_tiles)
+    grid = (n_tiles, split_k, m_tiles)
+    _gemm_small_m_kernel[grid](
+        A,
+        B,
+        C,
+        bias_arg,
+        ws,
+        locks,
+        sa,
+        sb,
+        M,
+        N,
+        K,
+        split_k,
+        A.stride(0),
+        A.stride(1),
+        B.stride(0),
+        B.stride(1),
+        C.stride(0),
+        C.stride(1),
+        HAS_BIAS=bias is not None,
+        HAS_SCALE=scales is not None,
+        IEEE_FP32=A.dtype == torch.float32,
+        EVEN_K=K % block_k == 0,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return C
 
 
-def _mm_schema(A: Any, B: Any, bias: Any = None, out: Any = None, b_layout: str = "nk") -> OpSchema:
-    return GEMM_KN if b_layout == "kn" else GEMM
+def launch_small_m_streamk(
+    A: torch.Tensor,  # [M, K], M <= block_m
+    B: torch.Tensor,  # [N, K], any strides
+    C: torch.Tensor,  # [M, N]
+    bias: torch.Tensor | None,  # [N]
+    scales: tuple[torch.Tensor, torch.Tensor] | None,
+    *,
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    programs: int,
+    num_warps: int,
+    num_stages: int,
+) -> torch.Tensor:
+    """C = A @ B.T (+ bias) with the stream-K decode kernel over `programs` programs."""
+    M, K = A.shape
+    N = B.shape[0]
+    if M > block_m:
+        raise ValueError(f"stream-K decode kernel: M={M} exceeds block_m={block_m}")
+    n_tiles = triton.cdiv(N, block_n)
+    k_tiles = max(triton.cdiv(K, block_k), 1)
+    total = n_tiles * k_tiles
+    iters = triton.cdiv(total, max(1, min(programs, total)))
+    grid = (triton.cdiv(total, iters),)
+    max_slots = (k_tiles - 1) // iters + 2
+    if iters % k_tiles:  # some runs end inside a tile: partials need a workspace
+        ws = torch.empty(
+            (n_tiles, max_slots, block_m, block_n), dtype=torch.float32, device=A.device
+        )
+    else:
+        ws = C
+    locks = split_k_counters(A.device, n_tiles)
+    dummy = C
+    sa, sb = scales if scales is not None else (dummy, dummy)
+    _gemm_small_m_streamk_kernel[grid](
+        A,
+        B,
+        C,
+        bias if bias is not None else dummy,
+        ws,
+        locks,
+        sa,
+        sb,
+        M,
+        N,
+        K,
+        iters,
+        max_slots,
+        A.stride(0),
+        A.stride(1),
+        B.stride(0),
+        B.stride(1),
+        C.stride(0),
+        C.stride(1),
+        HAS_BIAS=bias is not None,
+        HAS_SCALE=scales is not None,
+        IEEE_FP32=A.dtype == torch.float32,
+        EVEN_K=K % block_k == 0,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return C
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,7 +381,7 @@ class TritonTiledRunner(TunableRunner):
         C = _alloc_out(A, B, out)
         if M == 0 or N == 0:
             return C
-        return gemm_kernels.launch_tiled(
+        return launch_tiled(
             A,
             B,
             C,
@@ -307,7 +438,7 @@ class TritonSmallMRunner(TunableRunner):
         else:
             t = SmallMTactic.from_tactic(tactic)
         if t.stream_k > 0 and M <= t.block_m and K > 0:
-            return gemm_kernels.launch_small_m_streamk(
+            return launch_small_m_streamk(
                 A,
                 B,
                 C,
@@ -320,7 +451,7 @@ class TritonSmallMRunner(TunableRunner):
                 num_warps=t.num_warps,
                 num_stages=t.num_stages,
             )
-        return gemm_kernels.launch_small_m(
+        return launch_small_m(
             A,
             B,
             C,
@@ -349,7 +480,7 @@ GEMM_TUNING = TuningConfig(
 
 
 # ----------------------------------------------------------------------------------------------
-# Public API
+# Validation and the eager path of the public functions (__init__.py), and the custom op
 # ----------------------------------------------------------------------------------------------
 
 
@@ -442,77 +573,3 @@ def _mm_op(
 def _(A, B, bias, b_layout):
     N = B.shape[0] if b_layout == "nk" else B.shape[1]
     return A.new_empty((A.shape[0], N))
-
-
-@api(schema=_mm_schema, schemas=[GEMM, GEMM_KN])
-def mm(
-    A: torch.Tensor,
-    B: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    b_layout: str = "nk",
-) -> torch.Tensor:
-    """C = A @ B.T (b_layout="nk", B [N, K]) or C = A @ B (b_layout="kn", B [K, N]), + bias.
-
-    A [M, K] and B in float16, bfloat16 or float32 (same dtype); fp32 accumulation; the result
-    [M, N] has A's dtype. bias [N] (A's dtype) is added before rounding. out: an optional
-    [M, N] tensor to write into (returned).
-    """
-    if torch.compiler.is_compiling():
-        C = _mm_op(A, B, bias, b_layout)
-        return out.copy_(C) if out is not None else C
-    return _mm_eager(A, B, bias, out, b_layout)
-
-
-@api(schema=GEMM)
-def gemm(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B.T (+ bias) for A [M, K] and B [N, K]: the contract of the FlashInfer-Trace
-    `gemm` definitions (gemm_n4096_k4096, ...)."""
-    return mm.fn(A, B, bias)
-
-
-def mm_fp8(
-    A: torch.Tensor,
-    B: torch.Tensor,
-    A_scale: torch.Tensor,
-    B_scale: torch.Tensor,
-    dtype: torch.dtype = torch.bfloat16,
-    out: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    b_layout: str = "nk",
-) -> torch.Tensor:
-    """C = (A * A_scale) @ (B * B_scale).T (+ bias) for float8_e4m3fn A [M, K] and B [N, K]
-    (or [K, N] with b_layout="kn"), per-tensor fp32 scales of shape [] or [1], C in `dtype`
-    (bfloat16 or float16)."""
-    if dtype not in _FP8_OUT_DTYPES:
-        raise TypeError(f"dtype must be one of {_FP8_OUT_DTYPES}, got {dtype}")
-    B_nk = _validate(A, B, bias, out, b_layout, (_FP8,), out_dtype=dtype)
-    scales = []
-    for name, s in (("A_scale", A_scale), ("B_scale", B_scale)):
-        if not isinstance(s, torch.Tensor) or s.numel() != 1 or s.dtype != torch.float32:
-            raise TypeError(f"{name} must be a float32 tensor with one element, got {s!r}")
-        if s.device != A.device:
-            raise ValueError(f"{name} must be on A's device {A.device}, got {s.device}")
-        scales.append(s.reshape(1))
-    if A.device.type != "cuda":  # fp8 kernels need a GPU (the interpreter has no fp8 dot)
-        C = gemm_fp8_ref(A, B_nk, scales[0], scales[1], dtype, bias)
-        return out.copy_(C) if out is not None else C
-    if out is None:
-        out = torch.empty((A.shape[0], B_nk.shape[0]), dtype=dtype, device=A.device)
-    runner, tactic = choose_one("gemm_fp8", GEMM_RUNNERS, GEMM_TUNING, [A, B_nk, bias])
-    return runner.forward([A, B_nk, bias, out, tuple(scales)], tactic)
-
-
-@register_examples
-def gemm_examples(model: ModelConfig) -> list[Example]:
-    """The layer's linear layers at decode (M = 1), float16 like the corpus definitions; and
-    the down projection with its weight stored [K, N]."""
-    examples: list[Example] = []
-    for n, k in model.gemm_nk():
-        A, B = meta_tensor(1, k, dtype=torch.float16), meta_tensor(n, k, dtype=torch.float16)
-        examples.append((gemm, (A, B), {}))
-    n, k = model.gemm_nk()[-1]
-    A = meta_tensor(1, k, dtype=torch.float16)
-    B_kn = meta_tensor(k, n, dtype=torch.float16)
-    examples.append((mm, (A, B_kn), {"b_layout": "kn"}))
-    return examples
