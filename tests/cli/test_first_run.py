@@ -271,3 +271,13 @@ def test_a_piped_run_shows_progress_before_it_ends_and_fail_on_fails_it(tmp_path
     assert "--fail-on any" in rest and "skipped" in rest
     assert "flashinfer@rmsnorm_h4096" in stdout  # the closing table, on stdout
     assert "Traceback" not in rest
+
+
+def test_fail_on_any_does_not_count_a_solution_checked_correct_but_not_timed():
+    """A Triton kernel checked in the CPU's interpreter is SKIPPED with a correctness: it
+    failed nothing."""
+    untimed = _trace("d", EvaluationStatus.SKIPPED, "flashtune@d")
+    assert untimed.evaluation is not None
+    untimed.evaluation.correctness = Correctness(max_absolute_error=0.0, max_relative_error=0.0)
+    assert failing_triples([untimed], "any") == ""
+    assert failing_triples([untimed, _trace("d", EvaluationStatus.SKIPPED, "fi@d")], "any")

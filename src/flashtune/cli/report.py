@@ -75,13 +75,18 @@ def summary(
     by_solution: dict[str, list[int]] = {}
     for s in rows:
         ran = s.total - s.statuses.get("SKIPPED", 0)
-        acc = by_solution.setdefault(s.solution, [0, 0])
+        acc = by_solution.setdefault(s.solution, [0, 0, 0])
         acc[0] += s.passed
         acc[1] += ran
-    rates = ", ".join(
-        f"{name} {p}/{n} ({p / n:.0%})" if n else f"{name} skipped"
-        for name, (p, n) in sorted(by_solution.items())
-    )
+        acc[2] += s.correct_untimed  # checked correct, not timed (SKIPPED, with a correctness)
+
+    def rate(name: str, passed: int, ran: int, untimed: int) -> str:
+        parts = [f"{passed}/{ran} ({passed / ran:.0%})"] if ran else []
+        if untimed:
+            parts.append(f"{untimed} correct, not timed")
+        return f"{name} {', '.join(parts) or 'skipped'}"
+
+    rates = ", ".join(rate(name, *acc) for name, acc in sorted(by_solution.items()))
     console.print(f"pass rates (of triples that ran): {rates}")
 
 

@@ -280,10 +280,16 @@ def failing_triples(traces: Sequence[Trace], fail_on: str) -> str:
     from flashtune.report.tables import latest
 
     statuses = FAIL_ON[fail_on]
+    from flashtune.data.models import correct_not_timed
+
+    # A solution checked correct but not timed (a Triton kernel in the CPU's interpreter) is
+    # recorded SKIPPED; it failed nothing, so no level counts it.
     bad = [
         t
         for t in latest(traces)
-        if t.evaluation is not None and t.evaluation.status.value in statuses
+        if t.evaluation is not None
+        and t.evaluation.status.value in statuses
+        and not correct_not_timed(t.evaluation)
     ]
     if not bad:
         return ""
