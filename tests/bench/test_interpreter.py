@@ -222,3 +222,33 @@ def test_flashtune_sampler_is_correct_not_timed_in_the_interpreter() -> None:
     assert ev is not None and correct_not_timed(ev), ev and ev.reason
     assert ev.reason is not None and "20 draws checked by distribution" in ev.reason
     assert "sampling_kernel" in ev.reason  # flashtune's Triton kernel, interpreted
+
+
+def test_a_run_without_triton_launches_is_not_correct_not_timed() -> None:
+    """flashtune's GEMM takes torch's path on a CPU: right outputs, but no kernel was checked,
+    so the trace must not say "correct, not timed"."""
+    import time as _time
+
+    import torch as _torch
+
+    from flashtune.bench.checked_timing import WorkerSamples
+    from flashtune.bench.config import BenchConfig
+    from flashtune.bench.correctness import Verdict
+    from flashtune.bench.interpreter import interpreted_outcome
+    from flashtune.data.models import Correctness, EvaluationStatus
+
+    class _Workload:
+        floats: list[str] = []
+
+    config = BenchConfig().for_device(_torch.device("cpu"))
+    samples = WorkerSamples(_Workload(), config, "s", None, cpu=True, interpret=True)  # type: ignore[arg-type]
+    samples.started = _time.monotonic()
+    samples.times_ms = [1.0]
+    passed = Verdict(EvaluationStatus.PASSED, None, Correctness())
+    samples.launches = {}
+    reason, _, verdict = interpreted_outcome(samples, passed, stochastic=False)
+    assert verdict.status is EvaluationStatus.SKIPPED and verdict.correctness is None
+    assert reason.startswith("ran no Triton kernel on the CPU")
+    samples.launches = {"_rmsnorm_kernel": 2}
+    reason, _, verdict = interpreted_outcome(samples, passed, stochastic=False)
+    assert verdict.correctness is not None and "2 x _rmsnorm_kernel" in reason

@@ -141,6 +141,12 @@ def launches_text(launches: Any) -> str:
     return "Triton kernel launches: " + ", ".join(parts)
 
 
+def _launched(launches: Any) -> bool:
+    return isinstance(launches, dict) and any(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in launches.values()
+    )
+
+
 def interpreted_outcome(
     samples: WorkerSamples, verdict: Verdict, stochastic: bool
 ) -> tuple[str, str, Verdict]:
@@ -155,6 +161,15 @@ def interpreted_outcome(
         f"interpreter: {checked}; {ran}; not timed (the interpreter runs a kernel operation "
         "by operation in NumPy: its time says nothing of the kernel's)\n"
     )
+    if not _launched(samples.launches):
+        # Nothing of Triton ran (flashtune's GEMM takes torch's path on a CPU): the outputs
+        # were right, but no kernel was checked, so this is not "correct, not timed".
+        return (
+            f"ran no Triton kernel on the CPU ({checked}; the op's path without Triton ran): "
+            "no kernel to check here",
+            text,
+            Verdict(EvaluationStatus.SKIPPED, None, None),
+        )
     correctness = verdict.correctness or Correctness()  # a sampling op's check has no figures
     return (
         f"{CORRECT_NOT_TIMED} ({checked}; {ran})",
