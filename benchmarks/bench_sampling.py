@@ -42,8 +42,10 @@ from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune import env  # noqa: E402
 from flashtune.ops import sampling as S  # noqa: E402
-from flashtune.ops import sampling_kernels as K  # noqa: E402
-from flashtune.ops.sampling_config import (  # noqa: E402
+from flashtune.ops.sampling import kernels as K  # noqa: E402
+from flashtune.ops.sampling import launch as L  # noqa: E402
+from flashtune.ops.sampling import reference as R  # noqa: E402
+from flashtune.ops.sampling.config import (  # noqa: E402
     SPLIT_ROUNDS,
     SamplingTactic,
     default_tactic,
@@ -94,11 +96,11 @@ def solutions(op: str, fi: Any) -> dict[str, Callable[..., torch.Tensor]]:
         "top_k_first": lambda pr, k, p, m: S.top_k_top_p_sampling_from_probs(pr, k, p),
     }
     torch_sorted = {
-        "top_p": lambda pr, k, p, m: S.top_p_sampling_from_probs_ref(pr, p),
-        "top_k": lambda pr, k, p, m: S.top_k_sampling_from_probs_ref(pr, k),
-        "min_p": lambda pr, k, p, m: S.min_p_sampling_from_probs_ref(pr, m),
-        "joint": lambda pr, k, p, m: S.top_k_top_p_joint_sampling_from_probs_ref(pr, k, p),
-        "top_k_first": lambda pr, k, p, m: S.top_k_top_p_sampling_from_probs_ref(pr, k, p),
+        "top_p": lambda pr, k, p, m: R.top_p_sampling_from_probs_ref(pr, p),
+        "top_k": lambda pr, k, p, m: R.top_k_sampling_from_probs_ref(pr, k),
+        "min_p": lambda pr, k, p, m: R.min_p_sampling_from_probs_ref(pr, m),
+        "joint": lambda pr, k, p, m: R.top_k_top_p_joint_sampling_from_probs_ref(pr, k, p),
+        "top_k_first": lambda pr, k, p, m: R.top_k_top_p_sampling_from_probs_ref(pr, k, p),
     }
     out = {"flashtune": flashtune[op], "torch": torch_sorted[op]}
     if fi is not None:
@@ -119,15 +121,15 @@ def support(op: str, args: list[torch.Tensor]) -> torch.Tensor:
     """[batch, vocab] bool: the tokens the filter keeps (sort-based references)."""
     probs, k, p, m = args
     if op == "top_p":
-        return S.top_p_renorm_probs_ref(probs, p) > 0
+        return R.top_p_renorm_probs_ref(probs, p) > 0
     if op == "top_k":
-        return S.top_k_renorm_probs_ref(probs, k) > 0
+        return R.top_k_renorm_probs_ref(probs, k) > 0
     if op == "min_p":
         return probs >= m[:, None] * probs.amax(dim=-1, keepdim=True)
     if op == "joint":
-        return (S.top_k_renorm_probs_ref(probs, k) > 0) & (S.top_p_renorm_probs_ref(probs, p) > 0)
-    renormed = S.top_k_renorm_probs_ref(probs, k)
-    return S.top_p_renorm_probs_ref(renormed, p) > 0
+        return (R.top_k_renorm_probs_ref(probs, k) > 0) & (R.top_p_renorm_probs_ref(probs, p) > 0)
+    renormed = R.top_k_renorm_probs_ref(probs, k)
+    return R.top_p_renorm_probs_ref(renormed, p) > 0
 
 
 def check(fn: Callable[..., torch.Tensor], args: list[torch.Tensor], allowed: torch.Tensor) -> None:
@@ -149,7 +151,7 @@ def time_ms(fn: Callable[..., Any], args: list[Any]) -> tuple[float, str]:
 def with_tactic(op: str, batch: int, tactic: Any) -> Callable[..., torch.Tensor]:
     """fn(probs, top_k, top_p, min_p) running SamplingRunner with `tactic` (a fresh seed a
     call, drawn on the device, as the public functions do)."""
-    runner = S.SamplingRunner()
+    runner = L.SamplingRunner()
     uses_k = op in ("top_k", "joint", "top_k_first")
 
     def run(pr: torch.Tensor, k: torch.Tensor, p: torch.Tensor, m: torch.Tensor):
@@ -157,7 +159,7 @@ def with_tactic(op: str, batch: int, tactic: Any) -> Callable[..., torch.Tensor]
         seed = torch.randint(0, 2**62, (1,), device=pr.device)
         param = None if op == "top_k" else (m if op == "min_p" else p)
         inputs = [pr, out, None, seed, k if uses_k else None, param]
-        return runner.forward([*inputs, S.SamplingArgs(MODES[op])], tactic)
+        return runner.forward([*inputs, L.SamplingArgs(MODES[op])], tactic)
 
     return run
 
@@ -168,7 +170,7 @@ def sweep(
     """Every tactic of the runner: (the best, its latency re-timed on fresh inputs, all)."""
     probs = args[0]
     batch, vocab = probs.shape
-    tactics = S.SamplingRunner().get_valid_tactics([probs, torch.empty(batch)], None)
+    tactics = L.SamplingRunner().get_valid_tactics([probs, torch.empty(batch)], None)
     timings: dict[str, float] = {}
     for tactic in tactics:
         check(with_tactic(op, batch, tactic), args, allowed)

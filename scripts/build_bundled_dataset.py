@@ -334,7 +334,7 @@ _FLASHTUNE = {
     "region, as FlashInfer's is; the timed call is run() only (input sets with identical index "
     "tensors share one plan).",
 }
-_SORTED = "the op's reference in ops.sampling_schema: sort, cumulative sum, inverse CDF. "
+_SORTED = "the op's reference in ops.sampling.reference: sort, cumulative sum, inverse CDF. "
 _TORCH = {  # baselines other than plain eager code
     "top_k_sampling": "PyTorch eager baseline, sort-based (torch.topk, inverse CDF). ",
     "top_p_sampling": f"PyTorch eager baseline, {_SORTED}",

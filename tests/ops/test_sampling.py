@@ -19,29 +19,30 @@ import triton
 import triton.language as tl
 
 from _sampling_draws import DRAWS, check_draws, kept, row
-from flashtune.ops import sampling_kernels
 from flashtune.ops.sampling import (
-    SamplingArgs,
-    SamplingRunner,
-    SamplingTactic,
     chain_speculative_sampling,
     min_p_sampling_from_probs,
     sampling_from_logits,
     sampling_from_probs,
     softmax,
     top_k_mask_logits,
-    top_k_mask_logits_ref,
     top_k_renorm_prob,
     top_k_renorm_probs,
-    top_k_renorm_probs_ref,
     top_k_sampling_from_probs,
     top_k_top_p_sampling_from_logits,
     top_k_top_p_sampling_from_probs,
     top_p_renorm_probs,
-    top_p_renorm_probs_ref,
     top_p_sampling_from_probs,
 )
-from flashtune.ops.sampling_steps import pick_in_chunk
+from flashtune.ops.sampling import kernels as sampling_kernels
+from flashtune.ops.sampling.config import SamplingTactic
+from flashtune.ops.sampling.launch import SamplingArgs, SamplingRunner
+from flashtune.ops.sampling.reference import (
+    top_k_mask_logits_ref,
+    top_k_renorm_probs_ref,
+    top_p_renorm_probs_ref,
+)
+from flashtune.ops.sampling.steps import pick_in_chunk
 
 
 def _zeros(n: int, device="cpu") -> torch.Tensor:

@@ -17,22 +17,22 @@ import pytest
 import torch
 
 from _sampling_draws import DRAWS, check_draws, kept, row
-from flashtune.ops import sampling_kernels as kernels
-from flashtune.ops.sampling import (
-    RenormRunner,
-    SamplingArgs,
-    SamplingRunner,
-    SamplingTactic,
-    top_k_top_p_sampling_from_probs,
-)
-from flashtune.ops.sampling_config import (
+from flashtune.ops.sampling import kernels, top_k_top_p_sampling_from_probs
+from flashtune.ops.sampling.config import (
     SPLIT_ROUNDS,
+    SamplingTactic,
     default_tactic,
     split_block,
     split_default,
 )
-from flashtune.ops.sampling_run import launch_sampling, launch_split_rounds
-from flashtune.ops.sampling_split_kernels import SPLIT_DONE
+from flashtune.ops.sampling.launch import (
+    RenormRunner,
+    SamplingArgs,
+    SamplingRunner,
+    launch_sampling,
+    launch_split_rounds,
+)
+from flashtune.ops.sampling.split_kernels import SPLIT_DONE
 
 # 300 values in 64-wide chunks: 5 chunks over 4 programs (2, 2, 1 and none).
 VOCAB, BLOCK = 300, 64

@@ -17,7 +17,7 @@ from flashtune.ops.activation_config import ActivationTactic
 from flashtune.ops.gemm.config import TiledTactic
 from flashtune.ops.norm_config import RMSNormTactic
 from flashtune.ops.rope_config import RopeTactic
-from flashtune.ops.sampling_config import SamplingTactic
+from flashtune.ops.sampling.config import SamplingTactic
 from flashtune.tune import (
     AutotuneWarning,
     DynamicDim,

@@ -615,13 +615,13 @@ def flashinfer_top_k_top_p_sampling(
 
 
 def torch_top_k_sampling(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    from flashtune.ops.sampling import top_k_sampling_from_probs_ref
+    from flashtune.ops.sampling.reference import top_k_sampling_from_probs_ref
 
     return top_k_sampling_from_probs_ref(probs, top_k)
 
 
 def torch_top_p_sampling(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    from flashtune.ops.sampling import top_p_sampling_from_probs_ref
+    from flashtune.ops.sampling.reference import top_p_sampling_from_probs_ref
 
     return top_p_sampling_from_probs_ref(probs, top_p)
 
@@ -629,7 +629,7 @@ def torch_top_p_sampling(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tens
 def torch_top_k_top_p_sampling(
     probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
-    from flashtune.ops.sampling import top_k_top_p_sampling_from_probs_ref
+    from flashtune.ops.sampling.reference import top_k_top_p_sampling_from_probs_ref
 
     return top_k_top_p_sampling_from_probs_ref(probs, top_k, top_p)
 

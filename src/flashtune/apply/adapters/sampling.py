@@ -5,7 +5,7 @@ solution's samples are cast back to what the op returns.
 FlashInfer's functions of these names have the ops' signatures and are mirrored generically
 (mirror.py); a peer's newer arguments (`seed`, `offset`) must stay at their defaults, and a
 call with `indices`, a `generator` or `check_nan=True` has no Definition (see
-ops.sampling.SamplingOp): those run the original.
+ops.sampling.schema.SamplingOp): those run the original.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Sampling from probabilities with a row's passes split over several programs (small
-batches), the same method and draws as sampling_kernel (sampling_kernels.py).
+batches), the same method and draws as sampling_kernel (kernels.py).
 
 At small batch one program a row leaves most SMs idle and each pass is bound by one
 program's load latency. Here SPLIT programs (grid (SPLIT, cdiv(B, ROWS))) share each pass
@@ -24,18 +24,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashtune.ops.sampling_steps import (
-    MAX_ROUNDS,
-    candidate_round,
-    candidate_thresholds,
-    enter_sampling,
-    first_state,
-    pick,
-    pivots,
-    row_bases,
-    row_params,
-    scan,
-    search_round,
+from flashtune.ops.sampling.steps import (
+    _MAX_ROUNDS,
+    _candidate_round,
+    _candidate_thresholds,
+    _enter_sampling,
+    _first_state,
+    _pick,
+    _pivots,
+    _row_bases,
+    _row_params,
+    _scan,
+    _search_round,
 )
 
 __all__ = [
@@ -45,12 +45,11 @@ __all__ = [
     "SPLIT_STATE_F",
     "SPLIT_STATE_I",
     "split_workspace_widths",
-    "load_state",
     "split_first_kernel",
     "split_round_kernel",
 ]
 
-_ROUNDS = tl.constexpr(MAX_ROUNDS)
+_ROUNDS = tl.constexpr(_MAX_ROUNDS)
 _INF = tl.constexpr(float("inf"))
 SPLIT_SEARCH, SPLIT_SAMPLE, SPLIT_DONE = range(3)  # a row's phase (int32 column 0)
 _SEARCH = tl.constexpr(SPLIT_SEARCH)  # top-k-first, searching the exact top-k support
@@ -71,7 +70,7 @@ def split_workspace_widths(nchunk: int, pivots: int, split: int, launches: int) 
 
 
 @triton.jit
-def load_state(f, i, active, n_chunks, NCHUNK: tl.constexpr):
+def _load_state(f, i, active, n_chunks, NCHUNK: tl.constexpr):
     """The state of rows f, i [R] (workspace row pointers); inactive rows read as done."""
     phase = tl.load(i + 0, mask=active, other=_DONE)
     busy = active & (phase != _DONE)
@@ -241,12 +240,12 @@ def split_first_kernel(
     ROWS rows shared by SPLIT programs: grid (SPLIT, cdiv(B, ROWS))."""
     s = tl.program_id(0)
     first_row = tl.program_id(1) * ROWS
-    rows, valid, base = row_bases(Probs, Indices, first_row, B, stride, HAS_INDICES, ROWS)
+    rows, valid, base = _row_bases(Probs, Indices, first_row, B, stride, HAS_INDICES, ROWS)
     f = WsF + rows.to(tl.int64) * ws_f
     i = WsI + rows.to(tl.int64) * ws_i
     first_chunk, end_chunk, n_chunks = _my_chunks(V, s, BLOCK, SPLIT)
     zero = tl.zeros([ROWS, 1], dtype=tl.float32)
-    sums0, counts0, mins0, pmax = scan(
+    sums0, counts0, mins0, pmax = _scan(
         base,
         V,
         zero,
@@ -280,17 +279,17 @@ def split_first_kernel(
     if _arrive(counter) == SPLIT - 1:
         tl.debug_barrier()
         sums0, counts0, mins0, pmax = _combine(f, i, valid, n_chunks, 1, PIVOTS, SPLIT, NCHUNK)
-        k, param = row_params(
+        k, param = _row_params(
             TopK, top_k_value, TopP, top_p_value, rows, valid, V, MODE, K_ARRAY, P_ARRAY
         )
-        low, low_sums, high, limit = first_state(sums0, pmax, param, MODE)
+        low, low_sums, high, limit = _first_state(sums0, pmax, param, MODE)
         v = tl.sum(mins0, axis=1)
         fresh = valid
         if MODE == 5:
             fresh = valid & ((tl.sum(counts0, axis=1) < k) | (v >= high))
-        k, limit = enter_sampling(k, limit, param, low_sums, fresh, V, MODE)
+        k, limit = _enter_sampling(k, limit, param, low_sums, fresh, V, MODE)
         stream = rows.to(tl.int64) * _ROUNDS
-        token, value = pick(
+        token, value = _pick(
             base, V, low_sums, low, tl.rand(tl.load(Seed), stream), fresh, BLOCK, NCHUNK
         )
         todo = fresh & (value < high) & (MODE != 0)
@@ -337,22 +336,22 @@ def split_round_kernel(
     already, a program costs a load."""
     s = tl.program_id(0)
     first_row = tl.program_id(1) * ROWS
-    rows, valid, base = row_bases(Probs, Indices, first_row, B, stride, HAS_INDICES, ROWS)
+    rows, valid, base = _row_bases(Probs, Indices, first_row, B, stride, HAS_INDICES, ROWS)
     f = WsF + rows.to(tl.int64) * ws_f
     i = WsI + rows.to(tl.int64) * ws_i
     busy = valid & (tl.load(i, mask=valid, other=_DONE) != _DONE)
     USE_K: tl.constexpr = (MODE == 2) | (MODE == 4) | (MODE == 5)
     if tl.max(busy.to(tl.int32), axis=0) > 0:
         first_chunk, end_chunk, n_chunks = _my_chunks(V, s, BLOCK, SPLIT)
-        phase, low, high, value, limit, v, high_search, token, rnd, k, low_sums = load_state(
+        phase, low, high, value, limit, v, high_search, token, rnd, k, low_sums = _load_state(
             f, i, busy, n_chunks, NCHUNK
         )
         searching = busy & (phase == _SEARCH)
-        t = candidate_thresholds(value, high, MODE, PIVOTS)
+        t = _candidate_thresholds(value, high, MODE, PIVOTS)
         if MODE == 5:
-            t_search = pivots(v, tl.minimum(high_search, 3.0e38), PIVOTS)
+            t_search = _pivots(v, tl.minimum(high_search, 3.0e38), PIVOTS)
             t = tl.where(searching[:, None], t_search, t)
-        sums, counts, mins, pmax = scan(
+        sums, counts, mins, pmax = _scan(
             base,
             V,
             t,
@@ -387,13 +386,13 @@ def split_round_kernel(
             tl.debug_barrier()
             sums, counts, mins, _ = _combine(f, i, busy, n_chunks, PIVOTS, PIVOTS, SPLIT, NCHUNK)
             sampling = busy & (phase == _SAMPLE)
-            rejected, low_c, low_sums_c, high = candidate_round(
+            rejected, low_c, low_sums_c, high = _candidate_round(
                 t, sums, counts, low, low_sums, high, k, limit, sampling, MODE, PIVOTS
             )
             fresh = tl.zeros_like(sampling)
             still = tl.zeros_like(sampling)
             if MODE == 5:
-                low_s, low_sums_s, v, high_search, still = search_round(
+                low_s, low_sums_s, v, high_search, still = _search_round(
                     t,
                     sums,
                     counts,
@@ -410,16 +409,16 @@ def split_round_kernel(
                 low_c = tl.where(searching, low_s, low_c)
                 low_sums_c = tl.where(searching[:, None], low_sums_s, low_sums_c)
                 fresh = searching & ~still
-                _, param = row_params(
+                _, param = _row_params(
                     TopK, top_k_value, TopP, top_p_value, rows, valid, V, MODE, K_ARRAY, P_ARRAY
                 )
-                k, limit = enter_sampling(k, limit, param, low_sums_c, fresh, V, MODE)
+                k, limit = _enter_sampling(k, limit, param, low_sums_c, fresh, V, MODE)
             low = low_c
             low_sums = low_sums_c
             draw = fresh | rejected
             rnd = tl.where(rejected, rnd + 1, rnd)  # fresh rows draw round 0's uniform
             u = tl.rand(tl.load(Seed), rows.to(tl.int64) * _ROUNDS + rnd)
-            next_token, next_value = pick(base, V, low_sums, low, u, draw, BLOCK, NCHUNK)
+            next_token, next_value = _pick(base, V, low_sums, low, u, draw, BLOCK, NCHUNK)
             token = tl.where(draw, next_token.to(tl.int32), token)
             value = tl.where(draw, next_value, value)
             todo = draw & (value < high) & (rnd < _ROUNDS - 1)

@@ -1,5 +1,6 @@
 """The sampling family's contracts: references in plain PyTorch (sort-based, one per op: the
-test oracle and the benchmark's torch baseline) and the op schemas built on them.
+test oracle, the benchmark's torch baseline, the CPU path where no kernel runs, and the
+schemas' references in schema.py).
 
 Each reference is self-contained (a Definition's reference is the function's own source).
 Filters keep ties: top-k keeps every value >= the k-th largest; top-p keeps a token when the
@@ -7,22 +8,11 @@ mass of the tokens before it (in descending order) is at most top_p of the row's
 token that crosses top_p is kept and top_p <= 0 keeps the most likely token; min-p keeps the
 values >= min_p * max. top_k <= 0 or >= vocab, top_p >= 1 and min_p <= 0 filter nothing.
 Draws invert the CDF of the kept mass with one uniform per row (`generator` optional).
-
-The Definitions of top_k / top_p / top_k_top_p sampling equal the FlashInfer-Trace corpus's
-(../shared/flashinfer-trace/definitions/sampling): per-row parameters as [batch_size]
-tensors (int32 top_k, float32 top_p), int64 samples. The public functions also take Python
-scalars and return int32 (FlashInfer's convention); sampling.SamplingOp shows a call to the
-schema as the corpus's form.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
-
-from flashtune.schema import Const, OpSchema, Tensor, Var
 
 __all__ = [
     "softmax_ref",
@@ -39,25 +29,7 @@ __all__ = [
     "top_k_renorm_probs_ref",
     "top_k_mask_logits_ref",
     "chain_speculative_sampling_ref",
-    "SOFTMAX",
-    "SAMPLING_FROM_PROBS",
-    "SAMPLING_FROM_LOGITS",
-    "TOP_P_SAMPLING",
-    "TOP_K_SAMPLING",
-    "MIN_P_SAMPLING",
-    "TOP_K_TOP_P_SAMPLING",
-    "TOP_K_TOP_P_JOINT_SAMPLING",
-    "TOP_K_TOP_P_SAMPLING_FROM_LOGITS",
-    "TOP_K_TOP_P_JOINT_SAMPLING_FROM_LOGITS",
-    "TOP_P_RENORM",
-    "TOP_K_RENORM",
-    "TOP_K_MASK_LOGITS",
 ]
-
-
-# ----------------------------------------------------------------------------------------------
-# References
-# ----------------------------------------------------------------------------------------------
 
 
 def softmax_ref(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -314,170 +286,3 @@ def chain_speculative_sampling_ref(
             torch.searchsorted(cdf, u[b, n] * cdf[-1], right=True).clamp_max(vocab - 1)
         )
     return out, accepted, emitted
-
-
-# ----------------------------------------------------------------------------------------------
-# Schemas. The corpus's descriptions of axes and inputs are kept (its vocab description names
-# a model; ours does not).
-# ----------------------------------------------------------------------------------------------
-
-_AXES: dict[str, Var | Const] = {
-    "batch_size": Var(description="Number of sequences to sample from"),
-    "vocab_size": Const(description="Size of the vocabulary", abbrev="v"),
-}
-_ROWS = ["batch_size", "vocab_size"]
-_PROBS = Tensor(_ROWS, dtype_from="probs", description="Probability distributions (after softmax)")
-_LOGITS = Tensor(_ROWS, dtype_from="logits", description="Pre-softmax logits")
-_TOP_K = Tensor(
-    ["batch_size"],
-    dtype="int32",
-    description="Number of top tokens to consider for sampling per sequence",
-)
-_TOP_P = Tensor(
-    ["batch_size"],
-    dtype="float32",
-    description="Cumulative probability threshold for nucleus sampling per sequence",
-)
-_MIN_P = Tensor(
-    ["batch_size"],
-    dtype="float32",
-    description="Minimum probability relative to the most likely token, per sequence",
-)
-_SAMPLES = {"samples": Tensor(["batch_size"], dtype="int64", description="Sampled token indices")}
-
-
-def _schema(
-    prefix: str,
-    reference: Callable[..., Any],
-    inputs: dict[str, Tensor],
-    outputs: dict[str, Tensor],
-    what: str,
-    fi_name: str,
-    op_type: str = "sampling",
-) -> OpSchema:
-    return OpSchema(
-        op_type=op_type,  # "sampling" is checked by distribution (bench/correctness.py)
-        name_prefix=prefix,
-        axes=_AXES,
-        inputs=inputs,
-        outputs=outputs,
-        reference=reference,
-        tags=[f"fi_api:flashinfer.sampling.{fi_name}"],
-        description=what,
-    )
-
-
-SOFTMAX = _schema(
-    "softmax",
-    softmax_ref,
-    {"logits": _LOGITS, "temperature": Tensor(["batch_size"], dtype="float32")},
-    {"probs": Tensor(_ROWS, dtype="float32")},
-    "Softmax with temperature: softmax(logits / temperature) per row.",
-    "softmax",
-    op_type="softmax",
-)
-SAMPLING_FROM_PROBS = _schema(
-    "sampling_from_probs",
-    sampling_from_probs_ref,
-    {"probs": _PROBS},
-    _SAMPLES,
-    "Sampling from probabilities: one draw per row.",
-    "sampling_from_probs",
-)
-SAMPLING_FROM_LOGITS = _schema(
-    "sampling_from_logits",
-    sampling_from_logits_ref,
-    {"logits": _LOGITS},
-    _SAMPLES,
-    "Sampling from logits: one draw per row from softmax(logits).",
-    "sampling_from_logits",
-)
-TOP_P_SAMPLING = _schema(
-    "top_p_sampling_from_probs",
-    top_p_sampling_from_probs_ref,
-    {"probs": _PROBS, "top_p": _TOP_P},
-    _SAMPLES,
-    "Top-p (nucleus) sampling from probabilities. Filters probabilities using cumulative "
-    "probability threshold, then samples from the filtered distribution.",
-    "top_p_sampling_from_probs",
-)
-TOP_K_SAMPLING = _schema(
-    "top_k_sampling_from_probs",
-    top_k_sampling_from_probs_ref,
-    {"probs": _PROBS, "top_k": _TOP_K},
-    _SAMPLES,
-    "Top-k sampling from probabilities. Keeps only the k highest probability tokens, "
-    "renormalizes, then samples from the filtered distribution.",
-    "top_k_sampling_from_probs",
-)
-MIN_P_SAMPLING = _schema(
-    "min_p_sampling_from_probs",
-    min_p_sampling_from_probs_ref,
-    {"probs": _PROBS, "min_p": _MIN_P},
-    _SAMPLES,
-    "Min-p sampling from probabilities. Keeps the tokens at least min_p times as likely as "
-    "the most likely one, then samples from the filtered distribution.",
-    "min_p_sampling_from_probs",
-)
-TOP_K_TOP_P_SAMPLING = _schema(
-    "top_k_top_p_sampling_from_probs",
-    top_k_top_p_sampling_from_probs_ref,
-    {"probs": _PROBS, "top_k": _TOP_K, "top_p": _TOP_P},
-    _SAMPLES,
-    "Top-k top-p (nucleus) sampling from probabilities. Filters probabilities using top-k "
-    "and top-p constraints, then samples from the filtered distribution.",
-    "top_k_top_p_sampling_from_probs",
-)
-TOP_K_TOP_P_JOINT_SAMPLING = _schema(
-    "top_k_top_p_joint_sampling_from_probs",
-    top_k_top_p_joint_sampling_from_probs_ref,
-    {"probs": _PROBS, "top_k": _TOP_K, "top_p": _TOP_P},
-    _SAMPLES,
-    "Joint top-k top-p sampling from probabilities (filter_apply_order='joint'): keeps the "
-    "tokens both filters keep on the original row, then samples from them.",
-    "top_k_top_p_sampling_from_probs",
-)
-TOP_K_TOP_P_SAMPLING_FROM_LOGITS = _schema(
-    "top_k_top_p_sampling_from_logits",
-    top_k_top_p_sampling_from_logits_ref,
-    {"logits": _LOGITS, "top_k": _TOP_K, "top_p": _TOP_P},
-    _SAMPLES,
-    "Top-k top-p sampling from logits: top-k mask, softmax, then top-p sampling.",
-    "top_k_top_p_sampling_from_logits",
-)
-TOP_K_TOP_P_JOINT_SAMPLING_FROM_LOGITS = _schema(
-    "top_k_top_p_joint_sampling_from_logits",
-    top_k_top_p_joint_sampling_from_logits_ref,
-    {"logits": _LOGITS, "top_k": _TOP_K, "top_p": _TOP_P},
-    _SAMPLES,
-    "Joint top-k top-p sampling from logits (filter_apply_order='joint'): softmax, then "
-    "the tokens both filters keep.",
-    "top_k_top_p_sampling_from_logits",
-)
-TOP_P_RENORM = _schema(
-    "top_p_renorm_probs",
-    top_p_renorm_probs_ref,
-    {"probs": _PROBS, "top_p": _TOP_P},
-    {"renorm_probs": Tensor(_ROWS, dtype="float32")},
-    "Top-p renormalization: the probabilities top-p sampling keeps, renormalized.",
-    "top_p_renorm_probs",
-    op_type="sampling_filter",
-)
-TOP_K_RENORM = _schema(
-    "top_k_renorm_probs",
-    top_k_renorm_probs_ref,
-    {"probs": _PROBS, "top_k": _TOP_K},
-    {"renorm_probs": Tensor(_ROWS, dtype="float32")},
-    "Top-k renormalization: the probabilities top-k sampling keeps, renormalized.",
-    "top_k_renorm_probs",
-    op_type="sampling_filter",
-)
-TOP_K_MASK_LOGITS = _schema(
-    "top_k_mask_logits",
-    top_k_mask_logits_ref,
-    {"logits": _LOGITS, "top_k": _TOP_K},
-    {"masked_logits": Tensor(_ROWS, dtype_from="logits")},
-    "Top-k logits mask: all but the k largest logits of each row set to -inf.",
-    "top_k_mask_logits",
-    op_type="sampling_filter",
-)

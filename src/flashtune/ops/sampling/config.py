@@ -1,4 +1,4 @@
-"""Launch configurations of the sampling kernels (sampling_kernels.py): the tactic, its search
+"""Launch configurations of the sampling kernels (kernels.py): the tactic, its search
 space and the default (tactic -1).
 
 A tactic changes how a row is read (chunk width, rows a program, warps, programs a row),
@@ -7,7 +7,7 @@ check that a tactic reproduces the default tactic's samples holds. The pivot cou
 tactic: it decides the rejection rounds, and so which uniforms are drawn.
 
 Split rows (`split` > 1, sampling only): at small batch one program a row leaves most SMs
-idle, so each pass over a row is shared by `split` programs (sampling_kernels.py), for
+idle, so each pass over a row is shared by `split` programs (split_kernels.py), for
 `rounds` rejection rounds; rows still undecided then finish one program a row.
 """
 
@@ -36,7 +36,7 @@ __all__ = [
 PIVOTS = 4
 
 # Rejection rounds a split row runs before the rows still undecided finish one program a
-# row. A round after the first pass is usually enough (see sampling_kernels.py); a launch for
+# row. A round after the first pass is usually enough (see kernels.py); a launch for
 # rows already done costs a load per program. H100, top-p at vocab 128256 (bench_sampling
 # --tactics): 2 rounds were within 5% of the best of 1/2/3/5 at batch 1, 16, 64 and 256,
 # each round more cost ~1 us at batch 1 and ~2 us at batch 64; but a row still undecided
@@ -69,7 +69,7 @@ class SamplingTactic:
     """`rows` rows a program, each read `block` values at a time, with `num_warps` warps;
     `split` > 1: each row's passes shared by that many programs for `rounds` rejection
     rounds (then `rows` rows a program finish the rows still undecided); `prefetch`: a pass
-    loads the next chunk before reducing the current one (sampling_steps.scan)."""
+    loads the next chunk before reducing the current one (steps._scan)."""
 
     block: int
     rows: int

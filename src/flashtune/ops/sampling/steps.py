@@ -1,7 +1,8 @@
-"""Building blocks of the sampling kernels (sampling_kernels.py, sampling_split_kernels.py):
-a pass over a row's values against several thresholds, a draw from the values above a
-threshold, and one round's verdicts of the rejection and exact-threshold searches. The
-method is described in sampling_kernels.py.
+"""Building blocks of the sampling kernels (kernels.py, split_kernels.py): a pass over a row's
+values against several thresholds, a draw from the values above a threshold, and one round's
+verdicts of the rejection and exact-threshold searches. The method is described in
+kernels.py. The blocks are the package's own (private names), but for `pick_in_chunk`,
+which the tests check on its own.
 
 Shapes in comments: R rows, P thresholds (pivots), C = NCHUNK chunk sums a row (a power of
 two >= V / BLOCK).
@@ -12,34 +13,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = [
-    "MAX_ROUNDS",
-    "pivots",
-    "scan",
-    "pick",
-    "pick_in_chunk",
-    "take",
-    "take_row",
-    "rejected_pivot",
-    "search_round",
-    "exact_low",
-    "candidate_thresholds",
-    "candidate_round",
-    "top_p_limit",
-    "row_params",
-    "first_state",
-    "enter_sampling",
-    "row_bases",
-]
+__all__ = ["pick_in_chunk"]
 
 # Random streams per output row; also the cap on rejection rounds (never reached: see
-# sampling_kernels.py). Round r of output row b draws philox(seed, b * MAX_ROUNDS + r).
-MAX_ROUNDS = 64
+# kernels.py). Round r of output row b draws philox(seed, b * MAX_ROUNDS + r).
+_MAX_ROUNDS = 64
 _INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
-def pivots(lo, hi, P: tl.constexpr):
+def _pivots(lo, hi, P: tl.constexpr):
     """[R, P] thresholds per row: lo, then P - 1 more spaced evenly between lo and hi [R] in
     the floats' order-preserving bit patterns (negatives flipped), so geometric in value."""
     k_lo = lo.to(tl.int32, bitcast=True)
@@ -52,7 +35,7 @@ def pivots(lo, hi, P: tl.constexpr):
 
 
 @triton.jit
-def scan(
+def _scan(
     base,  # [R] pointers to the rows
     V,
     t,  # [R, P] thresholds
@@ -108,7 +91,7 @@ def scan(
 
 
 @triton.jit
-def pick(base, V, sums, low, u, active, BLOCK: tl.constexpr, NCHUNK: tl.constexpr):
+def _pick(base, V, sums, low, u, active, BLOCK: tl.constexpr, NCHUNK: tl.constexpr):
     """Invert each row's CDF of its values > low [R] at u [R]: (token [R], its value [R]).
     `sums` [R, C]: the chunk sums of those values. Rounding never yields an ineligible
     value: a target left past a chunk's last eligible value takes that value, one left
@@ -145,21 +128,21 @@ def pick_in_chunk(x, low, target, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def take(mat, m, P: tl.constexpr):
+def _take(mat, m, P: tl.constexpr):
     """mat[r, m[r]] for mat [R, P] and m [R]."""
     ids = tl.arange(0, P)
     return tl.sum(tl.where(ids[None, :] == m[:, None], mat, 0), axis=1)
 
 
 @triton.jit
-def take_row(mat, m, P: tl.constexpr):
+def _take_row(mat, m, P: tl.constexpr):
     """mat[r, m[r], :] for mat [R, P, C] and m [R]."""
     ids = tl.arange(0, P)
     return tl.sum(tl.where(ids[None, :, None] == m[:, None, None], mat, 0.0), axis=1)
 
 
 @triton.jit
-def rejected_pivot(ok, t, high, P: tl.constexpr):
+def _rejected_pivot(ok, t, high, P: tl.constexpr):
     """From one pass's verdicts ok [R, P] on thresholds t [R, P]: the largest rejected
     pivot's index [R], and high [R] lowered to the smallest passing pivot above it."""
     ids = tl.arange(0, P)
@@ -169,24 +152,24 @@ def rejected_pivot(ok, t, high, P: tl.constexpr):
 
 
 @triton.jit
-def search_round(
+def _search_round(
     t, sums, counts, mins, low, low_sums, v, high, k, limit, searching, P: tl.constexpr
 ):
-    """One pass's verdicts [R, P] in the search for an exact support (`exact_low`): where
+    """One pass's verdicts [R, P] in the search for an exact support (`_exact_low`): where
     the smallest value > low passes, S = {x > low} and the row is done; elsewhere low rises
     to the largest rejected pivot. Returns (low, low_sums, v, high, still searching [R])."""
     ok = (counts < k[:, None]) & (tl.sum(sums, axis=2) <= limit[:, None])
-    rejected = searching & (take(ok.to(tl.int32), tl.zeros_like(k), P) == 0)
-    m, new_high = rejected_pivot(ok, t, high, P)
-    low = tl.where(rejected, take(t, m, P), low)
-    low_sums = tl.where(rejected[:, None], take_row(sums, m, P), low_sums)
-    v = tl.where(rejected, take(mins, m, P), v)
+    rejected = searching & (_take(ok.to(tl.int32), tl.zeros_like(k), P) == 0)
+    m, new_high = _rejected_pivot(ok, t, high, P)
+    low = tl.where(rejected, _take(t, m, P), low)
+    low_sums = tl.where(rejected[:, None], _take_row(sums, m, P), low_sums)
+    v = tl.where(rejected, _take(mins, m, P), v)
     high = tl.where(rejected, new_high, high)
     return low, low_sums, v, high, rejected & (v < high)
 
 
 @triton.jit
-def exact_low(
+def _exact_low(
     base,
     V,
     low,
@@ -207,22 +190,22 @@ def exact_low(
     searching = active & (v < high)
     n_chunks = tl.cdiv(V, BLOCK)
     while tl.max(searching.to(tl.int32), axis=0) > 0:
-        t = pivots(v, tl.minimum(high, 3.0e38), P)
-        sums, counts, mins, _ = scan(
+        t = _pivots(v, tl.minimum(high, 3.0e38), P)
+        sums, counts, mins, _ = _scan(
             base, V, t, searching, P, BLOCK, NCHUNK, True, True, 0, n_chunks, PREFETCH
         )
-        low, low_sums, v, high, searching = search_round(
+        low, low_sums, v, high, searching = _search_round(
             t, sums, counts, mins, low, low_sums, v, high, k, limit, searching, P
         )
     return low, low_sums
 
 
 @triton.jit
-def candidate_thresholds(value, high, MODE: tl.constexpr, P: tl.constexpr):
+def _candidate_thresholds(value, high, MODE: tl.constexpr, P: tl.constexpr):
     """[R, P] thresholds of a rejection round: the candidate's value, then P - 1 more up to
     `high`. min-p knows its threshold (`high`): every pivot is the float just below it, and
     the next candidate, drawn above that, is in S."""
-    t = pivots(value, high, P)
+    t = _pivots(value, high, P)
     if MODE == 3:
         below = high.to(tl.int32, bitcast=True) - 1  # high > 0: bits order like values
         t = tl.zeros_like(t) + below.to(tl.float32, bitcast=True)[:, None]
@@ -230,7 +213,7 @@ def candidate_thresholds(value, high, MODE: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def candidate_round(
+def _candidate_round(
     t, sums, counts, low, low_sums, high, k, limit, todo, MODE: tl.constexpr, P: tl.constexpr
 ):
     """One rejection round's verdicts on thresholds t [R, P]: the candidate t[:, 0] is in S
@@ -241,22 +224,22 @@ def candidate_round(
         ok = t >= high[:, None]
     else:
         ok = (counts < k[:, None]) & (tl.sum(sums, axis=2) <= limit[:, None])
-    rejected = todo & (take(ok.to(tl.int32), tl.zeros_like(k), P) == 0)
-    m, new_high = rejected_pivot(ok, t, high, P)
-    low = tl.where(rejected, take(t, m, P), low)
-    low_sums = tl.where(rejected[:, None], take_row(sums, m, P), low_sums)
+    rejected = todo & (_take(ok.to(tl.int32), tl.zeros_like(k), P) == 0)
+    m, new_high = _rejected_pivot(ok, t, high, P)
+    low = tl.where(rejected, _take(t, m, P), low)
+    low_sums = tl.where(rejected[:, None], _take_row(sums, m, P), low_sums)
     high = tl.where(rejected, new_high, high)
     return rejected, low, low_sums, high
 
 
 @triton.jit
-def top_p_limit(param, low_sums):
+def _top_p_limit(param, low_sums):
     """The most mass [R] the values above a kept one may hold: top_p of the row's."""
     return tl.where(param >= 1.0, _INF, tl.maximum(param, 0.0) * tl.sum(low_sums, axis=1))
 
 
 @triton.jit
-def row_params(
+def _row_params(
     TopK,
     top_k_value,
     TopP,
@@ -289,7 +272,7 @@ def row_params(
 
 
 @triton.jit
-def first_state(sums0, pmax, param, MODE: tl.constexpr):
+def _first_state(sums0, pmax, param, MODE: tl.constexpr):
     """From the first pass (threshold 0: sums0 [R, 1, C], the row's max [R]): the sampled
     set {x > low = 0}, its chunk sums [R, C], `high` (a value known to be in S) and the
     top-p mass limit [R]."""
@@ -298,7 +281,7 @@ def first_state(sums0, pmax, param, MODE: tl.constexpr):
     high = pmax  # the largest value always passes
     limit = tl.zeros_like(pmax) + _INF
     if (MODE == 1) | (MODE == 4):
-        limit = top_p_limit(param, low_sums)
+        limit = _top_p_limit(param, low_sums)
     if MODE == 3:
         # min-p: S = {x >= min_p * max}. A candidate >= that passes; else one pass at the
         # float just below it, whose next candidate is in S.
@@ -307,17 +290,17 @@ def first_state(sums0, pmax, param, MODE: tl.constexpr):
 
 
 @triton.jit
-def enter_sampling(k, limit, param, low_sums, fresh, V, MODE: tl.constexpr):
+def _enter_sampling(k, limit, param, low_sums, fresh, V, MODE: tl.constexpr):
     """(k, limit) of rows `fresh` as their rejection sampling starts: for top-k-first, top-p
     within the exact top-k support just found (renormalized: its own mass), no top-k test."""
     if MODE == 5:
         k = tl.where(fresh, V + 1, k)
-        limit = tl.where(fresh, top_p_limit(param, low_sums), limit)
+        limit = tl.where(fresh, _top_p_limit(param, low_sums), limit)
     return k, limit
 
 
 @triton.jit
-def row_bases(X, Indices, first, n_rows, stride, HAS_INDICES: tl.constexpr, R: tl.constexpr):
+def _row_bases(X, Indices, first, n_rows, stride, HAS_INDICES: tl.constexpr, R: tl.constexpr):
     """The R output rows of this program: (their indices [R], valid [R], input bases [R])."""
     rows = first + tl.arange(0, R)
     valid = rows < n_rows

@@ -1,14 +1,14 @@
-"""Triton kernels of the sampling family (sampling.py holds the references, schemas and API;
-sampling_steps.py the building blocks named below; sampling_split_kernels.py the same
-sampling with a row's passes shared by several programs, for small batches).
+"""Triton kernels of the sampling family (steps.py holds the building blocks named below;
+split_kernels.py the same sampling with a row's passes shared by several programs, for small
+batches; launch.py launches them).
 
 Sorting-free. A program owns ROWS rows; every round is one pass over them:
 
 - A *pass* compares each value with PIVOTS thresholds t[m] at once and gathers, per pivot,
   the sum of the values > t[m] chunk by chunk (BLOCK values a chunk, in row order), their
-  count and the smallest of them (`scan`).
+  count and the smallest of them (`_scan`).
 - A *draw* inverts the CDF of the values > low in row order: the chunk from the chunk sums,
-  then the token from one re-read of that chunk (`pick`). Row order, not a layout of the
+  then the token from one re-read of that chunk (`_pick`). Row order, not a layout of the
   kernel's, so the token drawn for a uniform does not depend on the tactic but for the
   rounding of partial sums.
 - Truncated sampling (top-k, top-p, min-p, joint) is rejection sampling over a shrinking
@@ -24,7 +24,7 @@ Sorting-free. A program owns ROWS rows; every round is one pass over them:
   most ~32 / log2(PIVOTS) + 1 rounds, typically one or two.
 - Exact thresholds (renorm, mask, the top-k stage of top-k-then-top-p) use the same passes
   with the candidate "the smallest value > low" instead of a random one: when it passes,
-  S = {p > low} exactly (`exact_low`).
+  S = {p > low} exactly (`_exact_low`).
 
 Randomness: one int64 seed per call, read from a device tensor (drawn from the caller's
 torch generator: no host synchronization, and a CUDA graph replays fresh draws); round r of
@@ -38,22 +38,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashtune.ops.sampling_split_kernels import SPLIT_DONE, SPLIT_SEARCH, load_state
-from flashtune.ops.sampling_steps import (
-    MAX_ROUNDS,
-    candidate_round,
-    candidate_thresholds,
-    enter_sampling,
-    exact_low,
-    first_state,
-    pick,
-    row_bases,
-    row_params,
-    scan,
+from flashtune.ops.sampling.split_kernels import SPLIT_DONE, SPLIT_SEARCH, _load_state
+from flashtune.ops.sampling.steps import (
+    _MAX_ROUNDS,
+    _candidate_round,
+    _candidate_thresholds,
+    _enter_sampling,
+    _exact_low,
+    _first_state,
+    _pick,
+    _row_bases,
+    _row_params,
+    _scan,
 )
 
 __all__ = [
-    "MAX_ROUNDS",
     "MODE_PLAIN",
     "MODE_TOP_P",
     "MODE_TOP_K",
@@ -70,7 +69,7 @@ __all__ = [
     "chain_speculative_kernel",
 ]
 
-_ROUNDS = tl.constexpr(MAX_ROUNDS)
+_ROUNDS = tl.constexpr(_MAX_ROUNDS)
 
 _SEARCH = tl.constexpr(SPLIT_SEARCH)
 _DONE = tl.constexpr(SPLIT_DONE)
@@ -115,18 +114,18 @@ def sampling_kernel(
 ):
     """ROWS rows a program, every pass over the whole row. RESUME: the rows the split-row
     kernels left undecided go on from the state they wrote (the others are done)."""
-    rows, valid, base = row_bases(
+    rows, valid, base = _row_bases(
         Probs, Indices, tl.program_id(0) * ROWS, B, stride, HAS_INDICES, ROWS
     )
     seed = tl.load(Seed)
     stream = rows.to(tl.int64) * _ROUNDS
     USE_K: tl.constexpr = (MODE == 2) | (MODE == 4) | (MODE == 5)
     n_chunks = tl.cdiv(V, BLOCK)
-    k, param = row_params(
+    k, param = _row_params(
         TopK, top_k_value, TopP, top_p_value, rows, valid, V, MODE, K_ARRAY, P_ARRAY
     )
     if RESUME:
-        phase, low, high, value, limit, v, high_search, token, rnd, k, low_sums = load_state(
+        phase, low, high, value, limit, v, high_search, token, rnd, k, low_sums = _load_state(
             WsF + rows.to(tl.int64) * ws_f,
             WsI + rows.to(tl.int64) * ws_i,
             valid,
@@ -136,7 +135,7 @@ def sampling_kernel(
         busy = valid & (phase != _DONE)
         fresh = busy & (phase == _SEARCH)
         if MODE == 5:
-            low, low_sums = exact_low(
+            low, low_sums = _exact_low(
                 base,
                 V,
                 low,
@@ -153,10 +152,10 @@ def sampling_kernel(
             )
     else:
         zero = tl.zeros([ROWS, 1], dtype=tl.float32)
-        sums0, counts0, mins0, pmax = scan(
+        sums0, counts0, mins0, pmax = _scan(
             base, V, zero, valid, 1, BLOCK, NCHUNK, MODE == 5, MODE == 5, 0, n_chunks, PREFETCH
         )
-        low, low_sums, high, limit = first_state(sums0, pmax, param, MODE)
+        low, low_sums, high, limit = _first_state(sums0, pmax, param, MODE)
         busy = valid
         fresh = valid
         token = tl.zeros([ROWS], dtype=tl.int32)
@@ -165,7 +164,7 @@ def sampling_kernel(
         if MODE == 5:
             # Top-k first: the exact top-k support, then top-p within it (renormalized).
             search = valid & (tl.sum(counts0, axis=1) >= k)
-            low, low_sums = exact_low(
+            low, low_sums = _exact_low(
                 base,
                 V,
                 low,
@@ -180,24 +179,24 @@ def sampling_kernel(
                 NCHUNK,
                 PREFETCH,
             )
-    k, limit = enter_sampling(k, limit, param, low_sums, fresh, V, MODE)
-    first_token, first_value = pick(
+    k, limit = _enter_sampling(k, limit, param, low_sums, fresh, V, MODE)
+    first_token, first_value = _pick(
         base, V, low_sums, low, tl.rand(seed, stream), fresh, BLOCK, NCHUNK
     )
     token = tl.where(fresh, first_token.to(tl.int32), token)
     value = tl.where(fresh, first_value, value)
     todo = busy & (value < high) & (MODE != 0)
     while tl.max(todo.to(tl.int32), axis=0) > 0:
-        t = candidate_thresholds(value, high, MODE, PIVOTS)
-        sums, counts, _, _ = scan(
+        t = _candidate_thresholds(value, high, MODE, PIVOTS)
+        sums, counts, _, _ = _scan(
             base, V, t, todo, PIVOTS, BLOCK, NCHUNK, USE_K, False, 0, n_chunks, PREFETCH
         )
-        rejected, low, low_sums, high = candidate_round(
+        rejected, low, low_sums, high = _candidate_round(
             t, sums, counts, low, low_sums, high, k, limit, todo, MODE, PIVOTS
         )
         rnd = tl.where(rejected, rnd + 1, rnd)
         u = tl.rand(seed, stream + rnd)
-        next_token, next_value = pick(base, V, low_sums, low, u, rejected, BLOCK, NCHUNK)
+        next_token, next_value = _pick(base, V, low_sums, low, u, rejected, BLOCK, NCHUNK)
         token = tl.where(rejected, next_token.to(tl.int32), token)
         value = tl.where(rejected, next_value, value)
         todo = rejected & (value < high) & (rnd < _ROUNDS - 1)
@@ -220,7 +219,7 @@ def logits_sampling_kernel(
 ):
     """One draw from softmax(logits) in one pass: chunk sums of exp(x - running max), rescaled
     when the max grows, then the chosen chunk's re-read (no probabilities are written)."""
-    rows, valid, base = row_bases(
+    rows, valid, base = _row_bases(
         Logits, Indices, tl.program_id(0) * ROWS, B, stride, HAS_INDICES, ROWS
     )
     cols = tl.arange(0, BLOCK)
@@ -278,7 +277,7 @@ def renorm_kernel(
     NCHUNK: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    rows, valid, base = row_bases(X, X, tl.program_id(0) * ROWS, B, stride_x, False, ROWS)
+    rows, valid, base = _row_bases(X, X, tl.program_id(0) * ROWS, B, stride_x, False, ROWS)
     k = tl.zeros([ROWS], dtype=tl.int32) + V + 1
     if MODE != 0:
         if K_ARRAY:
@@ -291,7 +290,7 @@ def renorm_kernel(
         start = tl.full([ROWS, 1], -_INF, dtype=tl.float32)
     else:
         start = tl.zeros([ROWS, 1], dtype=tl.float32)
-    sums0, counts0, mins0, _ = scan(
+    sums0, counts0, mins0, _ = _scan(
         base, V, start, valid, 1, BLOCK, NCHUNK, True, True, 0, tl.cdiv(V, BLOCK), PREFETCH
     )
     low = tl.sum(start, axis=1)
@@ -306,7 +305,7 @@ def renorm_kernel(
     total = tl.sum(low_sums, axis=1)
     search = valid & ((tl.sum(counts0, axis=1) >= k) | (total > limit))
     high = tl.full([ROWS], _INF, dtype=tl.float32)
-    low, low_sums = exact_low(
+    low, low_sums = _exact_low(
         base,
         V,
         low,
@@ -356,7 +355,7 @@ def softmax_kernel(
 ):
     """Online softmax: per column of the chunk grid a running max and sum (no reduction per
     chunk), combined once; then one pass writing exp(x / T - max) / sum."""
-    rows, valid, base = row_bases(X, X, tl.program_id(0) * ROWS, B, stride_x, False, ROWS)
+    rows, valid, base = _row_bases(X, X, tl.program_id(0) * ROWS, B, stride_x, False, ROWS)
     if T_ARRAY:
         t = tl.load(Temperature + rows, mask=valid, other=1.0).to(tl.float32)
     else:

@@ -1,25 +1,44 @@
-"""Runners and launches of the sampling kernels (sampling_kernels.py) for the public
-functions in sampling.py: one TunableRunner per tunable kernel (its tactics from
-sampling_config.py), the tuning inputs each needs, and the fixed-tactic launches.
+"""Host side of the sampling family: the kernels' runners and launches (kernels.py,
+split_kernels.py), one TunableRunner per tunable kernel (its tactics from config.py), the
+tuning inputs each needs, the fixed-tactic launches, and the public functions' (__init__.py)
+validation, dispatch and CPU path (the sort-based references where no kernel runs).
 
 The draw of a sampling launch is a function of its inputs, the seed tensor included, and
-not of the tactic (see sampling_kernels.py): the tuner's inputs carry a fixed seed, so a
+not of the tactic (see kernels.py): the tuner's inputs carry a fixed seed, so a
 tactic passes the tuner's check that it reproduces the default tactic's samples."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 
-from flashtune import env
-from flashtune.ops import sampling_kernels as kernels
-from flashtune.ops import sampling_split_kernels as split_kernels
-from flashtune.ops.sampling_config import PIVOTS, SamplingTactic, chunk_count, default_tactic
-from flashtune.tune import DEFAULT_TACTIC, DynamicDim, Tactic, TunableRunner, TuningConfig
+from flashtune import env, platform
+from flashtune.ops.sampling import kernels, split_kernels
+from flashtune.ops.sampling.config import PIVOTS, SamplingTactic, chunk_count, default_tactic
+from flashtune.ops.sampling.reference import (
+    min_p_sampling_from_probs_ref,
+    sampling_from_logits_ref,
+    sampling_from_probs_ref,
+    top_k_mask_logits_ref,
+    top_k_renorm_probs_ref,
+    top_k_sampling_from_probs_ref,
+    top_k_top_p_joint_sampling_from_probs_ref,
+    top_k_top_p_sampling_from_probs_ref,
+    top_p_renorm_probs_ref,
+    top_p_sampling_from_probs_ref,
+)
+from flashtune.tune import (
+    DEFAULT_TACTIC,
+    DynamicDim,
+    Tactic,
+    TunableRunner,
+    TuningConfig,
+    choose_one,
+)
 
 __all__ = [
     "SamplingArgs",
@@ -335,3 +354,208 @@ def launch_chain_speculative(
         num_warps=cfg.num_warps,
     )
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The public functions' host side (__init__.py): validation, dispatch, the CPU path
+# ----------------------------------------------------------------------------------------------
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_rows(name: str, x: Any) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [batch, vocab], got shape {tuple(x.shape)}")
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one column, got shape {tuple(x.shape)}")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(
+            f"{name} must be contiguous in its last dimension, got strides {x.stride()}"
+        )
+
+
+def _check_indices(indices: Any, device: torch.device) -> None:
+    if indices is None:
+        return
+    if not isinstance(indices, torch.Tensor):
+        raise TypeError(f"indices must be a torch.Tensor or None, got {type(indices).__name__}")
+    if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"indices must be a 1-D int32/int64 tensor, got {indices.dtype} of shape {tuple(indices.shape)}"
+        )
+    if indices.device != device:
+        raise ValueError(f"indices is on {indices.device} but the rows are on {device}")
+
+
+def _per_row(
+    name: str, value: Any, batch: int, device: torch.device, integer: bool
+) -> tuple[Any, Any]:
+    """(the (batch,) tensor or None, the scalar or 0) of a per-row parameter. A tensor of
+    any real dtype is read as the kernel's (int32 top_k, fp32 top_p), as FlashInfer casts it
+    (its tests pass torch.full((batch,), 1) as min_p)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.shape[0] != batch:
+            raise ValueError(
+                f"{name} must have shape ({batch},) (one per row), got {tuple(value.shape)}"
+            )
+        if value.dtype == torch.bool or value.dtype.is_complex:
+            raise TypeError(f"{name} must be a real-valued tensor, got {value.dtype}")
+        if value.device != device:
+            raise ValueError(f"{name} is on {value.device} but the rows are on {device}")
+        return value.contiguous(), 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a tensor or a number, got {type(value).__name__}")
+    if integer and not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return None, int(value) if integer else float(value)
+
+
+def _check_generator(generator: Any, device: torch.device) -> None:
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
+    if torch.device(generator.device).type != device.type:
+        raise ValueError(f"generator is on {generator.device} but the rows are on {device}")
+
+
+def _check_nan(name: str, x: torch.Tensor) -> None:
+    if bool(torch.isnan(x).any()):
+        raise ValueError(f"Input {name} contains NaN.")
+
+
+def _seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """This call's seed, drawn on the device: no host synchronization, replayed by graphs."""
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device, generator=generator)
+
+
+def _sample(
+    probs: torch.Tensor,
+    mode: int,
+    indices: torch.Tensor | None,
+    generator: torch.Generator | None,
+    check_nan: bool,
+    top_k: Any = None,
+    top_p: Any = None,
+) -> torch.Tensor:
+    """Validate, then draw one token per output row with the kernel of `mode` (top_p holds
+    min_p for MODE_MIN_P)."""
+    _check_rows("probs", probs)
+    _check_indices(indices, probs.device)
+    _check_generator(generator, probs.device)
+    batch = indices.shape[0] if indices is not None else probs.shape[0]
+    k_arr, k_val = (None, 0)
+    p_arr, p_val = (None, 0.0)
+    if top_k is not None:
+        k_arr, k_val = _per_row("top_k", top_k, batch, probs.device, integer=True)
+    if top_p is not None:
+        p_name = "min_p" if mode == kernels.MODE_MIN_P else "top_p"
+        p_arr, p_val = _per_row(p_name, top_p, batch, probs.device, integer=False)
+    if check_nan:
+        _check_nan("probs", probs)
+    out = torch.empty(batch, dtype=torch.int32, device=probs.device)
+    if batch == 0:
+        return out
+    seed = _seed(generator, probs.device)
+    if not platform.kernels_available(probs.device):
+        return _sample_without_kernels(probs, mode, indices, generator, k_arr, k_val, p_arr, p_val)
+    inputs = [probs, out, indices, seed, k_arr, p_arr, SamplingArgs(mode, k_val, p_val)]
+    runner, tactic = choose_one(
+        f"flashtune::sampling_{mode}", SAMPLING_RUNNERS, SAMPLING_TUNING, inputs
+    )
+    return runner.forward(inputs, tactic)
+
+
+_REFERENCES: dict[int, Callable[..., torch.Tensor]] = {
+    kernels.MODE_PLAIN: lambda p, k, q, g: sampling_from_probs_ref(p, generator=g),
+    kernels.MODE_TOP_P: lambda p, k, q, g: top_p_sampling_from_probs_ref(p, q, generator=g),
+    kernels.MODE_TOP_K: lambda p, k, q, g: top_k_sampling_from_probs_ref(p, k, generator=g),
+    kernels.MODE_MIN_P: lambda p, k, q, g: min_p_sampling_from_probs_ref(p, q, generator=g),
+    kernels.MODE_JOINT: lambda p, k, q, g: top_k_top_p_joint_sampling_from_probs_ref(
+        p, k, q, generator=g
+    ),
+    kernels.MODE_TOP_K_FIRST: lambda p, k, q, g: top_k_top_p_sampling_from_probs_ref(
+        p, k, q, generator=g
+    ),
+}
+
+
+def _sample_without_kernels(
+    probs: torch.Tensor,
+    mode: int,
+    indices: torch.Tensor | None,
+    generator: torch.Generator | None,
+    k_arr: torch.Tensor | None,
+    k_val: int,
+    p_arr: torch.Tensor | None,
+    p_val: float,
+) -> torch.Tensor:
+    """The sort-based references, where no Triton kernel can run."""
+    rows = probs if indices is None else probs[indices.long()]
+    batch = rows.shape[0]
+    k = k_arr if k_arr is not None else torch.full((batch,), k_val, device=rows.device)
+    p = p_arr if p_arr is not None else torch.full((batch,), p_val, device=rows.device)
+    return _REFERENCES[mode](rows, k, p, generator).to(torch.int32)
+
+
+def _renorm(
+    x: torch.Tensor, name: str, mode: int, top_k: Any = None, top_p: Any = None
+) -> torch.Tensor:
+    _check_rows(name, x)
+    batch = x.shape[0]
+    k_arr, k_val = (
+        _per_row("top_k", top_k, batch, x.device, True) if top_k is not None else (None, 0)
+    )
+    p_arr, p_val = (
+        _per_row("top_p", top_p, batch, x.device, False) if top_p is not None else (None, 0.0)
+    )
+    dtype = x.dtype if mode == kernels.MASK_TOP_K else torch.float32
+    if not platform.kernels_available(x.device):
+        k = k_arr if k_arr is not None else torch.full((batch,), k_val, device=x.device)
+        p = p_arr if p_arr is not None else torch.full((batch,), p_val, device=x.device)
+        if mode == kernels.RENORM_TOP_P:
+            return top_p_renorm_probs_ref(x, p)
+        if mode == kernels.RENORM_TOP_K:
+            return top_k_renorm_probs_ref(x, k)
+        return top_k_mask_logits_ref(x, k)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    if batch == 0:
+        return out
+    inputs = [x, out, k_arr, p_arr, SamplingArgs(mode, k_val, p_val)]
+    runner, tactic = choose_one(f"flashtune::renorm_{mode}", RENORM_RUNNERS, RENORM_TUNING, inputs)
+    return runner.forward(inputs, tactic)
+
+
+def _sample_logits(
+    logits: torch.Tensor, indices: Any, generator: Any, check_nan: bool
+) -> torch.Tensor:
+    _check_rows("logits", logits)
+    _check_indices(indices, logits.device)
+    _check_generator(generator, logits.device)
+    if check_nan:
+        _check_nan("logits", logits)
+    batch = indices.shape[0] if indices is not None else logits.shape[0]
+    out = torch.empty(batch, dtype=torch.int32, device=logits.device)
+    if batch == 0:
+        return out
+    seed = _seed(generator, logits.device)
+    if not platform.kernels_available(logits.device):
+        rows = logits if indices is None else logits[indices.long()]
+        return sampling_from_logits_ref(rows, generator=generator).to(torch.int32)
+    return launch_logits_sampling(logits, out, indices, seed)
+
+
+def _order(filter_apply_order: Any) -> int:
+    if filter_apply_order == "top_k_first":
+        return kernels.MODE_TOP_K_FIRST
+    if filter_apply_order == "joint":
+        return kernels.MODE_JOINT
+    raise ValueError(
+        f"Invalid filter_apply_order: {filter_apply_order!r} (expected 'top_k_first' or 'joint')"
+    )
