@@ -1,5 +1,5 @@
-"""Split-row sampling (a row's passes shared by several programs, sampling_kernels.py) against
-the one-program kernel and the filtered distributions, in the CPU interpreter.
+"""Split-row sampling (a row's passes shared by several programs, ops/sampling/split_kernels.py)
+against the one-program kernel and the filtered distributions, in the CPU interpreter.
 
 The split path runs the same rounds with the same thresholds and uniforms as the one-program
 kernel, so it draws the same tokens (the autotuner's tactic check); its draws are also
