@@ -26,7 +26,8 @@ from flashtune.apply.solutions import clear_broken_solutions  # noqa: E402
 from flashtune.apply.table import current_environment  # noqa: E402
 from flashtune.data import Dataset  # noqa: E402
 from flashtune.data.models import Correctness  # noqa: E402
-from flashtune.ops.norm import rmsnorm, rmsnorm_ref  # noqa: E402
+from flashtune.ops.norm import rmsnorm  # noqa: E402
+from flashtune.ops.norm.reference import rmsnorm_ref  # noqa: E402
 
 NAME = "toy_norm_h16"
 ZEROS_SRC = """import torch

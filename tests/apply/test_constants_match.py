@@ -20,7 +20,7 @@ import flashtune  # noqa: E402
 from flashtune.apply import enable_apply  # noqa: E402
 from flashtune.capture import capture  # noqa: E402
 from flashtune.data import Dataset  # noqa: E402
-from flashtune.ops.norm import rmsnorm_ref  # noqa: E402
+from flashtune.ops.norm.reference import rmsnorm_ref  # noqa: E402
 from flashtune.schema import constant_mismatches, reference_constants  # noqa: E402
 
 BUNDLED_RMSNORM = (

@@ -9,17 +9,18 @@ import json
 import pytest
 import torch
 
-from flashtune.ops import norm_config
 from flashtune.ops.norm import (
-    RMSNormRunner,
-    RMSNormTactic,
     fused_add_rmsnorm,
-    fused_add_rmsnorm_ref,
     gemma_fused_add_rmsnorm,
-    gemma_fused_add_rmsnorm_ref,
     gemma_rmsnorm,
-    gemma_rmsnorm_ref,
     rmsnorm,
+)
+from flashtune.ops.norm.config import RMSNormTactic, default_tactic
+from flashtune.ops.norm.launch import RMSNormRunner
+from flashtune.ops.norm.reference import (
+    fused_add_rmsnorm_ref,
+    gemma_fused_add_rmsnorm_ref,
+    gemma_rmsnorm_ref,
     rmsnorm_ref,
 )
 
@@ -124,7 +125,7 @@ def test_every_tactic_is_correct(hidden, device):
 def test_default_tactics_cover_any_hidden():
     for hidden in (1, 5, 127, 128, 4096, 5120, 16384, 16385, 100_000):
         for rows in (1, 100, 100_000):
-            t = norm_config.default_tactic(hidden, rows)
+            t = default_tactic(hidden, rows)
             for value in (t.block_n, t.rows, t.num_warps):  # Triton needs powers of two
                 assert value >= 1 and value & (value - 1) == 0, t
             assert t.block_n >= hidden or t.rows == 1

@@ -15,7 +15,7 @@ import torch
 
 from flashtune.ops.activation_config import ActivationTactic
 from flashtune.ops.gemm.config import TiledTactic
-from flashtune.ops.norm_config import RMSNormTactic
+from flashtune.ops.norm.config import RMSNormTactic
 from flashtune.ops.rope_config import RopeTactic
 from flashtune.ops.sampling.config import SamplingTactic
 from flashtune.tune import (

@@ -8,7 +8,7 @@ the environment of the last writer (informational).
 
 Tactics that are frozen dataclasses of flashtune's ops (``RMSNormTactic``,
 ``SamplingTactic``, ...) are written as a JSON object tagged with their class,
-``{"__tactic__": "flashtune.ops.norm_config:RMSNormTactic", "block": 1024, ...}``, and
+``{"__tactic__": "flashtune.ops.norm.config:RMSNormTactic", "block": 1024, ...}``, and
 matched on load against the tactics the runner offers (a file never imports code).
 
 ```json

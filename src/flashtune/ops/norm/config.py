@@ -1,4 +1,4 @@
-"""Launch configurations of the RMSNorm kernel (norm.py): the tactic, its search space and
+"""Launch configurations of the RMSNorm kernel (kernels.py): the tactic, its search space and
 the default (tactic -1)."""
 
 from __future__ import annotations
