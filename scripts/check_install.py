@@ -91,9 +91,8 @@ def summarize(report: dict) -> str:
     installs = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
     cuda = sorted(n for n in installs if n.startswith(("nvidia-", "cuda-")))
     pair = ", ".join(f"{n} {installs[n]}" for n in ("torch", "triton") if n in installs)
-    return (
-        f"{len(installs)} packages ({pair or 'no torch/triton'}); "
-        + (f"{len(cuda)} CUDA packages come with it" if cuda else "no CUDA packages")
+    return f"{len(installs)} packages ({pair or 'no torch/triton'}); " + (
+        f"{len(cuda)} CUDA packages come with it" if cuda else "no CUDA packages"
     )
 
 
