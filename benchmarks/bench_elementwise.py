@@ -39,8 +39,11 @@ from common import (  # noqa: E402
 )
 
 from flashtune.ops import activation as A  # noqa: E402
-from flashtune.ops import activation_config, rope_config  # noqa: E402
 from flashtune.ops import rope as R  # noqa: E402
+from flashtune.ops import rope_config  # noqa: E402
+from flashtune.ops.activation import config as activation_config  # noqa: E402
+from flashtune.ops.activation.launch import GatedActivationRunner  # noqa: E402
+from flashtune.ops.activation.reference import silu_and_mul_ref  # noqa: E402
 
 PDL_CHAIN = 8
 
@@ -140,9 +143,9 @@ def bench_silu(writer, bw, fi, quick: bool, sel: Selection) -> list[dict[str, An
 
 
 def _silu_shape(writer, bw, fi, sel: Selection, t: int, d: int) -> dict[str, Any] | None:
-    runner = A.GatedActivationRunner()
+    runner = GatedActivationRunner()
     x = torch.randn(t, 2 * d, dtype=torch.bfloat16, device="cuda")
-    ref = A.silu_and_mul_ref(x)
+    ref = silu_and_mul_ref(x)
 
     def check(fn):
         o = torch.empty(t, d, dtype=x.dtype, device="cuda")

@@ -12,7 +12,8 @@ from flashtune.apply import enable_apply
 from flashtune.apply.solutions import runs_the_op_itself
 from flashtune.bench import entry_points
 from flashtune.data import Dataset, Solution
-from flashtune.ops.activation import silu_and_mul, silu_and_mul_ref
+from flashtune.ops.activation import silu_and_mul
+from flashtune.ops.activation.reference import silu_and_mul_ref
 
 OWN = "from flashtune.bench.entry_points import flashtune_silu_and_mul as run\n"
 

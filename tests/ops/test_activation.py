@@ -6,15 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashtune.ops import activation_config
-from flashtune.ops.activation import (
-    ActivationTactic,
-    GatedActivationRunner,
-    gelu_and_mul,
+from flashtune.ops.activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from flashtune.ops.activation.config import ActivationTactic, default_tactic
+from flashtune.ops.activation.launch import GatedActivationRunner
+from flashtune.ops.activation.reference import (
     gelu_and_mul_ref,
-    gelu_tanh_and_mul,
     gelu_tanh_and_mul_ref,
-    silu_and_mul,
     silu_and_mul_ref,
 )
 
@@ -145,7 +142,7 @@ def test_default_tactic_is_a_valid_launch():
     # Triton needs power-of-two warps and block sizes (the interpreter does not check).
     for d in (1, 5, 123, 4097, 11008, 14336):
         for rows in (1, 3, 64, 100_000):
-            t = activation_config.default_tactic(d, rows)
+            t = default_tactic(d, rows)
             for value in (t.block_d, t.rows, t.num_warps):
                 assert value >= 1 and value & (value - 1) == 0, t
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from flashtune.ops.activation_config import ActivationTactic
+from flashtune.ops.activation.config import ActivationTactic
 from flashtune.ops.gemm.config import TiledTactic
 from flashtune.ops.norm.config import RMSNormTactic
 from flashtune.ops.rope_config import RopeTactic

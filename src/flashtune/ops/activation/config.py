@@ -1,4 +1,4 @@
-"""Launch configurations of the gated-activation kernel (activation.py): the tactic, its
+"""Launch configurations of the gated-activation kernel (kernels.py): the tactic, its
 search space and the default (tactic -1)."""
 
 from __future__ import annotations
