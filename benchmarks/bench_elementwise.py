@@ -39,11 +39,12 @@ from common import (  # noqa: E402
 )
 
 from flashtune.ops import activation as A  # noqa: E402
-from flashtune.ops import rope as R  # noqa: E402
-from flashtune.ops import rope_config  # noqa: E402
 from flashtune.ops.activation import config as activation_config  # noqa: E402
 from flashtune.ops.activation.launch import GatedActivationRunner  # noqa: E402
 from flashtune.ops.activation.reference import silu_and_mul_ref  # noqa: E402
+from flashtune.ops.rope import config as rope_config  # noqa: E402
+from flashtune.ops.rope.launch import RopeArgs, RopeRunner  # noqa: E402
+from flashtune.ops.rope.reference import rope_with_cos_sin_cache_ref  # noqa: E402
 
 PDL_CHAIN = 8
 
@@ -194,13 +195,13 @@ def bench_rope(writer, bw, fi, quick: bool, sel: Selection) -> list[dict[str, An
 
 
 def _rope_shape(writer, bw, fi, sel, cache, nnz, hq, hk, d, inplace) -> dict[str, Any] | None:
-    runner = R.RopeRunner()
+    runner = RopeRunner()
     rd = cache.shape[1]
-    args_c = R.RopeArgs(rd, False, True)
+    args_c = RopeArgs(rd, False, True)
     q = torch.randn(nnz, hq * d, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(nnz, hk * d, dtype=torch.bfloat16, device="cuda")
     pos = torch.randint(0, cache.shape[0], (nnz,), device="cuda")
-    qr, kr = R.rope_with_cos_sin_cache_ref(q, k, cache, pos, d, True)
+    qr, kr = rope_with_cos_sin_cache_ref(q, k, cache, pos, d, True)
     moved = rd if inplace else d  # in place, the pass-through part is untouched
     nbytes = 2 * nnz * (hq + hk) * moved * q.element_size() + nnz * (8 + rd * 4)
 
@@ -241,7 +242,7 @@ def _rope_shape(writer, bw, fi, sel, cache, nnz, hq, hk, d, inplace) -> dict[str
             by["flashinfer"] = time_ms(peer, args)
 
     def torch_eager(qq, kk):
-        qo, ko = R.rope_with_cos_sin_cache_ref(qq, kk, cache, pos, d, True)
+        qo, ko = rope_with_cos_sin_cache_ref(qq, kk, cache, pos, d, True)
         if inplace:
             qq.copy_(qo)
             kk.copy_(ko)

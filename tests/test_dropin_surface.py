@@ -17,7 +17,7 @@ import torch
 
 import flashtune
 from flashtune.ops import attention
-from flashtune.ops import rope as rope_ops
+from flashtune.ops.rope import reference as rope_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 DROPIN = ROOT / "scripts" / "flashinfer_dropin"

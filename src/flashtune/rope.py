@@ -15,7 +15,7 @@ from flashtune.ops.rope import (  # noqa: F401  (re-exported: __all__ is the tab
     apply_rope_pos_ids_inplace,
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
+    mla_rope_quantize_fp8,
 )
-from flashtune.ops.rope_mla import mla_rope_quantize_fp8  # noqa: F401  (re-exported)
 
 __all__ = [*TOP_LEVEL["rope"], *SUBMODULE_ONLY["rope"]]

@@ -8,26 +8,26 @@ import json
 import pytest
 import torch
 
-from flashtune.ops import rope_config
 from flashtune.ops.rope import (
-    RopeArgs,
-    RopeRunner,
     apply_llama31_rope,
     apply_llama31_rope_inplace,
     apply_llama31_rope_pos_ids,
     apply_llama31_rope_pos_ids_inplace,
-    apply_llama31_rope_ref,
     apply_rope,
     apply_rope_inplace,
     apply_rope_pos_ids,
     apply_rope_pos_ids_inplace,
-    apply_rope_ref,
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
+)
+from flashtune.ops.rope.config import default_tactic
+from flashtune.ops.rope.launch import RopeArgs, RopeRunner, llama31_smoothing
+from flashtune.ops.rope.reference import (
+    apply_llama31_rope_ref,
+    apply_rope_ref,
     llama31_inv_freq,
     rope_with_cos_sin_cache_ref,
 )
-from flashtune.ops.rope_kernels import llama31_smoothing
 
 TOL = {
     torch.float32: (1e-5, 1e-5),
@@ -358,7 +358,7 @@ def test_definition_equals_corpus(trace_corpus):
 @pytest.mark.parametrize("rotary_dim", [2, 10, 32, 40, 64, 80, 96, 128, 256])
 def test_default_tactic_is_a_valid_launch(heads, rotary_dim):
     # Triton needs power-of-two warps and block sizes (the interpreter does not check).
-    t = rope_config.default_tactic(heads, rotary_dim)
+    t = default_tactic(heads, rotary_dim)
     for value in (t.block_h, t.num_warps):
         assert value >= 1 and value & (value - 1) == 0, t
     assert t.num_warps <= 8

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashtune.ops.rope_mla import mla_rope_quantize_fp8, mla_rope_quantize_ref
+from flashtune.ops.rope import mla_rope_quantize_fp8
+from flashtune.ops.rope.reference import mla_rope_quantize_ref
 
 
 def _cache(max_pos: int, rd: int) -> torch.Tensor:

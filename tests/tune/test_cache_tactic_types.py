@@ -16,7 +16,7 @@ import torch
 from flashtune.ops.activation.config import ActivationTactic
 from flashtune.ops.gemm.config import TiledTactic
 from flashtune.ops.norm.config import RMSNormTactic
-from flashtune.ops.rope_config import RopeTactic
+from flashtune.ops.rope.config import RopeTactic
 from flashtune.ops.sampling.config import SamplingTactic
 from flashtune.tune import (
     AutotuneWarning,

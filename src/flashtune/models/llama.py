@@ -124,7 +124,7 @@ def rope_cos_sin(config: LlamaConfig, device: torch.device | str) -> torch.Tenso
     d = config.head_dim
     inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     scaling = config.rope_scaling
-    if scaling is not None:  # Meta's definition (as flashtune.ops.rope.llama31_inv_freq)
+    if scaling is not None:  # Meta's definition (as flashtune.ops.rope.reference.llama31_inv_freq)
         wavelen = 2 * math.pi / inv_freq
         long_wave = scaling.original_max_position / scaling.low_freq_factor
         short_wave = scaling.original_max_position / scaling.high_freq_factor

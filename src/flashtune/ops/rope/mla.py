@@ -1,9 +1,9 @@
 """FlashInfer's `mla_rope_quantize_fp8`: RoPE on the rotary part of MLA's queries and keys,
 then every part (rotary and not) scaled and cast to fp8, as DeepSeek's attention stores them.
 
-Not fused: the RoPE kernel (rope_kernels.py) writes the rotated parts in fp32, then PyTorch
-scales and casts each part. FlashInfer's one kernel computes the same values (rotation in
-fp32, x * scale, one cast to fp8).
+Not fused: the RoPE kernel (kernels.py, through launch.py) writes the rotated parts in fp32,
+then PyTorch scales and casts each part. FlashInfer's one kernel computes the same values
+(rotation in fp32, x * scale, one cast to fp8). The reference: reference.mla_rope_quantize_ref.
 """
 
 from __future__ import annotations
@@ -12,42 +12,11 @@ from typing import Any
 
 import torch
 
-from flashtune.ops.rope import RopeArgs, rope_with_cos_sin_cache_ref, run_rope
+from flashtune.ops.rope.launch import RopeArgs, _run_rope
 
-__all__ = ["mla_rope_quantize_fp8", "mla_rope_quantize_ref"]
+__all__ = ["mla_rope_quantize_fp8"]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def mla_rope_quantize_ref(
-    q_rope,
-    k_rope,
-    q_nope,
-    k_nope,
-    cos_sin_cache,
-    pos_ids,
-    is_neox=True,
-    quantize_dtype=None,
-    quant_scale_q=1.0,
-    quant_scale_kv=1.0,
-):
-    """(q_rope_out, k_rope_out, q_nope_out, k_nope_out) in quantize_dtype (default e4m3):
-    q/k_rope rotated by the cache at pos_ids, every part multiplied by its scale (q's or the
-    KV's) in fp32, then cast. k_rope/k_nope: [nnz, D] (one latent head) or [nnz, H, D]."""
-    import torch
-
-    dtype = quantize_dtype or torch.float8_e4m3fn
-    rd = cos_sin_cache.shape[-1]
-    k3 = k_rope if k_rope.dim() == 3 else k_rope.unsqueeze(1)
-    q_rot, k_rot = rope_with_cos_sin_cache_ref(
-        q_rope.float(), k3.float(), cos_sin_cache, pos_ids, rd, is_neox
-    )
-    return (
-        (q_rot * quant_scale_q).to(dtype),
-        (k_rot.reshape(k_rope.shape) * quant_scale_kv).to(dtype),
-        (q_nope.float() * quant_scale_q).to(dtype),
-        (k_nope.float() * quant_scale_kv).to(dtype),
-    )
 
 
 def _check(name: str, t: Any, dim: tuple[int, ...]) -> None:
@@ -128,7 +97,7 @@ def mla_rope_quantize_fp8(
     k3 = k_rope if k_rope.dim() == 3 else k_rope.unsqueeze(1)
     q_rot = torch.empty(q_rope.shape, dtype=torch.float32, device=q_rope.device)
     k_rot = torch.empty(k3.shape, dtype=torch.float32, device=k3.device)
-    run_rope(q_rope, k3, q_rot, k_rot, pos_ids, cos_sin_cache, RopeArgs(rd, not is_neox, True))
+    _run_rope(q_rope, k3, q_rot, k_rot, pos_ids, cos_sin_cache, RopeArgs(rd, not is_neox, True))
     q_rope_out.copy_(q_rot.mul_(quant_scale_q))
     k_rope_out.copy_(k_rot.mul_(quant_scale_kv).view(k_rope.shape))
     q_nope_out.copy_(q_nope.float().mul_(quant_scale_q))

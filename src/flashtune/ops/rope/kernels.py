@@ -1,4 +1,4 @@
-"""The RoPE Triton kernel (rope.py holds the references, schemas, runner and public API).
+"""The RoPE Triton kernel (launch.py launches it).
 
 Program (token, block of BLOCK_H heads), q heads first, then k heads; cos/sin for the token
 are loaded from a cache or computed once per program and shared by its heads. Computed
@@ -9,23 +9,16 @@ frequencies follow FlashInfer's kernel, Llama 3.1's scaling included:
     f_j = (1 - s_j) * f_j / rope_scale + s_j * f_j,      angle = pos * f_j
 
 smooth_a = smooth_b = 0 is plain RoPE with positions divided by rope_scale;
-`llama31_smoothing` gives Llama 3.1's (high frequencies unscaled, low ones divided by
+`launch.llama31_smoothing` gives Llama 3.1's (high frequencies unscaled, low ones divided by
 rope_scale, a linear blend between).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
-from flashtune.ops.rope_config import RopeTactic, default_tactic
-from flashtune.tune import DEFAULT_TACTIC, Tactic
-
-__all__ = ["RopeArgs", "launch_rope", "llama31_smoothing"]
+__all__: list[str] = []
 
 
 @triton.jit
@@ -125,94 +118,3 @@ def _rope_kernel(
         pmask = (heads < n_heads)[:, None] & (p < D)[None, :]
         xp = tl.load(src + row_s + p[None, :], mask=pmask, other=0.0)
         tl.store(dst + row_d + p[None, :], xp, mask=pmask)
-
-
-@dataclass(frozen=True)
-class RopeArgs:
-    """Everything but the tensors: how cos/sin are obtained and which pairs rotate.
-    smooth_a/smooth_b: the frequency blend of the module docstring (0, 0: plain RoPE)."""
-
-    rotary_dim: int
-    interleave: bool
-    from_cache: bool
-    rope_scale: float = 1.0
-    rope_theta: float = 1e4
-    smooth_a: float = 0.0
-    smooth_b: float = 0.0
-
-
-def llama31_smoothing(
-    low_freq_factor: float, high_freq_factor: float, old_context_len: float
-) -> tuple[float, float]:
-    """(smooth_a, smooth_b) of Llama 3.1's frequency scaling, as FlashInfer computes them:
-    s = f * old_context_len / (2 pi (high - low)) - low / (high - low), clamped to [0, 1]."""
-    if high_freq_factor <= low_freq_factor or low_freq_factor <= 0:
-        raise ValueError(
-            "high_freq_factor must exceed low_freq_factor > 0, got "
-            f"low_freq_factor={low_freq_factor}, high_freq_factor={high_freq_factor}"
-        )
-    smooth_a = old_context_len / (2 * math.pi * high_freq_factor - 2 * math.pi * low_freq_factor)
-    smooth_b = -1.0 / (high_freq_factor / low_freq_factor - 1.0)
-    return smooth_a, smooth_b
-
-
-def launch_rope(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_out: torch.Tensor,
-    k_out: torch.Tensor,
-    pos: torch.Tensor,
-    cos_sin_cache: torch.Tensor | None,
-    args: RopeArgs,
-    tactic: Tactic,
-) -> None:
-    """Rotate q, k into q_out, k_out: [nnz, H, D] views (last dim contiguous; the outputs may
-    alias the inputs)."""
-    nnz, hq, d = q.shape
-    hk = k.shape[1]
-    if nnz == 0:
-        return
-    cfg = default_tactic(max(hq, hk), args.rotary_dim) if tactic == DEFAULT_TACTIC else tactic
-    assert isinstance(cfg, RopeTactic)
-    half = args.rotary_dim // 2
-    copy_pass = args.rotary_dim < d and q_out.data_ptr() != q.data_ptr()
-    if args.from_cache:
-        assert cos_sin_cache is not None
-        cs, max_pos, s_cs = cos_sin_cache, cos_sin_cache.shape[0], cos_sin_cache.stride(0)
-    else:
-        cs, max_pos, s_cs = pos, 0, 0  # any tensor; unused without the cache
-    grid = (nnz, triton.cdiv(hq, cfg.block_h) + triton.cdiv(hk, cfg.block_h))
-    _rope_kernel[grid](
-        q,
-        k,
-        q_out,
-        k_out,
-        pos,
-        cs,
-        hq,
-        hk,
-        d,
-        half,
-        max_pos,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        q_out.stride(0),
-        q_out.stride(1),
-        k_out.stride(0),
-        k_out.stride(1),
-        s_cs,
-        math.log2(args.rope_theta),
-        1.0 / args.rope_scale,
-        args.smooth_a,
-        args.smooth_b,
-        BLOCK_H=cfg.block_h,
-        BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
-        BLOCK_PASS=triton.next_power_of_2(max(d - 2 * half, 1)),
-        INTERLEAVE=args.interleave,
-        FROM_CACHE=args.from_cache,
-        COPY_PASS=copy_pass,
-        SMOOTH=args.smooth_a != 0.0 or args.smooth_b != 0.0,
-        num_warps=cfg.num_warps,
-    )

@@ -1,4 +1,4 @@
-"""Launch configurations of the RoPE kernel (rope.py): the tactic, its search space and the
+"""Launch configurations of the RoPE kernel (kernels.py): the tactic, its search space and the
 default (tactic -1)."""
 
 from __future__ import annotations
