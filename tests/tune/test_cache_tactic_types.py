@@ -115,3 +115,20 @@ def test_unmatched_stored_tactics_are_stale(tmp_path, doc):
     with pytest.warns(AutotuneWarning, match="no longer offers"), autotune(False, cache=path):
         runner, tactic = choose_one("tile", [TileRunner()], CFG, [torch.randn(4, 4)])
     assert tactic == -1  # the default: the file's entry reached no kernel
+
+
+@pytest.mark.parametrize("tactic", TACTICS, ids=lambda t: type(t).__name__)
+def test_a_file_written_before_the_family_packages_keeps_its_tactics(tmp_path, tactic):
+    """Issue 32 moved each family's tactics from ops/<family>_config.py to
+    ops/<family>/config.py: a cache file naming the old module still matches."""
+    path = tmp_path / "cfg.json"
+    key = ("op", "SomeRunner", ((16, 4096),))
+    write_cache_file(path, {key: ("SomeRunner", tactic)}, current_metadata())
+    module = type(tactic).__module__
+    old_module = module.replace(".config", "_config")  # flashtune.ops.norm_config, ...
+    text = path.read_text().replace(f'"{module}:', f'"{old_module}:')
+    assert old_module in text
+    path.write_text(text)
+    read = read_cache_file(path)
+    assert read.status == "ok", read.reason
+    assert read.entries[key][1] == stored_form(tactic)

@@ -134,6 +134,22 @@ def stored_form(tactic: Any) -> Any:
     return tactic
 
 
+# Tactic classes whose module moved when the op families became packages (issue 32): a file
+# written before names the old module; read it under the new one, so no tuned entry is lost.
+MOVED_TACTIC_MODULES = {
+    "flashtune.ops.norm_config": "flashtune.ops.norm.config",
+    "flashtune.ops.activation_config": "flashtune.ops.activation.config",
+    "flashtune.ops.rope_config": "flashtune.ops.rope.config",
+    "flashtune.ops.gemm_config": "flashtune.ops.gemm.config",
+    "flashtune.ops.sampling_config": "flashtune.ops.sampling.config",
+}
+
+
+def _current_type_name(name: str) -> str:
+    module, sep, qualname = name.partition(":")
+    return f"{MOVED_TACTIC_MODULES.get(module, module)}{sep}{qualname}"
+
+
 def _to_tuple(value: Any) -> Any:
     """Nested JSON lists -> nested tuples (tactics and profiles must be hashable), and tagged
     objects -> StoredTactic."""
@@ -144,7 +160,7 @@ def _to_tuple(value: Any) -> Any:
         if not isinstance(name, str):
             raise ValueError(f"tactic type {name!r} is not a class name")
         fields = tuple((k, _to_tuple(v)) for k, v in value.items() if k != TACTIC_TYPE_KEY)
-        return StoredTactic(name, fields)
+        return StoredTactic(_current_type_name(name), fields)
     return value
 
 
