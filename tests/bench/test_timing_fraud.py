@@ -208,6 +208,7 @@ SAMPLING_CHEAT = _SAMPLER + (
 )
 
 
+@pytest.mark.slow  # ~25 s on two CPU cores (a 128k-token sampler's reference draws)
 def test_a_sampler_honest_only_on_the_checked_inputs_fails_in_a_timed_call(tmp_path):
     from flashtune.cli.common import bundled_dataset
     from flashtune.data import Dataset, Workload
