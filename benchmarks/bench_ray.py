@@ -47,9 +47,8 @@ def _gpus() -> int:
     return torch.cuda.device_count()
 
 
-def run(mode: str, out: Path, extra: list[str]) -> None:
-    cmd = [*BUNDLED_RUN, "-o", str(out), *extra]
-    cmd += ["--devices", "0"] if mode == "one" else ["--ray", "local"]
+def _timed(cmd: list[str]) -> float:
+    """Run `cmd` as a user would, echo the end of its output; -> its wall time (s)."""
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -57,6 +56,13 @@ def run(mode: str, out: Path, extra: list[str]) -> None:
     sys.stderr.write(done.stderr[-3000:])
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}")
+    return wall
+
+
+def run(mode: str, out: Path, extra: list[str]) -> None:
+    cmd = [*BUNDLED_RUN, "-o", str(out), *extra]
+    cmd += ["--devices", "0"] if mode == "one" else ["--ray", "local"]
+    wall = _timed(cmd)
     statuses = _statuses(out)
     gpus = 1 if mode == "one" else _gpus()
     row = RowWriter("ray").write(
@@ -75,13 +81,7 @@ def run(mode: str, out: Path, extra: list[str]) -> None:
 def tune(cache: Path, extra: list[str]) -> None:
     cmd = [sys.executable, "-m", "flashtune.cli", "tune", "--cache", str(cache), "--ray", "local"]
     cmd += extra
-    started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    sys.stdout.write(done.stdout[-4000:])
-    sys.stderr.write(done.stderr[-3000:])
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}")
+    wall = _timed(cmd)
     data = json.loads(cache.read_text())
     entries = sum(len(v) for v in data.values() if isinstance(v, dict))
     row = RowWriter("ray").write(
