@@ -28,6 +28,7 @@ from flashtune.schema.api import (
     CallHook,
     add_hook,
     api,
+    family_op,
     refresh_hooks,
     register_env_hook,
     registered_ops,
@@ -63,6 +64,7 @@ __all__ = [
     "reference_constants",
     "refresh_hooks",
     "register_env_hook",
+    "family_op",
     "registered_ops",
     "remove_hook",
 ]

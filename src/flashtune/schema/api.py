@@ -24,6 +24,7 @@ from flashtune.data.models import Definition
 from flashtune.schema.core import BoundCall, OpSchema
 
 __all__ = [
+    "family_op",
     "api",
     "ApiOp",
     "BoundApiOp",
@@ -208,6 +209,15 @@ def api(
         return op
 
     return wrap
+
+
+def family_op(schema_module: str, name: str) -> ApiOp:
+    """The public op `name` of the op-family package whose `schema` module is
+    `schema_module` (pass `__name__`), from the registry. A family's schema module declares its
+    `@register_examples` function before the package's `__init__` defines the ops (importing
+    them there would be a cycle); examples are asked for only after the package is imported,
+    so the op is looked up at call time."""
+    return REGISTRY[f"{schema_module.rpartition('.')[0]}.{name}"]
 
 
 def registered_ops() -> dict[str, ApiOp]:

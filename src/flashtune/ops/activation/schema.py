@@ -15,7 +15,7 @@ from flashtune.ops.activation.reference import (
     gelu_tanh_and_mul_ref,
     silu_and_mul_ref,
 )
-from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Tensor, Var
+from flashtune.schema import ApiOp, Const, OpSchema, Tensor, Var, family_op
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
 __all__ = ["SILU_AND_MUL", "GELU_AND_MUL", "GELU_TANH_AND_MUL", "activation_examples"]
@@ -53,11 +53,7 @@ GELU_TANH_AND_MUL = _act_schema(
 
 
 def _op(name: str) -> ApiOp:
-    """The package's public op `name` (flashtune.ops.activation.<name>), from the schema
-    registry: the package's __init__ defines and registers it right after importing this
-    module (an import of it here would be a cycle), and examples are asked for only after
-    that."""
-    return REGISTRY[f"{__name__.rpartition('.')[0]}.{name}"]
+    return family_op(__name__, name)
 
 
 @register_examples

@@ -10,7 +10,7 @@ import torch
 
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.gemm.reference import gemm_kn_ref, gemm_ref
-from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Tensor, Var
+from flashtune.schema import ApiOp, Const, OpSchema, Tensor, Var, family_op
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
 __all__ = ["GEMM", "GEMM_KN", "gemm_examples"]
@@ -47,10 +47,7 @@ def _mm_schema(A: Any, B: Any, bias: Any = None, out: Any = None, b_layout: str 
 
 
 def _op(name: str) -> ApiOp:
-    """The package's public op `name` (flashtune.ops.gemm.<name>), from the schema registry:
-    the package's __init__ defines and registers it right after importing this module (an
-    import of it here would be a cycle), and examples are asked for only after that."""
-    return REGISTRY[f"{__name__.rpartition('.')[0]}.{name}"]
+    return family_op(__name__, name)
 
 
 @register_examples

@@ -16,7 +16,7 @@ from flashtune.ops.norm.reference import (
     gemma_rmsnorm_ref,
     rmsnorm_ref,
 )
-from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Tensor, Var
+from flashtune.schema import ApiOp, Const, OpSchema, Tensor, Var, family_op
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
 __all__ = [
@@ -76,10 +76,7 @@ GEMMA_FUSED_ADD_RMSNORM = _norm_schema(
 
 
 def _op(name: str) -> ApiOp:
-    """The package's public op `name` (flashtune.ops.norm.<name>), from the schema registry:
-    the package's __init__ defines and registers it right after importing this module (an
-    import of it here would be a cycle), and examples are asked for only after that."""
-    return REGISTRY[f"{__name__.rpartition('.')[0]}.{name}"]
+    return family_op(__name__, name)
 
 
 @register_examples

@@ -15,7 +15,7 @@ import torch
 
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.rope.reference import rope_with_cos_sin_cache_ref
-from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Tensor, Var
+from flashtune.schema import ApiOp, Const, OpSchema, Tensor, Var, family_op
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
 __all__ = ["ROPE_NEOX", "ROPE_GPTJ", "rope_examples"]
@@ -72,10 +72,7 @@ def _rope_cache_schema(
 
 
 def _op(name: str) -> ApiOp:
-    """The package's public op `name` (flashtune.ops.rope.<name>), from the schema registry:
-    the package's __init__ defines and registers it right after importing this module (an
-    import of it here would be a cycle), and examples are asked for only after that."""
-    return REGISTRY[f"{__name__.rpartition('.')[0]}.{name}"]
+    return family_op(__name__, name)
 
 
 @register_examples

@@ -31,7 +31,7 @@ from flashtune.ops.sampling.reference import (
     top_p_renorm_probs_ref,
     top_p_sampling_from_probs_ref,
 )
-from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Tensor, Var
+from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Tensor, Var, family_op
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
 __all__ = [
@@ -292,11 +292,7 @@ def _by_order(joint: OpSchema, top_k_first: OpSchema) -> Callable[..., OpSchema]
 
 
 def _op(name: str) -> ApiOp:
-    """The package's public op `name` (flashtune.ops.sampling.<name>), from the schema
-    registry: the package's __init__ defines and registers it right after importing this
-    module (an import of it here would be a cycle), and examples are asked for only after
-    that."""
-    return REGISTRY[f"{__name__.rpartition('.')[0]}.{name}"]
+    return family_op(__name__, name)
 
 
 @register_examples
