@@ -64,9 +64,9 @@ CONFIG = TuningConfig(dynamic_dims=(DynamicDim(0, 0),), cold_l2=False, confirm_r
 
 
 def use_fake_clock() -> None:
-    from flashtune.tune import tuner
+    from flashtune.tune import profiling
 
-    tuner._measure = fake_measure
+    profiling._measure = fake_measure
 
 
 def tune_shapes(path: str, rows: Sequence[int], barrier: Any = None, event: Any = None) -> None:
@@ -87,14 +87,13 @@ def tune_shapes(path: str, rows: Sequence[int], barrier: Any = None, event: Any 
 
 def install_fresh_tuner(monkeypatch: Any, tmp_path: Any) -> Any:
     """A new AutoTuner singleton for one test, the fake clock, and no bundled configs."""
-    from flashtune.tune import AutoTuner
-    from flashtune.tune import tuner as tuner_mod
+    from flashtune.tune import AutoTuner, profiling, store
 
     tuner = AutoTuner()
     tuner.show_progress = False
     monkeypatch.setattr(AutoTuner, "_instance", tuner)
-    monkeypatch.setattr(tuner_mod, "_measure", fake_measure)
-    monkeypatch.setattr(tuner_mod, "BUNDLED_DIR", tmp_path / "no-bundled")
+    monkeypatch.setattr(profiling, "_measure", fake_measure)
+    monkeypatch.setattr(store, "BUNDLED_DIR", tmp_path / "no-bundled")
     monkeypatch.setenv("FLASHTUNE_AUTOTUNE_LOAD_BUNDLED", "0")
     TIMED.clear()
     return tuner

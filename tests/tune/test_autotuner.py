@@ -25,10 +25,12 @@ from flashtune.tune import (  # noqa: E402
     bucket_values,
     choose_one,
     load_configs,
+    lookup,
     pow2_bucketer,
     pow2_buckets,
+    profiling,
+    store,
 )
-from flashtune.tune import tuner as tuner_mod  # noqa: E402
 from flashtune.tune.cache_file import current_metadata, read_cache_file  # noqa: E402
 from flashtune.tune.runner import make_profile  # noqa: E402
 
@@ -130,7 +132,7 @@ def test_lookup_priority(
     bundled_dir = tmp_path / "bundled"
     bundled_dir.mkdir()
     write_config(bundled_dir / "gpu.json", {key: ("FakeRunner", 2)})
-    monkeypatch.setattr(tuner_mod, "BUNDLED_DIR", bundled_dir)
+    monkeypatch.setattr(store, "BUNDLED_DIR", bundled_dir)
     user = tmp_path / "user.json"
     write_config(user, {key: ("FakeRunner", 0)})
 
@@ -206,14 +208,14 @@ def test_in_place_tactics_are_checked_on_untouched_inputs(fresh_tuner: AutoTuner
 
 
 def test_no_profiling_during_cuda_graph_capture(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tuner_mod, "_is_capturing", lambda: True)
+    monkeypatch.setattr(lookup, "_is_capturing", lambda: True)
     with autotune():
         with pytest.warns(AutotuneWarning, match="captured") as record:
             assert choose_one("fake", [H.FakeRunner()], CFG, [x(4)])[1] == -1
             assert choose_one("fake", [H.FakeRunner()], CFG, [x(4)])[1] == -1
         assert len([w for w in record if "captured" in str(w.message)]) == 1  # warned once
         assert profiled(4) == 0
-        monkeypatch.setattr(tuner_mod, "_is_capturing", lambda: False)
+        monkeypatch.setattr(lookup, "_is_capturing", lambda: False)
         assert choose_one("fake", [H.FakeRunner()], CFG, [x(4)])[1] == 1  # tuned after capture
 
 
@@ -239,7 +241,7 @@ def test_parallel_warmup_hook(fresh_tuner: AutoTuner) -> None:
 
 
 def test_real_cpu_work_with_the_real_timer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tuner_mod, "_measure", tuner_mod.timing.measure)
+    monkeypatch.setattr(profiling, "_measure", profiling.timing.measure)
 
     class Work(TunableRunner):
         # tactic t does the matmul t times (the default 64 times): 1 is the fastest, by a
@@ -469,6 +471,6 @@ def test_cached_dispatch_is_a_dict_lookup(
         def no_slow_path(*args: object, **kwargs: object) -> None:
             raise AssertionError("a cached dispatch took the slow path")
 
-        monkeypatch.setattr(fresh_tuner, "_choose_slow", no_slow_path)
+        monkeypatch.setattr(fresh_tuner.lookup, "_choose_slow", no_slow_path)
         for _ in range(100):
             assert choose_one("fake", runners, CFG, inputs) == first

@@ -16,8 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _tune_helpers as H  # noqa: E402
 
 from flashtune.timing import Timing  # noqa: E402
-from flashtune.tune import DynamicDim, TuningConfig, autotune, choose_one  # noqa: E402
-from flashtune.tune import tuner as tuner_mod  # noqa: E402
+from flashtune.tune import (  # noqa: E402
+    DynamicDim,
+    TuningConfig,
+    autotune,
+    choose_one,
+    profiling,
+)
 from flashtune.tune.selection import confirm_pick  # noqa: E402
 
 DEFAULT = -1
@@ -78,7 +83,7 @@ def test_the_tuner_keeps_the_tactic_that_is_fast_when_timed_again(
         t = 1.0 if tactic == 1 and seen[tactic] == 1 else timing.median_ms
         return Timing(t, t, t, 0.0, t, 1)
 
-    monkeypatch.setattr(tuner_mod, "_measure", noisy_measure)
+    monkeypatch.setattr(profiling, "_measure", noisy_measure)
     config = TuningConfig(dynamic_dims=(DynamicDim(0, 0),), cold_l2=False)
     with autotune():
         runner, tactic = choose_one("noisy", [NoisyRunner()], config, [torch.randn(8, 4)])
