@@ -36,6 +36,9 @@ __all__ = [
     "latency_regime",
     "next_pow2",
     "planless_chunk",
+    "RaggedTactic",
+    "RAGGED_TACTICS",
+    "default_ragged_tactic",
 ]
 
 
@@ -263,3 +266,45 @@ def planless_chunk(
     assert best is not None
     chunk = best[1]
     return chunk, -(-max_tokens // chunk) + batch
+
+
+# --------------------------------------------------------------------------- ragged prefill
+
+
+@dataclass(frozen=True)
+class RaggedTactic:
+    """Launch configuration of the ragged (non-absorbed) MLA prefill kernel
+    (`ragged.mla_ragged_kernel`): query tokens per program (one head each), KV tokens per
+    tile, warps, software-pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @staticmethod
+    def space() -> list[RaggedTactic]:
+        return list(RAGGED_TACTICS)
+
+
+RAGGED_TACTICS: tuple[RaggedTactic, ...] = tuple(
+    RaggedTactic(bm, bn, nw, ns)
+    for bm in (64, 128)
+    for bn in (32, 64)
+    for nw in (4, 8)
+    for ns in (2, 3)
+    if not (bm == 128 and nw == 4)  # a [128, 128] fp32 accumulator over 128 threads spills
+)
+
+# Not measured yet (no GPU run of this kernel so far): the Triton fused-attention tutorial's
+# forward configuration for head_dim 128 (128 x 64 tiles, 8 warps), the accumulator being
+# [128, 128] fp32 as there; the [128, 192] q tile adds 96 registers a thread at 8 warps.
+_RAGGED_DEFAULT = RaggedTactic(128, 64, 8, 2)
+# The interpreter runs each program's numpy ops one by one: short tiles keep the tests'
+# padding small and still cross tile boundaries at the tested lengths.
+_RAGGED_INTERPRETER = RaggedTactic(16, 16, 4, 1)
+
+
+def default_ragged_tactic(on_gpu: bool) -> RaggedTactic:
+    """The ragged prefill's tactic when the caller fixes none."""
+    return _RAGGED_DEFAULT if on_gpu else _RAGGED_INTERPRETER

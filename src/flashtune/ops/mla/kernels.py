@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from flashtune.ops.attention.tile_dtype import as_q_dtype
+from flashtune.ops.mla.softmax import softmax_step
 
 __all__ = ["LOG2E", "SCALE_NONE", "SCALE_TENSOR", "SCALE_GROUPS", "mla_item", "mla_paged_kernel"]
 
@@ -181,15 +182,8 @@ def mla_item(
         valid = t_ok[None, :]
         if CAUSAL:
             valid = valid & (t[None, :] <= q_pos[:, None])
-        s = tl.where(valid, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        prob = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(prob, 1)
+        prob, alpha, m_i, l_i = softmax_step(s, valid, m_i, l_i)
         acc = acc * alpha[:, None] + tl.dot(prob.to(q_dtype), c)
-        m_i = m_new
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]

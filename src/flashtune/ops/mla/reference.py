@@ -1,5 +1,6 @@
-"""The reference of paged MLA attention in plain PyTorch (float32 math): the contract the
-kernels, the tests, the CPU path and the schema's Definitions (schema.py) share.
+"""The references of MLA attention in plain PyTorch (float32 math): the contracts the
+kernels, the tests, the CPU path and the schema's Definitions (schema.py) share. Paged
+(absorbed form, `mla_paged_ref`) and ragged prefill (non-absorbed form, `mla_ragged_ref`).
 
 Self-contained (it uses only `math` and `torch`), since its source is emitted into the
 Definitions as their reference.
@@ -11,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["mla_paged_ref"]
+__all__ = ["mla_paged_ref", "mla_ragged_prefill_ref"]
 
 
 @torch.no_grad()
@@ -80,5 +81,48 @@ def mla_paged_ref(
         row_lse = torch.logsumexp(logits, dim=-1)  # [qo_len, H], natural log
         p = torch.exp(logits - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
         output[qs:qe] = torch.einsum("qhk,kd->qhd", p, kc).to(q_nope.dtype)
+        lse[qs:qe] = row_lse / math.log(2.0)
+    return output, lse
+
+
+@torch.no_grad()
+def mla_ragged_prefill_ref(q, k, v, qo_indptr, kv_indptr, sm_scale=None, causal=True):
+    """MLA prefill in its non-absorbed form over ragged (packed) sequences; returns
+    (output, lse). FlashInfer's BatchPrefillWithRaggedKVCacheWrapper with head_dim_qk 192,
+    head_dim_vo 128.
+
+    q [total_q, H, Dqk], k [total_kv, Hkv, Dqk], v [total_kv, Hkv, Dvo] (DeepSeek: Dqk =
+    128 nope + 64 rope, Dvo = 128; Hkv == H, or H a multiple of Hkv: query head h reads kv
+    head h // (H // Hkv)). Request b's queries are rows qo_indptr[b] : qo_indptr[b + 1] and
+    its keys rows kv_indptr[b] : kv_indptr[b + 1]. Logit = sm_scale * q . k (sm_scale None:
+    1 / sqrt(Dqk)). Causal: the queries are the request's last qo_len tokens (the mask is
+    aligned to the bottom right), query i sees keys t <= kv_len - qo_len + i. A query that
+    sees no key gets output 0 and LSE -inf. output [total_q, H, Dvo] in q's dtype; lse
+    [total_q, H] float32, base 2 (log2 of the sum of exp of the logits).
+    """
+    total_q, num_heads, head_dim_qk = q.shape
+    num_kv_heads, head_dim_vo = v.shape[1], v.shape[2]
+    group = num_heads // num_kv_heads
+    scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
+    device = q.device
+    output = torch.zeros(total_q, num_heads, head_dim_vo, dtype=q.dtype, device=device)
+    lse = torch.full((total_q, num_heads), -math.inf, dtype=torch.float32, device=device)
+    for b in range(qo_indptr.shape[0] - 1):
+        qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        ks, ke = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        qo_len, kv_len = qe - qs, ke - ks
+        if qo_len == 0 or kv_len == 0:
+            continue
+        qb = q[qs:qe].to(torch.float32)  # [qo_len, H, Dqk]
+        kb = k[ks:ke].to(torch.float32).repeat_interleave(group, dim=1)  # [kv_len, H, Dqk]
+        vb = v[ks:ke].to(torch.float32).repeat_interleave(group, dim=1)  # [kv_len, H, Dvo]
+        logits = torch.einsum("qhd,khd->qhk", qb, kb) * scale
+        if causal:
+            last_key = torch.arange(qo_len, device=device) + (kv_len - qo_len)
+            keys = torch.arange(kv_len, device=device)
+            logits = logits.masked_fill((keys[None, :] > last_key[:, None])[:, None, :], -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)  # [qo_len, H], natural log
+        p = torch.exp(logits - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
+        output[qs:qe] = torch.einsum("qhk,khd->qhd", p, vb).to(q.dtype)
         lse[qs:qe] = row_lse / math.log(2.0)
     return output, lse

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from flashtune.ops.mla.plan import MLATables
-from flashtune.ops.mla.reference import mla_paged_ref
+from flashtune.ops.mla.reference import mla_paged_ref, mla_ragged_prefill_ref
 from flashtune.schema import Const, OpSchema, Scalar, Tensor, Var
 
 __all__ = [
@@ -34,6 +34,9 @@ __all__ = [
     "definition_inputs",
     "schema_key",
     "FI_API",
+    "RAGGED_FI_API",
+    "RAGGED_SCHEMAS",
+    "ragged_schema_key",
 ]
 
 FI_API = "fi_api:flashinfer.mla.BatchMLAPagedAttentionWrapper"
@@ -218,3 +221,101 @@ def definition_inputs(
         kv_last_page_len=as_int(last),
         sm_scale=float(sm_scale),
     )
+
+
+# --------------------------------------------------------------------------- ragged prefill
+# The FlashInfer-Trace mla_ragged Definitions (`mla_ragged_prefill_causal_h16_qk192_vo128`,
+# `..._h8_...`: DeepSeek-V3/R1 and Kimi K2 at TP 8), field for field, with
+# `reference.mla_ragged_prefill_ref` emitted as their reference; non-causal is flashtune's
+# own (named as the GQA prefill's noncausal Definitions are).
+
+RAGGED_FI_API = "fi_api:flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper"
+# Where the corpus captured each head count.
+_RAGGED_CAPTURE = {
+    16: " Captured from DeepSeek-V3 during total prefill (no prefix cache) with tensor "
+    "parallel size 8.",
+    8: " Captured from Kimi K2 during total prefill (no prefix cache) with tensor parallel "
+    "size 8 (64/8=8 query heads).",
+}
+
+
+def _ragged_schema(causal: bool, heads: int | None) -> OpSchema:
+    mask = "causal" if causal else "noncausal"
+    return OpSchema(
+        op_type="mla_ragged",
+        name_prefix=f"mla_ragged_prefill_{mask}",
+        axes={
+            "num_qo_heads": Const(
+                "Number of query/output heads after tensor parallel split"
+                f"{_HEADS_NOTE.get(heads or 0, '')}.",
+                abbrev="h",
+            ),
+            "num_kv_heads": Const(
+                "Number of key/value heads. Equal to num_qo_heads in the absorbed MLA formulation."
+            ),
+            "qk_dim": Const(
+                "Combined QK head dimension: qk_nope_head_dim (128) + qk_rope_head_dim (64) = 192.",
+                abbrev="qk",
+            ),
+            "vo_dim": Const("Value/output head dimension (v_head_dim = 128).", abbrev="vo"),
+            "total_q": Var("Total number of query tokens across all sequences."),
+            "total_kv": Var("Total number of key-value tokens across all sequences."),
+            "len_indptr": Var("Length of indptr arrays (batch_size + 1)."),
+        },
+        inputs={
+            "q": Tensor(
+                ["total_q", "num_qo_heads", "qk_dim"],
+                dtype_from="q",
+                description="Query tensor in absorbed MLA form, combining nope and rope "
+                "components.",
+            ),
+            "k": Tensor(
+                ["total_kv", "num_kv_heads", "qk_dim"],
+                dtype_from="k",
+                description="Key tensor in absorbed MLA form, combining nope and rope components.",
+            ),
+            "v": Tensor(
+                ["total_kv", "num_kv_heads", "vo_dim"], dtype_from="v", description="Value tensor."
+            ),
+            "qo_indptr": Tensor(
+                ["len_indptr"], dtype="int32", description="Query offsets for each sequence."
+            ),
+            "kv_indptr": Tensor(
+                ["len_indptr"], dtype="int32", description="Key-value offsets for each sequence."
+            ),
+            "sm_scale": Scalar(
+                "float32", description="Softmax scale. Default is 1/sqrt(qk_dim) = 1/sqrt(192)."
+            ),
+        },
+        outputs={
+            "output": Tensor(
+                ["total_q", "num_qo_heads", "vo_dim"],
+                dtype_from="q",
+                description="Attention output tensor.",
+            ),
+            "lse": Tensor(
+                ["total_q", "num_qo_heads"],
+                dtype="float32",
+                description="The 2-based log-sum-exp of attention logits.",
+            ),
+        },
+        reference=mla_ragged_prefill_ref,
+        bound=("causal",),
+        constraints=["total_q == qo_indptr[-1].item()", "total_kv == kv_indptr[-1].item()"],
+        tags=["stage:prefill", RAGGED_FI_API],
+        description="Batched Multi-head Latent Attention prefill with ragged (variable-length) "
+        "inputs. Uses the absorbed MLA formulation with combined QK dimension (qk_nope=128 + "
+        "qk_rope=64 = 192) and value output dimension 128. "
+        + ("Causal mask is applied." if causal else "No causal mask.")
+        + (_RAGGED_CAPTURE.get(heads or 0, "") if causal else ""),
+    )
+
+
+RAGGED_SCHEMAS: dict[tuple[bool, int | None], OpSchema] = {
+    (causal, h): _ragged_schema(causal, h) for causal in (True, False) for h in (16, 8, None)
+}
+
+
+def ragged_schema_key(causal: bool, num_heads: int) -> tuple[bool, int | None]:
+    """The key of a ragged prefill call's schema in RAGGED_SCHEMAS."""
+    return (bool(causal), num_heads if num_heads in _HEADS_NOTE else None)
