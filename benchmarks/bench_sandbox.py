@@ -34,7 +34,7 @@ from flashtune.bench.runner import RunOptions, run_benchmark  # noqa: E402
 from flashtune.cli.common import bundled_dataset  # noqa: E402
 from flashtune.data.dataset import Dataset  # noqa: E402
 from flashtune.data.synth import synthesize_inputs  # noqa: E402
-from flashtune.timing import measure_robust  # noqa: E402
+from flashtune.timing import TimingPolicy, measure_robust  # noqa: E402
 
 DEFAULT = "gemm_n4096_k4096,rmsnorm_h4096,gqa_paged_decode_h32_kv8_d128_ps16,silu_and_mul_i28672"
 
@@ -48,7 +48,7 @@ def in_process(definition, workload, solution, device, seed: int) -> float:
     setup = getattr(fn, "setup", None)
     runner = setup(*args) if callable(setup) else fn
     with torch.no_grad():
-        return measure_robust(runner, args, warmup=10, repetitions=10, trials=3).median_ms
+        return measure_robust(runner, args, TimingPolicy(warmup=10, repetitions=10)).median_ms
 
 
 def inside(

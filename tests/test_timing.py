@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from flashtune import timing
-from flashtune.timing import Timing, clone_inputs, copies_for_cold_l2, measure, measure_robust
+from flashtune.timing import (
+    Timing,
+    TimingPolicy,
+    clone_inputs,
+    copies_for_cold_l2,
+    measure,
+    measure_robust,
+)
 
 
 def test_cpu_measure_statistics() -> None:
@@ -54,16 +61,14 @@ def test_gpu_measure(graph: bool) -> None:
 
 def test_robust_cpu_method_trials_and_minimum_time() -> None:
     calls = []
-    t = measure_robust(
-        lambda a: calls.append(1), [torch.ones(2)], warmup=3, repetitions=4, trials=3, trial_ms=0
-    )
+    policy = TimingPolicy(warmup=3, repetitions=4, trials=3, trial_ms=0)
+    t = measure_robust(lambda a: calls.append(1), [torch.ones(2)], policy)
     assert t.method == "cpu" and t.fallback is None
     assert len(calls) == 3 + 3 * 4 and t.repetitions == 12
     assert len(t.trial_medians_ms) == 3 and t.min_ms <= t.median_ms <= t.max_ms
     # trial_ms is a minimum: 1 ms calls need ~20 samples to fill 20 ms
-    t = measure_robust(
-        lambda: time.sleep(0.001), [], warmup=0, repetitions=2, trials=1, trial_ms=20
-    )
+    policy = TimingPolicy(warmup=0, repetitions=2, trials=1, trial_ms=20)
+    t = measure_robust(lambda: time.sleep(0.001), [], policy)
     assert t.repetitions >= 10
     assert t.trial_spread_ms == 0.0
 
@@ -100,9 +105,8 @@ def _robust_with_fakes(
 
     monkeypatch.setattr(timing, "_sample_graph", sample("cuda_graph"))
     monkeypatch.setattr(timing, "_sample_device_wide", sample("device_sync"))
-    t = timing._measure_robust_gpu(
-        lambda: None, [[]], method, 1, 25.0, 10, 100.0, 3, 1.0, 1000, 10.0
-    )
+    policy = TimingPolicy(method=method, warmup=1, repetitions=10, trials=3)
+    t = timing._measure_robust_gpu(lambda: None, [[]], policy)
     return t, fake
 
 
@@ -139,18 +143,21 @@ def _syncs(a: torch.Tensor) -> torch.Tensor:
 @pytest.mark.cuda
 def test_gpu_robust_graph_and_fallback_leave_a_sane_context() -> None:
     x = torch.randn(1024, 1024, device="cuda")
-    t = measure_robust(lambda a: a @ a, [x], trials=2, trial_ms=20)
+    t = measure_robust(lambda a: a @ a, [x], TimingPolicy(trials=2, trial_ms=20))
     assert t.method == "cuda_graph" and t.calls_per_sample >= 1 and 0 < t.median_ms
     assert t.calls_per_sample * t.median_ms >= 0.5  # one replay lasts ~1 ms
     default = torch.cuda.current_stream()
-    t = measure_robust(_syncs, [x], trials=2, trial_ms=20)
+    t = measure_robust(_syncs, [x], TimingPolicy(trials=2, trial_ms=20))
     assert t.method == "device_sync" and t.fallback
     assert torch.cuda.current_stream() == default and not torch.cuda.is_current_stream_capturing()
     with pytest.raises(timing.CaptureError):
         measure(_syncs, [x], warmup=1, repetitions=3, use_cuda_graph=True)
     assert torch.cuda.current_stream() == default
     # the context still works, graphs included
-    assert measure_robust(lambda a: a + 1, [x], trials=1, trial_ms=5).method == "cuda_graph"
+    assert (
+        measure_robust(lambda a: a + 1, [x], TimingPolicy(trials=1, trial_ms=5)).method
+        == "cuda_graph"
+    )
     torch.testing.assert_close((x + 1).sum(), x.sum() + x.numel())
 
 
@@ -178,4 +185,7 @@ def test_gpu_failed_capture_gives_its_memory_back() -> None:
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved() - before < (256 << 20)
     # and graphs still capture and replay afterwards
-    assert measure_robust(lambda a: a * 2, [x], trials=1, trial_ms=5).method == "cuda_graph"
+    assert (
+        measure_robust(lambda a: a * 2, [x], TimingPolicy(trials=1, trial_ms=5)).method
+        == "cuda_graph"
+    )

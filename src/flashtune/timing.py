@@ -41,6 +41,7 @@ __all__ = [
     "graph_node_count",
     "measure",
     "measure_robust",
+    "TimingPolicy",
     "l2_bytes",
     "clone_inputs",
     "copies_for_cold_l2",
@@ -582,27 +583,51 @@ def _sample_graph(
 # --------------------------------------------------------------------------- measure_robust
 
 
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How `measure_robust` measures (the defaults suit one benchmarked solution on a GPU;
+    see measure_robust for why each choice is made).
+
+    method: "auto" (a CUDA graph, else CUDA events), "cuda_graph" (raise CaptureError when
+    the callable cannot be captured) or "cuda_events" (never a graph).
+    cold_l2: without explicit `input_sets`, clone the inputs enough to exceed the L2.
+    warmup / warmup_ms: warm-up calls and milliseconds, both minimums (the CPU: calls only).
+    repetitions / trial_ms: samples and milliseconds per trial, both minimums.
+    trials: trials, the median of their medians reported.
+    target_sample_ms / max_calls_per_sample: how long one GPU sample should last, and the
+    most calls it may hold.
+    max_seconds: the time budget of one trial's sampling and of the warm-up.
+    spread / spread_seconds: on the CPU, sample on until the median's 95% interval is within
+    `spread` of it, for at most `spread_seconds` (None: no such rule).
+    """
+
+    method: Literal["auto", "cuda_graph", "cuda_events"] = "auto"
+    cold_l2: bool = True
+    warmup: int = 1
+    warmup_ms: float = 25.0
+    repetitions: int = 5
+    trial_ms: float = 100.0
+    trials: int = 3
+    target_sample_ms: float = 1.0
+    max_calls_per_sample: int = 1000
+    max_seconds: float = 10.0
+    spread: float | None = None
+    spread_seconds: float = 0.0
+
+
 def measure_robust(
     fn: Callable[..., Any],
     args: Sequence[Any],
+    policy: TimingPolicy = TimingPolicy(),
     *,
-    method: Literal["auto", "cuda_graph", "cuda_events"] = "auto",
     input_sets: Sequence[Sequence[Any]] | None = None,
-    cold_l2: bool = True,
-    warmup: int = 1,
-    warmup_ms: float = 25.0,
-    repetitions: int = 5,
-    trial_ms: float = 100.0,
-    trials: int = 3,
-    target_sample_ms: float = 1.0,
-    max_calls_per_sample: int = 1000,
-    max_seconds: float = 10.0,
     after: AfterTiming | None = None,
-    spread: float | None = None,
-    spread_seconds: float = 0.0,
 ) -> Timing:
-    """Time `fn(*args)` reproducibly; return per-call statistics of the median trial.
+    """Time `fn(*args)` reproducibly, as `policy` says; return per-call statistics of the
+    median trial.
 
+    input_sets: explicit input copies to rotate through (default: enough clones of `args`
+    to exceed twice the L2 when `policy.cold_l2`).
     after: called once timing is over, while what was timed still exists, as
     `after(replay, results)`: with a CUDA graph, `replay()` runs the timed graph once more
     and `results[i]` is what the graph's last call on input set i returned, rewritten by
@@ -637,66 +662,53 @@ def measure_robust(
     with `spread`, each trial samples on until its median's 95% interval is within `spread`
     of it or `spread_seconds` have passed (`_measure_cpu`).
     """
+    p = policy
     device = _device_of(args)
     if input_sets is None:
-        input_sets = _default_input_sets(args, device, cold_l2)
+        input_sets = _default_input_sets(args, device, p.cold_l2)
     input_sets = list(input_sets)
-    trials = max(1, trials)
+    trials = max(1, p.trials)
     if device.type != "cuda":
-        for i in range(warmup):
+        for i in range(p.warmup):
             fn(*input_sets[i % len(input_sets)])
-        rule = (max(repetitions, 1), max_seconds, trial_ms, spread, spread_seconds)
+        rule = (max(p.repetitions, 1), p.max_seconds, p.trial_ms, p.spread, p.spread_seconds)
         results = [_measure_cpu(fn, input_sets, 0, *rule) for _ in range(trials)]
         if after is not None:
             after(None, {})
         return _combine(results)
     with torch.cuda.device(device):
-        return _measure_robust_gpu(
-            fn,
-            input_sets,
-            method,
-            warmup,
-            warmup_ms,
-            max(repetitions, 1),
-            trial_ms,
-            trials,
-            target_sample_ms,
-            max(1, max_calls_per_sample),
-            max_seconds,
-            after,
-        )
+        return _measure_robust_gpu(fn, input_sets, policy, after)
 
 
 def _measure_robust_gpu(
-    fn,
-    input_sets,
-    method,
-    warmup,
-    warmup_ms,
-    repetitions,
-    trial_ms,
-    trials,
-    target_sample_ms,
-    max_calls,
-    max_seconds,
-    after=None,
+    fn: Callable[..., Any],
+    input_sets: Sequence[Sequence[Any]],
+    policy: TimingPolicy,
+    after: AfterTiming | None = None,
 ) -> Timing:
+    p = policy
+    repetitions, trials = max(p.repetitions, 1), max(p.trials, 1)
+    max_calls, target_ms, max_seconds = (
+        max(1, p.max_calls_per_sample),
+        p.target_sample_ms,
+        p.max_seconds,
+    )
     calls = CallRotation(fn, input_sets)
-    per_call_ms = calls.warm_up(max(warmup, 1), warmup_ms, max_seconds)
+    per_call_ms = calls.warm_up(max(p.warmup, 1), p.warmup_ms, max_seconds)
     # Wall time per call bounds GPU time from above, so this is a lower bound of the calls a
     # sample needs; graphs are re-sized below from a measured replay.
-    per_sample = _calls_for(target_sample_ms, per_call_ms, max_calls)
+    per_sample = _calls_for(target_ms, per_call_ms, max_calls)
     fallback = None
-    if method in ("auto", "cuda_graph"):
+    if p.method in ("auto", "cuda_graph"):
         try:
-            graph, per_sample = _sized_graph(calls, per_sample, target_sample_ms, max_calls)
+            graph, per_sample = _sized_graph(calls, per_sample, target_ms, max_calls)
         except CaptureError as exc:
-            if method == "cuda_graph":
+            if p.method == "cuda_graph":
                 raise
             fallback = str(exc)
         else:
             results = [
-                _sample_graph(graph, per_sample, calls.stream, repetitions, trial_ms, max_seconds)
+                _sample_graph(graph, per_sample, calls.stream, repetitions, p.trial_ms, max_seconds)
                 for _ in range(trials)
             ]
             if after is not None:
@@ -712,10 +724,10 @@ def _measure_robust_gpu(
         torch.cuda.empty_cache()
         # The capture may have left lazily built state half-made (a workspace allocated
         # into the dead graph's pool): warm up again, eagerly, before timing eagerly.
-        per_call_ms = calls.warm_up(max(warmup, 1), warmup_ms, max_seconds)
-        per_sample = _calls_for(target_sample_ms, per_call_ms, max_calls)
+        per_call_ms = calls.warm_up(max(p.warmup, 1), p.warmup_ms, max_seconds)
+        per_sample = _calls_for(target_ms, per_call_ms, max_calls)
     results = [
-        _sample_device_wide(calls, per_sample, repetitions, trial_ms, max_seconds)
+        _sample_device_wide(calls, per_sample, repetitions, p.trial_ms, max_seconds)
         for _ in range(trials)
     ]
     if after is not None:

@@ -16,7 +16,7 @@ import torch
 from flashtune import timing
 from flashtune.bench.checked_timing import WorkerSamples, interval_text, timing_from_samples
 from flashtune.bench.config import BenchConfig
-from flashtune.timing import measure_robust, median_ci, relative_spread
+from flashtune.timing import TimingPolicy, measure_robust, median_ci, relative_spread
 
 
 def test_median_ci_is_the_order_statistics_of_the_binomial() -> None:
@@ -53,13 +53,25 @@ class _FakeClock:
         self.now += next(self.steps) / 1e3
 
 
-def _measure(monkeypatch: pytest.MonkeyPatch, steps: list[float], **kw: Any) -> timing.Timing:
+def _measure(
+    monkeypatch: pytest.MonkeyPatch,
+    steps: list[float],
+    spread: float | None = None,
+    spread_seconds: float = 0.0,
+) -> timing.Timing:
     clock = _FakeClock(steps)
     monkeypatch.setattr(timing, "_clock", clock)
     args = [torch.zeros(1)]
-    return measure_robust(
-        clock.call, args, warmup=0, repetitions=3, trial_ms=0.0, trials=1, max_seconds=60.0, **kw
+    policy = TimingPolicy(
+        warmup=0,
+        repetitions=3,
+        trial_ms=0.0,
+        trials=1,
+        max_seconds=60.0,
+        spread=spread,
+        spread_seconds=spread_seconds,
     )
+    return measure_robust(clock.call, args, policy)
 
 
 def test_cpu_timing_samples_until_the_interval_is_narrow(monkeypatch: pytest.MonkeyPatch) -> None:

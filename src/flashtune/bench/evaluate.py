@@ -76,7 +76,7 @@ from flashtune.bench.sandbox import (
     SandboxTimeout,
     float_input_names,
 )
-from flashtune.timing import Timing, cold_l2_sets, measure_robust
+from flashtune.timing import Timing, TimingPolicy, cold_l2_sets, measure_robust
 
 __all__ = ["BenchConfig", "Event", "evaluate_workload", "make_trace", "LOG_LIMIT"]
 
@@ -152,10 +152,7 @@ def _time_reference(
     budget = cfg.budget()
     cpu = device.type != "cuda"
     with cpu_threads(cfg.cpu_threads if cpu else 0):
-        return measure_robust(
-            fn,
-            input_sets[0],
-            input_sets=input_sets,
+        policy = TimingPolicy(
             method=cfg.method(),
             warmup=min(budget.warmup, 2),
             warmup_ms=min(budget.warmup_ms, 10.0),
@@ -167,6 +164,7 @@ def _time_reference(
             spread=cfg.spread_target if cpu else None,
             spread_seconds=min(cfg.reference_spread_seconds, cfg.reference_max_seconds),
         )
+        return measure_robust(fn, input_sets[0], policy, input_sets=input_sets)
 
 
 # --------------------------------------------------------------------------- the workload
