@@ -25,7 +25,7 @@ from flashtune.data import (
     small_workload,
     synthesize_inputs,
 )
-from flashtune.ops.mla.config import RaggedTactic
+from flashtune.ops.mla.config import RaggedTactic, default_ragged_tactic, ragged_smem_bytes
 from flashtune.ops.mla.ragged import mla_ragged_prefill, split_head_dim
 from flashtune.ops.mla.reference import mla_ragged_prefill_ref
 from flashtune.ops.mla.schema import RAGGED_SCHEMAS, ragged_schema_key
@@ -211,6 +211,16 @@ def test_split_head_dim():
     for bad in (0, 8, 100, 136):
         with pytest.raises(ValueError):
             split_head_dim(bad)
+
+
+def test_default_tactic_fits_shared_memory():
+    h100 = default_ragged_tactic(True)
+    assert h100 == RaggedTactic(128, 64, 8, 2)
+    for limit in (227 * 1024, 164 * 1024, 99 * 1024):
+        for itemsize in (2, 4):
+            t = default_ragged_tactic(True, 192, 128, itemsize, limit)
+            assert ragged_smem_bytes(t, 192, 128, itemsize) <= limit or t.block_n == 32
+    assert default_ragged_tactic(False).block_m == 16  # the interpreter's short tiles
 
 
 @pytest.mark.cuda

@@ -39,6 +39,7 @@ __all__ = [
     "RaggedTactic",
     "RAGGED_TACTICS",
     "default_ragged_tactic",
+    "ragged_smem_bytes",
 ]
 
 
@@ -296,15 +297,42 @@ RAGGED_TACTICS: tuple[RaggedTactic, ...] = tuple(
     if not (bm == 128 and nw == 4)  # a [128, 128] fp32 accumulator over 128 threads spills
 )
 
-# Not measured yet (no GPU run of this kernel so far): the Triton fused-attention tutorial's
-# forward configuration for head_dim 128 (128 x 64 tiles, 8 warps), the accumulator being
-# [128, 128] fp32 as there; the [128, 192] q tile adds 96 registers a thread at 8 warps.
-_RAGGED_DEFAULT = RaggedTactic(128, 64, 8, 2)
+# Not measured yet (no GPU run of this kernel so far), best first, the first whose tiles fit
+# (`ragged_smem_bytes`) taken: the Triton fused-attention tutorial's forward configuration
+# for head_dim 128 (128 x 64 tiles, 8 warps; the accumulator is [128, 128] fp32 as there),
+# then smaller tiles for GPUs with less shared memory per block than an H100's 227 KB.
+_RAGGED_DEFAULTS = (
+    RaggedTactic(128, 64, 8, 2),
+    RaggedTactic(64, 64, 4, 2),
+    RaggedTactic(64, 32, 4, 2),
+)
 # The interpreter runs each program's numpy ops one by one: short tiles keep the tests'
 # padding small and still cross tile boundaries at the tested lengths.
 _RAGGED_INTERPRETER = RaggedTactic(16, 16, 4, 1)
 
 
-def default_ragged_tactic(on_gpu: bool) -> RaggedTactic:
-    """The ragged prefill's tactic when the caller fixes none."""
-    return _RAGGED_DEFAULT if on_gpu else _RAGGED_INTERPRETER
+def ragged_smem_bytes(
+    tactic: RaggedTactic, head_dim_qk: int = 192, head_dim_vo: int = 128, itemsize: int = 2
+) -> int:
+    """An estimate of one program's shared memory (not measured): the q tile, the K and V
+    tiles of each pipeline stage, and the probability tile, in the inputs' dtype."""
+    q_tile = tactic.block_m * head_dim_qk
+    kv_tiles = max(tactic.num_stages, 1) * tactic.block_n * (head_dim_qk + head_dim_vo)
+    return (q_tile + kv_tiles + tactic.block_m * tactic.block_n) * itemsize
+
+
+def default_ragged_tactic(
+    on_gpu: bool,
+    head_dim_qk: int = 192,
+    head_dim_vo: int = 128,
+    itemsize: int = 2,
+    smem_limit: int = 227 * 1024,
+) -> RaggedTactic:
+    """The ragged prefill's tactic when the caller fixes none: on a GPU the first default
+    whose tiles fit `smem_limit` bytes (the last one otherwise), else the interpreter's."""
+    if not on_gpu:
+        return _RAGGED_INTERPRETER
+    for tactic in _RAGGED_DEFAULTS:
+        if ragged_smem_bytes(tactic, head_dim_qk, head_dim_vo, itemsize) <= smem_limit:
+            return tactic
+    return _RAGGED_DEFAULTS[-1]

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune import env
+from flashtune import env, platform
 from flashtune.ops.mla.config import RaggedTactic, default_ragged_tactic
 from flashtune.ops.mla.kernels import LOG2E
 from flashtune.ops.mla.launch import use_kernels
@@ -301,7 +301,14 @@ def mla_ragged_prefill(
         if lse is not None:
             lse.copy_(ref_lse)
     elif total_q and batch:
-        chosen = tactic or default_ragged_tactic(q.device.type == "cuda")
+        on_gpu = q.device.type == "cuda"
+        chosen = tactic or default_ragged_tactic(
+            on_gpu,
+            head_dim_qk,
+            head_dim_vo,
+            q.element_size(),
+            platform.device_limits(q.device).shared_memory_per_block if on_gpu else 0,
+        )
         _launch(q, k, v, qo_indptr, kv_indptr, out, lse, scale, causal, chosen)
     if return_lse:
         assert lse is not None
