@@ -46,21 +46,20 @@ PACKAGE = "flashtune"
 SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_LINES = 800
 
+
 # The root's submodules under FlashInfer's names (flashtune.decode, ...): the root's layer.
-FACADES = tuple(
-    f"flashtune.{name}"
-    for name in (
-        "activation",
-        "cascade",
-        "decode",
-        "norm",
-        "page",
-        "prefill",
-        "rope",
-        "sampling",
-        "sparse",
-    )
-)
+def _facade_names() -> tuple[str, ...]:
+    """FlashInfer's submodules flashtune serves (flashtune.<name> facades): the keys of
+    flashinfer_names.TOP_LEVEL, read from its source (plain data; nothing is imported)."""
+    path = Path(__file__).resolve().parents[1] / "src" / "flashtune" / "flashinfer_names.py"
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "TOP_LEVEL":
+            assert node.value is not None
+            return tuple(ast.literal_eval(node.value))
+    raise SystemExit(f"no TOP_LEVEL table in {path}")
+
+
+FACADES = tuple(f"flashtune.{name}" for name in _facade_names())
 
 # Top to bottom. A module belongs to the layer of the longest prefix naming it ("flashtune"
 # itself names only the package root).

@@ -27,12 +27,18 @@ DROPIN = ROOT / "scripts" / "flashinfer_dropin"
 FLASHINFER_TOP_LEVEL = {
     "activation": ["gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"],
     "cascade": [
+        "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+        "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
         "MultiLevelCascadeAttentionWrapper",
         "merge_state",
         "merge_state_in_place",
         "merge_states",
     ],
-    "decode": ["BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"],
+    "decode": [
+        "BatchDecodeWithPagedKVCacheWrapper",
+        "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+        "single_decode_with_kv_cache",
+    ],
     "norm": ["fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "gemma_rmsnorm", "rmsnorm"],
     "page": ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"],
     "prefill": [
@@ -68,11 +74,6 @@ FLASHINFER_TOP_LEVEL = {
         "top_p_sampling_from_probs",
     ],
 }
-# Exported once flashtune.ops.attention has them (the attention work of issue 14).
-GROWING = {
-    "decode": "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
-    "cascade": "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
-}
 
 
 @pytest.mark.parametrize("module", sorted(FLASHINFER_TOP_LEVEL))
@@ -105,25 +106,6 @@ def test_star_imports_take_what_exists():
         sub_names: dict[str, object] = {}
         exec(f"from flashtune.{module} import *", sub_names)
         assert set(FLASHINFER_TOP_LEVEL[module]) <= set(sub_names), module
-
-
-@pytest.mark.parametrize("module,name", sorted(GROWING.items()))
-def test_growing_names_follow_the_attention_package(monkeypatch, module, name):
-    import flashtune as flashinfer
-
-    sub = getattr(flashinfer, module)
-    monkeypatch.delattr(attention, name, raising=False)
-    assert not hasattr(sub, name) and not hasattr(flashinfer, name)
-    assert name not in sub.__all__ and name not in flashinfer.__all__
-    with pytest.raises(AttributeError, match=name):
-        getattr(flashinfer, name)
-
-    class Stand:  # what the attention package will define
-        pass
-
-    monkeypatch.setattr(attention, name, Stand, raising=False)
-    assert getattr(sub, name) is Stand and getattr(flashinfer, name) is Stand
-    assert name in sub.__all__ and name in flashinfer.__all__
 
 
 def test_unknown_names_are_attribute_errors():

@@ -34,12 +34,7 @@ _LAZY = {
     "Solution": "data",
     "Workload": "data",
     "Trace": "data",
-    **{
-        name: module
-        for table in (flashinfer_names.TOP_LEVEL, flashinfer_names.GROWING)
-        for module, names in table.items()
-        for name in names
-    },
+    **{name: module for module, names in flashinfer_names.TOP_LEVEL.items() for name in names},
 }
 
 

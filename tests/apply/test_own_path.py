@@ -14,6 +14,7 @@ from flashtune.bench import entry_points
 from flashtune.data import Dataset, Solution
 from flashtune.ops.activation import silu_and_mul
 from flashtune.ops.activation.reference import silu_and_mul_ref
+from flashtune.ops.bundle import entry_functions
 
 OWN = "from flashtune.bench.entry_points import flashtune_silu_and_mul as run\n"
 
@@ -49,11 +50,7 @@ def _plant_silu(
 
 
 def test_every_flashtune_entry_of_the_bundled_builder_is_marked() -> None:
-    flashtune_entries = {
-        n
-        for n in vars(entry_points)
-        if n.startswith("flashtune_") and callable(getattr(entry_points, n))
-    }
+    flashtune_entries = {n for n in entry_functions() if n.startswith("flashtune_")}
     assert flashtune_entries and flashtune_entries == entry_points.OWN_PATH_ENTRIES
 
 

@@ -25,6 +25,8 @@ from flashtune.data import (
     small_workload,
     synthesize_inputs,
 )
+from flashtune.ops.attention.bundle import flashinfer_decode_uses_tensor_cores
+from flashtune.ops.bundle import bundled_op_for, bundled_ops, planned
 
 DS = Dataset(bundled_dataset())
 NAMES = sorted(DS.definitions)
@@ -36,17 +38,9 @@ FLASHINFER = [
 
 def test_loads_without_errors_and_covers_the_ops():
     assert DS.load_all() == []
-    op_types = {d.op_type for d in DS.definitions.values()}
-    assert op_types == {
-        "rmsnorm",
-        "activation",
-        "gemm",
-        "rope",
-        "gqa_paged",
-        "gqa_ragged",
-        "sampling",
-        "block_sparse",
-    }
+    # Every op some family's bundle.py declares has definitions, and nothing else does.
+    ops = {bundled_op_for(name) for name in NAMES}
+    assert None not in ops and ops == set(bundled_ops())
     for name in NAMES:
         sols = {s.name for s in DS.solutions_for(name)}
         assert {f"flashtune@{name}", f"torch@{name}"} <= sols, name
@@ -112,7 +106,7 @@ def test_every_solution_builds_and_says_how_it_is_run():
             continue
         d = DS.definition(name)
         hq, hk = d.const_axes["num_qo_heads"], d.const_axes["num_kv_heads"]
-        tc = entry_points.flashinfer_decode_uses_tensor_cores(hq, hk, torch.bfloat16)
+        tc = flashinfer_decode_uses_tensor_cores(hq, hk, torch.bfloat16)
         sols = {s.name: _entry_function(s) for s in DS.solutions_for(name)}
         other = "cuda_cores" if tc else "tensor_cores"
         assert sols[f"flashinfer@{name}"] == "flashinfer_gqa_paged_decode", name
@@ -279,9 +273,9 @@ def test_flashinfer_block_sparse_adapter_plans_once_then_only_runs(device, monke
 
     sparse = types.SimpleNamespace(BlockSparseAttentionWrapper=Counting)
     monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(sparse=sparse))
-    monkeypatch.setattr(entry_points, "_WORKSPACE_BYTES", 1 << 16)  # no 128 MB buffer here
-    monkeypatch.setattr(entry_points, "_workspaces", {})
-    monkeypatch.setattr(entry_points, "_plans", type(entry_points._plans)())
+    monkeypatch.setattr(planned, "_WORKSPACE_BYTES", 1 << 16)  # no 128 MB buffer here
+    monkeypatch.setattr(planned, "_workspaces", {})
+    monkeypatch.setattr(planned, "_plans", type(planned._plans)())
     gen = torch.Generator().manual_seed(0)
     R, C = 4, 16
     indptr = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)

@@ -72,7 +72,7 @@ from flashtune.bench.sandbox_child import (
     descendants,
     float_input_names,
 )
-from flashtune.ops import activation, attention, gemm, norm, rope
+from flashtune.ops import family_packages
 
 __all__ = [
     "SandboxSpec",
@@ -114,8 +114,8 @@ class SandboxTimeout(RuntimeError):
 
 
 # What the fork server imports once (never CUDA): the child, the bundled entry points and
-# the kernels they call, so a child starts without importing them again.
-_PRELOAD = (sandbox_child, entry_points, activation, attention, gemm, norm, rope)
+# every op family package (found on disk), so a child starts without importing them again.
+_PRELOAD = (sandbox_child.__name__, entry_points.__name__, *family_packages())
 _CONTEXT: Any = None
 _CONTEXT_LOCK = threading.Lock()
 
@@ -127,7 +127,7 @@ def forkserver_context() -> Any:
     with _CONTEXT_LOCK:
         if _CONTEXT is None:
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload([m.__name__ for m in _PRELOAD])
+            ctx.set_forkserver_preload(list(_PRELOAD))
             # Started now rather than by the first child, with the mark that makes it make
             # itself non-dumpable as it imports its preloads (bench/isolation.py), and with
             # a terminal's SIGINT and SIGHUP blocked: sent to the whole foreground process

@@ -12,7 +12,6 @@ apply (benchmarks/bench_e2e.py runs the same functions).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 from collections.abc import Callable, Sequence
@@ -48,7 +47,6 @@ __all__ = [
 # Where the rows go by default (benchmarks/results/ of the checkout it runs in).
 DEFAULT_OUT = Path("benchmarks") / "results" / "e2e.jsonl"
 # The candidates come from the bundled dataset's builder: in a source checkout only.
-BUILDER = Path(__file__).resolve().parents[3] / "scripts" / "build_bundled_dataset.py"
 
 SolutionsFor = Callable[["Definition"], list["Solution"]]
 
@@ -163,18 +161,10 @@ def register(root: typer.Typer) -> None:
 
 
 def bundled_solutions_for() -> SolutionsFor:
-    """The bundled dataset builder's `solutions_for` (flashtune, torch, FlashInfer: the
-    entry points of flashtune.bench.entry_points), from scripts/ of the source checkout."""
-    if not BUILDER.is_file():
-        raise FileNotFoundError(
-            f"the loop's candidates come from {BUILDER.name} in a flashtune source checkout "
-            f"(not found at {BUILDER}); pass solutions_for= to run_loop"
-        )
-    spec = importlib.util.spec_from_file_location("build_bundled_dataset", BUILDER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    solutions_for: SolutionsFor = module.solutions_for
+    """The bundled dataset's `solutions_for` (flashtune, torch, FlashInfer: the entries each
+    op family declares in its `bundle.py`, served by flashtune.bench.entry_points)."""
+    from flashtune.ops.bundle import solutions_for
+
     return solutions_for
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from flashtune.schema import ApiOp
 
-__all__ = ["load_all"]
+__all__ = ["bundle_modules", "family_packages", "load_all"]
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +32,22 @@ def load_all() -> dict[str, ApiOp]:
         except ImportError as exc:  # an optional op family whose dependency is missing
             log.warning("could not import %s: %s", info.name, exc)
     return registered_ops()
+
+
+def family_packages() -> list[str]:
+    """The op family packages (module names), found on disk; nothing is imported."""
+    return sorted(
+        f"{__name__}.{m.name}"
+        for m in pkgutil.iter_modules(__path__)
+        if m.ispkg and m.name != "bundle"
+    )
+
+
+def bundle_modules() -> list[ModuleType]:
+    """Every family's (or attention job's) `bundle` module: what the bundled dataset takes
+    from it (flashtune.ops.bundle)."""
+    return [
+        importlib.import_module(info.name)
+        for info in pkgutil.walk_packages(__path__, prefix=f"{__name__}.")
+        if info.name.rpartition(".")[2] == "bundle" and info.name != f"{__name__}.bundle"
+    ]
