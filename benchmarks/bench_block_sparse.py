@@ -30,7 +30,7 @@ from common import RowWriter  # noqa: E402
 
 from flashtune.ops.attention.prefill import BatchPrefillWithRaggedKVCacheWrapper  # noqa: E402
 from flashtune.ops.attention.sparse import BlockSparseAttentionWrapper, bsr_pattern  # noqa: E402
-from flashtune.ops.attention.sparse_schema import block_sparse_attention_ref  # noqa: E402
+from flashtune.ops.attention.sparse.schema import block_sparse_attention_ref  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128

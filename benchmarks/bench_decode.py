@@ -28,8 +28,8 @@ from flashtune.ops.attention import (  # noqa: E402
     BatchDecodeWithPagedKVCacheWrapper,
     MultiLevelCascadeAttentionWrapper,
 )
+from flashtune.ops.attention.decode.plan_free import paged_decode  # noqa: E402
 from flashtune.ops.attention.page import build_page_table  # noqa: E402
-from flashtune.ops.attention.planless import paged_decode  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 from flashtune.tune import autotune  # noqa: E402
 
@@ -139,7 +139,7 @@ def bench_grid(fi, ws, rows, bw, quick):
                     rows.write("batch_decode", shape, name, pms, gbs=pg, bw_frac=pg / bw)
                 print(
                     f"ps={ps:3d} b={b:4d} kv={kv:6d}  ours {ms * 1e3:8.1f} us {gbs:7.0f} GB/s "
-                    f"({gbs / bw:4.0%}) planless {ms_nop * 1e3:8.1f}  fi_tc {peer_ms.get(True, float('nan')) * 1e3:8.1f} "
+                    f"({gbs / bw:4.0%}) plan-free {ms_nop * 1e3:8.1f}  fi_tc {peer_ms.get(True, float('nan')) * 1e3:8.1f} "
                     f"fi_cc {peer_ms.get(False, float('nan')) * 1e3:8.1f}  "
                     f"x{ratio if ratio else float('nan'):.2f}",
                     flush=True,
@@ -158,7 +158,7 @@ def bench_grid(fi, ws, rows, bw, quick):
             n=len(ratios),
         )
         geo2 = math.exp(sum(math.log(r) for r in ratios_nop) / len(ratios_nop))
-        print(f"planless: geomean {geo2:.3f}  min {min(ratios_nop):.3f}")
+        print(f"plan-free: geomean {geo2:.3f}  min {min(ratios_nop):.3f}")
         rows.write(
             "batch_decode_summary",
             {},
@@ -173,7 +173,7 @@ def bench_grid(fi, ws, rows, bw, quick):
 def bench_sweep(ws, rows, bw):
     """Tactics of the decode kernel x the cap on persistent CTAs per SM, planned and
     plan-free, on shapes where FlashInfer leads (until the autotuner picks per shape)."""
-    from flashtune.ops.attention.decode_config import DecodeLaunch, DecodeTactic
+    from flashtune.ops.attention.decode.config import DecodeLaunch, DecodeTactic
 
     tactics = [
         (64, 4, 3),
@@ -228,7 +228,7 @@ def bench_sweep(ws, rows, bw):
                         bw_frac=g / bw,
                     )
                 line.append(f"{bn}/{nw}/{ns}/c{cap}: {ms * 1e3:.1f}/{ms_nop * 1e3:.1f}")
-        print(f"sweep ps={ps} b={b} kv={kv} (planned/planless us): " + "  ".join(line), flush=True)
+        print(f"sweep ps={ps} b={b} kv={kv} (planned/plan-free us): " + "  ".join(line), flush=True)
         del cache
 
 
@@ -242,6 +242,7 @@ def bench_skewed(ws, rows, bw):
         w = _ours(ws, table, 16, **kw)
         res[name] = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
     # The plan-free call: the split scheduled on the device from the same page table.
+    # "planless": the name of the recorded series (benchmarks/results/decode.jsonl)
     res["planless"] = _time(lambda q_, c_: paged_decode(q_, c_, *table), [q, cache])
     speedup = res["no_split"] / res["balanced"]
     shape = dict(batch=64, kv_lens="1x32768+63x512", page_size=16, hq=HQ, hk=HK, d=D)
@@ -529,7 +530,7 @@ def bench_variant_sweep(rows, bw):
     and an fp8 (e4m3) cache: which tactic the defaults should pick per variant. Each tactic
     is fixed through plan(launch=...), so nothing is autotuned; the default (no launch) is
     timed in the same loop."""
-    from flashtune.ops.attention.decode_config import DecodeLaunch, DecodeTactic
+    from flashtune.ops.attention.decode.config import DecodeLaunch, DecodeTactic
 
     kinds = [("plain", DT, {}), ("rope", DT, {"pos_encoding_mode": "ROPE_LLAMA"})]
     kinds += [("fp8", torch.float8_e4m3fn, {"kv_data_type": torch.float8_e4m3fn})]

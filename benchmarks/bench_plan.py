@@ -40,14 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RowWriter  # noqa: E402
 
 from flashtune import platform  # noqa: E402
-from flashtune.ops.attention import (  # noqa: E402
-    decode,
-    decode_plan,
-    decode_run,
-    prefill,
-    prefill_plan,
-    prefill_run,
-)
+from flashtune.ops.attention import decode, prefill  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -90,19 +83,19 @@ def _us(fn: Callable[[], Any], reps: int) -> float:
 @contextlib.contextmanager
 def _stub_launch() -> Iterator[None]:
     """run() as on a GPU, minus the kernels: the host path alone."""
-    saved = (decode_run.launch_kernels, prefill_run.launch, platform.kernels_available)
+    saved = (decode.launch.launch_kernels, prefill.launch.launch, platform.kernels_available)
 
     def prefill_launch(plan, q, k, v, out, lse, tactic) -> None:  # noqa: ANN001
         # The work list is host work of run (built lazily before flashtune's plan built it).
         plan.work_list(tactic.tokens_per_tile(plan.group_size), tactic.block_n)
 
-    decode_run.launch_kernels = lambda *a, **k: None  # type: ignore[assignment]
-    prefill_run.launch = prefill_launch  # type: ignore[assignment]
+    decode.launch.launch_kernels = lambda *a, **k: None  # type: ignore[assignment]
+    prefill.launch.launch = prefill_launch  # type: ignore[assignment]
     platform.kernels_available = lambda device: True  # type: ignore[assignment]
     try:
         yield
     finally:
-        decode_run.launch_kernels, prefill_run.launch, platform.kernels_available = saved
+        decode.launch.launch_kernels, prefill.launch.launch, platform.kernels_available = saved
 
 
 # --------------------------------------------------------------------------- cases
@@ -230,10 +223,10 @@ def main() -> None:
     if not torch.cuda.is_available():
         # The CPU plan otherwise assumes 2 SMs (enough for the interpreter), which would
         # time a much smaller scheduling problem than a GPU's.
-        decode_plan.plan_sm_count = lambda *_: a.sm_count  # type: ignore[assignment]
+        decode.plan.plan_sm_count = lambda *_: a.sm_count  # type: ignore[assignment]
         # Likewise prefill's tactic -1 on Hopper (64x64 tiles), not the interpreter's 32x16.
-        hopper = prefill.PrefillTactic(64, 64, True, 4, 3, tma=True)
-        prefill_plan.pick_default = lambda plan, device: hopper  # type: ignore[assignment]
+        hopper = prefill.config.PrefillTactic(64, 64, True, 4, 3, tma=True)
+        prefill.plan.pick_default = lambda plan, device: hopper  # type: ignore[assignment]
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
         devices.append(torch.device("cuda"))

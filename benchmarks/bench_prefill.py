@@ -26,14 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RowWriter  # noqa: E402
 
-from flashtune.ops.attention.prefill import (  # noqa: E402
-    PREFILL_TACTICS,
+from flashtune.ops.attention.prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
-    PrefillTactic,
-    TritonPrefillRunner,
 )
-from flashtune.ops.attention.prefill_plan import default_tactic  # noqa: E402
+from flashtune.ops.attention.prefill.config import PREFILL_TACTICS, PrefillTactic
+from flashtune.ops.attention.prefill.launch import TritonPrefillRunner
+from flashtune.ops.attention.prefill.plan import default_tactic  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -122,7 +121,7 @@ def ours(mode: str, x: dict[str, Any], tactic: PrefillTactic | None = None):
     return fn, [x["q"], kc, vc]
 
 
-def planless_fn(mode: str, x: dict[str, Any]):
+def plan_free_fn(mode: str, x: dict[str, Any]):
     """The plan-free call (work found on the device): the whole call, graph-capturable."""
     from flashtune.ops.attention import paged_prefill, ragged_prefill
 
@@ -284,7 +283,7 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
             print(f"FlashInfer unavailable: {type(e).__name__}: {e}")
             fi_ok = False
     table = []
-    planless_ratios: list[float | None] = []
+    plan_free_ratios: list[float | None] = []
     candidates: list[dict[str, Any]] = []  # every tactic timing, for picking defaults
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     for seq in seqs:
@@ -379,7 +378,7 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
                         print(f"FlashInfer failed on {op} {shp}: {type(e).__name__}: {e}"[:400])
                 ratio = fi_ms / ms if fi_ms else None
                 tuned_ratio = fi_ms / best_ms if fi_ms else None
-                pfn, pargs = planless_fn(mode, x)
+                pfn, pargs = plan_free_fn(mode, x)
                 p_err = (pfn(*pargs).float() - out.float()).abs().max().item()
                 p_ms = timeit(pfn, pargs, graph)
                 writer.write(
@@ -392,7 +391,7 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
                     max_abs_diff_vs_planned=p_err,
                     cuda_graph=graph,
                 )
-                planless_ratios.append(fi_ms / p_ms if fi_ms else None)
+                plan_free_ratios.append(fi_ms / p_ms if fi_ms else None)
                 writer.write(
                     op,
                     shp,
@@ -419,7 +418,7 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
                 table.append((mode, batch, seq, ms, tf, fi_ms, ratio, best_ms, tuned_ratio))
                 print(
                     f"{mode:6s} b{batch:<3d} L{seq:<5d} ours {ms:8.3f} ms {tf:6.1f} TF/s  "
-                    f"planless {p_ms:8.3f} ms  "
+                    f"plan-free {p_ms:8.3f} ms  "
                     f"tuned {best_ms:8.3f} ms ({best_t})  "
                     + (
                         f"FI {fi_ms:8.3f} ms {flops / fi_ms / 1e9:6.1f} TF/s  x{ratio:.2f} "
@@ -439,7 +438,7 @@ def grid(seqs: tuple[int, ...], batches: tuple[int, ...], peer: bool, tune: bool
     columns = [
         ("default tactic", [r[6] for r in table]),
         ("tuned per shape", [r[8] for r in table]),
-        ("plan-free call", planless_ratios),
+        ("plan-free call", plan_free_ratios),
     ]
     for label, column in columns:
         ratios = [r for r in column if r]

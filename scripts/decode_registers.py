@@ -1,11 +1,11 @@
 """Measure the registers a thread of the paged decode kernel takes for every tactic, variant
 and head_dim (sm_90, Triton's bundled ptxas, no GPU needed) and write them to
-src/flashtune/ops/attention/decode_registers.py, which the plan reads to know how many CTAs
+src/flashtune/ops/attention/decode/registers.py, which the plan reads to know how many CTAs
 fit on an SM (registers, not only shared memory, can be the limit).
 
     env -u TRITON_INTERPRET python scripts/decode_registers.py        # ~5 minutes
 
-Rerun it after changing decode_kernels.py; tests/test_sass_decode.py checks a sample.
+Rerun it after changing decode/kernels.py; tests/test_sass_decode.py checks a sample.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sass_decode import decode_sass, registers  # noqa: E402
 
-from flashtune.ops.attention.decode_config import DecodeTactic  # noqa: E402
+from flashtune.ops.attention.decode.config import DecodeTactic  # noqa: E402
 
-TARGET = Path(__file__).resolve().parents[1] / "src/flashtune/ops/attention/decode_registers.py"
+TARGET = Path(__file__).resolve().parents[1] / "src/flashtune/ops/attention/decode/registers.py"
 KINDS = {
     "plain": dict(kv_dtype=torch.bfloat16, rope=False),
     "rope": dict(kv_dtype=torch.bfloat16, rope=True),
     "fp8": dict(kv_dtype=torch.float8_e4m3fn, rope=False),
 }
 HEAD_DIMS = (64, 128, 256)
-HEADER = '''"""Registers a thread of `decode_kernels.paged_attn_kernel` takes, measured for sm_90 with
+HEADER = '''"""Registers a thread of `decode.kernels.paged_attn_kernel` takes, measured for sm_90 with
 Triton's bundled ptxas by scripts/decode_registers.py (generated: rerun it, do not edit).
 
 Keys: (variant, head_dim, block_n, num_warps, num_stages), variant "plain" (bf16), "rope"

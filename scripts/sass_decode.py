@@ -26,8 +26,9 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime import jit
 
 from flashtune import platform
-from flashtune.ops.attention import BatchDecodeWithPagedKVCacheWrapper, decode_kernels
-from flashtune.ops.attention.decode_config import DecodeLaunch, DecodeTactic
+from flashtune.ops.attention import BatchDecodeWithPagedKVCacheWrapper
+from flashtune.ops.attention.decode import kernels as decode_kernels
+from flashtune.ops.attention.decode.config import DecodeLaunch, DecodeTactic
 from flashtune.ops.attention.page import build_page_table
 
 TARGET = GPUTarget("cuda", 90, 32)

@@ -47,9 +47,9 @@ def test_fused_rope_decode_keeps_sin_cos_and_spills_out_of_its_loop():
 
 
 def test_registers_table_matches_the_compiler():
-    """decode_registers.py (what the plan reads to size its grid) still describes the kernel:
+    """decode/registers.py (what the plan reads to size its grid) still describes the kernel:
     a sample of its entries recompiled."""
-    from flashtune.ops.attention.decode_registers import REGISTERS_SM90
+    from flashtune.ops.attention.decode.registers import REGISTERS_SM90
 
     for variant, extra in (("plain", []), ("rope", ["--rope"])):
         key = (variant, 128, 64, 4, 2)

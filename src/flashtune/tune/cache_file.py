@@ -142,6 +142,8 @@ MOVED_TACTIC_MODULES = {
     "flashtune.ops.rope_config": "flashtune.ops.rope.config",
     "flashtune.ops.gemm_config": "flashtune.ops.gemm.config",
     "flashtune.ops.sampling_config": "flashtune.ops.sampling.config",
+    "flashtune.ops.attention.decode_config": "flashtune.ops.attention.decode.config",
+    "flashtune.ops.attention.prefill_config": "flashtune.ops.attention.prefill.config",
 }
 
 

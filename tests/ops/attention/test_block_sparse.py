@@ -17,13 +17,13 @@ from flashtune.ops.attention.sparse import (
     convert_bsr_mask_layout,
     unpack_mask_bits,
 )
-from flashtune.ops.attention.sparse_reference import (
+from flashtune.ops.attention.sparse.reference import (
     block_sparse_attention_ref,
     bsr_dense_mask,
     dense_masked_attention_ref,
     variable_block_sparse_attention_ref,
 )
-from flashtune.ops.attention.sparse_schema import block_sparse_attention_ref as definition_ref
+from flashtune.ops.attention.sparse.schema import block_sparse_attention_ref as definition_ref
 
 # (atol, rtol) of the output against the float32 reference; LSE likewise.
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2), torch.float32: (1e-3, 1e-3)}

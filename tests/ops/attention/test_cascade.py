@@ -132,8 +132,8 @@ def test_flashinfer_shared_prefix_levels_fit_their_half_of_32_mb(
     # FlashInfer's test_shared_prefix_kernels gives the cascade 32 MB for 2 levels; planned
     # for an H100 (132 SMs), the shared level of these shapes once asked for 19-52 MB of
     # partial outputs. Every level must plan in its 16 MB (plan only: no kernel runs).
-    from flashtune.ops.attention.decode_config import DecodeLaunch
-    from flashtune.ops.attention.decode_plan import Planner
+    from flashtune.ops.attention.decode.config import DecodeLaunch
+    from flashtune.ops.attention.decode.plan import Planner
 
     qo_len = unique_len if stage == "append" else 1
     ws = torch.empty(16 * 2**20, dtype=torch.uint8)

@@ -263,8 +263,8 @@ def test_plan_splits_no_further_than_the_workspace_holds(device):
     # Planned for 132 SMs, a 2000-token request would be cut into ~32 chunks; the workspace
     # holds 10 partial rows (fp32 output + LSE per head) next to the LSE scratch, so the plan
     # uses a coarser split that fits, and the result is still exact.
-    from flashtune.ops.attention.decode_config import DecodeLaunch
-    from flashtune.ops.attention.decode_plan import partial_capacity
+    from flashtune.ops.attention.decode.config import DecodeLaunch
+    from flashtune.ops.attention.decode.plan import partial_capacity
 
     lens, hq, hk, d, ps = [2000, 3, 5], 8, 2, 64, 16
     ws_bytes = 256 + 255 + 10 * hq * (d + 1) * 4
@@ -535,7 +535,7 @@ def _plan_digest(cases: int = 300, seed: int = 1234) -> str:
 
     import numpy as np
 
-    from flashtune.ops.attention.decode_config import DecodeLaunch
+    from flashtune.ops.attention.decode.config import DecodeLaunch
 
     rng = np.random.default_rng(seed)
     h = hashlib.sha256()
@@ -635,7 +635,7 @@ def _plan_digest(cases: int = 300, seed: int = 1234) -> str:
 # names fewer bytes); plans cap their partial rows to the workspace and the plan no longer
 # carries max_partials (no plan changed; four fixed-split cases that failed still fail, now
 # naming the partial rows); the grid counts the kernel's registers as well as its shared
-# memory (decode_registers.py: e.g. d256's 196 registers fit 2 CTAs where shared memory has
+# memory (decode/registers.py: e.g. d256's 196 registers fit 2 CTAs where shared memory has
 # room for 4; with the register limit off the digest is the one before). Recompute with
 # _plan_digest() only for an intended change.
 _PLAN_DIGEST = "99828b9dadef470bb6aa1c248a11e7b9dddc6e00b387eabbf584576895e77c7f"

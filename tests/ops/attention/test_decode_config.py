@@ -1,4 +1,4 @@
-"""Decode launch policy (decode_config.py): SM counts, the persistent grid, the tactic space,
+"""Decode launch policy (decode/config.py): SM counts, the persistent grid, the tactic space,
 and a caller's fixed launch reaching the plan and the kernel."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import torch
 
 from flashtune import platform
-from flashtune.ops.attention import decode_run
 from flashtune.ops.attention.decode import BatchDecodeWithPagedKVCacheWrapper
-from flashtune.ops.attention.decode_config import (
+from flashtune.ops.attention.decode import launch as decode_launch
+from flashtune.ops.attention.decode.config import (
     INTERPRETER_SM_COUNT,
     DecodeLaunch,
     DecodeTactic,
@@ -83,7 +83,7 @@ def test_a_fixed_tactic_reaches_the_kernel(monkeypatch):
     """plan(launch=...) fixes the tactic of every run of that plan (the autotuner is not
     asked), and the plan's grid is sized for it."""
     seen = []
-    monkeypatch.setattr(decode_run, "launch_kernels", lambda *args: seen.append(args[-1]))
+    monkeypatch.setattr(decode_launch, "launch_kernels", lambda *args: seen.append(args[-1]))
     indptr, indices, last, num_pages = build_page_table([40, 7], 16, shuffle=False)
     tactic = DecodeTactic(32, 4, 3)
     w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(2**20, dtype=torch.uint8), "NHD")
@@ -109,7 +109,7 @@ def test_the_default_tactic_follows_the_kernel_variant(monkeypatch):
     """Without a fixed launch or a tuned pick, each run uses its plan's default tactic, chosen
     for the variant: fp8 caches and fused RoPE get their own (H100 sweeps, decode_config)."""
     seen = []
-    monkeypatch.setattr(decode_run, "launch_kernels", lambda *args: seen.append(args[-1]))
+    monkeypatch.setattr(decode_launch, "launch_kernels", lambda *args: seen.append(args[-1]))
     indptr, indices, last, num_pages = build_page_table([40, 7], 16, shuffle=False)
     q = torch.randn(2, 4, 64, dtype=torch.float16)
     cache = torch.randn(num_pages, 2, 16, 2, 64, dtype=torch.float16)

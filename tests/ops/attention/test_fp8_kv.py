@@ -170,17 +170,17 @@ def test_fp8_gpu_sizes(kv_dtype, page_size):
 def test_autotuner_keys_decode_by_cache_dtype_and_variant(device, monkeypatch):
     """A tactic tuned on an fp8 cache (or with fused RoPE) is never reused for a bf16 cache
     (or plain decode) of the same shapes: the dtypes and the variant are in the tuner's key."""
-    from flashtune.ops.attention import decode_run
+    from flashtune.ops.attention.decode import launch as decode_launch
     from flashtune.tune import AutoTuner
 
     calls = []
-    real = decode_run.choose_one
+    real = decode_launch.choose_one
 
     def spy(op_name, runners, config, inputs):
         calls.append((op_name, AutoTuner.profile_of(inputs, config)))
         return real(op_name, runners, config, inputs)
 
-    monkeypatch.setattr(decode_run, "choose_one", spy)
+    monkeypatch.setattr(decode_launch, "choose_one", spy)
     indptr, indices, last, num_pages = build_page_table([40, 7], 4)
     q = torch.randn(2, HQ, D, dtype=torch.float16, device=device)
     base = torch.randn(num_pages, 2, 4, HKV, D, dtype=torch.float16, device=device)

@@ -23,21 +23,21 @@ from flashtune.ops.attention import (
     BatchDecodeWithPagedKVCacheWrapper,
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
-    decode_kernels,
     merge,
     paged_decode,
     paged_prefill,
-    planless,
-    prefill_kernels,
 )
+from flashtune.ops.attention.decode import kernels as decode_kernels
+from flashtune.ops.attention.decode import plan_free as decode_plan_free
 from flashtune.ops.attention.page import build_page_table
+from flashtune.ops.attention.prefill import kernels as prefill_kernels
 
 jit = pytest.importorskip("triton.runtime.jit")
 
 KERNELS = {
     "paged_attn": (decode_kernels, "paged_attn_kernel"),
     "merge_partials": (merge, "_merge_partials_kernel"),
-    "planless_decode": (planless, "_planless_decode_kernel"),
+    "plan_free_decode": (decode_plan_free, "_plan_free_decode_kernel"),
     "prefill": (prefill_kernels, "prefill_kernel"),
 }
 HQ, HK, D, PS = 8, 2, 64, 16
@@ -161,7 +161,7 @@ def test_plan_free_calls_compile_once_for_every_batch(variants, device):
         paged_prefill(q, _cache(b, device), qo, *table, causal=True)
 
     _each_batch(run)
-    assert len(variants["planless_decode"]) == 1
+    assert len(variants["plan_free_decode"]) == 1
     assert len(variants["prefill"]) == 1
 
 
@@ -169,7 +169,7 @@ def test_plan_free_calls_compile_once_for_every_batch(variants, device):
 def test_decode_plan_arrays_are_16_byte_aligned_for_every_grid(sm_count, device):
     # The work list follows work_indptr (one entry per CTA + 1) in one buffer: without
     # padding its alignment, and so the kernel's key, followed the grid size.
-    from flashtune.ops.attention.decode_config import DecodeLaunch
+    from flashtune.ops.attention.decode.config import DecodeLaunch
 
     ws = torch.empty(8 * 2**20, dtype=torch.uint8, device=device)
     w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")

@@ -8,14 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashtune.ops.attention.multi_item import MultiItemScoring
 from flashtune.ops.attention.prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
+from flashtune.ops.attention.prefill.multi_item import MultiItemScoring
+from flashtune.ops.attention.reference import (
     batch_prefill_paged_ref,
     batch_prefill_ragged_ref,
     single_prefill_ref,
-    single_prefill_with_kv_cache,
 )
 
 HKV, GROUP, D, PAGE = 2, 2, 64, 4

@@ -11,14 +11,16 @@ import torch
 
 from flashtune.ops.attention.page import split_kv_cache
 from flashtune.ops.attention.prefill import (
-    PREFILL_TACTICS,
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
-    TritonPrefillRunner,
+    single_prefill_with_kv_cache,
+)
+from flashtune.ops.attention.prefill.config import PREFILL_TACTICS
+from flashtune.ops.attention.prefill.launch import TritonPrefillRunner
+from flashtune.ops.attention.reference import (
     batch_prefill_paged_ref,
     batch_prefill_ragged_ref,
     single_prefill_ref,
-    single_prefill_with_kv_cache,
 )
 
 # (dtype, atol, rtol) of the output against the float64 reference; LSE is compared in fp32.
@@ -287,7 +289,7 @@ def test_tactics_agree(device):
 def test_tma_tactic(device):
     """The TMA load path (2-D descriptors over ragged NHD K/V) agrees with the reference;
     rows past a request's end (the next request's keys) must be masked out."""
-    from flashtune.ops.attention.prefill import PrefillTactic
+    from flashtune.ops.attention.prefill.config import PrefillTactic
 
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
         pytest.skip("TMA needs Hopper or newer")
@@ -322,7 +324,7 @@ def test_tma_tactic(device):
 def test_tma_tactic_paged_staging(device, layout, ws_bytes):
     """Paged + TMA: pages staged into the workspace (or a fresh buffer when it is too small),
     partial last pages and an empty request included."""
-    from flashtune.ops.attention.prefill import PrefillTactic
+    from flashtune.ops.attention.prefill.config import PrefillTactic
 
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
         pytest.skip("TMA needs Hopper or newer")
@@ -379,7 +381,7 @@ def test_work_list_request_major():
 def test_default_tactic_hopper(monkeypatch):
     """On Hopper tactic -1 reads K/V through TMA, staging pages unless that copy is too big."""
     from flashtune import platform
-    from flashtune.ops.attention.prefill_plan import pick_default
+    from flashtune.ops.attention.prefill.plan import pick_default
 
     monkeypatch.setattr(platform, "compute_capability", lambda device: (9, 0))
     cap = 1 << 20  # staging copies up to 1 MiB
@@ -716,7 +718,7 @@ def test_work_order_matches_the_lexsort_definition(order):
     """The radix-sorted launch order equals the 4-key lexsort it replaced (plan-time cost)."""
     import numpy as np
 
-    from flashtune.ops.attention.prefill_plan import launch_order
+    from flashtune.ops.attention.prefill.plan import launch_order
 
     rng = np.random.default_rng(3)
     for _ in range(30):

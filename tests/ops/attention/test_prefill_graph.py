@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
-from flashtune.ops.attention import prefill_run
 from flashtune.ops.attention.page import build_page_table, split_kv_cache
 from flashtune.ops.attention.prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
 )
+from flashtune.ops.attention.prefill import launch as prefill_launch
 from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
 
 HKV, GROUP, D, PAGE = 2, 3, 64, 5
@@ -82,8 +82,8 @@ def _plan_paged(w, qo_lens, kv_lens, num_pages, *, causal, mask=None):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("custom", [False, True])
 def test_paged_replay_after_replan(device, monkeypatch, causal, custom):
-    recorder = _LaunchRecorder(prefill_run.prefill_kernel)
-    monkeypatch.setattr(prefill_run, "prefill_kernel", recorder)
+    recorder = _LaunchRecorder(prefill_launch.prefill_kernel)
+    monkeypatch.setattr(prefill_launch, "prefill_kernel", recorder)
     batch, num_pages = 3, 40
     warm_qo, warm_kv = [8, 8, 8], [8, 9, 10]
     real_qo, real_kv = [1, 20, 3], [57, 33, 3]  # fewer rows, more items, longer KV
@@ -141,8 +141,8 @@ def test_paged_replay_after_replan(device, monkeypatch, causal, custom):
 
 
 def test_ragged_replay_after_replan(device, monkeypatch):
-    recorder = _LaunchRecorder(prefill_run.prefill_kernel)
-    monkeypatch.setattr(prefill_run, "prefill_kernel", recorder)
+    recorder = _LaunchRecorder(prefill_launch.prefill_kernel)
+    monkeypatch.setattr(prefill_launch, "prefill_kernel", recorder)
     batch, kv_capacity = 3, 90
     ws = torch.empty(1 << 16, dtype=torch.uint8, device=device)
     w = BatchPrefillWithRaggedKVCacheWrapper(

@@ -1,21 +1,31 @@
 """Attention over paged KV caches: FlashInfer-compatible wrappers over Triton kernels.
 
-Decode (decode.py) and prefill (prefill.py), each with its kernels, launch policy, host plan
-and runner beside it (decode_kernels / decode_config / decode_plan / decode_run.py, and the
-prefill_* modules likewise); merging of attention states (merge.py), cascade (cascade.py) and FlashInfer's older
-shared-prefix wrappers on top of it (shared_prefix.py),
-the paged KV cache helpers (page.py), the CPU scheduler (scheduler.py) and the references
-(reference.py). planless.py and planless_prefill.py offer decode and prefill as single calls
-that schedule their work on the device (no plan, no host sync: CUDA-graph capturable end to
-end).
+One package per job, each on the op families' layout (`__init__`: the public API; schema,
+kernels, config, plan, launch beside it): decode/ (the batch decode wrappers, single decode and
+`paged_decode`), prefill/ (the paged and ragged prefill wrappers, single prefill,
+`paged_prefill` and `ragged_prefill`), cascade/ (multi-level cascade and FlashInfer's older
+shared-prefix wrappers on top of it), sparse/ (block-sparse attention, a configuration of the
+paged prefill). plan_free.py in decode/ and prefill/ holds the plan-free calls: single calls
+that find their work on the device (no plan, no host sync: CUDA-graph capturable end to end).
+
+Shared by the jobs, as modules of this package: the paged KV cache helpers (page.py), merging
+of attention states (merge.py), the references (reference.py), the CPU scheduler of the
+planned decode and of MLA (scheduler.py), RoPE inside the kernels (rotary.py), fp8 tiles in
+q's dtype (tile_dtype.py), host <-> device staging of plans (staging.py) and FlashInfer's
+convenience aliases of the wrappers (aliases.py).
 """
 
 from __future__ import annotations
 
-from flashtune.ops.attention.cascade import MultiLevelCascadeAttentionWrapper
+from flashtune.ops.attention.cascade import (
+    BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
+    BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
+    MultiLevelCascadeAttentionWrapper,
+)
 from flashtune.ops.attention.decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    paged_decode,
     single_decode_with_kv_cache,
 )
 from flashtune.ops.attention.merge import merge_state, merge_state_in_place, merge_states
@@ -25,11 +35,11 @@ from flashtune.ops.attention.page import (
     get_seq_lens,
     split_kv_cache,
 )
-from flashtune.ops.attention.planless import paged_decode
-from flashtune.ops.attention.planless_prefill import paged_prefill, ragged_prefill
 from flashtune.ops.attention.prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
+    paged_prefill,
+    ragged_prefill,
     single_prefill_with_kv_cache,
 )
 from flashtune.ops.attention.reference import (
@@ -39,10 +49,6 @@ from flashtune.ops.attention.reference import (
     merge_states_ref,
     paged_attention_ref,
     single_decode_ref,
-)
-from flashtune.ops.attention.shared_prefix import (
-    BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
-    BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
 )
 
 __all__ = [

@@ -6,7 +6,7 @@ theta^(-2i / D) / rope_scale; a key sits at its position in the request's KV (0-
 query at kv_len - qo_len + its index (the last qo_len positions). The rotation runs in fp32
 and the result is rounded to q's dtype before the MMA, as FlashInfer rotates its fp16/bf16
 tiles in shared memory. Paged decode at a power-of-two head_dim rotates by relative
-position instead (decode_kernels.decode_item): K by its offset in a block from
+position instead (decode.kernels.decode_item): K by its offset in a block from
 `rope_table`, in q's dtype as packed FMAs, and q in fp32.
 """
 
@@ -95,7 +95,7 @@ def rope_table(
     [2, ROPE_TABLE_ROWS, head_dim // 2], computed in float64 and rounded to `dtype` (rope:
     (rope_scale, rope_theta)). The decode kernel rotates K rows by their offset in a block
     with it (in q's dtype: packed FMAs take it as loaded), and q by a whole block each block
-    (fp32; decode_kernels.decode_item). One tensor per setting, device and dtype, kept: a
+    (fp32; decode.kernels.decode_item). One tensor per setting, device and dtype, kept: a
     plan's kernel launches (CUDA graphs included) read it by address."""
     key = (head_dim, float(rope[0]), float(rope[1]), str(torch.device(device)), dtype)
     return _rope_table(*key)

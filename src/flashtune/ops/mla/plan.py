@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from flashtune import env, platform
-from flashtune.ops.attention.decode_plan import partial_capacity
+from flashtune.ops.attention.decode.plan import partial_capacity
 from flashtune.ops.attention.scheduler import (
     NUM_WORK_FIELDS,
     WorkPlan,

@@ -1,4 +1,4 @@
-"""Registers a thread of `decode_kernels.paged_attn_kernel` takes, measured for sm_90 with
+"""Registers a thread of `decode.kernels.paged_attn_kernel` takes, measured for sm_90 with
 Triton's bundled ptxas by scripts/decode_registers.py (generated: rerun it, do not edit).
 
 Keys: (variant, head_dim, block_n, num_warps, num_stages), variant "plain" (bf16), "rope"

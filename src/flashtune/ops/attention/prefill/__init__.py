@@ -19,13 +19,16 @@ a custom mask (flattened booleans, request after request, each [qo_len, kv_len] 
 replaces the causal mask; the LSE is base 2. With qo_len > kv_len, causal rows that see no
 key give output 0 and LSE -inf. pos_encoding_mode="ROPE_LLAMA" rotates q and k inside the
 kernel (rotary.py); an fp8 cache (e4m3/e5m2) is read under fp16/bf16 queries, with run's
-k_scale/v_scale. use_cuda_graph=True (prefill_graph.py): plans write into fixed buffers and
+k_scale/v_scale. use_cuda_graph=True (graph.py): plans write into fixed buffers and
 the launch is fixed, so a captured run replays correctly after each plan.
 
-This module holds the public API and the schema'd ops behind the wrappers' run; the rest lives
-beside it: prefill_kernels.py (Triton), prefill_config.py (tactics, launch policy and the
-tuning notes), prefill_plan.py (the host plan), prefill_run.py (launching a plan through the
-autotuner's runner), prefill_schema.py (the Definitions), reference.py (the references).
+This package's `__init__` holds the public API, the schema'd ops behind the wrappers' run and
+their model example; the rest lives beside it: schema.py (the Definitions), kernels.py
+(Triton), config.py (tactics, launch policy and the tuning notes), plan.py (the host plan;
+graph.py, its CUDA-graph buffers; prefill/multi_item.py, the multi-item scoring mask), launch.py
+(launching a plan through the autotuner's runner), plan_free.py (`paged_prefill` and
+`ragged_prefill`, the plan-free calls: their work is found on the device). The references
+are shared with decode (`ops/attention/reference.py`).
 """
 
 from __future__ import annotations
@@ -37,29 +40,25 @@ import torch
 
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.attention.aliases import WrapperAliases
-from flashtune.ops.attention.multi_item import MultiItemScoring
 from flashtune.ops.attention.page import (
     KV_LAYOUTS,
     build_page_table,
     check_kv_dtype,
     split_kv_cache,
 )
-from flashtune.ops.attention.prefill_config import PREFILL_TACTICS, PrefillTactic
-from flashtune.ops.attention.prefill_graph import PrefillGraph
-from flashtune.ops.attention.prefill_plan import PrefillPlan, check_page_ids, make_plan
-from flashtune.ops.attention.prefill_run import TritonPrefillRunner, execute
-from flashtune.ops.attention.prefill_schema import (
+from flashtune.ops.attention.prefill.graph import PrefillGraph
+from flashtune.ops.attention.prefill.launch import execute
+from flashtune.ops.attention.prefill.multi_item import MultiItemScoring
+from flashtune.ops.attention.prefill.plan import PrefillPlan, check_page_ids, make_plan
+from flashtune.ops.attention.prefill.plan_free import paged_prefill, ragged_prefill
+from flashtune.ops.attention.prefill.schema import (
+    EXAMPLE_KV_LENS,
+    EXAMPLE_PAGE_SIZES,
+    EXAMPLE_QO_INDPTR,
     GQA_PAGED_PREFILL,
     GQA_RAGGED_PREFILL,
-    gqa_paged_prefill_ref,
-    gqa_ragged_prefill_ref,
     paged_schema_for,
     ragged_schema_for,
-)
-from flashtune.ops.attention.reference import (
-    batch_prefill_paged_ref,
-    batch_prefill_ragged_ref,
-    single_prefill_ref,
 )
 from flashtune.schema import api
 from flashtune.schema.dump import Example, meta_tensor, register_examples
@@ -68,27 +67,15 @@ __all__ = [
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "single_prefill_with_kv_cache",
-    "batch_prefill_ragged_ref",
-    "batch_prefill_paged_ref",
-    "single_prefill_ref",
-    "PrefillTactic",
-    "TritonPrefillRunner",
-    "PREFILL_TACTICS",
-    "GQA_PAGED_PREFILL",
-    "GQA_RAGGED_PREFILL",
+    "paged_prefill",
+    "ragged_prefill",
     "gqa_paged_prefill",
     "gqa_ragged_prefill",
-    "gqa_paged_prefill_ref",
-    "gqa_ragged_prefill_ref",
-    "EXAMPLE_PAGE_SIZES",
-    "EXAMPLE_KV_LENS",
-    "EXAMPLE_QO_INDPTR",
-    "prefill_examples",
 ]
 
 
 # --------------------------------------------------------------------------------------------
-# The schema'd ops behind the wrappers' run (Definitions: prefill_schema.py)
+# The schema'd ops behind the wrappers' run (Definitions: schema.py)
 # --------------------------------------------------------------------------------------------
 
 
@@ -302,7 +289,7 @@ class _PrefillWrapperBase(WrapperAliases):
         self._paged = paged
         self._plan: PrefillPlan | None = None
         self._plan_args: dict[str, Any] = {}  # make_plan's arguments of the last plan()
-        # Graph mode (prefill_graph.py): plans write into fixed buffers, run launches alike.
+        # Graph mode (prefill/graph.py): plans write into fixed buffers, run launches alike.
         self._graph: PrefillGraph | None = None
         if use_cuda_graph:
             # A ragged wrapper has no page-table buffers.
@@ -757,14 +744,8 @@ def single_prefill_with_kv_cache(
 # Model examples
 # --------------------------------------------------------------------------------------------
 
-# Page size 16: the common serving default (vLLM, SGLang); 1 as well, as in the corpus.
-# Shared with the plan-free calls' examples (planless_prefill.py): the same Definitions.
-EXAMPLE_PAGE_SIZES = (16, 1)
-EXAMPLE_KV_LENS = (37, 100, 16)
-EXAMPLE_QO_INDPTR = (0, 5, 22, 25)  # queries 5, 17, 3: each no longer than its KV
 
-
-@register_examples
+@register_examples(attention="gqa")
 def prefill_examples(model: ModelConfig) -> list[Example]:
     """Paged (each of EXAMPLE_PAGE_SIZES) and ragged prefill, causal and not, at `model`'s
     shapes (bf16), through the schema'd ops behind the wrappers' run.

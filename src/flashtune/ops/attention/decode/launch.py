@@ -12,9 +12,9 @@ import torch
 import triton
 
 from flashtune import env, platform
-from flashtune.ops.attention.decode_config import DecodeTactic
-from flashtune.ops.attention.decode_kernels import LOG2E, paged_attn_kernel
-from flashtune.ops.attention.decode_plan import DevicePlan
+from flashtune.ops.attention.decode.config import DecodeTactic
+from flashtune.ops.attention.decode.kernels import LOG2E, paged_attn_kernel
+from flashtune.ops.attention.decode.plan import DevicePlan
 from flashtune.ops.attention.merge import merge_partials
 from flashtune.ops.attention.reference import paged_attention_ref
 from flashtune.ops.attention.rotary import rope_arguments

@@ -1,6 +1,6 @@
 """Launch policy of paged decode attention, in one place: the kernel's tactics and their
 space, the default tactic, the persistent grid and the chunking rules, for the planned
-wrappers (decode_plan.py) and the plan-free call (planless.py) alike.
+wrappers (decode/plan.py) and the plan-free call (decode/plan_free.py) alike.
 
 Hardware facts come from `flashtune.platform.device_limits`; a caller that fixes how a call
 launches (a benchmark sweeping tactics) passes a `DecodeLaunch` explicitly, to
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flashtune.ops.attention.decode_registers import REGISTERS_SM90
+from flashtune.ops.attention.decode.registers import REGISTERS_SM90
 from flashtune.ops.attention.scheduler import CostModel
 from flashtune.platform import DeviceLimits
 
@@ -38,7 +38,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DecodeTactic:
-    """Launch configuration of `decode_kernels.paged_attn_kernel`."""
+    """Launch configuration of `decode.kernels.paged_attn_kernel`."""
 
     block_n: int
     num_warps: int
@@ -161,7 +161,7 @@ def kernel_registers(
     tactic: DecodeTactic, head_dim: int, *, kv_itemsize: int = 2, rope: bool = False
 ) -> int | None:
     """Registers a thread of the decode kernel takes with this tactic and variant, as
-    measured for sm_90 (decode_registers.py); None where nothing was measured."""
+    measured for sm_90 (decode/registers.py); None where nothing was measured."""
     variant = "rope" if rope else "fp8" if kv_itemsize == 1 else "plain"
     key = (variant, next_pow2(head_dim), tactic.block_n, tactic.num_warps, tactic.num_stages)
     return REGISTERS_SM90.get(key)

@@ -1,9 +1,9 @@
 """The host plan of paged decode: validate a page table, schedule its work items over the
-persistent CTAs (scheduler.py) and lay the result out in device buffers, for
+persistent CTAs (ops/attention/scheduler.py) and lay the result out in device buffers, for
 `BatchDecodeWithPagedKVCacheWrapper` and `MultiLevelCascadeAttentionWrapper`.
 
 `Planner.make` runs on the CPU (one device-to-host copy of indptr and last_page_len, as
-FlashInfer's plan does) and returns a `DevicePlan`: everything `decode_run.run_plan` needs,
+FlashInfer's plan does) and returns a `DevicePlan`: everything `decode.launch.run_plan` needs,
 with every array the kernels read in the planner's integer buffer or the float workspace.
 In CUDA-graph mode every buffer lives at a fixed place and the grid is fixed, so a graph
 captured once replays correctly after the next plan.
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from flashtune import env, platform
-from flashtune.ops.attention.decode_config import (
+from flashtune.ops.attention.decode.config import (
     DEFAULT_LAUNCH,
     WORK_COST,
     DecodeLaunch,
@@ -83,7 +83,7 @@ class DevicePlan:
     qo_indptr_host: np.ndarray  # [B+1] int64
     indptr_host: np.ndarray  # [B+1] int64
     last_host: np.ndarray  # [B] int64
-    # Tactic -1 of this plan (decode_config.default_tactic of its variant): what sized it.
+    # Tactic -1 of this plan (decode.config.default_tactic of its variant): what sized it.
     default_tactic: DecodeTactic
     launch: DecodeLaunch | None = None  # the caller's fixed launch (tactic), if any
     rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
@@ -231,7 +231,7 @@ def _head(t: torch.Tensor, n: int) -> torch.Tensor:
 
 class Planner:
     """Shared plan machinery of the decode and cascade wrappers (one level each); the plans
-    it makes run through `decode_run.run_plan`."""
+    it makes run through `decode.launch.run_plan`."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
-"""Running a prefill plan: the Triton kernel (prefill_kernels.py) through the autotuner's
+"""Running a prefill plan: the Triton kernel (prefill/kernels.py) through the autotuner's
 runner, or the reference where no kernel can run. `launch_kernel` also serves the plan-free
-calls (planless_prefill.py), which find their work items on the device.
+calls (prefill/plan_free.py), which find their work items on the device.
 
 With a TMA tactic on a paged cache, `launch` first copies the planned pages contiguously
 into the workspace (two index_select launches) and reads them as ragged KV.
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from flashtune import platform
-from flashtune.ops.attention.prefill_config import PREFILL_TACTICS, PrefillTactic
-from flashtune.ops.attention.prefill_kernels import prefill_kernel
-from flashtune.ops.attention.prefill_plan import PrefillPlan, default_tactic
+from flashtune.ops.attention.prefill.config import PREFILL_TACTICS, PrefillTactic
+from flashtune.ops.attention.prefill.kernels import prefill_kernel
+from flashtune.ops.attention.prefill.plan import PrefillPlan, default_tactic
 from flashtune.ops.attention.reference import (
     alibi_slopes,
     batch_prefill_paged_ref,

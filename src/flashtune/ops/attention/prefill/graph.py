@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashtune.ops.attention.prefill_config import PrefillTactic, default_tactic_for
+from flashtune.ops.attention.prefill.config import PrefillTactic, default_tactic_for
 from flashtune.ops.attention.staging import packed_offsets
 
 __all__ = ["PrefillGraph", "LaunchSignature"]
@@ -156,7 +156,7 @@ class PrefillGraph:
             )
             tokens = self.tactic.tokens_per_tile(group)
             self.max_items = -(-total_rows // tokens) + self.batch
-            # The layout of prefill_plan's packed arrays (qo_indptr | kv_indptr | kv_lens | work).
+            # The layout of prefill/plan.py's packed arrays (qo_indptr | kv_indptr | kv_lens | work).
             _, n = packed_offsets([self.batch + 1, self.batch + 1, self.batch, 8 * self.max_items])
             self.ints = torch.zeros(n, dtype=torch.int32, device=self.device)
         elif signature != self.signature:

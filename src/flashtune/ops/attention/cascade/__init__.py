@@ -7,9 +7,12 @@ rows of one tile (query tokens x heads of a KV group), so a shared prefix is rea
 tile of up to 64 rows instead of once per request. Each level yields an attention state
 (output, base-2 LSE); the states are combined with `merge_state_in_place`.
 
-All levels run on the split-KV paged kernel of decode.py, which handles several query
+All levels run on the split-KV paged kernel of decode/, which handles several query
 tokens per entry, causal masks aligned bottom-right and sliding windows: decode and small
-prefills both work. (For long prefills the prefill kernels of prefill.py are faster.)
+prefills both work. (For long prefills the prefill kernels of prefill/ are faster.)
+
+FlashInfer 0.2.14's older shared-prefix wrappers, a cascade of two levels, are in
+shared_prefix.py.
 """
 
 from __future__ import annotations
@@ -18,13 +21,21 @@ from typing import Any
 
 import torch
 
-from flashtune.ops.attention.decode_plan import Planner, as_dtype, as_int_tensor
-from flashtune.ops.attention.decode_run import run_plan
+from flashtune.ops.attention.cascade.shared_prefix import (
+    BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
+    BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
+)
+from flashtune.ops.attention.decode.launch import run_plan
+from flashtune.ops.attention.decode.plan import Planner, as_dtype, as_int_tensor
 from flashtune.ops.attention.merge import merge_state_in_place
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 from flashtune.ops.attention.staging import host_int64
 
-__all__ = ["MultiLevelCascadeAttentionWrapper"]
+__all__ = [
+    "MultiLevelCascadeAttentionWrapper",
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
+]
 
 
 class MultiLevelCascadeAttentionWrapper:

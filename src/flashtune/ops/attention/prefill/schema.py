@@ -3,7 +3,7 @@ gqa_ragged prefill ops, with the self-contained references emitted into them.
 
 Four paged schemas (causal or not; page size 1, which has no kv_last_page_len input, or
 larger) and two ragged ones. `paged_schema_for` / `ragged_schema_for` pick one from a call's
-arguments for the schema'd ops of prefill.py.
+arguments for the schema'd ops of prefill/__init__.py.
 """
 
 from __future__ import annotations
@@ -224,3 +224,11 @@ def paged_schema_for(
 
 def ragged_schema_for(*args: Any, causal: bool = True, **_: Any) -> OpSchema:
     return GQA_RAGGED_PREFILL[bool(causal)]
+
+
+# Page size 16: the common serving default (vLLM, SGLang); 1 as well, as in the corpus.
+# Shared by the wrappers' and the plan-free calls' examples (plan_free.py): the same
+# Definitions.
+EXAMPLE_PAGE_SIZES = (16, 1)
+EXAMPLE_KV_LENS = (37, 100, 16)
+EXAMPLE_QO_INDPTR = (0, 5, 22, 25)  # queries 5, 17, 3: each no longer than its KV

@@ -1,9 +1,9 @@
 """Triton kernels of paged decode attention (the planned wrappers and the plan-free call).
 
-`decode_item` computes one work item (see scheduler.py): a query tile of one request against
+`decode_item` computes one work item (see ops/attention/scheduler.py): a query tile of one request against
 one chunk of its KV, for one KV head, with the query heads of the group (and, for several
 query tokens, the tokens) packed into the rows of one MMA tile. `paged_attn_kernel` runs the
-items a plan dealt to each persistent CTA; planless.py finds its items on the device and
+items a plan dealt to each persistent CTA; decode/plan_free.py finds its items on the device and
 calls `decode_item` itself.
 """
 

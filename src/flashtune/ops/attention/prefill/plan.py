@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from flashtune import env
-from flashtune.ops.attention.multi_item import MultiItemScoring
-from flashtune.ops.attention.prefill_config import (
+from flashtune.ops.attention.prefill.config import (
     MAX_STAGING_BYTES,
     SUPPORTED_HEAD_DIMS,
     PrefillTactic,
     default_tactic_for,
 )
-from flashtune.ops.attention.prefill_graph import LaunchSignature, PrefillGraph
+from flashtune.ops.attention.prefill.graph import LaunchSignature, PrefillGraph
+from flashtune.ops.attention.prefill.multi_item import MultiItemScoring
 from flashtune.ops.attention.rotary import rope_for
 from flashtune.ops.attention.staging import host_int64, host_staging, packed_offsets
 from flashtune.tune import DEFAULT_TACTIC, Tactic
@@ -101,11 +101,11 @@ class PrefillPlan:
     # as ragged KV; request b's tokens start at kv_indptr[b] * page_size there (work list).
     workspace: torch.Tensor | None = None
     default_tactic: PrefillTactic | None = None  # tactic -1 for this plan, picked once
-    # CUDA-graph mode (prefill_graph.py): the one tactic run launches, the autotuner skipped;
+    # CUDA-graph mode (prefill/graph.py): the one tactic run launches, the autotuner skipped;
     # its work list lives in the wrapper's fixed buffer, padded to a fixed number of items.
     graph_tactic: PrefillTactic | None = None
     tactic: Tactic = DEFAULT_TACTIC
-    work_order: str = "request"  # one of prefill_config.WORK_ORDERS
+    work_order: str = "request"  # one of prefill.config.WORK_ORDERS
     rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
     alibi: bool = False  # ALIBI: FlashInfer's ALiBi bias (prefill_kernel)
 
@@ -438,7 +438,7 @@ def check_page_ids(plan: PrefillPlan, kv_indices: torch.Tensor) -> None:
 
 
 def default_tactic(plan: PrefillPlan, device: torch.device) -> PrefillTactic:
-    """Tactic -1, cached on the plan (run stays cheap). Numbers: prefill_config's notes."""
+    """Tactic -1, cached on the plan (run stays cheap). Numbers: prefill/config.py's notes."""
     if plan.default_tactic is None:
         plan.default_tactic = pick_default(plan, device)
     return plan.default_tactic

@@ -1,13 +1,13 @@
 """Batch prefill without a host-side plan: work items are found on the device.
 
-The prefill wrappers (prefill.py) follow FlashInfer's plan/run split: `plan` copies the
+The prefill wrappers (prefill/__init__.py) follow FlashInfer's plan/run split: `plan` copies the
 indptr arrays to the host, builds the list of (request, query tile) work items there and
 uploads it. That suits a serving loop that plans once per step for every layer, but a caller
 with only tensors in hand pays the sync and the Python planner (~250 us) on every call, and
 cannot capture the call at all: a Definition's function (the benchmark calls it as one
 function of tensors), or a whole model step captured in a CUDA graph.
 
-`paged_prefill` and `ragged_prefill` launch the same Triton kernel (prefill_kernels.py) with
+`paged_prefill` and `ragged_prefill` launch the same Triton kernel (prefill/kernels.py) with
 DEVICE_WORK: the grid is an upper bound computed on the host from shapes alone, one program
 per (item, head group) for cdiv(total_q, tokens per tile) + batch items (every request
 rounds its last tile up at most once). Each program derives its own item from qo_indptr and
@@ -42,22 +42,23 @@ import torch
 
 from flashtune import env, platform
 from flashtune.model_shapes import ModelConfig
+from flashtune.ops.attention.decode.plan_free import plan_free_api, search_block
 from flashtune.ops.attention.page import KV_LAYOUTS, build_page_table, split_kv_cache
-from flashtune.ops.attention.planless import plan_free_api, search_block
-from flashtune.ops.attention.prefill import (
-    EXAMPLE_KV_LENS,
-    EXAMPLE_PAGE_SIZES,
-    EXAMPLE_QO_INDPTR,
-)
-from flashtune.ops.attention.prefill_config import (
+from flashtune.ops.attention.prefill.config import (
     MAX_STAGING_BYTES,
     SUPPORTED_HEAD_DIMS,
     PrefillTactic,
     default_tactic_for,
 )
-from flashtune.ops.attention.prefill_plan import check_indptr
-from flashtune.ops.attention.prefill_run import heads_per_program, launch_kernel
-from flashtune.ops.attention.prefill_schema import GQA_PAGED_PREFILL, GQA_RAGGED_PREFILL
+from flashtune.ops.attention.prefill.launch import heads_per_program, launch_kernel
+from flashtune.ops.attention.prefill.plan import check_indptr
+from flashtune.ops.attention.prefill.schema import (
+    EXAMPLE_KV_LENS,
+    EXAMPLE_PAGE_SIZES,
+    EXAMPLE_QO_INDPTR,
+    GQA_PAGED_PREFILL,
+    GQA_RAGGED_PREFILL,
+)
 from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
 from flashtune.ops.attention.staging import host_int64
 from flashtune.schema import OpSchema
@@ -371,21 +372,21 @@ def _cache_params(schema: OpSchema) -> OpSchema:
     return dataclasses.replace(schema, inputs=inputs)
 
 
-PLANLESS_PAGED_PREFILL = {key: _cache_params(s) for key, s in GQA_PAGED_PREFILL.items()}
+PLAN_FREE_PAGED_PREFILL = {key: _cache_params(s) for key, s in GQA_PAGED_PREFILL.items()}
 
 
 def _paged_schema_for(
     q: Any, paged_kv_cache: Any, *args: Any, kv_layout: str = "NHD", causal: bool = False, **_: Any
 ) -> OpSchema:
     page_size = split_kv_cache(paged_kv_cache, kv_layout)[0].shape[1]
-    return PLANLESS_PAGED_PREFILL[(bool(causal), page_size == 1)]
+    return PLAN_FREE_PAGED_PREFILL[(bool(causal), page_size == 1)]
 
 
 def _ragged_schema_for(*args: Any, causal: bool = False, **_: Any) -> OpSchema:
     return GQA_RAGGED_PREFILL[bool(causal)]
 
 
-@plan_free_api(_paged_schema_for, PLANLESS_PAGED_PREFILL.values())
+@plan_free_api(_paged_schema_for, PLAN_FREE_PAGED_PREFILL.values())
 def paged_prefill(
     q: torch.Tensor,
     paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -550,10 +551,10 @@ def ragged_prefill(
     )
 
 
-@register_examples
+@register_examples(attention="gqa")
 def plan_free_prefill_examples(model: ModelConfig) -> list[Example]:
     """The plan-free paged and ragged prefill, causal and not, on the wrappers' example page
-    tables and lengths (prefill.py): the same Definitions."""
+    tables and lengths (prefill/__init__.py): the same Definitions."""
     hq, hk, d = model.num_qo_heads, model.num_kv_heads, model.head_dim
     kv_lens = list(EXAMPLE_KV_LENS)
     qo_indptr = torch.tensor(EXAMPLE_QO_INDPTR, dtype=torch.int32)

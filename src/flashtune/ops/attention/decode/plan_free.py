@@ -34,13 +34,7 @@ import triton.language as tl
 
 from flashtune import env, platform
 from flashtune.model_shapes import ModelConfig
-from flashtune.ops.attention.decode import (
-    EXAMPLE_KV_LENS,
-    EXAMPLE_PAGE_SIZE,
-    GQA_PAGED_DECODE,
-    PagedKV,
-)
-from flashtune.ops.attention.decode_config import (
+from flashtune.ops.attention.decode.config import (
     DEFAULT_LAUNCH,
     DecodeLaunch,
     block_m_for,
@@ -49,7 +43,13 @@ from flashtune.ops.attention.decode_config import (
     next_pow2,
     plan_sm_count,
 )
-from flashtune.ops.attention.decode_kernels import LOG2E, decode_item
+from flashtune.ops.attention.decode.kernels import LOG2E, decode_item
+from flashtune.ops.attention.decode.schema import (
+    EXAMPLE_KV_LENS,
+    EXAMPLE_PAGE_SIZE,
+    GQA_PAGED_DECODE,
+    PagedKV,
+)
 from flashtune.ops.attention.merge import merge_partials
 from flashtune.ops.attention.page import (
     KV_LAYOUTS,
@@ -82,7 +82,7 @@ def search_block(batch: int) -> int:
 # batch and chunk vary with every call: not specialized (Triton would compile a variant for
 # values equal to 1 and for multiples of 16), they only bound loops and offsets.
 @triton.jit(do_not_specialize=["batch", "chunk"])
-def _planless_decode_kernel(
+def _plan_free_decode_kernel(
     q_ptr,  # [B, H_qo, D]
     k_ptr,  # [num_pages, page_size, H_kv, D] logical (strided)
     v_ptr,
@@ -284,7 +284,7 @@ def chunk_tokens(
 
 # The decode Definition (gqa_paged_decode_*) with its inputs read from this function's
 # arguments instead of a planned wrapper's state: captured and applied like the wrapper's run.
-PLANLESS_DECODE = dataclasses.replace(
+PLAN_FREE_DECODE = dataclasses.replace(
     GQA_PAGED_DECODE,
     inputs={
         name: dataclasses.replace(spec, param=None) if name in _TABLE_INPUTS else spec
@@ -326,7 +326,7 @@ def plan_free_api(schema: Any, schemas: Any = None) -> Any:
     return wrap
 
 
-@plan_free_api(PLANLESS_DECODE)
+@plan_free_api(PLAN_FREE_DECODE)
 def paged_decode(
     q: torch.Tensor,
     paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -350,7 +350,7 @@ def paged_decode(
     LSE [B, num_qo_heads] float32. The page table's contents are not checked (that needs a
     sync) unless FLASHTUNE_DEBUG_CHECKS is on; shapes, dtypes and devices always are.
 
-    The tactic is the planned path's default for the shape (decode_config.default_tactic),
+    The tactic is the planned path's default for the shape (decode.config.default_tactic),
     or `launch.tactic`: the autotuner is not consulted (tuning the plan-free calls is not
     implemented).
     """
@@ -446,7 +446,7 @@ def paged_decode(
         qk_scale, cap_arg = scale / logits_soft_cap, logits_soft_cap * LOG2E
     else:
         qk_scale, cap_arg = scale * LOG2E, 0.0
-    _planless_decode_kernel[(programs, num_kv_heads)](
+    _plan_free_decode_kernel[(programs, num_kv_heads)](
         q,
         k,
         v,
@@ -493,10 +493,10 @@ def paged_decode(
     return (out, lse) if return_lse else out
 
 
-@register_examples
+@register_examples(attention="gqa")
 def paged_decode_examples(model: ModelConfig) -> list[Example]:
     """The plan-free decode at `model`'s shapes, on the planned wrapper's example page table
-    (decode.py): the same Definition."""
+    (decode/schema.py): the same Definition."""
     hq, hk, d = model.num_qo_heads, model.num_kv_heads, model.head_dim
     lens = list(EXAMPLE_KV_LENS)
     indptr, indices, last, num_pages = build_page_table(lens, EXAMPLE_PAGE_SIZE, shuffle=False)

@@ -11,8 +11,8 @@ the right edge (causal diagonal, the KV boundary). Tiles that a causal or window
 hides are never visited. Softmax is online, in base 2: sm_scale * log2(e) is folded into one
 multiply, so the LSE comes out in base 2 as FlashInfer returns it.
 
-Work items come from one of two places. The planned wrappers (prefill_run.py) pass WORK, a list
-built on the host. With DEVICE_WORK (planless_prefill.py) each program finds its own item
+Work items come from one of two places. The planned wrappers (prefill/launch.py) pass WORK, a list
+built on the host. With DEVICE_WORK (prefill/plan_free.py) each program finds its own item
 from the indptr arrays: the tile count of every request, prefix summed in registers, names
 the request that owns the program's item; programs past the last item do nothing.
 """
@@ -296,7 +296,7 @@ def prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     # DEVICE_WORK: WORK is not read; each program finds its item from the indptr arrays
-    # (device_item). Defaults keep the planned launch (prefill_run.py) unchanged.
+    # (device_item). Defaults keep the planned launch (prefill/launch.py) unchanged.
     DEVICE_WORK: tl.constexpr = False,
     QO_INDPTR=None,  # [batch + 1] int32 (DEVICE_WORK)
     KV_INDPTR=None,  # [batch + 1] int32: pages (INDPTR_PAGE_SIZE > 0) or tokens

@@ -102,7 +102,7 @@ def default_tactic_for(
 ) -> PrefillTactic:
     """Tactic -1 from what a shape and the KV length (the longest, or a bound of it) tell.
 
-    can_stage: a paged batch's pages may be copied contiguously for TMA (prefill_run.py).
+    can_stage: a paged batch's pages may be copied contiguously for TMA (prefill/launch.py).
     """
     if device.type != "cuda":
         # Interpreter: small tiles so that small test inputs still cross tile boundaries.

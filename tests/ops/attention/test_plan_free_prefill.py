@@ -9,16 +9,14 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.ops.attention import planless, planless_prefill
+from flashtune.ops.attention.decode import plan_free as decode_plan_free
 from flashtune.ops.attention.page import split_kv_cache
-from flashtune.ops.attention.planless_prefill import paged_prefill, ragged_prefill
-from flashtune.ops.attention.prefill import (
-    BatchPrefillWithRaggedKVCacheWrapper,
-    PrefillTactic,
-    batch_prefill_paged_ref,
-    batch_prefill_ragged_ref,
-)
-from flashtune.ops.attention.prefill_kernels import device_item
+from flashtune.ops.attention.prefill import BatchPrefillWithRaggedKVCacheWrapper
+from flashtune.ops.attention.prefill import plan_free as prefill_plan_free
+from flashtune.ops.attention.prefill.config import PrefillTactic
+from flashtune.ops.attention.prefill.kernels import device_item
+from flashtune.ops.attention.prefill.plan_free import paged_prefill, ragged_prefill
+from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
 
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 LSE_TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -181,7 +179,7 @@ def test_causal_more_queries_than_keys(device, window_left):
 
 def test_request_search_spans_several_steps(device, monkeypatch):
     # More requests than one step of the in-kernel search scans (BLOCK_B set to 16).
-    monkeypatch.setattr(planless, "_SEARCH_BLOCKS", (16, 16))
+    monkeypatch.setattr(decode_plan_free, "_SEARCH_BLOCKS", (16, 16))
     qo = [int(x) for x in torch.randint(0, 6, (37,))]
     kv = [q + int(x) for q, x in zip(qo, torch.randint(0, 8, (37,)), strict=True)]
     qo[20], kv[20] = 40, 50  # a long request past the first step
@@ -197,7 +195,7 @@ def test_staged_pages_and_tma(device, monkeypatch, pack):
         pytest.skip("TMA needs Hopper or newer")
     small = device.type != "cuda"  # the interpreter wants small tiles
     t = PrefillTactic(32 if small else 64, 16 if small else 64, pack, 4, 1 if small else 3, True)
-    monkeypatch.setattr(planless_prefill, "_pick_tactic", lambda **_: t)
+    monkeypatch.setattr(prefill_plan_free, "_pick_tactic", lambda **_: t)
     _check_paged(QO_LENS, KV_LENS, 8, 2, 64, 16, "HND", device, causal=True)
     _check_paged(QO_LENS, KV_LENS, 6, 2, 64, 5, "NHD", device, causal=False, window_left=7)
     _check_ragged(QO_LENS, KV_LENS, 8, 2, 64, device, causal=True)
@@ -269,7 +267,7 @@ def test_reference_path(device, monkeypatch, why):
     if why == "force_reference":
         monkeypatch.setenv("FLASHTUNE_FORCE_REFERENCE", "1")
     else:
-        monkeypatch.setattr(planless_prefill.platform, "kernels_available", lambda d: False)
+        monkeypatch.setattr(prefill_plan_free.platform, "kernels_available", lambda d: False)
     _check_paged(QO_LENS, KV_LENS, 4, 2, 64, 5, "HND", device, causal=True, window_left=6)
     _check_ragged(QO_LENS, KV_LENS, 4, 2, 64, device, causal=True, logits_soft_cap=3.0)
 

@@ -21,7 +21,7 @@ selected column blocks of head h; q, k, v are HND and each KV head becomes a "se
 of its own (FlashInfer's layout: [(Hkv * qo_len), group, D] queries over a one-head cache).
 
 What the prefill does not do raises NotImplementedError naming it (fp8 per-head scales);
-references: sparse_reference.py.
+references: sparse/reference.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.attention.aliases import WrapperAliases
 from flashtune.ops.attention.prefill import BatchPrefillWithPagedKVCacheWrapper
-from flashtune.ops.attention.sparse_schema import BLOCK_SPARSE_ATTENTION
+from flashtune.ops.attention.sparse.schema import BLOCK_SPARSE_ATTENTION
 from flashtune.schema import api
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
@@ -630,7 +630,7 @@ EXAMPLE_BSR_INDICES = (0, 5, 2, 1, 7, 3, 4, 0, 1, 2, 4, 6, 7)
 EXAMPLE_BLOCK_SIZES = ((64, 64), (16, 16), (4, 4), (1, 16))
 
 
-@register_examples
+@register_examples(attention="gqa")
 def block_sparse_examples(model: ModelConfig) -> list[Example]:
     """Block-sparse attention at `model`'s heads (bf16), for each of EXAMPLE_BLOCK_SIZES
     (R, C), through the schema'd op behind BlockSparseAttentionWrapper.run."""

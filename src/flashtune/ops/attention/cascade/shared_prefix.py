@@ -5,7 +5,7 @@ Every request attends to one shared prefix, given as contiguous k_shared/v_share
 cache. forward computes the prefix part with `single_prefill_with_kv_cache` (all queries of
 the batch as one request, non-causal: every query sees the whole prefix), the unique part
 with the batch decode or prefill wrapper, and merges the two attention states
-(`merge_state_in_place`). `MultiLevelCascadeAttentionWrapper` (cascade.py) is the general
+(`merge_state_in_place`). `MultiLevelCascadeAttentionWrapper` (cascade/__init__.py) is the general
 form, with the prefix in the paged cache too.
 """
 

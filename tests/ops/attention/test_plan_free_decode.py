@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from flashtune.ops.attention import batch_decode_ref, planless, split_kv_cache
-from flashtune.ops.attention.decode_config import DecodeLaunch, launch_shape
+from flashtune.ops.attention import batch_decode_ref, split_kv_cache
+from flashtune.ops.attention.decode import plan_free as decode_plan_free
+from flashtune.ops.attention.decode.config import DecodeLaunch, launch_shape
+from flashtune.ops.attention.decode.plan_free import paged_decode
 from flashtune.ops.attention.page import build_page_table
-from flashtune.ops.attention.planless import paged_decode
 from flashtune.platform import STAND_IN_LIMITS
 
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
@@ -64,7 +65,7 @@ def test_paged_decode_variants(kw, device):
 
 def test_request_search_spans_several_steps(device, monkeypatch):
     # More requests than one step of the in-kernel search scans (BLOCK_B set to 16).
-    monkeypatch.setattr(planless, "_SEARCH_BLOCKS", (16, 16))
+    monkeypatch.setattr(decode_plan_free, "_SEARCH_BLOCKS", (16, 16))
     lens = [int(x) for x in torch.randint(0, 90, (37,))]
     lens[5] = 400  # one long request among short ones: split, merged
     _check(lens, 4, 1, 64, 16, "NHD", device)
@@ -73,12 +74,12 @@ def test_request_search_spans_several_steps(device, monkeypatch):
 def test_chunking_splits_a_long_request_and_fills_the_rounds():
     h100 = DecodeLaunch(sm_count=132)  # plan as on an H100/H200
     dev = torch.device("cpu")
-    chunk, programs = planless.chunk_tokens(1, 32768, 8, 128, 4, dev, h100)
+    chunk, programs = decode_plan_free.chunk_tokens(1, 32768, 8, 128, 4, dev, h100)
     assert chunk % 16 == 0 and programs == -(-32768 // chunk) + 1
     assert programs > 32  # batch 1: the request is spread over many programs
     slots, _ = launch_shape(132, STAND_IN_LIMITS.shared_memory_per_block, 128, 16, 16, 8)
     for batch, kv in ((64, 32768), (256, 8192), (64, 2048), (16, 8192)):
-        chunk, programs = planless.chunk_tokens(batch, batch * kv, 8, 128, 4, dev, h100)
+        chunk, programs = decode_plan_free.chunk_tokens(batch, batch * kv, 8, 128, 4, dev, h100)
         assert programs == -(-(batch * kv) // chunk) + batch
         used = batch * -(-kv // chunk)  # programs that do work, per KV head
         rounds = used / slots

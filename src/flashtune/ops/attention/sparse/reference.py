@@ -1,6 +1,6 @@
 """Plain-PyTorch references for block-sparse attention (FlashInfer's `flashinfer.sparse`).
 
-Two forms, written independently of the wrappers in sparse.py:
+Two forms, written independently of the wrappers in sparse/__init__.py:
 - the dense form: the BSR matrix expanded to an [M, N] boolean mask (`bsr_dense_mask`,
   `variable_block_dense_mask`), then ordinary masked attention. This is what "block-sparse
   attention" means, and what FlashInfer's own tests compare against;
