@@ -585,21 +585,11 @@ def _sample_graph(
 
 @dataclass(frozen=True)
 class TimingPolicy:
-    """How `measure_robust` measures (the defaults suit one benchmarked solution on a GPU;
-    see measure_robust for why each choice is made).
-
-    method: "auto" (a CUDA graph, else CUDA events), "cuda_graph" (raise CaptureError when
-    the callable cannot be captured) or "cuda_events" (never a graph).
-    cold_l2: without explicit `input_sets`, clone the inputs enough to exceed the L2.
-    warmup / warmup_ms: warm-up calls and milliseconds, both minimums (the CPU: calls only).
-    repetitions / trial_ms: samples and milliseconds per trial, both minimums.
-    trials: trials, the median of their medians reported.
-    target_sample_ms / max_calls_per_sample: how long one GPU sample should last, and the
-    most calls it may hold.
-    max_seconds: the time budget of one trial's sampling and of the warm-up.
-    spread / spread_seconds: on the CPU, sample on until the median's 95% interval is within
-    `spread` of it, for at most `spread_seconds` (None: no such rule).
-    """
+    """How `measure_robust` measures (its docstring says why each choice is made). Minimums:
+    `warmup` calls and `warmup_ms` (GPU) of warm-up, `repetitions` samples and `trial_ms`
+    per trial; `max_seconds` bounds each. Method "cuda_graph" raises CaptureError instead
+    of falling back. On the CPU, `spread` (None: off) samples on until the median's 95%
+    interval is within it, for at most `spread_seconds`."""
 
     method: Literal["auto", "cuda_graph", "cuda_events"] = "auto"
     cold_l2: bool = True
@@ -626,8 +616,6 @@ def measure_robust(
     """Time `fn(*args)` reproducibly, as `policy` says; return per-call statistics of the
     median trial.
 
-    input_sets: explicit input copies to rotate through (default: enough clones of `args`
-    to exceed twice the L2 when `policy.cold_l2`).
     after: called once timing is over, while what was timed still exists, as
     `after(replay, results)`: with a CUDA graph, `replay()` runs the timed graph once more
     and `results[i]` is what the graph's last call on input set i returned, rewritten by
