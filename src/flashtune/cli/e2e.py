@@ -15,12 +15,14 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from flashtune.cli.common import fail
+from flashtune.cli.options import command_of
 
 if TYPE_CHECKING:  # the models import torch: `flashtune --help` should not wait for it
     from flashtune.bench.runner import RunResult
@@ -31,6 +33,7 @@ if TYPE_CHECKING:  # the models import torch: `flashtune --help` should not wait
 
 __all__ = [
     "DEFAULT_OUT",
+    "E2ECommandOptions",
     "SolutionsFor",
     "register",
     "e2e",
@@ -60,101 +63,122 @@ def _csv_ints(text: Optional[str], flag: str) -> Optional[tuple[int, ...]]:
         fail(f"{flag} takes comma-separated integers, got {text!r}", 2)
 
 
-def e2e(
-    config: str = typer.Option(
-        "llama-3.1-8b", "--config", help="llama-3.1-8b, qwen3-8b or tiny (the CPU check)"
-    ),
-    layers: int = typer.Option(0, "--layers", help="keep this many layers (0: all)"),
-    quick: bool = typer.Option(False, "--quick", help="the small grid"),
-    backends: Optional[str] = typer.Option(
-        None, "--backends", help="comma-separated, of torch,torch_compile,flashinfer,flashtune"
-    ),
-    batches: Optional[str] = typer.Option(None, "--batches", help="decode batch sizes"),
-    kv_lens: Optional[str] = typer.Option(None, "--kv-lens", help="decode KV lengths"),
-    max_kv_tokens: Optional[int] = typer.Option(
-        None, "--max-kv-tokens", help="skip grid points holding more KV tokens (default 2^21)"
-    ),
-    skip_decode: bool = typer.Option(False, "--skip-decode"),
-    skip_prefill: bool = typer.Option(False, "--skip-prefill"),
-    compile_mode: Optional[str] = typer.Option(
-        None,
-        "--compile-mode",
-        help="torch.compile mode of torch_compile (default max-autotune-no-cudagraphs)",
-    ),
-    tune: bool = typer.Option(True, "--tune/--no-tune", help="flashtune: autotune on first use"),
-    tune_cache: Optional[Path] = typer.Option(
-        None, "--tune-cache", help="flashtune autotuner cache file (load and save)"
-    ),
-    device: str = typer.Option(
-        "cuda", "--device", help="cuda; cpu checks the code path (Triton interpreter), no rows"
-    ),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 or float16"),
-    repetitions: int = typer.Option(30, "--repetitions"),
-    seed: int = typer.Option(0, "--seed"),
-    loop: bool = typer.Option(
-        False,
-        "--loop",
-        help="the loop instead of the grid: capture into --dataset, benchmark the captured "
-        "workloads, enable_apply, run again",
-    ),
-    dataset: Optional[Path] = typer.Option(
-        None, "--dataset", "-d", help="the loop's dataset folder (created)"
-    ),
-    decode_steps: int = typer.Option(8, "--decode-steps", help="the loop's decode steps"),
-    out: Path = typer.Option(DEFAULT_OUT, "--out", help="rows file (JSONL, appended)"),
-) -> None:
+@dataclass(frozen=True)
+class E2ECommandOptions:
+    """The options of `flashtune e2e`, one field each (cli/options.py)."""
+
+    config: Annotated[
+        str, typer.Option("--config", help="llama-3.1-8b, qwen3-8b or tiny (the CPU check)")
+    ] = "llama-3.1-8b"
+    layers: Annotated[int, typer.Option("--layers", help="keep this many layers (0: all)")] = 0
+    quick: Annotated[bool, typer.Option("--quick", help="the small grid")] = False
+    backends: Annotated[
+        Optional[str],
+        typer.Option(
+            "--backends", help="comma-separated, of torch,torch_compile,flashinfer,flashtune"
+        ),
+    ] = None
+    batches: Annotated[Optional[str], typer.Option("--batches", help="decode batch sizes")] = None
+    kv_lens: Annotated[Optional[str], typer.Option("--kv-lens", help="decode KV lengths")] = None
+    max_kv_tokens: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-kv-tokens", help="skip grid points holding more KV tokens (default 2^21)"
+        ),
+    ] = None
+    skip_decode: Annotated[bool, typer.Option("--skip-decode")] = False
+    skip_prefill: Annotated[bool, typer.Option("--skip-prefill")] = False
+    compile_mode: Annotated[
+        Optional[str],
+        typer.Option(
+            "--compile-mode",
+            help="torch.compile mode of torch_compile (default max-autotune-no-cudagraphs)",
+        ),
+    ] = None
+    tune: Annotated[
+        bool, typer.Option("--tune/--no-tune", help="flashtune: autotune on first use")
+    ] = True
+    tune_cache: Annotated[
+        Optional[Path],
+        typer.Option("--tune-cache", help="flashtune autotuner cache file (load and save)"),
+    ] = None
+    device: Annotated[
+        str,
+        typer.Option(
+            "--device", help="cuda; cpu checks the code path (Triton interpreter), no rows"
+        ),
+    ] = "cuda"
+    dtype: Annotated[str, typer.Option("--dtype", help="bfloat16 or float16")] = "bfloat16"
+    repetitions: Annotated[int, typer.Option("--repetitions")] = 30
+    seed: Annotated[int, typer.Option("--seed")] = 0
+    loop: Annotated[
+        bool,
+        typer.Option(
+            "--loop",
+            help="the loop instead of the grid: capture into --dataset, benchmark the captured "
+            "workloads, enable_apply, run again",
+        ),
+    ] = False
+    dataset: Annotated[
+        Optional[Path], typer.Option("--dataset", "-d", help="the loop's dataset folder (created)")
+    ] = None
+    decode_steps: Annotated[int, typer.Option("--decode-steps", help="the loop's decode steps")] = 8
+    out: Annotated[Path, typer.Option("--out", help="rows file (JSONL, appended)")] = DEFAULT_OUT
+
+
+def e2e(cli: E2ECommandOptions) -> None:
     """Decode latency (batch x KV length, CUDA graphs) and prefill throughput of a Llama
     decoder on torch, torch.compile, FlashInfer and flashtune; or, with --loop, capture ->
     `flashtune run` -> enable_apply -> run again on the flashtune model."""
     from flashtune.models.bench import E2EOptions, JsonlRows, NoRows, device_problem, run_e2e
 
-    if loop and dataset is None:
+    if cli.loop and cli.dataset is None:
         fail("--loop needs --dataset DIR (the captured workloads and traces go there)", 2)
-    problem = device_problem(device, loop)
+    problem = device_problem(cli.device, cli.loop)
     if problem is not None:
         fail(problem)
     given: dict[str, Any] = {
-        "backends": tuple(b for b in backends.split(",") if b) if backends else None,
-        "batches": _csv_ints(batches, "--batches"),
-        "kv_lens": _csv_ints(kv_lens, "--kv-lens"),
-        "max_kv_tokens": max_kv_tokens,
-        "compile_mode": compile_mode,
-        "tune_cache": str(tune_cache) if tune_cache else None,
+        "backends": tuple(b for b in cli.backends.split(",") if b) if cli.backends else None,
+        "batches": _csv_ints(cli.batches, "--batches"),
+        "kv_lens": _csv_ints(cli.kv_lens, "--kv-lens"),
+        "max_kv_tokens": cli.max_kv_tokens,
+        "compile_mode": cli.compile_mode,
+        "tune_cache": str(cli.tune_cache) if cli.tune_cache else None,
     }
     try:
         options = E2EOptions(
-            config=config,
-            layers=layers,
-            quick=quick,
-            skip_decode=skip_decode,
-            skip_prefill=skip_prefill,
-            tune=tune,
-            device=device,
-            dtype=dtype,
-            repetitions=repetitions,
-            seed=seed,
+            config=cli.config,
+            layers=cli.layers,
+            quick=cli.quick,
+            skip_decode=cli.skip_decode,
+            skip_prefill=cli.skip_prefill,
+            tune=cli.tune,
+            device=cli.device,
+            dtype=cli.dtype,
+            repetitions=cli.repetitions,
+            seed=cli.seed,
             **{k: v for k, v in given.items() if v is not None},
         )
     except ValueError as exc:
         fail(str(exc), 2)
     on_gpu = options.device.startswith("cuda")
     # On a lent GPU machine ($OUT comes back), the rows are copied there as they are written.
-    copies = [Path(os.environ["OUT"]) / out.name] if os.environ.get("OUT") else []
-    rows: RowSink = JsonlRows(out, options.device, copies) if on_gpu else NoRows()
+    copies = [Path(os.environ["OUT"]) / cli.out.name] if os.environ.get("OUT") else []
+    rows: RowSink = JsonlRows(cli.out, options.device, copies) if on_gpu else NoRows()
     if not on_gpu:
         typer.echo(f"{options.device}: checks the code path; no rows are written", err=True)
-    if loop:
-        assert dataset is not None  # checked first
-        report = run_loop_command(options, dataset, decode_steps, rows)
+    if cli.loop:
+        assert cli.dataset is not None  # checked first
+        report = run_loop_command(options, cli.dataset, cli.decode_steps, rows)
         raise typer.Exit(0 if report.outputs_match else 1)
     run_e2e(options, rows, typer.echo)
     if on_gpu:
-        typer.echo(f"rows appended to {out}")
+        typer.echo(f"rows appended to {cli.out}")
 
 
 def register(root: typer.Typer) -> None:
     """Mount `e2e` on the flashtune command."""
-    root.command("e2e")(e2e)
+    root.command("e2e")(command_of(E2ECommandOptions, e2e))
 
 
 # ----------------------------------------------------------------------- the loop
