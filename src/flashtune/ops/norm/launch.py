@@ -8,12 +8,20 @@ fused_add stores residual = x + residual in the residual dtype and normalizes th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
 
-from flashtune import platform
+from flashtune.ops.call import (
+    FLOATS,
+    KernelOp,
+    SchemaChecks,
+    field_index,
+    inputs_of,
+    named,
+    traced,
+)
 from flashtune.ops.norm.config import RMSNormTactic, default_tactic
 from flashtune.ops.norm.kernels import _rmsnorm_kernel
 from flashtune.ops.norm.reference import (
@@ -22,19 +30,23 @@ from flashtune.ops.norm.reference import (
     gemma_rmsnorm_ref,
     rmsnorm_ref,
 )
+from flashtune.ops.norm.schema import (
+    FUSED_ADD_RMSNORM,
+    GEMMA_FUSED_ADD_RMSNORM,
+    GEMMA_RMSNORM,
+    RMSNORM,
+)
 from flashtune.ops.pdl import launch_options, use_pdl
+from flashtune.schema import OpSchema
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
     Tactic,
     TunableRunner,
     TuningConfig,
-    choose_one,
 )
 
-__all__ = ["RMSNormRunner", "RMSNORM_TUNING"]
-
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+__all__ = ["RMSNormInputs", "RMSNormRunner", "RMSNORM_TUNING"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,83 +111,77 @@ def _launch(
     )
 
 
+class RMSNormInputs(NamedTuple):
+    """RMSNormRunner's inputs; the tuner keys on the fields before `pdl`."""
+
+    x: torch.Tensor  # [..., hidden] rows, last dimension contiguous
+    weight: torch.Tensor  # [hidden]
+    out: torch.Tensor  # like x; x itself for the fused in-place form
+    residual: torch.Tensor | None  # like x (fused form only): updated to x + residual
+    eps: float
+    weight_offset: float  # 0.0, or 1.0 for Gemma's (1 + weight)
+    pdl: bool = False  # launch with programmatic dependent launch (ops/pdl.py)
+
+
 class RMSNormRunner(TunableRunner):
-    """The Triton RMSNorm kernel. inputs: [x, weight, out, residual | None, eps, weight_offset]
-    (out is x for the fused in-place form), optionally followed by pdl (bool, default False:
-    launch with programmatic dependent launch; not part of what the tuner keys on)."""
+    """The Triton RMSNorm kernel. inputs: RMSNormInputs."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         return list(RMSNormTactic.space(inputs[0].shape[-1]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        x, weight, out, residual, eps, weight_offset, *rest = inputs
-        _launch(x, weight, out, residual, eps, weight_offset, tactic, bool(rest and rest[0]))
-        return out
+        a = named(RMSNormInputs, inputs)
+        _launch(a.x, a.weight, a.out, a.residual, a.eps, a.weight_offset, tactic, a.pdl)
+        return a.out
 
 
 _RUNNERS: tuple[TunableRunner, ...] = (RMSNormRunner(),)
-RMSNORM_TUNING = TuningConfig(dynamic_dims=(DynamicDim(input_idx=0, dim=0),))
+RMSNORM_TUNING = TuningConfig(
+    dynamic_dims=(DynamicDim(input_idx=field_index(RMSNormInputs, "x"), dim=0),)
+)
+
+
+def _reference(a: RMSNormInputs) -> None:
+    """The CPU path: the references, written into out (and residual)."""
+    if a.residual is None:
+        norm = gemma_rmsnorm_ref if a.weight_offset else rmsnorm_ref
+        a.out.copy_(norm(a.x, a.weight, a.eps))
+        return
+    fused = gemma_fused_add_rmsnorm_ref if a.weight_offset else fused_add_rmsnorm_ref
+    y = fused(a.x, a.residual, a.weight, a.eps)
+    a.residual.copy_(a.x.to(torch.float32) + a.residual.to(torch.float32))
+    a.out.copy_(y)
+
+
+_TUNED = len(RMSNormInputs._fields) - 1  # all but pdl
+_RMSNORM = KernelOp("flashtune::rmsnorm", _RUNNERS, RMSNORM_TUNING, _reference, _TUNED)
+_FUSED = KernelOp("flashtune::fused_add_rmsnorm", _RUNNERS, RMSNORM_TUNING, _reference, _TUNED)
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation, execution, torch custom ops
+# Validation (from the schemas), execution, torch custom ops
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_rows(name: str, t: Any, dtype: torch.dtype | None = None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() not in (2, 3):
-        raise ValueError(
-            f"{name} must be 2-D [batch, hidden] or 3-D [batch, seq, hidden], "
-            f"got shape {tuple(t.shape)}"
-        )
-    if t.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-    if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype} (as input), got {t.dtype}")
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(
-            f"{name} must be contiguous in its last dimension (stride 1), got strides "
-            f"{tuple(t.stride())}"
-        )
+def _checks(schema: OpSchema) -> SchemaChecks:
+    """input, residual and out: [batch, hidden] or [batch, seq, hidden] (the schema merges
+    leading dimensions into batch_size); weight [hidden]; all in input's dtype (float16,
+    bfloat16 or float32), last dimension contiguous."""
+    fused = "residual" in schema.inputs
+    rows = ("hidden_states", "residual") if fused else ("hidden_states", "output")
+    return SchemaChecks(
+        schema,
+        dtypes={"hidden_states": FLOATS},
+        ranks=dict.fromkeys(rows, (2, 3)),
+        outputs={} if fused else {"output": "out"},
+    )
 
 
-def _validate(
-    input: Any, weight: Any, residual: Any = None, out: Any = None, fused: bool = False
-) -> None:
-    _check_rows("input", input)
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
-    hidden = input.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != hidden:
-        raise ValueError(
-            f"weight must have shape ({hidden},) to match input's hidden size, got "
-            f"{tuple(weight.shape)}"
-        )
-    if weight.dtype != input.dtype:
-        raise TypeError(f"weight must have dtype {input.dtype} (as input), got {weight.dtype}")
-    others = [("weight", weight)]
-    if fused:
-        _check_rows("residual", residual, input.dtype)
-        if residual.shape != input.shape:
-            raise ValueError(
-                f"residual must have input's shape {tuple(input.shape)}, got "
-                f"{tuple(residual.shape)}"
-            )
-        others.append(("residual", residual))
-    if out is not None:
-        _check_rows("out", out, input.dtype)
-        if out.shape != input.shape:
-            raise ValueError(
-                f"out must have input's shape {tuple(input.shape)}, got {tuple(out.shape)}"
-            )
-        others.append(("out", out))
-    for name, t in others:
-        if t.device != input.device:
-            raise ValueError(f"{name} is on {t.device} but input is on {input.device}")
+_CHECK_NORM = {0.0: _checks(RMSNORM), 1.0: _checks(GEMMA_RMSNORM)}  # by weight offset
+_CHECK_FUSED = {0.0: _checks(FUSED_ADD_RMSNORM), 1.0: _checks(GEMMA_FUSED_ADD_RMSNORM)}
 
 
+@traced("rmsnorm_out", mutates=("out",))
 def _rmsnorm_into(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -184,15 +190,10 @@ def _rmsnorm_into(
     offset: float,
     pdl: bool = False,
 ) -> None:
-    if not platform.kernels_available(input.device):
-        ref = gemma_rmsnorm_ref if offset else rmsnorm_ref
-        out.copy_(ref(input, weight, eps))
-        return
-    inputs = [input, weight, out, None, eps, offset]
-    runner, tactic = choose_one("flashtune::rmsnorm", _RUNNERS, RMSNORM_TUNING, inputs)
-    runner.forward([*inputs, pdl], tactic)
+    _RMSNORM(inputs_of(RMSNormInputs, (input, weight, out, None, eps, offset, pdl)))
 
 
+@traced("fused_add_rmsnorm", mutates=("input", "residual"))
 def _fused_add_rmsnorm_inplace(
     input: torch.Tensor,
     residual: torch.Tensor,
@@ -201,57 +202,19 @@ def _fused_add_rmsnorm_inplace(
     offset: float,
     pdl: bool = False,
 ) -> None:
-    if not platform.kernels_available(input.device):
-        ref = gemma_fused_add_rmsnorm_ref if offset else fused_add_rmsnorm_ref
-        y = ref(input, residual, weight, eps)
-        residual.copy_(input.to(torch.float32) + residual.to(torch.float32))
-        input.copy_(y)
-        return
-    inputs = [input, weight, input, residual, eps, offset]
-    runner, tactic = choose_one("flashtune::fused_add_rmsnorm", _RUNNERS, RMSNORM_TUNING, inputs)
-    runner.forward([*inputs, pdl], tactic)
-
-
-# torch.compile traces through these custom ops; eager calls skip them. The dispatcher
-# boundary measured 18-21 us of host time per call on the H200 machine (custom op 41 us vs
-# the direct launch 21-23 us, bench_norm.py "custom_op_overhead" rows), far above a few us,
-# so the direct eager path stays.
-_rmsnorm_op = torch.library.custom_op(
-    "flashtune::rmsnorm_out", _rmsnorm_into, mutates_args=("out",)
-)
-
-
-@_rmsnorm_op.register_fake
-def _(input, weight, out, eps, offset, pdl=False) -> None:
-    return None
-
-
-_fused_add_rmsnorm_op = torch.library.custom_op(
-    "flashtune::fused_add_rmsnorm", _fused_add_rmsnorm_inplace, mutates_args=("input", "residual")
-)
-
-
-@_fused_add_rmsnorm_op.register_fake
-def _(input, residual, weight, eps, offset, pdl=False) -> None:
-    return None
+    _FUSED(inputs_of(RMSNormInputs, (input, weight, input, residual, eps, offset, pdl)))
 
 
 def _rmsnorm(input, weight, eps, out, offset, enable_pdl) -> torch.Tensor:
-    _validate(input, weight, out=out)
+    _CHECK_NORM[offset].validate({"input": input, "weight": weight, "out": out})
     pdl = use_pdl(input.device, enable_pdl)
     if out is None:
         out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
-    if torch.compiler.is_compiling():
-        _rmsnorm_op(input, weight, out, eps, offset, pdl)
-    else:
-        _rmsnorm_into(input, weight, out, eps, offset, pdl)
+    _rmsnorm_into(input, weight, out, eps, offset, pdl)
     return out
 
 
 def _fused_add(input, residual, weight, eps, offset, enable_pdl) -> None:
-    _validate(input, weight, residual=residual, fused=True)
+    _CHECK_FUSED[offset].validate({"input": input, "residual": residual, "weight": weight})
     pdl = use_pdl(input.device, enable_pdl)
-    if torch.compiler.is_compiling():
-        _fused_add_rmsnorm_op(input, residual, weight, eps, offset, pdl)
-    else:
-        _fused_add_rmsnorm_inplace(input, residual, weight, eps, offset, pdl)
+    _fused_add_rmsnorm_inplace(input, residual, weight, eps, offset, pdl)
