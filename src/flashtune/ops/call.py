@@ -144,11 +144,16 @@ def _allowed(
     return None, (None if source == param else source)  # its own: the call chooses
 
 
+_ANY_RANK = 1 << 30
+
+
 def _rank_words(c: _Check) -> str:
     lo, hi = c.low, c.high
     exact = f"{len(c.dims)}-D [{', '.join(c.dims)}]"
     if lo == hi == len(c.dims):
         return exact
+    if hi == _ANY_RANK:
+        return f"at least {lo}-D ({exact}, leading dimensions merged into {c.dims[0]})"
     if hi == lo + 1 and lo == len(c.dims):
         return f"{exact} or {hi}-D (leading dimensions merged into {c.dims[0]})"
     return f"{lo}-D to {hi}-D ({exact}, leading dimensions merged into {c.dims[0]})"
@@ -164,7 +169,8 @@ class SchemaChecks:
     dtypes: {spec name: allowed dtypes}, for the specs whose dtype the call chooses (their
       `dtype_from` names themselves), or to widen a fixed one (int32 positions of an int64
       spec); a spec with `dtype_from` another argument must have that argument's dtype.
-    ranks: {spec name: (lowest, highest)} ranks accepted (default: exactly its dims).
+    ranks: {spec name: (lowest, highest or None: any)} ranks accepted (default: exactly its
+      dims).
     outputs: {output spec name: argument}: outputs the caller may pass (`out`); optional.
     contiguous: last-dimension stride 1 for every tensor (True), none (False) or these names.
     unbound: specs whose shape the op reads its own way (checked by `check`): no axes.
@@ -177,7 +183,7 @@ class SchemaChecks:
         schema: OpSchema,
         *,
         dtypes: Mapping[str, Sequence[torch.dtype]] | None = None,
-        ranks: Mapping[str, tuple[int, int]] | None = None,
+        ranks: Mapping[str, tuple[int, int | None]] | None = None,
         outputs: Mapping[str, str] | None = None,
         contiguous: bool | Collection[str] = True,
         unbound: Collection[str] = (),
@@ -203,7 +209,7 @@ class SchemaChecks:
                 param=param,
                 dims=tuple(spec.dims),
                 low=ranks.get(name, (len(spec.dims),) * 2)[0],
-                high=ranks.get(name, (len(spec.dims),) * 2)[1],
+                high=ranks.get(name, (len(spec.dims),) * 2)[1] or _ANY_RANK,
                 dtypes=_allowed(name, param, spec, dtypes, dtype_from)[0],
                 dtype_from=_allowed(name, param, spec, dtypes, dtype_from)[1],
                 optional=optional,

@@ -5,19 +5,28 @@ through.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 import triton
 
-from flashtune import platform
 from flashtune.ops.activation.config import ActivationTactic, default_tactic
 from flashtune.ops.activation.kernels import _gated_act_kernel
 from flashtune.ops.activation.reference import (
     gelu_and_mul_ref,
     gelu_tanh_and_mul_ref,
     silu_and_mul_ref,
+)
+from flashtune.ops.activation.schema import GELU_AND_MUL, GELU_TANH_AND_MUL, SILU_AND_MUL
+from flashtune.ops.call import (
+    FLOATS,
+    KernelOp,
+    SchemaChecks,
+    field_index,
+    inputs_of,
+    named,
+    traced,
 )
 from flashtune.ops.pdl import launch_options, use_pdl
 from flashtune.tune import (
@@ -26,12 +35,10 @@ from flashtune.tune import (
     Tactic,
     TunableRunner,
     TuningConfig,
-    choose_one,
 )
 
-__all__ = ["GatedActivationRunner", "ACTIVATION_TUNING"]
+__all__ = ["ActivationInputs", "GatedActivationRunner", "ACTIVATION_TUNING"]
 
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _SILU, _GELU, _GELU_TANH = 0, 1, 2
 _ACT_NAMES = {_SILU: "silu", _GELU: "gelu", _GELU_TANH: "gelu_tanh"}
 _REFS = {_SILU: silu_and_mul_ref, _GELU: gelu_and_mul_ref, _GELU_TANH: gelu_tanh_and_mul_ref}
@@ -65,57 +72,78 @@ def _launch(x: torch.Tensor, y: torch.Tensor, act: int, tactic: Tactic, pdl: boo
     )
 
 
+class ActivationInputs(NamedTuple):
+    """GatedActivationRunner's inputs; the tuner keys on the fields before `pdl`."""
+
+    x: torch.Tensor  # [n, 2d], rows with a stride, last dimension contiguous
+    out: torch.Tensor  # [n, d]
+    act: int  # _SILU, _GELU or _GELU_TANH
+    pdl: bool = False  # launch with programmatic dependent launch (ops/pdl.py)
+
+
 class GatedActivationRunner(TunableRunner):
-    """The Triton gated-activation kernel. inputs: [x2d [n, 2d], out2d [n, d], act], optionally
-    followed by pdl (bool, default False: launch with programmatic dependent launch; not part
-    of what the tuner keys on)."""
+    """The Triton gated-activation kernel. inputs: ActivationInputs."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         return list(ActivationTactic.space(inputs[1].shape[-1]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        x, out, act, *rest = inputs
-        _launch(x, out, act, tactic, bool(rest and rest[0]))
-        return out
+        a = named(ActivationInputs, inputs)
+        _launch(a.x, a.out, a.act, tactic, a.pdl)
+        return a.out
 
 
 _RUNNERS: tuple[TunableRunner, ...] = (GatedActivationRunner(),)
-ACTIVATION_TUNING = TuningConfig(dynamic_dims=(DynamicDim(input_idx=0, dim=0),))
+ACTIVATION_TUNING = TuningConfig(
+    dynamic_dims=(DynamicDim(input_idx=field_index(ActivationInputs, "x"), dim=0),)
+)
+
+
+def _reference(a: ActivationInputs) -> None:
+    """The CPU path: the reference, written into out."""
+    a.out.copy_(_REFS[a.act](a.x))
+
+
+# One per activation: the tuner's op name tells them apart.
+_OPS = {
+    act: KernelOp(f"flashtune::{name}_and_mul", _RUNNERS, ACTIVATION_TUNING, _reference, tuned=3)
+    for act, name in _ACT_NAMES.items()
+}
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation, execution, torch custom op
+# Validation (from the schemas), execution, torch custom op
 # ----------------------------------------------------------------------------------------------
 
 
-def _validate(input: Any, out: Any) -> None:
-    if not isinstance(input, torch.Tensor):
-        raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
-    if input.dim() < 1 or input.shape[-1] % 2 != 0:
+def _check_halves(arguments: Mapping[str, Any]) -> None:
+    """What the schemas cannot say: the gate and up halves, and out's exact shape."""
+    input, out = arguments["input"], arguments["out"]
+    shape = input.shape
+    if shape[-1] % 2 != 0:
         raise ValueError(
-            f"input must be [..., 2 * d] (an even last dimension), got shape {tuple(input.shape)}"
+            f"input must be [..., 2 * d] (an even last dimension), got shape {tuple(shape)}"
         )
-    if input.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"input must be float16, bfloat16 or float32, got {input.dtype}")
-    if input.shape[-1] > 1 and input.stride(-1) != 1:
-        raise ValueError(
-            f"input must be contiguous in its last dimension, got strides {tuple(input.stride())}"
-        )
-    if out is None:
-        return
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    expected = (*input.shape[:-1], input.shape[-1] // 2)
-    if tuple(out.shape) != expected:
-        raise ValueError(f"out must have shape {expected}, got {tuple(out.shape)}")
-    if out.dtype != input.dtype:
-        raise TypeError(f"out must have dtype {input.dtype} (as input), got {out.dtype}")
-    if out.device != input.device:
-        raise ValueError(f"out is on {out.device} but input is on {input.device}")
-    if out.shape[-1] > 1 and out.stride(-1) != 1:
-        raise ValueError(
-            f"out must be contiguous in its last dimension, got strides {tuple(out.stride())}"
-        )
+    if out is not None:
+        expected = (*shape[:-1], shape[-1] // 2)
+        if tuple(out.shape) != expected:
+            raise ValueError(f"out must have shape {expected}, got {tuple(out.shape)}")
+
+
+# input [..., 2d] and out [..., d] (the schemas merge leading dimensions into num_tokens),
+# float16/bfloat16/float32, out in input's dtype, last dimensions contiguous.
+_CHECKS = {
+    schema.name_prefix: SchemaChecks(
+        schema,
+        dtypes={"input": FLOATS},
+        ranks={"input": (1, None), "output": (1, None)},
+        outputs={"output": "out"},
+        unbound=("output",),
+        check=_check_halves,
+    )
+    for schema in (SILU_AND_MUL, GELU_AND_MUL, GELU_TANH_AND_MUL)
+}
+_CHECK_BY_ACT = {act: _CHECKS[f"{name}_and_mul"] for act, name in _ACT_NAMES.items()}
 
 
 def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
@@ -128,10 +156,8 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+@traced("gated_act_out", mutates=("out",))
 def _act_into(input: torch.Tensor, out: torch.Tensor, act: int, pdl: bool = False) -> None:
-    if not platform.kernels_available(input.device):
-        out.copy_(_REFS[act](input))
-        return
     x2 = _rows_view(input)
     if x2 is None:
         x2 = input.reshape(-1, input.shape[-1])
@@ -142,34 +168,18 @@ def _act_into(input: torch.Tensor, out: torch.Tensor, act: int, pdl: bool = Fals
         if view is None
         else view
     )
-    inputs = [x2, y2, act]
-    name = f"flashtune::{_ACT_NAMES[act]}_and_mul"
-    runner, tactic = choose_one(name, _RUNNERS, ACTIVATION_TUNING, inputs)
-    runner.forward([*inputs, pdl], tactic)
+    _OPS[act](inputs_of(ActivationInputs, (x2, y2, act, pdl)))
     if scratch:
         out.copy_(y2.view(out.shape))
-
-
-# torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
-# costs 18-21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
-_act_op = torch.library.custom_op("flashtune::gated_act_out", _act_into, mutates_args=("out",))
-
-
-@_act_op.register_fake
-def _(input, out, act, pdl=False) -> None:
-    return None
 
 
 def _gated(
     input: torch.Tensor, out: torch.Tensor | None, act: int, enable_pdl: bool | None
 ) -> torch.Tensor:
-    _validate(input, out)
+    _CHECK_BY_ACT[act].validate({"input": input, "out": out})
     pdl = use_pdl(input.device, enable_pdl)
     if out is None:
         shape = (*input.shape[:-1], input.shape[-1] // 2)
         out = torch.empty(shape, dtype=input.dtype, device=input.device)
-    if torch.compiler.is_compiling():
-        _act_op(input, out, act, pdl)
-    else:
-        _act_into(input, out, act, pdl)
+    _act_into(input, out, act, pdl)
     return out
