@@ -31,30 +31,32 @@ from flashtune.ops.bundle import solutions_for as _solutions_for
 from flashtune.schema.dump import Example, model_definitions, model_examples
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "flashtune" / "dataset"
-MODEL_NAMES = ("llama-3.1-8b", "llama-3.1-70b-tp8", "qwen3-8b")
 
 
 # --------------------------------------------------------------------------- definitions
 
 
-def _bundled(example: Example) -> bool:
+def _bundled(example: Example, model: ModelConfig) -> bool:
     op, args, kwargs = example
     call = op.bind(*args, **kwargs)
     bundled = bundled_op_for(call.schema.name_prefix + "_")
     if bundled is None or bundled.prefix != call.schema.name_prefix:
         return False
+    if model.name not in bundled.models:
+        return False
     return all(call.axes.get(axis, value) == value for axis, value in bundled.consts.items())
 
 
 def _bundled_examples(model: ModelConfig) -> list[Example]:
-    return [example for example in model_examples(model) if _bundled(example)]
+    return [example for example in model_examples(model) if _bundled(example, model)]
 
 
 def definitions() -> list[Definition]:
     """The bundled ops' Definitions, from their schemas, tagged with the models they serve."""
     load_all()  # the op modules register their schemas and example calls
     examples: list[Callable[[ModelConfig], list[Example]]] = [_bundled_examples]
-    generated = model_definitions(list(MODEL_NAMES), examples)
+    models = sorted({model for op in bundled_ops() for model in op.models})
+    generated = model_definitions(models, examples)
     prefixes = {op.prefix for op in bundled_ops()}
     missing = {p for p in prefixes if not any(n.startswith(f"{p}_") for n in generated)}
     if missing:

@@ -10,6 +10,7 @@ FlashInfer's public names live here too, and its submodules under their FlashInf
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -86,43 +87,11 @@ def _package(package: str) -> ModuleType:
 
 
 def _facade(name: str) -> ModuleType:
-    if name == "decode":
-        import flashtune.decode as decode
-
-        return decode
-    if name == "prefill":
-        import flashtune.prefill as prefill
-
-        return prefill
-    if name == "cascade":
-        import flashtune.cascade as cascade
-
-        return cascade
-    if name == "page":
-        import flashtune.page as page
-
-        return page
-    if name == "norm":
-        import flashtune.norm as norm
-
-        return norm
-    if name == "activation":
-        import flashtune.activation as activation
-
-        return activation
-    if name == "rope":
-        import flashtune.rope as rope
-
-        return rope
-    if name == "sampling":
-        import flashtune.sampling as sampling
-
-        return sampling
-    if name == "sparse":
-        import flashtune.sparse as sparse
-
-        return sparse
-    raise AttributeError(f"module 'flashtune' has no submodule {name!r}")
+    # FlashInfer's submodule names (flashinfer_names.TOP_LEVEL), each a facade module
+    # flashtune.<name> re-exporting its family's ops: a new family adds no line here.
+    if name not in flashinfer_names.TOP_LEVEL:
+        raise AttributeError(f"module 'flashtune' has no submodule {name!r}")
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 # FLASHTUNE_CAPTURE=1 / FLASHTUNE_APPLY=1 must work in a program that never imports capture or

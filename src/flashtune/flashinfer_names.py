@@ -28,6 +28,7 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
         "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
         "single_decode_with_kv_cache",
     ),
+    "mla": ("BatchMLAPagedAttentionWrapper",),
     "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
     "page": ("append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"),
     "prefill": (

@@ -8,6 +8,7 @@ when their op module is imported: `flashtune.ops.load_all()` imports them all.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,29 @@ Example = tuple[Any, tuple[Any, ...], dict[str, Any]]
 EXAMPLES: list[Callable[[ModelConfig], list[Example]]] = []
 
 
-def register_examples(
-    fn: Callable[[ModelConfig], list[Example]],
-) -> Callable[[ModelConfig], list[Example]]:
-    """Decorator: `fn(model)` returns example calls (op, args, kwargs) at that model's shapes."""
-    EXAMPLES.append(fn)
-    return fn
+ExamplesOf = Callable[[ModelConfig], list[Example]]
+
+
+def register_examples(fn: ExamplesOf | None = None, *, attention: str | None = None) -> Any:
+    """Decorator: `fn(model)` returns example calls (op, args, kwargs) at that model's shapes.
+
+    `@register_examples(attention="gqa")` (or "mla") asks only models of that attention
+    family (ModelConfig.attention): an attention op's examples read head counts and head dims
+    that mean something else in a model of the other family."""
+
+    def register(fn: ExamplesOf) -> ExamplesOf:
+        if attention is None:
+            EXAMPLES.append(fn)
+        else:
+
+            @functools.wraps(fn)
+            def of_family(model: ModelConfig) -> list[Example]:
+                return fn(model) if model.attention == attention else []
+
+            EXAMPLES.append(of_family)
+        return fn
+
+    return register if fn is None else register(fn)
 
 
 def meta_tensor(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -29,6 +29,7 @@ from flashtune.data import Definition, Solution, Workload
 __all__ = [
     "ENTRY_FILE",
     "ENTRY_MODULE",
+    "GQA_MODELS",
     "NO_SETUP",
     "OWN_PATH_ENTRIES",
     "PLANNED",
@@ -47,6 +48,9 @@ __all__ = [
     "with_description",
 ]
 
+# The models the bundle's dense-GQA ops are defined at: Llama-3.1-8B, Llama-3.1-70B at tensor
+# parallel 8, Qwen3-8B (per-GPU shapes).
+GQA_MODELS = ("llama-3.1-8b", "llama-3.1-70b-tp8", "qwen3-8b")
 ENTRY_FILE = "main.py"
 ENTRY_MODULE = "flashtune.bench.entry_points"
 
@@ -146,6 +150,7 @@ class BundledOp:
     pick: (definition, entries) -> the entries of that definition (default: all of them),
       for ops whose solutions depend on the definition (decode's backend rule).
     consts: const axes the bundle fixes where the op's examples cover several values.
+    models: the models (flashtune.model_shapes) whose example calls give its definitions.
     """
 
     prefix: str
@@ -153,6 +158,7 @@ class BundledOp:
     entries: tuple[Entry, ...]
     pick: Callable[[Definition, tuple[Entry, ...]], list[Entry]] | None = None
     consts: Mapping[str, int] = field(default_factory=dict)
+    models: tuple[str, ...] = GQA_MODELS
 
     def entries_for(self, definition: Definition) -> list[Entry]:
         return list(self.entries) if self.pick is None else self.pick(definition, self.entries)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from flashtune import env
+from flashtune.model_shapes import ModelConfig
 from flashtune.ops.attention.staging import host_int64
 from flashtune.ops.mla.config import MLALaunch, MLATactic
 from flashtune.ops.mla.launch import (
@@ -44,21 +45,25 @@ from flashtune.ops.mla.plan import (
     SplitPolicy,
     validate_tables,
 )
+from flashtune.ops.mla.ragged import mla_ragged_prefill as _ragged_prefill
 from flashtune.ops.mla.reference import mla_paged_ref
 from flashtune.ops.mla.schema import (
     MLA_SCHEMAS,
+    RAGGED_SCHEMAS,
     WRAPPER_SCHEMAS,
     DefinitionInputs,
     definition_inputs,
+    ragged_schema_key,
     schema_key,
 )
-from flashtune.schema import ApiOp, OpSchema
-from flashtune.schema.dump import Example, meta_tensor
+from flashtune.schema import REGISTRY, ApiOp, OpSchema
+from flashtune.schema.dump import Example, meta_tensor, register_examples
 
 __all__ = [
     "BatchMLAPagedAttentionWrapper",
     "mla_paged_decode",
     "mla_paged_prefill",
+    "mla_ragged_prefill",
     "mla_paged_ref",
     "MLAOptions",
     "KVScales",
@@ -244,9 +249,26 @@ class _PlanFreeOp(ApiOp):
         return arguments
 
 
+class _RaggedOp(ApiOp):
+    """The schema's view of the non-absorbed ragged prefill (its arguments are the
+    mla_ragged Definitions'; calls with buffers or a tactic are the op's own business)."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__(fn, self.schema_for, list(RAGGED_SCHEMAS.values()))
+
+    def schema_for(self, *args: Any, **kwargs: Any) -> OpSchema:
+        a = super().arguments(args, kwargs)
+        return RAGGED_SCHEMAS[ragged_schema_key(bool(a["causal"]), a["q"].shape[1])]
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        arguments = super().arguments(args, kwargs)
+        if arguments["sm_scale"] is None:  # the default FlashInfer takes: 1/sqrt(head_dim_qk)
+            arguments["sm_scale"] = 1.0 / math.sqrt(arguments["q"].shape[-1])
+        arguments["sm_scale"] = float(arguments["sm_scale"])
+        return arguments
+
+
 def _wrapper_run(fn: Any) -> _WrapperRunOp:
-    # Not added to schema.REGISTRY yet: registration (with model examples) comes with the
-    # ops restructure (see MLA_OPS).
     return _WrapperRunOp(fn, _no_selector, list(WRAPPER_SCHEMAS.values()))
 
 
@@ -660,14 +682,19 @@ def mla_paged_prefill(
 
 mla_paged_decode = _PlanFreeOp(mla_paged_decode, decode=True)
 mla_paged_prefill = _PlanFreeOp(mla_paged_prefill, decode=False)
+mla_ragged_prefill = _RaggedOp(_ragged_prefill)
+mla_ragged_prefill.qualname = f"{__name__}.mla_ragged_prefill"  # the public name, not ragged's
 
-# The schema'd ops of the family, for registration in flashtune.schema.REGISTRY (by their
-# qualname) once the model shapes carry MLA's dimensions (see `mla_examples`).
+# The schema'd ops of the family, registered by their qualname in flashtune.schema.REGISTRY
+# (the definition dump, apply's mirror and capture list them from there).
 MLA_OPS: tuple[ApiOp, ...] = (
     BatchMLAPagedAttentionWrapper.run,
     mla_paged_decode,
     mla_paged_prefill,
+    mla_ragged_prefill,
 )
+for _op in MLA_OPS:
+    REGISTRY[_op.qualname] = _op
 
 
 # --------------------------------------------------------------------------- model examples
@@ -681,7 +708,7 @@ def mla_examples(
     """Example calls at an MLA model's per-GPU shapes (DeepSeek-V3 at TP 8: 16 heads, 512 +
     64), bf16 on the meta device: the wrapper's decode and its causal prefill over a cached
     prefix (planned on a small CPU page table), and the two plan-free calls. For a
-    `register_examples` function once `ModelConfig` has MLA's dimensions."""
+    `model_examples` (below) at each page size."""
     lens = np.array(EXAMPLE_KV_LENS)
     pages = -(-lens // page_size)
     kv_indptr = torch.zeros(lens.size + 1, dtype=torch.int32)
@@ -718,3 +745,30 @@ def mla_examples(
     args = (q_nope, q_pe, ckv, kpe, qo_indptr, kv_indptr, kv_indices, scale, last_arg)
     examples.append((mla_paged_prefill, args, {}))
     return examples
+
+
+EXAMPLE_PAGE_SIZES = (1, 64)  # the corpus's: DeepSeek's serving engines use both
+
+
+@register_examples(attention="mla")
+def model_examples(model: ModelConfig) -> list[Example]:
+    """The MLA calls of an MLA model's layer at its per-GPU shapes: `mla_examples` at page
+    sizes 1 and 64, and the non-absorbed ragged prefill of a long prompt (QK 128 + 64, V 128);
+    each prefill also without the causal mask (flashtune's own Definitions)."""
+    assert model.mla is not None  # registered for MLA models only
+    m, heads = model.mla, model.num_qo_heads
+    examples = [
+        example
+        for page_size in EXAMPLE_PAGE_SIZES
+        for example in mla_examples(heads, m.kv_lora_rank, m.qk_rope_head_dim, page_size)
+    ]
+    indptr = torch.tensor([0, 37, 137], dtype=torch.int32)
+    q = meta_tensor(137, heads, m.qk_nope_head_dim + m.qk_rope_head_dim)
+    v = meta_tensor(137, heads, m.v_head_dim)
+    scale = 1.0 / math.sqrt(m.qk_nope_head_dim + m.qk_rope_head_dim)
+    examples.append((mla_ragged_prefill, (q, q, v, indptr, indptr, True, scale), {}))
+    examples.append((mla_ragged_prefill, (q, q, v, indptr, indptr, False, scale), {}))
+    noncausal = [
+        (op, args, {"causal": False}) for op, args, _ in examples if op is mla_paged_prefill
+    ]
+    return examples + noncausal

@@ -78,10 +78,12 @@ def _op(name: str) -> ApiOp:
 @register_examples
 def rope_examples(model: ModelConfig) -> list[Example]:
     """RoPE over the model's heads (bf16, one token, full rotary dimension), NeoX style as the
-    Llama/Qwen models use it; GPT-J style at the same shape so each schema has an example."""
-    d = model.head_dim
+    Llama/Qwen models use it; GPT-J style at the same shape so each schema has an example.
+    An MLA model rotates only its decoupled RoPE part (qk_rope_head_dim) of every query head
+    and of the one shared key."""
+    d = model.head_dim if model.mla is None else model.mla.qk_rope_head_dim
     q = meta_tensor(1, model.num_qo_heads, d)
-    k = meta_tensor(1, model.num_kv_heads, d)
+    k = meta_tensor(1, model.num_kv_heads if model.mla is None else 1, d)
     cache = meta_tensor(4096, d, dtype=torch.float32)
     pos = meta_tensor(1, dtype=torch.int64)
     return [
