@@ -179,7 +179,7 @@ BAD = [
     ((4, 8), (6, 8), {"b_layout": "kn"}, ValueError, ["[K, N]", "(6, 8)"]),
     ((8,), (6, 8), {}, ValueError, ["A", "2-D", "(8,)"]),
     ((4, 8), (6, 8), {"b_layout": "tn"}, ValueError, ["b_layout", "tn"]),
-    ((4, 8), (6, 8), {"bias": (5,)}, ValueError, ["bias", "[6]", "(5,)"]),
+    ((4, 8), (6, 8), {"bias": (5,)}, ValueError, ["bias", "(6,)", "(5,)"]),
     ((4, 8), (6, 8), {"out": (4, 5)}, ValueError, ["out", "(4, 6)", "(4, 5)"]),
     ((4, 8), (6, 8), {"A_dtype": torch.int32}, TypeError, ["A", "int32"]),
 ]
@@ -206,7 +206,7 @@ def test_bad_input_not_a_tensor():
 def test_bad_input_mixed_devices():
     A = torch.randn(2, 8).half()
     B = torch.randn(4, 8).half().to("meta")
-    with pytest.raises(ValueError, match="B must be on A's device"):
+    with pytest.raises(ValueError, match="B is on meta but A is on cpu"):
         G.mm(A, B)
 
 

@@ -28,19 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from flashtune.ops.gemm.launch import (
-    _FP8,
-    _FP8_OUT_DTYPES,
-    GEMM_RUNNERS,
-    GEMM_TUNING,
-    _mm_eager,
-    _mm_op,
-    _validate,
-)
-from flashtune.ops.gemm.reference import gemm_fp8_ref
+from flashtune.ops.gemm.launch import _mm, _mm_fp8
 from flashtune.ops.gemm.schema import GEMM, GEMM_KN, _mm_schema
 from flashtune.schema import api
-from flashtune.tune import choose_one
 
 __all__ = ["mm", "gemm", "mm_fp8"]
 
@@ -59,10 +49,7 @@ def mm(
     [M, N] has A's dtype. bias [N] (A's dtype) is added before rounding. out: an optional
     [M, N] tensor to write into (returned).
     """
-    if torch.compiler.is_compiling():
-        C = _mm_op(A, B, bias, b_layout)
-        return out.copy_(C) if out is not None else C
-    return _mm_eager(A, B, bias, out, b_layout)
+    return _mm(A, B, bias, b_layout, out)
 
 
 @api(schema=GEMM)
@@ -85,20 +72,4 @@ def mm_fp8(
     """C = (A * A_scale) @ (B * B_scale).T (+ bias) for float8_e4m3fn A [M, K] and B [N, K]
     (or [K, N] with b_layout="kn"), per-tensor fp32 scales of shape [] or [1], C in `dtype`
     (bfloat16 or float16)."""
-    if dtype not in _FP8_OUT_DTYPES:
-        raise TypeError(f"dtype must be one of {_FP8_OUT_DTYPES}, got {dtype}")
-    B_nk = _validate(A, B, bias, out, b_layout, (_FP8,), out_dtype=dtype)
-    scales = []
-    for name, s in (("A_scale", A_scale), ("B_scale", B_scale)):
-        if not isinstance(s, torch.Tensor) or s.numel() != 1 or s.dtype != torch.float32:
-            raise TypeError(f"{name} must be a float32 tensor with one element, got {s!r}")
-        if s.device != A.device:
-            raise ValueError(f"{name} must be on A's device {A.device}, got {s.device}")
-        scales.append(s.reshape(1))
-    if A.device.type != "cuda":  # fp8 kernels need a GPU (the interpreter has no fp8 dot)
-        C = gemm_fp8_ref(A, B_nk, scales[0], scales[1], dtype, bias)
-        return out.copy_(C) if out is not None else C
-    if out is None:
-        out = torch.empty((A.shape[0], B_nk.shape[0]), dtype=dtype, device=A.device)
-    runner, tactic = choose_one("gemm_fp8", GEMM_RUNNERS, GEMM_TUNING, [A, B_nk, bias])
-    return runner.forward([A, B_nk, bias, out, tuple(scales)], tactic)
+    return _mm_fp8(A, B, A_scale, B_scale, dtype, out, bias, b_layout)

@@ -2,8 +2,8 @@
 chooses from and their tuning config, input validation, and the torch custom op that
 torch.compile traces through.
 
-Runners' inputs = (A [M, K], B [N, K] (any strides), bias [N] | None[, out [M, N] | None
-[, scales (A_scale, B_scale) | None]]); the tuner passes the first three. Tactics and
+Runners' inputs: GemmInputs (A [M, K], B [N, K] (any strides), bias [N] | None, out [M, N]
+| None, scales (A_scale, B_scale) | None); the tuner passes the first three. Tactics and
 search spaces come from config.py.
 """
 
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 import triton
 
 from flashtune import platform
+from flashtune.ops.call import KernelOp, SchemaChecks, field_index, inputs_of, named, traced
 from flashtune.ops.gemm.config import (
     SMALL_M,
     SmallMSpace,
@@ -36,16 +37,17 @@ from flashtune.ops.gemm.kernels import (
     _gemm_tiled_kernel,
 )
 from flashtune.ops.gemm.reference import gemm_fp8_ref, gemm_ref
+from flashtune.ops.gemm.schema import GEMM, GEMM_KN
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
     Tactic,
     TunableRunner,
     TuningConfig,
-    choose_one,
 )
 
 __all__ = [
+    "GemmInputs",
     "CublasRunner",
     "TritonTiledRunner",
     "TritonSmallMRunner",
@@ -287,17 +289,18 @@ def launch_small_m_streamk(
 
 
 # ----------------------------------------------------------------------------------------------
-# Runners. inputs = (A [M, K], B [N, K] (any strides), bias [N] | None[, out [M, N] | None
-# [, scales (A_scale, B_scale) | None]]); the tuner passes the first three.
+# Runners. inputs: GemmInputs; the tuner passes the first three.
 # ----------------------------------------------------------------------------------------------
 
 
-def _unpack(inputs: Sequence[Any]) -> tuple[Any, Any, Any, Any, Any]:
-    A, B = inputs[0], inputs[1]
-    bias = inputs[2] if len(inputs) > 2 else None
-    out = inputs[3] if len(inputs) > 3 else None
-    scales = inputs[4] if len(inputs) > 4 else None
-    return A, B, bias, out, scales
+class GemmInputs(NamedTuple):
+    """The runners' inputs; the tuner keys on A, B and bias and passes only them."""
+
+    A: torch.Tensor  # [M, K]
+    B: torch.Tensor  # [N, K], any strides (the transposed view of a [K, N] B)
+    bias: torch.Tensor | None = None  # [N]
+    out: torch.Tensor | None = None  # [M, N]; None: a new tensor
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None  # fp8: (A_scale, B_scale), [1]
 
 
 def _out_dtype(A: torch.Tensor, out: torch.Tensor | None) -> torch.dtype:
@@ -319,7 +322,7 @@ class CublasRunner(TunableRunner):
         return []
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
-        A, B, bias, out, scales = _unpack(inputs)
+        A, B, bias, out, scales = named(GemmInputs, inputs)
         if scales is not None:
             return _scaled_mm(A, B, bias, out, scales)
         if out is None:
@@ -370,7 +373,7 @@ class TritonTiledRunner(TunableRunner):
         ]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
-        A, B, bias, out, scales = _unpack(inputs)
+        A, B, bias, out, scales = named(GemmInputs, inputs)
         M, K = A.shape
         N = B.shape[0]
         t = (
@@ -425,7 +428,7 @@ class TritonSmallMRunner(TunableRunner):
         ]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
-        A, B, bias, out, scales = _unpack(inputs)
+        A, B, bias, out, scales = named(GemmInputs, inputs)
         M, K = A.shape
         N = B.shape[0]
         C = _alloc_out(A, B, out)
@@ -475,101 +478,113 @@ GEMM_RUNNERS: tuple[TunableRunner, ...] = (
 # M is tuned per power-of-two bucket; N and K (and dtypes) are part of the key. CUDA graphs:
 # decode GEMMs run for 5-20 us, less than a Triton launch costs on the host.
 GEMM_TUNING = TuningConfig(
-    dynamic_dims=(DynamicDim(input_idx=0, dim=0),), cold_l2=True, use_cuda_graph=True
+    dynamic_dims=(DynamicDim(input_idx=field_index(GemmInputs, "A"), dim=0),),
+    cold_l2=True,
+    use_cuda_graph=True,
 )
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation and the eager path of the public functions (__init__.py), and the custom op
+# Validation (from the schemas), the public functions' host side (__init__.py), the custom op
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_tensor(name: str, t: Any, dims: int) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != dims:
-        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
-    return t
+def _reference(a: GemmInputs) -> torch.Tensor:
+    """Where no kernel can run: the references (fp8: out is given)."""
+    if a.scales is not None:
+        assert a.out is not None
+        C = gemm_fp8_ref(a.A, a.B, a.scales[0], a.scales[1], a.out.dtype, a.bias)
+    else:
+        C = gemm_ref(a.A, a.B, a.bias)
+    return a.out.copy_(C) if a.out is not None else C
+
+
+_GEMM = KernelOp("gemm", GEMM_RUNNERS, GEMM_TUNING, _reference, tuned=3)
+# fp8 needs a GPU: the interpreter has no fp8 dot.
+_GEMM_FP8 = KernelOp(
+    "gemm_fp8",
+    GEMM_RUNNERS,
+    GEMM_TUNING,
+    _reference,
+    tuned=3,
+    kernels_available=lambda device: device.type == "cuda",
+)
+
+# A, B (by b_layout: [N, K] or [K, N]), bias [N] and out [M, N], any strides; fp16/bf16/fp32,
+# all in A's dtype. mm_fp8: A and B float8_e4m3fn, bias and out in its `dtype` argument.
+_CHECKS = {
+    layout: SchemaChecks(schema, dtypes={"A": _DTYPES}, outputs={"C": "out"}, contiguous=False)
+    for layout, schema in (("nk", GEMM), ("kn", GEMM_KN))
+}
+_CHECKS_FP8 = {
+    layout: SchemaChecks(
+        schema,
+        dtypes={"A": (_FP8,)},
+        outputs={"C": "out"},
+        contiguous=False,
+        dtype_from={"bias": "dtype", "C": "dtype"},
+    )
+    for layout, schema in (("nk", GEMM), ("kn", GEMM_KN))
+}
 
 
 def _validate(
-    A: Any,
-    B: Any,
-    bias: Any,
-    out: Any,
-    b_layout: str,
-    dtypes: Sequence[torch.dtype],
-    out_dtype: torch.dtype | None = None,
+    checks: dict[str, SchemaChecks], arguments: dict[str, Any], b_layout: str
 ) -> torch.Tensor:
     """Check the arguments; return B as a logical [N, K] view."""
-    _check_tensor("A", A, 2)
-    _check_tensor("B", B, 2)
     if b_layout not in _LAYOUTS:
         raise ValueError(f"b_layout must be one of {_LAYOUTS}, got {b_layout!r}")
-    if A.dtype not in dtypes:
-        raise TypeError(f"A must have dtype in {[str(d) for d in dtypes]}, got {A.dtype}")
-    if B.dtype != A.dtype:
-        raise TypeError(f"B must have A's dtype {A.dtype}, got {B.dtype}")
-    if B.device != A.device:
-        raise ValueError(f"B must be on A's device {A.device}, got {B.device}")
-    B_nk = B if b_layout == "nk" else B.T
-    expected = "[N, K]" if b_layout == "nk" else "[K, N]"
-    if B_nk.shape[1] != A.shape[1]:
-        raise ValueError(
-            f"B (b_layout={b_layout!r}) must be {expected} with K = A.shape[1] = {A.shape[1]}, "
-            f"got shape {tuple(B.shape)}"
-        )
-    M, N = A.shape[0], B_nk.shape[0]
-    out_dtype = out_dtype or A.dtype
-    if bias is not None:
-        _check_tensor("bias", bias, 1)
-        if bias.shape[0] != N:
-            raise ValueError(f"bias must have shape [{N}] (N), got {tuple(bias.shape)}")
-        if bias.dtype != out_dtype:
-            raise TypeError(f"bias must have dtype {out_dtype}, got {bias.dtype}")
-        if bias.device != A.device:
-            raise ValueError(f"bias must be on A's device {A.device}, got {bias.device}")
-    if out is not None:
-        _check_tensor("out", out, 2)
-        if tuple(out.shape) != (M, N):
-            raise ValueError(f"out must have shape {(M, N)} (M, N), got {tuple(out.shape)}")
-        if out.dtype != out_dtype:
-            raise TypeError(f"out must have dtype {out_dtype}, got {out.dtype}")
-        if out.device != A.device:
-            raise ValueError(f"out must be on A's device {A.device}, got {out.device}")
-    return B_nk
+    checks[b_layout].validate(arguments)
+    B = arguments["B"]
+    return B if b_layout == "nk" else B.T
 
 
-def _mm_eager(
+def _mm_fake(A, B, bias, b_layout):
+    N = B.shape[0] if b_layout == "nk" else B.shape[1]
+    return A.new_empty((A.shape[0], N))
+
+
+# torch.compile traces through the custom op (functional: out is filled from its result);
+# eager calls launch directly, since the dispatcher adds host time to every call (measured by
+# benchmarks/bench_gemm.py, row "custom_op_overhead_us").
+@traced(
+    "mm",
+    schema="(Tensor A, Tensor B, Tensor? bias, str b_layout) -> Tensor",
+    fake=_mm_fake,
+    out=True,
+)
+def _mm(
     A: torch.Tensor,
     B: torch.Tensor,
     bias: torch.Tensor | None,
+    b_layout: str,
     out: torch.Tensor | None,
+) -> torch.Tensor:
+    B_nk = _validate(_CHECKS, {"A": A, "B": B, "bias": bias, "out": out}, b_layout)
+    return _GEMM(inputs_of(GemmInputs, (A, B_nk, bias, out, None)))
+
+
+def _mm_fp8(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_scale: torch.Tensor,
+    B_scale: torch.Tensor,
+    dtype: torch.dtype,
+    out: torch.Tensor | None,
+    bias: torch.Tensor | None,
     b_layout: str,
 ) -> torch.Tensor:
-    B_nk = _validate(A, B, bias, out, b_layout, _DTYPES)
-    if not platform.kernels_available(A.device):
-        C = gemm_ref(A, B_nk, bias)
-        return out.copy_(C) if out is not None else C
-    runner, tactic = choose_one("gemm", GEMM_RUNNERS, GEMM_TUNING, [A, B_nk, bias])
-    return runner.forward([A, B_nk, bias, out], tactic)
-
-
-# torch.compile traces through the custom op; eager calls go straight to _mm_eager, since the
-# dispatcher adds host time to every call (measured by benchmarks/bench_gemm.py, row
-# "custom_op_overhead_us").
-@torch.library.custom_op(
-    "flashtune::mm",
-    mutates_args=(),
-    schema="(Tensor A, Tensor B, Tensor? bias, str b_layout) -> Tensor",
-)
-def _mm_op(
-    A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, b_layout: str
-) -> torch.Tensor:
-    return _mm_eager(A, B, bias, None, b_layout)
-
-
-@_mm_op.register_fake
-def _(A, B, bias, b_layout):
-    N = B.shape[0] if b_layout == "nk" else B.shape[1]
-    return A.new_empty((A.shape[0], N))
+    if dtype not in _FP8_OUT_DTYPES:
+        raise TypeError(f"dtype must be one of {_FP8_OUT_DTYPES}, got {dtype}")
+    arguments = {"A": A, "B": B, "bias": bias, "out": out, "dtype": dtype}
+    B_nk = _validate(_CHECKS_FP8, arguments, b_layout)
+    scales = []
+    for name, s in (("A_scale", A_scale), ("B_scale", B_scale)):
+        if not isinstance(s, torch.Tensor) or s.numel() != 1 or s.dtype != torch.float32:
+            raise TypeError(f"{name} must be a float32 tensor with one element, got {s!r}")
+        if s.device != A.device:
+            raise ValueError(f"{name} is on {s.device} but A is on {A.device}")
+        scales.append(s.reshape(1))
+    if out is None:
+        out = torch.empty((A.shape[0], B_nk.shape[0]), dtype=dtype, device=A.device)
+    return _GEMM_FP8(inputs_of(GemmInputs, (A, B_nk, bias, out, (scales[0], scales[1]))))
