@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from flashtune.bench.build import MissingRequirement, check_requirements, solution_hash
+from flashtune.bench.checked_timing import WorkerSamples, derive_seed, interval_text
 from flashtune.bench.config import BenchConfig, cpu_threads
 from flashtune.bench.correctness import (
     Verdict,
@@ -43,7 +44,17 @@ from flashtune.bench.correctness import (
     is_stochastic,
     shape_dtype_verdict,
 )
+from flashtune.bench.interpreter import draws_for, interpreted, interpreted_outcome
 from flashtune.bench.sampling_support import outputs_outside_support
+from flashtune.bench.sandbox import (
+    HangWatch,
+    Sandbox,
+    SandboxDied,
+    SandboxJob,
+    SandboxPool,
+    SandboxTimeout,
+    float_input_names,
+)
 from flashtune.data.models import (
     Definition,
     Evaluation,
@@ -55,27 +66,7 @@ from flashtune.data.models import (
     metrics_for_status,
 )
 from flashtune.data.reference import compile_reference, outputs_as_dict
-from flashtune.data.synth import resolve_axes, synthesize_inputs
-
-try:  # a workload whose blob does not fit its axes
-    from flashtune.data.synth import InputError
-except ImportError:  # pragma: no cover - until the data layer defines it
-
-    class InputError(ValueError):  # type: ignore[no-redef]
-        pass
-
-
-from flashtune.bench.checked_timing import WorkerSamples, derive_seed, interval_text
-from flashtune.bench.interpreter import draws_for, interpreted, interpreted_outcome
-from flashtune.bench.sandbox import (
-    HangWatch,
-    Sandbox,
-    SandboxDied,
-    SandboxJob,
-    SandboxPool,
-    SandboxTimeout,
-    float_input_names,
-)
+from flashtune.data.synth import InputError, resolve_axes, synthesize_inputs
 from flashtune.timing import Timing, TimingPolicy, cold_l2_sets, measure_robust
 
 __all__ = ["BenchConfig", "Event", "evaluate_workload", "make_trace", "LOG_LIMIT"]
