@@ -26,7 +26,8 @@ Reported:
       run_module / a forkserver preload list / a package walk, naming flashtune modules
       (a package walking its own `__path__` to find its own modules is not a dodge and is
       allowed);
-  (e) source files over 800 lines.
+  (e) source files over 800 lines: a warning, never a failure. A module is split by job
+      (an op family's package has one module per job), not by size.
 
 The package root's dunder constants (`from flashtune import __version__`) are not edges:
 the root defines them before it imports anything.
@@ -559,7 +560,7 @@ TITLES = {
     "upward": "(b) upward imports",
     "cycle": "(c) import cycles",
     "by_string": "(d) modules loaded by string",
-    "too_long": f"(e) files over {MAX_LINES} lines",
+    "too_long": f"(e) files over {MAX_LINES} lines (a warning, not a failure)",
 }
 FAILING = ("private", "upward", "cycle", "by_string")
 

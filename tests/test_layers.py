@@ -40,10 +40,6 @@ def test_every_module_has_a_layer(report) -> None:
     assert report.unmapped == []
 
 
-def test_no_file_over_the_line_limit(report) -> None:
-    assert [f.path for f in report.of("too_long")] == []
-
-
 # --------------------------------------------------------------------------- the checker
 
 
