@@ -148,15 +148,19 @@ _ANY_RANK = 1 << 30
 
 
 def _rank_words(c: _Check) -> str:
-    lo, hi = c.low, c.high
-    exact = f"{len(c.dims)}-D [{', '.join(c.dims)}]"
-    if lo == hi == len(c.dims):
+    lo, hi, n = c.low, c.high, len(c.dims)
+    exact = f"{n}-D [{', '.join(c.dims)}]"
+    if lo == hi == n:
         return exact
+    if lo < n:  # a shape the op reads its own way (rope's [nnz, H * D] query)
+        ranks = f"{lo}-D or {hi}-D" if hi == lo + 1 else f"{lo}-D to {hi}-D"
+        return f"{ranks} ({exact})" if hi != _ANY_RANK else f"at least {lo}-D ({exact})"
+    merged = f"leading dimensions merged into {c.dims[0]}"
     if hi == _ANY_RANK:
-        return f"at least {lo}-D ({exact}, leading dimensions merged into {c.dims[0]})"
-    if hi == lo + 1 and lo == len(c.dims):
-        return f"{exact} or {hi}-D (leading dimensions merged into {c.dims[0]})"
-    return f"{lo}-D to {hi}-D ({exact}, leading dimensions merged into {c.dims[0]})"
+        return f"at least {lo}-D ({exact}, {merged})"
+    if hi == lo + 1:
+        return f"{exact} or {hi}-D ({merged})"
+    return f"{exact} to {hi}-D ({merged})"
 
 
 class SchemaChecks:
@@ -484,6 +488,7 @@ def traced(
     fake: Callable[..., Any] | None = None,
     schema: str | None = None,
     out: bool = False,
+    spelled: tuple[Callable[..., Any], Callable[..., tuple[Any, ...]]] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: the function runs directly in eager mode and as the torch custom op
     `flashtune::<name>` (made here, once, with its fake) under torch.compile. mutates: the
@@ -491,11 +496,17 @@ def traced(
     writes into its arguments only); schema: the custom op's schema where the annotations
     cannot give it. out=True: the last argument is an optional destination (None: the result
     is allocated); the custom op is the function without it (functional), its result copied
-    into the destination. The decorated function keeps the custom op as `.custom_op`."""
+    into the destination. spelled=(op_fn, to_op): for a function taking a Python object a
+    custom op cannot (RopeArgs): the custom op is op_fn, called with to_op(*arguments), so
+    eager calls pass the object as it is. The decorated function keeps the custom op as
+    `.custom_op`."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        # An `out` op's custom op is functional: fn without its trailing out argument.
-        body = (lambda *args: fn(*args, None)) if out else fn
+        if spelled is not None:
+            body, to_op = spelled
+        else:
+            # An `out` op's custom op is functional: fn without its trailing out argument.
+            body, to_op = ((lambda *args: fn(*args, None)) if out else fn), None
         op = torch.library.custom_op(
             f"flashtune::{name}", body, mutates_args=tuple(mutates), schema=schema
         )
@@ -510,6 +521,11 @@ def traced(
                     result = op(*inputs)
                     return dest.copy_(result) if dest is not None else result
                 return fn(*args)
+
+        elif to_op is not None:
+
+            def call(*args: Any) -> Any:
+                return op(*to_op(*args)) if is_compiling() else fn(*args)
 
         else:
 

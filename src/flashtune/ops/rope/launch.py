@@ -6,29 +6,36 @@ through.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
 
-from flashtune import platform
+from flashtune.ops.call import (
+    FLOATS,
+    KernelOp,
+    SchemaChecks,
+    check_tensor,
+    field_index,
+    inputs_of,
+    named,
+    traced,
+)
 from flashtune.ops.rope.config import RopeTactic, default_tactic
 from flashtune.ops.rope.kernels import _rope_kernel
 from flashtune.ops.rope.reference import _inv_freq_ref, _rotate_ref, rope_with_cos_sin_cache_ref
+from flashtune.ops.rope.schema import ROPE_GPTJ, ROPE_NEOX
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
     Tactic,
     TunableRunner,
     TuningConfig,
-    choose_one,
 )
 
-__all__ = ["RopeArgs", "llama31_smoothing", "RopeRunner", "ROPE_TUNING"]
-
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+__all__ = ["RopeArgs", "RopeInputs", "llama31_smoothing", "RopeRunner", "ROPE_TUNING"]
 
 
 @dataclass(frozen=True)
@@ -127,22 +134,50 @@ def _launch_rope(
 # ----------------------------------------------------------------------------------------------
 
 
+class RopeInputs(NamedTuple):
+    """RopeRunner's inputs (all keyed on by the tuner)."""
+
+    q: torch.Tensor  # [nnz, Hq, D] view, last dimension contiguous
+    k: torch.Tensor  # [nnz, Hk, D]
+    q_out: torch.Tensor  # like q; may alias it, or have another float dtype (cast on store)
+    k_out: torch.Tensor  # like k
+    pos: torch.Tensor  # [nnz] int32/int64 positions
+    cos_sin_cache: torch.Tensor | None  # [max_pos, rotary_dim] fp32 (args.from_cache only)
+    args: RopeArgs
+
+
 class RopeRunner(TunableRunner):
-    """The Triton RoPE kernel. inputs: [q, k, q_out, k_out, pos, cos_sin_cache | None, args],
-    tensors as [nnz, H, D] views."""
+    """The Triton RoPE kernel. inputs: RopeInputs."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         q, k = inputs[0], inputs[1]
         return list(RopeTactic.space(max(q.shape[1], k.shape[1]), q.shape[2]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        q, k, q_out, k_out, pos, cache, args = inputs
-        _launch_rope(q, k, q_out, k_out, pos, cache, args, tactic)
-        return q_out, k_out
+        a = named(RopeInputs, inputs)
+        _launch_rope(a.q, a.k, a.q_out, a.k_out, a.pos, a.cos_sin_cache, a.args, tactic)
+        return a.q_out, a.k_out
 
 
 _RUNNERS: tuple[TunableRunner, ...] = (RopeRunner(),)
-ROPE_TUNING = TuningConfig(dynamic_dims=(DynamicDim(input_idx=0, dim=0),))
+ROPE_TUNING = TuningConfig(
+    dynamic_dims=(DynamicDim(input_idx=field_index(RopeInputs, "q"), dim=0),)
+)
+
+
+def _reference(a: RopeInputs) -> None:
+    """The CPU path: the references, written into q_out and k_out."""
+    if a.args.from_cache:
+        qr, kr = rope_with_cos_sin_cache_ref(
+            a.q, a.k, a.cos_sin_cache, a.pos, is_neox=not a.args.interleave
+        )
+    else:
+        qr, kr = _pos_ids_ref(a.q, a.k, a.pos, a.args)
+    a.q_out.copy_(qr)
+    a.k_out.copy_(kr)
+
+
+_ROPE = KernelOp("flashtune::rope", _RUNNERS, ROPE_TUNING, _reference)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,26 +185,10 @@ ROPE_TUNING = TuningConfig(dynamic_dims=(DynamicDim(input_idx=0, dim=0),))
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_float(name: str, t: Any) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(
-            f"{name} must be contiguous in its last dimension, got strides {tuple(t.stride())}"
-        )
-
-
 def _check_index(name: str, t: Any, device: torch.device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    check_tensor(name, t, (torch.int32, torch.int64), device, "q")
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but q/query is on {device}")
 
 
 def _heads_view(name: str, t: torch.Tensor, head_size: int) -> torch.Tensor:
@@ -193,13 +212,7 @@ def _heads_view(name: str, t: torch.Tensor, head_size: int) -> torch.Tensor:
     )
 
 
-def _validate_qk(q: Any, k: Any, qname: str, kname: str) -> None:
-    _check_float(qname, q)
-    _check_float(kname, k)
-    if k.dtype != q.dtype:
-        raise TypeError(f"{kname} must have dtype {q.dtype} (as {qname}), got {k.dtype}")
-    if k.device != q.device:
-        raise ValueError(f"{kname} is on {k.device} but {qname} is on {q.device}")
+def _check_tokens(q: torch.Tensor, k: torch.Tensor, qname: str, kname: str) -> None:
     if k.shape[0] != q.shape[0]:
         raise ValueError(
             f"{qname} and {kname} must have the same number of tokens, got {q.shape[0]} and "
@@ -219,17 +232,7 @@ def _run_rope(
     """Rotate q3/k3 into qo3/ko3: [nnz, H, D] views with a contiguous last dimension, inputs
     validated by the caller. The outputs may alias the inputs, or have another float dtype
     (the kernel casts on store)."""
-    if not platform.kernels_available(q3.device):
-        if args.from_cache:
-            qr, kr = rope_with_cos_sin_cache_ref(q3, k3, cache, pos, is_neox=not args.interleave)
-        else:
-            qr, kr = _pos_ids_ref(q3, k3, pos, args)
-        qo3.copy_(qr)
-        ko3.copy_(kr)
-        return
-    inputs = [q3, k3, qo3, ko3, pos, cache, args]
-    runner, tactic = choose_one("flashtune::rope", _RUNNERS, ROPE_TUNING, inputs)
-    runner.forward(inputs, tactic)
+    _ROPE(inputs_of(RopeInputs, (q3, k3, qo3, ko3, pos, cache, args)))
 
 
 def _pos_ids_ref(q3, k3, pos, args: RopeArgs):
@@ -240,6 +243,7 @@ def _pos_ids_ref(q3, k3, pos, args: RopeArgs):
     return _rotate_ref(q3, k3, pos, inv_freq, args.interleave)
 
 
+@traced("rope_cos_sin_cache", mutates=("q_out", "k_out"))
 def _rope_cache_impl(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -262,20 +266,7 @@ def _rope_cache_impl(
     )
 
 
-# torch.compile traces through the custom op; eager calls skip it: the dispatcher boundary
-# costs 18-21 us of host time per call (H200 machine, bench_norm.py "custom_op_overhead" rows).
-_rope_cache_op = torch.library.custom_op(
-    "flashtune::rope_cos_sin_cache", _rope_cache_impl, mutates_args=("q_out", "k_out")
-)
-
-
-@_rope_cache_op.register_fake
-def _(q, k, q_out, k_out, positions, cos_sin_cache, head_size, is_neox) -> None:
-    return None
-
-
-@torch.library.custom_op("flashtune::rope_pos_ids", mutates_args=("q_out", "k_out"))
-def _rope_pos_op(
+def _rope_pos_fields(
     q: torch.Tensor,
     k: torch.Tensor,
     q_out: torch.Tensor,
@@ -288,40 +279,43 @@ def _rope_pos_op(
     smooth_a: float,
     smooth_b: float,
 ) -> None:
+    """The custom op's body: RopeArgs spelled out (a custom op takes no Python objects)."""
     args = RopeArgs(rotary_dim, interleave, False, rope_scale, rope_theta, smooth_a, smooth_b)
     _run_rope(q, k, q_out, k_out, pos_ids, None, args)
 
 
-@_rope_pos_op.register_fake
-def _(
-    q, k, q_out, k_out, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, smooth_a, smooth_b
+def _spell(q, k, q_out, k_out, pos_ids, args: RopeArgs) -> tuple[Any, ...]:
+    """_rope_pos_into's arguments as _rope_pos_fields takes them."""
+    a = args
+    fields = (a.rotary_dim, a.interleave, a.rope_scale, a.rope_theta, a.smooth_a, a.smooth_b)
+    return (q, k, q_out, k_out, pos_ids, *fields)
+
+
+@traced("rope_pos_ids", mutates=("q_out", "k_out"), spelled=(_rope_pos_fields, _spell))
+def _rope_pos_into(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    pos_ids: torch.Tensor,
+    args: RopeArgs,
 ) -> None:
-    return None
+    _run_rope(q, k, q_out, k_out, pos_ids, None, args)
 
 
-def _validate_cache(positions, query, key, head_size, cos_sin_cache) -> None:
-    _validate_qk(query, key, "query", "key")
+def _check_cache_call(arguments: Mapping[str, Any]) -> None:
+    """What the schemas cannot say: query/key as [nnz, H * D] or [nnz, H, D] for head_size,
+    the rotary dimension, and (on a CPU) the positions' range."""
+    query, key, head_size = arguments["query"], arguments["key"], arguments["head_size"]
+    positions, cos_sin_cache = arguments["positions"], arguments["cos_sin_cache"]
+    _check_tokens(query, key, "query", "key")
     if not isinstance(head_size, int) or head_size <= 0:
         raise ValueError(f"head_size must be a positive int, got {head_size!r}")
     _heads_view("query", query, head_size)
     _heads_view("key", key, head_size)
-    _check_index("positions", positions, query.device)
     if positions.shape[0] != query.shape[0]:
         raise ValueError(
             f"positions must have one entry per token ({query.shape[0]}), got {positions.shape[0]}"
-        )
-    if not isinstance(cos_sin_cache, torch.Tensor):
-        raise TypeError(f"cos_sin_cache must be a torch.Tensor, got {type(cos_sin_cache)}")
-    if cos_sin_cache.dtype != torch.float32:
-        raise TypeError(f"cos_sin_cache must be float32, got {cos_sin_cache.dtype}")
-    if cos_sin_cache.device != query.device:
-        raise ValueError(
-            f"cos_sin_cache is on {cos_sin_cache.device} but query is on {query.device}"
-        )
-    if cos_sin_cache.dim() != 2 or cos_sin_cache.stride(-1) != 1:
-        raise ValueError(
-            "cos_sin_cache must be 2-D [max_seq_len, rotary_dim] with a contiguous last "
-            f"dimension, got shape {tuple(cos_sin_cache.shape)}"
         )
     rd = cos_sin_cache.shape[1]
     if rd % 2 != 0 or rd == 0 or rd > head_size:
@@ -339,6 +333,21 @@ def _validate_cache(positions, query, key, head_size, cos_sin_cache) -> None:
             )
 
 
+# q/k: [nnz, H * D] or [nnz, H, D] (read by the hook), float16/bfloat16/float32, k in q's
+# dtype; cos_sin_cache float32 [max_seq_len, rotary_dim]; positions int32 or int64 [nnz].
+_CHECK_CACHE = {
+    is_neox: SchemaChecks(
+        schema,
+        dtypes={"q": FLOATS, "positions": (torch.int32, torch.int64)},
+        ranks={"q": (2, 3), "k": (2, 3)},
+        unbound=("q", "k"),
+        contiguous=("q", "k", "cos_sin_cache"),
+        check=_check_cache_call,
+    )
+    for is_neox, schema in ((True, ROPE_NEOX), (False, ROPE_GPTJ))
+}
+
+
 def _outputs(q: torch.Tensor, k: torch.Tensor, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Where the rotated q and k go: q and k themselves, or new contiguous tensors."""
     if inplace:
@@ -348,17 +357,26 @@ def _outputs(q: torch.Tensor, k: torch.Tensor, inplace: bool) -> tuple[torch.Ten
 
 
 def _rope_cache(positions, query, key, head_size, cos_sin_cache, is_neox, inplace):
-    _validate_cache(positions, query, key, head_size, cos_sin_cache)
+    arguments = {
+        "query": query,
+        "key": key,
+        "cos_sin_cache": cos_sin_cache,
+        "positions": positions,
+        "head_size": head_size,
+    }
+    _CHECK_CACHE[bool(is_neox)].validate(arguments)
     q_out, k_out = _outputs(query, key, inplace)
-    if torch.compiler.is_compiling():
-        _rope_cache_op(query, key, q_out, k_out, positions, cos_sin_cache, head_size, is_neox)
-    else:
-        _rope_cache_impl(query, key, q_out, k_out, positions, cos_sin_cache, head_size, is_neox)
+    _rope_cache_impl(query, key, q_out, k_out, positions, cos_sin_cache, head_size, is_neox)
     return q_out, k_out
 
 
 def _validate_ragged(q, k, rotary_dim) -> int:
-    _validate_qk(q, k, "q", "k")
+    # The ragged forms have no schema yet (see schema.py): their checks are written here.
+    check_tensor("q", q, FLOATS, contiguous=True)
+    check_tensor("k", k, FLOATS, q.device, "q", contiguous=True)
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have dtype {q.dtype} (as q), got {k.dtype}")
+    _check_tokens(q, k, "q", "k")
     for name, t in (("q", q), ("k", k)):
         if t.dim() != 3:
             raise ValueError(
@@ -382,22 +400,7 @@ def _positions_from_ragged(indptr: torch.Tensor, offsets: torch.Tensor, nnz: int
 
 def _rope_pos(q, k, pos, args: RopeArgs, inplace):
     q_out, k_out = _outputs(q, k, inplace)
-    if torch.compiler.is_compiling():
-        _rope_pos_op(
-            q,
-            k,
-            q_out,
-            k_out,
-            pos,
-            args.rotary_dim,
-            args.interleave,
-            args.rope_scale,
-            args.rope_theta,
-            args.smooth_a,
-            args.smooth_b,
-        )
-    else:
-        _run_rope(q, k, q_out, k_out, pos, None, args)
+    _rope_pos_into(q, k, q_out, k_out, pos, args)
     return q_out, k_out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from flashtune.ops.call import FLOATS, check_tensor
 from flashtune.ops.rope.launch import RopeArgs, _run_rope
 
 __all__ = ["mla_rope_quantize_fp8"]
@@ -20,14 +21,9 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _check(name: str, t: Any, dim: tuple[int, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensor(name, t, FLOATS, contiguous=True)
     if t.dim() not in dim:
         raise ValueError(f"{name} must have {' or '.join(map(str, dim))} dimensions, got {t.dim()}")
-    if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name} must be contiguous in its last dimension")
 
 
 def _output(name: str, given: Any, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
