@@ -133,7 +133,7 @@ def test_flashinfer_shared_prefix_levels_fit_their_half_of_32_mb(
     # for an H100 (132 SMs), the shared level of these shapes once asked for 19-52 MB of
     # partial outputs. Every level must plan in its 16 MB (plan only: no kernel runs).
     from flashtune.ops.attention.decode.config import DecodeLaunch
-    from flashtune.ops.attention.decode.plan import Planner
+    from flashtune.ops.attention.decode.plan import DecodeSpec, Planner
 
     qo_len = unique_len if stage == "append" else 1
     ws = torch.empty(16 * 2**20, dtype=torch.uint8)
@@ -151,10 +151,13 @@ def test_flashinfer_shared_prefix_levels_fit_their_half_of_32_mb(
     ]
     for qo, indptr, indices, last in levels:
         planner = Planner(ws, False, None, None, None)
-        plan = planner.make(
-            qo, indptr, indices, last, heads, heads, head_dim, 16,
-            causal=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
-            q_dtype=torch.float16, kv_dtype=torch.float16, disable_split_kv=False,
-            fixed_split_size=None, launch=DecodeLaunch(sm_count=132),
-        )  # fmt: skip
+        spec = DecodeSpec(
+            num_qo_heads=heads,
+            num_kv_heads=heads,
+            head_dim=head_dim,
+            page_size=16,
+            q_dtype=torch.float16,
+            kv_dtype=torch.float16,
+        )
+        plan = planner.make(qo, indptr, indices, last, spec, launch=DecodeLaunch(sm_count=132))
         assert plan.host.num_partial_rows <= plan.partial_o.shape[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashtune.ops.attention.scheduler import lpt_assign, max_work_items, plan_work
+from flashtune.ops.attention.scheduler import SplitRules, lpt_assign, max_work_items, plan_work
 
 
 def _coverage(plan, kv_lens, qo_indptr, group, block_m, kv_starts=None):
@@ -52,7 +52,7 @@ def test_skewed_batch_is_balanced():
     lens = [32768] + [512] * 63
     qo, ip = np.arange(65), np.zeros(65, np.int64)
     balanced = plan_work(qo, lens, ip, 33, group_size=4)
-    unsplit = plan_work(qo, lens, ip, 33, group_size=4, split_kv=False)
+    unsplit = plan_work(qo, lens, ip, 33, group_size=4, rules=SplitRules(split_kv=False))
     ideal = sum(lens) / 33
     assert balanced.has_split and not unsplit.has_split
     assert balanced.makespan < 1.5 * ideal
@@ -83,7 +83,7 @@ def test_max_work_bound_holds():
             np.zeros(b + 1, np.int64),
             33,
             group_size=4,
-            max_work=max_work_items(33, b),
+            rules=SplitRules(max_work=max_work_items(33, b)),
         )
         assert plan.num_work <= max_work_items(33, b)
 
@@ -131,7 +131,7 @@ def test_long_request_is_spread_over_many_ctas():
     # 63 short ones must still be split over >= 32 of them, with the CTAs near-balanced.
     lens = [32768] + [512] * 63
     qo, ip = np.arange(65), np.zeros(65, np.int64)
-    plan = plan_work(qo, lens, ip, 66, group_size=4, min_chunk=256)
+    plan = plan_work(qo, lens, ip, 66, group_size=4, rules=SplitRules(min_chunk=256))
     cta_of_item = np.repeat(np.arange(66), np.diff(plan.work_indptr))
     long_ctas = set(cta_of_item[plan.work[:, 0] == 0].tolist())
     assert len(long_ctas) >= 32
@@ -152,12 +152,16 @@ def test_partial_rows_are_capped_and_a_coarser_split_still_balances():
     qo, lens, ip = np.array([0, 600]), [2048], np.zeros(2, np.int64)
     free = plan_work(qo, lens, ip, 66, group_size=1, block_m=64)
     assert free.num_partial_rows > 3000
-    capped = plan_work(qo, lens, ip, 66, group_size=1, block_m=64, max_partial_rows=3000)
+    capped = plan_work(
+        qo, lens, ip, 66, group_size=1, block_m=64, rules=SplitRules(max_partial_rows=3000)
+    )
     _coverage(capped, lens, qo, 1, 64)
     assert 0 < capped.num_partial_rows <= 3000
     assert capped.merge_info[:, 1].max() > 1
     # No room for any split: one item per tile, nothing to merge.
-    none = plan_work(qo, lens, ip, 66, group_size=1, block_m=64, max_partial_rows=599)
+    none = plan_work(
+        qo, lens, ip, 66, group_size=1, block_m=64, rules=SplitRules(max_partial_rows=599)
+    )
     _coverage(none, lens, qo, 1, 64)
     assert not none.has_split
 
@@ -166,7 +170,9 @@ def test_partial_rows_cap_keeps_decode_plans_that_fit():
     lens = [32768] + [512] * 63
     qo, ip = np.arange(65), np.zeros(65, np.int64)
     free = plan_work(qo, lens, ip, 66, group_size=4)
-    capped = plan_work(qo, lens, ip, 66, group_size=4, max_partial_rows=free.num_partial_rows)
+    capped = plan_work(
+        qo, lens, ip, 66, group_size=4, rules=SplitRules(max_partial_rows=free.num_partial_rows)
+    )
     assert np.array_equal(free.work, capped.work)
     assert np.array_equal(free.merge_info, capped.merge_info)
 
@@ -174,4 +180,6 @@ def test_partial_rows_cap_keeps_decode_plans_that_fit():
 def test_fixed_chunk_that_needs_more_partial_rows_than_fit_is_an_error():
     qo, lens, ip = np.array([0, 600]), [2048], np.zeros(2, np.int64)
     with pytest.raises(ValueError, match="partial rows"):
-        plan_work(qo, lens, ip, 66, block_m=64, kv_chunk_size=256, max_partial_rows=1000)
+        plan_work(
+            qo, lens, ip, 66, block_m=64, rules=SplitRules(kv_chunk_size=256, max_partial_rows=1000)
+        )

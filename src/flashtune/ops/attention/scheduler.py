@@ -39,6 +39,7 @@ __all__ = [
     "WORK_FIELDS",
     "NUM_WORK_FIELDS",
     "CostModel",
+    "SplitRules",
     "WorkPlan",
     "lpt_assign",
     "plan_work",
@@ -73,6 +74,26 @@ class CostModel:
 
     def __call__(self, qo_rows: int, kv_tokens: int) -> float:
         return self.qo * qo_rows + self.kv * kv_tokens + self.fixed
+
+
+@dataclass(frozen=True)
+class SplitRules:
+    """How `plan_work` may cut KV into chunks, and what the plan's buffers hold.
+
+    split_kv=False keeps each tile in one item (the unbalanced baseline); kv_chunk_size
+    forces a chunk size; otherwise chunks are multiples of chunk_align of at least
+    min_chunk tokens. max_work: the most items allowed (graph mode's fixed buffers); chunk
+    sizes giving more are not considered. max_partial_rows: the most partial rows the
+    workspace holds; chunk sizes needing more are replaced by the smallest chunk that fits
+    (unsplit always fits).
+    """
+
+    split_kv: bool = True
+    kv_chunk_size: int | None = None
+    chunk_align: int = 64
+    min_chunk: int = 256
+    max_work: int | None = None
+    max_partial_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -436,12 +457,7 @@ def plan_work(
     group_size: int = 1,
     block_m: int = 16,
     kv_starts: Sequence[int] | np.ndarray | None = None,
-    split_kv: bool = True,
-    kv_chunk_size: int | None = None,
-    chunk_align: int = 64,
-    min_chunk: int = 256,
-    max_work: int | None = None,
-    max_partial_rows: int | None = None,
+    rules: SplitRules = SplitRules(),
     cost: CostModel = CostModel(),
 ) -> WorkPlan:
     """Partition a batch's attention into work items dealt to `num_ctas` CTAs.
@@ -450,17 +466,16 @@ def plan_work(
     kv_lens: [B] KV lengths; kv_page_indptr: [B+1] page offsets into kv_indices.
     group_size: query heads per KV head, packed with the query tokens into tile rows;
     block_m: rows per tile. kv_starts: [B] first KV position that any query may see (a
-    sliding window); KV before it is skipped entirely. split_kv=False keeps each tile in
-    one item (the unbalanced baseline); kv_chunk_size forces a chunk size.
-    max_work: the most items allowed (graph mode's fixed buffers); chunk sizes giving more
-    are not considered. max_partial_rows: the most partial rows the workspace holds; chunk
-    sizes needing more are replaced by the smallest chunk that fits (unsplit always fits).
+    sliding window); KV before it is skipped entirely. rules: how KV may be split, and the
+    limits of the plan's buffers (SplitRules).
 
     Vectorized with numpy (no Python loop over requests or items): plan() runs once per
     step and, in the bundled benchmark, once per timed call, and each numpy call costs about
     a microsecond, so the code counts calls: the chunk size is chosen by an estimate and
     only the one or two best candidates run the LPT assignment.
     """
+    split_kv, kv_chunk_size, chunk_align = rules.split_kv, rules.kv_chunk_size, rules.chunk_align
+    min_chunk, max_work, max_partial_rows = rules.min_chunk, rules.max_work, rules.max_partial_rows
     qo_indptr = np.asarray(qo_indptr, dtype=np.int64)
     kv_lens = np.asarray(kv_lens, dtype=np.int64)
     kv_page_indptr = np.asarray(kv_page_indptr, dtype=np.int64)

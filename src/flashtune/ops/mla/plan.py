@@ -28,6 +28,7 @@ from flashtune import env, platform
 from flashtune.ops.attention.decode.plan import partial_capacity
 from flashtune.ops.attention.scheduler import (
     NUM_WORK_FIELDS,
+    SplitRules,
     WorkPlan,
     max_work_items,
     plan_work,
@@ -376,12 +377,14 @@ class MLAPlanner:
             num_ctas,
             group_size=h,
             block_m=block_m,
-            split_kv=not split.disable_split_kv,
-            kv_chunk_size=fixed_split if fixed_split is not None and fixed_split > 0 else None,
-            chunk_align=max(tactic.block_n, 16),
-            min_chunk=min_chunk(num_tiles, sm_count),
-            max_work=layout.max_work if self.use_cuda_graph else None,
-            max_partial_rows=layout.max_partial,
+            rules=SplitRules(
+                split_kv=not split.disable_split_kv,
+                kv_chunk_size=fixed_split if fixed_split is not None and fixed_split > 0 else None,
+                chunk_align=max(tactic.block_n, 16),
+                min_chunk=min_chunk(num_tiles, sm_count),
+                max_work=layout.max_work if self.use_cuda_graph else None,
+                max_partial_rows=layout.max_partial,
+            ),
             cost=WORK_COST,
         )
         if not self.use_cuda_graph:

@@ -26,7 +26,7 @@ from flashtune.ops.attention.cascade.shared_prefix import (
     BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
 )
 from flashtune.ops.attention.decode.launch import run_plan
-from flashtune.ops.attention.decode.plan import Planner, as_dtype, as_int_tensor
+from flashtune.ops.attention.decode.plan import DecodeSpec, Planner, as_dtype, as_int_tensor
 from flashtune.ops.attention.merge import merge_state_in_place
 from flashtune.ops.attention.page import KV_LAYOUTS, split_kv_cache
 from flashtune.ops.attention.staging import host_int64
@@ -118,6 +118,18 @@ class MultiLevelCascadeAttentionWrapper:
                 )
         q_dtype = as_dtype("q_data_type", q_data_type, torch.float16)
         kv_dtype = as_dtype("kv_data_type", kv_data_type, q_dtype)
+        spec = DecodeSpec(
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            causal=causal,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+        )
         total = None
         for level in range(self._num_levels):
             qo = as_int_tensor(f"qo_indptr_arr[{level}]", qo_indptr_arr[level])
@@ -137,18 +149,7 @@ class MultiLevelCascadeAttentionWrapper:
                 paged_kv_indptr_arr[level],
                 paged_kv_indices_arr[level],
                 paged_kv_last_page_len[level],
-                num_qo_heads,
-                num_kv_heads,
-                head_dim,
-                page_size,
-                causal=causal,
-                window_left=window_left,
-                logits_soft_cap=logits_soft_cap,
-                sm_scale=sm_scale,
-                q_dtype=q_dtype,
-                kv_dtype=kv_dtype,
-                disable_split_kv=False,
-                fixed_split_size=None,
+                spec,
             )
         self._total_qo = total
 

@@ -34,7 +34,7 @@ from flashtune.model_shapes import ModelConfig
 from flashtune.ops.attention.aliases import WrapperAliases
 from flashtune.ops.attention.decode.config import DecodeLaunch
 from flashtune.ops.attention.decode.launch import run_plan
-from flashtune.ops.attention.decode.plan import Planner, as_dtype, as_int_tensor
+from flashtune.ops.attention.decode.plan import DecodeSpec, Planner, as_dtype, as_int_tensor
 from flashtune.ops.attention.decode.plan_free import paged_decode
 from flashtune.ops.attention.decode.schema import EXAMPLE_KV_LENS, EXAMPLE_PAGE_SIZE, _schema_run
 from flashtune.ops.attention.page import KV_LAYOUTS, build_page_table, split_kv_cache
@@ -199,25 +199,27 @@ class BatchDecodeWithPagedKVCacheWrapper(WrapperAliases):
             raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
         indptr_t = as_int_tensor("indptr", indptr)
         last_t = as_int_tensor("last_page_len", last_page_len)
+        spec = DecodeSpec(
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+            rope=rope,
+        )
         self._planner.make(
             None,  # decode: one query per request
             indptr_t,
             indices,
             last_t,
-            num_qo_heads,
-            num_kv_heads,
-            head_dim,
-            page_size,
-            causal=False,
-            window_left=window_left,
-            logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale,
-            q_dtype=q_dtype,
-            kv_dtype=kv_dtype,
+            spec,
             disable_split_kv=disable_split_kv,
             fixed_split_size=fixed_split_size,
             launch=launch,
-            rope=rope,
         )
         assert self._planner.plan is not None
         if self._use_cuda_graph:

@@ -35,13 +35,21 @@ from flashtune.ops.attention.page import check_kv_dtype, validate_page_table
 from flashtune.ops.attention.rotary import rope_table
 from flashtune.ops.attention.scheduler import (
     NUM_WORK_FIELDS,
+    SplitRules,
     WorkPlan,
     max_work_items,
     plan_work,
 )
 from flashtune.ops.attention.staging import host_staging
 
-__all__ = ["DevicePlan", "Planner", "as_int_tensor", "as_dtype", "partial_capacity"]
+__all__ = [
+    "DecodeSpec",
+    "DevicePlan",
+    "Planner",
+    "as_int_tensor",
+    "as_dtype",
+    "partial_capacity",
+]
 
 
 def _align256(n: int) -> int:
@@ -229,6 +237,111 @@ def _head(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[0] == n else t[:n]
 
 
+@dataclass(frozen=True)
+class DecodeSpec:
+    """The attention a decode plan computes, fixed at plan time: heads, head_dim, page size,
+    the dtypes q and the cache will have, and the variant: causal (bottom-right aligned),
+    window_left (-1: none), logits_soft_cap (None or 0: none), sm_scale (None: 1/sqrt(D)),
+    rope (ROPE_LLAMA's (rope_scale, rope_theta), or None)."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    causal: bool = False
+    window_left: int = -1
+    logits_soft_cap: float | None = None
+    sm_scale: float | None = None
+    rope: tuple[float, float] | None = None
+
+
+@dataclass
+class _Table:
+    """A plan's page table on the host, validated: qo_indptr [B+1], indptr [B+1] and last
+    [B] int64, kv_lens [B]; the page ids as given (a tensor); max_rows, the most packed rows
+    (query tokens x group) of a request; single, every request has at most one query."""
+
+    qo_indptr: np.ndarray
+    indptr: np.ndarray
+    last: np.ndarray
+    kv_lens: np.ndarray
+    indices: torch.Tensor
+    batch: int
+    total_qo: int
+    max_rows: int
+    single: bool
+
+
+@dataclass
+class _LaunchShape:
+    """The launch a plan chose: tile height, SMs planned for, persistent CTAs, the chunk
+    alignment and the default tactic that sized them."""
+
+    block_m: int
+    sm_count: int
+    num_ctas: int
+    align: int
+    tactic: DecodeTactic
+
+
+def _validate(spec: DecodeSpec) -> None:
+    for name, val in (
+        ("num_qo_heads", spec.num_qo_heads),
+        ("num_kv_heads", spec.num_kv_heads),
+        ("head_dim", spec.head_dim),
+        ("page_size", spec.page_size),
+    ):
+        if not isinstance(val, (int, np.integer)) or val < 1:
+            raise ValueError(f"{name} must be a positive integer, got {val!r}")
+    if spec.num_qo_heads % spec.num_kv_heads:
+        raise ValueError(
+            f"num_qo_heads ({spec.num_qo_heads}) must be a multiple of num_kv_heads "
+            f"({spec.num_kv_heads})"
+        )
+    if spec.head_dim < 16 or spec.head_dim > 256:
+        raise ValueError(f"head_dim must be in 16..256, got {spec.head_dim}")
+    if spec.q_dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q_data_type must be float16 or bfloat16, got {spec.q_dtype}")
+    check_kv_dtype(spec.q_dtype, spec.kv_dtype)
+
+
+def _read_table(
+    qo_indptr: np.ndarray | None,
+    indptr: Any,
+    indices: Any,
+    last_page_len: Any,
+    spec: DecodeSpec,
+) -> _Table:
+    """The page table on the host (one device-to-host copy), validated."""
+    indptr_t = as_int_tensor("indptr", indptr)
+    indices_t = as_int_tensor("indices", indices)
+    last_t = as_int_tensor("last_page_len", last_page_len)
+    ip, lp, kv_lens = validate_page_table(indptr_t, indices_t, last_t, spec.page_size)
+    batch = ip.shape[0] - 1
+    group = spec.num_qo_heads // spec.num_kv_heads
+    if qo_indptr is None:
+        # Decode: one query per request, nothing to check (saves ~10 us of numpy calls).
+        qo_indptr = np.arange(batch + 1, dtype=np.int64)
+        total_qo, max_rows, single = batch, group, True
+    else:
+        total_qo = int(qo_indptr[-1])
+        if qo_indptr.shape[0] != batch + 1:
+            raise ValueError(
+                f"qo_indptr has {qo_indptr.shape[0]} entries but indptr has {batch + 1}"
+            )
+        qo_lens = np.diff(qo_indptr)
+        if (qo_lens < 0).any():
+            raise ValueError("qo_indptr must be non-decreasing")
+        # Causal with qo_len > kv_len: FlashInfer's bottom-right alignment, the first
+        # qo_len - kv_len queries see no key (output 0, LSE -inf; the kernel masks them).
+        max_rows = int(qo_lens.max()) * group if batch else group
+        # With a single query per request, a window only trims the KV range: no masking.
+        single = bool((qo_lens <= 1).all())
+    return _Table(qo_indptr, ip, lp, kv_lens, indices_t, batch, total_qo, max_rows, single)
+
+
 class Planner:
     """Shared plan machinery of the decode and cascade wrappers (one level each); the plans
     it makes run through `decode.launch.run_plan`."""
@@ -262,151 +375,134 @@ class Planner:
         indptr: Any,
         indices: Any,
         last_page_len: Any,
-        num_qo_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        page_size: int,
+        spec: DecodeSpec,
         *,
-        causal: bool,
-        window_left: int,
-        logits_soft_cap: float | None,
-        sm_scale: float | None,
-        q_dtype: torch.dtype,
-        kv_dtype: torch.dtype,
-        disable_split_kv: bool,
-        fixed_split_size: int | None,
+        disable_split_kv: bool = False,
+        fixed_split_size: int | None = None,
         launch: DecodeLaunch | None = None,
-        rope: tuple[float, float] | None = None,
     ) -> DevicePlan:
-        for name, val in (
-            ("num_qo_heads", num_qo_heads),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-            ("page_size", page_size),
-        ):
-            if not isinstance(val, (int, np.integer)) or val < 1:
-                raise ValueError(f"{name} must be a positive integer, got {val!r}")
-        if num_qo_heads % num_kv_heads:
-            raise ValueError(
-                f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-            )
-        if head_dim < 16 or head_dim > 256:
-            raise ValueError(f"head_dim must be in 16..256, got {head_dim}")
-        if q_dtype not in (torch.float16, torch.bfloat16):
-            raise TypeError(f"q_data_type must be float16 or bfloat16, got {q_dtype}")
-        check_kv_dtype(q_dtype, kv_dtype)
-        indptr_t = as_int_tensor("indptr", indptr)
-        indices_t = as_int_tensor("indices", indices)
-        last_t = as_int_tensor("last_page_len", last_page_len)
-        ip, lp, kv_lens = validate_page_table(indptr_t, indices_t, last_t, page_size)
-        batch = ip.shape[0] - 1
-        group = num_qo_heads // num_kv_heads
-        if qo_indptr is None:
-            # Decode: one query per request, nothing to check (saves ~10 us of numpy calls).
-            qo_indptr = np.arange(batch + 1, dtype=np.int64)
-            total_qo, max_rows, single = batch, group, True
-        else:
-            total_qo = int(qo_indptr[-1])
-            if qo_indptr.shape[0] != batch + 1:
-                raise ValueError(
-                    f"qo_indptr has {qo_indptr.shape[0]} entries but indptr has {batch + 1}"
-                )
-            qo_lens = np.diff(qo_indptr)
-            if (qo_lens < 0).any():
-                raise ValueError("qo_indptr must be non-decreasing")
-            # Causal with qo_len > kv_len: FlashInfer's bottom-right alignment, the first
-            # qo_len - kv_len queries see no key (output 0, LSE -inf; the kernel masks them).
-            max_rows = int(qo_lens.max()) * group if batch else group
-            # With a single query per request, a window only trims the KV range: no masking.
-            single = bool((qo_lens <= 1).all())
-        block_m = block_m_for(max_rows)
+        """The plan of one page table (qo_indptr: host [B+1] query offsets, None for decode's
+        one query per request), in steps: validate the spec, read the page table (one
+        device-to-host copy), choose the launch, lay out the buffers, schedule the work
+        items, upload them (one host-to-device copy)."""
+        _validate(spec)
+        table = _read_table(qo_indptr, indptr, indices, last_page_len, spec)
+        shape = self._choose_launch(table, spec, launch)
+        layout, max_work, max_partial = self._lay_out(table, spec, shape)
         kv_starts = None
-        if window_left >= 0 and single:
-            kv_starts = np.maximum(kv_lens - 1 - window_left, 0)
+        if spec.window_left >= 0 and table.single:
+            kv_starts = np.maximum(table.kv_lens - 1 - spec.window_left, 0)
+        host = plan_work(
+            table.qo_indptr,
+            table.kv_lens,
+            table.indptr,
+            shape.num_ctas,
+            group_size=spec.num_qo_heads // spec.num_kv_heads,
+            block_m=shape.block_m,
+            kv_starts=kv_starts,
+            rules=SplitRules(
+                split_kv=not disable_split_kv,
+                kv_chunk_size=fixed_split_size
+                if fixed_split_size and fixed_split_size > 0
+                else None,
+                chunk_align=shape.align,
+                min_chunk=min_chunk(table.batch, spec.num_kv_heads, shape.sm_count),
+                max_work=max_work,
+                max_partial_rows=max_partial,
+            ),
+            cost=WORK_COST,
+        )
+        if layout is None:
+            layout = _Layout(
+                shape.num_ctas,
+                max(host.num_work, 1),
+                max(table.total_qo, 1),
+                max(host.num_partial_rows, min(1, max_partial)),
+                spec.num_qo_heads,
+                spec.head_dim,
+            )
+        regions = self._upload(host, layout)
+        plan = self._device_plan(table, spec, shape, host, layout, regions, launch)
+        self.plan = plan
+        return plan
+
+    def _choose_launch(
+        self, table: _Table, spec: DecodeSpec, launch: DecodeLaunch | None
+    ) -> _LaunchShape:
+        """The tile height, the persistent grid, the chunk alignment and the default tactic,
+        from the device's limits and the kernel variant."""
+        block_m = block_m_for(table.max_rows)
         limits = platform.device_limits(self.device)
         sm_count = plan_sm_count(limits, launch)
+        batch, num_kv_heads = table.batch, spec.num_kv_heads
         # The kernel variant picks the default tactic, which sizes the grid and the chunks.
         variant = dict(
-            kv_itemsize=kv_dtype.itemsize,
-            rope=rope is not None,
+            kv_itemsize=spec.kv_dtype.itemsize,
+            rope=spec.rope is not None,
             latency=latency_regime(batch, num_kv_heads, sm_count),
-            short=rope is not None
+            short=spec.rope is not None
             and batch > 0
-            and short_requests(batch, num_kv_heads, sm_count, float(kv_lens.mean())),
+            and short_requests(batch, num_kv_heads, sm_count, float(table.kv_lens.mean())),
         )
         num_ctas, align = launch_shape(
             sm_count,
             limits.shared_memory_per_block,
-            head_dim,
-            page_size,
+            spec.head_dim,
+            spec.page_size,
             block_m,
             num_kv_heads,
             launch,
             **variant,
         )
-        tactic = (launch or DEFAULT_LAUNCH).tactic_for(head_dim, page_size, block_m, **variant)
+        tactic = (launch or DEFAULT_LAUNCH).tactic_for(
+            spec.head_dim, spec.page_size, block_m, **variant
+        )
+        return _LaunchShape(block_m, sm_count, num_ctas, align, tactic)
 
+    def _lay_out(
+        self, table: _Table, spec: DecodeSpec, shape: _LaunchShape
+    ) -> tuple[_Layout | None, int | None, int]:
+        """(layout, max_work, max_partial): in graph mode the fixed layout of every plan of
+        this wrapper (checked against the first), else no layout yet (the schedule sizes it)
+        and the partial rows the workspace holds."""
         ws_bytes = self.workspace.numel() * self.workspace.element_size()
-        if self.use_cuda_graph:
-            if self.max_batch is not None and batch != self.max_batch:
-                raise ValueError(
-                    f"CUDA-graph wrapper was built for batch_size {self.max_batch} (from the "
-                    f"indptr buffer), but plan got {batch}"
-                )
-            max_qo = self.max_qo if self.max_qo is not None else total_qo
-            if total_qo > max_qo:
-                raise ValueError(f"plan has {total_qo} query tokens; the wrapper holds {max_qo}")
-            max_tiles = batch * max(1, -(-max_rows // block_m))
-            max_work = max_work_items(num_ctas, max_tiles)
-            capacity = partial_capacity(ws_bytes, max_qo, num_qo_heads, head_dim)
-            if capacity < 0:
-                raise _workspace_too_small(ws_bytes, _align256(max_qo * num_qo_heads * 4))
-            # Partial rows: as many as the largest plan could use, or as the workspace holds
-            # (plan_work then splits no further than that, for every plan of this wrapper).
-            max_partial = min(max_work * max(1, max_qo // max(batch, 1)), capacity)
-            layout = _Layout(num_ctas, max_work, max_qo, max_partial, num_qo_heads, head_dim)
-            if self._graph_layout is not None and self._graph_layout != layout:
-                raise ValueError(
-                    "CUDA-graph wrapper re-planned with different heads/head_dim/batch: the "
-                    "captured graph's buffers would move; build a new wrapper"
-                )
-            self._graph_layout = layout
-            max_partial = layout.max_partial
-        else:
-            max_work = None
+        batch, total_qo = table.batch, table.total_qo
+        num_qo_heads, head_dim = spec.num_qo_heads, spec.head_dim
+        if not self.use_cuda_graph:
             max_partial = partial_capacity(ws_bytes, max(total_qo, 1), num_qo_heads, head_dim)
             if max_partial < 0:
                 raise _workspace_too_small(ws_bytes, _align256(total_qo * num_qo_heads * 4))
-
-        host = plan_work(
-            qo_indptr,
-            kv_lens,
-            ip,
-            num_ctas,
-            group_size=group,
-            block_m=block_m,
-            kv_starts=kv_starts,
-            split_kv=not disable_split_kv,
-            kv_chunk_size=fixed_split_size if fixed_split_size and fixed_split_size > 0 else None,
-            chunk_align=align,
-            min_chunk=min_chunk(batch, num_kv_heads, sm_count),
-            max_work=max_work,
-            max_partial_rows=max_partial,
-            cost=WORK_COST,
-        )
-        if not self.use_cuda_graph:
-            layout = _Layout(
-                num_ctas,
-                max(host.num_work, 1),
-                max(total_qo, 1),
-                max(host.num_partial_rows, min(1, max_partial)),
-                num_qo_heads,
-                head_dim,
+            return None, None, max_partial
+        if self.max_batch is not None and batch != self.max_batch:
+            raise ValueError(
+                f"CUDA-graph wrapper was built for batch_size {self.max_batch} (from the "
+                f"indptr buffer), but plan got {batch}"
             )
-        regions = {**_carve_cached(self.workspace, layout), **self._int_regions(layout)}
+        max_qo = self.max_qo if self.max_qo is not None else total_qo
+        if total_qo > max_qo:
+            raise ValueError(f"plan has {total_qo} query tokens; the wrapper holds {max_qo}")
+        max_tiles = batch * max(1, -(-table.max_rows // shape.block_m))
+        max_work = max_work_items(shape.num_ctas, max_tiles)
+        capacity = partial_capacity(ws_bytes, max_qo, num_qo_heads, head_dim)
+        if capacity < 0:
+            raise _workspace_too_small(ws_bytes, _align256(max_qo * num_qo_heads * 4))
+        # Partial rows: as many as the largest plan could use, or as the workspace holds
+        # (plan_work then splits no further than that, for every plan of this wrapper).
+        max_partial = min(max_work * max(1, max_qo // max(batch, 1)), capacity)
+        layout = _Layout(shape.num_ctas, max_work, max_qo, max_partial, num_qo_heads, head_dim)
+        if self._graph_layout is not None and self._graph_layout != layout:
+            raise ValueError(
+                "CUDA-graph wrapper re-planned with different heads/head_dim/batch: the "
+                "captured graph's buffers would move; build a new wrapper"
+            )
+        self._graph_layout = layout
+        return layout, max_work, layout.max_partial
 
-        # One host-to-device copy of all integer plan arrays: packed in a reused pinned
-        # buffer on a GPU (async copy), written in place when the workspace is on the CPU.
+    def _upload(self, host: WorkPlan, layout: _Layout) -> dict[str, torch.Tensor]:
+        """The buffers' regions for `layout`, with the integer plan arrays written to them in
+        one host-to-device copy: packed in a reused pinned buffer on a GPU (async copy),
+        written in place when the workspace is on the CPU."""
+        regions = {**_carve_cached(self.workspace, layout), **self._int_regions(layout)}
         cuda = self.device.type == "cuda"
         staging = host_staging(self.device) if cuda else None
         ints = staging.host_buffer(layout.ints) if staging else regions["ints"].numpy()
@@ -418,8 +514,11 @@ class Planner:
         ints[c + w : c + w + host.merge_info.size] = host.merge_info.reshape(-1)
         if staging:
             staging.upload(regions["ints"], layout.ints)
+        return regions
 
-        nnz = int(ip[-1])
+    def _device_indices(self, indices_t: torch.Tensor) -> torch.Tensor:
+        """The page ids as the kernel reads them: in the graph's indices buffer, or int32 on
+        the device."""
         if self.indices_buffer is not None:
             if indices_t.numel() > self.indices_buffer.numel():
                 raise ValueError(
@@ -428,33 +527,48 @@ class Planner:
                 )
             if indices_t.data_ptr() != self.indices_buffer.data_ptr():
                 self.indices_buffer[: indices_t.numel()].copy_(indices_t)
-            dev_indices = self.indices_buffer
-        elif indices_t.dtype == torch.int32 and indices_t.device == self.device:
-            dev_indices = indices_t  # what .to() returns, without its ~2 us of dispatch
-        else:
-            dev_indices = indices_t.to(device=self.device, dtype=torch.int32)
+            return self.indices_buffer
+        if indices_t.dtype == torch.int32 and indices_t.device == self.device:
+            return indices_t  # what .to() returns, without its ~2 us of dispatch
+        return indices_t.to(device=self.device, dtype=torch.int32)
+
+    def _device_plan(
+        self,
+        table: _Table,
+        spec: DecodeSpec,
+        shape: _LaunchShape,
+        host: WorkPlan,
+        layout: _Layout,
+        regions: dict[str, torch.Tensor],
+        launch: DecodeLaunch | None,
+    ) -> DevicePlan:
+        nnz = int(table.indptr[-1])
+        indices_t = table.indices
+        dev_indices = self._device_indices(indices_t)
         # Page-id bounds: a pass over every id (and a sync on a GPU), so on a GPU only under
         # DEBUG_CHECKS; on the CPU check_run computes them on first use (the interpreter
         # would read out of bounds; the CPU path's cost is the reference anyway).
         index_range = (
             _index_range(indices_t, nnz) if indices_t.is_cuda and env.DEBUG_CHECKS.get() else None
         )
-
-        plan = DevicePlan(
-            batch=batch,
+        total_qo, head_dim, rope = table.total_qo, spec.head_dim, spec.rope
+        return DevicePlan(
+            batch=table.batch,
             total_qo=total_qo,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
+            num_qo_heads=spec.num_qo_heads,
+            num_kv_heads=spec.num_kv_heads,
             head_dim=head_dim,
-            page_size=page_size,
-            group=group,
-            block_m=block_m,
-            sm_scale=float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim),
-            logits_soft_cap=logits_soft_cap if logits_soft_cap else None,
-            window_left=window_left,
-            causal=causal,
-            q_dtype=q_dtype,
-            kv_dtype=kv_dtype,
+            page_size=spec.page_size,
+            group=spec.num_qo_heads // spec.num_kv_heads,
+            block_m=shape.block_m,
+            sm_scale=float(spec.sm_scale)
+            if spec.sm_scale is not None
+            else 1.0 / math.sqrt(head_dim),
+            logits_soft_cap=spec.logits_soft_cap if spec.logits_soft_cap else None,
+            window_left=spec.window_left,
+            causal=spec.causal,
+            q_dtype=spec.q_dtype,
+            kv_dtype=spec.kv_dtype,
             host=host,
             # LPT fills CTAs in index order, so without a graph the empty tail is not launched.
             grid_ctas=layout.max_ctas
@@ -470,24 +584,22 @@ class Planner:
             nnz_pages=nnz,
             index_range=index_range,
             always_merge=self.use_cuda_graph,
-            mask_window=window_left >= 0 and not single,
-            sm_count=sm_count,
-            qo_indptr_host=qo_indptr,
-            indptr_host=ip,
-            last_host=lp,
+            mask_window=spec.window_left >= 0 and not table.single,
+            sm_count=shape.sm_count,
+            qo_indptr_host=table.qo_indptr,
+            indptr_host=table.indptr,
+            last_host=table.last,
             launch=launch,
             rope=rope,
             # Made here, not at run: a run may be captured in a CUDA graph.
             rope_tables=None
             if rope is None
             else (
-                rope_table(head_dim, rope, self.device, q_dtype),
+                rope_table(head_dim, rope, self.device, spec.q_dtype),
                 rope_table(head_dim, rope, self.device),
             ),
-            default_tactic=tactic,
+            default_tactic=shape.tactic,
         )
-        self.plan = plan
-        return plan
 
     def _int_regions(self, layout: _Layout) -> dict[str, torch.Tensor]:
         """Views of this planner's integer buffer for `layout` (grown when too small; in

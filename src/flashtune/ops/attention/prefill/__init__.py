@@ -25,7 +25,7 @@ the launch is fixed, so a captured run replays correctly after each plan.
 This package's `__init__` holds the public API, the schema'd ops behind the wrappers' run and
 their model example; the rest lives beside it: schema.py (the Definitions), kernels.py
 (Triton), config.py (tactics, launch policy and the tuning notes), plan.py (the host plan;
-graph.py, its CUDA-graph buffers; prefill/multi_item.py, the multi-item scoring mask), launch.py
+graph.py, its CUDA-graph buffers; multi_item.py, the multi-item scoring mask), launch.py
 (launching a plan through the autotuner's runner), plan_free.py (`paged_prefill` and
 `ragged_prefill`, the plan-free calls: their work is found on the device). The references
 are shared with decode (`ops/attention/reference.py`).
@@ -49,7 +49,13 @@ from flashtune.ops.attention.page import (
 from flashtune.ops.attention.prefill.graph import PrefillGraph
 from flashtune.ops.attention.prefill.launch import execute
 from flashtune.ops.attention.prefill.multi_item import MultiItemScoring
-from flashtune.ops.attention.prefill.plan import PrefillPlan, check_page_ids, make_plan
+from flashtune.ops.attention.prefill.plan import (
+    PrefillBatch,
+    PrefillPlan,
+    PrefillSpec,
+    check_page_ids,
+    make_plan,
+)
 from flashtune.ops.attention.prefill.plan_free import paged_prefill, ragged_prefill
 from flashtune.ops.attention.prefill.schema import (
     EXAMPLE_KV_LENS,
@@ -309,14 +315,15 @@ class _PrefillWrapperBase(WrapperAliases):
             raise RuntimeError(f"{type(self).__name__}.run called before plan()")
         return self._plan
 
-    def _make_plan(self, **kwargs: Any) -> None:
+    def _make_plan(self, batch: PrefillBatch, spec: PrefillSpec) -> None:
         """make_plan with this wrapper's kind, device, workspace and graph buffers."""
         self._plan_args = dict(
             paged=self._paged,
             device=self.device,
             workspace=self._workspace,
             graph=self._graph,
-            **kwargs,
+            batch=batch,
+            spec=spec,
         )
         self._plan = make_plan(**self._plan_args)
 
@@ -342,8 +349,9 @@ class _PrefillWrapperBase(WrapperAliases):
             rope_scale=rope_scale,
             rope_theta=rope_theta,
         )
-        if any(self._plan_args[k] != v for k, v in wanted.items()):
-            self._plan_args.update(wanted)
+        spec = self._plan_args["spec"]
+        if any(getattr(spec, k) != v for k, v in wanted.items()):
+            self._plan_args["spec"] = dataclasses.replace(spec, **wanted)
             self._plan = make_plan(**self._plan_args)
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, *args: Any) -> None:
@@ -421,18 +429,23 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         ):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        self._make_plan(
+        batch = PrefillBatch(
             qo_indptr=qo_indptr,
             kv_indptr=paged_kv_indptr,
             kv_indices=paged_kv_indices,
             kv_last_page_len=paged_kv_last_page_len,
+            custom_mask=custom_mask,
+            packed_custom_mask=packed_custom_mask,
+            multi_item=MultiItemScoring.from_plan_args(
+                prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
+            ),
+        )
+        spec = PrefillSpec(
             num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads,
             head_dim_qk=head_dim_qk,
             head_dim_vo=head_dim_vo,
             page_size=page_size,
-            custom_mask=custom_mask,
-            packed_custom_mask=packed_custom_mask,
             causal=causal,
             pos_encoding_mode=pos_encoding_mode,
             sm_scale=sm_scale,
@@ -442,10 +455,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             kv_data_type=kv_data_type,
             rope_scale=rope_scale,
             rope_theta=rope_theta,
-            multi_item=MultiItemScoring.from_plan_args(
-                prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
-            ),
         )
+        self._make_plan(batch, spec)
 
     begin_forward = plan
 
@@ -573,18 +584,21 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         max_item_len_ptr: torch.Tensor | None = None,
     ) -> None:
         """Validate the batch and build the work list (CPU, from the lengths alone)."""
-        self._make_plan(
+        batch = PrefillBatch(
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
-            kv_indices=None,
-            kv_last_page_len=None,
+            custom_mask=custom_mask,
+            packed_custom_mask=packed_custom_mask,
+            multi_item=MultiItemScoring.from_plan_args(
+                prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
+            ),
+        )
+        spec = PrefillSpec(
             num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads,
             head_dim_qk=head_dim_qk,
             head_dim_vo=head_dim_vo,
             page_size=1,
-            custom_mask=custom_mask,
-            packed_custom_mask=packed_custom_mask,
             causal=causal,
             pos_encoding_mode=pos_encoding_mode,
             sm_scale=sm_scale,
@@ -594,10 +608,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             kv_data_type=kv_data_type,
             rope_scale=rope_scale,
             rope_theta=rope_theta,
-            multi_item=MultiItemScoring.from_plan_args(
-                prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
-            ),
         )
+        self._make_plan(batch, spec)
 
     begin_forward = plan
 

@@ -9,6 +9,7 @@ into the workspace (two index_select launches) and reads them as ragged KV.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,12 +24,15 @@ from flashtune.ops.attention.reference import (
     batch_prefill_ragged_ref,
 )
 from flashtune.ops.attention.rotary import rope_arguments
+from flashtune.ops.attention.variant import AttentionVariant
 from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
 
 __all__ = [
     "execute",
     "launch",
     "launch_kernel",
+    "KernelSpec",
+    "WorkItems",
     "heads_per_program",
     "TritonPrefillRunner",
     "RUNNERS",
@@ -36,6 +40,35 @@ __all__ = [
 ]
 
 _LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One launch of prefill_kernel apart from its tensors: the tactic, what the kernel is
+    specialized on (paged or ragged KV, heads, head_dim) and the attention variant.
+    page_size: the cache's (paged), 1 or the plan-free call's INDPTR_PAGE_SIZE otherwise;
+    pack: query heads per program (heads_per_program)."""
+
+    tactic: PrefillTactic
+    paged: bool
+    page_size: int
+    group: int
+    pack: int
+    num_qo_heads: int
+    head_dim: int
+    variant: AttentionVariant
+
+
+@dataclass(frozen=True)
+class WorkItems:
+    """Where a launch's work items come from: the planned path's `work` list ([num_items,
+    8] int32), or, for the plan-free calls, `device_work`, the kernel's DEVICE_WORK
+    arguments other than QO_INDPTR (KV_INDPTR, KV_LAST_PAGE_LEN, batch, INDPTR_PAGE_SIZE,
+    BLOCK_B), with num_items an upper bound (programs past the real items do nothing)."""
+
+    num_items: int
+    work: torch.Tensor | None = None
+    device_work: dict[str, Any] | None = None
 
 
 def execute(
@@ -106,13 +139,7 @@ def launch(
     if paged and tactic.tma:
         k, v = _stage_pages(plan, k, v)
         paged = False
-    launch_kernel(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        plan.qo_indptr_d,
+    spec = KernelSpec(
         tactic=tactic,
         paged=paged,
         page_size=plan.page_size,
@@ -120,17 +147,20 @@ def launch(
         pack=pack,
         num_qo_heads=plan.num_qo_heads,
         head_dim=plan.head_dim,
-        causal=plan.causal,
-        window_left=plan.window_left,
-        sm_scale=plan.sm_scale,
-        logits_soft_cap=plan.logits_soft_cap,
-        num_items=work.shape[0],
-        work=work,
+        variant=plan.variant,
+    )
+    launch_kernel(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        plan.qo_indptr_d,
+        spec=spec,
+        items=WorkItems(num_items=work.shape[0], work=work),
         kv_indices=plan.kv_indices_d,
         mask=plan.mask_d,
         mask_indptr=plan.mask_indptr_d,
-        rope=plan.rope,
-        alibi=plan.alibi,
     )
 
 
@@ -150,37 +180,25 @@ def launch_kernel(
     lse: torch.Tensor | None,
     qo_indptr: torch.Tensor,
     *,
-    tactic: PrefillTactic,
-    paged: bool,
-    page_size: int,
-    group: int,
-    pack: int,
-    num_qo_heads: int,
-    head_dim: int,
-    causal: bool,
-    window_left: int,
-    sm_scale: float,
-    logits_soft_cap: float,
-    num_items: int,
-    work: torch.Tensor | None = None,
+    spec: KernelSpec,
+    items: WorkItems,
     kv_indices: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
-    device_work: dict[str, Any] | None = None,
-    rope: tuple[float, float] | None = None,
-    alibi: bool = False,
 ) -> None:
     """Launch prefill_kernel, one program per (work item, head group), for both paths.
 
-    k/v: paged [P, page_size, Hkv, D] views (paged) or ragged/staged [T, Hkv, D]; qo_indptr
-    [batch + 1] int32 on q's device; logits_soft_cap 0 for none; rope (rope_scale,
-    rope_theta) for ROPE_LLAMA; alibi for FlashInfer's ALiBi bias (its slopes, per query
-    head); pack from heads_per_program. The planned path gives
-    `work` (its [num_items, 8] list) and, where planned, the custom mask; the
-    plan-free path gives `device_work`, the kernel's DEVICE_WORK arguments other than
-    QO_INDPTR (KV_INDPTR, KV_LAST_PAGE_LEN, batch, INDPTR_PAGE_SIZE, BLOCK_B), and
-    num_items is then an upper bound (programs past the real items do nothing).
+    k/v: paged [P, page_size, Hkv, D] views (spec.paged) or ragged/staged [T, Hkv, D];
+    qo_indptr [batch + 1] int32 on q's device; alibi (spec.variant) is FlashInfer's ALiBi
+    bias (its slopes, per query head). The planned path gives its work list and, where
+    planned, the custom mask; the plan-free path its DEVICE_WORK arguments (WorkItems).
     """
+    tactic, paged, page_size = spec.tactic, spec.paged, spec.page_size
+    group, pack, num_qo_heads, head_dim = spec.group, spec.pack, spec.num_qo_heads, spec.head_dim
+    causal, window_left = spec.variant.causal, spec.variant.window_left
+    sm_scale, logits_soft_cap = spec.variant.sm_scale, spec.variant.logits_soft_cap
+    rope, alibi = spec.variant.rope, spec.variant.alibi
+    num_items, work, device_work = items.num_items, items.work, items.device_work
     dummy = qo_indptr  # int32 stand-in for the tensors this launch never reads
     if paged:
         stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)

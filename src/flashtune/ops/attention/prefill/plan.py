@@ -28,10 +28,13 @@ from flashtune.ops.attention.prefill.graph import LaunchSignature, PrefillGraph
 from flashtune.ops.attention.prefill.multi_item import MultiItemScoring
 from flashtune.ops.attention.rotary import rope_for
 from flashtune.ops.attention.staging import host_int64, host_staging, packed_offsets
+from flashtune.ops.attention.variant import AttentionVariant
 from flashtune.tune import DEFAULT_TACTIC, Tactic
 
 __all__ = [
     "PrefillPlan",
+    "PrefillSpec",
+    "PrefillBatch",
     "make_plan",
     "check_indptr",
     "check_page_ids",
@@ -112,6 +115,18 @@ class PrefillPlan:
     @property
     def group_size(self) -> int:
         return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def variant(self) -> AttentionVariant:
+        """The attention variant the plan fixed, as the launch takes it."""
+        return AttentionVariant(
+            sm_scale=self.sm_scale,
+            causal=self.causal,
+            window_left=self.window_left,
+            logits_soft_cap=self.logits_soft_cap,
+            rope=self.rope,
+            alibi=self.alibi,
+        )
 
     @property
     def total_q(self) -> int:
@@ -205,44 +220,132 @@ def launch_order(
     return np.argsort(key, kind="stable")
 
 
+@dataclass(frozen=True)
+class PrefillSpec:
+    """The attention a prefill plan() fixes, as FlashInfer's plan takes it (make_plan
+    validates and resolves it): heads, head dims and page size (1 for ragged KV), the mask
+    (causal, window_left), scale and soft-cap, position encoding (pos_encoding_mode,
+    rope_scale, rope_theta) and the dtypes q and the cache will have."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_vo: int | None = None
+    page_size: int = 1
+    causal: bool = False
+    pos_encoding_mode: str = "NONE"
+    sm_scale: float | None = None
+    window_left: int = -1
+    logits_soft_cap: float | None = None
+    q_data_type: str | torch.dtype | None = None
+    kv_data_type: str | torch.dtype | None = None
+    rope_scale: float | None = None
+    rope_theta: float | None = None
+
+
+@dataclass(frozen=True)
+class PrefillBatch:
+    """The batch a prefill plan() reads: its index arrays (kv_indptr counts pages for a
+    paged cache, tokens for ragged KV; kv_indices and kv_last_page_len: paged only) and its
+    mask: a flat bool custom_mask, or FlashInfer's multi-item scoring, which becomes one."""
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor | None = None
+    kv_last_page_len: torch.Tensor | None = None
+    custom_mask: torch.Tensor | None = None
+    packed_custom_mask: torch.Tensor | None = None
+    multi_item: MultiItemScoring | None = None
+
+
+@dataclass(frozen=True)
+class _Lengths:
+    """The batch's lengths on the host (int64): qo_indptr [B+1], kv_indptr [B+1] (pages or
+    tokens), KV tokens and query tokens per request [B]."""
+
+    qo: np.ndarray
+    kvp: np.ndarray
+    kv_lens: np.ndarray
+    qo_lens: np.ndarray
+
+    @property
+    def batch(self) -> int:
+        return len(self.qo) - 1
+
+
 def make_plan(
     *,
     paged: bool,
     device: torch.device,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor | None,
-    kv_last_page_len: torch.Tensor | None,
-    num_qo_heads: int,
-    num_kv_heads: int,
-    head_dim_qk: int,
-    head_dim_vo: int | None,
-    page_size: int,
-    custom_mask: torch.Tensor | None,
-    packed_custom_mask: torch.Tensor | None,
-    causal: bool,
-    pos_encoding_mode: str,
-    sm_scale: float | None,
-    window_left: int,
-    logits_soft_cap: float | None,
-    q_data_type: str | torch.dtype | None,
-    kv_data_type: str | torch.dtype | None,
+    batch: PrefillBatch,
+    spec: PrefillSpec,
     workspace: torch.Tensor | None = None,
     graph: PrefillGraph | None = None,
-    rope_scale: float | None = None,
-    rope_theta: float | None = None,
-    multi_item: MultiItemScoring | None = None,
 ) -> PrefillPlan:
     """The plan of one batch (see the module docstring); with `graph`, every array run reads
     is written into the graph's fixed buffers and the launch is the one the first plan fixed.
-    `multi_item` (FlashInfer's multi-item scoring) becomes the batch's custom mask."""
-    if packed_custom_mask is not None:
+    `batch.multi_item` (FlashInfer's multi-item scoring) becomes the batch's custom mask.
+
+    In steps: validate the spec, read the lengths (one device-to-host copy), build the plan,
+    fix the graph's launch, store the mask and the page table, upload (one host-to-device
+    copy)."""
+    if batch.packed_custom_mask is not None:
         raise NotImplementedError("packed_custom_mask is not supported; pass custom_mask (bool)")
-    alibi = pos_encoding_mode == "ALIBI"  # the prefill kernel's bias; rope_for checks the rest
-    rope = rope_for("NONE" if alibi else pos_encoding_mode, rope_scale, rope_theta)
-    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+    rope, alibi = _validate(spec)
+    lengths = _read_lengths(paged, batch, spec.page_size)
+    custom_mask = batch.custom_mask
+    if batch.multi_item is not None:
+        if custom_mask is not None:
+            raise ValueError("pass either custom_mask or prefix_len_ptr (multi-item scoring)")
+        custom_mask = batch.multi_item.custom_mask(lengths.qo_lens, lengths.kv_lens)
+    plan = PrefillPlan(
+        paged=paged,
+        qo_indptr=lengths.qo,
+        kv_lens=lengths.kv_lens,
+        kv_indptr=lengths.kvp,
+        page_size=spec.page_size if paged else 1,
+        num_qo_heads=spec.num_qo_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim_qk,
+        causal=bool(spec.causal) and custom_mask is None,
+        window_left=_window(spec.window_left),
+        logits_soft_cap=float(spec.logits_soft_cap or 0.0),
+        sm_scale=_scale(spec.sm_scale, spec.head_dim_qk),
+        q_dtype=_canon_dtype(spec.q_data_type, "q_data_type"),
+        kv_dtype=_canon_dtype(spec.kv_data_type, "kv_data_type"),
+        device=device,
+        workspace=workspace,
+        rope=rope,
+        alibi=alibi,
+    )
+    if graph is not None:
+        _fix_graph_launch(plan, graph, lengths, custom_mask is not None)
+    if custom_mask is not None:
+        _store_mask(plan, custom_mask, lengths, graph)
+    if paged:
+        _store_pages(plan, batch, graph)
+    elif graph is not None:
+        graph.store_qo_indptr(batch.qo_indptr, batch.kv_indptr)
+    _upload(plan, lengths, graph)
+    return plan
+
+
+def _window(window_left: int | None) -> int:
+    return int(window_left) if window_left is not None and window_left >= 0 else -1
+
+
+def _scale(sm_scale: float | None, head_dim: int) -> float:
+    return float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def _validate(spec: PrefillSpec) -> tuple[tuple[float, float] | None, bool]:
+    """Checks what the kernels support; returns (rope, alibi) from the position encoding."""
+    alibi = spec.pos_encoding_mode == "ALIBI"  # the prefill kernel's bias; rope_for checks the rest
+    rope = rope_for("NONE" if alibi else spec.pos_encoding_mode, spec.rope_scale, spec.rope_theta)
+    num_qo_heads, num_kv_heads, head_dim_qk = spec.num_qo_heads, spec.num_kv_heads, spec.head_dim_qk
+    if spec.head_dim_vo is not None and spec.head_dim_vo != head_dim_qk:
         raise NotImplementedError(
-            f"head_dim_vo ({head_dim_vo}) != head_dim_qk ({head_dim_qk}) is not supported"
+            f"head_dim_vo ({spec.head_dim_vo}) != head_dim_qk ({head_dim_qk}) is not supported"
         )
     if num_qo_heads <= 0 or num_kv_heads <= 0 or num_qo_heads % num_kv_heads != 0:
         raise ValueError(
@@ -251,16 +354,21 @@ def make_plan(
         )
     if head_dim_qk not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim_qk must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim_qk}")
-    if page_size <= 0:
-        raise ValueError(f"page_size must be positive, got {page_size}")
-    if logits_soft_cap is not None and logits_soft_cap < 0:
-        raise ValueError(f"logits_soft_cap must be >= 0 or None, got {logits_soft_cap}")
+    if spec.page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {spec.page_size}")
+    if spec.logits_soft_cap is not None and spec.logits_soft_cap < 0:
+        raise ValueError(f"logits_soft_cap must be >= 0 or None, got {spec.logits_soft_cap}")
+    return rope, alibi
+
+
+def _read_lengths(paged: bool, batch: PrefillBatch, page_size: int) -> _Lengths:
+    """The batch's lengths, checked, from one device-to-host transfer (one sync) of all index
+    arrays (none on the CPU)."""
     kv_name = "paged_kv_indptr" if paged else "kv_indptr"
-    host_in = [_int_vector(qo_indptr, "qo_indptr"), _int_vector(kv_indptr, kv_name)]
+    host_in = [_int_vector(batch.qo_indptr, "qo_indptr"), _int_vector(batch.kv_indptr, kv_name)]
     if paged:
-        assert kv_indices is not None and kv_last_page_len is not None
-        host_in.append(_int_vector(kv_last_page_len, "paged_kv_last_page_len"))
-    # One device-to-host transfer (one sync) for all index arrays, none on the CPU.
+        assert batch.kv_indices is not None and batch.kv_last_page_len is not None
+        host_in.append(_int_vector(batch.kv_last_page_len, "paged_kv_last_page_len"))
     host = host_int64(*host_in)
     qo, kvp = host[0], host[1]
     check_indptr(qo, "qo_indptr")
@@ -270,14 +378,16 @@ def make_plan(
             f"qo_indptr and kv_indptr must both have batch_size + 1 entries, got {len(qo)} "
             f"and {len(kvp)}"
         )
-    batch = len(qo) - 1
+    num_requests = len(qo) - 1
     kv_steps = kvp[1:] - kvp[:-1]
     if paged:
+        kv_indices = batch.kv_indices
         assert kv_indices is not None
         last = host[2]
-        if len(last) != batch:
+        if len(last) != num_requests:
             raise ValueError(
-                f"paged_kv_last_page_len must have batch_size={batch} entries, got {len(last)}"
+                f"paged_kv_last_page_len must have batch_size={num_requests} entries, got "
+                f"{len(last)}"
             )
         if kv_indices.dim() != 1 or kv_indices.shape[0] < kvp[-1]:
             raise ValueError(
@@ -295,84 +405,80 @@ def make_plan(
         kv_lens = kv_steps
     # Causal with qo_len > kv_len is FlashInfer's too: query i sees keys j <= i + kv_len -
     # qo_len, so its first qo_len - kv_len rows see none (output 0, LSE -inf).
-    qo_lens = qo[1:] - qo[:-1]
-    if multi_item is not None:
-        if custom_mask is not None:
-            raise ValueError("pass either custom_mask or prefix_len_ptr (multi-item scoring)")
-        custom_mask = multi_item.custom_mask(qo_lens, kv_lens)
-    plan = PrefillPlan(
-        paged=paged,
-        qo_indptr=qo,
-        kv_lens=kv_lens,
-        kv_indptr=kvp,
-        page_size=page_size if paged else 1,
-        num_qo_heads=num_qo_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim_qk,
-        causal=bool(causal) and custom_mask is None,
-        window_left=int(window_left) if window_left is not None and window_left >= 0 else -1,
-        logits_soft_cap=float(logits_soft_cap or 0.0),
-        sm_scale=float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim_qk),
-        q_dtype=_canon_dtype(q_data_type, "q_data_type"),
-        kv_dtype=_canon_dtype(kv_data_type, "kv_data_type"),
-        device=device,
-        workspace=workspace,
-        rope=rope,
-        alibi=alibi,
+    return _Lengths(qo=qo, kvp=kvp, kv_lens=kv_lens, qo_lens=qo[1:] - qo[:-1])
+
+
+def _fix_graph_launch(
+    plan: PrefillPlan, graph: PrefillGraph, lengths: _Lengths, custom_mask: bool
+) -> None:
+    """Graph mode: the batch must fit the fixed buffers, and the launch is the one the first
+    plan fixed (a plan that would change it raises)."""
+    qo, kvp = lengths.qo, lengths.kvp
+    graph.check_batch(lengths.batch, int(qo[-1]), int(kvp[-1]) if plan.paged else 0)
+    signature = LaunchSignature(
+        num_qo_heads=plan.num_qo_heads,
+        num_kv_heads=plan.num_kv_heads,
+        head_dim=plan.head_dim,
+        page_size=plan.page_size,
+        causal=plan.causal,
+        window_left=plan.window_left,
+        logits_soft_cap=plan.logits_soft_cap,
+        sm_scale=plan.sm_scale,
+        custom_mask=custom_mask,
+        q_dtype=plan.q_dtype,
+        kv_dtype=plan.kv_dtype,
+        rope=plan.rope,
+        alibi=plan.alibi,
     )
-    if graph is not None:
-        graph.check_batch(batch, int(qo[-1]), int(kvp[-1]) if paged else 0)
-        signature = LaunchSignature(
-            num_qo_heads=plan.num_qo_heads,
-            num_kv_heads=plan.num_kv_heads,
-            head_dim=plan.head_dim,
-            page_size=plan.page_size,
-            causal=plan.causal,
-            window_left=plan.window_left,
-            logits_soft_cap=plan.logits_soft_cap,
-            sm_scale=plan.sm_scale,
-            custom_mask=custom_mask is not None,
-            q_dtype=plan.q_dtype,
-            kv_dtype=plan.kv_dtype,
-            rope=plan.rope,
-            alibi=plan.alibi,
+    kv_max = int(lengths.kv_lens.max(initial=0))
+    tactic = graph.fix_launch(signature, int(qo[-1]), plan.group_size, plan.paged, kv_max)
+    plan.graph_tactic = plan.default_tactic = tactic
+
+
+def _store_mask(
+    plan: PrefillPlan, custom_mask: torch.Tensor, lengths: _Lengths, graph: PrefillGraph | None
+) -> None:
+    """The custom mask on the device as uint8, with its per-request offsets."""
+    qo_lens, kv_lens = lengths.qo_lens, lengths.kv_lens
+    expected = int((qo_lens * kv_lens).sum())
+    if custom_mask.dim() != 1 or custom_mask.numel() != expected:
+        raise ValueError(
+            f"custom_mask must be flat with sum(qo_len * kv_len) = {expected} elements, got "
+            f"shape {tuple(custom_mask.shape)}"
         )
-        kv_max = int(kv_lens.max(initial=0))
-        tactic = graph.fix_launch(signature, int(qo[-1]), plan.group_size, paged, kv_max)
-        plan.graph_tactic = plan.default_tactic = tactic
-    if custom_mask is not None:
-        expected = int((qo_lens * kv_lens).sum())
-        if custom_mask.dim() != 1 or custom_mask.numel() != expected:
-            raise ValueError(
-                f"custom_mask must be flat with sum(qo_len * kv_len) = {expected} elements, got "
-                f"shape {tuple(custom_mask.shape)}"
-            )
-        if custom_mask.dtype != torch.bool:
-            raise TypeError(f"custom_mask must be torch.bool, got {custom_mask.dtype}")
-        offs = np.zeros(batch + 1, np.int64)
-        np.cumsum(qo_lens * kv_lens, out=offs[1:])
-        plan.mask_d = custom_mask.to(device).view(torch.uint8).contiguous()
-        plan.mask_indptr_d = torch.from_numpy(offs).to(device)
-        if graph is not None:
-            plan.mask_d, plan.mask_indptr_d = graph.store_mask(plan.mask_d, plan.mask_indptr_d)
-    if paged:
-        assert kv_indices is not None and kv_last_page_len is not None
-        if graph is not None:
-            graph.store_qo_indptr(qo_indptr, None)
-            nnz = int(kvp[-1])
-            plan.kv_indices_d = graph.store_indices(kv_indices[:nnz], kv_indptr, kv_last_page_len)
-            plan.kv_last_page_len_d = graph.kv_last_page_len_buf
-        else:
-            plan.kv_indices_d = kv_indices.to(device=device, dtype=torch.int32)
-            plan.kv_last_page_len_d = kv_last_page_len.to(device=device, dtype=torch.int32)
-        if kv_indices.device.type != "cpu" and env.DEBUG_CHECKS.get():
-            # On a GPU the page-id bounds cost a pass and a sync: only as a debug check (on
-            # the CPU, run checks them on first use).
-            check_page_ids(plan, kv_indices)
-    elif graph is not None:
-        graph.store_qo_indptr(qo_indptr, kv_indptr)
-    # The index arrays run reads, and the work list of the default tactic (run would build
-    # it on first use), in one host-to-device copy.
+    if custom_mask.dtype != torch.bool:
+        raise TypeError(f"custom_mask must be torch.bool, got {custom_mask.dtype}")
+    offs = np.zeros(lengths.batch + 1, np.int64)
+    np.cumsum(qo_lens * kv_lens, out=offs[1:])
+    plan.mask_d = custom_mask.to(plan.device).view(torch.uint8).contiguous()
+    plan.mask_indptr_d = torch.from_numpy(offs).to(plan.device)
+    if graph is not None:
+        plan.mask_d, plan.mask_indptr_d = graph.store_mask(plan.mask_d, plan.mask_indptr_d)
+
+
+def _store_pages(plan: PrefillPlan, batch: PrefillBatch, graph: PrefillGraph | None) -> None:
+    """The page table on the device (in the graph's buffers in graph mode)."""
+    kv_indices, kv_last_page_len = batch.kv_indices, batch.kv_last_page_len
+    assert kv_indices is not None and kv_last_page_len is not None
+    device = plan.device
+    if graph is not None:
+        graph.store_qo_indptr(batch.qo_indptr, None)
+        nnz = int(plan.kv_indptr[-1])
+        plan.kv_indices_d = graph.store_indices(kv_indices[:nnz], batch.kv_indptr, kv_last_page_len)
+        plan.kv_last_page_len_d = graph.kv_last_page_len_buf
+    else:
+        plan.kv_indices_d = kv_indices.to(device=device, dtype=torch.int32)
+        plan.kv_last_page_len_d = kv_last_page_len.to(device=device, dtype=torch.int32)
+    if kv_indices.device.type != "cpu" and env.DEBUG_CHECKS.get():
+        # On a GPU the page-id bounds cost a pass and a sync: only as a debug check (on
+        # the CPU, run checks them on first use).
+        check_page_ids(plan, kv_indices)
+
+
+def _upload(plan: PrefillPlan, lengths: _Lengths, graph: PrefillGraph | None) -> None:
+    """The index arrays run reads, and the work list of the default tactic (run would build
+    it on first use), in one host-to-device copy."""
+    device = plan.device
     tactic = default_tactic(plan, device)
     tpt = tactic.tokens_per_tile(plan.group_size)
     work = _work_rows(plan, tpt, tactic.block_n)
@@ -382,10 +488,9 @@ def make_plan(
         padded = np.zeros((graph.max_items, 8), dtype=np.int32)
         padded[: work.shape[0]] = work
         work, dst = padded, graph.ints
-    ints = _pack_ints(device, [qo, kvp, kv_lens, work.reshape(-1)], dst)
+    ints = _pack_ints(device, [lengths.qo, lengths.kvp, lengths.kv_lens, work.reshape(-1)], dst)
     plan.qo_indptr_d, plan.kv_indptr_d, plan.kv_lens_d, work_d = ints
     plan.works[(tpt, tactic.block_n, plan.work_order)] = work_d.view(-1, 8)
-    return plan
 
 
 def _int_vector(t: torch.Tensor | Sequence[int], name: str) -> torch.Tensor:

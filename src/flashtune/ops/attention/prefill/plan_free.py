@@ -50,7 +50,12 @@ from flashtune.ops.attention.prefill.config import (
     PrefillTactic,
     default_tactic_for,
 )
-from flashtune.ops.attention.prefill.launch import heads_per_program, launch_kernel
+from flashtune.ops.attention.prefill.launch import (
+    KernelSpec,
+    WorkItems,
+    heads_per_program,
+    launch_kernel,
+)
 from flashtune.ops.attention.prefill.plan import check_indptr
 from flashtune.ops.attention.prefill.schema import (
     EXAMPLE_KV_LENS,
@@ -61,6 +66,7 @@ from flashtune.ops.attention.prefill.schema import (
 )
 from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
 from flashtune.ops.attention.staging import host_int64
+from flashtune.ops.attention.variant import AttentionVariant
 from flashtune.schema import OpSchema
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
@@ -269,10 +275,7 @@ def _run(
     *,
     page_size: int,  # 0: ragged k/v [total_kv, H, D]; else pages [P, page_size, H, D]
     tactic: PrefillTactic,
-    causal: bool,
-    sm_scale: float | None,
-    logits_soft_cap: float | None,
-    window_left: int,
+    variant: AttentionVariant,
     out: torch.Tensor | None,
     return_lse: bool,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -281,7 +284,7 @@ def _run(
     of the kernel with DEVICE_WORK."""
     total_q, num_qo_heads, head_dim = q.shape
     batch = qo_indptr.numel() - 1
-    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    scale = variant.sm_scale
     out = _check_out(out, q)
     lse = (
         torch.empty(total_q, num_qo_heads, dtype=torch.float32, device=q.device)
@@ -292,7 +295,9 @@ def _run(
         return _finish(out, lse)
     if not platform.kernels_available(q.device) or env.FORCE_REFERENCE.get():
         opts: dict[str, Any] = dict(
-            causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap or None
+            causal=variant.causal,
+            window_left=variant.window_left,
+            logits_soft_cap=variant.logits_soft_cap or None,
         )
         if page_size:
             assert kv_indices is not None and last is not None
@@ -321,13 +326,7 @@ def _run(
         INDPTR_PAGE_SIZE=page_size,
         BLOCK_B=search_block(batch),
     )
-    launch_kernel(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        qo_indptr,
+    spec = KernelSpec(
         tactic=tactic,
         paged=paged,
         page_size=page_size,
@@ -335,15 +334,37 @@ def _run(
         pack=pack,
         num_qo_heads=num_qo_heads,
         head_dim=head_dim,
-        causal=causal,
-        window_left=window_left,
-        sm_scale=scale,
-        logits_soft_cap=float(logits_soft_cap or 0),
-        num_items=items,
+        variant=variant,
+    )
+    launch_kernel(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        qo_indptr,
+        spec=spec,
+        items=WorkItems(num_items=items, device_work=device_work),
         kv_indices=kv_indices,
-        device_work=device_work,
     )
     return _finish(out, lse)
+
+
+def _variant(
+    q: torch.Tensor,
+    causal: bool,
+    sm_scale: float | None,
+    logits_soft_cap: float | None,
+    window_left: int,
+) -> AttentionVariant:
+    """The call's variant: the default scale resolved, no soft-cap as 0."""
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return AttentionVariant(
+        sm_scale=scale,
+        causal=causal,
+        window_left=window_left,
+        logits_soft_cap=float(logits_soft_cap or 0),
+    )
 
 
 def _finish(
@@ -467,10 +488,7 @@ def paged_prefill(
         last,
         page_size=page_size,
         tactic=tactic,
-        causal=causal,
-        sm_scale=sm_scale,
-        logits_soft_cap=logits_soft_cap,
-        window_left=window,
+        variant=_variant(q, causal, sm_scale, logits_soft_cap, window),
         out=out,
         return_lse=return_lse,
     )
@@ -542,10 +560,7 @@ def ragged_prefill(
         None,
         page_size=0,
         tactic=tactic,
-        causal=causal,
-        sm_scale=sm_scale,
-        logits_soft_cap=logits_soft_cap,
-        window_left=window,
+        variant=_variant(q, causal, sm_scale, logits_soft_cap, window),
         out=out,
         return_lse=return_lse,
     )
