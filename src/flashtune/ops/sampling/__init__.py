@@ -24,23 +24,21 @@ import torch
 
 from flashtune import platform
 from flashtune.flashinfer_names import TOP_LEVEL
+from flashtune.ops.call import FLOATS
 from flashtune.ops.sampling import kernels
 from flashtune.ops.sampling.launch import (
-    _FLOATS,
-    SOFTMAX_RUNNERS,
-    SOFTMAX_TUNING,
     _check_generator,
     _check_nan,
     _check_rows,
     _order,
-    _per_row,
     _renorm,
     _sample,
     _sample_logits,
     _seed,
+    _softmax,
     launch_chain_speculative,
 )
-from flashtune.ops.sampling.reference import chain_speculative_sampling_ref, softmax_ref
+from flashtune.ops.sampling.reference import chain_speculative_sampling_ref
 from flashtune.ops.sampling.schema import (
     MIN_P_SAMPLING,
     SAMPLING_FROM_LOGITS,
@@ -58,7 +56,6 @@ from flashtune.ops.sampling.schema import (
     _by_order,
     sampling_api,
 )
-from flashtune.tune import choose_one
 
 # FlashInfer's names (flashtune.flashinfer_names), and nothing else.
 __all__ = list(TOP_LEVEL["sampling"])
@@ -77,27 +74,7 @@ def softmax(
 ) -> torch.Tensor:
     """softmax(logits / temperature) per row, in fp32. temperature: None (1.0), a float, or
     a (batch,) tensor. enable_pdl is accepted for compatibility."""
-    _check_rows("logits", logits)
-    t_arr, t_val = _per_row(
-        "temperature",
-        1.0 if temperature is None else temperature,
-        logits.shape[0],
-        logits.device,
-        False,
-    )
-    if not platform.kernels_available(logits.device):
-        t = (
-            t_arr
-            if t_arr is not None
-            else torch.full((logits.shape[0],), t_val, device=logits.device)
-        )
-        return softmax_ref(logits, t)
-    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    if logits.shape[0] == 0:
-        return out
-    inputs = [logits, out, t_arr, t_val]
-    runner, tactic = choose_one("flashtune::softmax", SOFTMAX_RUNNERS, SOFTMAX_TUNING, inputs)
-    return runner.forward(inputs, tactic)
+    return _softmax(logits, temperature)
 
 
 @sampling_api(schema=SAMPLING_FROM_PROBS)
@@ -247,7 +224,7 @@ def chain_speculative_sampling(
     -1; accepted [batch]; emitted [batch]); the two counts are added into the given tensors.
     Not schema'd: no Definition describes it yet (its counts accumulate in place)."""
     for name, x in (("draft_probs", draft_probs), ("target_probs", target_probs)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.dtype not in _FLOATS:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.dtype not in FLOATS:
             raise ValueError(
                 f"{name} must be a 3-D float tensor [batch, tokens, vocab], got {x!r:.80}"
             )

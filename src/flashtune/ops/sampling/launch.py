@@ -11,18 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
 
 from flashtune import env, platform
+from flashtune.ops.call import FLOATS, KernelOp, check_tensor, field_index, inputs_of, named
 from flashtune.ops.sampling import kernels, split_kernels
 from flashtune.ops.sampling.config import PIVOTS, SamplingTactic, chunk_count, default_tactic
 from flashtune.ops.sampling.reference import (
     min_p_sampling_from_probs_ref,
     sampling_from_logits_ref,
     sampling_from_probs_ref,
+    softmax_ref,
     top_k_mask_logits_ref,
     top_k_renorm_probs_ref,
     top_k_sampling_from_probs_ref,
@@ -37,11 +39,13 @@ from flashtune.tune import (
     Tactic,
     TunableRunner,
     TuningConfig,
-    choose_one,
 )
 
 __all__ = [
     "SamplingArgs",
+    "SamplingInputs",
+    "RenormInputs",
+    "SoftmaxInputs",
     "SamplingRunner",
     "RenormRunner",
     "SoftmaxRunner",
@@ -75,21 +79,32 @@ def _tactic(tactic: Tactic, vocab: int, batch: int, split: bool = False) -> Samp
     return cfg
 
 
+class SamplingInputs(NamedTuple):
+    """SamplingRunner's inputs; the tuner keys on the fields before `generator`."""
+
+    probs: torch.Tensor  # [rows, vocab], last dimension contiguous
+    out: torch.Tensor  # [batch] int32 samples
+    indices: torch.Tensor | None  # [batch]: the row of probs each output draws from
+    seed: torch.Tensor  # [1] int64, drawn on the device from the generator
+    top_k: torch.Tensor | None  # [batch] per-row top_k (else args.top_k)
+    top_p: torch.Tensor | None  # [batch] per-row top_p / min_p (else args.top_p)
+    args: SamplingArgs
+    generator: torch.Generator | None = None  # the references' draws (no kernel: CPU)
+
+
 class SamplingRunner(TunableRunner):
     """The rejection-sampling kernel, one program a row or a row over several (split
-    tactics, small batches). inputs: [probs, out, indices | None, seed, top_k (batch,) |
-    None, top_p (batch,) | None, SamplingArgs]."""
+    tactics, small batches). inputs: SamplingInputs."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         return list(SamplingTactic.space(inputs[0].shape[1], inputs[1].shape[0], split=True))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        probs, out, indices, seed, k_arr, p_arr, args = inputs
-        batch, vocab = out.shape[0], probs.shape[1]
-        launch_sampling(
-            probs, out, indices, seed, k_arr, p_arr, args, _tactic(tactic, vocab, batch, True)
-        )
-        return out
+        a = named(SamplingInputs, inputs)
+        batch, vocab = a.out.shape[0], a.probs.shape[1]
+        cfg = _tactic(tactic, vocab, batch, True)
+        launch_sampling(a.probs, a.out, a.indices, a.seed, a.top_k, a.top_p, a.args, cfg)
+        return a.out
 
 
 def launch_sampling(
@@ -192,7 +207,7 @@ def _sampling_launch_args(
 def _sampling_tuning_inputs(inputs: Sequence[Any], profile: Any) -> list[Any]:
     """Valid random inputs at the profile's shapes: softmax rows, a fixed seed (so every
     tactic draws the same uniforms) and typical parameters."""
-    probs, out, indices, _, k_arr, p_arr, args = inputs
+    probs, out, indices, _, k_arr, p_arr, args, *_ = inputs
     (rows, vocab), (batch,) = profile[0], profile[1]
     dev = probs.device
     new_probs = torch.softmax(torch.randn(rows, vocab, device=dev) * 3, dim=-1).to(probs.dtype)
@@ -208,20 +223,32 @@ def _sampling_tuning_inputs(inputs: Sequence[Any], profile: Any) -> list[Any]:
 
 SAMPLING_RUNNERS: tuple[TunableRunner, ...] = (SamplingRunner(),)
 SAMPLING_TUNING = TuningConfig(
-    dynamic_dims=tuple(DynamicDim(i, 0) for i in (0, 1, 2, 4, 5)),
+    dynamic_dims=tuple(
+        DynamicDim(field_index(SamplingInputs, name), 0)
+        for name in ("probs", "out", "indices", "top_k", "top_p")
+    ),
     make_inputs=_sampling_tuning_inputs,
 )
 
 
+class RenormInputs(NamedTuple):
+    """RenormRunner's inputs."""
+
+    x: torch.Tensor  # [batch, vocab] probs (renorm) or logits (mask)
+    out: torch.Tensor  # like x: float32 (renorm) or x's dtype (mask)
+    top_k: torch.Tensor | None  # [batch] per-row top_k (else args.top_k)
+    top_p: torch.Tensor | None  # [batch] per-row top_p (else args.top_p)
+    args: SamplingArgs  # mode: a renorm_kernel mode
+
+
 class RenormRunner(TunableRunner):
-    """The exact-threshold renorm / mask kernel. inputs: [x, out, top_k | None,
-    top_p | None, SamplingArgs] (mode: a renorm_kernel mode)."""
+    """The exact-threshold renorm / mask kernel. inputs: RenormInputs."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         return list(SamplingTactic.space(inputs[0].shape[1], inputs[0].shape[0]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        x, out, k_arr, p_arr, args = inputs
+        x, out, k_arr, p_arr, args = named(RenormInputs, inputs)
         batch, vocab = x.shape
         cfg = _tactic(tactic, vocab, batch)
         rows = min(cfg.rows, triton.next_power_of_2(batch))
@@ -264,19 +291,30 @@ def _renorm_tuning_inputs(inputs: Sequence[Any], profile: Any) -> list[Any]:
 
 RENORM_RUNNERS: tuple[TunableRunner, ...] = (RenormRunner(),)
 RENORM_TUNING = TuningConfig(
-    dynamic_dims=tuple(DynamicDim(i, 0) for i in (0, 1, 2, 3)),
+    dynamic_dims=tuple(
+        DynamicDim(field_index(RenormInputs, name), 0) for name in ("x", "out", "top_k", "top_p")
+    ),
     make_inputs=_renorm_tuning_inputs,
 )
 
 
+class SoftmaxInputs(NamedTuple):
+    """SoftmaxRunner's inputs."""
+
+    logits: torch.Tensor  # [batch, vocab]
+    out: torch.Tensor  # [batch, vocab] float32
+    temperature: torch.Tensor | None  # [batch] per-row temperature (else temperature_value)
+    temperature_value: float
+
+
 class SoftmaxRunner(TunableRunner):
-    """The online-softmax kernel. inputs: [logits, out, temperature | None, float]."""
+    """The online-softmax kernel. inputs: SoftmaxInputs."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         return list(SamplingTactic.space(inputs[0].shape[1], inputs[0].shape[0]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        logits, out, t_arr, t_val = inputs
+        logits, out, t_arr, t_val = named(SoftmaxInputs, inputs)
         batch, vocab = logits.shape
         cfg = _tactic(tactic, vocab, batch)
         rows = min(cfg.rows, triton.next_power_of_2(batch))
@@ -298,7 +336,11 @@ class SoftmaxRunner(TunableRunner):
 
 
 SOFTMAX_RUNNERS: tuple[TunableRunner, ...] = (SoftmaxRunner(),)
-SOFTMAX_TUNING = TuningConfig(dynamic_dims=(DynamicDim(0, 0), DynamicDim(1, 0), DynamicDim(2, 0)))
+SOFTMAX_TUNING = TuningConfig(
+    dynamic_dims=tuple(
+        DynamicDim(field_index(SoftmaxInputs, name), 0) for name in ("logits", "out", "temperature")
+    )
+)
 
 
 def launch_logits_sampling(
@@ -360,29 +402,20 @@ def launch_chain_speculative(
 # The public functions' host side (__init__.py): validation, dispatch, the CPU path
 # ----------------------------------------------------------------------------------------------
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-
 
 def _check_rows(name: str, x: Any) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor(name, x)
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D [batch, vocab], got shape {tuple(x.shape)}")
-    if x.dtype not in _FLOATS:
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+    check_tensor(name, x, FLOATS, contiguous=True)
     if x.shape[1] == 0:
         raise ValueError(f"{name} must have at least one column, got shape {tuple(x.shape)}")
-    if x.shape[1] > 1 and x.stride(1) != 1:
-        raise ValueError(
-            f"{name} must be contiguous in its last dimension, got strides {x.stride()}"
-        )
 
 
 def _check_indices(indices: Any, device: torch.device) -> None:
     if indices is None:
         return
-    if not isinstance(indices, torch.Tensor):
-        raise TypeError(f"indices must be a torch.Tensor or None, got {type(indices).__name__}")
+    check_tensor("indices", indices)
     if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"indices must be a 1-D int32/int64 tensor, got {indices.dtype} of shape {tuple(indices.shape)}"
@@ -463,13 +496,9 @@ def _sample(
     if batch == 0:
         return out
     seed = _seed(generator, probs.device)
-    if not platform.kernels_available(probs.device):
-        return _sample_without_kernels(probs, mode, indices, generator, k_arr, k_val, p_arr, p_val)
-    inputs = [probs, out, indices, seed, k_arr, p_arr, SamplingArgs(mode, k_val, p_val)]
-    runner, tactic = choose_one(
-        f"flashtune::sampling_{mode}", SAMPLING_RUNNERS, SAMPLING_TUNING, inputs
-    )
-    return runner.forward(inputs, tactic)
+    args = SamplingArgs(mode, k_val, p_val)
+    inputs = (probs, out, indices, seed, k_arr, p_arr, args, generator)
+    return _SAMPLING(inputs_of(SamplingInputs, inputs), f"flashtune::sampling_{mode}")
 
 
 _REFERENCES: dict[int, Callable[..., torch.Tensor]] = {
@@ -486,22 +515,33 @@ _REFERENCES: dict[int, Callable[..., torch.Tensor]] = {
 }
 
 
-def _sample_without_kernels(
-    probs: torch.Tensor,
-    mode: int,
-    indices: torch.Tensor | None,
-    generator: torch.Generator | None,
-    k_arr: torch.Tensor | None,
-    k_val: int,
-    p_arr: torch.Tensor | None,
-    p_val: float,
-) -> torch.Tensor:
+def _sample_reference(a: SamplingInputs) -> torch.Tensor:
     """The sort-based references, where no Triton kernel can run."""
-    rows = probs if indices is None else probs[indices.long()]
+    rows = a.probs if a.indices is None else a.probs[a.indices.long()]
     batch = rows.shape[0]
-    k = k_arr if k_arr is not None else torch.full((batch,), k_val, device=rows.device)
-    p = p_arr if p_arr is not None else torch.full((batch,), p_val, device=rows.device)
-    return _REFERENCES[mode](rows, k, p, generator).to(torch.int32)
+    k = a.top_k if a.top_k is not None else torch.full((batch,), a.args.top_k, device=rows.device)
+    p = a.top_p if a.top_p is not None else torch.full((batch,), a.args.top_p, device=rows.device)
+    return _REFERENCES[a.args.mode](rows, k, p, a.generator).to(torch.int32)
+
+
+_SAMPLING = KernelOp(
+    "flashtune::sampling", SAMPLING_RUNNERS, SAMPLING_TUNING, _sample_reference, tuned=7
+)
+
+
+def _renorm_reference(a: RenormInputs) -> torch.Tensor:
+    """The references, where no Triton kernel can run (their result, not out)."""
+    batch = a.x.shape[0]
+    k = a.top_k if a.top_k is not None else torch.full((batch,), a.args.top_k, device=a.x.device)
+    p = a.top_p if a.top_p is not None else torch.full((batch,), a.args.top_p, device=a.x.device)
+    if a.args.mode == kernels.RENORM_TOP_P:
+        return top_p_renorm_probs_ref(a.x, p)
+    if a.args.mode == kernels.RENORM_TOP_K:
+        return top_k_renorm_probs_ref(a.x, k)
+    return top_k_mask_logits_ref(a.x, k)
+
+
+_RENORM = KernelOp("flashtune::renorm", RENORM_RUNNERS, RENORM_TUNING, _renorm_reference)
 
 
 def _renorm(
@@ -516,20 +556,35 @@ def _renorm(
         _per_row("top_p", top_p, batch, x.device, False) if top_p is not None else (None, 0.0)
     )
     dtype = x.dtype if mode == kernels.MASK_TOP_K else torch.float32
-    if not platform.kernels_available(x.device):
-        k = k_arr if k_arr is not None else torch.full((batch,), k_val, device=x.device)
-        p = p_arr if p_arr is not None else torch.full((batch,), p_val, device=x.device)
-        if mode == kernels.RENORM_TOP_P:
-            return top_p_renorm_probs_ref(x, p)
-        if mode == kernels.RENORM_TOP_K:
-            return top_k_renorm_probs_ref(x, k)
-        return top_k_mask_logits_ref(x, k)
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    if batch == 0:
+    inputs = inputs_of(RenormInputs, (x, out, k_arr, p_arr, SamplingArgs(mode, k_val, p_val)))
+    if batch == 0 and _RENORM.kernels_available(x.device):
         return out
-    inputs = [x, out, k_arr, p_arr, SamplingArgs(mode, k_val, p_val)]
-    runner, tactic = choose_one(f"flashtune::renorm_{mode}", RENORM_RUNNERS, RENORM_TUNING, inputs)
-    return runner.forward(inputs, tactic)
+    return _RENORM(inputs, f"flashtune::renorm_{mode}")
+
+
+def _softmax_reference(a: SoftmaxInputs) -> torch.Tensor:
+    """The reference, where no Triton kernel can run (its result, not out)."""
+    batch = a.logits.shape[0]
+    t = a.temperature
+    return softmax_ref(
+        a.logits,
+        t if t is not None else torch.full((batch,), a.temperature_value, device=a.logits.device),
+    )
+
+
+_SOFTMAX = KernelOp("flashtune::softmax", SOFTMAX_RUNNERS, SOFTMAX_TUNING, _softmax_reference)
+
+
+def _softmax(logits: torch.Tensor, temperature: Any) -> torch.Tensor:
+    _check_rows("logits", logits)
+    batch = logits.shape[0]
+    t_val = 1.0 if temperature is None else temperature
+    t_arr, t_val = _per_row("temperature", t_val, batch, logits.device, False)
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    if batch == 0 and _SOFTMAX.kernels_available(logits.device):
+        return out
+    return _SOFTMAX(inputs_of(SoftmaxInputs, (logits, out, t_arr, t_val)))
 
 
 def _sample_logits(
