@@ -21,6 +21,7 @@ from flashtune.ops.attention.reference import (
     batch_prefill_paged_ref,
     batch_prefill_ragged_ref,
 )
+from flashtune.ops.attention.variant import AttentionVariant
 
 
 def test_slopes_are_the_alibi_papers():
@@ -40,9 +41,14 @@ def test_reference_is_the_written_out_formula(soft_cap):
     k = torch.randn(kv_len, HKV, D, dtype=torch.float64)
     v = torch.randn(kv_len, HKV, D, dtype=torch.float64)
     out, lse = batch_prefill_ragged_ref(
-        q, k, v, offsets([qo_len]), offsets([kv_len]), sm, causal=True,
-        logits_soft_cap=soft_cap or None, compute_dtype=torch.float64, alibi=True,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        offsets([qo_len]),
+        offsets([kv_len]),
+        AttentionVariant(sm_scale=sm, causal=True, logits_soft_cap=soft_cap or None, alibi=True),
+        compute_dtype=torch.float64,
+    )
     slopes = alibi_slopes(HQ).double()
     for h in range(HQ):
         for i in range(qo_len):
@@ -71,9 +77,16 @@ def test_ragged_alibi(device, causal, soft_cap):
     )  # fmt: skip
     out, lse = w.run(q, k, v, return_lse=True)
     ref = batch_prefill_ragged_ref(
-        q, k, v, offsets(qo_lens), offsets(kv_lens), 1 / math.sqrt(D), causal=causal,
-        logits_soft_cap=soft_cap or None, compute_dtype=torch.float64, alibi=True,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        offsets(qo_lens),
+        offsets(kv_lens),
+        AttentionVariant(
+            sm_scale=1 / math.sqrt(D), causal=causal, logits_soft_cap=soft_cap or None, alibi=True
+        ),
+        compute_dtype=torch.float64,
+    )
     compare(out, lse, *ref)
     # The bias changes the result (a kernel ignoring it would not pass).
     plain = single_prefill_with_kv_cache(q[3:], k[30:], v[30:], causal=causal)
@@ -101,10 +114,17 @@ def test_paged_alibi_with_a_custom_mask(device):
     )  # fmt: skip
     out, lse = w.run(q, (k_cache, v_cache), return_lse=True)
     ref = batch_prefill_paged_ref(
-        q, k_cache, v_cache, offsets(qo_lens), kv_indptr, kv_indices,
-        last, 1 / math.sqrt(D), custom_mask=mask,
-        compute_dtype=torch.float64, alibi=True,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        offsets(qo_lens),
+        kv_indptr,
+        kv_indices,
+        last,
+        AttentionVariant(sm_scale=1 / math.sqrt(D), alibi=True),
+        custom_mask=mask,
+        compute_dtype=torch.float64,
+    )
     compare(out, lse, *ref)
 
 

@@ -24,6 +24,7 @@ from flashtune.ops.attention.sparse.reference import (
     variable_block_sparse_attention_ref,
 )
 from flashtune.ops.attention.sparse.schema import block_sparse_attention_ref as definition_ref
+from flashtune.ops.attention.variant import AttentionVariant
 
 # (atol, rtol) of the output against the float32 reference; LSE likewise.
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2), torch.float32: (1e-3, 1e-3)}
@@ -161,9 +162,15 @@ def test_variants_follow_flashinfer_semantics(device, causal, rope, soft_cap, sm
     )
     out, lse = wrapper.run(q, k, v, return_lse=True)
     ref_out, ref_lse = block_sparse_attention_ref(
-        q, k, v, indptr, indices, R, C, causal=causal, sm_scale=sm_scale,
-        logits_soft_cap=soft_cap, rope=rope,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        indptr,
+        indices,
+        R,
+        C,
+        AttentionVariant(sm_scale=sm_scale, causal=causal, logits_soft_cap=soft_cap, rope=rope),
+    )
     _compare(out, lse, ref_out, ref_lse, torch.float16)
 
 
@@ -188,7 +195,7 @@ def test_references_agree_without_order_dependent_options():
     dense = bsr_dense_mask(indptr, indices, M, N, R, C, mask)
     a, lse_a = dense_masked_attention_ref(q, k, v, dense, compute_dtype=torch.float64)
     b, lse_b = block_sparse_attention_ref(
-        q, k, v, indptr, indices, R, C, mask, compute_dtype=torch.float64
+        q, k, v, indptr, indices, R, C, mask=mask, compute_dtype=torch.float64
     )
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(lse_a, lse_b)
@@ -317,7 +324,7 @@ def test_deprecated_forward_plans_its_variant_again(device):
     wrapper.plan(indptr, indices, M, N, R, C, hq, hk, d)
     out = wrapper.forward(q, k, v, logits_soft_cap=5.0, sm_scale=0.3)
     ref, _ = block_sparse_attention_ref(
-        q, k, v, indptr, indices, R, C, sm_scale=0.3, logits_soft_cap=5.0
+        q, k, v, indptr, indices, R, C, AttentionVariant(sm_scale=0.3, logits_soft_cap=5.0)
     )
     _compare(out, None, ref, None, torch.float16)
 
@@ -332,7 +339,7 @@ def test_definition_reference_matches_the_gathered_reference():
         q, k.view(-1, C, hk, d), v.view(-1, C, hk, d), indptr, indices, 0.2, 10.0
     )
     ref_out, ref_lse = block_sparse_attention_ref(
-        q, k, v, indptr, indices, R, C, sm_scale=0.2, logits_soft_cap=10.0
+        q, k, v, indptr, indices, R, C, AttentionVariant(sm_scale=0.2, logits_soft_cap=10.0)
     )
     _compare(out, lse, ref_out, ref_lse, torch.float32)
 

@@ -8,6 +8,7 @@ import torch
 
 from flashtune.ops.attention import MultiLevelCascadeAttentionWrapper, paged_attention_ref
 from flashtune.ops.attention.page import split_kv_cache
+from flashtune.ops.attention.variant import AttentionVariant
 
 I32 = torch.int32
 
@@ -60,7 +61,7 @@ def _run_case(levels, qo_lens, hq, hk, d, ps, layout, causal, device, num_pages)
         _t(full_ip, device),
         _t(sum(full_pages, []), device),
         _t(full_last, device),
-        causal=causal,
+        AttentionVariant(causal=causal),
     )
     torch.testing.assert_close(out, ref, atol=3e-3, rtol=3e-3)
 

@@ -15,6 +15,7 @@ from flashtune.ops.attention.decode import (
 from flashtune.ops.attention.page import build_page_table, split_kv_cache
 from flashtune.ops.attention.prefill import BatchPrefillWithPagedKVCacheWrapper
 from flashtune.ops.attention.reference import batch_decode_ref, batch_prefill_paged_ref
+from flashtune.ops.attention.variant import AttentionVariant
 
 HKV, GROUP, D = 2, 4, 64
 HQ = HKV * GROUP
@@ -98,8 +99,7 @@ def test_prefill_fp8(device, kv_dtype, causal):
         indptr,
         indices,
         last,
-        0.25 / math.sqrt(D),
-        causal=causal,
+        AttentionVariant(sm_scale=0.25 / math.sqrt(D), causal=causal),
         compute_dtype=torch.float64,
     )
     _check(out, lse, ref_out.double() * 1.5, ref_lse, torch.float16)
@@ -162,7 +162,14 @@ def test_fp8_gpu_sizes(kv_dtype, page_size):
     )
     out, lse = p.run(qp, cache, k_scale=0.7, v_scale=1.3, return_lse=True)
     ref_out, ref_lse = batch_prefill_paged_ref(
-        qp, k, v, qo_indptr, indptr, indices, last, 0.7 / math.sqrt(d), causal=True
+        qp,
+        k,
+        v,
+        qo_indptr,
+        indptr,
+        indices,
+        last,
+        AttentionVariant(sm_scale=0.7 / math.sqrt(d), causal=True),
     )
     _check(out, lse, ref_out.float() * 1.3, ref_lse, torch.bfloat16)
 

@@ -19,6 +19,7 @@ from flashtune.ops.attention.reference import (
     batch_prefill_ragged_ref,
     single_prefill_ref,
 )
+from flashtune.ops.attention.variant import AttentionVariant
 
 HKV, GROUP, D, PAGE = 2, 2, 64, 4
 HQ = HKV * GROUP
@@ -133,10 +134,9 @@ def test_paged_wrapper(device):
         kv_indptr,
         kv_indices,
         last,
-        D**-0.5,
+        AttentionVariant(sm_scale=D**-0.5, rope=(1.0, 1e4)),
         custom_mask=_expected_mask(),
         compute_dtype=torch.float64,
-        rope=(1.0, 1e4),
     )
     torch.testing.assert_close(out.cpu().float(), ref_out.float(), atol=2e-3, rtol=2e-3)
     finite = ~ref_lse.isinf()
@@ -157,8 +157,7 @@ def test_ragged_wrapper(device):
         v.cpu(),
         _indptr(qo_lens),
         _indptr(kv_lens),
-        D**-0.5,
-        logits_soft_cap=30.0,
+        AttentionVariant(sm_scale=D**-0.5, logits_soft_cap=30.0),
         custom_mask=_expected_mask(),
         compute_dtype=torch.float64,
     )

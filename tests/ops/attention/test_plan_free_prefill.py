@@ -17,6 +17,7 @@ from flashtune.ops.attention.prefill.config import PrefillTactic
 from flashtune.ops.attention.prefill.kernels import device_item
 from flashtune.ops.attention.prefill.plan_free import paged_prefill, ragged_prefill
 from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
+from flashtune.ops.attention.variant import AttentionVariant
 
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 LSE_TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -92,10 +93,12 @@ def _check_paged(
         kv_indptr,
         indices,
         last,
-        scale,
-        causal=kw.get("causal", False),
-        window_left=kw.get("window_left", -1),
-        logits_soft_cap=kw.get("logits_soft_cap"),
+        AttentionVariant(
+            sm_scale=scale,
+            causal=kw.get("causal", False),
+            window_left=kw.get("window_left", -1),
+            logits_soft_cap=kw.get("logits_soft_cap"),
+        ),
         compute_dtype=torch.float64 if device.type == "cpu" else torch.float32,
     )
     _compare(out, lse, *ref, dtype)
@@ -118,10 +121,12 @@ def _check_ragged(qo_lens, kv_lens, hq, hk, d, device, *, dtype=torch.float16, *
         v,
         qo_indptr,
         kv_indptr,
-        scale,
-        causal=kw.get("causal", False),
-        window_left=kw.get("window_left", -1),
-        logits_soft_cap=kw.get("logits_soft_cap"),
+        AttentionVariant(
+            sm_scale=scale,
+            causal=kw.get("causal", False),
+            window_left=kw.get("window_left", -1),
+            logits_soft_cap=kw.get("logits_soft_cap"),
+        ),
         compute_dtype=torch.float64 if device.type == "cpu" else torch.float32,
     )
     _compare(out, lse, *ref, dtype)
@@ -258,7 +263,9 @@ def test_out_buffer_padding_and_no_lse(device):
     res = ragged_prefill(pad, k, v, qo_indptr, kv_indptr, causal=True, out=out)
     assert res is out
     assert bool((out[14:] == 7.0).all())
-    ref = batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, 1 / 8, causal=True)
+    ref = batch_prefill_ragged_ref(
+        q, k, v, qo_indptr, kv_indptr, AttentionVariant(sm_scale=1 / 8, causal=True)
+    )
     torch.testing.assert_close(out[:14], ref[0], atol=2e-3, rtol=2e-3)
 
 
@@ -449,10 +456,22 @@ def test_cuda_graph_replays_with_new_lengths(kind):
         if kind == "paged":
             kk, vv = split_kv_cache(cache, "NHD")
             ref = batch_prefill_paged_ref(
-                q, kk, vv, qo_indptr, kv_indptr, indices, last, 1 / math.sqrt(d), causal=True
+                q,
+                kk,
+                vv,
+                qo_indptr,
+                kv_indptr,
+                indices,
+                last,
+                AttentionVariant(sm_scale=1 / math.sqrt(d), causal=True),
             )
         else:
             ref = batch_prefill_ragged_ref(
-                q, k, v, qo_indptr, kv_indptr, 1 / math.sqrt(d), causal=True
+                q,
+                k,
+                v,
+                qo_indptr,
+                kv_indptr,
+                AttentionVariant(sm_scale=1 / math.sqrt(d), causal=True),
             )
         _compare(out, lse, *ref, torch.bfloat16, rows=sum(qo))

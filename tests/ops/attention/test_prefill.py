@@ -22,6 +22,7 @@ from flashtune.ops.attention.reference import (
     batch_prefill_ragged_ref,
     single_prefill_ref,
 )
+from flashtune.ops.attention.variant import AttentionVariant
 
 # (dtype, atol, rtol) of the output against the float64 reference; LSE is compared in fp32.
 TOL = {
@@ -123,10 +124,9 @@ def _run_paged(
         kv_indptr,
         indices,
         last,
-        scale,
-        causal=causal,
-        window_left=window_left,
-        logits_soft_cap=soft_cap,
+        AttentionVariant(
+            sm_scale=scale, causal=causal, window_left=window_left, logits_soft_cap=soft_cap
+        ),
         custom_mask=mask,
         compute_dtype=torch.float64,
     )
@@ -214,9 +214,7 @@ def test_ragged(device, layout, variant):
         v.cpu(),
         qo_indptr,
         kv_indptr,
-        1 / math.sqrt(d),
-        causal=causal,
-        window_left=window,
+        AttentionVariant(sm_scale=1 / math.sqrt(d), causal=causal, window_left=window),
         custom_mask=None if mask is None else mask.cpu(),
         compute_dtype=torch.float64,
     )
@@ -307,8 +305,7 @@ def test_tma_tactic(device):
         v.cpu(),
         qo_indptr,
         kv_indptr,
-        1 / math.sqrt(d),
-        causal=True,
+        AttentionVariant(sm_scale=1 / math.sqrt(d), causal=True),
         compute_dtype=torch.float64,
     )
     small = device.type != "cuda"  # the interpreter wants small tiles
@@ -346,8 +343,7 @@ def test_tma_tactic_paged_staging(device, layout, ws_bytes):
         kv_indptr,
         indices,
         last,
-        1 / 8,
-        causal=True,
+        AttentionVariant(sm_scale=1 / 8, causal=True),
         compute_dtype=torch.float64,
     )
     small = device.type != "cuda"

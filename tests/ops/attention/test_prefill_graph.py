@@ -20,6 +20,7 @@ from flashtune.ops.attention.prefill import (
 )
 from flashtune.ops.attention.prefill import launch as prefill_launch
 from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
+from flashtune.ops.attention.variant import AttentionVariant
 
 HKV, GROUP, D, PAGE = 2, 3, 64, 5
 HQ = HKV * GROUP
@@ -121,8 +122,7 @@ def test_paged_replay_after_replan(device, monkeypatch, causal, custom):
         indptr,
         indices,
         last,
-        1 / math.sqrt(D),
-        causal=causal,
+        AttentionVariant(sm_scale=1 / math.sqrt(D), causal=causal),
         custom_mask=mask,
         compute_dtype=torch.float64,
     )
@@ -168,8 +168,7 @@ def test_ragged_replay_after_replan(device, monkeypatch):
         v,
         _indptr(real_qo),
         _indptr(real_kv),
-        1 / math.sqrt(D),
-        causal=True,
+        AttentionVariant(sm_scale=1 / math.sqrt(D), causal=True),
         compute_dtype=torch.float64,
     )
     torch.testing.assert_close(
@@ -259,7 +258,14 @@ def test_paged_cuda_graph_capture_replay(causal):
     torch.cuda.synchronize()
     k, v = split_kv_cache(cache, "NHD")
     ref_o, ref_lse = batch_prefill_paged_ref(
-        q, k, v, qo_indptr, kv_indptr, indices, last, d**-0.5, causal=causal
+        q,
+        k,
+        v,
+        qo_indptr,
+        kv_indptr,
+        indices,
+        last,
+        AttentionVariant(sm_scale=d**-0.5, causal=causal),
     )
     torch.testing.assert_close(o, ref_o, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=2e-3)

@@ -26,6 +26,7 @@ from flashtune.ops.attention.reference import (
     batch_prefill_ragged_ref,
     single_prefill_ref,
 )
+from flashtune.ops.attention.variant import AttentionVariant
 
 
 def test_reference_rotation_is_the_complex_rotation():
@@ -73,10 +74,8 @@ def test_paged_rope(device, causal, page_size):
         indptr,
         indices,
         last,
-        1 / math.sqrt(D),
-        causal=causal,
+        AttentionVariant(sm_scale=1 / math.sqrt(D), causal=causal, rope=(1.5, 500.0)),
         compute_dtype=torch.float64,
-        rope=(1.5, 500.0),
     )
     compare(out, lse, *ref)
 
@@ -95,10 +94,8 @@ def test_ragged_and_single_rope(device):
         v,
         offsets(qo_lens),
         offsets(kv_lens),
-        1 / math.sqrt(D),
-        causal=True,
+        AttentionVariant(sm_scale=1 / math.sqrt(D), causal=True, rope=(1.0, 1e4)),
         compute_dtype=torch.float64,
-        rope=(1.0, 1e4),
     )
     compare(out, lse, *ref)
     # The rotation changes the result (the test would not see a kernel ignoring it).
@@ -216,7 +213,14 @@ def test_rope_gpu_sizes():
     p.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal=True, **rope)
     out = p.run(qp, cache)
     ref = batch_prefill_paged_ref(
-        qp, k, v, qo_indptr, indptr, indices, last, d**-0.5, causal=True, rope=(1.0, 5e5)
+        qp,
+        k,
+        v,
+        qo_indptr,
+        indptr,
+        indices,
+        last,
+        AttentionVariant(sm_scale=d**-0.5, causal=True, rope=(1.0, 5e5)),
     )
     torch.testing.assert_close(out.float(), ref[0].float(), atol=2e-2, rtol=2e-2)
 

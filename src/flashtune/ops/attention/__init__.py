@@ -11,8 +11,9 @@ that find their work on the device (no plan, no host sync: CUDA-graph capturable
 Shared by the jobs, as modules of this package: the paged KV cache helpers (page.py), merging
 of attention states (merge.py), the references (reference.py), the CPU scheduler of the
 planned decode and of MLA (scheduler.py), RoPE inside the kernels (rotary.py), fp8 tiles in
-q's dtype (tile_dtype.py), host <-> device staging of plans (staging.py) and FlashInfer's
-convenience aliases of the wrappers (aliases.py).
+q's dtype (tile_dtype.py), host <-> device staging of plans (staging.py), FlashInfer's
+convenience aliases of the wrappers (aliases.py) and the attention variant a plan fixes
+(variant.py: scale, causal, window, soft-cap, RoPE, ALiBi), which the references take too.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from flashtune.ops.attention.reference import (
     paged_attention_ref,
     single_decode_ref,
 )
+from flashtune.ops.attention.variant import AttentionVariant
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
@@ -77,4 +79,5 @@ __all__ = [
     "paged_attention_ref",
     "merge_state_ref",
     "merge_states_ref",
+    "AttentionVariant",
 ]

@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from flashtune.ops.attention.variant import AttentionVariant
+
 __all__ = [
     "paged_kv_lens",
     "gather_paged_kv",
@@ -104,21 +106,22 @@ def paged_attention_ref(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     kv_last_page_len: torch.Tensor,
-    causal: bool = False,
-    sm_scale: float | None = None,
-    window_left: int = -1,
-    logits_soft_cap: float | None = None,
+    variant: AttentionVariant = AttentionVariant(),
     compute_dtype: torch.dtype = torch.float64,
-    rope: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch attention over a paged KV cache: (out like q, lse2 [total_qo, H_qo] float32).
 
     q: [total_qo, H_qo, D], rows of request b are qo_indptr[b]:qo_indptr[b+1].
     k_cache, v_cache: [num_pages, page_size, H_kv, D] (NHD view).
-    rope: (rope_scale, rope_theta) of ROPE_LLAMA (see apply_llama_rope_ref), or None.
+    variant: causal, window, soft-cap, scale (None: 1/sqrt(D)) and RoPE's (rope_scale,
+    rope_theta) of ROPE_LLAMA (see apply_llama_rope_ref); no ALiBi.
     """
+    if variant.alibi:
+        raise NotImplementedError("paged_attention_ref has no ALiBi: use batch_prefill_paged_ref")
+    causal, window_left, rope = variant.causal, variant.window_left, variant.rope
+    logits_soft_cap = variant.logits_soft_cap
     head_dim = q.shape[-1]
-    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    sm_scale = 1.0 / math.sqrt(head_dim) if variant.sm_scale is None else float(variant.sm_scale)
     out = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=compute_dtype, device=q.device)
     for b in range(len(kv_indptr) - 1):
@@ -222,11 +225,13 @@ def batch_decode_ref(
             kv_indptr,
             kv_indices,
             kv_last_page_len,
-            sm_scale=sm_scale,
-            window_left=window_left,
-            logits_soft_cap=logits_soft_cap,
+            AttentionVariant(
+                sm_scale=sm_scale,
+                window_left=window_left,
+                logits_soft_cap=logits_soft_cap,
+                rope=rope,
+            ),
             compute_dtype=compute_dtype,
-            rope=rope,
         )
     return gqa_paged_decode_ref(
         q,
@@ -321,20 +326,16 @@ def batch_prefill_ragged_ref(
     v: torch.Tensor,
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
-    sm_scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    logits_soft_cap: float | None = None,
+    variant: AttentionVariant,
     custom_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
-    rope: tuple[float, float] | None = None,
-    alibi: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch prefill over ragged KV: q [total_q, Hq, D], k/v [total_kv, Hkv, D].
 
-    rope: (rope_scale, rope_theta) to apply ROPE_LLAMA to q and k first (keys at their
-    position in the request, queries at the last qo_len positions), as FlashInfer does.
-    alibi: FlashInfer's ALiBi, logit + slope[head] * (key position - query index in the
+    variant: causal, window, soft-cap, scale (None: 1/sqrt(D)), and the position encoding:
+    rope (rope_scale, rope_theta) applies ROPE_LLAMA to q and k first (keys at their
+    position in the request, queries at the last qo_len positions), as FlashInfer does;
+    alibi is FlashInfer's ALiBi, logit + slope[head] * (key position - query index in the
     request); under a soft-cap FlashInfer multiplies that sum by sm_scale once more before
     cap * tanh(x / cap), and so does this reference.
 
@@ -342,7 +343,14 @@ def batch_prefill_ragged_ref(
     Rows that see no key give output 0 and lse -inf. `custom_mask` is FlashInfer's flattened
     boolean mask (request after request, [qo_len, kv_len] row-major); it replaces `causal`.
     """
+    causal, window_left, logits_soft_cap = (
+        variant.causal,
+        variant.window_left,
+        variant.logits_soft_cap,
+    )
+    rope, alibi = variant.rope, variant.alibi
     total_q, num_qo_heads, head_dim = q.shape
+    sm_scale = 1.0 / math.sqrt(head_dim) if variant.sm_scale is None else float(variant.sm_scale)
     num_kv_heads = k.shape[1]
     group = num_qo_heads // num_kv_heads
     out = torch.zeros(total_q, num_qo_heads, v.shape[-1], dtype=q.dtype, device=q.device)
@@ -446,32 +454,15 @@ def batch_prefill_paged_ref(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     kv_last_page_len: torch.Tensor,
-    sm_scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    logits_soft_cap: float | None = None,
+    variant: AttentionVariant,
     custom_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
-    rope: tuple[float, float] | None = None,
-    alibi: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch prefill over a paged KV cache given as NHD pages [P, page_size, Hkv, D]
     (pass split_kv_cache(...) views for HND). Same outputs as batch_prefill_ragged_ref."""
     k, v, tok_ptr = _gather_pages(k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len)
     return batch_prefill_ragged_ref(
-        q,
-        k,
-        v,
-        qo_indptr,
-        tok_ptr,
-        sm_scale,
-        causal,
-        window_left,
-        logits_soft_cap,
-        custom_mask,
-        compute_dtype,
-        rope,
-        alibi,
+        q, k, v, qo_indptr, tok_ptr, variant, custom_mask, compute_dtype
     )
 
 
@@ -491,17 +482,11 @@ def single_prefill_ref(
     qo_indptr = torch.tensor([0, q.shape[0]], dtype=torch.int32)
     kv_indptr = torch.tensor([0, k.shape[0]], dtype=torch.int32)
     mask = None if custom_mask is None else custom_mask.reshape(-1)
-    return batch_prefill_ragged_ref(
-        q,
-        k,
-        v,
-        qo_indptr,
-        kv_indptr,
-        sm_scale,
-        causal,
-        window_left,
-        logits_soft_cap,
-        mask,
-        compute_dtype,
-        rope,
+    variant = AttentionVariant(
+        sm_scale=sm_scale,
+        causal=causal,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        rope=rope,
     )
+    return batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, variant, mask, compute_dtype)

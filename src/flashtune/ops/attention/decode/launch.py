@@ -18,6 +18,7 @@ from flashtune.ops.attention.decode.plan import DevicePlan
 from flashtune.ops.attention.merge import merge_partials
 from flashtune.ops.attention.reference import paged_attention_ref
 from flashtune.ops.attention.rotary import rope_arguments
+from flashtune.ops.attention.variant import AttentionVariant
 from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
 
 __all__ = ["run_plan", "launch_kernels", "tuning_name", "PagedAttentionRunner", "RUNNERS", "TUNING"]
@@ -73,11 +74,13 @@ def _reference(
         torch.as_tensor(plan.indptr_host, device=dev),
         plan.kv_indices.to(dev),
         torch.as_tensor(plan.last_host, device=dev),
-        causal=plan.causal,
-        sm_scale=plan.sm_scale * logit_scale,
-        window_left=plan.window_left,
-        logits_soft_cap=plan.logits_soft_cap,
-        rope=plan.rope,
+        AttentionVariant(
+            sm_scale=plan.sm_scale * logit_scale,
+            causal=plan.causal,
+            window_left=plan.window_left,
+            logits_soft_cap=plan.logits_soft_cap,
+            rope=plan.rope,
+        ),
     )
 
 

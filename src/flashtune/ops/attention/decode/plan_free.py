@@ -58,6 +58,7 @@ from flashtune.ops.attention.page import (
     validate_page_table,
 )
 from flashtune.ops.attention.reference import paged_attention_ref
+from flashtune.ops.attention.variant import AttentionVariant
 from flashtune.schema import REGISTRY, ApiOp
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
@@ -421,10 +422,12 @@ def paged_decode(
             indptr,
             indices,
             last,
-            causal=False,
-            sm_scale=scale,
-            window_left=window_left,
-            logits_soft_cap=logits_soft_cap,
+            AttentionVariant(
+                sm_scale=scale,
+                causal=False,
+                window_left=window_left,
+                logits_soft_cap=logits_soft_cap,
+            ),
         )
         out.copy_(o_ref)
         lse.copy_(l_ref)

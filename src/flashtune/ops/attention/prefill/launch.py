@@ -8,6 +8,7 @@ into the workspace (two index_select launches) and reads them as ragged KV.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,15 +92,7 @@ def execute(
         return
     assert plan.qo_indptr_d is not None and plan.kv_indptr_d is not None  # set by make_plan
     mask = plan.mask_d.view(torch.bool) if plan.mask_d is not None else None
-    common: dict[str, Any] = dict(
-        sm_scale=plan.sm_scale,
-        causal=plan.causal,
-        window_left=plan.window_left,
-        logits_soft_cap=plan.logits_soft_cap or None,
-        custom_mask=mask,
-        rope=plan.rope,
-        alibi=plan.alibi,
-    )
+    variant = dataclasses.replace(plan.variant, logits_soft_cap=plan.logits_soft_cap or None)
     if plan.paged:
         assert plan.kv_indices_d is not None and plan.kv_last_page_len_d is not None
         o, s = batch_prefill_paged_ref(
@@ -110,10 +103,13 @@ def execute(
             plan.kv_indptr_d,
             plan.kv_indices_d,
             plan.kv_last_page_len_d,
-            **common,
+            variant,
+            custom_mask=mask,
         )
     else:
-        o, s = batch_prefill_ragged_ref(q, k, v, plan.qo_indptr_d, plan.kv_indptr_d, **common)
+        o, s = batch_prefill_ragged_ref(
+            q, k, v, plan.qo_indptr_d, plan.kv_indptr_d, variant, custom_mask=mask
+        )
     out.copy_(o)
     if lse is not None:
         lse.copy_(s)
@@ -196,7 +192,8 @@ def launch_kernel(
     tactic, paged, page_size = spec.tactic, spec.paged, spec.page_size
     group, pack, num_qo_heads, head_dim = spec.group, spec.pack, spec.num_qo_heads, spec.head_dim
     causal, window_left = spec.variant.causal, spec.variant.window_left
-    sm_scale, logits_soft_cap = spec.variant.sm_scale, spec.variant.logits_soft_cap
+    sm_scale, logits_soft_cap = spec.variant.sm_scale, spec.variant.logits_soft_cap or 0.0
+    assert sm_scale is not None  # resolved by the plan / the plan-free call
     rope, alibi = spec.variant.rope, spec.variant.alibi
     num_items, work, device_work = items.num_items, items.work, items.device_work
     dummy = qo_indptr  # int32 stand-in for the tensors this launch never reads

@@ -284,7 +284,6 @@ def _run(
     of the kernel with DEVICE_WORK."""
     total_q, num_qo_heads, head_dim = q.shape
     batch = qo_indptr.numel() - 1
-    scale = variant.sm_scale
     out = _check_out(out, q)
     lse = (
         torch.empty(total_q, num_qo_heads, dtype=torch.float32, device=q.device)
@@ -294,18 +293,14 @@ def _run(
     if total_q == 0 or batch == 0:
         return _finish(out, lse)
     if not platform.kernels_available(q.device) or env.FORCE_REFERENCE.get():
-        opts: dict[str, Any] = dict(
-            causal=variant.causal,
-            window_left=variant.window_left,
-            logits_soft_cap=variant.logits_soft_cap or None,
-        )
+        ref_variant = dataclasses.replace(variant, logits_soft_cap=variant.logits_soft_cap or None)
         if page_size:
             assert kv_indices is not None and last is not None
             o, s = batch_prefill_paged_ref(
-                q, k, v, qo_indptr, kv_indptr, kv_indices, last, scale, **opts
+                q, k, v, qo_indptr, kv_indptr, kv_indices, last, ref_variant
             )
         else:
-            o, s = batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, scale, **opts)
+            o, s = batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, ref_variant)
         out.copy_(o)
         if lse is not None:
             lse.copy_(s)

@@ -22,6 +22,7 @@ import math
 import torch
 
 from flashtune.ops.attention.reference import single_prefill_ref
+from flashtune.ops.attention.variant import AttentionVariant
 
 __all__ = [
     "bsr_block_rows",
@@ -108,19 +109,20 @@ def block_sparse_attention_ref(
     indices: torch.Tensor,
     R: int,
     C: int,
+    variant: AttentionVariant = AttentionVariant(),
     mask: torch.Tensor | None = None,
-    causal: bool = False,
-    sm_scale: float | None = None,
-    logits_soft_cap: float | None = None,
-    rope: tuple[float, float] | None = None,
     compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashInfer's block-sparse attention, one block row at a time (the gathered form, see
-    the module docstring): q [M, Hq, D], k/v [N, Hkv, D] NHD, mask [nnz, R, C] bool or None.
+    the module docstring): q [M, Hq, D], k/v [N, Hkv, D] NHD, mask [nnz, R, C] bool or None;
+    variant: causal, scale (None: 1/sqrt(D)), soft-cap and RoPE (no window, no ALiBi).
 
     A block mask, when given, replaces `causal` (as FlashInfer's custom mask does). Returns
     (out like q, lse [M, Hq] float32, base 2)."""
+    if variant.window_left >= 0 or variant.alibi:
+        raise NotImplementedError("block-sparse attention has no window and no ALiBi")
     M = q.shape[0]
+    sm_scale = variant.sm_scale
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float32, device=q.device)
@@ -141,11 +143,11 @@ def block_sparse_attention_ref(
             k[keys],
             v[keys],
             scale,
-            causal=causal,
-            logits_soft_cap=logits_soft_cap,
+            causal=variant.causal,
+            logits_soft_cap=variant.logits_soft_cap,
             custom_mask=None if row_mask is None else row_mask.to(q.device),
             compute_dtype=compute_dtype,
-            rope=rope,
+            rope=variant.rope,
         )
     return out, lse
 
