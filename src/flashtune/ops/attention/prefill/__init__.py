@@ -43,11 +43,18 @@ from flashtune.ops.attention.aliases import WrapperAliases
 from flashtune.ops.attention.page import (
     KV_LAYOUTS,
     build_page_table,
-    check_kv_dtype,
     split_kv_cache,
 )
 from flashtune.ops.attention.prefill.graph import PrefillGraph
-from flashtune.ops.attention.prefill.launch import execute
+from flashtune.ops.attention.prefill.launch import (
+    _check_kv,
+    _check_q,
+    _check_tensor,
+    _check_window,
+    _prepare_out,
+    _run_scales,
+    execute,
+)
 from flashtune.ops.attention.prefill.multi_item import MultiItemScoring
 from flashtune.ops.attention.prefill.plan import (
     PrefillBatch,
@@ -131,100 +138,6 @@ def gqa_ragged_prefill(
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
-
-
-def _check_tensor(t: Any, name: str, dim: int, device: torch.device | None = None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != dim:
-        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of q)")
-
-
-def _check_q(q: torch.Tensor, plan: PrefillPlan) -> None:
-    _check_tensor(q, "q", 3)
-    expected = (plan.total_q, plan.num_qo_heads, plan.head_dim)
-    # Graph mode: q keeps the captured size; rows past qo_indptr[-1] are padding.
-    padded = plan.graph_tactic is not None and q.shape[0] >= plan.total_q
-    if tuple(q.shape) != expected and not (padded and tuple(q.shape[1:]) == expected[1:]):
-        raise ValueError(
-            f"q must have shape [qo_indptr[-1], num_qo_heads, head_dim] = {list(expected)} as "
-            f"planned, got {list(q.shape)}"
-        )
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
-    if plan.q_dtype is not None and q.dtype != plan.q_dtype:
-        raise TypeError(f"q has dtype {q.dtype}, planned q_data_type is {plan.q_dtype}")
-    if q.device != plan.device and not (q.device.type == plan.device.type == "cuda"):
-        raise ValueError(
-            f"q is on device {q.device}, the wrapper's workspace is on device {plan.device}"
-        )
-    if q.stride(-1) != 1:
-        raise ValueError("q must be contiguous in its last dimension")
-
-
-def _check_kv(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, plan: PrefillPlan) -> None:
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, expected {q.device} (the device of q)")
-        check_kv_dtype(q.dtype, t.dtype)
-        if plan.kv_dtype is not None and t.dtype != plan.kv_dtype:
-            raise TypeError(f"{name} has dtype {t.dtype}, planned kv_data_type {plan.kv_dtype}")
-        if t.shape[-2] != plan.num_kv_heads or t.shape[-1] != plan.head_dim:
-            raise ValueError(
-                f"{name} must have num_kv_heads={plan.num_kv_heads}, head_dim={plan.head_dim} "
-                f"as planned, got shape {list(t.shape)}"
-            )
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension")
-
-
-def _check_window(window_left: int | None, plan: PrefillPlan) -> None:
-    if window_left is not None and max(window_left, -1) != plan.window_left:
-        raise ValueError(
-            f"run(window_left={window_left}) differs from plan(window_left={plan.window_left}); "
-            "the plan's work list depends on it, so pass it to plan()"
-        )
-
-
-def _prepare_out(
-    q: torch.Tensor,
-    plan: PrefillPlan,
-    out: torch.Tensor | None,
-    lse: torch.Tensor | None,
-    return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
-            raise ValueError(
-                f"out must be {list(q.shape)} {q.dtype} on {q.device}, got "
-                f"{list(out.shape)} {out.dtype} on {out.device}"
-            )
-    if return_lse:
-        shape = (q.shape[0], plan.num_qo_heads)
-        if lse is None:
-            lse = torch.empty(shape, dtype=torch.float32, device=q.device)
-        elif tuple(lse.shape) != shape or lse.dtype != torch.float32 or lse.device != q.device:
-            raise ValueError(
-                f"lse must be {list(shape)} float32 on {q.device}, got {list(lse.shape)} "
-                f"{lse.dtype} on {lse.device}"
-            )
-    else:
-        lse = None
-    return out, lse
-
-
-def _run_scales(
-    q_scale: float | None, k_scale: float | None, v_scale: float | None
-) -> tuple[float, float]:
-    """FlashInfer's run scales as (logit scale, output scale): q_scale and k_scale multiply
-    sm_scale, v_scale the output (fp8 KV caches store K and V divided by them)."""
-    q_s = 1.0 if q_scale is None else float(q_scale)
-    k_s = 1.0 if k_scale is None else float(k_scale)
-    return q_s * k_s, 1.0 if v_scale is None else float(v_scale)
 
 
 def _run(
