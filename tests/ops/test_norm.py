@@ -165,6 +165,12 @@ def test_bad_inputs_are_rejected_with_clear_errors():
         fused_add_rmsnorm(x, torch.randn(4, 16, device="meta"), w)
     with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
         rmsnorm(x, [1.0] * 16)
+    # The kernel reads weight with stride 1: a strided one would be read wrong, not copied.
+    with pytest.raises(ValueError, match="weight must be contiguous in its last dimension"):
+        rmsnorm(x, torch.randn(32)[::2])
+    # Merged leading dimensions are not enough: out has input's shape exactly.
+    with pytest.raises(ValueError, match=r"out must have input's shape \(4, 16\)"):
+        rmsnorm(x, w, out=torch.empty(2, 2, 16))
 
 
 # ------------------------------------------------------------------------------ torch.compile

@@ -88,9 +88,9 @@ class GatedActivationRunner(TunableRunner):
         return list(ActivationTactic.space(inputs[1].shape[-1]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        a = named(ActivationInputs, inputs)
-        _launch(a.x, a.out, a.act, tactic, a.pdl)
-        return a.out
+        x, out, act, pdl = named(ActivationInputs, inputs)
+        _launch(x, out, act, tactic, pdl)
+        return out
 
 
 _RUNNERS: tuple[TunableRunner, ...] = (GatedActivationRunner(),)

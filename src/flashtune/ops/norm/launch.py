@@ -130,9 +130,9 @@ class RMSNormRunner(TunableRunner):
         return list(RMSNormTactic.space(inputs[0].shape[-1]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        a = named(RMSNormInputs, inputs)
-        _launch(a.x, a.weight, a.out, a.residual, a.eps, a.weight_offset, tactic, a.pdl)
-        return a.out
+        x, weight, out, residual, eps, weight_offset, pdl = named(RMSNormInputs, inputs)
+        _launch(x, weight, out, residual, eps, weight_offset, tactic, pdl)
+        return out
 
 
 _RUNNERS: tuple[TunableRunner, ...] = (RMSNormRunner(),)

@@ -154,9 +154,9 @@ class RopeRunner(TunableRunner):
         return list(RopeTactic.space(max(q.shape[1], k.shape[1]), q.shape[2]))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        a = named(RopeInputs, inputs)
-        _launch_rope(a.q, a.k, a.q_out, a.k_out, a.pos, a.cos_sin_cache, a.args, tactic)
-        return a.q_out, a.k_out
+        q, k, q_out, k_out, pos, cos_sin_cache, args = named(RopeInputs, inputs)
+        _launch_rope(q, k, q_out, k_out, pos, cos_sin_cache, args, tactic)
+        return q_out, k_out
 
 
 _RUNNERS: tuple[TunableRunner, ...] = (RopeRunner(),)
