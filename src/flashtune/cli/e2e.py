@@ -4,6 +4,7 @@ loop on it.
     flashtune e2e --layers 4 --quick                  # decode grid + prefill, four backends
     flashtune e2e --loop --dataset /tmp/e2e-loop      # capture, benchmark, apply, run again
     flashtune e2e --config tiny --device cpu --backends torch,flashtune   # the CPU check
+    flashtune e2e --config deepseek-v3-tp8 --layers 4 --quick   # the DeepSeek-V3 MLA decoder
 
 The benchmark is flashtune.models.bench; the loop's model side flashtune.models.loop. The
 loop's orchestration lives here, in the layer that drives capture, the benchmark runner and
@@ -27,8 +28,7 @@ from flashtune.cli.options import command_of
 if TYPE_CHECKING:  # the models import torch: `flashtune --help` should not wait for it
     from flashtune.bench.runner import RunResult
     from flashtune.data import Definition, Solution
-    from flashtune.models.bench import E2EOptions, RowSink
-    from flashtune.models.llama import Llama
+    from flashtune.models.bench import Decoder, E2EOptions, RowSink
     from flashtune.models.loop import LoopReport
 
 __all__ = [
@@ -68,7 +68,13 @@ class E2ECommandOptions:
     """The options of `flashtune e2e`, one field each (cli/options.py)."""
 
     config: Annotated[
-        str, typer.Option("--config", help="llama-3.1-8b, qwen3-8b or tiny (the CPU check)")
+        str,
+        typer.Option(
+            "--config",
+            help="the model, which names its architecture: Llama (llama-3.1-8b, qwen3-8b, tiny) "
+            "or DeepSeek-V3 MLA (deepseek-v3-tp8, deepseek-v3, kimi-k2-tp8, deepseek-tiny); "
+            "tiny and deepseek-tiny are the CPU checks",
+        ),
     ] = "llama-3.1-8b"
     layers: Annotated[int, typer.Option("--layers", help="keep this many layers (0: all)")] = 0
     quick: Annotated[bool, typer.Option("--quick", help="the small grid")] = False
@@ -280,7 +286,7 @@ def own_path_winners(dataset: Path, chosen: dict[str, str | None]) -> list[str]:
 
 
 def run_loop(
-    model: Llama,
+    model: Decoder,
     dataset: Path,
     devices: Sequence[str],
     *,

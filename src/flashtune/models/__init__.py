@@ -1,10 +1,22 @@
 """Models built from flashtune's ops: a compact Llama-architecture decoder with a paged KV
-cache (llama.py), its ops per backend (backends.py: torch, flashtune, flashinfer), its paged
-attention per backend (attention.py) and its page table (paging.py)."""
+cache (llama.py), a DeepSeek-V3-shaped MLA decoder over a paged latent cache (deepseek.py,
+its attention per backend in latent.py), their ops per backend (backends.py: torch,
+flashtune, flashinfer), the paged attention per backend (attention.py) and the page table
+(paging.py)."""
 
 from __future__ import annotations
 
 from flashtune.models.backends import BACKENDS, make_ops
+from flashtune.models.deepseek import (
+    DEEPSEEK_CONFIGS,
+    DEEPSEEK_TINY,
+    DEEPSEEK_V3,
+    DEEPSEEK_V3_TP8,
+    DeepseekV3,
+    DeepseekV3Config,
+    DeepseekV3Weights,
+)
+from flashtune.models.latent import PagedLatentCache
 from flashtune.models.llama import (
     CONFIGS,
     LLAMA_3_1_8B,
@@ -20,6 +32,13 @@ from flashtune.models.paging import PagedKVCache, PageTable, StepBatch
 __all__ = [
     "BACKENDS",
     "CONFIGS",
+    "DEEPSEEK_CONFIGS",
+    "DEEPSEEK_TINY",
+    "DEEPSEEK_V3",
+    "DEEPSEEK_V3_TP8",
+    "DeepseekV3",
+    "DeepseekV3Config",
+    "DeepseekV3Weights",
     "LLAMA_3_1_8B",
     "QWEN3_8B",
     "TINY",
@@ -28,6 +47,7 @@ __all__ = [
     "LlamaConfig",
     "LlamaWeights",
     "PagedKVCache",
+    "PagedLatentCache",
     "PageTable",
     "StepBatch",
     "make_ops",

@@ -25,6 +25,10 @@ from flashtune.models.paging import StepBatch
 
 __all__ = [
     "AttentionShape",
+    "check_graph_batch",
+    "fill_static",
+    "padded_page_table",
+    "workspace_buffer",
     "GraphShape",
     "PagedAttention",
     "TorchDecodeAttention",
@@ -82,27 +86,40 @@ class PagedAttention(ABC):
         """Attention of q [nnz, Hq, D] over the planned KV; returns [nnz, Hq, D]."""
 
     def _check_graph_batch(self, batch: StepBatch) -> GraphShape:
-        graph = self.graph
-        assert graph is not None
-        if batch.batch_size != graph.batch_size or not batch.is_decode:
-            raise ValueError(
-                f"this decode attention was built for CUDA-graph steps of {graph.batch_size} "
-                f"requests, got a step of q_lens {batch.q_lens}"
-            )
-        if sum(len(p) for p in batch.pages) > graph.max_pages:
-            raise ValueError(f"the step's requests hold more than {graph.max_pages} pages")
-        if max(len(p) for p in batch.pages) > graph.max_pages_per_request:
-            raise ValueError(
-                f"a request holds more than {graph.max_pages_per_request} pages (GraphShape)"
-            )
-        return graph
+        assert self.graph is not None
+        return check_graph_batch(self.graph, batch)
 
 
-def _static(buffer: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def check_graph_batch(graph: GraphShape, batch: StepBatch) -> GraphShape:
+    """`graph`, after checking that `batch` is a decode step it holds (ValueError if not)."""
+    if batch.batch_size != graph.batch_size or not batch.is_decode:
+        raise ValueError(
+            f"this decode attention was built for CUDA-graph steps of {graph.batch_size} "
+            f"requests, got a step of q_lens {batch.q_lens}"
+        )
+    if sum(len(p) for p in batch.pages) > graph.max_pages:
+        raise ValueError(f"the step's requests hold more than {graph.max_pages} pages")
+    if max(len(p) for p in batch.pages) > graph.max_pages_per_request:
+        raise ValueError(
+            f"a request holds more than {graph.max_pages_per_request} pages (GraphShape)"
+        )
+    return graph
+
+
+def fill_static(buffer: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """Copy `values` into the front of `buffer` (fixed address); return that part."""
     part = buffer[: values.shape[0]]
     part.copy_(values, non_blocking=True)
     return part
+
+
+def padded_page_table(batch: StepBatch, width: int) -> torch.Tensor:
+    """[B, width] int64 on the device: each request's pages from the CSR table, padded with
+    page 0 (read, then masked out by the caller); no host loop over pages."""
+    starts, ends = batch.kv_indptr[:-1, None], batch.kv_indptr[1:, None]
+    slots = starts + torch.arange(width, device=starts.device)
+    last = max(batch.kv_indices.shape[0] - 1, 0)
+    return torch.where(slots < ends, batch.kv_indices[slots.clamp(max=last)], 0).long()
 
 
 # Outside torch.compile's graph: written there, the new K/V rows are a mutation of a view of
@@ -146,21 +163,16 @@ class TorchDecodeAttention(PagedAttention):
         width = max(len(p) for p in batch.pages)
         if self.graph is not None:
             width = self._check_graph_batch(batch).max_pages_per_request
-        # The padded table [B, width] from the CSR one, on the device (no host loop over
-        # pages); padding points at page 0: read, then masked out.
-        starts, ends = batch.kv_indptr[:-1, None], batch.kv_indptr[1:, None]
-        slots = starts + torch.arange(width, device=starts.device)
-        last = max(batch.kv_indices.shape[0] - 1, 0)
-        table = torch.where(slots < ends, batch.kv_indices[slots.clamp(max=last)], 0)
+        table = padded_page_table(batch, width)
         kv_lens = torch.tensor(batch.kv_lens, dtype=torch.int64).to(self.shape.device)
         if self.graph is None:
-            self._table, self._kv_lens = table.long(), kv_lens
+            self._table, self._kv_lens = table, kv_lens
             self._slot_pages, self._slot_offsets = batch.slot_pages, batch.slot_offsets
         else:
-            _static(self._table, table)
-            _static(self._kv_lens, kv_lens)
-            _static(self._slot_pages, batch.slot_pages)
-            _static(self._slot_offsets, batch.slot_offsets)
+            fill_static(self._table, table)
+            fill_static(self._kv_lens, kv_lens)
+            fill_static(self._slot_pages, batch.slot_pages)
+            fill_static(self._slot_offsets, batch.slot_offsets)
 
     def append_kv(self, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor) -> None:
         _write_slots(cache, k, v, self._slot_pages, self._slot_offsets)
@@ -221,7 +233,7 @@ class TorchPrefillAttention(PagedAttention):
 # ------------------------------------------------------------- flashtune and flashinfer
 
 
-def _workspace(device: torch.device) -> torch.Tensor:
+def workspace_buffer(device: torch.device) -> torch.Tensor:
     # FlashInfer's recommended 128 MB on a GPU; the CPU test's plans need far less.
     nbytes = 128 * 2**20 if device.type == "cuda" else 16 * 2**20
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -243,7 +255,7 @@ class WrapperDecodeAttention(PagedAttention):
         wrapper = lib.BatchDecodeWithPagedKVCacheWrapper
         if graph is None:
             self._wrapper = wrapper(
-                _workspace(shape.device), "NHD", use_tensor_cores=use_tensor_cores
+                workspace_buffer(shape.device), "NHD", use_tensor_cores=use_tensor_cores
             )
             return
         dev, b = shape.device, graph.batch_size
@@ -254,7 +266,7 @@ class WrapperDecodeAttention(PagedAttention):
         self._indptr, self._indices, self._last = ints(b + 1), ints(graph.max_pages), ints(b)
         self._batch_indices, self._positions = ints(b), ints(b)
         self._wrapper = wrapper(
-            _workspace(dev),
+            workspace_buffer(dev),
             "NHD",
             use_cuda_graph=True,
             use_tensor_cores=use_tensor_cores,
@@ -280,8 +292,8 @@ class WrapperDecodeAttention(PagedAttention):
             indices = self._indices
         else:
             self._check_graph_batch(batch)
-            _static(self._batch_indices, batch.batch_indices)
-            _static(self._positions, batch.positions)
+            fill_static(self._batch_indices, batch.batch_indices)
+            fill_static(self._positions, batch.positions)
         s = self.shape
         self._wrapper.plan(
             indptr,
@@ -321,7 +333,9 @@ class WrapperPrefillAttention(PagedAttention):
     def __init__(self, lib: ModuleType, shape: AttentionShape) -> None:
         super().__init__(shape)
         self._lib = lib
-        self._wrapper = lib.BatchPrefillWithPagedKVCacheWrapper(_workspace(shape.device), "NHD")
+        self._wrapper = lib.BatchPrefillWithPagedKVCacheWrapper(
+            workspace_buffer(shape.device), "NHD"
+        )
 
     def plan(self, batch: StepBatch) -> None:
         s = self.shape

@@ -8,6 +8,10 @@
   attention, sampling), imported when the backend is built; GEMM stays torch's (cuBLAS), as
   FlashInfer has no general bf16 GEMM a model would call.
 
+MLA (the DeepSeek-V3 decoder, latent.py): `latent_attention` (the absorbed form:
+`BatchMLAPagedAttentionWrapper` of flashtune.ops.mla / flashinfer.mla, SDPA for torch) and
+`ragged_attention` (the non-absorbed prefill); `bmm` (the per-head absorption) is torch's.
+
 Greedy decoding is an argmax in every backend (no library ships a faster one).
 """
 
@@ -26,6 +30,17 @@ from flashtune.models.attention import (
     TorchPrefillAttention,
     WrapperDecodeAttention,
     WrapperPrefillAttention,
+)
+from flashtune.models.latent import (
+    FlashinferRaggedPrefill,
+    FlashtuneRaggedPrefill,
+    LatentAttention,
+    MLAShape,
+    RaggedAttention,
+    TorchLatentDecode,
+    TorchLatentPrefill,
+    TorchRaggedPrefill,
+    WrapperLatentAttention,
 )
 
 __all__ = ["BACKENDS", "Ops", "FlashtuneOps", "FlashinferOps", "make_ops"]
@@ -55,15 +70,31 @@ class Ops:
         x.copy_(F.rms_norm(residual, (residual.shape[-1],), weight, eps))
 
     def rope(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_sin: torch.Tensor,
+        is_neox: bool = True,
     ) -> None:
-        """In place: rotate q [nnz, Hq, D] and k [nnz, Hk, D] (NeoX halves) by the rows of
-        cos_sin [max_position, D] (float32, cos then sin) at `positions` [nnz]."""
+        """In place: rotate q [nnz, Hq, D] and k [nnz, Hk, D] by the rows of cos_sin
+        [max_position, D] (float32, cos then sin) at `positions` [nnz]; pairs (x[j],
+        x[j + D/2]) (NeoX) or, with is_neox=False, (x[2j], x[2j + 1]) (GPT-J: DeepSeek)."""
         cos, sin = cos_sin[positions].chunk(2, dim=-1)  # [nnz, D / 2] each
         cos, sin = cos[:, None, :], sin[:, None, :]
         for x in (q, k):
-            x1, x2 = x.float().chunk(2, dim=-1)
-            x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+            if is_neox:
+                x1, x2 = x.float().chunk(2, dim=-1)
+                x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+            else:
+                x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+                pairs = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+                x.copy_(pairs.flatten(-2))
+
+    def bmm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a [H, M, K] @ b [H, K, N] -> [H, M, N] (MLA's per-head absorption of W_UK and
+        W_UV; cuBLAS in every backend: neither library has a batched bf16 GEMM op)."""
+        return torch.bmm(a, b)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(x[..., :d]) * x[..., d:] for x [..., 2d]."""
@@ -96,6 +127,16 @@ class Ops:
     def prefill_attention(self, shape: AttentionShape) -> PagedAttention:
         return TorchPrefillAttention(shape)
 
+    def latent_attention(
+        self, shape: MLAShape, graph: GraphShape | None = None, causal: bool = False
+    ) -> LatentAttention:
+        """MLA's absorbed form: decode (causal=False), or prefill over a cached prefix."""
+        return TorchLatentPrefill(shape) if causal else TorchLatentDecode(shape, graph)
+
+    def ragged_attention(self, shape: MLAShape) -> RaggedAttention:
+        """MLA's non-absorbed form: a prefill of fresh prompts."""
+        return TorchRaggedPrefill(shape)
+
 
 class FlashtuneOps(Ops):
     """flashtune's ops for every hot op."""
@@ -122,10 +163,15 @@ class FlashtuneOps(Ops):
         self._norm.fused_add_rmsnorm(x, residual, weight, eps)
 
     def rope(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_sin: torch.Tensor,
+        is_neox: bool = True,
     ) -> None:
         self._rope.apply_rope_with_cos_sin_cache_inplace(
-            positions, q, k, q.shape[-1], cos_sin, is_neox=True
+            positions, q, k, q.shape[-1], cos_sin, is_neox=is_neox
         )
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,6 +198,20 @@ class FlashtuneOps(Ops):
     def prefill_attention(self, shape: AttentionShape) -> PagedAttention:
         return WrapperPrefillAttention(self._attention, shape)
 
+    def mla_library(self) -> ModuleType:
+        """The module holding BatchMLAPagedAttentionWrapper (imported on first use)."""
+        from flashtune.ops import mla
+
+        return mla
+
+    def latent_attention(
+        self, shape: MLAShape, graph: GraphShape | None = None, causal: bool = False
+    ) -> LatentAttention:
+        return WrapperLatentAttention(self.mla_library(), shape, graph, causal)
+
+    def ragged_attention(self, shape: MLAShape) -> RaggedAttention:
+        return FlashtuneRaggedPrefill(self.mla_library(), shape)
+
 
 class FlashinferOps(FlashtuneOps):
     """FlashInfer's kernels through the same calls (its names and signatures are the ones
@@ -171,6 +231,18 @@ class FlashinferOps(FlashtuneOps):
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
+
+    def mla_library(self) -> ModuleType:
+        """FlashInfer's top level (its BatchMLAPagedAttentionWrapper is flashinfer.mla's)."""
+        return self._attention
+
+    def latent_attention(
+        self, shape: MLAShape, graph: GraphShape | None = None, causal: bool = False
+    ) -> LatentAttention:
+        return WrapperLatentAttention(self.mla_library(), shape, graph, causal, contiguous_q=True)
+
+    def ragged_attention(self, shape: MLAShape) -> RaggedAttention:
+        return FlashinferRaggedPrefill(self._attention, shape)
 
 
 def make_ops(backend: str) -> Ops:

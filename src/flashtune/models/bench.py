@@ -1,4 +1,6 @@
-"""End to end (issue 19): the Llama decoder's decode step and prefill on four backends.
+"""End to end (issue 19): a decoder's decode step and prefill on four backends: the Llama
+decoder (llama.py) or, with a DeepSeek config (`config="deepseek-v3-tp8"`), the
+DeepSeek-V3-shaped MLA decoder (deepseek.py).
 
     rows = run_e2e(E2EOptions(layers=4, quick=True), JsonlRows(Path("e2e.jsonl")))
 
@@ -30,19 +32,27 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Union
 
 import torch
 
 from flashtune import platform
 from flashtune.models.backends import FlashinferOps, FlashtuneOps, Ops
-from flashtune.models.llama import CONFIGS, Llama, LlamaConfig, LlamaWeights
-from flashtune.models.paging import PagedKVCache, PageTable, StepBatch
+from flashtune.models.deepseek import (
+    DEEPSEEK_CONFIGS,
+    DeepseekV3,
+    DeepseekV3Config,
+)
+from flashtune.models.llama import CONFIGS, Llama, LlamaConfig
+from flashtune.models.paging import PageTable, StepBatch
 from flashtune.timing import measure
 from flashtune.tune import autotune
 
 __all__ = [
     "E2E_BACKENDS",
+    "E2E_CONFIGS",
+    "TINY_CONFIGS",
+    "Decoder",
     "BATCHES",
     "KV_LENS",
     "QUICK_BATCHES",
@@ -72,6 +82,11 @@ __all__ = [
 ]
 
 E2E_BACKENDS = ("torch", "torch_compile", "flashinfer", "flashtune")
+# Every config `flashtune e2e --config` takes: the Llama-architecture ones (llama.py) and the
+# DeepSeek-V3-shaped MLA ones (deepseek.py); the config names the architecture.
+E2E_CONFIGS: dict[str, LlamaConfig | DeepseekV3Config] = {**CONFIGS, **DEEPSEEK_CONFIGS}
+TINY_CONFIGS = ("tiny", "deepseek-tiny")  # the CPU checks: small lengths
+Decoder = Union[Llama, DeepseekV3]
 BATCHES = (1, 16, 64, 256)
 KV_LENS = (1024, 4096, 16384, 32768)
 QUICK_BATCHES = (1, 64)
@@ -114,8 +129,8 @@ class E2EOptions:
         unknown = sorted(set(self.backends) - set(E2E_BACKENDS))
         if unknown:
             raise ValueError(f"unknown backends {unknown}; choose from {', '.join(E2E_BACKENDS)}")
-        if self.config not in CONFIGS:
-            raise ValueError(f"unknown config {self.config!r}; choose from {sorted(CONFIGS)}")
+        if self.config not in E2E_CONFIGS:
+            raise ValueError(f"unknown config {self.config!r}; choose from {sorted(E2E_CONFIGS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r}: choose from {', '.join(DTYPES)}")
         backends = tuple(self.backends)
@@ -132,7 +147,7 @@ class E2EOptions:
             self.kv_lens or (QUICK_KV_LENS if self.quick else KV_LENS),
             self.max_kv_tokens,
         )
-        if self.config == "tiny":  # the CPU check: lengths within the tiny RoPE table
+        if self.config in TINY_CONFIGS:  # the CPU check: lengths within the tiny RoPE table
             points = [(b, min(n, 64)) for b, n in points]
         return points
 
@@ -140,7 +155,7 @@ class E2EOptions:
         """The prefill runs' (prompts, prompt_len) ([] with skip_prefill)."""
         if self.skip_prefill:
             return []
-        if self.config == "tiny":
+        if self.config in TINY_CONFIGS:
             return [(2, 16)]
         return list(QUICK_PREFILL if self.quick else PREFILL)
 
@@ -249,9 +264,9 @@ def speedups(rows: Iterable[dict[str, Any]], op: str, ours: str = "flashtune") -
     return out
 
 
-def model_config(name: str, layers: int = 0) -> LlamaConfig:
-    """The named config, cut to `layers` layers when given."""
-    config = CONFIGS[name]
+def model_config(name: str, layers: int = 0) -> LlamaConfig | DeepseekV3Config:
+    """The named config (either architecture), cut to `layers` layers when given."""
+    config = E2E_CONFIGS[name]
     return config.with_layers(layers) if layers else config
 
 
@@ -270,37 +285,60 @@ def device_problem(device: str, loop: bool = False) -> str | None:
 # ----------------------------------------------------------------------- the models
 
 
+def build_model(
+    config: LlamaConfig | DeepseekV3Config,
+    backend: str | Ops,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    page_size: int = PAGE_SIZE,
+    num_pages: int = 1024,
+    seed: int = 0,
+    like: Decoder | None = None,
+) -> Decoder:
+    """A model of the config's architecture: random weights from `seed` and an empty cache,
+    or `like`'s weights and cache (the same model and KV on another backend)."""
+    shared: dict[str, Any] = {"weights": None, "cache": None}
+    if like is not None:
+        shared = {"weights": like.weights, "cache": like.cache}
+    options: dict[str, Any] = dict(
+        device=device, dtype=dtype, page_size=page_size, num_pages=num_pages, seed=seed, **shared
+    )
+    if isinstance(config, DeepseekV3Config):
+        return DeepseekV3(config, backend, **options)
+    return Llama(config, backend, **options)
+
+
 def build_models(
     options: E2EOptions, num_pages: int, log: Callable[[str], None] = print
-) -> dict[str, Llama]:
-    """One Llama per backend, all on the same weights and KV cache pages."""
+) -> dict[str, Decoder]:
+    """One model per backend, all on the same weights and KV cache pages (random K/V)."""
     config = model_config(options.config, options.layers)
     device, dtype = torch.device(options.device), getattr(torch, options.dtype)
-    weights = LlamaWeights.random(config, dtype, device, options.seed)
-    cache = PagedKVCache(
-        config.num_layers,
-        num_pages,
-        PAGE_SIZE,
-        config.num_kv_heads,
-        config.head_dim,
-        dtype,
-        device,
-    )
-    cache.fill_random(torch.Generator(device).manual_seed(options.seed))
     makers: dict[str, Callable[[], Ops]] = {
         "torch": Ops,
         "torch_compile": Ops,
         "flashinfer": FlashinferOps,
         "flashtune": FlashtuneOps,
     }
-    models = {}
+    models: dict[str, Decoder] = {}
     for name in options.backends:
+        first = next(iter(models.values()), None)
         try:
-            ops = makers[name]()
-            model = Llama(config, ops, device=device, dtype=dtype, weights=weights, cache=cache)
+            model = build_model(
+                config,
+                makers[name](),
+                device=device,
+                dtype=dtype,
+                num_pages=num_pages,
+                seed=options.seed,
+                like=first,
+            )
         except Exception as exc:  # FlashInfer missing: its rows say so
             log(f"{name}: not built ({exc!r})")
             continue
+        if first is None:
+            model.cache.fill_random(torch.Generator(device).manual_seed(options.seed))
         if name == "torch_compile":
             model.compile(mode=options.compile_mode, dynamic=False)  # a graph per shape
         models[name] = model
@@ -331,7 +369,7 @@ def _use_cuda_graph(name: str, options: E2EOptions) -> bool:
 
 
 def _decode_once(
-    name: str, model: Llama, tokens: torch.Tensor, step: StepBatch, options: E2EOptions
+    name: str, model: Decoder, tokens: torch.Tensor, step: StepBatch, options: E2EOptions
 ) -> tuple[torch.Tensor, float, dict[str, Any]]:
     """Capture one backend's decode step, time it; (logits, latency_ms, row extras)."""
     extra: dict[str, Any] = {"cuda_graph": _use_cuda_graph(name, options)}
@@ -350,7 +388,7 @@ def _decode_once(
 
 
 def _prefill_once(
-    name: str, model: Llama, tokens: torch.Tensor, step: StepBatch, options: E2EOptions
+    name: str, model: Decoder, tokens: torch.Tensor, step: StepBatch, options: E2EOptions
 ) -> tuple[torch.Tensor, float, dict[str, Any]]:
     """One backend's prefill (plan + layers, eager), timed; (logits, latency_ms, extras)."""
     started = time.perf_counter()
@@ -366,7 +404,7 @@ def _prefill_once(
 
 def run_grid(
     op: str,
-    models: dict[str, Llama],
+    models: dict[str, Decoder],
     points: Sequence[tuple[int, int]],
     options: E2EOptions,
     rows: RowSink,

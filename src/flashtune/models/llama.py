@@ -18,16 +18,14 @@ nothing is downloaded) and shared between models of different backends by passin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from flashtune.models.attention import AttentionShape, GraphShape, PagedAttention
-from flashtune.models.backends import Ops, make_ops
-from flashtune.models.paging import PagedKVCache, PageTable, StepBatch
+from flashtune.models.backends import Ops
+from flashtune.models.decoder import DecodeGraph, PagedDecoder, RandomInit
+from flashtune.models.paging import PagedKVCache, StepBatch
 
 __all__ = [
     "LlamaConfig",
@@ -170,16 +168,8 @@ class LlamaWeights:
     ) -> LlamaWeights:
         """Seeded random weights, scaled 1/sqrt(fan_in) so activations stay O(1) through
         the layers and logits spread over a few units (greedy tokens are well separated)."""
-        gen = torch.Generator().manual_seed(seed)
-
-        def linear(n: int, k: int) -> torch.Tensor:
-            w = torch.randn(n, k, generator=gen) / math.sqrt(k)
-            return w.to(dtype=dtype, device=device)
-
-        def norm(n: int) -> torch.Tensor:
-            w = 1.0 + 0.1 * torch.randn(n, generator=gen)
-            return w.to(dtype=dtype, device=device)
-
+        init = RandomInit(dtype, device, seed)
+        linear, norm = init.linear, init.norm
         c = config
         h, d = c.hidden_size, c.head_dim
         layers = [
@@ -195,12 +185,16 @@ class LlamaWeights:
             )
             for _ in range(c.num_layers)
         ]
-        embed = torch.randn(c.vocab_size, h, generator=gen).to(dtype=dtype, device=device)
-        return cls(embed, layers, norm(h), linear(c.vocab_size, h))
+        return cls(init.embedding(c.vocab_size, h), layers, norm(h), linear(c.vocab_size, h))
 
 
-class Llama:
-    """The decoder, its paged KV cache and page table, running its hot ops on `backend`."""
+class Llama(PagedDecoder):
+    """The decoder, its paged KV cache and page table, running its hot ops on `backend`
+    (the step, the layer stack, compile, sampling and decode graphs: decoder.py)."""
+
+    config: LlamaConfig
+    weights: LlamaWeights
+    cache: PagedKVCache
 
     def __init__(
         self,
@@ -217,82 +211,48 @@ class Llama:
     ) -> None:
         """weights / cache: another model's, to run the same model (and KV) on another
         backend; by default random weights from `seed` and an empty cache."""
-        self.config = config
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.ops = make_ops(backend) if isinstance(backend, str) else backend
-        self.weights = weights or LlamaWeights.random(config, dtype, self.device, seed)
-        if cache is None:
-            cache = PagedKVCache(
+        dev = torch.device(device)
+        super().__init__(
+            config,
+            backend,
+            dev,
+            dtype,
+            weights or LlamaWeights.random(config, dtype, dev, seed),
+            cache
+            or PagedKVCache(
                 config.num_layers,
                 num_pages,
                 page_size,
                 config.num_kv_heads,
                 config.head_dim,
                 dtype,
-                self.device,
-            )
-        self.cache = cache
-        self.page_table = PageTable(cache.num_pages, cache.page_size, self.device)
+                dev,
+            ),
+        )
         self.cos_sin = rope_cos_sin(config, self.device)
         self.attention_shape = AttentionShape(
             config.num_qo_heads,
             config.num_kv_heads,
             config.head_dim,
-            cache.page_size,
+            self.cache.page_size,
             dtype,
             self.device,
         )
-        # What forward and decode graphs call for the layers: `layers`, or its compiled form.
-        self.run_layers: Callable[..., torch.Tensor] = self.layers
-        self._prefill_attention: PagedAttention | None = None
-        self._eager_decode_attention: PagedAttention | None = None
+        self._attention: dict[bool, PagedAttention] = {}  # eager, by is_decode
 
-    # ------------------------------------------------------------------------- forward
+    def step_attention(self, batch: StepBatch) -> PagedAttention:
+        """The eager decode or prefill attention (built once each)."""
+        decode = batch.is_decode
+        if decode not in self._attention:
+            make = self.ops.decode_attention if decode else self.ops.prefill_attention
+            self._attention[decode] = make(self.attention_shape)
+        return self._attention[decode]
 
-    def forward(self, tokens: torch.Tensor, batch: StepBatch) -> torch.Tensor:
-        """One step, eagerly: plan attention, run the layers; logits [B, V] of each
-        request's last new token. tokens [nnz]: the step's new tokens, request by request."""
-        if batch.is_decode:
-            if self._eager_decode_attention is None:
-                self._eager_decode_attention = self.ops.decode_attention(self.attention_shape)
-            attention = self._eager_decode_attention
-        else:
-            if self._prefill_attention is None:
-                self._prefill_attention = self.ops.prefill_attention(self.attention_shape)
-            attention = self._prefill_attention
-        attention.plan(batch)
-        last_rows = None if batch.is_decode else batch.last_token_rows
-        return self.run_layers(tokens, batch.positions.to(torch.int64), attention, last_rows)
+    def graph_attention(self, graph: GraphShape) -> PagedAttention:
+        """The decode attention of a CUDA-graph step of `graph`'s sizes (DecodeGraph's)."""
+        return self.ops.decode_attention(self.attention_shape, graph)
 
-    def layers(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        attention: PagedAttention,
-        last_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The planned step's device work (what a CUDA graph captures): embedding, layers,
-        final norm and LM head. positions [nnz] int64; last_rows [B]: the rows to compute
-        logits for (None: every row, as in decode)."""
-        ops, w, eps = self.ops, self.weights, self.config.rms_eps
-        x = F.embedding(tokens, w.embed)  # [nnz, H]
-        residual: torch.Tensor | None = None
-        for index, layer in enumerate(w.layers):
-            if residual is None:
-                residual, x = x, ops.rmsnorm(x, layer.input_norm, eps)
-            else:
-                ops.fused_add_rmsnorm(x, residual, layer.input_norm, eps)
-            x = self._attention_block(index, layer, x, positions, attention)
-            ops.fused_add_rmsnorm(x, residual, layer.post_norm, eps)
-            x = ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
-        assert residual is not None and w.final_norm is not None and w.lm_head is not None
-        ops.fused_add_rmsnorm(x, residual, w.final_norm, eps)
-        if last_rows is not None:
-            x = x[last_rows]
-        return ops.linear(x, w.lm_head)
-
-    def _attention_block(
+    def attention_block(
         self,
         index: int,
         layer: LayerWeights,
@@ -313,90 +273,3 @@ class Llama:
         attention.append_kv(k, v, cache)
         out = attention.run(q, cache)  # [nnz, Hq, D]
         return ops.linear(out.reshape(n, hq * d), layer.o)
-
-    def compile(self, **options: Any) -> None:
-        """Run the layers under torch.compile(**options) from now on (forward and decode
-        graphs made after this call). With our own CUDA graph around the decode step, use a
-        mode without CUDA graphs of its own ("max-autotune-no-cudagraphs", "default")."""
-        self.run_layers = torch.compile(self.layers, **options)
-
-    # -------------------------------------------------------------------------- decode
-
-    def decode_graph(
-        self, batch_size: int, max_kv_len: int | None = None, use_cuda_graph: bool | None = None
-    ) -> DecodeGraph:
-        """A decode step for `batch_size` requests of at most `max_kv_len` tokens each
-        (default: the RoPE table's length), captured in a CUDA graph on a GPU."""
-        ps = self.cache.page_size
-        per_request = -(-(max_kv_len or self.config.max_position) // ps)
-        graph = GraphShape(
-            batch_size, min(self.cache.num_pages, batch_size * per_request), per_request
-        )
-        if use_cuda_graph is None:
-            use_cuda_graph = self.device.type == "cuda"
-        return DecodeGraph(self, graph, use_cuda_graph)
-
-    def sample(
-        self,
-        logits: torch.Tensor,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """The next token of each row of logits [B, V] (int32): greedy without top_k and
-        top_p, else drawn from the top_k most likely tokens, then the top_p nucleus."""
-        if top_k is None and top_p is None:
-            return logits.argmax(dim=-1).to(torch.int32)
-        k = top_k if top_k is not None else logits.shape[-1]
-        p = top_p if top_p is not None else 1.0
-        return self.ops.top_k_top_p(logits, k, p, generator)
-
-
-class DecodeGraph:
-    """Decode steps of a fixed batch size through static buffers: `step` plans (host),
-    copies the new tokens and positions into the buffers and replays the graph captured on
-    the first step (or runs the layers eagerly without CUDA graphs). After `Llama.compile`,
-    the graph holds the compiled kernels."""
-
-    def __init__(self, model: Llama, shape: GraphShape, use_cuda_graph: bool) -> None:
-        self.model = model
-        self.shape = shape
-        self.use_cuda_graph = use_cuda_graph
-        self.attention = model.ops.decode_attention(model.attention_shape, shape)
-        dev, b = model.device, shape.batch_size
-        self.tokens = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.logits: torch.Tensor | None = None
-        self.graph: torch.cuda.CUDAGraph | None = None
-
-    def step(self, tokens: torch.Tensor, batch: StepBatch) -> torch.Tensor:
-        """Logits [B, V] of the step's requests; tokens [B]: each request's new token. The
-        returned tensor is the graph's output buffer: the next step overwrites it."""
-        self.attention.plan(batch)
-        self.tokens.copy_(tokens, non_blocking=True)
-        self.positions.copy_(batch.positions, non_blocking=True)
-        if not self.use_cuda_graph:
-            return self.run()
-        if self.graph is None:
-            self.capture()
-        assert self.graph is not None and self.logits is not None
-        self.graph.replay()
-        return self.logits
-
-    def run(self) -> torch.Tensor:
-        """The step's device work on the current buffers (what the graph holds)."""
-        return self.model.run_layers(self.tokens, self.positions, self.attention)
-
-    def capture(self, warmup: int = 2) -> None:
-        """Warm up on a side stream (autotuning, compilation, lazy allocations), then
-        capture. The warm-up steps rewrite the planned step's K/V with the same values."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.run()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.logits = self.run()
-        self.graph = graph
