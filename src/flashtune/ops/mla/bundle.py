@@ -130,8 +130,8 @@ def _mla_plan(decode: bool):
             qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=q_nope.device)
             rest = table
         else:
-            qo_indptr, *rest = table
-        kv_indptr, kv_indices, last = _decode_table(tuple(rest))
+            qo_indptr, rest = table[0], table[1:]
+        kv_indptr, kv_indices, last = _decode_table(rest)
         page_size = ckv_cache.shape[1]
         wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(flashinfer_workspace(q_nope.device))
         wrapper.plan(
