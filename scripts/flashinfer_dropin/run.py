@@ -8,6 +8,7 @@
     python scripts/flashinfer_dropin/run.py --triton-cache ~/.cache/ft-dropin --per-test-timeout 120
     python scripts/flashinfer_dropin/run.py --full --resume summary.json   # what a deadline cut
     python scripts/flashinfer_dropin/run.py --full --resume summary.json --retry-failed
+    python scripts/flashinfer_dropin/run.py --full --files test_deepseek_mla --workers 8 --gpus 2
 
 The tests come from the FlashInfer sdist (.peer/, filled by scripts/fetch_gpu_deps.sh); they
 run unchanged, each file in its own pytest process (a CUDA fault in one file cannot poison
@@ -36,7 +37,9 @@ the summary is written.
 
 --workers N runs a file's sample in N processes side by side (process k takes every N-th
 test from the k-th; the counts are merged): tests that spend their time compiling or on the
-host, as most of these do, finish about N times sooner on one GPU.
+host, as most of these do, finish about N times sooner on one GPU. --gpus G spreads them over
+G GPUs of the machine (process k sees GPU k mod G alone, through CUDA_VISIBLE_DEVICES), for
+tests whose references need tens of GiB each (test_deepseek_mla's).
 
 Prints pass/fail/skip counts per file and writes a JSON summary (per file: counts, the
 failures with their first error line) to $OUT/flashinfer_dropin.json, or --out.
@@ -84,6 +87,9 @@ FILES = (
     "test_decode_prefill_lse",
     "test_sampling",
     "test_block_sparse",
+    # issue 34: MLA (flashinfer.mla's wrapper, the QK 192 / VO 128 prefills, the MLA append)
+    "test_deepseek_mla",
+    "test_mla_page",
 )
 
 # Test files of the sdist that need hardware backends flashtune does not have: out of scope
@@ -325,22 +331,22 @@ def file_limit(timeout: float, per_test_timeout: float | None, selected: int) ->
 
 def _run_with_limit(
     commands: list[list[str]],
-    env: dict[str, str],
+    envs: list[dict[str, str]],
     cwd: Path,
     timeout: float,
     per_test_timeout: float | None,
     results: list[Path],
     deadline: float | None = None,
 ) -> list[tuple[str, float | None]]:
-    """Run a file's child processes (one per shard, side by side), each under file_limit
-    (known once the child has written its sample size to its result file), and never past
-    `deadline` (a time.perf_counter() value). Ctrl-C or SIGTERM kills the children and
-    returns, so the caller reports what they ran. Returns each child's output, and the limit
-    it was killed at (None when it ended by itself)."""
+    """Run a file's child processes (one per shard, side by side, each with its env), each
+    under file_limit (known once the child has written its sample size to its result file),
+    and never past `deadline` (a time.perf_counter() value). Ctrl-C or SIGTERM kills the
+    children and returns, so the caller reports what they ran. Returns each child's output,
+    and the limit it was killed at (None when it ended by itself)."""
     logs = [tempfile.TemporaryFile(mode="w+") for _ in commands]  # no pipe to fill up
     procs = [
         subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True)
-        for command, log in zip(commands, logs, strict=True)
+        for command, env, log in zip(commands, envs, logs, strict=True)
     ]
     start = time.perf_counter()
     killed: list[float | None] = [None] * len(procs)
@@ -410,10 +416,11 @@ def run_file(
     deadline: float | None = None,
     workers: int = 1,
     only: list[str] | None = None,
+    gpus: int = 1,
 ) -> dict[str, Any]:
     """One file's sample in `workers` child processes side by side (shard k runs every
-    workers-th test of the sample, from the k-th), merged into one result. `only`: run just
-    these test ids (--resume)."""
+    workers-th test of the sample, from the k-th, on GPU k mod `gpus`), merged into one
+    result. `only`: run just these test ids (--resume)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ)
         # standin first, then flashtune's sources (a checkout that is not pip-installed).
@@ -443,9 +450,12 @@ def run_file(
             + (["--shard", f"{k}/{workers}"] if workers > 1 else [])
             for k, result in enumerate(results)
         ]
+        envs = [env] * workers
+        if gpus > 1:  # shard k sees GPU k mod gpus alone (the tests use cuda:0)
+            envs = [dict(env, CUDA_VISIBLE_DEVICES=str(k % gpus)) for k in range(workers)]
         start = time.perf_counter()
         runs = _run_with_limit(
-            commands, env, test_file.parent, timeout, per_test_timeout, results, deadline
+            commands, envs, test_file.parent, timeout, per_test_timeout, results, deadline
         )
         payloads = [
             _shard_payload(test_file, result, output, killed_at, deadline)
@@ -522,6 +532,12 @@ def main() -> int:
         help="test processes a file, side by side (its sample split between them; 1)",
     )
     ap.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="GPUs to spread the --workers over (process k sees GPU k mod GPUS alone; 1)",
+    )
+    ap.add_argument(
         "--resume",
         type=Path,
         help="a summary of an earlier run stopped by its deadline: run only the tests it did "
@@ -540,6 +556,8 @@ def main() -> int:
     opts = ap.parse_args()
     if opts.workers < 1:
         ap.error("--workers must be at least 1")
+    if opts.gpus < 1:
+        ap.error("--gpus must be at least 1")
     per_file = None if opts.full else opts.per_file
     if opts.child is not None:
         index, count = (int(x) for x in opts.shard.split("/"))
@@ -572,7 +590,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # an outer `timeout`: report, then stop
     not_run: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        tests = opts.tests_dir or extract_tests(opts.sdist, Path(tmp))
+        # Absolute: each file's pytest runs in the file's folder (--rootdir).
+        tests = opts.tests_dir.resolve() if opts.tests_dir else extract_tests(opts.sdist, Path(tmp))
         results = []
         for name in names:
             path = tests / f"{name}.py"
@@ -595,6 +614,7 @@ def main() -> int:
                     deadline,
                     opts.workers,
                     resume.get(name),
+                    opts.gpus,
                 )
             except KeyboardInterrupt:  # between two files' processes
                 STOP.append("interrupted")

@@ -259,6 +259,22 @@ def test_cuda_graph_mode_replans_in_place():
                torch.float16, torch.float16)  # fmt: skip
 
 
+@pytest.mark.interpreter
+def test_kv_indptr_longer_than_the_batch():
+    """FlashInfer reads kv_indptr[b] for b < len(kv_len_arr) only: its
+    test_batch_mla_varlen_page_attention passes more entries than batch_size + 1."""
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table([20, 0, 33], 1, CPU)
+    longer = torch.cat([kv_indptr, kv_indptr[-1:] + 7, kv_indptr[-1:] + 9])
+    qo_indptr = torch.arange(4, dtype=torch.int32)
+    q_nope, q_pe, ckv, kpe = _inputs(3, num_pages, 1, 16, torch.float16, torch.float16, CPU)
+    w = BatchMLAPagedAttentionWrapper(torch.empty(WS_BYTES, dtype=torch.uint8))
+    w.plan(qo_indptr, longer, kv_indices, kv_len, 16, DC, DP, 1, False, SCALE,
+           torch.float16, torch.float16)  # fmt: skip
+    out, lse = w.run(q_nope, q_pe, ckv, kpe, return_lse=True)
+    ref = mla_paged_ref(q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE, kv_len_arr=kv_len)
+    _check(out, lse, *ref, torch.float16)
+
+
 def test_reference_path_without_kernels(monkeypatch):
     """FLASHTUNE_FORCE_REFERENCE (and a CPU without the interpreter) run the reference."""
     monkeypatch.setenv("FLASHTUNE_FORCE_REFERENCE", "1")

@@ -3,14 +3,16 @@ own test files run unchanged against flashtune (scripts/flashinfer_dropin/run.py
 folder holding this package first on sys.path).
 
 Submodules with FlashInfer's names are files here (decode.py, norm.py, ...), each re-exporting
-flashtune's module of that name; jit.py and utils.py hold the few helpers FlashInfer's tests
-call that are not kernels (JIT warm-up, compute capability).
+flashtune's module of that name; jit/ and utils.py hold the few helpers FlashInfer's tests
+call that are not kernels (JIT warm-up, compute capability). MLA's append
+(`append_paged_mla_kv_cache`, top level and flashinfer.page) comes from flashtune.ops.mla.
 """
 
 import importlib
 
 from flashtune import *  # noqa: F403  (FlashInfer's top-level names; flashtune.__all__ is computed)
 from flashtune import __version__ as flashtune_version
+from flashtune.ops.mla import append_paged_mla_kv_cache  # noqa: F401  (flashinfer.page's)
 
 # This package's own submodules, not flashtune's that the star import bound to these names
 # (`from . import x` would keep those: it imports nothing when the attribute exists).
@@ -19,6 +21,7 @@ _SUBMODULES = (
     "cascade",
     "decode",
     "jit",
+    "mla",
     "norm",
     "page",
     "prefill",

@@ -37,6 +37,7 @@ from flashtune.ops.mla.launch import (
     launch_planless,
     run_plan,
 )
+from flashtune.ops.mla.page import append_paged_mla_kv_cache
 from flashtune.ops.mla.plan import (
     MLAParams,
     MLAPlan,
@@ -64,6 +65,7 @@ __all__ = [
     "mla_paged_decode",
     "mla_paged_prefill",
     "mla_ragged_prefill",
+    "append_paged_mla_kv_cache",
     "mla_paged_ref",
     "MLAOptions",
     "KVScales",
@@ -401,6 +403,11 @@ class BatchMLAPagedAttentionWrapper:
                 raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
         if use_profiler:
             raise NotImplementedError("use_profiler=True: flashtune has no intra-kernel profiler")
+        if kv_indptr.numel() > kv_len_arr.numel() + 1:
+            # FlashInfer reads request b's first page at kv_indptr[b] for b < batch_size
+            # (kv_len_arr's entries) and ignores what follows (FlashInfer's
+            # test_batch_mla_varlen_page_attention passes more).
+            kv_indptr = kv_indptr[: kv_len_arr.numel() + 1]
         qo_h, kv_h, len_h = host_int64(qo_indptr, kv_indptr, kv_len_arr)
         tables = MLATables(qo_h, kv_h, len_h, kv_indices.numel())
         params = MLAParams(

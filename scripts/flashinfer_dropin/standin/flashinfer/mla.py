@@ -1,0 +1,3 @@
+"""`flashinfer.mla` served by `flashtune.mla` (BatchMLAPagedAttentionWrapper)."""
+
+from flashtune.mla import *  # noqa: F403
