@@ -39,8 +39,14 @@ FLASHINFER_TOP_LEVEL = {
         "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
         "single_decode_with_kv_cache",
     ],
+    "mla": ["BatchMLAPagedAttentionWrapper"],
     "norm": ["fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "gemma_rmsnorm", "rmsnorm"],
-    "page": ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"],
+    "page": [
+        "append_paged_kv_cache",
+        "append_paged_mla_kv_cache",
+        "get_batch_indices_positions",
+        "get_seq_lens",
+    ],
     "prefill": [
         "BatchPrefillWithPagedKVCacheWrapper",
         "BatchPrefillWithRaggedKVCacheWrapper",

@@ -30,7 +30,12 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
     ),
     "mla": ("BatchMLAPagedAttentionWrapper",),
     "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
-    "page": ("append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"),
+    "page": (
+        "append_paged_kv_cache",
+        "append_paged_mla_kv_cache",
+        "get_batch_indices_positions",
+        "get_seq_lens",
+    ),
     "prefill": (
         "BatchPrefillWithPagedKVCacheWrapper",
         "BatchPrefillWithRaggedKVCacheWrapper",

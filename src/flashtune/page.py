@@ -8,5 +8,6 @@ from flashtune.ops.attention import (  # noqa: F401  (re-exported: __all__ is th
     get_batch_indices_positions,
     get_seq_lens,
 )
+from flashtune.ops.mla import append_paged_mla_kv_cache  # noqa: F401  (re-exported)
 
 __all__ = list(TOP_LEVEL["page"])

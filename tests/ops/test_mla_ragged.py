@@ -317,3 +317,37 @@ def test_emitted_reference_is_self_contained():
     assert set(json.loads(d.model_dump_json())["inputs"]) == set(
         inspect.signature(namespace["run"]).parameters
     )
+
+
+# ---------------------------------------------------------------- FlashInfer's wrapper
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_ragged_wrapper_with_split_head_dims_serves_mla(causal, layout):
+    """BatchPrefillWithRaggedKVCacheWrapper.plan(..., head_dim_qk=192, head_dim_vo=128) (as
+    FlashInfer's test_deepseek_mla does) runs the MLA ragged kernel: out= and lse= buffers,
+    both layouts, and single_prefill_with_kv_cache with those head dims."""
+    import flashtune as flashinfer
+
+    qo_lens, kv_lens, heads = [5, 1, 9], [7, 3, 9], 2
+    q, k, v, qo, kv = _inputs(qo_lens, kv_lens, heads, torch.float16, CPU)
+    wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8), layout
+    )
+    wrapper.plan(qo, kv, heads, heads, DQK, head_dim_vo=DVO, causal=causal)
+    kk, vv = (k.transpose(0, 1), v.transpose(0, 1)) if layout == "HND" else (k, v)
+    out = torch.full((q.shape[0], heads, DVO), float("nan"), dtype=torch.float16)
+    lse = torch.full((q.shape[0], heads), float("nan"))
+    wrapper.run(q, kk, vv, out=out, lse=lse)
+    ref_out, ref_lse = mla_ragged_prefill_ref(q, k, v, qo, kv, 1 / math.sqrt(DQK), causal=causal)
+    _check(out, lse, ref_out, ref_lse, torch.float16)
+    with pytest.raises(NotImplementedError, match="logits_soft_cap"):
+        wrapper.plan(qo, kv, heads, heads, DQK, head_dim_vo=DVO, logits_soft_cap=30.0)
+    single = flashinfer.single_prefill_with_kv_cache(
+        q[:5], k[:7], v[:7], causal=causal, return_lse=True
+    )
+    ref_single = mla_ragged_prefill_ref(
+        q[:5], k[:7], v[:7], qo[:2], kv[:2], 1 / math.sqrt(DQK), causal=causal
+    )
+    _check(*single, *ref_single, torch.float16)

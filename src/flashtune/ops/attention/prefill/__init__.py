@@ -34,6 +34,7 @@ are shared with decode (`ops/attention/reference.py`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -445,6 +446,55 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
 
 
+@dataclasses.dataclass(frozen=True)
+class _SplitVO:
+    """A ragged prefill planned with head_dim_vo != head_dim_qk (MLA's non-absorbed form):
+    served by flashtune.ops.mla.mla_ragged_prefill, which needs no plan."""
+
+    qo_indptr: torch.Tensor  # on the wrapper's device, int32
+    kv_indptr: torch.Tensor
+    dims: tuple[int, int, int, int]  # num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo
+    causal: bool
+    sm_scale: float | None
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor | None,
+        lse: torch.Tensor | None,
+        return_lse: bool,
+        scales: tuple[float, float],
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        from flashtune.ops.mla import mla_ragged_prefill
+
+        hq, hk, dqk, dvo = self.dims
+        for name, t, want in (("q", q, (hq, dqk)), ("k", k, (hk, dqk)), ("v", v, (hk, dvo))):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3 or tuple(t.shape[1:]) != want:
+                raise ValueError(
+                    f"{name} must be [tokens, {want[0]}, {want[1]}] as planned, got "
+                    f"{tuple(getattr(t, 'shape', ()))}"
+                )
+        logit_scale, out_scale = scales
+        sm_scale = 1.0 / math.sqrt(dqk) if self.sm_scale is None else float(self.sm_scale)
+        result = mla_ragged_prefill(
+            q,
+            k,
+            v,
+            self.qo_indptr,
+            self.kv_indptr,
+            self.causal,
+            sm_scale * logit_scale,
+            return_lse,
+            out=out,
+            lse=lse,
+        )
+        if out_scale != 1.0:
+            (result[0] if return_lse else result).mul_(out_scale)
+        return result
+
+
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
     """Batch prefill attention over ragged (concatenated) K/V tensors (FlashInfer-compatible)."""
 
@@ -497,6 +547,38 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         max_item_len_ptr: torch.Tensor | None = None,
     ) -> None:
         """Validate the batch and build the work list (CPU, from the lengths alone)."""
+        self._split_vo = None
+        if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+            # MLA's non-absorbed prefill (QK 192, VO 128): flashtune.ops.mla's kernel.
+            unsupported = {
+                "custom_mask": custom_mask is not None or packed_custom_mask is not None,
+                "pos_encoding_mode": pos_encoding_mode != "NONE",
+                "window_left": window_left is not None and window_left >= 0,
+                "logits_soft_cap": bool(logits_soft_cap),
+                "multi-item scoring": prefix_len_ptr is not None,
+                "use_cuda_graph": self._use_cuda_graph,
+            }
+            named = [name for name, given in unsupported.items() if given]
+            if named:
+                raise NotImplementedError(
+                    f"head_dim_vo ({head_dim_vo}) != head_dim_qk ({head_dim_qk}) with "
+                    f"{', '.join(named)} is not supported"
+                )
+            if num_qo_heads % num_kv_heads:
+                raise ValueError(
+                    f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+                    f"({num_kv_heads})"
+                )
+            dev = self.device
+            self._split_vo = _SplitVO(
+                qo_indptr.to(dev, torch.int32, non_blocking=non_blocking),
+                kv_indptr.to(dev, torch.int32, non_blocking=non_blocking),
+                (num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo),
+                bool(causal),
+                sm_scale,
+            )
+            self._plan = None
+            return
         batch = PrefillBatch(
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
@@ -543,6 +625,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of q [qo_indptr[-1], Hq, D] over k/v [kv_indptr[-1], Hkv, D] (NHD) or
         [Hkv, kv_indptr[-1], D] (HND)."""
+        split = getattr(self, "_split_vo", None)
+        if split is not None:
+            if self._kv_layout == "HND":
+                k, v = k.transpose(0, 1), v.transpose(0, 1)
+            return split.run(q, k, v, out, lse, return_lse, _run_scales(q_scale, k_scale, v_scale))
         plan = self._require_plan()
         _check_window(window_left, plan)
         _check_q(q, plan)
@@ -653,6 +740,7 @@ def single_prefill_with_kv_cache(
         q.shape[1],
         k.shape[1],
         q.shape[2],
+        head_dim_vo=v.shape[2],
         custom_mask=mask,
         causal=causal,
         pos_encoding_mode=pos_encoding_mode,
