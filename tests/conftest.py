@@ -7,11 +7,13 @@ must be set before triton is first imported, hence here, at collection time.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from _cheap_timing import cheap_cpu_timing
 from _trace_corpus import corpus_root
 
 if not torch.cuda.is_available():
@@ -35,6 +37,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_cuda)
         if "interpreter" in item.keywords and not INTERPRETING:
             item.add_marker(skip_interpreter)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cheap_cpu_timing() -> Iterator[None]:
+    # Benchmark runs in the test process time each CPU triple briefly (_cheap_timing.py).
+    with cheap_cpu_timing():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -60,17 +60,36 @@ def _row_norms(x: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------- the seed fixes them
 
 
-def test_every_bundled_definition_is_reproducible_and_seed_dependent():
-    for d in DS.definitions.values():
-        w = _workload(d.name, 0)
-        a = synthesize_inputs(d, w, seed=5, blob_root=DS)
-        b = synthesize_inputs(d, w, seed=5, blob_root=DS)
-        c = synthesize_inputs(d, w, seed=6, blob_root=DS)
-        for k, v in a.items():
-            if isinstance(v, torch.Tensor):
-                assert torch.equal(v, b[k]), (d.name, k)
-        floats = [k for k, v in a.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-        assert any(not torch.equal(a[k], c[k]) for k in floats), d.name
+def _constant_elements(d: Definition) -> int:
+    """Elements of the definition's inputs counted over its constant axes only."""
+    return sum(
+        math.prod(d.const_axes.get(a, 1) for a in spec.shape or ()) for spec in d.inputs.values()
+    )
+
+
+# A GEMM weight above 48M elements takes a second or more to synthesize on a CPU, three
+# times here: those definitions run in the slow step, the smaller GEMMs in the main suite.
+_BY_SIZE = [
+    pytest.param(
+        name,
+        marks=[pytest.mark.slow] if _constant_elements(d) > 48 * 2**20 else [],
+    )
+    for name, d in sorted(DS.definitions.items())
+]
+
+
+@pytest.mark.parametrize("name", _BY_SIZE)
+def test_every_bundled_definition_is_reproducible_and_seed_dependent(name: str) -> None:
+    d = DS.definition(name)
+    w = _workload(d.name, 0)
+    a = synthesize_inputs(d, w, seed=5, blob_root=DS)
+    b = synthesize_inputs(d, w, seed=5, blob_root=DS)
+    c = synthesize_inputs(d, w, seed=6, blob_root=DS)
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, b[k]), (d.name, k)
+    floats = [k for k, v in a.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert any(not torch.equal(a[k], c[k]) for k in floats), d.name
 
 
 def test_each_entry_kind_has_unit_variance_and_its_shape():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +30,36 @@ _WORKLOAD_FILES = sorted((_ROOT / "workloads").rglob("*.jsonl")) if _ROOT.is_dir
 
 def _ids(paths: list[Path]) -> list[str]:
     return [p.stem for p in paths]
+
+
+# Inputs of this many elements from constant axes alone (a large GEMM's weight: 470M at
+# N=57344, K=8192) take seconds each to synthesize on a CPU, whatever the workload's size.
+_LARGE_CONSTANT_INPUTS = 48 * 2**20
+
+
+def _constant_elements(stem: str) -> int:
+    """Elements of the definition's inputs counted over its constant axes only."""
+    path = next((p for p in _DEFINITION_FILES if p.stem == stem), None)
+    if path is None:
+        return 0
+    definition = Definition.model_validate_json(path.read_text())
+    const = definition.const_axes
+    return sum(
+        math.prod(const.get(a, 1) for a in spec.shape or ()) for spec in definition.inputs.values()
+    )
+
+
+def _by_size(paths: list[Path]) -> list[Any]:
+    """One param per file; those whose definition has large constant inputs run in the slow
+    step (the smaller definitions of the same op run in the main suite)."""
+    return [
+        pytest.param(
+            p,
+            id=p.stem,
+            marks=[pytest.mark.slow] if _constant_elements(p.stem) > _LARGE_CONSTANT_INPUTS else [],
+        )
+        for p in paths
+    ]
 
 
 def test_corpus_present_or_skipped(trace_corpus: Path) -> None:
@@ -64,7 +96,7 @@ def test_workload_lines_round_trip(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", _DEFINITION_FILES or [pytest.param(None, id="no-corpus")], ids=_ids(_DEFINITION_FILES)
+    "path", _by_size(_DEFINITION_FILES) or [pytest.param(None, id="no-corpus")]
 )
 def test_reference_runs_on_small_workload(path: Path, trace_corpus: Path) -> None:
     """Every definition's reference runs on small synthesized inputs: small_workload's axes
@@ -82,7 +114,7 @@ def test_reference_runs_on_small_workload(path: Path, trace_corpus: Path) -> Non
             assert not torch.isnan(out).any(), f"{name} has NaN"
 
 
-@pytest.mark.parametrize("path", _WORKLOAD_FILES, ids=_ids(_WORKLOAD_FILES))
+@pytest.mark.parametrize("path", _by_size(_WORKLOAD_FILES))
 def test_real_workloads_synthesize_valid_inputs(path: Path, trace_corpus: Path) -> None:
     """Blobs are absent from the corpus copy: index inputs must be synthesized, valid."""
     ds = Dataset(trace_corpus)

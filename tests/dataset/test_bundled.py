@@ -17,7 +17,6 @@ from flashtune.bench import entry_points
 from flashtune.bench.build import build_solution, solution_hash
 from flashtune.bench.correctness import compare_outputs, distribution_check, is_stochastic
 from flashtune.cli import bundled_dataset
-from flashtune.data.families import ATTENTION_OP_TYPES as ATTENTION
 from flashtune.data import (
     Dataset,
     Solution,
@@ -26,6 +25,7 @@ from flashtune.data import (
     small_workload,
     synthesize_inputs,
 )
+from flashtune.data.families import ATTENTION_OP_TYPES as ATTENTION
 from flashtune.ops.attention.bundle import flashinfer_decode_uses_tensor_cores
 from flashtune.ops.bundle import bundled_op_for, bundled_ops, planned
 
@@ -195,10 +195,17 @@ BLOCK_SPARSE = [name for name in NAMES if DS.definition(name).op_type == "block_
 
 
 def _bsr(name: str, index: int) -> tuple[dict[str, int], torch.Tensor, torch.Tensor]:
-    """A bundled block-sparse workload's axes, indptr and indices (from its blob)."""
-    definition, workload = DS.definition(name), DS.workloads_for(name)[index].workload
-    inputs = synthesize_inputs(definition, workload, blob_root=DS)
-    return workload.axes, inputs["indptr"], inputs["indices"]
+    """A bundled block-sparse workload's axes, indptr and indices, read from its blob (not
+    through synthesize_inputs: it would also draw q, k and v, 33M values at 8k tokens)."""
+    from safetensors.torch import load_file
+
+    workload = DS.workloads_for(name)[index].workload
+    got = []
+    for key in ("indptr", "indices"):
+        spec = workload.inputs[key]
+        assert spec.type == "safetensors", (name, index, key)
+        got.append(load_file(str(DS.blob_path(spec.path)))[spec.tensor_key])
+    return workload.axes, got[0], got[1]
 
 
 def _density(axes: dict[str, int]) -> float:
