@@ -89,6 +89,7 @@ def test_file_limit_scales_with_the_sample():
     assert run.file_limit(900, 60, 20) == 20 * 60 + run.STARTUP_SECONDS
 
 
+@pytest.mark.slow  # the runner in a subprocess, waiting out its timeouts: ~10 s
 def test_per_test_timeout_and_triton_cache(tmp_path):
     """A test past --per-test-timeout fails alone and the file goes on past --timeout (its
     limit scales with the sample), and the test processes see --triton-cache as
@@ -126,6 +127,7 @@ def _slow_files(tmp_path):
     return out, command + ["--files", "test_first,test_second", "--out", str(out)]
 
 
+@pytest.mark.slow  # two runner subprocesses, waiting out a deadline and a timeout: ~18 s
 def test_deadline_reports_what_ran_and_what_did_not(tmp_path):
     out, command = _slow_files(tmp_path)
     proc = subprocess.run(
@@ -153,6 +155,7 @@ def test_deadline_reports_what_ran_and_what_did_not(tmp_path):
     assert second["counts"]["passed"] == 1
 
 
+@pytest.mark.slow  # the runner in a subprocess, signalled after 5 s
 def test_sigterm_writes_the_summary_of_what_ran(tmp_path):
     out, command = _slow_files(tmp_path)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
