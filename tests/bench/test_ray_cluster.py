@@ -145,6 +145,7 @@ def test_ray_local_gives_the_statuses_of_a_plain_run_on_bundled_definitions(tmp_
     assert "cluster: " in result.output and "triple(s)" in result.output
 
 
+@pytest.mark.slow  # seconds of actor starts: a killed actor and its replacement, ~15 s
 def test_a_killed_worker_actor_loses_no_finished_trace_and_requeues_its_triples(tmp_path):
     root, out = tmp_path / "ds", tmp_path / "out"
     marker, gate = tmp_path / "started", tmp_path / "gate"

@@ -19,6 +19,10 @@ from flashtune.models import TINY, Llama
 from flashtune.models.loop import format_report
 
 
+# The whole loop: a benchmark of every captured workload (41 triples, 30-45 s on two
+# cores). CI's slow step runs it; the main suite keeps apply's own capture -> bench ->
+# apply loop (tests/apply/test_end_to_end.py).
+@pytest.mark.slow
 def test_capture_run_apply_keeps_the_outputs(tmp_path: Path) -> None:
     model = Llama(TINY, "flashtune", device="cpu", dtype=torch.float16, page_size=4, num_pages=32)
     report = run_loop(
