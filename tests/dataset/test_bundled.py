@@ -60,7 +60,7 @@ def test_workload_axes_span_realistic_ranges():
 
 def _check(name: str, solution: str, device: str, workload_index: int = 0) -> None:
     definition = DS.definition(name)
-    if definition.op_type.startswith("gqa_") or definition.op_type == "block_sparse":
+    if definition.op_type in ATTENTION:
         # The bundled page tables (blobs) never hold an empty request; a small synthesized
         # one may, and FlashInfer's decode does not define that case. Synthesized BSR indices
         # may repeat a block within a row, which no real pattern does.
