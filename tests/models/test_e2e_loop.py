@@ -64,3 +64,22 @@ def test_the_documented_command_runs_the_loop_on_cpu(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "outputs (same tokens fed to both runs): match" in result.output
     assert "eps=1e-05, the model's eps=1e-06: the op runs itself" in result.output
+
+
+@pytest.mark.slow
+def test_the_loop_runs_the_deepseek_stack(tmp_path: Path) -> None:
+    """The MLA model's calls go through the same loop: its MLA decode and non-absorbed
+    ragged prefill are captured, get candidates, and apply keeps what the model computes
+    (apply's MLA result adapter returns (output, lse) only when the call asks for it)."""
+    from flashtune.models.loop import loop_model
+
+    model, prompts = loop_model("deepseek-tiny", device="cpu", dtype="float16")
+    report = run_loop(model, tmp_path / "ds", ["cpu"], prompt_lens=prompts, decode_steps=2)
+    mla = [n for n in report.captured if n.startswith(("mla_paged_decode_", "mla_ragged_"))]
+    assert len(mla) == 2, report.captured
+    assert all(report.winners[n] and report.winners[n].startswith("torch@") for n in mla)
+    # GPT-J-style RoPE has no bundled candidates: said, and the op runs itself.
+    rope = [n for n in report.captured if n.startswith("rope_")]
+    assert rope and all("no op family bundles" in report.no_candidates[n] for n in rope)
+    assert report.same_tokens and report.outputs_match
+    assert report.logits_max_rel_err <= 1e-2

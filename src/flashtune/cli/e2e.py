@@ -219,7 +219,10 @@ def candidates_for(
     if wrong:
         said = ", ".join(f"{n}={d!r}, the model's {n}={v!r}" for n, (v, d) in wrong.items())
         return [], f"the candidates hard-code {said}"
-    return solutions_for(definition), None
+    try:
+        return solutions_for(definition), None
+    except ValueError as exc:  # an op no family bundles (say GPT-J-style RoPE): no candidates
+        return [], str(exc)
 
 
 def add_solutions(dataset: Path, solutions_for: SolutionsFor) -> dict[str, str]:

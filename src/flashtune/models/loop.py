@@ -22,7 +22,6 @@ from flashtune.models.bench import (
     compare,
     model_config,
 )
-from flashtune.models.deepseek import DEEPSEEK_CONFIGS
 
 __all__ = [
     "Generation",
@@ -153,11 +152,6 @@ def loop_model(
     """The flashtune model the loop runs (either architecture), and its requests' prompt
     lengths: the tiny configs (the CPU checks) get small pages and prompts, the others a
     realistic ragged batch."""
-    if config in DEEPSEEK_CONFIGS:
-        # Captured and benchmarked, its MLA calls would come back from apply as their
-        # Definitions' (output, lse) (apply has no MLA result adapter yet), and its GPT-J
-        # RoPE definition has no bundled candidates (docs/e2e.md).
-        raise ValueError(f"the loop runs the Llama configs; {config} is not supported yet")
     tiny = config in TINY_CONFIGS
     model = build_model(
         model_config(config, layers),

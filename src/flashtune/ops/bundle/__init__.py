@@ -235,7 +235,9 @@ def solutions_for(definition: Definition) -> list[Solution]:
     """The bundled solutions of a definition of a bundled op (flashtune, torch, FlashInfer's)."""
     op = bundled_op_for(definition.name)
     if op is None:
-        raise ValueError(f"{definition.name} is no bundled op's definition")
+        raise ValueError(
+            f"{definition.name}: no op family bundles solutions for this op (its bundle.py)"
+        )
     return [_solution(definition, entry) for entry in op.entries_for(definition)]
 
 
