@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import flashtune
-from flashtune.ops import attention
 from flashtune.ops.rope import reference as rope_ops
 
 ROOT = Path(__file__).resolve().parents[1]

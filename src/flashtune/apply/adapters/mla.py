@@ -7,21 +7,11 @@ from __future__ import annotations
 from flashtune.apply.adapters.attention import run_result
 from flashtune.apply.patching import AdapterSpec
 from flashtune.apply.results import register_result_adapter
-from flashtune.ops.mla import (
-    BatchMLAPagedAttentionWrapper,
-    mla_paged_decode,
-    mla_paged_prefill,
-    mla_ragged_prefill,
-)
+from flashtune.ops.mla import MLA_OPS
 
 __all__ = ["adapters"]
 
-for _op in (
-    BatchMLAPagedAttentionWrapper.run,
-    mla_paged_decode,
-    mla_paged_prefill,
-    mla_ragged_prefill,
-):
+for _op in MLA_OPS:  # the wrapper's run, the plan-free decode and prefill, the ragged prefill
     register_result_adapter(_op, run_result)
 
 
