@@ -224,14 +224,21 @@ def _fib_report(command: str, root: Path, caplog: pytest.LogCaptureFixture) -> s
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CPU `flashtune run` of the bundled dataset: a norm (flashtune and FlashInfer
-    SKIPPED here, torch PASSED) and a sampling op (checked by distribution)."""
+    SKIPPED here, torch PASSED) and a sampling op (torch's, checked by distribution)."""
     from flashtune.bench.runner import RunOptions, run_benchmark
 
     out = tmp_path_factory.mktemp("run")
-    # One workload of the sampling op: its Triton sampler runs seconds in the interpreter.
-    for definitions, workloads in (("rmsnorm_h4096", None), ("top_k_sampling_from_probs_*", 1)):
+    # The sampling op: one workload of torch's solution (its PASSED trace is what
+    # FlashInfer-Bench reads; flashtune's Triton sampler would run seconds in the interpreter
+    # for a SKIPPED trace, and the norm's run has those).
+    runs = (("rmsnorm_h4096", None, None), ("top_k_sampling_from_probs_*", "torch@*", 1))
+    for definitions, solutions, workloads in runs:
         opts = RunOptions(
-            datasets=[bundled_dataset()], out=out, definitions=definitions, max_workloads=workloads
+            datasets=[bundled_dataset()],
+            out=out,
+            definitions=definitions,
+            solutions=solutions,
+            max_workloads=workloads,
         )
         run_benchmark(opts, progress=False)
     return out
@@ -242,6 +249,8 @@ def test_flashinfer_bench_reads_a_cpu_run(cpu_run: Path, caplog: pytest.LogCaptu
     statuses = {t.evaluation.status for t in traces if t.evaluation}
     assert statuses == {EvaluationStatus.PASSED, EvaluationStatus.SKIPPED}
     passed = [t for t in traces if t.evaluation and t.evaluation.status is EvaluationStatus.PASSED]
+    # Both ops' torch traces: the deterministic norm's and the sampling op's.
+    assert {t.definition for t in passed} == {"rmsnorm_h4096", "top_k_sampling_from_probs_v128256"}
 
     # The deterministic op's traces record the element-wise tolerance they were judged by.
     norms = [t for t in passed if t.definition == "rmsnorm_h4096"]
