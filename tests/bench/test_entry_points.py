@@ -17,6 +17,8 @@ import torch
 from flashtune.bench import entry_points as ep
 from flashtune.cli import bundled_dataset
 from flashtune.data import Dataset, synthesize_inputs
+from flashtune.ops.attention.bundle import flashinfer_decode_uses_tensor_cores
+from flashtune.ops.bundle import planned
 
 DS = Dataset(bundled_dataset())
 DECODE = "gqa_paged_decode_h32_kv8_d128_ps16"
@@ -99,9 +101,9 @@ def fake_flashinfer(monkeypatch) -> _Log:
     ):
         setattr(module, name, type(name, (base,), {"log": log}))
     monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(ep, "_WORKSPACE_BYTES", 1024)  # no 128 MB buffer on the test machine
-    monkeypatch.setattr(ep, "_workspaces", {})
-    monkeypatch.setattr(ep, "_plans", type(ep._plans)())
+    monkeypatch.setattr(planned, "_WORKSPACE_BYTES", 1024)  # no 128 MB buffer here
+    monkeypatch.setattr(planned, "_workspaces", {})
+    monkeypatch.setattr(planned, "_plans", type(planned._plans)())
     return log
 
 
@@ -155,7 +157,7 @@ def test_direct_call_still_plans_and_runs_every_call(fake_flashinfer, entry):
     names = list(DS.definition(PLANNED[entry]).inputs)
     fn(**dict(zip(names, args, strict=True)))  # by keyword, as a user may call it
     assert fake_flashinfer.kinds()[-3:] == ["init", "plan", "run"]
-    assert len(ep._plans) == 0  # a direct call leaves no plan behind
+    assert len(planned._plans) == 0  # a direct call leaves no plan behind
 
 
 def test_identical_index_sets_share_one_plan_and_distinct_ones_do_not(fake_flashinfer):
@@ -209,7 +211,7 @@ def _decode_args(hq: int, hk: int, dtype=torch.bfloat16) -> list:
     ],
 )
 def test_decode_backend_follows_flashinfers_group_size_rule(hq, hk, dtype, tensor_cores):
-    assert ep.flashinfer_decode_uses_tensor_cores(hq, hk, dtype) is tensor_cores
+    assert flashinfer_decode_uses_tensor_cores(hq, hk, dtype) is tensor_cores
 
 
 @pytest.mark.parametrize(("hq", "hk"), [(32, 8), (16, 8)])
@@ -227,11 +229,19 @@ def test_decode_entries_build_the_wrapper_on_the_chosen_backend(fake_flashinfer,
         _same(runner(*args), ep.torch_gqa_paged_decode(*args))
 
 
+MLA_PLANNED = {
+    "flashinfer_mla_paged_decode",
+    "flashinfer_mla_paged_prefill",
+    "flashinfer_mla_ragged_prefill",
+}
+
+
 def test_only_planned_adapters_have_a_setup():
     for name in dir(ep):
         fn = getattr(ep, name)
         if name.startswith(("flashtune_", "torch_", "flashinfer_")) and callable(fn):
-            planned = name in PLANNED or name in BLOCK_SPARSE_PLANNED
+            # FlashInfer's MLA wrappers plan in setup too (ops/mla/bundle.py).
+            planned = name in PLANNED or name in BLOCK_SPARSE_PLANNED or name in MLA_PLANNED
             assert callable(getattr(fn, "setup", None)) == planned, name
 
 

@@ -169,7 +169,9 @@ def test_sampling_rows_put_real_mass_at_the_filters_edges():
     d = _definition("top_k_top_p_sampling_from_probs_v128256")
     x = synthesize_inputs(d, _workload(d.name, 2), seed=0, blob_root=DS)  # 16 rows
     probs = x["probs"].double()
-    assert torch.allclose(probs.sum(-1), torch.ones(16, dtype=torch.float64), atol=1e-5)
+    # float32 rows of 128k entries normalized in float32: the sum is 1 to within the rounding
+    # of a 128k-term float32 sum (measured up to 3.8e-5, depending on the summation order).
+    assert torch.allclose(probs.sum(-1), torch.ones(16, dtype=torch.float64), atol=1e-4)
     top = torch.topk(probs, 128).values
     k = x["top_k"].long()
     assert bool(((k >= 2) & (k <= 100)).all())

@@ -248,9 +248,11 @@ def test_e2e_command_runs_the_deepseek_config_on_cpu() -> None:
     assert "greedy=1.00" in result.output
 
 
-def test_the_loop_refuses_the_deepseek_configs_for_now() -> None:
-    with pytest.raises(ValueError, match="not supported yet"):
-        loop_model("deepseek-tiny", device="cpu", dtype="float16")
+def test_the_loop_takes_the_deepseek_configs() -> None:
+    """The loop's model for an MLA config: the DeepSeek stack with the tiny prompts (the
+    whole loop on it is a slow test in tests/models/test_e2e_loop.py)."""
+    model, prompts = loop_model("deepseek-tiny", device="cpu", dtype="float16")
+    assert isinstance(model, DeepseekV3) and prompts == (5, 9, 3)
 
 
 # ------------------------------------------------------------------------------ GPU
