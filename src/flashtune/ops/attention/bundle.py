@@ -460,18 +460,6 @@ def _paged_workloads(definition: Definition, ctx: WorkloadContext) -> list[Workl
     return out
 
 
-def _ragged_workloads(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
-    out = []
-    for batch, n in PREFILL:
-        wid = wl.stable_uuid(definition.name, batch, n)
-        lens = wl.request_lengths(batch, n, ctx.generator)
-        tensors = {"qo_indptr": wl.indptr(lens), "kv_indptr": wl.indptr(lens)}
-        inputs = wl.blob(ctx, definition, wid, tensors)
-        axes = {"total_q": sum(lens), "total_kv": sum(lens), "len_indptr": batch + 1}
-        out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
-    return out
-
-
 def _block_sparse_workloads(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
     from flashtune.ops.attention.sparse import bsr_pattern
 
@@ -590,7 +578,7 @@ BUNDLED = (
     ),
     BundledOp(
         prefix="gqa_ragged_prefill_causal",
-        workloads=_ragged_workloads,
+        workloads=wl.ragged_sweep(PREFILL),
         entries=(
             Entry(
                 "flashtune",

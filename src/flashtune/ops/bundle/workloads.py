@@ -16,6 +16,7 @@ __all__ = [
     "blob",
     "indptr",
     "page_table",
+    "ragged_sweep",
     "request_lengths",
     "solve_axes",
     "stable_uuid",
@@ -94,5 +95,27 @@ def token_sweep(
             )
             for n in tokens
         ]
+
+    return workloads
+
+
+def ragged_sweep(
+    sizes: Sequence[tuple[int, int]],
+) -> Callable[[Definition, WorkloadContext], list[Workload]]:
+    """Workloads of a ragged self-attention prefill (qo_len = kv_len per request) at each
+    (batch, nominal length) of `sizes`: lengths drawn around the nominal one, the indptr
+    arrays stored as a blob; the axes the definition declares as var axes."""
+
+    def workloads(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
+        out = []
+        for batch, n in sizes:
+            wid = stable_uuid(definition.name, batch, n)
+            lens = request_lengths(batch, n, ctx.generator)
+            tensors = {"qo_indptr": indptr(lens), "kv_indptr": indptr(lens)}
+            inputs = blob(ctx, definition, wid, tensors)
+            axes = {"total_q": sum(lens), "total_kv": sum(lens), "len_indptr": batch + 1}
+            axes = {k: v for k, v in axes.items() if k in definition.var_axes}
+            out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
+        return out
 
     return workloads

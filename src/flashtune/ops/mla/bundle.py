@@ -232,19 +232,6 @@ def _paged_workloads(definition: Definition, ctx: WorkloadContext) -> list[Workl
     return out
 
 
-def _ragged_workloads(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
-    out = []
-    for batch, n in RAGGED:
-        wid = wl.stable_uuid(definition.name, batch, n)
-        lens = wl.request_lengths(batch, n, ctx.generator)
-        tensors = {"qo_indptr": wl.indptr(lens), "kv_indptr": wl.indptr(lens)}
-        inputs = wl.blob(ctx, definition, wid, tensors)
-        axes = {"total_q": sum(lens), "total_kv": sum(lens), "len_indptr": batch + 1}
-        axes = {k: v for k, v in axes.items() if k in definition.var_axes}
-        out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
-    return out
-
-
 # --------------------------------------------------------------------------- declarations
 
 _PLAN_FREE = (
@@ -295,7 +282,7 @@ BUNDLED = (
     ),
     BundledOp(
         prefix="mla_ragged_prefill_causal",
-        workloads=_ragged_workloads,
+        workloads=wl.ragged_sweep(RAGGED),
         models=MODELS,
         entries=(
             Entry(
