@@ -416,6 +416,27 @@ def test_zero_const_axis_loads_as_in_flashinfer_bench(ds_root: Path) -> None:
     assert _errors(ds_root) == []
 
 
+def test_axes_without_type_load_as_flashinfer_bench_writes_them(ds_root: Path) -> None:
+    """FlashInfer-Bench's Python API (AxisVar(), AxisConst(value=N)) saves axes without a
+    "type": a value makes a const axis, none a var axis; the definition's workloads stay
+    attached to it."""
+    from flashtune.data import Dataset
+
+    raw = _raw()
+    untyped = {
+        name: {k: v for k, v in axis.items() if k != "type"} for name, axis in raw["axes"].items()
+    }
+    _write_definition(ds_root, axes=untyped)
+    _save_blob(ds_root, x=torch.randn(1, 4))
+    _write_workload(ds_root, {"x": _blob_input()})
+    assert _errors(ds_root) == []
+    ds = Dataset(ds_root)
+    d = ds.definition(raw["name"])
+    assert d.const_axes == {n: a["value"] for n, a in raw["axes"].items() if a["type"] == "const"}
+    assert set(d.var_axes) == {n for n, a in raw["axes"].items() if a["type"] == "var"}
+    assert len(ds.workloads_for(raw["name"])) == 1
+
+
 def test_matching_blob_validates_clean(ds_root: Path) -> None:
     _save_blob(ds_root, x=torch.randn(1, 4))
     _write_workload(ds_root, {"x": _blob_input()})

@@ -252,6 +252,23 @@ class Definition(_Model):
     outputs: dict[str, TensorSpec]
     reference: str
 
+    @field_validator("axes", mode="before")
+    @classmethod
+    def _axis_types(cls, axes: Any) -> Any:
+        # FlashInfer-Bench's own Python API (AxisVar(), AxisConst(value=N), then its save)
+        # writes axes without "type": a "value" makes an axis const, none makes it var, as
+        # FlashInfer-Bench reads them back. An axis's other fields pass unchanged.
+        if not isinstance(axes, dict):
+            return axes
+        return {
+            name: (
+                {"type": "const" if "value" in axis else "var", **axis}
+                if isinstance(axis, dict) and "type" not in axis
+                else axis
+            )
+            for name, axis in axes.items()
+        }
+
     @field_validator("name", "op_type")
     @classmethod
     def _non_empty(cls, value: str, info: ValidationInfo) -> str:
