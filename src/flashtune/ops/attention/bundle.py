@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from flashtune.data import Definition, Workload
+from flashtune.ops.attention.page import get_seq_lens
 from flashtune.ops.bundle import (
     NO_SETUP,
     PLANNED,
@@ -261,11 +262,6 @@ def _gather_pages(cache, kv_indptr, kv_indices, lens, max_len):
     return cache[pages, (tok % page_size)[None, :].expand(b, -1)]
 
 
-def _paged_lens(kv_indptr, kv_last_page_len, page_size):
-    n = (kv_indptr[1:] - kv_indptr[:-1]).long()
-    return torch.where(n > 0, (n - 1).clamp(min=0) * page_size + kv_last_page_len.long(), 0)
-
-
 def torch_gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale):
     # A paged decode is a prefill of one query token per request (attending to all KV).
     qo_indptr = torch.arange(q.shape[0] + 1, device=q.device, dtype=kv_indptr.dtype)
@@ -285,7 +281,7 @@ def torch_gqa_paged_prefill(
 def _paged_requests(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
 ):
-    lens = _paged_lens(kv_indptr, kv_last_page_len, k_cache.shape[1])
+    lens = get_seq_lens(kv_indptr, kv_last_page_len, k_cache.shape[1])
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     qo = qo_indptr.tolist()
@@ -435,31 +431,6 @@ def torch_block_sparse_attention(q, k, v, indptr, indices, sm_scale):
 # --------------------------------------------------------------------------- workloads
 
 
-def _paged_workloads(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
-    """Decode (one query token per request) or causal paged prefill (qo_len = kv_len)."""
-    decode = "qo_indptr" not in definition.inputs
-    out = []
-    for batch, n in DECODE if decode else PREFILL:
-        wid = wl.stable_uuid(definition.name, batch, n)
-        lens = wl.request_lengths(batch, n, ctx.generator)
-        pages, last = wl.page_table(lens, PAGE_SIZE)
-        tensors = {} if decode else {"qo_indptr": wl.indptr(lens)}
-        tensors |= {
-            "kv_indptr": wl.indptr(pages),
-            "kv_last_page_len": torch.tensor(last, dtype=torch.int32),
-        }
-        axes = {} if decode else {"total_q": sum(lens)}
-        axes |= {
-            "batch_size": batch,
-            "len_indptr": batch + 1,
-            "num_kv_indices": sum(pages),
-            "num_pages": sum(pages) + 64,
-        }
-        inputs = wl.blob(ctx, definition, wid, tensors)
-        out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
-    return out
-
-
 def _block_sparse_workloads(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
     from flashtune.ops.attention.sparse import bsr_pattern
 
@@ -547,7 +518,7 @@ _TORCH_BLOCK_SPARSE = (
 BUNDLED = (
     BundledOp(
         prefix="gqa_paged_decode",
-        workloads=_paged_workloads,
+        workloads=wl.paged_sweep(DECODE, PREFILL),
         consts=_PAGED,
         entries=(
             Entry(
@@ -564,7 +535,7 @@ BUNDLED = (
     ),
     BundledOp(
         prefix="gqa_paged_prefill_causal",
-        workloads=_paged_workloads,
+        workloads=wl.paged_sweep(DECODE, PREFILL),
         consts=_PAGED,
         entries=(
             Entry(

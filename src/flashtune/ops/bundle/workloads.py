@@ -16,6 +16,7 @@ __all__ = [
     "blob",
     "indptr",
     "page_table",
+    "paged_sweep",
     "ragged_sweep",
     "request_lengths",
     "solve_axes",
@@ -115,6 +116,50 @@ def ragged_sweep(
             inputs = blob(ctx, definition, wid, tensors)
             axes = {"total_q": sum(lens), "total_kv": sum(lens), "len_indptr": batch + 1}
             axes = {k: v for k, v in axes.items() if k in definition.var_axes}
+            out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
+        return out
+
+    return workloads
+
+
+# Pages of a paged cache that no request reads: the cache is never exactly the table.
+SPARE_PAGES = 64
+
+
+def paged_sweep(
+    decode: Sequence[tuple[int, ...]], prefill: Sequence[tuple[int, ...]]
+) -> Callable[[Definition, WorkloadContext], list[Workload]]:
+    """Workloads of a paged attention definition: a decode (no qo_indptr input: one query a
+    request) at each row of `decode`, a prefill at each row of `prefill`. A row is (batch,
+    kv_len), whose prefill queries are each request's whole length, or (batch, qo_len,
+    kv_len), whose queries are its last qo_len tokens; it also names the workload (its id).
+    Request lengths are drawn around kv_len; the page table (at the definition's page size)
+    is stored as a blob, kv_last_page_len where the definition takes it; the axes are those
+    the definition declares as var axes."""
+
+    def workloads(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
+        is_decode = "qo_indptr" not in definition.inputs
+        page_size = definition.const_axes["page_size"]
+        out = []
+        for row in decode if is_decode else prefill:
+            batch, kv_len = row[0], row[-1]
+            wid = stable_uuid(definition.name, *row)
+            lens = request_lengths(batch, kv_len, ctx.generator)
+            qo = lens if len(row) == 2 else [min(row[1], n) for n in lens]
+            pages, last = page_table(lens, page_size)
+            tensors = {} if is_decode else {"qo_indptr": indptr(qo)}
+            tensors["kv_indptr"] = indptr(pages)
+            if "kv_last_page_len" in definition.inputs:
+                tensors["kv_last_page_len"] = torch.tensor(last, dtype=torch.int32)
+            axes = {
+                "total_q": sum(qo),
+                "batch_size": batch,
+                "len_indptr": batch + 1,
+                "num_kv_indices": sum(pages),
+                "num_pages": sum(pages) + SPARE_PAGES,
+            }
+            axes = {k: v for k, v in axes.items() if k in definition.var_axes}
+            inputs = blob(ctx, definition, wid, tensors)
             out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
         return out
 

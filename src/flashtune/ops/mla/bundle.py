@@ -15,13 +15,12 @@ from typing import Any
 
 import torch
 
-from flashtune.data import Definition, Workload
+from flashtune.ops.attention.page import get_seq_lens
 from flashtune.ops.bundle import (
     NO_SETUP,
     PLANNED,
     BundledOp,
     Entry,
-    WorkloadContext,
     runs_the_op,
 )
 from flashtune.ops.bundle import workloads as wl
@@ -32,7 +31,6 @@ DECODE = [(1, 128), (4, 256), (32, 4096), (64, 8192), (128, 16384)]  # (batch, k
 # (batch, qo_len, kv_len): the queries are each request's last qo_len tokens.
 PREFILL = [(1, 128, 128), (2, 64, 512), (4, 512, 2048), (1, 4096, 4096), (8, 1024, 8192)]
 RAGGED = [(1, 128), (4, 256), (1, 2048), (8, 1024), (1, 8192)]  # (batch, qo_len = kv_len)
-_SPARE_PAGES = 64  # pages of the cache no request reads
 
 
 def _split(table_and_scale: tuple[Any, ...]) -> tuple[tuple[Any, ...], float]:
@@ -113,11 +111,11 @@ def torch_mla_ragged_prefill(q, k, v, qo_indptr, kv_indptr, sm_scale):
 
 
 def _kv_lens(kv_indptr, last, page_size: int) -> torch.Tensor:
-    """Each request's KV length from its page count and last page (all pages full at ps 1)."""
-    pages = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
+    """Each request's KV length (int32) from its page count and last page (page size 1
+    lists no last page: every page holds one token)."""
     if last is None:
-        return pages
-    return torch.where(pages > 0, (pages - 1) * page_size + last.to(torch.int32), 0)
+        return (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
+    return get_seq_lens(kv_indptr, last, page_size).to(torch.int32)
 
 
 def _mla_plan(decode: bool):
@@ -205,33 +203,6 @@ flashinfer_mla_ragged_prefill = with_setup(
 # --------------------------------------------------------------------------- workloads
 
 
-def _paged_workloads(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
-    decode = "qo_indptr" not in definition.inputs
-    page_size = definition.const_axes["page_size"]
-    rows = [(b, 1, kv) for b, kv in DECODE] if decode else PREFILL
-    out = []
-    for batch, qo_len, kv_len in rows:
-        wid = wl.stable_uuid(definition.name, batch, qo_len, kv_len)
-        lens = wl.request_lengths(batch, kv_len, ctx.generator)
-        qo = [min(qo_len, n) for n in lens]
-        pages, last = wl.page_table(lens, page_size)
-        tensors = {} if decode else {"qo_indptr": wl.indptr(qo)}
-        tensors["kv_indptr"] = wl.indptr(pages)
-        if "kv_last_page_len" in definition.inputs:
-            tensors["kv_last_page_len"] = torch.tensor(last, dtype=torch.int32)
-        axes = {
-            "batch_size": batch,
-            "total_q": sum(qo),
-            "len_indptr": batch + 1,
-            "num_kv_indices": sum(pages),
-            "num_pages": sum(pages) + _SPARE_PAGES,
-        }
-        axes = {k: v for k, v in axes.items() if k in definition.var_axes}
-        inputs = wl.blob(ctx, definition, wid, tensors)
-        out.append(Workload(uuid=wid, axes=axes, inputs=inputs))
-    return out
-
-
 # --------------------------------------------------------------------------- declarations
 
 _PLAN_FREE = (
@@ -249,7 +220,7 @@ _FI_RAGGED = "FlashInfer's BatchPrefillWithRaggedKVCacheWrapper, causal, head_di
 def _paged(prefix: str, flashtune, torch_entry, flashinfer, call: str, what: str) -> BundledOp:
     return BundledOp(
         prefix=prefix,
-        workloads=_paged_workloads,
+        workloads=wl.paged_sweep([(b, 1, kv) for b, kv in DECODE], PREFILL),
         models=MODELS,
         entries=(
             Entry(
