@@ -23,11 +23,10 @@ from pathlib import Path
 
 import torch
 
-from flashtune.data import Dataset, Definition, Solution, Workload
+from flashtune.data import Dataset, Definition, Workload
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops import load_all
-from flashtune.ops.bundle import WorkloadContext, bundled_op_for, bundled_ops
-from flashtune.ops.bundle import solutions_for as _solutions_for
+from flashtune.ops.bundle import WorkloadContext, bundled_op_for, bundled_ops, solutions_for
 from flashtune.schema.dump import Example, model_definitions, model_examples
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "flashtune" / "dataset"
@@ -39,10 +38,8 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "flashtune" / "dataset"
 def _bundled(example: Example, model: ModelConfig) -> bool:
     op, args, kwargs = example
     call = op.bind(*args, **kwargs)
-    bundled = bundled_op_for(call.schema.name_prefix + "_")
-    if bundled is None or bundled.prefix != call.schema.name_prefix:
-        return False
-    if model.name not in bundled.models:
+    bundled = {op.prefix: op for op in bundled_ops()}.get(call.schema.name_prefix)
+    if bundled is None or model.name not in bundled.models:
         return False
     return all(call.axes.get(axis, value) == value for axis, value in bundled.consts.items())
 
@@ -69,10 +66,6 @@ def workloads_for(definition: Definition, root: Path) -> list[Workload]:
     if op is None:
         raise ValueError(f"no workloads for {definition.name}")
     return op.workloads(definition, WorkloadContext(root, torch.Generator().manual_seed(0)))
-
-
-def solutions_for(definition: Definition) -> list[Solution]:
-    return _solutions_for(definition)
 
 
 def main(argv: list[str] | None = None) -> int:

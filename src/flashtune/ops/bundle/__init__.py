@@ -114,7 +114,7 @@ class Entry:
 
     @property
     def author(self) -> str:
-        return self.kind.partition("_")[0] if self.kind.startswith("flashinfer") else self.kind
+        return "flashinfer" if self.kind.startswith("flashinfer") else self.kind
 
     @property
     def language(self) -> str:

@@ -519,6 +519,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             custom_mask_buf=custom_mask_buf,
             mask_indptr_buf=mask_indptr_buf,
         )
+        # A plan with head_dim_vo != head_dim_qk (MLA's non-absorbed prefill), run by
+        # flashtune.ops.mla instead of this wrapper's kernels.
+        self._split_vo: _SplitVO | None = None
 
     def plan(
         self,
@@ -625,7 +628,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of q [qo_indptr[-1], Hq, D] over k/v [kv_indptr[-1], Hkv, D] (NHD) or
         [Hkv, kv_indptr[-1], D] (HND)."""
-        split = getattr(self, "_split_vo", None)
+        split = self._split_vo
         if split is not None:
             if self._kv_layout == "HND":
                 k, v = k.transpose(0, 1), v.transpose(0, 1)
