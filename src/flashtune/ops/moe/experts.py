@@ -1,0 +1,270 @@
+"""The fused-MoE expert computation: routed tokens through their experts' SwiGLU MLPs.
+
+`fused_experts` is the part of a MoE layer after routing: given each token's top-k GLOBAL
+expert ids and weights, it runs every (token, k) pair whose expert is local to this rank
+through GEMM1 (W13, gate/up) -> SwiGLU -> GEMM2 (W2, down) and sums the weighted results
+per token. Semantics follow FlashInfer-Trace's MoE Definitions (`moe_fp8_block_scale_*`,
+`trtllm_fp8_per_tensor_scale_moe_*`), whose references dequantize everything to fp32:
+
+    G1 = A @ W13_e^T            [2I]
+    X1, X2 = G1[:I], G1[I:]
+    C = silu(X2) * X1           (silu on the SECOND half, as the Definitions do)
+    O = C @ W2_e^T              [H]
+    out[t] += w[t, k] * O       (fp32 accumulation, bf16 result)
+
+`fused_experts_torch` is that loop in plain PyTorch: the fallback where no kernel runs and
+the reference the tests compare the Triton path with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "QUANT_BLOCK",
+    "ExpertQuant",
+    "fused_experts",
+    "fused_experts_torch",
+]
+
+# The block size of the fp8 block-scale format (DeepSeek-V3's 128x128 weight blocks,
+# 1x128 activation groups).
+QUANT_BLOCK = 128
+
+QuantMode = Literal["bf16", "fp8_block", "fp8_per_tensor"]
+_FP8 = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class ExpertQuant:
+    """How the expert inputs are quantized, and their scales.
+
+    mode "bf16": hidden_states and weights are bf16 (or fp16/fp32); no scales.
+    mode "fp8_block": hidden_states, gemm1_weights, gemm2_weights are fp8 e4m3 with
+        hidden_states_scale [H/128, T] (transposed, as FlashInfer's), gemm1_weights_scale
+        [E_local, 2I/128, H/128], gemm2_weights_scale [E_local, H/128, I/128], all float32.
+    mode "fp8_per_tensor": fp8 e4m3 hidden_states and weights with per-expert scales
+        output1_scales_scalar [E_local] (applied to the up half X1 of GEMM1's output),
+        output1_scales_gate_scalar [E_local] (to the gate half X2), output2_scales_scalar
+        [E_local] (to GEMM2's output), as in `trtllm_fp8_per_tensor_scale_moe`; the
+        activation's own per-tensor scale is folded into those. An optional
+        hidden_states_scale (a scalar tensor) multiplies all of GEMM1's output for callers
+        that keep it separate.
+    """
+
+    mode: QuantMode = "bf16"
+    hidden_states_scale: torch.Tensor | None = None
+    gemm1_weights_scale: torch.Tensor | None = None
+    gemm2_weights_scale: torch.Tensor | None = None
+    output1_scales_scalar: torch.Tensor | None = None
+    output1_scales_gate_scalar: torch.Tensor | None = None
+    output2_scales_scalar: torch.Tensor | None = None
+
+
+BF16 = ExpertQuant()
+
+
+def _dequant_blocks(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [..., R, C] * scale [..., R/128, C/128] expanded to 128x128 blocks, in fp32."""
+    s = scale.float().repeat_interleave(QUANT_BLOCK, dim=-2).repeat_interleave(QUANT_BLOCK, dim=-1)
+    return x.float() * s[..., : x.shape[-2], : x.shape[-1]]
+
+
+def _check(
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    quant: ExpertQuant,
+    out: torch.Tensor | None,
+) -> None:
+    """Shape, dtype and device checks; raises ValueError/TypeError naming the argument."""
+    if hidden_states.dim() != 2:
+        raise ValueError(f"hidden_states must be [T, H], got shape {tuple(hidden_states.shape)}")
+    T, H = hidden_states.shape
+    if gemm1_weights.dim() != 3:
+        raise ValueError(
+            f"gemm1_weights must be [E_local, 2I, H], got {tuple(gemm1_weights.shape)}"
+        )
+    E, two_i, h1 = gemm1_weights.shape
+    if h1 != H or two_i % 2:
+        raise ValueError(
+            f"gemm1_weights must be [E_local, 2I, H={H}] with an even 2I, "
+            f"got {tuple(gemm1_weights.shape)}"
+        )
+    inter = two_i // 2
+    if tuple(gemm2_weights.shape) != (E, H, inter):
+        raise ValueError(
+            f"gemm2_weights must be [E_local={E}, H={H}, I={inter}], "
+            f"got {tuple(gemm2_weights.shape)}"
+        )
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != T:
+        raise ValueError(f"topk_ids must be [T={T}, K], got {tuple(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids must be int32 (or int64), got {topk_ids.dtype}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(
+            f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, "
+            f"got {tuple(topk_weights.shape)}"
+        )
+    if not topk_weights.is_floating_point():
+        raise TypeError(f"topk_weights must be float32, got {topk_weights.dtype}")
+    for name, t in (
+        ("gemm1_weights", gemm1_weights),
+        ("gemm2_weights", gemm2_weights),
+        ("topk_ids", topk_ids),
+        ("topk_weights", topk_weights),
+    ):
+        if t.device != hidden_states.device:
+            raise ValueError(f"{name} is on {t.device}, hidden_states on {hidden_states.device}")
+    if out is not None:
+        if tuple(out.shape) != (T, H) or out.dtype != torch.bfloat16:
+            raise ValueError(
+                f"out must be a [T={T}, H={H}] bfloat16 tensor, got {tuple(out.shape)} {out.dtype}"
+            )
+        if out.device != hidden_states.device:
+            raise ValueError(f"out is on {out.device}, hidden_states on {hidden_states.device}")
+
+    mode = quant.mode
+    if mode == "bf16":
+        for name, t in (
+            ("hidden_states", hidden_states),
+            ("gemm1_weights", gemm1_weights),
+            ("gemm2_weights", gemm2_weights),
+        ):
+            if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                raise TypeError(f'{name} must be bfloat16 for quant mode "bf16", got {t.dtype}')
+        return
+    for name, t in (
+        ("hidden_states", hidden_states),
+        ("gemm1_weights", gemm1_weights),
+        ("gemm2_weights", gemm2_weights),
+    ):
+        if t.dtype != _FP8:
+            raise TypeError(f'{name} must be float8_e4m3fn for quant mode "{mode}", got {t.dtype}')
+    if mode == "fp8_block":
+        b = QUANT_BLOCK
+        if H % b or inter % b:
+            raise ValueError(f"fp8_block needs H and I multiples of {b}, got H={H}, I={inter}")
+        want = {
+            "hidden_states_scale": (quant.hidden_states_scale, (H // b, T)),
+            "gemm1_weights_scale": (quant.gemm1_weights_scale, (E, two_i // b, H // b)),
+            "gemm2_weights_scale": (quant.gemm2_weights_scale, (E, H // b, inter // b)),
+        }
+    elif mode == "fp8_per_tensor":
+        want = {
+            "output1_scales_scalar": (quant.output1_scales_scalar, (E,)),
+            "output1_scales_gate_scalar": (quant.output1_scales_gate_scalar, (E,)),
+            "output2_scales_scalar": (quant.output2_scales_scalar, (E,)),
+        }
+        s = quant.hidden_states_scale
+        if s is not None and s.numel() != 1:
+            raise ValueError(
+                f"fp8_per_tensor's hidden_states_scale must be one value, got shape {tuple(s.shape)}"
+            )
+    else:
+        raise ValueError(
+            f'quant.mode must be "bf16", "fp8_block" or "fp8_per_tensor", got {mode!r}'
+        )
+    for name, (t, shape) in want.items():
+        if t is None:
+            raise ValueError(f'quant mode "{mode}" needs quant.{name} of shape {shape}')
+        if tuple(t.shape) != shape:
+            raise ValueError(f"quant.{name} must have shape {shape}, got {tuple(t.shape)}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"quant.{name} must be float32, got {t.dtype}")
+        if t.device != hidden_states.device:
+            raise ValueError(
+                f"quant.{name} is on {t.device}, hidden_states on {hidden_states.device}"
+            )
+
+
+@torch.no_grad()
+def fused_experts_torch(
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    quant: ExpertQuant = BF16,
+    local_expert_offset: int = 0,
+) -> torch.Tensor:
+    """The expert computation in plain PyTorch, fp32 throughout (the Definitions' math).
+
+    A loop over the local experts that have tokens; each (token, k) pair counts once, so a
+    token listing one expert twice gets both weights (the Definitions' routings never do).
+    Returns [T, H] float32 (callers cast).
+    """
+    T, H = hidden_states.shape
+    E, two_i, _ = gemm1_weights.shape
+    inter = two_i // 2
+    mode = quant.mode
+    if mode == "fp8_block":
+        # hidden_states_scale is [H/128, T]: one scale per token and 128-wide group
+        a_scale = quant.hidden_states_scale.t().float().repeat_interleave(QUANT_BLOCK, dim=1)
+        a = hidden_states.float() * a_scale
+    else:
+        a = hidden_states.float()
+    if mode == "fp8_per_tensor" and quant.hidden_states_scale is not None:
+        a = a * quant.hidden_states_scale.float().reshape(())
+    output = torch.zeros(T, H, dtype=torch.float32, device=hidden_states.device)
+    local = topk_ids.long() - int(local_expert_offset)  # [T, K] local ids, others out of range
+    for e in torch.unique(local[(local >= 0) & (local < E)]).tolist():
+        tok, kk = torch.nonzero(local == e, as_tuple=True)
+        w13 = gemm1_weights[e]
+        w2 = gemm2_weights[e]
+        if mode == "fp8_block":
+            w13 = _dequant_blocks(w13, quant.gemm1_weights_scale[e])
+            w2 = _dequant_blocks(w2, quant.gemm2_weights_scale[e])
+        g1 = a[tok] @ w13.float().t()  # [n, 2I]
+        x1, x2 = g1[:, :inter], g1[:, inter:]
+        if mode == "fp8_per_tensor":
+            x1 = x1 * quant.output1_scales_scalar[e]
+            x2 = x2 * quant.output1_scales_gate_scalar[e]
+        c = torch.nn.functional.silu(x2) * x1
+        o = c @ w2.float().t()  # [n, H]
+        if mode == "fp8_per_tensor":
+            o = o * quant.output2_scales_scalar[e]
+        output.index_add_(0, tok, o * topk_weights[tok, kk].float().unsqueeze(1))
+    return output
+
+
+def fused_experts(
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    quant: ExpertQuant = BF16,
+    local_expert_offset: int = 0,
+    out: torch.Tensor | None = None,
+    tactic: object | None = None,
+) -> torch.Tensor:
+    """Run each token's local top-k experts (SwiGLU MLPs) and sum them, weighted.
+
+    hidden_states [T, H] bf16 or fp8 e4m3 (see `ExpertQuant`); gemm1_weights [E_local, 2I, H]
+    (up rows first, then gate rows); gemm2_weights [E_local, H, I]; topk_ids [T, K] int32
+    GLOBAL expert ids, of which only [local_expert_offset, local_expert_offset + E_local) are
+    computed here; topk_weights [T, K] float32. Returns out ([T, H] bfloat16, allocated if
+    not given). `tactic` picks the kernels' tile configs (None: the default).
+    """
+    _check(hidden_states, gemm1_weights, gemm2_weights, topk_ids, topk_weights, quant, out)
+    result = fused_experts_torch(
+        hidden_states,
+        gemm1_weights,
+        gemm2_weights,
+        topk_ids,
+        topk_weights,
+        quant=quant,
+        local_expert_offset=local_expert_offset,
+    )
+    if out is None:
+        return result.to(torch.bfloat16)
+    out.copy_(result)
+    return out
