@@ -18,21 +18,38 @@ the reference the tests compare the Triton path with.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+
+from flashtune import platform
+from flashtune.ops.moe.align import align_routes
+from flashtune.ops.moe.config import (
+    QUANT_BLOCK,
+    MoETactic,
+    candidates,
+    default_tactic,
+    tactic_ok,
+)
+from flashtune.ops.moe.kernels import (
+    _moe_combine_kernel,
+    _moe_gemm1_swiglu_kernel,
+    _moe_gemm2_kernel,
+)
+from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner
 
 __all__ = [
     "QUANT_BLOCK",
     "ExpertQuant",
     "fused_experts",
     "fused_experts_torch",
+    "fused_experts_triton",
+    "triton_supported",
+    "resolve_tactic",
+    "FusedExpertsRunner",
 ]
-
-# The block size of the fp8 block-scale format (DeepSeek-V3's 128x128 weight blocks,
-# 1x128 activation groups).
-QUANT_BLOCK = 128
 
 QuantMode = Literal["bf16", "fp8_block", "fp8_per_tensor"]
 _FP8 = torch.float8_e4m3fn
@@ -83,6 +100,10 @@ def _check(
     out: torch.Tensor | None,
 ) -> None:
     """Shape, dtype and device checks; raises ValueError/TypeError naming the argument."""
+    if quant.mode not in ("bf16", "fp8_block", "fp8_per_tensor"):
+        raise ValueError(
+            f'quant.mode must be "bf16", "fp8_block" or "fp8_per_tensor", got {quant.mode!r}'
+        )
     if hidden_states.dim() != 2:
         raise ValueError(f"hidden_states must be [T, H], got shape {tuple(hidden_states.shape)}")
     T, H = hidden_states.shape
@@ -234,6 +255,203 @@ def fused_experts_torch(
     return output
 
 
+_QUANT_CODE = {"bf16": 0, "fp8_block": 1, "fp8_per_tensor": 2}
+_COMBINE_BLOCK_H = 1024
+
+
+def triton_supported(
+    hidden_states: torch.Tensor, gemm1_weights: torch.Tensor, quant: ExpertQuant
+) -> bool:
+    """Whether the Triton path runs this call: a device Triton can launch on, and 16-bit
+    or fp8 operands (fp32 "bf16"-mode inputs, or 16-bit activations with weights of another
+    dtype, take the PyTorch path)."""
+    if not platform.kernels_available(hidden_states.device):
+        return False
+    if quant.mode == "bf16":
+        return (
+            hidden_states.dtype in (torch.bfloat16, torch.float16)
+            and gemm1_weights.dtype == hidden_states.dtype
+        )
+    return True
+
+
+def resolve_tactic(
+    tactic: Tactic | MoETactic | None,
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    top_k: int,
+    quant: ExpertQuant,
+) -> MoETactic:
+    """The MoETactic of a call: `tactic` itself (a MoETactic or its 11-int tuple), or the
+    default of the call's regime for None / -1; ValueError for a tactic that cannot run."""
+    fp8_block = quant.mode == "fp8_block"
+    a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
+    if tactic is None or tactic == DEFAULT_TACTIC:
+        return default_tactic(
+            hidden_states.shape[0],
+            top_k,
+            gemm1_weights.shape[0],
+            fp8_block=fp8_block,
+            a_itemsize=a_size,
+            w_itemsize=w_size,
+        )
+    t = MoETactic.from_tactic(tactic)
+    if not tactic_ok(t, fp8_block=fp8_block, a_itemsize=a_size, w_itemsize=w_size):
+        raise ValueError(
+            f"tactic {t} cannot run here (tiles >= 16, BLOCK_K dividing 128 for fp8_block, "
+            "shared memory within 227 KB)"
+        )
+    return t
+
+
+def fused_experts_triton(
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    quant: ExpertQuant = BF16,
+    local_expert_offset: int = 0,
+    out: torch.Tensor | None = None,
+    tactic: Tactic | MoETactic | None = None,
+) -> torch.Tensor:
+    """The Triton path (inputs already checked): align, GEMM1 + SwiGLU, GEMM2, combine.
+
+    No host sync (the grids are bounds computed from shapes; programs of M-blocks past the
+    last expert's rows return at once), so the call can be captured in a CUDA graph."""
+    T, H = hidden_states.shape
+    E, two_i, _ = gemm1_weights.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    device = hidden_states.device
+    if out is None:
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=device)
+    if T == 0:
+        return out
+    t = resolve_tactic(tactic, hidden_states, gemm1_weights, top_k, quant)
+    al = align_routes(topk_ids, E, local_expert_offset, t.block_m)
+    num_routes = topk_ids.numel()
+    P = al.num_blocks * t.block_m
+
+    mode = quant.mode
+    qcode = _QUANT_CODE[mode]
+    # The interpreter's tl.dot is wrong on bf16 operands: upcast there (kernels.py).
+    dot_f32 = device.type == "cpu"
+    # C in 16 bits: fp16 for fp16 inputs, bf16 otherwise (fp8 modes included; kernels.py
+    # says why C is not re-quantized to fp8).
+    c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
+    c = torch.empty(P, inter, dtype=c_dtype, device=device)
+    o = torch.empty(P, H, dtype=torch.float32, device=device)
+    dummy = topk_weights  # any fp32 tensor: never read where a scale is absent
+
+    if mode == "fp8_block":
+        a_scale = quant.hidden_states_scale
+        w1_scale, w2_scale = quant.gemm1_weights_scale, quant.gemm2_weights_scale
+        up_s = gate_s = out_s = dummy
+        has_a_scale = True
+    elif mode == "fp8_per_tensor":
+        has_a_scale = quant.hidden_states_scale is not None
+        a_scale = quant.hidden_states_scale.reshape(1) if has_a_scale else dummy
+        w1_scale = w2_scale = dummy
+        up_s, gate_s = quant.output1_scales_scalar, quant.output1_scales_gate_scalar
+        out_s = quant.output2_scales_scalar
+    else:
+        a_scale = w1_scale = w2_scale = up_s = gate_s = out_s = dummy
+        has_a_scale = False
+
+    def strides3(x: torch.Tensor) -> tuple[int, int, int]:
+        return tuple(x.stride()) if x.dim() == 3 else (0, 0, 0)  # type: ignore[return-value]
+
+    def strides2(x: torch.Tensor) -> tuple[int, int]:
+        return tuple(x.stride()) if x.dim() == 2 else (0, 0)  # type: ignore[return-value]
+
+    g1 = t.gemm1
+    grid1 = (al.num_blocks * _cdiv(inter, g1.block_n),)
+    _moe_gemm1_swiglu_kernel[grid1](
+        hidden_states,
+        gemm1_weights,
+        c,
+        al.sorted_ids,
+        al.block_expert,
+        a_scale,
+        w1_scale,
+        up_s,
+        gate_s,
+        num_routes,
+        al.num_blocks,
+        H,
+        inter,
+        top_k,
+        *hidden_states.stride(),
+        *gemm1_weights.stride(),
+        *c.stride(),
+        *(strides2(a_scale) if mode == "fp8_block" else (0, 0)),
+        *strides3(w1_scale),
+        QUANT=qcode,
+        HAS_A_SCALE=has_a_scale,
+        DOT_F32=dot_f32,
+        EVEN_K=H % g1.block_k == 0,
+        BLOCK_M=t.block_m,
+        BLOCK_N=g1.block_n,
+        BLOCK_K=g1.block_k,
+        GROUP_M=g1.group_m,
+        num_warps=g1.num_warps,
+        num_stages=g1.num_stages,
+    )
+    g2 = t.gemm2
+    grid2 = (al.num_blocks * _cdiv(H, g2.block_n),)
+    _moe_gemm2_kernel[grid2](
+        c,
+        gemm2_weights,
+        o,
+        al.sorted_ids,
+        al.block_expert,
+        w2_scale,
+        out_s,
+        num_routes,
+        al.num_blocks,
+        H,
+        inter,
+        *c.stride(),
+        *gemm2_weights.stride(),
+        *o.stride(),
+        *strides3(w2_scale),
+        QUANT=qcode,
+        DOT_F32=dot_f32,
+        EVEN_K=inter % g2.block_k == 0,
+        BLOCK_M=t.block_m,
+        BLOCK_N=g2.block_n,
+        BLOCK_K=g2.block_k,
+        GROUP_M=g2.group_m,
+        num_warps=g2.num_warps,
+        num_stages=g2.num_stages,
+    )
+    block_h = min(_COMBINE_BLOCK_H, _next_pow2(H))
+    _moe_combine_kernel[(T, _cdiv(H, block_h))](
+        o,
+        al.route_pos,
+        topk_weights,
+        out,
+        H,
+        top_k,
+        o.stride(0),
+        *topk_weights.stride(),
+        out.stride(0),
+        BLOCK_H=block_h,
+        num_warps=4,
+    )
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
 def fused_experts(
     hidden_states: torch.Tensor,
     gemm1_weights: torch.Tensor,
@@ -244,7 +462,7 @@ def fused_experts(
     quant: ExpertQuant = BF16,
     local_expert_offset: int = 0,
     out: torch.Tensor | None = None,
-    tactic: object | None = None,
+    tactic: Tactic | MoETactic | None = None,
 ) -> torch.Tensor:
     """Run each token's local top-k experts (SwiGLU MLPs) and sum them, weighted.
 
@@ -252,9 +470,27 @@ def fused_experts(
     (up rows first, then gate rows); gemm2_weights [E_local, H, I]; topk_ids [T, K] int32
     GLOBAL expert ids, of which only [local_expert_offset, local_expert_offset + E_local) are
     computed here; topk_weights [T, K] float32. Returns out ([T, H] bfloat16, allocated if
-    not given). `tactic` picks the kernels' tile configs (None: the default).
+    not given). `tactic` picks the kernels' tile configs (None / -1: the default of the
+    call's regime; a `config.MoETactic` or its 11-int tuple otherwise).
+
+    The Triton kernels run where Triton can launch (a GPU, or the interpreter on CPU) for
+    16-bit or fp8 operands; anything else takes `fused_experts_torch`.
     """
     _check(hidden_states, gemm1_weights, gemm2_weights, topk_ids, topk_weights, quant, out)
+    if triton_supported(hidden_states, gemm1_weights, quant) and gemm2_weights.dtype == (
+        gemm1_weights.dtype
+    ):
+        return fused_experts_triton(
+            hidden_states,
+            gemm1_weights,
+            gemm2_weights,
+            topk_ids,
+            topk_weights.float(),
+            quant=quant,
+            local_expert_offset=local_expert_offset,
+            out=out,
+            tactic=tactic,
+        )
     result = fused_experts_torch(
         hidden_states,
         gemm1_weights,
@@ -268,3 +504,29 @@ def fused_experts(
         return result.to(torch.bfloat16)
     out.copy_(result)
     return out
+
+
+class FusedExpertsRunner(TunableRunner):
+    """The Triton path as an autotuner runner. inputs: (hidden_states, gemm1_weights,
+    gemm2_weights, topk_ids, topk_weights, quant, local_expert_offset); tactics:
+    `MoETactic.as_tactic()` tuples from config.candidates."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        hs, w1, _, ids, _, quant, _ = inputs
+        return [
+            t.as_tactic()
+            for t in candidates(
+                hs.shape[0],
+                ids.shape[1],
+                w1.shape[0],
+                fp8_block=quant.mode == "fp8_block",
+                a_itemsize=hs.element_size(),
+                w_itemsize=w1.element_size(),
+            )
+        ]
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
+        hs, w1, w2, ids, weights, quant, offset = inputs
+        return fused_experts_triton(
+            hs, w1, w2, ids, weights, quant=quant, local_expert_offset=offset, tactic=tactic
+        )

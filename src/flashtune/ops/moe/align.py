@@ -1,0 +1,88 @@
+"""Token alignment for the grouped GEMMs: the (token, k) routes sorted by local expert.
+
+The expert kernels run over M-blocks of BLOCK_M rows, each block holding the routes of one
+expert, so that a program loads one expert's weight tile and multiplies it by up to
+BLOCK_M token rows. `align_routes` builds, from topk_ids [T, K] (GLOBAL expert ids):
+
+- sorted_ids [P] int32: the flat route index t*K + k of each row, routes grouped by local
+  expert (stable: ascending route index within an expert), each expert's group padded to a
+  multiple of BLOCK_M with the sentinel T*K (rows the kernels mask);
+- block_expert [P / BLOCK_M] int32: the local expert of each M-block, -1 for the blocks
+  past the last expert's (the kernels' programs for those return at once);
+- route_pos [T*K] int32: the row of each route in sorted order, -1 for a route whose expert
+  is not local (the combine reads each token's K rows through it).
+
+P is a bound known on the host without reading the ids, so nothing syncs with the device
+and the launch can be captured in a CUDA graph: sum over non-empty experts of
+ceil(n_e / BLOCK_M) <= (T*K + min(E, T*K) * (BLOCK_M - 1)) / BLOCK_M. At decode (T=1,
+K=8, BLOCK_M=16) that is 8 blocks, whatever E is, so empty experts cost nothing: no
+program of theirs runs and none of their weights are read.
+
+Routes to non-local experts (expert parallelism) are dropped here, which is where the
+"others contribute nothing" of the contract is kept.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["Alignment", "max_blocks", "align_routes"]
+
+
+class Alignment(NamedTuple):
+    sorted_ids: torch.Tensor  # [num_blocks * block_m] int32
+    block_expert: torch.Tensor  # [num_blocks] int32
+    route_pos: torch.Tensor  # [T * K] int32
+    block_m: int
+    num_blocks: int  # an upper bound: the grid's M extent
+
+
+def max_blocks(num_routes: int, num_local_experts: int, block_m: int) -> int:
+    """The most M-blocks `num_routes` routes over `num_local_experts` experts can need."""
+    busy = min(num_local_experts, num_routes)
+    return max(1, (num_routes + busy * (block_m - 1)) // block_m)
+
+
+def align_routes(
+    topk_ids: torch.Tensor,
+    num_local_experts: int,
+    local_expert_offset: int,
+    block_m: int,
+) -> Alignment:
+    """Sort the routes of topk_ids [T, K] by local expert into BLOCK_M-padded groups (see
+    the module docstring). A dozen small device ops, none of which syncs with the host."""
+    device = topk_ids.device
+    num_routes = topk_ids.numel()
+    E = num_local_experts
+    nb = max_blocks(num_routes, E, block_m)
+    P = nb * block_m
+
+    local = topk_ids.reshape(-1).to(torch.int64) - int(local_expert_offset)
+    is_local = (local >= 0) & (local < E)
+    key = torch.where(is_local, local, E)  # [TK]; E: not computed here
+    counts = torch.zeros(E + 1, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    padded = (counts + (block_m - 1)) // block_m * block_m
+    padded[E] = 0  # dropped routes take no rows
+    pad_end = torch.cumsum(padded, 0)  # [E+1]
+    pad_start = pad_end - padded
+    raw_start = torch.cumsum(counts, 0) - counts  # start of each expert in `order`
+
+    order = torch.argsort(key, stable=True)  # route indices grouped by expert
+    sorted_key = key[order]
+    rank = torch.arange(num_routes, device=device) - raw_start[sorted_key]
+    # Dropped routes all go to the spare slot P, cut off below.
+    dest = torch.where(sorted_key < E, pad_start[sorted_key] + rank, P)
+
+    sorted_ids = torch.full((P + 1,), num_routes, dtype=torch.int32, device=device)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    route_pos = torch.empty(num_routes, dtype=torch.int32, device=device)
+    route_pos.scatter_(0, order, torch.where(sorted_key < E, dest, -1).to(torch.int32))
+
+    # Block b belongs to the first expert whose padded rows end after b * block_m.
+    starts = torch.arange(nb, device=device, dtype=torch.int64) * block_m
+    owner = torch.searchsorted(pad_end[:E].contiguous(), starts, right=True)
+    block_expert = torch.where(owner < E, owner, -1).to(torch.int32)
+    return Alignment(sorted_ids[:P], block_expert, route_pos, block_m, nb)

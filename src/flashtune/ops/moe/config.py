@@ -1,0 +1,264 @@
+"""Launch configurations of the fused-MoE expert kernels (kernels.py), in one place.
+
+A fused-experts call runs two grouped GEMMs over the same token alignment (align.py), so its
+tactic is compound: one BLOCK_M (the rows of an M-block: every block holds one expert's
+tokens, so the alignment pads each expert's count to a multiple of it) and one tile config
+per GEMM stage (`StageTile`: BLOCK_N, BLOCK_K, GROUP_M, warps, stages), since GEMM1
+(K = H, two B tiles per program: up and gate) and GEMM2 (K = I) favour different tiles.
+
+The tuner's cache holds tactics as flat int tuples (`MoETactic.as_tactic`: block_m, then
+GEMM1's five, then GEMM2's five); `MoETactic.from_tactic` accepts either form back.
+
+The regime is set by the tokens per expert, `tokens_per_expert(T, K, E_local)`: at decode
+(T*K/E < 16) every touched expert is one 16-row block and the cost is streaming the touched
+experts' weights, so narrow N tiles (many programs per expert, to keep the SMs' loads in
+flight) win; with many tokens per expert the GEMMs are compute bound and want the large
+tiles of the plain GEMM (ops/gemm/config.py).
+
+Defaults are unmeasured starting points (no GPU in the session that wrote them): choices
+carried over from the GEMM family's H200 measurements (64x128 B tiles with 4-5 stages at
+M <= 16; 128x128x64, 8 warps, 3 stages for large M). `benchmarks/bench_moe.py` measures them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import astuple, dataclass
+
+from flashtune.tune import Tactic
+
+__all__ = [
+    "StageTile",
+    "MoETactic",
+    "MoESpace",
+    "QUANT_BLOCK",
+    "tokens_per_expert",
+    "bucket_of",
+    "default_tactic",
+    "candidates",
+    "tactic_ok",
+]
+
+# The fp8 block-scale format's block (DeepSeek-V3's 128x128 weight blocks, 1x128
+# activation groups): with fp8_block, BLOCK_K must divide it (one scale per K step).
+QUANT_BLOCK = 128
+
+# One CTA's shared memory on Hopper (227 KB opt-in), the bound tactic_ok checks against.
+_SMEM_LIMIT = 227 * 1024
+
+
+@dataclass(frozen=True)
+class StageTile:
+    """The tile of one GEMM stage: B tile [block_n, block_k] per K step (GEMM1 loads two, the
+    up rows and the gate rows), GROUP_M M-blocks walking the N tiles together."""
+
+    block_n: int = 64
+    block_k: int = 128
+    group_m: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@dataclass(frozen=True)
+class MoETactic:
+    """The compound tactic of fused_experts: the M-block rows and each GEMM's tile."""
+
+    block_m: int = 16
+    gemm1: StageTile = StageTile()
+    gemm2: StageTile = StageTile()
+
+    def as_tactic(self) -> tuple[int, ...]:
+        return (self.block_m, *astuple(self.gemm1), *astuple(self.gemm2))
+
+    @classmethod
+    def from_tactic(cls, tactic: Tactic) -> MoETactic:
+        if isinstance(tactic, cls):
+            return tactic
+        values = tuple(tactic)  # type: ignore[arg-type]
+        if len(values) != 11:
+            raise ValueError(
+                f"a MoE tactic is a MoETactic or 11 ints (block_m, 5 for GEMM1, 5 for "
+                f"GEMM2), got {tactic!r}"
+            )
+        return cls(values[0], StageTile(*values[1:6]), StageTile(*values[6:11]))
+
+    def smem_bytes(self, a_itemsize: int, w_itemsize: int) -> int:
+        """Shared memory of the larger stage's pipeline (GEMM1: A tile plus two B tiles)."""
+        g1, g2 = self.gemm1, self.gemm2
+        s1 = (self.block_m * a_itemsize + 2 * g1.block_n * w_itemsize) * g1.block_k
+        # GEMM2's A is the 16-bit intermediate; its fp8 B tile is upcast in registers.
+        s2 = (self.block_m * 2 + g2.block_n * w_itemsize) * g2.block_k
+        return max(s1 * g1.num_stages, s2 * g2.num_stages)
+
+
+@dataclass(frozen=True)
+class MoESpace:
+    """The search space: iterating yields every MoETactic of the product (the tuner prunes
+    with `tactic_ok`; `candidates` is the short list it tries by default)."""
+
+    block_m: tuple[int, ...] = (16, 32, 64, 128)
+    block_n: tuple[int, ...] = (32, 64, 128, 256)
+    block_k: tuple[int, ...] = (64, 128)
+    group_m: tuple[int, ...] = (1, 8)
+    num_warps: tuple[int, ...] = (4, 8)
+    num_stages: tuple[int, ...] = (2, 3, 4, 5)
+
+    def tiles(self) -> Iterator[StageTile]:
+        for values in itertools.product(
+            self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages
+        ):
+            yield StageTile(*values)
+
+    def __iter__(self) -> Iterator[MoETactic]:
+        tiles = list(self.tiles())
+        for bm in self.block_m:
+            for g1 in tiles:
+                for g2 in tiles:
+                    yield MoETactic(bm, g1, g2)
+
+
+def tokens_per_expert(num_tokens: int, top_k: int, num_local_experts: int) -> float:
+    """The mean (token, k) rows per local expert if every route were local: the figure the
+    tiles depend on."""
+    return num_tokens * top_k / max(num_local_experts, 1)
+
+
+def bucket_of(num_tokens: int, top_k: int, num_local_experts: int) -> str:
+    """The regime of a call: "decode" (< 16 rows an expert), "small" (< 64), "medium"
+    (< 256), "large"."""
+    m = tokens_per_expert(num_tokens, top_k, num_local_experts)
+    if m < 16:
+        return "decode"
+    if m < 64:
+        return "small"
+    if m < 256:
+        return "medium"
+    return "large"
+
+
+# Per bucket, best first; default_tactic takes the first valid one. GEMM1's N tiles are per
+# half (up and gate each), so a program's B traffic per K step is twice GEMM2's.
+_DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
+    "decode": (
+        MoETactic(16, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)),
+        MoETactic(16, StageTile(32, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)),
+        MoETactic(16, StageTile(32, 64, 1, 4, 2), StageTile(32, 64, 1, 4, 2)),
+    ),
+    "small": (
+        MoETactic(32, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)),
+        MoETactic(32, StageTile(64, 64, 1, 4, 3), StageTile(64, 64, 1, 4, 3)),
+    ),
+    "medium": (
+        MoETactic(64, StageTile(128, 64, 8, 4, 4), StageTile(128, 64, 8, 4, 4)),
+        MoETactic(64, StageTile(64, 64, 8, 4, 3), StageTile(64, 64, 8, 4, 3)),
+    ),
+    "large": (
+        MoETactic(128, StageTile(128, 64, 8, 8, 3), StageTile(128, 64, 8, 8, 3)),
+        MoETactic(64, StageTile(128, 64, 8, 4, 3), StageTile(128, 64, 8, 4, 3)),
+    ),
+}
+# Small enough for any shared memory and any legal shape (interpreter, odd tests).
+_FALLBACK = MoETactic(16, StageTile(32, 64, 1, 4, 2), StageTile(32, 64, 1, 4, 2))
+
+
+def tactic_ok(
+    tactic: MoETactic,
+    *,
+    fp8_block: bool,
+    a_itemsize: int,
+    w_itemsize: int,
+    smem_limit: int = _SMEM_LIMIT,
+) -> bool:
+    """Whether `tactic` can run: its tiles fit shared memory, tl.dot's minimum of 16 in each
+    dimension, and with fp8 block scales a BLOCK_K dividing the 128-wide scale block (one
+    activation and one weight scale per K step)."""
+    for tile in (tactic.gemm1, tactic.gemm2):
+        if tile.block_n < 16 or tile.block_k < 16 or tile.num_stages < 1:
+            return False
+        if fp8_block and QUANT_BLOCK % tile.block_k:
+            return False
+        if tile.group_m < 1 or tile.num_warps not in (1, 2, 4, 8, 16):
+            return False
+    if tactic.block_m < 16:
+        return False
+    return tactic.smem_bytes(a_itemsize, w_itemsize) <= smem_limit
+
+
+def default_tactic(
+    num_tokens: int,
+    top_k: int,
+    num_local_experts: int,
+    *,
+    fp8_block: bool = False,
+    a_itemsize: int = 2,
+    w_itemsize: int = 2,
+) -> MoETactic:
+    """Tactic -1: the first default of the call's bucket that is valid, else the fallback."""
+    for t in _DEFAULTS[bucket_of(num_tokens, top_k, num_local_experts)]:
+        if tactic_ok(t, fp8_block=fp8_block, a_itemsize=a_itemsize, w_itemsize=w_itemsize):
+            return t
+    return _FALLBACK
+
+
+def candidates(
+    num_tokens: int,
+    top_k: int,
+    num_local_experts: int,
+    *,
+    fp8_block: bool = False,
+    a_itemsize: int = 2,
+    w_itemsize: int = 2,
+) -> list[MoETactic]:
+    """The tactics the tuner tries for a call: per stage a dozen tiles known to be good for
+    the regime, crossed, with the block_m of the regime and its neighbours."""
+    m = tokens_per_expert(num_tokens, top_k, num_local_experts)
+    if m < 16:
+        block_ms = (16,)
+        tiles = [
+            StageTile(bn, bk, 1, w, s)
+            for bn, bk, w, s in (
+                (32, 128, 4, 4),
+                (64, 128, 4, 4),
+                (64, 128, 4, 5),
+                (128, 128, 4, 3),
+                (32, 256, 4, 3),
+                (64, 64, 4, 5),
+            )
+        ]
+    elif m < 128:
+        block_ms = (16, 32, 64)
+        tiles = [
+            StageTile(bn, bk, g, w, s)
+            for bn, bk, g, w, s in (
+                (64, 128, 1, 4, 4),
+                (128, 64, 8, 4, 4),
+                (128, 128, 8, 8, 3),
+                (64, 64, 8, 4, 3),
+            )
+        ]
+    else:
+        block_ms = (64, 128)
+        tiles = [
+            StageTile(bn, bk, g, w, s)
+            for bn, bk, g, w, s in (
+                (128, 64, 8, 8, 3),
+                (128, 64, 8, 4, 4),
+                (256, 64, 8, 8, 3),
+                (128, 128, 8, 8, 3),
+                (64, 128, 8, 4, 4),
+            )
+        ]
+    out = [
+        MoETactic(bm, g1, g2)
+        for bm in block_ms
+        for g1 in tiles
+        for g2 in tiles
+        if tactic_ok(
+            MoETactic(bm, g1, g2),
+            fp8_block=fp8_block,
+            a_itemsize=a_itemsize,
+            w_itemsize=w_itemsize,
+        )
+    ]
+    return list(dict.fromkeys(out))

@@ -1,0 +1,268 @@
+"""Triton kernels of the fused-MoE expert computation; experts.py launches them.
+
+Three launches over the alignment of align.py (routes sorted by local expert, padded to
+BLOCK_M-row blocks of one expert each):
+
+1. `_moe_gemm1_swiglu_kernel`: per (M-block, N tile) program, the block's token rows
+   (gathered from hidden_states through sorted_ids) times the expert's W13 up rows [n] and
+   gate rows [I + n], two accumulators in one program so SwiGLU (silu(gate) * up) runs in
+   the epilogue; writes the intermediate C [P, I] in sorted-row order (16-bit).
+2. `_moe_gemm2_kernel`: C's rows of the block times the expert's W2 [H, I]; writes fp32
+   rows [P, H], still in sorted order (dense: only routed rows are written).
+3. `_moe_combine_kernel`: per token, the weighted sum of its K rows (found through
+   route_pos, -1 for non-local routes) in a fixed order: deterministic, unlike an atomic
+   scatter-add from GEMM2, and it writes every output row, so `out` needs no memset.
+
+Quantization (QUANT): 0 none (bf16/fp16 operands); 1 fp8 block scales: every K step is one
+128-wide scale block (BLOCK_K divides 128), so the step's fp32 partial product is scaled
+by a_scale[token, kb] x w_scale[e, n // 128, kb] before it is accumulated; 2 fp8 per-tensor:
+fp8 x fp8 products, per-expert scales applied in the epilogues. The intermediate C is
+stored in bf16 (16-bit, not re-quantized to fp8): FlashInfer's references keep C in fp32,
+and fp8 rounding alone costs about 2.7e-2 of the norm, above the bf16 output's 1e-2 bound
+of the evaluator; bf16 costs about 2e-3. GEMM2 then multiplies bf16 C by the fp8 W2 tile
+upcast to bf16 in registers (weight streaming is the same; the MMA runs at bf16 rate).
+
+DOT_F32 (the Triton interpreter only): tl.dot on bf16 operands is wrong there, so the
+operands are upcast to fp32 first; every other step is the same code.
+
+Out-of-range rows and columns are clamped (padding rows read token 0, tail columns wrap)
+instead of masked on load: loads stay in bounds and unmasked, the stores are masked.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# The kernels are the package's own: experts.py launches them.
+__all__: list[str] = []
+
+
+@triton.jit
+def _swizzle(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of a 1-D program id: GROUP_M M-blocks walk the N tiles together, so
+    the weight tiles they share (one expert's, when the blocks are the same expert's) are
+    read from L2."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_pid_m"])
+def _moe_gemm1_swiglu_kernel(
+    a_ptr,  # [T, H] activations (bf16/fp16/fp8)
+    w_ptr,  # [E, 2I, H] W13: rows [0, I) up (X1), rows [I, 2I) gate (X2)
+    c_ptr,  # [P, I] intermediate, sorted-row order
+    sorted_ids_ptr,  # [P] int32 route index t*K + k, num_routes for padding
+    block_expert_ptr,  # [P / BLOCK_M] int32 local expert, -1: no rows
+    a_scale_ptr,  # QUANT 1: [H/128, T] fp32; QUANT 2 with HAS_A_SCALE: [1] fp32; else dummy
+    w_scale_ptr,  # QUANT 1: [E, 2I/128, H/128] fp32; else dummy
+    up_scale_ptr,  # QUANT 2: [E] fp32 (output1_scales_scalar); else dummy
+    gate_scale_ptr,  # QUANT 2: [E] fp32 (output1_scales_gate_scalar); else dummy
+    num_routes,  # T * K
+    num_pid_m,
+    H,
+    INTER,
+    TOP_K,
+    stride_at,
+    stride_ah,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_cm,
+    stride_cn,
+    stride_ask,
+    stride_ast,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    QUANT: tl.constexpr,
+    HAS_A_SCALE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(INTER, BLOCK_N)
+    pid_m, pid_n = _swizzle(pid, num_pid_m, num_pid_n, GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:  # past the last expert's rows
+        return
+    expert = expert.to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    route = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = route < num_routes
+    token = tl.where(row_ok, route // TOP_K, 0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_nw = offs_n % INTER  # tail columns wrap: in-bounds loads, masked store
+    offs_k = tl.arange(0, BLOCK_K)
+
+    a_ptrs = a_ptr + token[:, None] * stride_at + offs_k[None, :] * stride_ah
+    w_base = w_ptr + expert * stride_we
+    up_ptrs = w_base + offs_nw[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    gate_ptrs = w_base + (offs_nw + INTER)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    if QUANT == 1:
+        # Per-column weight scale rows: the up and gate columns of this tile.
+        ws_up = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+        ws_gate = w_scale_ptr + expert * stride_wse + ((offs_nw + INTER) // 128) * stride_wsn
+        as_ptrs = a_scale_ptr + token * stride_ast
+
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            w_up = tl.load(up_ptrs)
+            w_gate = tl.load(gate_ptrs)
+        else:
+            k_ok = offs_k < H - k0
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            w_up = tl.load(up_ptrs, mask=k_ok[:, None], other=0.0)
+            w_gate = tl.load(gate_ptrs, mask=k_ok[:, None], other=0.0)
+        if DOT_F32:
+            a = a.to(tl.float32)
+            w_up = w_up.to(tl.float32)
+            w_gate = w_gate.to(tl.float32)
+        if QUANT == 1:
+            kb = k0 // 128
+            a_s = tl.load(as_ptrs + kb * stride_ask)  # [BLOCK_M]
+            s_up = tl.load(ws_up + kb * stride_wsk)  # [BLOCK_N]
+            s_gate = tl.load(ws_gate + kb * stride_wsk)
+            acc_up += tl.dot(a, w_up) * (a_s[:, None] * s_up[None, :])
+            acc_gate += tl.dot(a, w_gate) * (a_s[:, None] * s_gate[None, :])
+        else:
+            acc_up = tl.dot(a, w_up, acc_up)
+            acc_gate = tl.dot(a, w_gate, acc_gate)
+        a_ptrs += BLOCK_K * stride_ah
+        up_ptrs += BLOCK_K * stride_wk
+        gate_ptrs += BLOCK_K * stride_wk
+
+    if QUANT == 2:
+        acc_up = acc_up * tl.load(up_scale_ptr + expert)
+        acc_gate = acc_gate * tl.load(gate_scale_ptr + expert)
+        if HAS_A_SCALE:
+            a_scale = tl.load(a_scale_ptr)
+            acc_up = acc_up * a_scale
+            acc_gate = acc_gate * a_scale
+    # SwiGLU as the Definitions write it: silu on the second half (gate), times the first.
+    c = acc_up * (acc_gate * tl.sigmoid(acc_gate))
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < INTER)[None, :])
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_pid_m"])
+def _moe_gemm2_kernel(
+    c_ptr,  # [P, I] intermediate (16-bit), sorted-row order
+    w_ptr,  # [E, H, I] W2
+    o_ptr,  # [P, H] fp32 per-route rows, sorted-row order
+    sorted_ids_ptr,  # [P] int32
+    block_expert_ptr,  # [P / BLOCK_M] int32
+    w_scale_ptr,  # QUANT 1: [E, H/128, I/128] fp32; else dummy
+    out_scale_ptr,  # QUANT 2: [E] fp32 (output2_scales_scalar); else dummy
+    num_routes,
+    num_pid_m,
+    H,
+    INTER,
+    stride_cm,
+    stride_ck,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_om,
+    stride_on,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    QUANT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(H, BLOCK_N)
+    pid_m, pid_n = _swizzle(pid, num_pid_m, num_pid_n, GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    route = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = route < num_routes
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_nw = offs_n % H
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # Padding rows of C were never written: mask them to zeros (no NaN from stale memory).
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_k[None, :] * stride_ck
+    w_ptrs = w_ptr + expert * stride_we + offs_nw[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    if QUANT == 1:
+        ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        if EVEN_K:
+            c = tl.load(c_ptrs, mask=row_ok[:, None], other=0.0)
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = offs_k < INTER - k0
+            c = tl.load(c_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        if DOT_F32:
+            c = c.to(tl.float32)
+            w = w.to(tl.float32)
+        else:
+            w = w.to(c.dtype)  # fp8 W2 upcast to C's 16-bit type; a no-op otherwise
+        if QUANT == 1:
+            s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk)  # [BLOCK_N]
+            acc += tl.dot(c, w) * s[None, :]
+        else:
+            acc = tl.dot(c, w, acc)
+        c_ptrs += BLOCK_K * stride_ck
+        w_ptrs += BLOCK_K * stride_wk
+
+    if QUANT == 2:
+        acc = acc * tl.load(out_scale_ptr + expert)
+    o_ptrs = o_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(o_ptrs, acc, mask=row_ok[:, None] & (offs_n < H)[None, :])
+
+
+@triton.jit
+def _moe_combine_kernel(
+    o_ptr,  # [P, H] fp32 per-route rows, sorted-row order
+    route_pos_ptr,  # [T * K] int32 row of each route, -1 when not local
+    weights_ptr,  # [T, K] routing weights
+    out_ptr,  # [T, H] bf16
+    H,
+    TOP_K,
+    stride_om,
+    stride_wt,
+    stride_wk,
+    stride_ot,
+    BLOCK_H: tl.constexpr,
+):
+    t = tl.program_id(0)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    # A fixed order over k: the same sum for the same inputs, run after run.
+    for k in range(0, TOP_K):
+        pos = tl.load(route_pos_ptr + t * TOP_K + k)
+        if pos >= 0:
+            w = tl.load(weights_ptr + t * stride_wt + k * stride_wk).to(tl.float32)
+            row = tl.load(o_ptr + pos.to(tl.int64) * stride_om + offs_h, mask=h_ok, other=0.0)
+            acc += w * row
+    tl.store(
+        out_ptr + t.to(tl.int64) * stride_ot + offs_h, acc.to(out_ptr.dtype.element_ty), mask=h_ok
+    )

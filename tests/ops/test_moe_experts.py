@@ -1,0 +1,428 @@
+"""Fused-MoE experts (ops/moe/experts.py): the Triton path against the PyTorch path.
+
+On CPU the Triton kernels run in the interpreter at small shapes (H=256, I=128/256, E 4-8,
+K 2-3, T 1/3/17): experts with no tokens, routes to non-local experts, odd H and I in the
+unquantized mode, fp8 block and per-tensor scales. On the GPU (`-m cuda`) the same tests
+run on CUDA tensors, plus the real shapes (DeepSeek-V3 with 32 local experts, Qwen3-30B-A3B,
+a gpt-oss-like H=I=2880) and a CUDA-graph capture.
+
+Tolerances are the evaluator's for a bf16 output (bench/correctness.py): relative norm
+1e-2, worst row 2.5e-2. The interpreter rounds bf16 toward zero (the GPU rounds to nearest),
+which costs it about 6e-3 where the GPU's error is near 2e-3.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashtune import platform
+from flashtune.ops.moe import config as cfg
+from flashtune.ops.moe.align import align_routes, max_blocks
+from flashtune.ops.moe.experts import (
+    ExpertQuant,
+    FusedExpertsRunner,
+    fused_experts,
+    fused_experts_torch,
+    fused_experts_triton,
+)
+
+FP8 = torch.float8_e4m3fn
+REL_NORM = 1e-2
+ROW_REL_NORM = 2.5e-2
+
+
+def _cpu_kernels(device: torch.device) -> None:
+    if device.type == "cpu" and not platform.kernels_available(device):
+        pytest.skip("Triton interpreter not available")
+
+
+def _routes(T: int, K: int, num_ids: int, device, *, local: tuple[int, int] | None = None):
+    """topk_ids [T, K] int32, distinct ids per token drawn from [0, num_ids); with
+    local=(offset, E) every token gets at least one local expert (its first)."""
+    scores = torch.rand(T, num_ids, device=device)
+    if local is not None:
+        off, E = local
+        pick = off + torch.randint(0, E, (T,), device=device)
+        scores[torch.arange(T, device=device), pick] = 2.0  # wins the top-k
+    ids = scores.topk(K, dim=1).indices.to(torch.int32)
+    weights = torch.rand(T, K, device=device) + 0.1
+    return ids, weights / weights.sum(1, keepdim=True)
+
+
+def _make(
+    mode: str,
+    T: int,
+    H: int,
+    I: int,  # noqa: E741
+    E: int,
+    device,
+    dtype=torch.bfloat16,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ExpertQuant]:
+    """Random inputs of unit-scale outputs (weights scaled by 1/sqrt(fan-in))."""
+    x = torch.randn(T, H, device=device)
+    w1 = torch.randn(E, 2 * I, H, device=device) / H**0.5
+    w2 = torch.randn(E, H, I, device=device) / I**0.5
+    if mode == "bf16":
+        return x.to(dtype), w1.to(dtype), w2.to(dtype), ExpertQuant()
+    if mode == "fp8_block":
+        b = cfg.QUANT_BLOCK
+        a_s = torch.rand(H // b, T, device=device) + 0.5
+        w1_s = (torch.rand(E, 2 * I // b, H // b, device=device) + 0.5) / 64
+        w2_s = (torch.rand(E, H // b, I // b, device=device) + 0.5) / 64
+        # Store values that the scales bring back to the unit-scale weights.
+        w1_q = (w1 / w1_s.repeat_interleave(b, 1).repeat_interleave(b, 2)).to(FP8)
+        w2_q = (w2 / w2_s.repeat_interleave(b, 1).repeat_interleave(b, 2)).to(FP8)
+        x_q = (x / a_s.t().repeat_interleave(b, 1)).to(FP8)
+        return x_q, w1_q, w2_q, ExpertQuant("fp8_block", a_s, w1_s, w2_s)
+    assert mode == "fp8_per_tensor"
+    s1 = (torch.rand(E, device=device) + 0.5) / 64
+    s1g = (torch.rand(E, device=device) + 0.5) / 64
+    s2 = (torch.rand(E, device=device) + 0.5) / 64
+    q = ExpertQuant(
+        "fp8_per_tensor",
+        output1_scales_scalar=s1,
+        output1_scales_gate_scalar=s1g,
+        output2_scales_scalar=s2,
+    )
+    # Up rows with the up scale, gate rows with the gate scale (as the Definition applies).
+    w1_q = torch.cat([w1[:, :I] / s1[:, None, None], w1[:, I:] / s1g[:, None, None]], dim=1).to(FP8)
+    w2_q = (w2 / s2[:, None, None]).to(FP8)
+    return x.to(FP8), w1_q, w2_q, q
+
+
+def _assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+    diff = out.float() - ref
+    assert torch.isfinite(out.float()).all()
+    rel = (diff.norm() / ref.norm().clamp_min(1e-12)).item()
+    assert rel < REL_NORM, f"relative norm error {rel:.2e}"
+    # Per row, rows with no local route must be exact zeros.
+    floor = 1e-3 * ref.norm().item() / max(ref.shape[0], 1) ** 0.5
+    row = diff.norm(dim=1) / ref.norm(dim=1).clamp_min(floor)
+    assert row.max().item() < ROW_REL_NORM, f"worst row error {row.max().item():.2e}"
+    empty = ref.abs().sum(1) == 0
+    assert (out[empty] == 0).all()
+
+
+# ------------------------------------------------------------------------ the PyTorch path
+
+
+def _naive(x, w1, w2, ids, weights, offset):
+    """One (token, k) at a time, in fp32: the contract as its prose says it."""
+    T, H = x.shape
+    E, two_i, _ = w1.shape
+    inter = two_i // 2
+    out = torch.zeros(T, H)
+    for t in range(T):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k]) - offset
+            if 0 <= e < E:
+                g1 = w1[e].float() @ x[t].float()
+                c = torch.nn.functional.silu(g1[inter:]) * g1[:inter]
+                out[t] += float(weights[t, k]) * (w2[e].float() @ c)
+    return out
+
+
+def test_torch_path_matches_the_contract():
+    T, H, I, E, K, off = 5, 64, 32, 4, 3, 2  # noqa: E741
+    x, w1, w2, _ = _make("bf16", T, H, I, E, "cpu", torch.float32)
+    ids, w = _routes(T, K, E + 4, "cpu")
+    got = fused_experts_torch(x, w1, w2, ids, w, local_expert_offset=off)
+    torch.testing.assert_close(got, _naive(x, w1, w2, ids, w, off), atol=1e-5, rtol=1e-5)
+
+
+def test_torch_path_fp8_block_dequantizes_like_the_definition():
+    T, H, I, E, K = 3, 256, 128, 2, 2  # noqa: E741
+    x, w1, w2, q = _make("fp8_block", T, H, I, E, "cpu")
+    ids, w = _routes(T, K, E, "cpu")
+    b = cfg.QUANT_BLOCK
+    xd = x.float() * q.hidden_states_scale.t().repeat_interleave(b, 1)
+    w1d = w1.float() * q.gemm1_weights_scale.repeat_interleave(b, 1).repeat_interleave(b, 2)
+    w2d = w2.float() * q.gemm2_weights_scale.repeat_interleave(b, 1).repeat_interleave(b, 2)
+    got = fused_experts_torch(x, w1, w2, ids, w, quant=q)
+    torch.testing.assert_close(got, _naive(xd, w1d, w2d, ids, w, 0), atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------ alignment
+
+
+@pytest.mark.parametrize(
+    "T,K,E,off,block_m", [(1, 8, 32, 0, 16), (17, 3, 4, 2, 16), (9, 2, 6, 0, 32)]
+)
+def test_alignment(T, K, E, off, block_m):
+    ids, _ = _routes(T, K, E + off + 3, "cpu")
+    al = align_routes(ids, E, off, block_m)
+    flat = ids.reshape(-1).long() - off
+    local = (flat >= 0) & (flat < E)
+    assert al.num_blocks == max_blocks(T * K, E, block_m)
+    assert al.sorted_ids.shape == (al.num_blocks * block_m,)
+    rows = al.sorted_ids.long()
+    real = rows < T * K
+    # Every local route exactly once; no other route.
+    assert sorted(rows[real].tolist()) == torch.nonzero(local).flatten().tolist()
+    # Each block one expert's routes, padding only at a group's end.
+    for b in range(al.num_blocks):
+        blk = rows[b * block_m : (b + 1) * block_m]
+        e = int(al.block_expert[b])
+        if e < 0:
+            assert (blk == T * K).all()
+            continue
+        r = blk[blk < T * K]
+        assert len(r) > 0 and (flat[r] == e).all()
+    # route_pos is the inverse.
+    pos = al.route_pos.long()
+    assert (pos[~local] == -1).all()
+    assert (rows[pos[local]] == torch.nonzero(local).flatten()).all()
+
+
+def test_alignment_decode_touches_only_routed_experts():
+    # T=1, K=8 over 256 experts: 8 blocks at most, whatever the expert count.
+    ids, _ = _routes(1, 8, 256, "cpu")
+    al = align_routes(ids, 256, 0, 16)
+    assert al.num_blocks == 8
+    assert sorted(al.block_expert.tolist()) == sorted(ids.flatten().tolist())
+
+
+# ------------------------------------------------------------------ Triton path vs PyTorch
+
+CASES = [
+    # mode, dtype, T, H, I, E, K, offset, ids drawn from
+    ("bf16", torch.float16, 1, 256, 128, 4, 2, 0, 4),
+    ("bf16", torch.float16, 3, 256, 256, 8, 3, 2, 12),
+    ("bf16", torch.float16, 17, 256, 128, 6, 2, 1, 9),
+    ("bf16", torch.bfloat16, 17, 256, 128, 4, 3, 0, 6),
+    ("bf16", torch.float16, 5, 200, 96, 4, 2, 0, 4),  # H, I not multiples of the tiles
+    ("fp8_block", FP8, 1, 256, 128, 4, 2, 0, 4),
+    ("fp8_block", FP8, 3, 256, 256, 8, 3, 4, 16),
+    ("fp8_block", FP8, 17, 256, 128, 5, 2, 1, 8),
+    ("fp8_per_tensor", FP8, 1, 256, 128, 4, 3, 0, 4),
+    ("fp8_per_tensor", FP8, 17, 256, 256, 6, 2, 2, 10),
+]
+
+
+@pytest.mark.parametrize(
+    "mode,dtype,T,H,I,E,K,off,num_ids", CASES, ids=[f"{c[0]}-{c[1]}-T{c[2]}" for c in CASES]
+)
+def test_matches_torch(mode, dtype, T, H, I, E, K, off, num_ids, device):  # noqa: E741
+    _cpu_kernels(device)
+    x, w1, w2, q = _make(mode, T, H, I, E, device, dtype if mode == "bf16" else torch.bfloat16)
+    ids, w = _routes(T, K, num_ids, device)
+    out = fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
+    ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
+    _assert_close(out, ref)
+
+
+def test_empty_experts_and_nonlocal_routes(device):
+    # 8 local experts of which only 1 and 5 have tokens; the rest of the routes go to
+    # experts of other ranks, and token 0 has no local route at all (an exact zero row).
+    _cpu_kernels(device)
+    T, H, I, E, K, off = 6, 256, 128, 8, 3, 8  # noqa: E741
+    x, w1, w2, q = _make("fp8_block", T, H, I, E, device)
+    ids = torch.tensor(
+        [[0, 1, 2], [9, 30, 31], [13, 9, 3], [13, 20, 0], [9, 13, 7], [17, 18, 19]],
+        dtype=torch.int32,
+        device=device,
+    )
+    w = torch.rand(T, K, device=device) + 0.1
+    out = fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
+    ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
+    _assert_close(out, ref)
+    assert (out[0] == 0).all() and (out[5] == 0).all()
+
+
+def test_no_local_route_gives_zeros(device):
+    _cpu_kernels(device)
+    x, w1, w2, q = _make("bf16", 3, 256, 128, 4, device, torch.float16)
+    ids = torch.tensor([[4, 5], [6, 7], [100, 9]], dtype=torch.int32, device=device)
+    out = torch.full((3, 256), 7.0, dtype=torch.bfloat16, device=device)
+    got = fused_experts(x, w1, w2, ids, torch.rand(3, 2, device=device), quant=q, out=out)
+    assert got is out and (out == 0).all()
+
+
+TACTICS = [
+    cfg.MoETactic(16, cfg.StageTile(32, 64, 8, 4, 2), cfg.StageTile(64, 32, 1, 4, 2)),
+    (32, 64, 128, 1, 4, 3, 32, 128, 8, 4, 3),
+    cfg.MoETactic(16, cfg.StageTile(16, 128, 2, 4, 2), cfg.StageTile(16, 128, 2, 4, 2)),
+]
+
+
+@pytest.mark.parametrize("tactic", TACTICS, ids=str)
+def test_tactics_agree(tactic, device):
+    _cpu_kernels(device)
+    T, H, I, E, K = 17, 256, 256, 4, 2  # noqa: E741
+    x, w1, w2, q = _make("fp8_block", T, H, I, E, device)
+    ids, w = _routes(T, K, E, device)
+    ref = fused_experts_torch(x, w1, w2, ids, w, quant=q)
+    out = fused_experts(x, w1, w2, ids, w, quant=q, tactic=tactic)
+    _assert_close(out, ref)
+
+
+def test_deterministic_and_out(device):
+    _cpu_kernels(device)
+    x, w1, w2, q = _make("fp8_per_tensor", 9, 256, 128, 4, device)
+    ids, w = _routes(9, 3, 4, device)
+    a = fused_experts(x, w1, w2, ids, w, quant=q)
+    out = torch.empty(9, 256, dtype=torch.bfloat16, device=device)
+    b = fused_experts(x, w1, w2, ids, w, quant=q, out=out)
+    assert b is out and torch.equal(a, b)
+
+
+def test_runner(device):
+    _cpu_kernels(device)
+    x, w1, w2, q = _make("bf16", 3, 256, 128, 4, device, torch.float16)
+    ids, w = _routes(3, 2, 4, device)
+    runner = FusedExpertsRunner()
+    inputs = (x, w1, w2, ids, w, q, 0)
+    tactics = runner.get_valid_tactics(inputs, None)
+    assert tactics and all(len(t) == 11 for t in tactics)
+    ref = fused_experts_torch(x, w1, w2, ids, w)
+    _assert_close(runner.forward(inputs, tactics[0]), ref)
+    _assert_close(runner.forward(inputs), ref)
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def _ok(mode="bf16"):
+    x, w1, w2, q = _make(mode, 3, 256, 128, 2, "cpu")
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    return x, w1, w2, ids, torch.rand(3, 2), q
+
+
+def test_bad_input():
+    x, w1, w2, ids, w, q = _ok()
+    with pytest.raises(ValueError, match="gemm2_weights"):
+        fused_experts(x, w1, w2[:, :, :64], ids, w, quant=q)
+    with pytest.raises(ValueError, match="gemm1_weights"):
+        fused_experts(x, w1[:, :, :128], w2, ids, w, quant=q)
+    with pytest.raises(ValueError, match="topk_weights"):
+        fused_experts(x, w1, w2, ids, w[:, :1], quant=q)
+    with pytest.raises(TypeError, match="topk_ids"):
+        fused_experts(x, w1, w2, ids.float(), w, quant=q)
+    with pytest.raises(ValueError, match="out"):
+        fused_experts(x, w1, w2, ids, w, quant=q, out=torch.empty(3, 256))
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        fused_experts(x, w1, w2, ids, w, quant=ExpertQuant("fp8_per_tensor"))
+    xq, w1q, w2q, ids, w, qq = _ok("fp8_block")
+    with pytest.raises(ValueError, match="gemm1_weights_scale"):
+        fused_experts(xq, w1q, w2q, ids, w, quant=ExpertQuant("fp8_block", qq.hidden_states_scale))
+    with pytest.raises(ValueError, match="hidden_states_scale"):
+        bad = ExpertQuant(
+            "fp8_block", qq.hidden_states_scale.t(), qq.gemm1_weights_scale, qq.gemm2_weights_scale
+        )
+        fused_experts(xq, w1q, w2q, ids, w, quant=bad)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        fused_experts(xq[:, :200], w1q[:, :, :200], w2q[:, :200], ids, w, quant=qq)
+    with pytest.raises(ValueError, match="quant.mode"):
+        fused_experts(x, w1, w2, ids, w, quant=ExpertQuant("int4"))  # type: ignore[arg-type]
+
+
+def test_bad_tactic(device):
+    _cpu_kernels(device)
+    xq, w1q, w2q, ids, w, qq = _ok("fp8_block")
+    # fp8 block scales need BLOCK_K dividing 128.
+    t = cfg.MoETactic(16, cfg.StageTile(32, 256, 1, 4, 2), cfg.StageTile(32, 64, 1, 4, 2))
+    with pytest.raises(ValueError, match="tactic"):
+        fused_experts_triton(
+            xq.to(device),
+            w1q.to(device),
+            w2q.to(device),
+            ids.to(device),
+            w.to(device),
+            quant=ExpertQuant(
+                "fp8_block",
+                *(
+                    s.to(device)
+                    for s in (
+                        qq.hidden_states_scale,
+                        qq.gemm1_weights_scale,
+                        qq.gemm2_weights_scale,
+                    )
+                ),
+            ),
+            tactic=t,
+        )
+    with pytest.raises(ValueError, match="11 ints"):
+        cfg.MoETactic.from_tactic((16, 32))
+
+
+# --------------------------------------------------------------------------------- config
+
+
+def test_config():
+    t = cfg.MoETactic(32, cfg.StageTile(64, 128, 8, 4, 3), cfg.StageTile(128, 64, 1, 8, 4))
+    assert cfg.MoETactic.from_tactic(t.as_tactic()) == t
+    for T, K, E in [(1, 8, 32), (16, 8, 32), (64, 8, 128), (512, 8, 32), (4096, 8, 32)]:
+        for fp8_block, a, w in [(False, 2, 2), (True, 1, 1), (False, 1, 1)]:
+            d = cfg.default_tactic(T, K, E, fp8_block=fp8_block, a_itemsize=a, w_itemsize=w)
+            assert cfg.tactic_ok(d, fp8_block=fp8_block, a_itemsize=a, w_itemsize=w)
+            cands = cfg.candidates(T, K, E, fp8_block=fp8_block, a_itemsize=a, w_itemsize=w)
+            assert cands and all(
+                cfg.tactic_ok(c, fp8_block=fp8_block, a_itemsize=a, w_itemsize=w) for c in cands
+            )
+    assert cfg.bucket_of(1, 8, 32) == "decode" and cfg.bucket_of(4096, 8, 32) == "large"
+
+
+# ------------------------------------------------------------------------ GPU, real shapes
+
+# (name, mode, H, I, E_local, E_global, K)
+MODELS = {
+    "deepseek-v3": ("fp8_block", 7168, 2048, 32, 256, 8),
+    "qwen3-30b-a3b": ("fp8_per_tensor", 2048, 768, 128, 128, 8),
+    "qwen3-30b-a3b-bf16": ("bf16", 2048, 768, 128, 128, 8),
+    "gpt-oss-like": ("bf16", 2880, 2880, 32, 128, 4),
+}
+GPU_CASES = [
+    ("deepseek-v3", 1),
+    ("deepseek-v3", 16),
+    ("deepseek-v3", 512),
+    ("qwen3-30b-a3b", 1),
+    ("qwen3-30b-a3b", 64),
+    ("qwen3-30b-a3b-bf16", 1),
+    ("qwen3-30b-a3b-bf16", 64),
+    ("gpt-oss-like", 1),
+    ("gpt-oss-like", 100),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model,T", GPU_CASES, ids=[f"{m}-T{t}" for m, t in GPU_CASES])
+def test_real_shapes_cuda(model, T):
+    mode, H, I, E, E_global, K = MODELS[model]  # noqa: E741
+    device = torch.device("cuda")
+    x, w1, w2, q = _make(mode, T, H, I, E, device)
+    # This rank holds experts [off, off + E) of E_global; every token routes here at least once.
+    off = E_global - E if E < E_global else 0
+    ids, w = _routes(T, K, E_global, device, local=(off, E))
+    out = fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
+    ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
+    _assert_close(out, ref)
+    # Every candidate tactic of the regime agrees too (a handful, to bound the test's time).
+    tactics = FusedExpertsRunner().get_valid_tactics((x, w1, w2, ids, w, q, off), None)
+    for t in tactics[:: max(1, len(tactics) // 6)]:
+        _assert_close(
+            fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off, tactic=t), ref
+        )
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture():
+    device = torch.device("cuda")
+    mode, H, I, E, E_global, K = MODELS["deepseek-v3"]  # noqa: E741
+    x, w1, w2, q = _make(mode, 4, H, I, E, device)
+    ids, w = _routes(4, K, E_global, device, local=(0, E))
+    out = torch.empty(4, H, dtype=torch.bfloat16, device=device)
+    fused_experts(x, w1, w2, ids, w, quant=q, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_experts(x, w1, w2, ids, w, quant=q, out=out)
+    # New routes and activations in place: the replay must follow them.
+    ids2, w_new = _routes(4, K, E_global, device, local=(0, E))
+    ids.copy_(ids2)
+    w.copy_(w_new)
+    x.copy_(torch.randn(4, H, device=device).to(x.dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_close(out, fused_experts_torch(x, w1, w2, ids, w, quant=q))
