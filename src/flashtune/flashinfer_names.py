@@ -28,6 +28,12 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
         "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
         "single_decode_with_kv_cache",
     ),
+    "fused_moe": (
+        "RoutingMethodType",
+        "trtllm_fp8_block_scale_moe",
+        "trtllm_fp8_per_tensor_scale_moe",
+        "trtllm_bf16_moe",
+    ),
     "mla": ("BatchMLAPagedAttentionWrapper",),
     "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
     "page": (

@@ -8,9 +8,10 @@ shapes from it). Not to be confused with `flashtune.data.models`, the Trace form
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["MLAConfig", "ModelConfig", "MODELS", "get_model"]
+__all__ = ["MLAConfig", "MoEConfig", "ModelConfig", "MODELS", "get_model"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,28 @@ class MLAConfig:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts layer's dimensions: num_experts routed experts (all ranks), each
+    a SwiGLU MLP of intermediate_size, top_k of them per token, picked by `routing` (a
+    flashtune.ops.moe RoutingMethodType name: "DeepSeekV3", "Renormalize", "Llama4", ...;
+    DeepSeekV3 reads n_group, topk_group and routed_scaling_factor), spread over
+    expert_parallel ranks (num_experts / expert_parallel local experts each)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    routing: str
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    expert_parallel: int = 1
+
+    @property
+    def local_experts(self) -> int:
+        return self.num_experts // self.expert_parallel
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Per-GPU shapes of one transformer layer (after tensor parallelism)."""
 
@@ -41,6 +64,7 @@ class ModelConfig:
     tensor_parallel: int = 1
     rope_theta: float = 1e4
     mla: MLAConfig | None = None  # MLA attention's dimensions; None: grouped-query attention
+    moe: MoEConfig | None = None  # its MoE layers' dimensions; None: dense MLPs only
 
     @property
     def attention(self) -> str:
@@ -84,6 +108,8 @@ def _tp(cfg: ModelConfig, tp: int) -> ModelConfig:
         tensor_parallel=tp,
         rope_theta=cfg.rope_theta,
         mla=cfg.mla,
+        # MoE models split their experts over the ranks (expert parallel), as served
+        moe=None if cfg.moe is None else dataclasses.replace(cfg.moe, expert_parallel=tp),
     )
 
 
@@ -94,10 +120,36 @@ _QWEN3_8B = ModelConfig("qwen3-8b", 4096, 12288, 32, 8, 128, 151936, rope_theta=
 # MLA models: heads (all query heads; at decode every one reads the one shared latent),
 # head_dim the non-absorbed QK dimension (128 + 64), intermediate_size a dense layer's MLP
 # (their first layers; the rest are mixture-of-experts layers).
+# (their first layers; the rest are mixture-of-experts layers: `moe`).
 _DEEPSEEK_V3 = ModelConfig(
-    "deepseek-v3", 7168, 18432, 128, 128, 192, 129280, rope_theta=1e4, mla=MLAConfig()
+    "deepseek-v3", 7168, 18432, 128, 128, 192, 129280, rope_theta=1e4, mla=MLAConfig(),
+    moe=MoEConfig(256, 8, 2048, "DeepSeekV3", n_group=8, topk_group=4, routed_scaling_factor=2.5),
+)  # fmt: skip
+_KIMI_K2 = ModelConfig(
+    "kimi-k2", 7168, 18432, 64, 64, 192, 163840, rope_theta=5e4, mla=MLAConfig(),
+    moe=MoEConfig(384, 8, 2048, "DeepSeekV3", routed_scaling_factor=2.827),
+)  # fmt: skip
+# Mixture-of-experts models with grouped-query attention (intermediate_size: a dense MLP's,
+# which these models do not use; their MLPs are `moe`'s experts).
+_QWEN3_30B_A3B = ModelConfig(
+    "qwen3-30b-a3b", 2048, 6144, 32, 4, 128, 151936, rope_theta=1e6,
+    moe=MoEConfig(128, 8, 768, "Renormalize"),
+)  # fmt: skip
+_LLAMA4_SCOUT = ModelConfig(
+    "llama-4-scout", 5120, 16384, 40, 8, 128, 202048, rope_theta=5e5,
+    moe=MoEConfig(16, 1, 8192, "Llama4"),
+)  # fmt: skip
+# Reduced MoE shapes (not real models) for the bundled dataset and CPU tests: the expert
+# layouts of DeepSeek-V3 at EP 8 (64 experts in 8 groups, 8 local) and of Qwen3-MoE, small
+# enough for a 2-core CPU to run the references (hidden 256, experts of 128: one fp8 block).
+_MINI_MOE_DS = ModelConfig(
+    "mini-moe-ds", 256, 512, 4, 1, 64, 32000,
+    moe=MoEConfig(64, 8, 128, "DeepSeekV3", n_group=8, topk_group=4, routed_scaling_factor=2.5,
+                  expert_parallel=8),
+)  # fmt: skip
+_MINI_MOE = ModelConfig(
+    "mini-moe", 256, 512, 4, 1, 64, 32000, moe=MoEConfig(32, 4, 128, "Renormalize")
 )
-_KIMI_K2 = ModelConfig("kimi-k2", 7168, 18432, 64, 64, 192, 163840, rope_theta=5e4, mla=MLAConfig())
 
 MODELS: dict[str, ModelConfig] = {
     cfg.name: cfg
@@ -110,6 +162,10 @@ MODELS: dict[str, ModelConfig] = {
         _tp(_DEEPSEEK_V3, 8),
         _KIMI_K2,
         _tp(_KIMI_K2, 8),
+        _QWEN3_30B_A3B,
+        _LLAMA4_SCOUT,
+        _MINI_MOE_DS,
+        _MINI_MOE,
     )
 }
 

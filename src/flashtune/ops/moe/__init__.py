@@ -1,0 +1,562 @@
+"""Fused mixture-of-experts layers in FlashInfer's API (`flashinfer.fused_moe`): routing, then
+each token's top-k experts (SwiGLU MLPs) and their weighted sum, in one call.
+
+- `trtllm_fp8_block_scale_moe`: fp8 e4m3 activations and weights with DeepSeek's block
+  scales (activations: one scale per token and 128 channels, [H/128, T]; weights: one per
+  128 x 128 block);
+- `trtllm_fp8_per_tensor_scale_moe`: fp8 activations and weights with per-expert output
+  scales (Llama 4, per-tensor quantized checkpoints);
+- `trtllm_bf16_moe`: bf16 activations and weights;
+- `RoutingMethodType`: how experts are picked (routing.py's table: Default, Renormalize,
+  DeepSeekV3, Llama4, RenormalizeNaive, TopK, ...).
+
+Weights: gemm1_weights [E_local, 2I, H] (the up projection's I rows first, then the gate's:
+the SwiGLU is silu(gate) * up), gemm2_weights [E_local, H, I], plain row-major ("MajorK",
+FlashInfer's weight_layout 0, not shuffled). Expert parallelism: routing_logits cover all
+num_experts experts; this rank holds local_num_experts of them from local_expert_offset and
+sums only their contributions.
+
+Layout: routing.py (the enum and the routing, PyTorch), reference.py (the contract),
+schema.py (the FlashInfer-Trace Definitions), experts.py (the expert computation: grouped
+GEMMs, Triton). docs/moe.md: semantics, API, examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flashtune.model_shapes import ModelConfig
+from flashtune.ops.moe.experts import ExpertQuant, fused_experts
+from flashtune.ops.moe.reference import (
+    moe_bf16_ref,
+    moe_fp8_block_scale_ref,
+    moe_fp8_per_tensor_scale_ref,
+    run_experts_ref,
+)
+from flashtune.ops.moe.routing import RoutingMethodType, routing_method, select_experts
+from flashtune.ops.moe.schema import VARIANT_SCHEMAS, schema_for_call
+from flashtune.schema import REGISTRY, ApiOp, OpSchema
+from flashtune.schema.dump import Example, meta_tensor, register_examples
+
+__all__ = [
+    "RoutingMethodType",
+    "trtllm_fp8_block_scale_moe",
+    "trtllm_fp8_per_tensor_scale_moe",
+    "trtllm_bf16_moe",
+    "select_experts",
+    "moe_fp8_block_scale_ref",
+    "moe_fp8_per_tensor_scale_ref",
+    "moe_bf16_ref",
+    "MOE_OPS",
+    "moe_examples",
+]
+
+_FP8 = torch.float8_e4m3fn
+_SWIGLU = 3  # FlashInfer's ActivationType.Swiglu
+_DEEPSEEK_FP8 = 1  # FlashInfer's Fp8QuantizationType.DeepSeekFp8
+_BLOCK = 128
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _tensor(name: str, t: Any, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} must be {names}, got {str(t.dtype).removeprefix('torch.')}")
+
+
+def _unsupported(**options: Any) -> None:
+    """Refuse what flashtune does not implement, by name (FlashInfer's defaults pass)."""
+    defaults = {
+        "use_shuffled_weight": False,
+        "weight_layout": 0,
+        "do_finalize": True,
+        "activation_type": _SWIGLU,
+        "norm_topk_prob": True,
+        "num_fused_shared_experts": 0,
+        "gemm1_alpha": None,
+        "gemm1_beta": None,
+        "gemm1_clamp_limit": None,
+    }
+    why = {
+        "use_shuffled_weight": "flashtune reads plain row-major weights; pass "
+        "use_shuffled_weight=False with unshuffled weights",
+        "weight_layout": "flashtune reads MajorK weights ([E, 2I, H], [E, H, I]); pass "
+        "weight_layout=0 (WeightLayout.MajorK)",
+        "do_finalize": "flashtune always finalizes (returns the [T, H] output)",
+        "activation_type": "flashtune's experts are SwiGLU (ActivationType.Swiglu = 3) only",
+        "norm_topk_prob": "flashtune normalizes as the routing method defines",
+        "num_fused_shared_experts": "fused shared experts are not implemented",
+        "gemm1_alpha": "SwiGLU alpha/beta/clamp variants are not implemented",
+        "gemm1_beta": "SwiGLU alpha/beta/clamp variants are not implemented",
+        "gemm1_clamp_limit": "SwiGLU alpha/beta/clamp variants are not implemented",
+    }
+    for name, value in options.items():
+        default = defaults[name]
+        same = value is None if default is None else (value or 0) == default
+        if not same:
+            raise ValueError(f"{name}={value!r} is not supported: {why[name]}")
+
+
+def _check_routing(
+    routing_logits: Any,
+    routing_bias: Any,
+    hidden_states: Any,
+    num_experts: int,
+    top_k: int,
+    local_expert_offset: int,
+    local_num_experts: int,
+) -> int:
+    """Checks shared by the MoE calls; returns the token count."""
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
+        raise ValueError("hidden_states must be a [seq_len, hidden_size] tensor")
+    tokens = hidden_states.shape[0]
+    _tensor("routing_logits", routing_logits, (tokens, num_experts), (torch.float32, torch.bfloat16))
+    if routing_bias is not None:
+        _tensor("routing_bias", routing_bias, (num_experts,), (torch.float32, torch.bfloat16))
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be in 1..num_experts={num_experts}, got {top_k}")
+    if local_num_experts < 1 or not 0 <= local_expert_offset <= num_experts - local_num_experts:
+        raise ValueError(
+            f"local experts [{local_expert_offset}, {local_expert_offset + local_num_experts}) "
+            f"must lie within the {num_experts} experts"
+        )
+    for name, t in (("routing_logits", routing_logits), ("routing_bias", routing_bias)):
+        if t is not None and t.device != hidden_states.device:
+            raise ValueError(f"{name} is on {t.device}, hidden_states on {hidden_states.device}")
+    return tokens
+
+
+def _route(
+    routing_logits: torch.Tensor,
+    routing_bias: torch.Tensor | None,
+    routing_method_type: int,
+    top_k: int,
+    n_group: int | None,
+    topk_group: int | None,
+    routed_scaling_factor: float | None,
+    routing_replay_out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    method = routing_method(routing_method_type)
+    ids, weights = select_experts(
+        routing_logits, routing_bias, int(method), top_k, n_group, topk_group,
+        routed_scaling_factor,
+    )  # fmt: skip
+    if routing_replay_out is not None:  # FlashInfer's: the selected ids, int16, rows [0, T)
+        if routing_replay_out.dim() != 2 or routing_replay_out.shape[0] < ids.shape[0]:
+            raise ValueError(
+                f"routing_replay_out must be [>= {ids.shape[0]}, {top_k}], got "
+                f"{tuple(routing_replay_out.shape)}"
+            )
+        routing_replay_out[: ids.shape[0], :top_k].copy_(ids)
+    return ids, weights
+
+
+def _output(output: Any, tokens: int, hidden: int, device: torch.device) -> torch.Tensor | None:
+    if output is not None:
+        _tensor("output", output, (tokens, hidden), (torch.bfloat16,))
+        if output.device != device:
+            raise ValueError(f"output is on {output.device}, hidden_states on {device}")
+    return output
+
+
+# --------------------------------------------------------------------------- the schema's view
+
+
+class _MoEOp(ApiOp):
+    """The schema's view of a MoE call: its key (schema.moe_key) picks the schema; routing
+    constants become plain ints, a routed_scaling_factor of None is 1. Calls no Definition
+    describes raise ValueError there (capture, apply and the dump leave them to the op)."""
+
+    def __init__(self, fn: Any, api: str, variants: tuple[str, ...]) -> None:
+        super().__init__(fn, self.schema_for, [VARIANT_SCHEMAS[v] for v in variants])
+        self.api = api
+
+    def schema_for(self, *args: Any, **kwargs: Any) -> OpSchema:
+        return schema_for_call(self.api, self.arguments(args, kwargs))
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        arguments = super().arguments(args, kwargs)
+        arguments["routing_method_type"] = int(arguments["routing_method_type"])
+        arguments["top_k"] = int(arguments["top_k"])
+        for name in ("n_group", "topk_group"):
+            arguments[name] = int(arguments[name] or 1)
+        arguments["local_expert_offset"] = int(arguments["local_expert_offset"])
+        scale = arguments["routed_scaling_factor"]
+        arguments["routed_scaling_factor"] = 1.0 if scale is None else float(scale)
+        return arguments
+
+
+# --------------------------------------------------------------------------- the API
+
+
+def trtllm_fp8_block_scale_moe(
+    routing_logits: torch.Tensor,
+    routing_bias: torch.Tensor | None,
+    hidden_states: torch.Tensor,
+    hidden_states_scale: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm1_weights_scale: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    gemm2_weights_scale: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    n_group: int | None,
+    topk_group: int | None,
+    intermediate_size: int,
+    local_expert_offset: int,
+    local_num_experts: int,
+    routed_scaling_factor: float | None,
+    tile_tokens_dim: int | None = 8,
+    routing_method_type: int = 0,
+    use_shuffled_weight: bool = False,
+    weight_layout: int = 0,
+    enable_pdl: bool | None = None,
+    *,
+    do_finalize: bool = True,
+    tune_max_num_tokens: int = 8192,
+    fp8_quantization_type: int | None = None,
+    num_fused_shared_experts: int | None = None,
+    activation_type: int = _SWIGLU,
+    norm_topk_prob: bool = True,
+    routing_replay_out: torch.Tensor | None = None,
+    gemm1_alpha: torch.Tensor | None = None,
+    gemm1_beta: torch.Tensor | None = None,
+    gemm1_clamp_limit: torch.Tensor | None = None,
+    output: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FP8 block-scale MoE: FlashInfer's `trtllm_fp8_block_scale_moe` (0.2.14's positional
+    order; later FlashInfer's further arguments keyword-only).
+
+    routing_logits [T, num_experts] float32/bf16; routing_bias [num_experts] or None;
+    hidden_states [T, H] fp8 e4m3 with hidden_states_scale [H/128, T] float32; gemm1_weights
+    [local_num_experts, 2 * intermediate_size, H] fp8 (up rows, then gate rows) with
+    gemm1_weights_scale [E_local, 2I/128, H/128]; gemm2_weights [E_local, H, I] fp8 with
+    gemm2_weights_scale [E_local, H/128, I/128]. Routing by routing_method_type (a
+    RoutingMethodType; DeepSeekV3 reads n_group, topk_group and routed_scaling_factor).
+    Returns [T, H] bfloat16 (written into `output` when given).
+
+    Accepted and unused (FlashInfer's tuning and launch knobs): tile_tokens_dim, enable_pdl,
+    tune_max_num_tokens (flashtune's experts pick their tiles per shape through its
+    autotuner). `routing_replay_out` ([>= T, top_k] int16) receives the selected expert ids.
+    Refused by name: shuffled or block-major weights, do_finalize=False, activations other
+    than SwiGLU, fused shared experts, SwiGLU alpha/beta/clamp, MxFp8.
+    """
+    _unsupported(
+        use_shuffled_weight=use_shuffled_weight,
+        weight_layout=weight_layout,
+        do_finalize=do_finalize,
+        activation_type=activation_type,
+        norm_topk_prob=norm_topk_prob,
+        num_fused_shared_experts=num_fused_shared_experts,
+        gemm1_alpha=gemm1_alpha,
+        gemm1_beta=gemm1_beta,
+        gemm1_clamp_limit=gemm1_clamp_limit,
+    )
+    if fp8_quantization_type is not None and int(fp8_quantization_type) != _DEEPSEEK_FP8:
+        raise ValueError(
+            f"fp8_quantization_type={fp8_quantization_type!r} is not supported: flashtune's "
+            "block-scale MoE is DeepSeek's fp8 (Fp8QuantizationType.DeepSeekFp8)"
+        )
+    tokens = _check_routing(
+        routing_logits, routing_bias, hidden_states, num_experts, top_k, local_expert_offset,
+        local_num_experts,
+    )  # fmt: skip
+    hidden, inter = hidden_states.shape[1], intermediate_size
+    if hidden % _BLOCK or inter % _BLOCK:
+        raise ValueError(
+            f"hidden_size ({hidden}) and intermediate_size ({inter}) must be multiples of 128 "
+            "(the fp8 block size)"
+        )
+    e, b = local_num_experts, _BLOCK
+    _tensor("hidden_states", hidden_states, (tokens, hidden), (_FP8,))
+    _tensor("hidden_states_scale", hidden_states_scale, (hidden // b, tokens), (torch.float32,))
+    _tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (_FP8,))
+    _tensor("gemm1_weights_scale", gemm1_weights_scale, (e, 2 * inter // b, hidden // b),
+            (torch.float32,))  # fmt: skip
+    _tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (_FP8,))
+    _tensor("gemm2_weights_scale", gemm2_weights_scale, (e, hidden // b, inter // b),
+            (torch.float32,))  # fmt: skip
+    out = _output(output, tokens, hidden, hidden_states.device)
+    ids, weights = _route(
+        routing_logits, routing_bias, routing_method_type, top_k, n_group, topk_group,
+        routed_scaling_factor, routing_replay_out,
+    )  # fmt: skip
+    quant = ExpertQuant(
+        "fp8_block",
+        hidden_states_scale=hidden_states_scale,
+        gemm1_weights_scale=gemm1_weights_scale,
+        gemm2_weights_scale=gemm2_weights_scale,
+    )
+    return fused_experts(
+        hidden_states, gemm1_weights, gemm2_weights, ids, weights, quant=quant,
+        local_expert_offset=local_expert_offset, out=out,
+    )  # fmt: skip
+
+
+def trtllm_fp8_per_tensor_scale_moe(
+    routing_logits: torch.Tensor,
+    routing_bias: torch.Tensor | None,
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    output1_scales_scalar: torch.Tensor,
+    output1_scales_gate_scalar: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    output2_scales_scalar: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    n_group: int | None,
+    topk_group: int | None,
+    intermediate_size: int,
+    local_expert_offset: int,
+    local_num_experts: int,
+    routed_scaling_factor: float | None,
+    use_routing_scales_on_input: bool,
+    tile_tokens_dim: int | None = 8,
+    routing_method_type: int = 0,
+    enable_pdl: bool | None = None,
+    *,
+    do_finalize: bool = True,
+    tune_max_num_tokens: int = 8192,
+    activation_type: int = _SWIGLU,
+    norm_topk_prob: bool = True,
+    routing_replay_out: torch.Tensor | None = None,
+    output: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FP8 per-tensor-scale MoE: FlashInfer's `trtllm_fp8_per_tensor_scale_moe` (0.2.14's
+    positional order; later FlashInfer's further arguments keyword-only).
+
+    hidden_states [T, H] fp8 e4m3; gemm1_weights [local_num_experts, 2I, H] and gemm2_weights
+    [E_local, H, I] fp8; per local expert, output1_scales_scalar [E_local] scales GEMM1's up
+    half, output1_scales_gate_scalar its gate half, output2_scales_scalar GEMM2's output (the
+    activation's and weights' per-tensor scales folded in). use_routing_scales_on_input: the
+    routing weight multiplies the token before GEMM1 (Llama 4, top_k 1) instead of the
+    expert's output. Llama4 routing reads neither routing_bias nor routed_scaling_factor (as
+    FlashInfer's kernel; FlashInfer-Trace's Definitions say so). Returns [T, H] bfloat16.
+
+    Accepted and unused: tile_tokens_dim, enable_pdl, tune_max_num_tokens.
+    """
+    _unsupported(do_finalize=do_finalize, activation_type=activation_type,
+                 norm_topk_prob=norm_topk_prob)  # fmt: skip
+    tokens = _check_routing(
+        routing_logits, routing_bias, hidden_states, num_experts, top_k, local_expert_offset,
+        local_num_experts,
+    )  # fmt: skip
+    hidden, inter, e = hidden_states.shape[1], intermediate_size, local_num_experts
+    _tensor("hidden_states", hidden_states, (tokens, hidden), (_FP8,))
+    _tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (_FP8,))
+    _tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (_FP8,))
+    for name, t in (
+        ("output1_scales_scalar", output1_scales_scalar),
+        ("output1_scales_gate_scalar", output1_scales_gate_scalar),
+        ("output2_scales_scalar", output2_scales_scalar),
+    ):
+        _tensor(name, t, (e,), (torch.float32,))
+    out = _output(output, tokens, hidden, hidden_states.device)
+    llama4 = routing_method(routing_method_type) == RoutingMethodType.Llama4
+    if use_routing_scales_on_input and top_k != 1:
+        raise ValueError(
+            f"use_routing_scales_on_input needs top_k == 1 (one weight per token), got {top_k}"
+        )
+    ids, weights = _route(
+        routing_logits, None if llama4 else routing_bias, routing_method_type, top_k, n_group,
+        topk_group, None if llama4 else routed_scaling_factor, routing_replay_out,
+    )  # fmt: skip
+    quant = ExpertQuant(
+        "fp8_per_tensor",
+        output1_scales_scalar=output1_scales_scalar,
+        output1_scales_gate_scalar=output1_scales_gate_scalar,
+        output2_scales_scalar=output2_scales_scalar,
+    )
+    if use_routing_scales_on_input:
+        # The weight scales the token before GEMM1 (a nonlinear SwiGLU follows, so it cannot
+        # move to the output); the experts' fp8 path takes one activation scale for all
+        # tokens, so this form runs the reference's expert loop (PyTorch) for now.
+        result = _scaled_on_input(
+            hidden_states, gemm1_weights, gemm2_weights, ids, weights, quant, local_expert_offset
+        )
+        return result if out is None else out.copy_(result)
+    return fused_experts(
+        hidden_states, gemm1_weights, gemm2_weights, ids, weights, quant=quant,
+        local_expert_offset=local_expert_offset, out=out,
+    )  # fmt: skip
+
+
+def _scaled_on_input(
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    quant: ExpertQuant,
+    local_expert_offset: int,
+) -> torch.Tensor:
+    """Per-tensor fp8 MoE with the (top-1) routing weight on the input, in PyTorch."""
+    s1, s1g, s2 = (
+        quant.output1_scales_scalar,
+        quant.output1_scales_gate_scalar,
+        quant.output2_scales_scalar,
+    )
+    assert s1 is not None and s1g is not None and s2 is not None
+
+    def expert(e: int) -> tuple[torch.Tensor, torch.Tensor, Any, Any, Any]:
+        return gemm1_weights[e].float(), gemm2_weights[e].float(), s1[e], s1g[e], s2[e]
+
+    a = hidden_states.float()
+    result = run_experts_ref(a, ids, weights, local_expert_offset, gemm1_weights.shape[0], expert,
+                             scales_on_input=True)  # fmt: skip
+    return result.to(torch.bfloat16)
+
+
+def trtllm_bf16_moe(
+    routing_logits: torch.Tensor,
+    routing_bias: torch.Tensor | None,
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    n_group: int | None,
+    topk_group: int | None,
+    intermediate_size: int,
+    local_expert_offset: int,
+    local_num_experts: int,
+    routed_scaling_factor: float | None = None,
+    routing_method_type: int = 0,
+    use_shuffled_weight: bool = True,
+    weight_layout: int = 2,
+    do_finalize: bool = True,
+    enable_pdl: bool = True,
+    tune_max_num_tokens: int = 8192,
+    activation_type: int = _SWIGLU,
+    norm_topk_prob: bool = True,
+    routing_replay_out: torch.Tensor | None = None,
+    gemm1_alpha: torch.Tensor | None = None,
+    gemm1_beta: torch.Tensor | None = None,
+    gemm1_clamp_limit: torch.Tensor | None = None,
+    output: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """BF16 MoE: later FlashInfer's `trtllm_bf16_moe` (its signature and defaults).
+
+    hidden_states [T, H] bf16, gemm1_weights [local_num_experts, 2I, H], gemm2_weights
+    [E_local, H, I] bf16, row-major. FlashInfer's defaults (use_shuffled_weight=True,
+    weight_layout=BlockMajorK) describe its own shuffled layout, which flashtune does not
+    read: pass use_shuffled_weight=False, weight_layout=0 (MajorK) with plain weights (else
+    ValueError). Returns [T, H] bfloat16. Accepted and unused: enable_pdl,
+    tune_max_num_tokens.
+    """
+    _unsupported(
+        use_shuffled_weight=use_shuffled_weight,
+        weight_layout=weight_layout,
+        do_finalize=do_finalize,
+        activation_type=activation_type,
+        norm_topk_prob=norm_topk_prob,
+        gemm1_alpha=gemm1_alpha,
+        gemm1_beta=gemm1_beta,
+        gemm1_clamp_limit=gemm1_clamp_limit,
+    )
+    tokens = _check_routing(
+        routing_logits, routing_bias, hidden_states, num_experts, top_k, local_expert_offset,
+        local_num_experts,
+    )  # fmt: skip
+    hidden, inter, e = hidden_states.shape[1], intermediate_size, local_num_experts
+    _tensor("hidden_states", hidden_states, (tokens, hidden), (torch.bfloat16,))
+    _tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (torch.bfloat16,))
+    _tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (torch.bfloat16,))
+    out = _output(output, tokens, hidden, hidden_states.device)
+    ids, weights = _route(
+        routing_logits, routing_bias, routing_method_type, top_k, n_group, topk_group,
+        routed_scaling_factor, routing_replay_out,
+    )  # fmt: skip
+    return fused_experts(
+        hidden_states, gemm1_weights, gemm2_weights, ids, weights,
+        quant=ExpertQuant("bf16"), local_expert_offset=local_expert_offset, out=out,
+    )  # fmt: skip
+
+
+trtllm_fp8_block_scale_moe = _MoEOp(trtllm_fp8_block_scale_moe, "fp8_block", ("ds", "renorm"))
+trtllm_fp8_per_tensor_scale_moe = _MoEOp(
+    trtllm_fp8_per_tensor_scale_moe, "fp8_per_tensor", ("per_tensor",)
+)
+
+# The schema'd ops of the family, registered by their qualname in flashtune.schema.REGISTRY
+# (the definition dump, apply's mirror and capture list them from there).
+MOE_OPS: tuple[ApiOp, ...] = (trtllm_fp8_block_scale_moe, trtllm_fp8_per_tensor_scale_moe)
+for _op in MOE_OPS:
+    REGISTRY[_op.qualname] = _op
+
+
+# --------------------------------------------------------------------------- model examples
+
+EXAMPLE_TOKENS = 7
+
+
+def _block_scale_call(model: ModelConfig, tokens: int) -> Example:
+    moe = model.moe
+    assert moe is not None
+    h, i, e, b = model.hidden_size, moe.intermediate_size, moe.local_experts, _BLOCK
+    ds = moe.routing == "DeepSeekV3"
+    f8 = _FP8
+    args = (
+        # DeepSeek's router logits are float32 (its bias bf16), Qwen3's bf16 (no bias), as the
+        # corpus's Definitions have them
+        meta_tensor(tokens, moe.num_experts, dtype=torch.float32 if ds else torch.bfloat16),
+        meta_tensor(moe.num_experts) if ds else None,
+        meta_tensor(tokens, h, dtype=f8),
+        meta_tensor(h // b, tokens, dtype=torch.float32),
+        meta_tensor(e, 2 * i, h, dtype=f8),
+        meta_tensor(e, 2 * i // b, h // b, dtype=torch.float32),
+        meta_tensor(e, h, i, dtype=f8),
+        meta_tensor(e, h // b, i // b, dtype=torch.float32),
+        moe.num_experts, moe.top_k, moe.n_group, moe.topk_group, i,
+        e if moe.expert_parallel > 1 else 0,  # the second rank's experts
+        e,
+        moe.routed_scaling_factor if ds else None,
+    )  # fmt: skip
+    method = int(RoutingMethodType[moe.routing])
+    return (trtllm_fp8_block_scale_moe, args, {"routing_method_type": method})
+
+
+def _per_tensor_call(model: ModelConfig, tokens: int) -> Example:
+    moe = model.moe
+    assert moe is not None
+    h, i, e = model.hidden_size, moe.intermediate_size, moe.local_experts
+    llama4 = moe.routing == "Llama4"
+    f8 = _FP8
+    args = (
+        meta_tensor(tokens, e),
+        meta_tensor(e) if llama4 else None,
+        meta_tensor(tokens, h, dtype=f8),
+        meta_tensor(e, 2 * i, h, dtype=f8),
+        meta_tensor(e, dtype=torch.float32),
+        meta_tensor(e, dtype=torch.float32),
+        meta_tensor(e, h, i, dtype=f8),
+        meta_tensor(e, dtype=torch.float32),
+        e, moe.top_k, None, None, i, 0, e, None, llama4,
+    )  # fmt: skip
+    method = int(RoutingMethodType[moe.routing])
+    return (trtllm_fp8_per_tensor_scale_moe, args, {"routing_method_type": method})
+
+
+@register_examples
+def moe_examples(model: ModelConfig) -> list[Example]:
+    """The MoE layer of a MoE model at its per-GPU shapes (experts split by expert
+    parallelism), fp8 on the meta device: FlashInfer's block-scale call with the model's
+    routing (DeepSeekV3, Renormalize), and its per-tensor call (Renormalize, Llama4) where
+    FlashInfer-Trace has a Definition of it (all experts local)."""
+    moe = model.moe
+    if moe is None:
+        return []
+    examples: list[Example] = []
+    if moe.routing in ("DeepSeekV3", "Renormalize"):
+        examples.append(_block_scale_call(model, EXAMPLE_TOKENS))
+    if moe.routing in ("Renormalize", "Llama4") and moe.expert_parallel == 1:
+        examples.append(_per_tensor_call(model, EXAMPLE_TOKENS))
+    return examples

@@ -1,0 +1,485 @@
+"""Schemas of the fused MoE ops: the FlashInfer-Trace MoE Definitions, field for field
+(`moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048`,
+`moe_fp8_block_scale_renorm_topk8_e128_h2048_i768`,
+`trtllm_fp8_per_tensor_scale_moe_topk1_e16_h5120_i8192`, ...), with `reference.py`'s functions
+emitted as their reference (after `routing.select_experts` and `reference.run_experts_ref`).
+
+The corpus spells one contract per routing and layout, and bakes the routing constants into
+the name (topk8_ng8_kg4) though no axis holds them; so a call's schema is made for its key
+(variant, top_k, n_group, topk_group, expert counts and sizes; `schema_for_call`):
+- `ds`: trtllm_fp8_block_scale_moe with DeepSeekV3 routing (any expert parallelism);
+- `renorm`: trtllm_fp8_block_scale_moe with Renormalize routing, all experts local, no bias;
+- `per_tensor`: trtllm_fp8_per_tensor_scale_moe with Renormalize or Llama4 routing (Llama4's
+  bias and scaling factor unread, its weight on the input), all experts local.
+Other calls (other routing methods, fused shared experts, SwiGLU variants) have no Definition:
+`schema_for_call` raises ValueError and capture, apply and the dump leave them to the op.
+
+Descriptions are the corpus's: verbatim for the shapes it has (DeepSeek-V3 at EP 8, Kimi K2
+at EP 1 and 8, Qwen3-30B-A3B / -235B-A22B / -Next-80B, Llama 4 Scout / Maverick), in its
+wording otherwise. `VARIANT_SCHEMAS` holds one schema per variant under the variant's short
+prefix (what apply's prefix match, the registry checks and the op's `schemas` list read):
+every Definition of a variant starts with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from flashtune.data.models import Definition
+from flashtune.ops.moe.reference import (
+    moe_fp8_block_scale_ref,
+    moe_fp8_per_tensor_scale_ref,
+    run_experts_ref,
+)
+from flashtune.ops.moe.routing import RoutingMethodType, select_experts
+from flashtune.schema import Const, OpSchema, Scalar, Tensor, Var
+from flashtune.schema.core import BoundCall
+
+__all__ = [
+    "BLOCK_FI_API",
+    "PER_TENSOR_FI_API",
+    "MoEKey",
+    "MoESchema",
+    "VARIANT_PREFIXES",
+    "VARIANT_SCHEMAS",
+    "moe_key",
+    "schema_for_call",
+    "schema_of",
+]
+
+BLOCK_FI_API = "fi_api:flashinfer.fused_moe.trtllm_fp8_block_scale_moe"
+PER_TENSOR_FI_API = "fi_api:flashinfer.fused_moe.trtllm_fp8_per_tensor_scale_moe"
+_QUANT_TAG = "quantization:float8_e4m3fn"
+VARIANT_PREFIXES = {
+    "ds": "moe_fp8_block_scale_ds_routing",
+    "renorm": "moe_fp8_block_scale_renorm",
+    "per_tensor": "trtllm_fp8_per_tensor_scale_moe",
+}
+_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class MoESchema(OpSchema):
+    """An OpSchema whose emitted reference also defines the helpers its reference calls
+    (`helpers`, in order), and whose Definition description is the schema's own: the routing
+    constants baked into the reference (top_k, n_group, ...) are in the name already."""
+
+    helpers: tuple[Callable[..., Any], ...] = ()
+
+    def reference_source(self, call: BoundCall | None = None) -> str:
+        source = super().reference_source(call)
+        head = "import math\n\nimport torch\n\n\n"
+        assert source.startswith(head)
+        helpers = "".join(
+            textwrap.dedent(inspect.getsource(fn)).rstrip() + "\n\n\n" for fn in self.helpers
+        )
+        return head + helpers + source[len(head) :]
+
+    def build_definition(self, call: BoundCall) -> Definition:
+        definition = super().build_definition(call)
+        return definition.model_copy(update={"description": self.description or None})
+
+
+@dataclass(frozen=True)
+class MoEKey:
+    """What fixes a MoE call's schema: the variant (see the module docstring), the routing
+    constants its name carries, and the expert counts and sizes its descriptions name."""
+
+    variant: str  # "ds" | "renorm" | "per_tensor"
+    routing_method_type: int
+    top_k: int
+    n_group: int
+    topk_group: int
+    num_experts: int
+    num_local_experts: int
+    hidden_size: int
+    intermediate_size: int
+
+    @property
+    def expert_parallel(self) -> int:
+        return max(1, self.num_experts // self.num_local_experts)
+
+
+# --------------------------------------------------------------------------- descriptions
+
+# The corpus's models, by (num_experts, hidden_size, intermediate_size).
+_MODEL_NAMES = {
+    (384, 7168, 2048): "Kimi K2",
+    (128, 2048, 512): "Qwen3-Next 80B A3B",
+    (128, 2048, 768): "Qwen3-30B-A3B",
+    (128, 4096, 1536): "Qwen3-235B-A22B",
+}
+# The per-tensor Definitions' descriptions, by (routing, experts, hidden, intermediate, top_k).
+_LLAMA4 = "Routing: Llama4 (sigmoid+top-k, routing_method_type=3)."
+_RENORM = "Routing: Renormalize (TopK->Softmax, routing_method_type=1)."
+_PER_TENSOR_DESCRIPTIONS = {
+    (3, 128, 5120, 8192, 1): "FP8 per-tensor scale MoE (TRT-LLM style). Llama 4 Maverick "
+    f"17B-128E (EP=1). Llama4 routing. {_LLAMA4}",
+    (3, 16, 5120, 8192, 1): "FP8 per-tensor scale MoE (TRT-LLM style). Llama 4 Scout 17B-16E. "
+    f"Llama4 routing (sigmoid+top-1). {_LLAMA4}",
+    (1, 128, 2048, 768, 8): "FP8 per-tensor scale MoE (TRT-LLM style). Qwen3-30B-A3B (EP=1). "
+    f"Renormalize routing (TopK->Softmax). {_RENORM}",
+}
+# DeepSeek-V3/R1 at EP 8 (the corpus's first MoE Definition, in its own wording).
+_DEEPSEEK_V3_EP8 = MoEKey("ds", 2, 8, 8, 4, 256, 32, 7168, 2048)
+_SHAPE_CONSTRAINTS = (
+    "gemm1_weights.shape[1] == 2 * intermediate_size",
+    "gemm2_weights.shape[1] == hidden_size",
+    "gemm2_weights.shape[2] == intermediate_size",
+)
+
+
+def _blocks(axis: str, size: int, verbose: bool) -> str:
+    detail = f", {size}/128={size // _BLOCK}" if verbose else ""
+    where = f"along {axis}" if verbose else f"along the {axis} dimension"
+    return f"Number of quantized blocks {where} (block_size=128{detail})."
+
+
+def _model_of(key: MoEKey) -> str:
+    return _MODEL_NAMES.get((key.num_experts, key.hidden_size, key.intermediate_size), "")
+
+
+# --------------------------------------------------------------------------- the schemas
+
+
+def _block_axes(key: MoEKey, v3: bool) -> dict[str, Var | Const]:
+    """The fp8 block-scale Definitions' axes (v3: the DeepSeek-V3 Definition's wording)."""
+    ep = key.expert_parallel
+    axes: dict[str, Var | Const] = {
+        "seq_len": Var("Sequence length (number of tokens)" if v3 else "Number of input tokens.")
+    }
+    if key.variant == "ds":
+        axes["num_experts"] = Const(
+            "Total number of experts (global)." if ep > 1 and not v3 else "Total number of experts."
+        )
+    if v3:
+        local = f"Number of local experts with EP size {ep}."
+    elif ep > 1:
+        local = (
+            f"Number of local experts per device (EP={ep} → {key.num_experts}/{ep}="
+            f"{key.num_local_experts})."
+        )
+    else:
+        local = "Number of local experts (EP=1 → all experts)."
+    axes["num_local_experts"] = Const(local, abbrev="e")
+    axes["hidden_size"] = Const("Hidden dimension size.", abbrev="h")
+    axes["intermediate_size"] = Const(
+        "MoE intermediate layer size." if v3 else "MoE expert intermediate size.", abbrev="i"
+    )
+    axes["gemm1_out_size"] = Const(
+        "Output size of the first GEMM (W13). Should be 2 * intermediate_size"
+        + ("" if v3 else ".")
+    )
+    if not v3:
+        axes["top_k"] = Const("Number of experts selected per token.", param="top_k")
+    axes["num_hidden_blocks"] = Const(_blocks("hidden_size", key.hidden_size, not v3))
+    axes["num_intermediate_blocks"] = Const(
+        _blocks("intermediate_size", key.intermediate_size, not v3)
+    )
+    axes["num_gemm1_out_blocks"] = Const(
+        _blocks("gemm1_out_size", 2 * key.intermediate_size, not v3)
+    )
+    return axes
+
+
+def _block_inputs(key: MoEKey, v3: bool) -> dict[str, Tensor | Scalar]:
+    experts = "num_experts" if key.variant == "ds" else "num_local_experts"
+    inputs: dict[str, Tensor | Scalar] = {
+        "routing_logits": Tensor(
+            ["seq_len", experts],
+            dtype_from="routing_logits",
+            description="Tensor of routing logits for expert selection" if v3 else "Router logits.",
+        )
+    }
+    if key.variant == "ds":
+        inputs["routing_bias"] = Tensor(
+            ["num_experts"],
+            dtype_from="routing_bias",
+            description="Bias tensor for routing. Pass all zeros for no bias."
+            if v3
+            else "Routing bias added to sigmoid scores.",
+        )
+    inputs["hidden_states"] = Tensor(
+        ["seq_len", "hidden_size"],
+        dtype_from="hidden_states",
+        description="Input hidden states tensor (FP8 quantized)"
+        if v3
+        else "Input hidden states (FP8 block-scale quantized).",
+    )
+    inputs["hidden_states_scale"] = Tensor(
+        ["num_hidden_blocks", "seq_len"],
+        dtype="float32",
+        description="Block-wise scaling factors for hidden states."
+        if v3
+        else "Block scales for hidden_states, shape [num_hidden_blocks, seq_len] (transposed).",
+    )
+    weights = {
+        "gemm1_weights": (
+            ["num_local_experts", "gemm1_out_size", "hidden_size"],
+            "First GEMM weights for all local experts (gate and up projections).",
+            "FC1 weights (gate+up), FP8 block-scale.",
+        ),
+        "gemm1_weights_scale": (
+            ["num_local_experts", "num_gemm1_out_blocks", "num_hidden_blocks"],
+            "Block-wise scaling factors for first GEMM weights.",
+            "Block scales for gemm1_weights.",
+        ),
+        "gemm2_weights": (
+            ["num_local_experts", "hidden_size", "intermediate_size"],
+            "Second GEMM weights for all local experts (down projection).",
+            "FC2 weights (down), FP8 block-scale.",
+        ),
+        "gemm2_weights_scale": (
+            ["num_local_experts", "num_hidden_blocks", "num_intermediate_blocks"],
+            "Block-wise scaling factors for second GEMM weights.",
+            "Block scales for gemm2_weights.",
+        ),
+    }
+    for name, (dims, v3_text, text) in weights.items():
+        scale = name.endswith("_scale")
+        inputs[name] = Tensor(
+            dims,
+            dtype="float32" if scale else None,
+            dtype_from=None if scale else name,
+            description=v3_text if v3 else text,
+        )
+    if key.variant == "ds":
+        ep = key.expert_parallel
+        offsets = ", ".join(str(i * key.num_local_experts) for i in range(3))
+        inputs["local_expert_offset"] = Scalar(
+            "int32",
+            description="Offset of local experts in global expert space"
+            + (f" ({offsets}, ... for each EP rank)." if ep > 1 and not v3 else "."),
+        )
+        inputs["routed_scaling_factor"] = Scalar(
+            "float32", description="Scaling factor for routing weights."
+        )
+    return inputs
+
+
+def _block_description(key: MoEKey, v3: bool) -> str:
+    if v3:
+        return "FP8 block scale MoE operation. Routing and two grouped-GEMM included."
+    ep = key.expert_parallel
+    model = _model_of(key)
+    where = f"{model} (EP={ep})" if model else f"EP={ep}"
+    if key.variant == "renorm":
+        return f"FP8 block-scale MoE (DeepSeek-style). {where}. Renormalize routing (TopK->Softmax)."
+    text = (
+        f"FP8 block-scale MoE (DeepSeek-style). {where}. DeepSeek routing, "
+        f"n_group={key.n_group}, topk_group={key.topk_group}."
+    )
+    if ep > 1:
+        text += (
+            f" {key.num_local_experts} local experts per device ({key.num_experts} total / "
+            f"{ep} EP)."
+        )
+    return text
+
+
+def _block_schema(key: MoEKey) -> MoESchema:
+    v3 = key == _DEEPSEEK_V3_EP8
+    if key.variant == "ds":
+        prefix = f"{VARIANT_PREFIXES['ds']}_topk{key.top_k}_ng{key.n_group}_kg{key.topk_group}"
+        bound: tuple[str, ...] = ("routing_method_type", "top_k", "n_group", "topk_group")
+    else:
+        prefix = f"{VARIANT_PREFIXES['renorm']}_topk{key.top_k}"
+        bound = ("routing_method_type", "top_k")
+    return MoESchema(
+        op_type="moe",
+        name_prefix=prefix,
+        axes=_block_axes(key, v3),
+        inputs=_block_inputs(key, v3),
+        outputs={
+            "output": Tensor(
+                ["seq_len", "hidden_size"],
+                dtype="bfloat16",
+                description="Final MoE output tensor" + ("" if v3 else "."),
+            )
+        },
+        reference=moe_fp8_block_scale_ref,
+        constraints=() if v3 else _SHAPE_CONSTRAINTS,
+        tags=[_QUANT_TAG, BLOCK_FI_API, f"ep:{key.expert_parallel}"],
+        description=_block_description(key, v3),
+        bound=bound,
+        helpers=(select_experts, run_experts_ref),
+    )
+
+
+def _per_tensor_schema(key: MoEKey) -> MoESchema:
+    llama4 = key.routing_method_type == RoutingMethodType.Llama4
+    experts = ["num_experts"]
+    inputs: dict[str, Tensor | Scalar] = {
+        "routing_logits": Tensor(
+            ["seq_len", "num_experts"],
+            dtype_from="routing_logits",
+            description="Routing logits for expert selection.",
+        ),
+        "hidden_states": Tensor(
+            ["seq_len", "hidden_size"],
+            dtype_from="hidden_states",
+            description="Input hidden states (FP8 per-tensor quantized).",
+        ),
+        "gemm1_weights": Tensor(
+            ["num_experts", "gemm1_out_size", "hidden_size"],
+            dtype_from="gemm1_weights",
+            description="FC1 weights (gate+up projections), FP8 quantized.",
+        ),
+        "output1_scales_scalar": Tensor(
+            experts,
+            dtype="float32",
+            description="Per-expert dequant scale for activation output of GEMM1.",
+        ),
+        "output1_scales_gate_scalar": Tensor(
+            experts, dtype="float32", description="Per-expert dequant scale for gate output of GEMM1."
+        ),
+        "gemm2_weights": Tensor(
+            ["num_experts", "hidden_size", "intermediate_size"],
+            dtype_from="gemm2_weights",
+            description="FC2 weights (down projection), FP8 quantized.",
+        ),
+        "output2_scales_scalar": Tensor(
+            experts, dtype="float32", description="Per-expert dequant scale for output of GEMM2."
+        ),
+    }
+    if llama4:  # unread (see the reference); the Definitions list it where the call has one
+        inputs["routing_bias"] = Tensor(
+            experts,
+            dtype_from="routing_bias",
+            optional=True,
+            description="Routing bias added to logits before sigmoid (Llama4 routing).",
+        )
+    shape = (key.num_experts, key.hidden_size, key.intermediate_size, key.top_k)
+    description = _PER_TENSOR_DESCRIPTIONS.get(
+        (key.routing_method_type, *shape),
+        "FP8 per-tensor scale MoE (TRT-LLM style). " + (_LLAMA4 if llama4 else _RENORM),
+    )
+    return MoESchema(
+        op_type="moe",
+        name_prefix=f"{VARIANT_PREFIXES['per_tensor']}_topk{key.top_k}",
+        axes={
+            "seq_len": Var("Number of input tokens."),
+            "num_experts": Const("Total number of local experts.", abbrev="e"),
+            "hidden_size": Const("Hidden dimension size.", abbrev="h"),
+            "intermediate_size": Const("MoE expert intermediate size.", abbrev="i"),
+            "gemm1_out_size": Const("FC1 output size (2 * intermediate_size for SwiGLU)."),
+            "top_k": Const("Number of experts selected per token.", param="top_k"),
+        },
+        inputs=inputs,
+        outputs={
+            "output": Tensor(
+                ["seq_len", "hidden_size"], dtype="bfloat16", description="Final MoE output tensor."
+            )
+        },
+        reference=moe_fp8_per_tensor_scale_ref,
+        constraints=_SHAPE_CONSTRAINTS,
+        tags=[_QUANT_TAG, PER_TENSOR_FI_API, "ep:1"],
+        description=description,
+        bound=("routing_method_type", "top_k"),
+        helpers=(select_experts, run_experts_ref),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def schema_of(key: MoEKey) -> MoESchema:
+    """The schema of calls with this key (made once per key)."""
+    return _per_tensor_schema(key) if key.variant == "per_tensor" else _block_schema(key)
+
+
+# One schema per variant under its short prefix: the op's `schemas` (see the module docstring).
+_REPRESENTATIVE = {
+    "ds": MoEKey("ds", 2, 8, 1, 1, 64, 8, 256, 128),
+    "renorm": MoEKey("renorm", 1, 4, 1, 1, 32, 32, 256, 128),
+    "per_tensor": MoEKey("per_tensor", 1, 4, 1, 1, 32, 32, 256, 128),
+}
+VARIANT_SCHEMAS: dict[str, MoESchema] = {
+    variant: dataclasses.replace(schema_of(key), name_prefix=VARIANT_PREFIXES[variant])
+    for variant, key in _REPRESENTATIVE.items()
+}
+
+
+# --------------------------------------------------------------------------- a call's key
+
+
+def _int(name: str, value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _refuse(what: str) -> ValueError:
+    return ValueError(f"no MoE Definition describes {what}")
+
+
+def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
+    """The key of a call's schema. api: "fp8_block" (trtllm_fp8_block_scale_moe) or
+    "fp8_per_tensor"; arguments: the call's, by parameter name. Raises ValueError for a call
+    no Definition describes (see the module docstring), naming why."""
+    method = _int("routing_method_type", arguments["routing_method_type"])
+    top_k = _int("top_k", arguments["top_k"])
+    gemm2 = arguments["gemm2_weights"]
+    logits = arguments["routing_logits"]
+    if not isinstance(gemm2, torch.Tensor) or gemm2.dim() != 3:
+        raise ValueError("gemm2_weights must be a [num_local_experts, hidden, intermediate] tensor")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("routing_logits must be a [seq_len, num_experts] tensor")
+    num_local, hidden, inter = (int(s) for s in gemm2.shape)
+    num_experts = int(logits.shape[1])
+    for name, value in (
+        ("use_shuffled_weight", arguments.get("use_shuffled_weight")),
+        ("num_fused_shared_experts", arguments.get("num_fused_shared_experts")),
+        ("gemm1_alpha", arguments.get("gemm1_alpha")),
+        ("gemm1_beta", arguments.get("gemm1_beta")),
+        ("gemm1_clamp_limit", arguments.get("gemm1_clamp_limit")),
+    ):
+        if value:
+            raise _refuse(f"a call with {name}")
+    if _int("weight_layout", arguments.get("weight_layout") or 0) != 0:
+        raise _refuse("weights in a layout other than MajorK")
+    if arguments.get("do_finalize", True) is False:
+        raise _refuse("a call with do_finalize=False")
+    local_only = num_local == num_experts and not arguments.get("local_expert_offset")
+    plain = arguments.get("routing_bias") is None and arguments.get(
+        "routed_scaling_factor"
+    ) in (None, 1.0)
+    if api == "fp8_block" and method == RoutingMethodType.DeepSeekV3:
+        n_group = _int("n_group", arguments.get("n_group") or 1)
+        topk_group = _int("topk_group", arguments.get("topk_group") or 1)
+        return MoEKey("ds", method, top_k, n_group, topk_group, num_experts, num_local, hidden, inter)
+    if api == "fp8_block" and method == RoutingMethodType.Renormalize:
+        if not (local_only and plain):
+            raise _refuse(
+                "Renormalize routing with a bias, a routed_scaling_factor or experts of other "
+                "ranks (the renorm Definitions have all experts local and neither)"
+            )
+        return MoEKey("renorm", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
+    if api == "fp8_per_tensor" and method in (RoutingMethodType.Renormalize, RoutingMethodType.Llama4):
+        llama4 = method == RoutingMethodType.Llama4
+        if not local_only:
+            raise _refuse("per-tensor fp8 MoE with experts of other ranks")
+        if bool(arguments.get("use_routing_scales_on_input")) != llama4:
+            raise _refuse(
+                "per-tensor fp8 MoE with use_routing_scales_on_input="
+                f"{bool(arguments.get('use_routing_scales_on_input'))} and "
+                f"{RoutingMethodType(method).name} routing (its Definitions: True for Llama4, "
+                "False for Renormalize)"
+            )
+        if not llama4 and not plain:
+            raise _refuse("per-tensor Renormalize routing with a bias or a routed_scaling_factor")
+        return MoEKey("per_tensor", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
+    name = RoutingMethodType(method).name if method in set(RoutingMethodType) else method
+    raise _refuse(f"{api} MoE with {name} routing")
+
+
+def schema_for_call(api: str, arguments: Mapping[str, Any]) -> MoESchema:
+    """The schema of a call (see moe_key)."""
+    return schema_of(moe_key(api, arguments))
