@@ -147,12 +147,21 @@ def test_torch_path_fp8_block_dequantizes_like_the_definition():
 # ------------------------------------------------------------------------------ alignment
 
 
-@pytest.mark.parametrize(
-    "T,K,E,off,block_m", [(1, 8, 32, 0, 16), (17, 3, 4, 2, 16), (9, 2, 6, 0, 32)]
-)
-def test_alignment(T, K, E, off, block_m):
-    ids, _ = _routes(T, K, E + off + 3, "cpu")
-    al = align_routes(ids, E, off, block_m)
+ALIGN_CASES = [(1, 8, 32, 0, 16), (17, 3, 4, 2, 16), (9, 2, 6, 0, 32), (40, 8, 128, 0, 16)]
+
+
+@pytest.mark.parametrize("T,K,E,off,block_m", ALIGN_CASES)
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["torch", "kernel"])
+def test_alignment(T, K, E, off, block_m, use_kernel, device):
+    if use_kernel:
+        _cpu_kernels(device)
+    ids, _ = _routes(T, K, E + off + 3, device)
+    al = align_routes(ids, E, off, block_m, use_kernel=use_kernel)
+    if use_kernel:  # the one-program kernel gives the PyTorch ops' tensors, row for row
+        ref = align_routes(ids, E, off, block_m, use_kernel=False)
+        for got, want in zip(al[:3], ref[:3], strict=True):
+            assert torch.equal(got, want)
+    ids, al = ids.cpu(), al._replace(**{f: getattr(al, f).cpu() for f in al._fields[:3]})
     flat = ids.reshape(-1).long() - off
     local = (flat >= 0) & (flat < E)
     assert al.num_blocks == max_blocks(T * K, E, block_m)

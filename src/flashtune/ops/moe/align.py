@@ -28,7 +28,18 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Alignment", "max_blocks", "align_routes"]
+from flashtune import platform
+from flashtune.ops.moe.kernels import _moe_align_kernel
+
+__all__ = ["Alignment", "max_blocks", "align_routes", "ONE_PROGRAM_MAX_ROUTES"]
+
+# Up to this many routes (T * K) one Triton program aligns them (one launch: decode's few
+# microseconds); beyond, the dozen PyTorch ops, whose sort scales across the GPU. The
+# program walks the routes twice in steps of 4096 / NBINS (a one-hot [step, experts] in
+# registers), so its time grows with the routes and the expert count.
+ONE_PROGRAM_MAX_ROUTES = 1024
+# The one-hot's cells per step: registers, not shared memory, at 8 warps.
+_ONE_HOT_CELLS = 4096
 
 
 class Alignment(NamedTuple):
@@ -50,9 +61,58 @@ def align_routes(
     num_local_experts: int,
     local_expert_offset: int,
     block_m: int,
+    *,
+    use_kernel: bool | None = None,
 ) -> Alignment:
     """Sort the routes of topk_ids [T, K] by local expert into BLOCK_M-padded groups (see
-    the module docstring). A dozen small device ops, none of which syncs with the host."""
+    the module docstring). use_kernel: the one-program Triton kernel (None: where Triton
+    runs and there are at most ONE_PROGRAM_MAX_ROUTES routes) or the PyTorch ops; both give
+    the same tensors. Neither syncs with the host."""
+    num_routes = topk_ids.numel()
+    if use_kernel is None:
+        use_kernel = num_routes <= ONE_PROGRAM_MAX_ROUTES and platform.kernels_available(
+            topk_ids.device
+        )
+    if use_kernel:
+        return _align_kernel(topk_ids, num_local_experts, local_expert_offset, block_m)
+    return _align_torch(topk_ids, num_local_experts, local_expert_offset, block_m)
+
+
+def _align_kernel(
+    topk_ids: torch.Tensor, num_local_experts: int, local_expert_offset: int, block_m: int
+) -> Alignment:
+    device = topk_ids.device
+    num_routes = topk_ids.numel()
+    nb = max_blocks(num_routes, num_local_experts, block_m)
+    P = nb * block_m
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32:
+        ids = ids.to(torch.int32)
+    sorted_ids = torch.empty(P, dtype=torch.int32, device=device)
+    block_expert = torch.empty(nb, dtype=torch.int32, device=device)
+    route_pos = torch.empty(num_routes, dtype=torch.int32, device=device)
+    nbins = 1 << max(0, (num_local_experts - 1).bit_length())
+    _moe_align_kernel[(1,)](
+        ids,
+        sorted_ids,
+        block_expert,
+        route_pos,
+        num_routes,
+        num_local_experts,
+        int(local_expert_offset),
+        P,
+        nb,
+        BLOCK_M=block_m,
+        NBINS=nbins,
+        BLOCK=max(16, _ONE_HOT_CELLS // nbins),
+        num_warps=8,
+    )
+    return Alignment(sorted_ids, block_expert, route_pos, block_m, nb)
+
+
+def _align_torch(
+    topk_ids: torch.Tensor, num_local_experts: int, local_expert_offset: int, block_m: int
+) -> Alignment:
     device = topk_ids.device
     num_routes = topk_ids.numel()
     E = num_local_experts

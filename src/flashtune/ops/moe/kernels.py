@@ -266,3 +266,62 @@ def _moe_combine_kernel(
     tl.store(
         out_ptr + t.to(tl.int64) * stride_ot + offs_h, acc.to(out_ptr.dtype.element_ty), mask=h_ok
     )
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_experts", "offset", "num_rows", "num_blocks"])
+def _moe_align_kernel(
+    topk_ids_ptr,  # [T * K] int32 global expert ids
+    sorted_ids_ptr,  # [num_rows] int32 out: route index per row, num_routes for padding
+    block_expert_ptr,  # [num_blocks] int32 out: local expert per M-block, -1 past the last
+    route_pos_ptr,  # [T * K] int32 out: row of each route, -1 when not local
+    num_routes,
+    num_experts,
+    offset,
+    num_rows,
+    num_blocks,
+    BLOCK_M: tl.constexpr,
+    NBINS: tl.constexpr,  # power of two >= num_experts
+    BLOCK: tl.constexpr,  # routes per step (BLOCK x NBINS one-hot fits registers)
+):
+    """align.align_routes in one program (decode and small batches: one launch where the
+    PyTorch version takes a dozen). Same output, row for row: routes are visited in
+    ascending index, so each expert's rows are in route order, as a stable sort gives."""
+    bins = tl.arange(0, NBINS)
+    counts = tl.zeros((NBINS,), dtype=tl.int32)
+    for start in range(0, num_routes, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        in_range = offs < num_routes
+        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
+        e = tl.where(in_range & (e >= 0) & (e < num_experts), e, -1)
+        counts += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, axis=0)
+    pad_start = pad_end - padded
+
+    for start in range(0, num_rows, BLOCK * 4):
+        offs = start + tl.arange(0, BLOCK * 4)
+        tl.store(sorted_ids_ptr + offs, tl.zeros_like(offs) + num_routes, mask=offs < num_rows)
+    for start in range(0, num_blocks, BLOCK):
+        b = start + tl.arange(0, BLOCK)
+        row = b * BLOCK_M
+        # The owner of a block: the first expert whose padded rows end after its first row
+        # (bins past the last expert have no rows: past the total, no owner).
+        owner = tl.sum((pad_end[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        owner = tl.where(owner < num_experts, owner, -1)
+        tl.store(block_expert_ptr + b, owner, mask=b < num_blocks)
+    # The padding stores above must land before the scatter below overwrites some of them.
+    tl.debug_barrier()
+
+    running = pad_start
+    for start in range(0, num_routes, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        in_range = offs < num_routes
+        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
+        local = in_range & (e >= 0) & (e < num_experts)
+        e = tl.where(local, e, -1)
+        onehot = (e[:, None] == bins[None, :]).to(tl.int32)  # [BLOCK, NBINS]
+        before = tl.cumsum(onehot, axis=0) - onehot  # same-expert routes earlier in the step
+        dest = tl.sum(onehot * (before + running[None, :]), axis=1)
+        tl.store(sorted_ids_ptr + dest, offs, mask=local)
+        tl.store(route_pos_ptr + offs, tl.where(local, dest, -1), mask=in_range)
+        running += tl.sum(onehot, axis=0)
