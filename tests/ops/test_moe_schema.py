@@ -124,9 +124,7 @@ def _rewrite(reference: str, sizes: dict[str, int]) -> str:
         m = re.match(r"(E_global|E_local|E|H|I) = (\d+)$", stripped)
         if m and m.group(1) in sizes:
             line = line.replace(m.group(0), f"{m.group(1)} = {sizes[m.group(1)]}")
-        elif stripped.startswith("assert") and re.search(
-            r"\b(H|I|E_global|E_local) ==", stripped
-        ):
+        elif stripped.startswith("assert") and re.search(r"\b(H|I|E_global|E_local) ==", stripped):
             continue
         lines.append(line)
     return "\n".join(lines) + "\n"

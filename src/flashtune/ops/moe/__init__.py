@@ -118,7 +118,9 @@ def _check_routing(
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
         raise ValueError("hidden_states must be a [seq_len, hidden_size] tensor")
     tokens = hidden_states.shape[0]
-    _tensor("routing_logits", routing_logits, (tokens, num_experts), (torch.float32, torch.bfloat16))
+    _tensor(
+        "routing_logits", routing_logits, (tokens, num_experts), (torch.float32, torch.bfloat16)
+    )
     if routing_bias is not None:
         _tensor("routing_bias", routing_bias, (num_experts,), (torch.float32, torch.bfloat16))
     if not 1 <= top_k <= num_experts:

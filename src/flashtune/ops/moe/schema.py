@@ -175,8 +175,7 @@ def _block_axes(key: MoEKey, v3: bool) -> dict[str, Var | Const]:
         "MoE intermediate layer size." if v3 else "MoE expert intermediate size.", abbrev="i"
     )
     axes["gemm1_out_size"] = Const(
-        "Output size of the first GEMM (W13). Should be 2 * intermediate_size"
-        + ("" if v3 else ".")
+        "Output size of the first GEMM (W13). Should be 2 * intermediate_size" + ("" if v3 else ".")
     )
     if not v3:
         axes["top_k"] = Const("Number of experts selected per token.", param="top_k")
@@ -272,7 +271,9 @@ def _block_description(key: MoEKey, v3: bool) -> str:
     model = _model_of(key)
     where = f"{model} (EP={ep})" if model else f"EP={ep}"
     if key.variant == "renorm":
-        return f"FP8 block-scale MoE (DeepSeek-style). {where}. Renormalize routing (TopK->Softmax)."
+        return (
+            f"FP8 block-scale MoE (DeepSeek-style). {where}. Renormalize routing (TopK->Softmax)."
+        )
     text = (
         f"FP8 block-scale MoE (DeepSeek-style). {where}. DeepSeek routing, "
         f"n_group={key.n_group}, topk_group={key.topk_group}."
@@ -339,7 +340,9 @@ def _per_tensor_schema(key: MoEKey) -> MoESchema:
             description="Per-expert dequant scale for activation output of GEMM1.",
         ),
         "output1_scales_gate_scalar": Tensor(
-            experts, dtype="float32", description="Per-expert dequant scale for gate output of GEMM1."
+            experts,
+            dtype="float32",
+            description="Per-expert dequant scale for gate output of GEMM1.",
         ),
         "gemm2_weights": Tensor(
             ["num_experts", "hidden_size", "intermediate_size"],
@@ -448,13 +451,16 @@ def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
     if arguments.get("do_finalize", True) is False:
         raise _refuse("a call with do_finalize=False")
     local_only = num_local == num_experts and not arguments.get("local_expert_offset")
-    plain = arguments.get("routing_bias") is None and arguments.get(
-        "routed_scaling_factor"
-    ) in (None, 1.0)
+    plain = arguments.get("routing_bias") is None and arguments.get("routed_scaling_factor") in (
+        None,
+        1.0,
+    )
     if api == "fp8_block" and method == RoutingMethodType.DeepSeekV3:
         n_group = _int("n_group", arguments.get("n_group") or 1)
         topk_group = _int("topk_group", arguments.get("topk_group") or 1)
-        return MoEKey("ds", method, top_k, n_group, topk_group, num_experts, num_local, hidden, inter)
+        return MoEKey(
+            "ds", method, top_k, n_group, topk_group, num_experts, num_local, hidden, inter
+        )
     if api == "fp8_block" and method == RoutingMethodType.Renormalize:
         if not (local_only and plain):
             raise _refuse(
@@ -462,7 +468,10 @@ def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
                 "ranks (the renorm Definitions have all experts local and neither)"
             )
         return MoEKey("renorm", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
-    if api == "fp8_per_tensor" and method in (RoutingMethodType.Renormalize, RoutingMethodType.Llama4):
+    if api == "fp8_per_tensor" and method in (
+        RoutingMethodType.Renormalize,
+        RoutingMethodType.Llama4,
+    ):
         llama4 = method == RoutingMethodType.Llama4
         if not local_only:
             raise _refuse("per-tensor fp8 MoE with experts of other ranks")

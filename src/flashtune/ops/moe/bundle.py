@@ -1,0 +1,196 @@
+"""The bundled dataset's fused MoE ops at reduced shapes a 2-core CPU runs the references of
+(model_shapes' mini-moe-ds and mini-moe: hidden 256, experts of 128, one fp8 block), named
+as FlashInfer-Trace names them: the fp8 block-scale MoE with DeepSeek-V3's routing (64
+experts in 8 groups, top 8 of the 4 best groups, this rank's 8 of them: EP 8) and with
+Qwen3's Renormalize routing (32 experts, top 4), and the per-tensor fp8 MoE with Renormalize
+routing; flashtune's solutions and torch's (the ops' references).
+
+The routing constants are in each op's name (topk8_ng8_kg4), not among its inputs, so each
+entry carries its op's: an entry serves every definition of its prefix (at any sizes).
+FlashInfer's MoE (trtllm-gen kernels) runs on Blackwell (SM100) only, so it has no entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from flashtune.data import Definition, Workload
+from flashtune.data.models import ScalarInput
+from flashtune.ops.bundle import (
+    NO_SETUP,
+    TORCH_EAGER,
+    BundledOp,
+    Entry,
+    WorkloadContext,
+    runs_the_op,
+)
+from flashtune.ops.bundle.workloads import token_sweep
+
+TOKENS = [1, 8, 64, 512, 4096]  # seq_len: decode steps to prefill chunks
+DS_MODELS = ("mini-moe-ds",)
+RENORM_MODELS = ("mini-moe",)
+# The bundled ops' routing constants (their names' topk / ng / kg).
+DS_TOP_K, DS_N_GROUP, DS_TOPK_GROUP = 8, 8, 4
+RENORM_TOP_K = 4
+_DS, _RENORMALIZE = 2, 1  # RoutingMethodType.DeepSeekV3, .Renormalize
+_EP_RANK = 1  # the workloads' rank under expert parallelism: local experts from 1 * E_local
+
+
+def _moe_sweep(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
+    """token_sweep's workloads with this rank's expert offset and DeepSeek-V3's routed
+    scaling factor where the definition takes them."""
+    workloads = token_sweep(TOKENS)(definition, ctx)
+    scalars: dict[str, ScalarInput] = {}
+    if "local_expert_offset" in definition.inputs:
+        offset = _EP_RANK * definition.const_axes["num_local_experts"]
+        if offset + definition.const_axes["num_local_experts"] > definition.const_axes.get(
+            "num_experts", 0
+        ):
+            offset = 0
+        scalars["local_expert_offset"] = ScalarInput(type="scalar", value=offset)
+    if "routed_scaling_factor" in definition.inputs:
+        scalars["routed_scaling_factor"] = ScalarInput(type="scalar", value=2.5)
+    return [w.model_copy(update={"inputs": {**w.inputs, **scalars}}) for w in workloads]
+
+
+# --------------------------------------------------------------------------- entries
+
+
+@runs_the_op
+def flashtune_moe_fp8_block_scale_ds_routing(
+    routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
+    gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
+    routed_scaling_factor,
+):  # fmt: skip
+    from flashtune.ops.moe import trtllm_fp8_block_scale_moe
+
+    return trtllm_fp8_block_scale_moe(
+        routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
+        gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, routing_logits.shape[1],
+        DS_TOP_K, DS_N_GROUP, DS_TOPK_GROUP, gemm2_weights.shape[2], int(local_expert_offset),
+        gemm1_weights.shape[0], float(routed_scaling_factor), routing_method_type=_DS,
+    )  # fmt: skip
+
+
+def torch_moe_fp8_block_scale_ds_routing(
+    routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
+    gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
+    routed_scaling_factor,
+):  # fmt: skip
+    from flashtune.ops.moe.reference import moe_fp8_block_scale_ref
+
+    return moe_fp8_block_scale_ref(
+        routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
+        gemm2_weights, gemm2_weights_scale, routing_bias, int(local_expert_offset),
+        float(routed_scaling_factor), _DS, DS_TOP_K, DS_N_GROUP, DS_TOPK_GROUP,
+    )  # fmt: skip
+
+
+@runs_the_op
+def flashtune_moe_fp8_block_scale_renorm(
+    routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
+    gemm2_weights, gemm2_weights_scale,
+):  # fmt: skip
+    from flashtune.ops.moe import trtllm_fp8_block_scale_moe
+
+    experts = routing_logits.shape[1]
+    return trtllm_fp8_block_scale_moe(
+        routing_logits, None, hidden_states, hidden_states_scale, gemm1_weights,
+        gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, experts, RENORM_TOP_K, None,
+        None, gemm2_weights.shape[2], 0, experts, None, routing_method_type=_RENORMALIZE,
+    )  # fmt: skip
+
+
+def torch_moe_fp8_block_scale_renorm(
+    routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
+    gemm2_weights, gemm2_weights_scale,
+):  # fmt: skip
+    from flashtune.ops.moe.reference import moe_fp8_block_scale_ref
+
+    return moe_fp8_block_scale_ref(
+        routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
+        gemm2_weights, gemm2_weights_scale, routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
+    )  # fmt: skip
+
+
+@runs_the_op
+def flashtune_moe_fp8_per_tensor_renorm(
+    routing_logits, hidden_states, gemm1_weights, output1_scales_scalar,
+    output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar,
+):  # fmt: skip
+    from flashtune.ops.moe import trtllm_fp8_per_tensor_scale_moe
+
+    experts = routing_logits.shape[1]
+    return trtllm_fp8_per_tensor_scale_moe(
+        routing_logits, None, hidden_states, gemm1_weights, output1_scales_scalar,
+        output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar, experts, RENORM_TOP_K,
+        None, None, gemm2_weights.shape[2], 0, experts, None, False,
+        routing_method_type=_RENORMALIZE,
+    )  # fmt: skip
+
+
+def torch_moe_fp8_per_tensor_renorm(
+    routing_logits, hidden_states, gemm1_weights, output1_scales_scalar,
+    output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar,
+):  # fmt: skip
+    from flashtune.ops.moe.reference import moe_fp8_per_tensor_scale_ref
+
+    return moe_fp8_per_tensor_scale_ref(
+        routing_logits, hidden_states, gemm1_weights, output1_scales_scalar,
+        output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar,
+        routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- declarations
+
+_FLASHTUNE = (
+    "flashtune's fused MoE through its public API ({call}): routing in PyTorch, then the "
+    "experts' grouped GEMMs (ops.moe.experts.fused_experts). " + NO_SETUP
+)
+_TORCH = f"{TORCH_EAGER} The op's reference (ops.moe.reference): a loop over experts, fp32."
+
+
+def _op(
+    prefix: str,
+    models: tuple[str, ...],
+    flashtune: Callable[..., torch.Tensor],
+    reference: Callable[..., torch.Tensor],
+    call: str,
+) -> BundledOp:
+    return BundledOp(
+        prefix=prefix,
+        workloads=_moe_sweep,
+        models=models,
+        entries=(
+            Entry("flashtune", flashtune, _FLASHTUNE.format(call=call)),
+            Entry("torch", reference, _TORCH),
+        ),
+    )
+
+
+BUNDLED = (
+    _op(
+        f"moe_fp8_block_scale_ds_routing_topk{DS_TOP_K}_ng{DS_N_GROUP}_kg{DS_TOPK_GROUP}",
+        DS_MODELS,
+        flashtune_moe_fp8_block_scale_ds_routing,
+        torch_moe_fp8_block_scale_ds_routing,
+        "fused_moe.trtllm_fp8_block_scale_moe, DeepSeekV3 routing",
+    ),
+    _op(
+        f"moe_fp8_block_scale_renorm_topk{RENORM_TOP_K}",
+        RENORM_MODELS,
+        flashtune_moe_fp8_block_scale_renorm,
+        torch_moe_fp8_block_scale_renorm,
+        "fused_moe.trtllm_fp8_block_scale_moe, Renormalize routing",
+    ),
+    _op(
+        f"trtllm_fp8_per_tensor_scale_moe_topk{RENORM_TOP_K}",
+        RENORM_MODELS,
+        flashtune_moe_fp8_per_tensor_renorm,
+        torch_moe_fp8_per_tensor_renorm,
+        "fused_moe.trtllm_fp8_per_tensor_scale_moe, Renormalize routing",
+    ),
+)
