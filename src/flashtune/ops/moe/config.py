@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 
 from flashtune.tune import Tactic
 
@@ -138,7 +138,10 @@ def bucket_of(num_tokens: int, top_k: int, num_local_experts: int) -> str:
 
 
 # Per bucket, best first; default_tactic takes the first valid one. GEMM1's N tiles are per
-# half (up and gate each), so a program's B traffic per K step is twice GEMM2's.
+# half (up and gate each: two fp32 accumulators of [block_m, block_n]), so its tiles are half
+# as wide as GEMM2's for the same registers. Decode's block_n is then narrowed to fill the
+# SMs (`_fill_sms`). fp8 operands take 128-deep K steps (the scale block; half the loop
+# iterations of 64 at the same bytes per stage as 16-bit 64-deep steps).
 _DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
     "decode": (
         MoETactic(16, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)),
@@ -150,14 +153,44 @@ _DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
         MoETactic(32, StageTile(64, 64, 1, 4, 3), StageTile(64, 64, 1, 4, 3)),
     ),
     "medium": (
-        MoETactic(64, StageTile(128, 64, 8, 4, 4), StageTile(128, 64, 8, 4, 4)),
+        MoETactic(64, StageTile(64, 64, 8, 4, 4), StageTile(128, 64, 8, 4, 4)),
         MoETactic(64, StageTile(64, 64, 8, 4, 3), StageTile(64, 64, 8, 4, 3)),
     ),
     "large": (
-        MoETactic(128, StageTile(128, 64, 8, 8, 3), StageTile(128, 64, 8, 8, 3)),
-        MoETactic(64, StageTile(128, 64, 8, 4, 3), StageTile(128, 64, 8, 4, 3)),
+        MoETactic(128, StageTile(64, 64, 8, 8, 3), StageTile(128, 64, 8, 8, 3)),
+        MoETactic(64, StageTile(64, 64, 8, 4, 3), StageTile(128, 64, 8, 4, 3)),
     ),
 }
+_DEFAULTS_FP8: dict[str, tuple[MoETactic, ...]] = {
+    "medium": (
+        MoETactic(64, StageTile(64, 128, 8, 4, 4), StageTile(128, 128, 8, 4, 3)),
+        *_DEFAULTS["medium"],
+    ),
+    "large": (
+        MoETactic(128, StageTile(64, 128, 8, 8, 3), StageTile(128, 128, 8, 8, 3)),
+        *_DEFAULTS["large"],
+    ),
+}
+# Programs per SM decode's grid aims for: a program streams its weight tiles through a few
+# pipeline stages, so one per SM leaves HBM idle between loads.
+_DECODE_PROGRAMS_PER_SM = 2
+
+
+def _fill_sms(tactic: MoETactic, touched: int, inter: int, hidden: int, sm_count: int) -> MoETactic:
+    """Decode: each touched expert is one M-block, so a GEMM has touched x N/block_n
+    programs; halve block_n (down to 16) until they fill the SMs (Qwen3-30B at T=1: 8
+    experts x 768/64 = 96 programs of GEMM1 on 132 SMs; 32-wide tiles give 192)."""
+    want = _DECODE_PROGRAMS_PER_SM * sm_count
+
+    def narrow(tile: StageTile, n: int) -> StageTile:
+        bn = tile.block_n
+        while bn > 16 and touched * -(-n // bn) < want:
+            bn //= 2
+        return replace(tile, block_n=bn)
+
+    return replace(tactic, gemm1=narrow(tactic.gemm1, inter), gemm2=narrow(tactic.gemm2, hidden))
+
+
 # Small enough for any shared memory and any legal shape (interpreter, odd tests).
 _FALLBACK = MoETactic(16, StageTile(32, 64, 1, 4, 2), StageTile(32, 64, 1, 4, 2))
 
@@ -193,9 +226,19 @@ def default_tactic(
     fp8_block: bool = False,
     a_itemsize: int = 2,
     w_itemsize: int = 2,
+    inter: int | None = None,
+    hidden: int | None = None,
+    sm_count: int = 132,
 ) -> MoETactic:
-    """Tactic -1: the first default of the call's bucket that is valid, else the fallback."""
-    for t in _DEFAULTS[bucket_of(num_tokens, top_k, num_local_experts)]:
+    """Tactic -1: the first default of the call's bucket that is valid, else the fallback.
+    With the expert's sizes (inter: I, hidden: H), decode's tiles are narrowed to fill
+    `sm_count` SMs."""
+    bucket = bucket_of(num_tokens, top_k, num_local_experts)
+    table = _DEFAULTS_FP8 if a_itemsize == 1 and bucket in _DEFAULTS_FP8 else _DEFAULTS
+    for t in table[bucket]:
+        if bucket == "decode" and inter is not None and hidden is not None:
+            touched = min(num_local_experts, num_tokens * top_k)
+            t = _fill_sms(t, touched, inter, hidden, sm_count)
         if tactic_ok(t, fp8_block=fp8_block, a_itemsize=a_itemsize, w_itemsize=w_itemsize):
             return t
     return _FALLBACK

@@ -294,6 +294,9 @@ def resolve_tactic(
             fp8_block=fp8_block,
             a_itemsize=a_size,
             w_itemsize=w_size,
+            inter=gemm1_weights.shape[1] // 2,
+            hidden=hidden_states.shape[1],
+            sm_count=platform.device_limits(hidden_states.device).sm_count,
         )
     t = MoETactic.from_tactic(tactic)
     if not tactic_ok(t, fp8_block=fp8_block, a_itemsize=a_size, w_itemsize=w_size):
