@@ -38,6 +38,11 @@ FLASHINFER_TOP_LEVEL = {
         "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
         "single_decode_with_kv_cache",
     ],
+    "fused_moe": [
+        "RoutingMethodType",
+        "trtllm_fp8_block_scale_moe",
+        "trtllm_fp8_per_tensor_scale_moe",
+    ],
     "mla": ["BatchMLAPagedAttentionWrapper"],
     "norm": ["fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "gemma_rmsnorm", "rmsnorm"],
     "page": [

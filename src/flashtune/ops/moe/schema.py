@@ -443,8 +443,9 @@ def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
         ("gemm1_alpha", arguments.get("gemm1_alpha")),
         ("gemm1_beta", arguments.get("gemm1_beta")),
         ("gemm1_clamp_limit", arguments.get("gemm1_clamp_limit")),
+        ("routing_replay_out", arguments.get("routing_replay_out")),  # an output none lists
     ):
-        if value:
+        if value is not None and value is not False and not (isinstance(value, int) and value == 0):
             raise _refuse(f"a call with {name}")
     if _int("weight_layout", arguments.get("weight_layout") or 0) != 0:
         raise _refuse("weights in a layout other than MajorK")
