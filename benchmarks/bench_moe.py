@@ -49,6 +49,7 @@ from common import RowWriter, Selection, copy_bandwidth_gbs  # noqa: E402
 from flashtune.ops.moe import config as cfg  # noqa: E402
 from flashtune.ops.moe.experts import (  # noqa: E402
     ExpertQuant,
+    ExpertsInputs,
     FusedExpertsRunner,
     fused_experts,
     fused_experts_torch,
@@ -229,13 +230,15 @@ def run_case(case, T, dev, weights, sel: Selection, writer: RowWriter | None, ta
     ref = fused_experts_torch(
         s0["x"], q1, q2, s0["ids"], s0["w"], quant=s0["quant"], local_expert_offset=case.offset
     )
+
+    def tactics_of() -> list[Any]:
+        inputs = ExpertsInputs.of(s0["x"], q1, q2, s0["ids"], s0["w"], s0["quant"], case.offset)
+        return FusedExpertsRunner().get_valid_tactics(inputs, None)
+
     calls = n_sets
     key = case.key(T)
     if sel.selecting:
-        runner = FusedExpertsRunner()
-        tactics = runner.get_valid_tactics(
-            (s0["x"], q1, q2, s0["ids"], s0["w"], s0["quant"], 0), None
-        )
+        tactics = tactics_of()
         best = (-1, timed(ours(-1), ours_sets, calls))
         for t in tactics[:tactic_sweep]:
             try:
@@ -261,12 +264,7 @@ def run_case(case, T, dev, weights, sel: Selection, writer: RowWriter | None, ta
     if key in sel.picks:
         t, sel_ms = sel.lookup(
             key,
-            [
-                -1,
-                *FusedExpertsRunner().get_valid_tactics(
-                    (s0["x"], q1, q2, s0["ids"], s0["w"], s0["quant"], 0), None
-                ),
-            ],
+            [-1, *tactics_of()],
         )
         out = ours(t)(*ours_sets[0])
         results["flashtune_tuned"] = (

@@ -20,12 +20,16 @@ from flashtune import platform
 from flashtune.ops.moe import config as cfg
 from flashtune.ops.moe.align import align_routes, max_blocks
 from flashtune.ops.moe.experts import (
+    EXPERTS_TUNING,
     ExpertQuant,
+    ExpertsInputs,
     FusedExpertsRunner,
     fused_experts,
     fused_experts_torch,
     fused_experts_triton,
 )
+from flashtune.tune import autotune
+from flashtune.tune.runner import make_profile
 
 FP8 = torch.float8_e4m3fn
 REL_NORM = 1e-2
@@ -277,17 +281,40 @@ def test_deterministic_and_out(device):
     assert b is out and torch.equal(a, b)
 
 
-def test_runner(device):
+def test_runner_and_tuning_inputs(device):
     _cpu_kernels(device)
-    x, w1, w2, q = _make("bf16", 3, 256, 128, 4, device, torch.float16)
-    ids, w = _routes(3, 2, 4, device)
+    x, w1, w2, q = _make("fp8_block", 3, 256, 128, 4, device)
+    ids, w = _routes(3, 2, 6, device)
     runner = FusedExpertsRunner()
-    inputs = (x, w1, w2, ids, w, q, 0)
+    inputs = ExpertsInputs.of(x, w1, w2, ids, w, q, 1)
+    assert inputs.quant == q
     tactics = runner.get_valid_tactics(inputs, None)
-    assert tactics and all(len(t) == 11 for t in tactics)
-    ref = fused_experts_torch(x, w1, w2, ids, w)
+    assert tactics and all(len(t) == 11 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
+    ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=1)
     _assert_close(runner.forward(inputs, tactics[0]), ref)
     _assert_close(runner.forward(inputs), ref)
+    # The tuner's inputs at the profile's bucket (T=3 -> 4): valid, and the kernels run.
+    profile = make_profile(inputs, EXPERTS_TUNING)
+    assert profile[0] == (4, 256) and profile[5] == (2, 4)
+    tuned = ExpertsInputs(*EXPERTS_TUNING.make_inputs(inputs, profile))
+    assert tuned.hidden_states.shape == (4, 256) and tuned.hidden_states_scale.shape == (2, 4)
+    assert tuned.topk_ids.shape == (4, 2) and tuned.gemm1_weights is w1
+    local = tuned.topk_ids.long() - 1
+    assert ((local >= 0) & (local < 4)).all()
+    got = runner.forward(tuned)
+    a = tuned
+    _assert_close(
+        got,
+        fused_experts_torch(
+            a.hidden_states,
+            w1,
+            w2,
+            a.topk_ids,
+            a.topk_weights,
+            quant=a.quant,
+            local_expert_offset=1,
+        ),
+    )
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -408,7 +435,9 @@ def test_real_shapes_cuda(model, T):
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
     _assert_close(out, ref)
     # Every candidate tactic of the regime agrees too (a handful, to bound the test's time).
-    tactics = FusedExpertsRunner().get_valid_tactics((x, w1, w2, ids, w, q, off), None)
+    tactics = FusedExpertsRunner().get_valid_tactics(
+        ExpertsInputs.of(x, w1, w2, ids, w, q, off), None
+    )
     for t in tactics[:: max(1, len(tactics) // 6)]:
         _assert_close(
             fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off, tactic=t), ref
@@ -435,3 +464,19 @@ def test_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     _assert_close(out, fused_experts_torch(x, w1, w2, ids, w, quant=q))
+
+
+@pytest.mark.cuda
+def test_autotune_cuda():
+    # Inside autotune() a call without a tactic profiles its bucket's candidates, then runs
+    # the pick; the result must still match.
+    device = torch.device("cuda")
+    mode, H, I, E, E_global, K = MODELS["qwen3-30b-a3b"]  # noqa: E741
+    x, w1, w2, q = _make(mode, 16, H, I, E, device)
+    ids, w = _routes(16, K, E_global, device)
+    with autotune(True):
+        out = fused_experts(x, w1, w2, ids, w, quant=q)
+    _assert_close(out, fused_experts_torch(x, w1, w2, ids, w, quant=q))
+    _assert_close(
+        fused_experts(x, w1, w2, ids, w, quant=q), fused_experts_torch(x, w1, w2, ids, w, quant=q)
+    )

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
 from flashtune import platform
+from flashtune.ops.call import field_index
 from flashtune.ops.moe.align import align_routes
 from flashtune.ops.moe.config import (
     QUANT_BLOCK,
@@ -38,7 +39,14 @@ from flashtune.ops.moe.kernels import (
     _moe_gemm1_swiglu_kernel,
     _moe_gemm2_kernel,
 )
-from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner
+from flashtune.tune import (
+    DEFAULT_TACTIC,
+    DynamicDim,
+    Tactic,
+    TunableRunner,
+    TuningConfig,
+    choose_one,
+)
 
 __all__ = [
     "QUANT_BLOCK",
@@ -48,7 +56,11 @@ __all__ = [
     "fused_experts_triton",
     "triton_supported",
     "resolve_tactic",
+    "ExpertsInputs",
     "FusedExpertsRunner",
+    "EXPERTS_RUNNERS",
+    "EXPERTS_TUNING",
+    "EXPERTS_OP",
 ]
 
 QuantMode = Literal["bf16", "fp8_block", "fp8_per_tensor"]
@@ -483,12 +495,26 @@ def fused_experts(
     if triton_supported(hidden_states, gemm1_weights, quant) and gemm2_weights.dtype == (
         gemm1_weights.dtype
     ):
+        topk_weights = topk_weights.float()
+        if tactic is None:
+            # The tuner's pick for this shape bucket (inside autotune(): profiled first),
+            # else -1, the regime's default.
+            inputs = ExpertsInputs.of(
+                hidden_states,
+                gemm1_weights,
+                gemm2_weights,
+                topk_ids,
+                topk_weights,
+                quant,
+                local_expert_offset,
+            )
+            _, tactic = choose_one(EXPERTS_OP, EXPERTS_RUNNERS, EXPERTS_TUNING, inputs)
         return fused_experts_triton(
             hidden_states,
             gemm1_weights,
             gemm2_weights,
             topk_ids,
-            topk_weights.float(),
+            topk_weights,
             quant=quant,
             local_expert_offset=local_expert_offset,
             out=out,
@@ -509,27 +535,133 @@ def fused_experts(
     return out
 
 
+class ExpertsInputs(NamedTuple):
+    """FusedExpertsRunner's inputs: the call's tensors, each scale of ExpertQuant as its own
+    input (so the tuner's key, made of shapes and dtypes, tells the modes apart: only
+    fp8_block has gemm1_weights_scale, only fp8_per_tensor output1_scales_scalar)."""
+
+    hidden_states: torch.Tensor  # [T, H]
+    gemm1_weights: torch.Tensor  # [E, 2I, H]
+    gemm2_weights: torch.Tensor  # [E, H, I]
+    topk_ids: torch.Tensor  # [T, K] int32
+    topk_weights: torch.Tensor  # [T, K] float32
+    hidden_states_scale: torch.Tensor | None  # fp8_block [H/128, T]; fp8_per_tensor [1]
+    gemm1_weights_scale: torch.Tensor | None
+    gemm2_weights_scale: torch.Tensor | None
+    output1_scales_scalar: torch.Tensor | None
+    output1_scales_gate_scalar: torch.Tensor | None
+    output2_scales_scalar: torch.Tensor | None
+    local_expert_offset: int
+
+    @classmethod
+    def of(
+        cls,
+        hidden_states: torch.Tensor,
+        gemm1_weights: torch.Tensor,
+        gemm2_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        quant: ExpertQuant,
+        local_expert_offset: int,
+    ) -> ExpertsInputs:
+        return cls(
+            hidden_states,
+            gemm1_weights,
+            gemm2_weights,
+            topk_ids,
+            topk_weights,
+            quant.hidden_states_scale,
+            quant.gemm1_weights_scale,
+            quant.gemm2_weights_scale,
+            quant.output1_scales_scalar,
+            quant.output1_scales_gate_scalar,
+            quant.output2_scales_scalar,
+            int(local_expert_offset),
+        )
+
+    @property
+    def quant(self) -> ExpertQuant:
+        if self.gemm1_weights_scale is not None:
+            mode: QuantMode = "fp8_block"
+        elif self.output1_scales_scalar is not None:
+            mode = "fp8_per_tensor"
+        else:
+            mode = "bf16"
+        return ExpertQuant(mode, *self[5:11])
+
+
 class FusedExpertsRunner(TunableRunner):
-    """The Triton path as an autotuner runner. inputs: (hidden_states, gemm1_weights,
-    gemm2_weights, topk_ids, topk_weights, quant, local_expert_offset); tactics:
-    `MoETactic.as_tactic()` tuples from config.candidates."""
+    """The Triton path as an autotuner runner over `ExpertsInputs` (a plain sequence of
+    the same fields works too); tactics: `MoETactic.as_tactic()` tuples of
+    config.candidates for the call's regime."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
-        hs, w1, _, ids, _, quant, _ = inputs
+        a = ExpertsInputs(*inputs)
         return [
             t.as_tactic()
             for t in candidates(
-                hs.shape[0],
-                ids.shape[1],
-                w1.shape[0],
-                fp8_block=quant.mode == "fp8_block",
-                a_itemsize=hs.element_size(),
-                w_itemsize=w1.element_size(),
+                a.hidden_states.shape[0],
+                a.topk_ids.shape[1],
+                a.gemm1_weights.shape[0],
+                fp8_block=a.gemm1_weights_scale is not None,
+                a_itemsize=a.hidden_states.element_size(),
+                w_itemsize=a.gemm1_weights.element_size(),
             )
         ]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
-        hs, w1, w2, ids, weights, quant, offset = inputs
+        a = ExpertsInputs(*inputs)
         return fused_experts_triton(
-            hs, w1, w2, ids, weights, quant=quant, local_expert_offset=offset, tactic=tactic
+            a.hidden_states,
+            a.gemm1_weights,
+            a.gemm2_weights,
+            a.topk_ids,
+            a.topk_weights,
+            quant=a.quant,
+            local_expert_offset=a.local_expert_offset,
+            tactic=tactic,
         )
+
+
+def _tuning_inputs(inputs: Sequence[Any], profile: Any) -> list[Any]:
+    """Random valid inputs at the profile's token count: fresh activations (and their
+    block scales), routes spread over the local experts (every route computed: the busiest
+    rank), the caller's weights and weight scales (read only; too large to copy)."""
+    a = ExpertsInputs(*inputs)
+    T = int(profile[0][0])
+    H = a.hidden_states.shape[1]
+    E, K = a.gemm1_weights.shape[0], a.topk_ids.shape[1]
+    dev = a.hidden_states.device
+    x = torch.randn(T, H, device=dev).to(a.hidden_states.dtype)
+    scores = torch.rand(T, max(E, K), device=dev)
+    ids = (scores.topk(K, dim=1).indices % E + a.local_expert_offset).to(a.topk_ids.dtype)
+    weights = torch.rand(T, K, device=dev, dtype=a.topk_weights.dtype) + 0.1
+    hs_scale = a.hidden_states_scale
+    if hs_scale is not None and hs_scale.dim() == 2:  # fp8_block: [H/128, T]
+        hs_scale = torch.rand(hs_scale.shape[0], T, device=dev) + 0.5
+    return list(
+        a._replace(
+            hidden_states=x, topk_ids=ids, topk_weights=weights, hidden_states_scale=hs_scale
+        )
+    )
+
+
+def _token_bucket(shapes: Sequence[torch.Size]) -> int:
+    return int(shapes[0][0])
+
+
+EXPERTS_RUNNERS: tuple[TunableRunner, ...] = (FusedExpertsRunner(),)
+# Tuned per power-of-two bucket of T; topk_ids, topk_weights and the fp8_block activation
+# scales follow T. key_dtypes: bf16 and fp8 weights of one shape want different tiles.
+EXPERTS_TUNING = TuningConfig(
+    dynamic_dims=(DynamicDim(field_index(ExpertsInputs, "hidden_states"), 0),),
+    constraints=(
+        (field_index(ExpertsInputs, "topk_ids"), 0, _token_bucket),
+        (field_index(ExpertsInputs, "topk_weights"), 0, _token_bucket),
+        (field_index(ExpertsInputs, "hidden_states_scale"), -1, _token_bucket),
+    ),
+    make_inputs=_tuning_inputs,
+    key_dtypes=True,
+    use_cuda_graph=True,
+)
+EXPERTS_OP = "flashtune::fused_moe_experts"
