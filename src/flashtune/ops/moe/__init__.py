@@ -86,8 +86,8 @@ def _unsupported(**options: Any) -> None:
         "gemm1_clamp_limit": None,
     }
     why = {
-        "use_shuffled_weight": "flashtune reads plain row-major weights; pass "
-        "use_shuffled_weight=False with unshuffled weights",
+        "use_shuffled_weight": "flashtune reads plain row-major (MajorK) weights: pass "
+        "use_shuffled_weight=False and weight_layout=0 with unshuffled weights",
         "weight_layout": "flashtune reads MajorK weights ([E, 2I, H], [E, H, I]); pass "
         "weight_layout=0 (WeightLayout.MajorK)",
         "do_finalize": "flashtune always finalizes (returns the [T, H] output)",
