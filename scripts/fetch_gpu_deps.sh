@@ -21,7 +21,8 @@ fi
 [ -f .peer/flashinfer-from-sdist.sh ] || cp ../shared/gpu/flashinfer-from-sdist.sh .peer/
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .peer/wheels pydantic pydantic-core annotated-types typing-inspection typing-extensions filelock safetensors
+  -d .peer/wheels pydantic pydantic-core annotated-types typing-inspection typing-extensions filelock safetensors \
+  einops  # einops: imported by FlashInfer's test_groupwise_scaled_gemm_fp8.py (the drop-in run)
 if [ "${RAY:-0}" = 1 ]; then
   # Ray's wheel is ~80 MB and the carry limit 64 MiB: keep its core (scripts/slim_ray_wheel.py).
   mkdir -p .peer/ray .peer/ray-full

@@ -17,6 +17,8 @@ OUT=${OUT:-/tmp/flashtune-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --find-links .peer/wheels pydantic filelock safetensors >"$OUT/setup.log" 2>&1
+# einops: FlashInfer's fp8 GEMM test imports it (drop-in run); absent from an older .peer/wheels
+python3 -m pip install -q --no-index --find-links .peer/wheels einops >>"$OUT/setup.log" 2>&1 || true
 if [ -d .peer/ray ]; then  # RAY=1 scripts/fetch_gpu_deps.sh: the slim Ray wheel and its dependencies
   python3 -m pip install -q --no-index --find-links .peer/ray ray >>"$OUT/setup.log" 2>&1
 fi

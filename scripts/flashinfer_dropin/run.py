@@ -90,6 +90,10 @@ FILES = (
     # issue 34: MLA (flashinfer.mla's wrapper, the QK 192 / VO 128 prefills, the MLA append)
     "test_deepseek_mla",
     "test_mla_page",
+    # issue 35: fp8 GEMM (flashinfer.gemm: bmm_fp8 and the block-scaled GEMMs; the second
+    # file imports einops, which scripts/fetch_gpu_deps.sh fetches)
+    "test_bmm_fp8",
+    "test_groupwise_scaled_gemm_fp8",
 )
 
 # Test files of the sdist that need hardware backends flashtune does not have: out of scope

@@ -28,6 +28,7 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
         "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
         "single_decode_with_kv_cache",
     ),
+    "gemm": ("bmm_fp8",),
     "fused_moe": (
         "RoutingMethodType",
         "trtllm_fp8_block_scale_moe",
@@ -80,4 +81,13 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
 }
 
 # Names FlashInfer keeps in a submodule only, not at its top level.
-SUBMODULE_ONLY: dict[str, tuple[str, ...]] = {"rope": ("mla_rope_quantize_fp8",)}
+SUBMODULE_ONLY: dict[str, tuple[str, ...]] = {
+    "gemm": (
+        "gemm_fp8_nt_groupwise",
+        "gemm_fp8_nt_blockscaled",
+        "group_gemm_fp8_nt_groupwise",
+        "group_deepgemm_fp8_nt_groupwise",
+        "batch_deepgemm_fp8_nt_groupwise",
+    ),
+    "rope": ("mla_rope_quantize_fp8",),
+}

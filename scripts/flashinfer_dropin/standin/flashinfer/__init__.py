@@ -4,7 +4,8 @@ folder holding this package first on sys.path).
 
 Submodules with FlashInfer's names are files here (decode.py, norm.py, ...), each re-exporting
 flashtune's module of that name; jit/ and utils.py hold the few helpers FlashInfer's tests
-call that are not kernels (JIT warm-up, compute capability). MLA's append
+call that are not kernels (JIT warm-up, compute capability); testing/ holds the fp8 block
+quantization helpers of the GEMM tests. MLA's append
 (`append_paged_mla_kv_cache`, top level and flashinfer.page) comes from flashtune.ops.mla.
 """
 
@@ -20,6 +21,7 @@ _SUBMODULES = (
     "activation",
     "cascade",
     "decode",
+    "gemm",
     "jit",
     "mla",
     "norm",
@@ -28,7 +30,7 @@ _SUBMODULES = (
     "rope",
     "sparse",
 )
-for _name in (*_SUBMODULES, "sampling", "utils"):
+for _name in (*_SUBMODULES, "sampling", "testing", "utils"):
     globals()[_name] = importlib.import_module(f"{__name__}.{_name}")
 
 __version__ = f"0.2.14+flashtune.{flashtune_version}"

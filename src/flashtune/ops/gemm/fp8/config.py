@@ -1,0 +1,122 @@
+"""Launch configurations of the fp8 GEMM kernel (kernels.py): the tactic, its search space,
+the pruned candidates the tuner tries per shape and the default tactic (-1).
+
+Runners hand out plain tuples (JSON-friendly for the tuner's cache) and accept either form
+back (`Fp8Tactic.from_tactic`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import astuple, dataclass
+
+from flashtune.tune import Tactic
+
+__all__ = [
+    "Fp8Tactic",
+    "Fp8Space",
+    "fp8_default_tactic",
+    "fp8_candidates",
+    "tactic_fits",
+]
+
+
+@dataclass(frozen=True)
+class Fp8Tactic:
+    """One configuration of the fp8 kernel."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def smem_bytes(self) -> int:
+        # fp8 operands: one byte an element, both tiles per pipeline stage.
+        return (self.block_m + self.block_n) * self.block_k * self.num_stages
+
+    def as_tactic(self) -> tuple[int, ...]:
+        return astuple(self)
+
+    @classmethod
+    def from_tactic(cls, tactic: Tactic) -> Fp8Tactic:
+        return tactic if isinstance(tactic, cls) else cls(*tactic)  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class Fp8Space:
+    """The kernel's whole search space (the tuner's exhaustive mode)."""
+
+    block_m: tuple[int, ...] = (16, 32, 64, 128, 256)
+    block_n: tuple[int, ...] = (32, 64, 128, 256)
+    block_k: tuple[int, ...] = (64, 128)
+    group_m: tuple[int, ...] = (1, 8)
+    num_warps: tuple[int, ...] = (4, 8)
+    num_stages: tuple[int, ...] = (2, 3, 4, 5)
+
+    def __iter__(self) -> Iterator[Fp8Tactic]:
+        for values in itertools.product(
+            self.block_m,
+            self.block_n,
+            self.block_k,
+            self.group_m,
+            self.num_warps,
+            self.num_stages,
+        ):
+            yield Fp8Tactic(*values)
+
+
+def tactic_fits(t: Fp8Tactic, scale_block_k: int | None, smem: int) -> bool:
+    """Whether `t` can run: its stages fit in shared memory and, with block scales, its K
+    step divides the scale block along K (each step is scaled by one K block's scales)."""
+    if t.smem_bytes() > smem:
+        return False
+    return scale_block_k is None or scale_block_k % t.block_k == 0
+
+
+def _block_m_for(M: int) -> int:
+    """The smallest MMA-friendly row tile (16..64) holding M rows."""
+    return min(64, max(16, 1 << (max(M, 1) - 1).bit_length()))
+
+
+def fp8_default_tactic(M: int, N: int, K: int) -> Fp8Tactic:
+    """Tactic -1, valid for any shape (block_k 128 divides DeepSeek's 128-wide scale
+    blocks; wider K steps halve the loop count of the 1-byte operands)."""
+    if M > 64:
+        return Fp8Tactic(128, 128, 128, 8, 8, 3)
+    return Fp8Tactic(_block_m_for(M), 64, 128, 8, 4, 4)
+
+
+def fp8_candidates(M: int, N: int, K: int) -> list[Fp8Tactic]:
+    """The tactics the tuner tries at (M, N, K): tiles known to suit fp8 MMAs on Hopper
+    (128-wide K steps; narrower N tiles at small M, where B's bytes bound the time)."""
+    if M >= 256:
+        shapes = [
+            (128, 128, 128, 8, 3),
+            (128, 256, 128, 8, 3),
+            (256, 128, 128, 8, 3),
+            (128, 128, 64, 4, 4),
+            (64, 256, 128, 4, 3),
+            (128, 64, 128, 4, 4),
+        ]
+    elif M > 64:
+        shapes = [
+            (64, 128, 128, 4, 4),
+            (128, 128, 128, 8, 3),
+            (64, 256, 128, 8, 3),
+            (128, 64, 128, 4, 4),
+            (64, 64, 128, 4, 5),
+        ]
+    else:
+        bm = _block_m_for(M)
+        shapes = [
+            (bm, 64, 128, 4, 4),
+            (bm, 128, 128, 4, 3),
+            (bm, 32, 128, 4, 5),
+            (bm, 128, 64, 4, 4),
+            (bm, 256, 128, 8, 3),
+        ]
+    out = [Fp8Tactic(bm, bn, bk, 8, warps, stages) for bm, bn, bk, warps, stages in shapes]
+    return list(dict.fromkeys(out))

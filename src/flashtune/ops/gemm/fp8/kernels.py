@@ -1,0 +1,219 @@
+"""Triton kernel of the fp8 GEMMs (C = A @ B.T, B logically [N, K]); launch.py launches it.
+
+One kernel serves every fp8 op of the package, chosen by compile-time flags:
+- per-tensor scales (bmm_fp8): one fp32 accumulator over K, scaled once in the epilogue;
+- block scales (gemm_fp8_nt_groupwise and its grouped forms, DeepSeek's 1x128 activation
+  groups and 128x128 weight blocks): each BLOCK_K step's fp32 partial product is scaled by
+  a_scale[m, kblock] * b_scale[nblock, kblock] before it is added, so BLOCK_K divides the
+  scale block along K (GK);
+- ROW_GROUPS: each row of A names the group (index into B's first dimension) it multiplies,
+  -1 for a padding row (written as zeros); a tile loops over the groups its rows name, which
+  is one group for the contiguous layouts MoE produces;
+- MASKED_M: batch b has only its first rows[b] rows; the rest are written as zeros.
+Everything is read through strides (B column-major or row-major, scales K-major or MN-major
+views), so no layout costs a copy. fp8 operands of two different formats (e4m3 x e5m2) are
+widened to fp16 first (exact), since not every target has a mixed fp8 MMA.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# The kernel is the package's own: launch.py launches it.
+__all__: list[str] = []
+
+
+@triton.jit
+def _k_loop(
+    a_ptr,  # [M, K] of this batch, through strides
+    b_ptr,  # [N, K] of this batch / group, through strides
+    sa_ptr,  # block scales of A [M/GM, K/GK] (through strides) or a dummy
+    sb_ptr,  # block scales of B [N/GN, K/GK] (through strides) or a dummy
+    offs_am,  # [BLOCK_M] rows, wrapped into [0, M)
+    offs_bn,  # [BLOCK_N] columns, wrapped into [0, N)
+    K,
+    stride_am,
+    stride_ak,
+    stride_bn,
+    stride_bk,
+    stride_sam,
+    stride_sak,
+    stride_sbn,
+    stride_sbk,
+    BLOCK_SCALE: tl.constexpr,
+    GM: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_bn[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    if BLOCK_SCALE:
+        sa_ptrs = sa_ptr + (offs_am // GM) * stride_sam
+        sb_ptrs = sb_ptr + (offs_bn // GN) * stride_sbn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k0, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k0, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float16)
+            b = b.to(tl.float16)
+        if BLOCK_SCALE:
+            kb = k0 // GK
+            sa = tl.load(sa_ptrs + kb * stride_sak)
+            sb = tl.load(sb_ptrs + kb * stride_sbk)
+            acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_gemm_kernel(
+    a_ptr,  # [batch, M, K] fp8
+    b_ptr,  # [batch or groups, N, K] fp8 through strides
+    c_ptr,  # [batch, M, N] bf16 / fp16
+    sa_ptr,  # per-tensor: [1] fp32; block: [batch, M/GM, K/GK] through strides
+    sb_ptr,  # per-tensor: [1] fp32; block: [batch or groups, N/GN, K/GK] through strides
+    rows_ptr,  # ROW_GROUPS: [M] int32 group of each row; MASKED_M: [batch] int32; else dummy
+    M,
+    N,
+    K,
+    stride_ab,
+    stride_am,
+    stride_ak,
+    stride_bb,
+    stride_bn,
+    stride_bk,
+    stride_cb,
+    stride_cm,
+    stride_cn,
+    stride_sab,
+    stride_sam,
+    stride_sak,
+    stride_sbb,
+    stride_sbn,
+    stride_sbk,
+    BLOCK_SCALE: tl.constexpr,
+    GM: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    ROW_GROUPS: tl.constexpr,
+    MASKED_M: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Group-M swizzle: GROUP_M row tiles walk the N tiles together, so the B tiles they
+    # share stay in L2.
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Out-of-range rows / columns wrap around instead of being masked: loads stay in bounds
+    # and unmasked; the store is masked.
+    offs_am = offs_m % M
+    offs_bn = offs_n % N
+    a_base = a_ptr + pid_b * stride_ab
+    sa_base = sa_ptr + pid_b * stride_sab
+    row_ok = offs_m < M
+
+    if ROW_GROUPS:
+        groups = tl.load(rows_ptr + offs_m, mask=row_ok, other=-1)
+        # The groups this tile's rows name, lowest to highest; padding rows (-1) none.
+        # int64: group offsets into B pass 2**31 elements (256 experts of 7168 x 2048).
+        g_lo = tl.min(tl.where(groups >= 0, groups, 2147483647), axis=0).to(tl.int64)
+        g_hi = tl.max(groups, axis=0).to(tl.int64)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for g in range(g_lo, g_hi + 1):
+            part = _k_loop(
+                a_base,
+                b_ptr + g * stride_bb,
+                sa_base,
+                sb_ptr + g * stride_sbb,
+                offs_am,
+                offs_bn,
+                K,
+                stride_am,
+                stride_ak,
+                stride_bn,
+                stride_bk,
+                stride_sam,
+                stride_sak,
+                stride_sbn,
+                stride_sbk,
+                BLOCK_SCALE,
+                GM,
+                GN,
+                GK,
+                UPCAST,
+                EVEN_K,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+            acc = tl.where((groups == g)[:, None], part, acc)
+    else:
+        m_valid = M
+        if MASKED_M:
+            m_valid = tl.load(rows_ptr + pid_b)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if pid_m * BLOCK_M < m_valid:  # a tile past the batch's valid rows only writes zeros
+            acc = _k_loop(
+                a_base,
+                b_ptr + pid_b * stride_bb,
+                sa_base,
+                sb_ptr + pid_b * stride_sbb,
+                offs_am,
+                offs_bn,
+                K,
+                stride_am,
+                stride_ak,
+                stride_bn,
+                stride_bk,
+                stride_sam,
+                stride_sak,
+                stride_sbn,
+                stride_sbk,
+                BLOCK_SCALE,
+                GM,
+                GN,
+                GK,
+                UPCAST,
+                EVEN_K,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+        if MASKED_M:
+            acc = tl.where((offs_m < m_valid)[:, None], acc, 0.0)
+
+    if not BLOCK_SCALE:
+        acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    c_ptrs = c_ptr + pid_b * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = row_ok[:, None] & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,297 @@
+"""Host side of the fp8 GEMMs: the kernel's launch (kernels.py), the two runners the
+autotuner chooses from (Triton; cuBLAS through torch._scaled_mm for per-tensor scales), the
+tuning configs, the reference path where no kernel runs, and one KernelOp per op.
+
+Runner inputs: Fp8Inputs, every operand in the kernel's canonical form (layouts.py makes
+it from FlashInfer's arguments): A [batch, M, K], B [batch or groups, N, K] (any strides),
+per-tensor scales [1] or K-major block scales [.., ceil(M/gm), ceil(K/gk)] and
+[.., ceil(N/gn), ceil(K/gk)] (any strides), and the mode that says how they combine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+import triton
+
+from flashtune import platform
+from flashtune.ops.call import KernelOp, named
+from flashtune.ops.gemm.fp8.config import (
+    Fp8Space,
+    Fp8Tactic,
+    fp8_candidates,
+    fp8_default_tactic,
+    tactic_fits,
+)
+from flashtune.ops.gemm.fp8.kernels import _fp8_gemm_kernel
+from flashtune.ops.gemm.fp8.reference import expand_scale
+from flashtune.tune import DEFAULT_TACTIC, DynamicDim, Tactic, TunableRunner, TuningConfig
+
+__all__ = [
+    "Fp8Inputs",
+    "MODES",
+    "TritonFp8Runner",
+    "CublasFp8Runner",
+    "launch_fp8",
+    "cublas_applies",
+    "run_fp8",
+]
+
+# How the scales and rows combine (the kernel's flags):
+# "tensor": per-tensor scales; "block": block scales; "row_groups": block scales, each row
+# of A names its group of B (-1: padding); "masked": block scales, batch b has rows[b] rows.
+MODES = ("tensor", "block", "row_groups", "masked")
+
+
+class Fp8Inputs(NamedTuple):
+    """The runners' inputs; the tuner keys on all but `out`."""
+
+    A: torch.Tensor  # [batch, M, K] fp8
+    B: torch.Tensor  # [batch or groups, N, K] fp8, any strides
+    A_scale: torch.Tensor  # "tensor": [1]; else [batch, ceil(M/gm), ceil(K/gk)]
+    B_scale: torch.Tensor  # "tensor": [1]; else [batch or groups, ceil(N/gn), ceil(K/gk)]
+    out_dtype: torch.dtype
+    rows: torch.Tensor | None = None  # "row_groups": [M] int32; "masked": [batch] int32
+    mode: str = "tensor"
+    granularity: tuple[int, int, int] = (1, 128, 128)
+    out: torch.Tensor | None = None  # [batch, M, N]; None: a new tensor
+
+
+_TUNED = 8  # Fp8Inputs fields the tuner keys on and passes: all but out
+
+
+# ----------------------------------------------------------------------------------------------
+# The launch
+# ----------------------------------------------------------------------------------------------
+
+
+def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
+    """C = the fp8 product of `a` (see MODES) with tactic `t`; returns C [batch, M, N]."""
+    A, B, sa, sb = a.A, a.B, a.A_scale, a.B_scale
+    batch, M, K = A.shape
+    N = B.shape[1]
+    if batch == 0 or M == 0 or N == 0:
+        return C
+    block = a.mode != "tensor"
+    gm, gn, gk = a.granularity
+    block_k = t.block_k
+    if block and gk % block_k:
+        # Each K step must lie in one scale block: the largest power of two dividing gk.
+        block_k = math.gcd(block_k, gk)
+        if block_k < 16:
+            raise ValueError(f"scale granularity along K must be a multiple of 16, got {gk}")
+    sa_strides = sa.stride() if block else (0, 0, 0)
+    sb_strides = sb.stride() if block else (0, 0, 0)
+    grid = (triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n), batch)
+    _fp8_gemm_kernel[grid](
+        A,
+        B,
+        C,
+        sa,
+        sb,
+        a.rows if a.rows is not None else C,  # never read without ROW_GROUPS / MASKED_M
+        M,
+        N,
+        K,
+        *A.stride(),
+        *B.stride(),
+        *C.stride(),
+        *sa_strides,
+        *sb_strides,
+        BLOCK_SCALE=block,
+        GM=gm,
+        GN=gn,
+        GK=gk,
+        ROW_GROUPS=a.mode == "row_groups",
+        MASKED_M=a.mode == "masked",
+        UPCAST=A.dtype != B.dtype,
+        EVEN_K=K % block_k == 0,
+        BLOCK_M=t.block_m,
+        BLOCK_N=t.block_n,
+        BLOCK_K=block_k,
+        GROUP_M=t.group_m,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )
+    return C
+
+
+def _alloc_out(a: Fp8Inputs) -> torch.Tensor:
+    if a.out is not None:
+        return a.out
+    batch, M, _ = a.A.shape
+    return torch.empty((batch, M, a.B.shape[1]), dtype=a.out_dtype, device=a.A.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Runners
+# ----------------------------------------------------------------------------------------------
+
+
+class TritonFp8Runner(TunableRunner):
+    """The Triton fp8 GEMM (every mode). get_valid_tactics hands out a pruned list per shape;
+    exhaustive=True hands out all of Fp8Space that fits the device."""
+
+    def __init__(self, exhaustive: bool = False) -> None:
+        self.exhaustive = exhaustive
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        a = named(Fp8Inputs, inputs)
+        _, M, K = a.A.shape
+        N = a.B.shape[1]
+        smem = platform.device_limits(a.A.device).shared_memory_per_block
+        scale_k = None if a.mode == "tensor" else a.granularity[2]
+        space = iter(Fp8Space()) if self.exhaustive else fp8_candidates(M, N, K)
+        return [t.as_tactic() for t in space if tactic_fits(t, scale_k, smem)]
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
+        a = named(Fp8Inputs, inputs)
+        _, M, K = a.A.shape
+        N = a.B.shape[1]
+        t = (
+            fp8_default_tactic(M, N, K)
+            if tactic == DEFAULT_TACTIC
+            else Fp8Tactic.from_tactic(tactic)
+        )
+        return launch_fp8(a, _alloc_out(a), t)
+
+
+def cublas_applies(A: torch.Tensor, B: torch.Tensor, mode: str) -> bool:
+    """Whether cuBLASLt's fp8 GEMM (torch._scaled_mm) takes this per-tensor product: a GPU
+    with fp8 tensor cores (sm89+), leading dimensions of 16 bytes, and not e5m2 x e5m2."""
+    if mode != "tensor" or A.device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    if torch.cuda.get_device_capability(A.device) < (8, 9):
+        return False
+    if A.dtype == B.dtype == torch.float8_e5m2:
+        return False
+    return A.shape[-1] % 16 == 0 and B.shape[-2] % 16 == 0
+
+
+class CublasFp8Runner(TunableRunner):
+    """cuBLASLt's fp8 GEMM through torch._scaled_mm, one call per batch entry. One tactic:
+    the default. Products cuBLASLt does not take (`cublas_applies`) run the Triton
+    kernel's default tactic instead, so the runner answers every call."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        return []
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
+        a = named(Fp8Inputs, inputs)
+        if not cublas_applies(a.A, a.B, a.mode):
+            return TritonFp8Runner().forward(inputs)
+        C = _alloc_out(a)
+        sa, sb = a.A_scale.reshape(()), a.B_scale.reshape(())
+        try:
+            for i in range(a.A.shape[0]):
+                A_i = a.A[i] if a.A[i].stride(-1) == 1 else a.A[i].contiguous()
+                B_i = a.B[i] if a.B[i].stride(-1) == 1 else a.B[i].contiguous()
+                # cuBLASLt wants mat2 [K, N] column-major: B_i [N, K] row-major, transposed.
+                if C[i].is_contiguous():
+                    torch._scaled_mm(
+                        A_i, B_i.T, scale_a=sa, scale_b=sb, out_dtype=a.out_dtype, out=C[i]
+                    )
+                else:
+                    C[i].copy_(
+                        torch._scaled_mm(A_i, B_i.T, scale_a=sa, scale_b=sb, out_dtype=a.out_dtype)
+                    )
+        except (RuntimeError, TypeError, NotImplementedError):
+            # A layout or size this torch / cuBLASLt build refuses: the Triton kernel.
+            return TritonFp8Runner().forward([*a[:_TUNED], C])
+        return C
+
+
+# ----------------------------------------------------------------------------------------------
+# Where no kernel runs: the references
+# ----------------------------------------------------------------------------------------------
+
+
+def _dequant(x: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    return x.float() * expand_scale(scale, x.shape[-2], x.shape[-1], block)
+
+
+def _reference(inputs: Sequence[Any]) -> torch.Tensor:
+    """The product in fp32 PyTorch, written into out (a CPU without the Triton interpreter)."""
+    a = named(Fp8Inputs, inputs)
+    gm, gn, gk = a.granularity
+    if a.mode == "tensor":
+        scale = a.A_scale.float().reshape(()) * a.B_scale.float().reshape(())
+        C = torch.matmul(a.A.float(), a.B.float().transpose(-2, -1)) * scale
+    else:
+        A = _dequant(a.A, a.A_scale, (gm, gk))
+        B = _dequant(a.B, a.B_scale, (gn, gk))
+        if a.mode == "row_groups":
+            assert a.rows is not None
+            C = torch.zeros((1, A.shape[1], B.shape[1]), dtype=torch.float32, device=A.device)
+            for g in range(B.shape[0]):
+                sel = a.rows == g
+                C[0, sel] = A[0, sel] @ B[g].T
+        else:
+            C = torch.matmul(A, B.transpose(-2, -1))
+            if a.mode == "masked":
+                assert a.rows is not None
+                rows = torch.arange(A.shape[1], device=A.device)
+                C = C * (rows[None, :] < a.rows[:, None]).unsqueeze(-1)
+    out = _alloc_out(a)
+    return out.copy_(C.to(out.dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# Tuning and the ops' launches
+# ----------------------------------------------------------------------------------------------
+
+_A = 0  # Fp8Inputs.A: its dimension 1 (M) is tuned per power-of-two bucket
+_A_SCALE = 2  # Fp8Inputs.A_scale
+
+# Per-tensor scales: M per bucket; batch, N, K and the fp8 formats in the key. CUDA graphs:
+# a decode-sized fp8 GEMM runs for a few microseconds, less than a launch costs on the host.
+TENSOR_TUNING = TuningConfig(
+    dynamic_dims=(DynamicDim(input_idx=_A, dim=1),),
+    key_dtypes=True,
+    use_cuda_graph=True,
+)
+# Block scales with one scale per row (granularity (1, gn, gk)): A_scale's rows follow M.
+ROWWISE_TUNING = TuningConfig(
+    dynamic_dims=(DynamicDim(input_idx=_A, dim=1),),
+    constraints=((_A_SCALE, 1, lambda shapes: shapes[_A][1]),),
+    key_dtypes=True,
+    use_cuda_graph=True,
+)
+# Grouped / masked calls and coarser row granularities: tuned at their exact shapes (their
+# index tensors cannot be made up at another size).
+EXACT_TUNING = TuningConfig(key_dtypes=True, use_cuda_graph=True)
+
+_TRITON = (TritonFp8Runner(),)
+# cuBLAS first where it is a candidate: the default until the tuner has measured Triton.
+_BACKEND_RUNNERS: dict[str, tuple[TunableRunner, ...]] = {
+    "cublas": (CublasFp8Runner(),),
+    "cudnn": (CublasFp8Runner(),),
+    "cutlass": _TRITON,
+    "auto": (CublasFp8Runner(), *_TRITON),
+}
+_OPS: dict[tuple[str, str], KernelOp] = {}
+
+
+def _op(name: str, backend: str, tuning: TuningConfig) -> KernelOp:
+    key = (name, backend)
+    if key not in _OPS:
+        runners = _BACKEND_RUNNERS.get(backend, _TRITON)
+        # One tuner op name per runner set, so one set's picks never answer another's.
+        op_name = name if backend in ("auto", "triton") else f"{name}[{backend}]"
+        _OPS[key] = KernelOp(op_name, runners, tuning, _reference, tuned=_TUNED)
+    return _OPS[key]
+
+
+def run_fp8(name: str, inputs: Fp8Inputs, backend: str = "triton") -> torch.Tensor:
+    """Run op `name` on `inputs` (canonical form) with `backend`'s runners ("triton": the
+    Triton kernel alone); returns out [batch, M, N]."""
+    if inputs.mode == "tensor":
+        tuning = TENSOR_TUNING
+    elif inputs.mode == "block" and inputs.granularity[0] == 1:
+        tuning = ROWWISE_TUNING
+    else:
+        tuning = EXACT_TUNING
+    return _op(name, backend, tuning)(inputs)

@@ -1,0 +1,440 @@
+"""fp8 GEMMs (flashtune.gemm, FlashInfer's names): every op and runner against the references,
+over odd shapes (M = 1, 7, 129; K and N not multiples of the tiles or the 128-wide scale
+blocks; batches), every scale layout FlashInfer takes, and the errors of bad calls.
+
+On CPU the Triton kernel runs in the interpreter (fp8 dots work there; fp16 outputs, since
+bf16 loads do not); `-m cuda` runs the same checks with bf16 outputs, more tactics, the
+cuBLAS runner and FlashInfer 0.2.14's test shapes on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flashtune
+from flashtune.ops.gemm.fp8 import config as cfg
+from flashtune.ops.gemm.fp8 import launch as L
+from flashtune.ops.gemm.fp8.reference import block_scaled_mm_ref, bmm_fp8_ref
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+G = flashtune.gemm
+
+
+def _fp8(shape, dtype=E4M3, device="cpu", scale=1.0):
+    """Random fp8 values of unit size (never zeros), as `scale` * N(0, 1) quantized."""
+    return (torch.randn(shape, device=device) * scale).to(dtype)
+
+
+def _per_tensor(x: torch.Tensor, dtype=E4M3):
+    """FlashInfer's test quantization: x / s in fp8 with the dequant scale s (0-dim)."""
+    amax = x.abs().max().clamp(min=1e-12)
+    s = (amax / torch.finfo(dtype).max).float()
+    return (x / s).to(dtype), s
+
+
+def _bmm_operands(b, m, n, k, a_dtype=E4M3, b_dtype=E4M3, device="cpu"):
+    A, sa = _per_tensor(torch.randn(b, m, k, device=device), a_dtype)
+    # B [b, k, n] column-major, as FlashInfer's tests build it.
+    Bt, sb = _per_tensor(torch.randn(b, n, k, device=device), b_dtype)
+    return A, Bt.transpose(1, 2), sa, sb
+
+
+def _block_scales(rows, k, block_rows, device="cpu", lead=()):
+    """Positive scales of a [..., ceil(rows/block_rows), ceil(k/128)] K-major layout."""
+    shape = (*lead, math.ceil(rows / block_rows), math.ceil(k / 128))
+    return torch.rand(shape, device=device) + 0.5
+
+
+def _close(C, expected, scale=1.0):
+    """fp32 sums of fp8 products, rounded once: bf16/fp16 rounding of the result only."""
+    assert C.shape == expected.shape and C.dtype == expected.dtype
+    tol = 2e-2 if C.dtype == torch.bfloat16 else 4e-3
+    torch.testing.assert_close(C.float(), expected.float(), atol=tol * scale, rtol=tol)
+
+
+# ------------------------------------------------------------------ CPU: the interpreter
+
+BMM_SHAPES = [(1, 1, 33, 70), (2, 7, 64, 128), (3, 129, 40, 96)]  # (b, m, n, k)
+FORMATS = [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("b,m,n,k", BMM_SHAPES)
+@pytest.mark.parametrize("formats", FORMATS, ids=["e4m3", "e4m3xe5m2", "e5m2xe4m3"])
+def test_bmm_fp8_interpreter(b, m, n, k, formats):
+    A, B, sa, sb = _bmm_operands(b, m, n, k, *formats)
+    backend = "cutlass" if formats == (E4M3, E4M3) else "auto"
+    C = G.bmm_fp8(A, B, sa, sb, torch.float16, backend=backend)
+    expected = bmm_fp8_ref(A, B, sa, sb, torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
+def test_bmm_fp8_writes_into_out_and_takes_row_major_b():
+    A, B, sa, sb = _bmm_operands(2, 5, 24, 40)
+    out = torch.empty(2, 5, 24, dtype=torch.float16)
+    B_row_major = B.contiguous()  # [b, k, n] row-major: read through its strides too
+    result = G.bmm_fp8(A, B_row_major, sa, sb, torch.float16, out, backend="cutlass")
+    assert result is out
+    expected = bmm_fp8_ref(A, B, sa, sb, torch.float16)
+    _close(out, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("m,n,k", [(1, 130, 256), (7, 64, 200), (129, 257, 384)])
+@pytest.mark.parametrize("mode", ["K", "MN"])
+def test_gemm_fp8_nt_groupwise_interpreter(m, n, k, mode):
+    a, b = _fp8((m, k)), _fp8((n, k))
+    sa, sb = _block_scales(m, k, 1), _block_scales(n, k, 128)
+    args = (sa, sb) if mode == "K" else (sa.T.contiguous(), sb.T.contiguous())
+    C = G.gemm_fp8_nt_groupwise(a, b, *args, scale_major_mode=mode, out_dtype=torch.float16)
+    expected = block_scaled_mm_ref(a, b, sa, sb, (1, 128, 128), torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gemm_fp8_nt_groupwise_trtllm_layout(transposed):
+    """backend="trtllm": a_scale M-major ([k/128, m], or its [m, k/128] view), b_scale
+    [n/128, k/128] (or its [k/128, n/128] view), as FlashInfer's test passes them."""
+    m, n, k = 9, 136, 256
+    a, b = _fp8((m, k)), _fp8((n, k))
+    sa, sb = _block_scales(m, k, 1), _block_scales(n, k, 128)
+    sa_arg = sa.T.contiguous()  # [k/128, m] contiguous: M-major memory
+    sb_arg = sb.contiguous()
+    if transposed:
+        sa_arg, sb_arg = sa_arg.T, sb_arg.T  # the same memory seen in the other shapes
+    C = G.gemm_fp8_nt_groupwise(
+        a, b, sa_arg, sb_arg, "MN", out_dtype=torch.float16, backend="trtllm"
+    )
+    expected = block_scaled_mm_ref(a, b, sa, sb, (1, 128, 128), torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("mode", ["K", "MN"])
+def test_gemm_fp8_nt_blockscaled_interpreter(mode):
+    m, n, k = 130, 72, 256  # 128 x 128 blocks for a too; m, n not multiples of 128
+    a, b = _fp8((m, k)), _fp8((n, k))
+    sa, sb = _block_scales(m, k, 128), _block_scales(n, k, 128)
+    args = (sa, sb) if mode == "K" else (sa.T.contiguous(), sb.T.contiguous())
+    C = G.gemm_fp8_nt_blockscaled(a, b, *args, mode, out_dtype=torch.float16)
+    expected = block_scaled_mm_ref(a, b, sa, sb, (128, 128, 128), torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+def _grouped_expected(a, b, sa, sb, groups_of_rows, out_dtype):
+    """Row i times b[groups_of_rows[i]] (zeros for -1), from the block-scaled reference."""
+    expected = torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype)
+    for g in range(b.shape[0]):
+        full = block_scaled_mm_ref(a, b[g], sa, sb[g], (1, 128, 128), out_dtype)
+        sel = groups_of_rows == g
+        expected[sel] = full[sel]
+    return expected
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("mode", ["K", "MN"])
+def test_group_gemm_fp8_nt_groupwise_interpreter(mode):
+    """Segments of 7, 0 and 10 rows (an empty group), then 3 rows past m_indptr[-1]."""
+    k, n = 160, 48
+    m_indptr = torch.tensor([0, 7, 7, 17], dtype=torch.int32)
+    rows = 20
+    a, b = _fp8((rows, k)), _fp8((3, n, k))
+    sa, sb = _block_scales(rows, k, 1), _block_scales(n, k, 128, lead=(3,))
+    if mode == "K":
+        args = (sa, sb)
+    else:
+        args = (sa.T.contiguous(), sb.transpose(1, 2).contiguous())
+    C = G.group_gemm_fp8_nt_groupwise(
+        a, b, *args, m_indptr, scale_major_mode=mode, out_dtype=torch.float16
+    )
+    groups = torch.tensor([0] * 7 + [2] * 10 + [-1] * 3)
+    expected = _grouped_expected(a, b, sa, sb, groups, torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
+def test_group_deepgemm_fp8_nt_groupwise_interpreter():
+    """Rows name their group in any order, padding rows (-1) included: a tile of rows from
+    several groups loops over them."""
+    m, n, k, groups = 37, 40, 256, 4
+    m_indices = torch.randint(-1, groups, (m,), dtype=torch.int32)
+    a, b = _fp8((m, k)), _fp8((groups, n, k))
+    sa, sb = _block_scales(m, k, 1), _block_scales(n, k, 128, lead=(groups,))
+    C = G.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, m_indices, out_dtype=torch.float16)
+    expected = _grouped_expected(a, b, sa, sb, m_indices, torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
+def test_batch_deepgemm_fp8_nt_groupwise_interpreter():
+    groups, m, n, k = 3, 19, 24, 200
+    masked_m = torch.tensor([0, 5, 19], dtype=torch.int32)
+    a, b = _fp8((groups, m, k)), _fp8((groups, n, k))
+    sa = _block_scales(m, k, 1, lead=(groups,))
+    sb = _block_scales(n, k, 128, lead=(groups,))
+    C = G.batch_deepgemm_fp8_nt_groupwise(
+        a, b, sa, sb, masked_m, expected_m=8, out_dtype=torch.float16
+    )
+    expected = block_scaled_mm_ref(a, b, sa, sb, (1, 128, 128), torch.float16)
+    valid = torch.arange(m)[None, :] < masked_m[:, None]
+    expected = expected * valid[..., None]
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+# Tactics in the interpreter: small tiles; block_k 64 (two K steps per 128-wide scale
+# block), group_m 1 and 8.
+CPU_TACTICS = [-1, (16, 32, 64, 1, 4, 2), (32, 16, 128, 8, 4, 2), (16, 64, 32, 8, 4, 2)]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("tactic", CPU_TACTICS, ids=str)
+@pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
+def test_triton_runner_tactics_interpreter(tactic, block):
+    b, m, n, k = 2, 33, 40, 200
+    A, B_nk = _fp8((b, m, k)), _fp8((b, n, k))
+    if block:
+        sa = _block_scales(m, k, 1, lead=(b,))
+        sb = _block_scales(n, k, 128, lead=(b,))
+        expected = block_scaled_mm_ref(A, B_nk, sa, sb, (1, 128, 128), torch.float16)
+        mode = "block"
+    else:
+        sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
+        expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
+        mode = "tensor"
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16, mode=mode)
+    C = L.TritonFp8Runner().forward(inputs, tactic)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+def test_reference_path_without_kernels(monkeypatch):
+    """Where no kernel runs (a CPU without the interpreter) the references answer."""
+    monkeypatch.setattr(L.platform, "kernels_available", lambda device: False)
+    monkeypatch.setattr(L, "_OPS", {})  # KernelOps read kernels_available when made
+    A, B, sa, sb = _bmm_operands(2, 3, 16, 32)
+    C = G.bmm_fp8(A, B, sa, sb, torch.bfloat16)
+    _close(C, bmm_fp8_ref(A, B, sa, sb, torch.bfloat16), scale=C.float().abs().max().item())
+    m_indices = torch.tensor([1, -1, 0, 1], dtype=torch.int32)
+    a, b = _fp8((4, 256)), _fp8((2, 24, 256))
+    sa2, sb2 = _block_scales(4, 256, 1), _block_scales(24, 256, 128, lead=(2,))
+    C2 = G.group_deepgemm_fp8_nt_groupwise(a, b, sa2, sb2, m_indices, out_dtype=torch.float16)
+    _close(C2, _grouped_expected(a, b, sa2, sb2, m_indices, torch.float16), scale=50.0)
+
+
+@pytest.mark.interpreter
+def test_flashinfer_autotune_example_runs_on_cpu():
+    """FlashInfer's documented example, unchanged but for CPU tensors; inside autotune() the
+    tuner profiles the Triton runner (interpreter) and cuBLAS's default, and picks one."""
+    import flashtune as flashinfer
+
+    A, B, A_scale, B_scale = _bmm_operands(1, 4, 32, 64)
+    out_dtype = torch.float16
+    with flashinfer.autotune():
+        out = flashinfer.gemm.bmm_fp8(A, B, A_scale, B_scale, dtype=out_dtype, backend="auto")
+    expected = bmm_fp8_ref(A, B, A_scale, B_scale, out_dtype)
+    _close(out, expected, scale=expected.abs().max().item())
+
+
+# ------------------------------------------------------------------ errors (CPU, no kernel)
+
+
+def _groupwise_args():
+    a, b = _fp8((4, 256)), _fp8((8, 256))
+    return a, b, _block_scales(4, 256, 1), _block_scales(8, 256, 128)
+
+
+@pytest.mark.parametrize(
+    "change,error,match",
+    [
+        ({"A": "bf16"}, TypeError, "A must be"),
+        ({"dtype": torch.float32}, ValueError, "dtype must be"),
+        ({"backend": "tensorrt"}, ValueError, "Unsupported backend"),
+        ({"backend": "cutlass", "B": "e5m2"}, ValueError, "e5m2 is not supported"),
+        ({"A": "e5m2", "B": "e5m2"}, ValueError, "both be float8_e5m2"),
+        ({"B": "short_k"}, ValueError, "B must be"),
+        ({"A_scale": "two"}, ValueError, "one .per-tensor. scale"),
+        ({"A_scale": "f16"}, TypeError, "A_scale must be"),
+        ({"out": "wrong_shape"}, ValueError, "out must have shape"),
+    ],
+)
+def test_bmm_fp8_errors(change, error, match):
+    A, B, sa, sb = _bmm_operands(2, 3, 16, 32)
+    args = {"A": A, "B": B, "A_scale": sa, "B_scale": sb, "dtype": torch.bfloat16}
+    make = {
+        "bf16": lambda name: args[name].to(torch.bfloat16),
+        "e5m2": lambda name: args[name].float().to(E5M2),
+        "short_k": lambda name: B[:, :16],
+        "two": lambda name: torch.ones(2),
+        "f16": lambda name: sa.half(),
+        "wrong_shape": lambda name: torch.empty(2, 3, 15, dtype=torch.bfloat16),
+    }
+    for name, value in change.items():
+        args[name] = make[value](name) if isinstance(value, str) and value in make else value
+    with pytest.raises(error, match=match):
+        G.bmm_fp8(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"scale_major_mode": None}, "scale_major_mode must be"),
+        ({"scale_major_mode": "MN"}, "a_scale must have shape"),
+        ({"scale_major_mode": "K", "mma_sm": 3}, "mma_sm must be 1 or 2"),
+        ({"scale_major_mode": "K", "out_dtype": torch.float32}, "output dtype must be"),
+        ({"scale_major_mode": "K", "backend": "cudnn"}, "backend must be"),
+        (
+            {"scale_major_mode": "K", "backend": "trtllm", "scale_granularity_mnk": (1, 128, 64)},
+            "takes scale_granularity_mnk",
+        ),
+    ],
+)
+def test_gemm_fp8_nt_groupwise_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        G.gemm_fp8_nt_groupwise(*_groupwise_args(), **kwargs)
+
+
+def test_groupwise_shape_mismatch_and_indices_errors():
+    a, b, sa, sb = _groupwise_args()
+    with pytest.raises(ValueError, match="Shape mismatch"):
+        G.gemm_fp8_nt_groupwise(a, b[:, :128], sa, sb, "K")
+    bg, sbg = _fp8((2, 8, 256)), _block_scales(8, 256, 128, lead=(2,))
+    with pytest.raises(ValueError, match="m_indptr must have 3 entries"):
+        G.group_gemm_fp8_nt_groupwise(a, bg, sa, sbg, torch.tensor([0, 4], dtype=torch.int32))
+    with pytest.raises(TypeError, match="m_indices must be"):
+        G.group_deepgemm_fp8_nt_groupwise(a, bg, sa, sbg, torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="masked_m must have shape"):
+        G.batch_deepgemm_fp8_nt_groupwise(
+            a[None], bg[:1], sa[None], sbg[:1], torch.zeros(2, dtype=torch.int32), 1
+        )
+
+
+def test_tactic_space_and_candidates():
+    """Candidates fit Hopper's shared memory, their K step divides the scale block, and the
+    default exists for every M."""
+    smem = 227 * 1024
+    for M in (1, 7, 64, 129, 4096):
+        cands = cfg.fp8_candidates(M, 4096, 7168)
+        assert cands and all(cfg.tactic_fits(t, 128, smem) for t in cands)
+        assert cfg.fp8_default_tactic(M, 4096, 7168) in cands
+    assert not cfg.tactic_fits(cfg.Fp8Tactic(128, 128, 128, 8, 8, 3), 64, smem)
+    assert len(list(cfg.Fp8Space())) > 100
+
+
+def test_facade_names():
+    import flashtune as flashinfer
+
+    assert flashinfer.bmm_fp8 is flashinfer.gemm.bmm_fp8
+    assert "bmm_fp8" in flashinfer.__all__
+    for name in ("gemm_fp8_nt_groupwise", "group_gemm_fp8_nt_groupwise"):
+        assert callable(getattr(flashinfer.gemm, name)) and name in flashinfer.gemm.__all__
+        assert name not in flashinfer.__all__  # FlashInfer keeps them in flashinfer.gemm
+
+
+# ------------------------------------------------------------------ GPU
+
+
+def _gpu_formats():
+    return [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("b,m,n,k", [(1, 1, 1024, 7168), (16, 7, 80, 64), (4, 129, 520, 2000)])
+@pytest.mark.parametrize("formats", _gpu_formats(), ids=["e4m3", "e4m3xe5m2", "e5m2xe4m3"])
+@pytest.mark.parametrize("backend", ["cublas", "cutlass", "auto"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_bmm_fp8_cuda(b, m, n, k, formats, backend, out_dtype):
+    if backend == "cutlass" and E5M2 in formats:
+        pytest.skip("FlashInfer's cutlass backend refuses e5m2")
+    A, B, sa, sb = _bmm_operands(b, m, n, k, *formats, device="cuda")
+    C = G.bmm_fp8(A, B, sa, sb, out_dtype, backend=backend)
+    expected = bmm_fp8_ref(A, B, sa, sb, out_dtype)
+    _close(C, expected, scale=expected.float().abs().max().item())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("b,m,n,k", [(2, 1, 4096, 7168), (3, 77, 200, 1000), (1, 1024, 512, 384)])
+@pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
+def test_every_candidate_tactic_cuda(b, m, n, k, block):
+    A, B_nk = _fp8((b, m, k), device="cuda"), _fp8((b, n, k), device="cuda")
+    if block:
+        sa = _block_scales(m, k, 1, "cuda", lead=(b,))
+        sb = _block_scales(n, k, 128, "cuda", lead=(b,))
+        expected = block_scaled_mm_ref(A, B_nk, sa, sb, (1, 128, 128), torch.bfloat16)
+    else:
+        sa, sb = torch.rand(1, device="cuda") + 0.5, torch.rand(1, device="cuda") + 0.5
+        expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.bfloat16)
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.bfloat16, mode="block" if block else "tensor")
+    runner = L.TritonFp8Runner()
+    tactics = runner.get_valid_tactics(inputs, None)
+    assert tactics
+    for tactic in [-1, *tactics]:
+        _close(runner.forward(inputs, tactic), expected, scale=expected.float().abs().max().item())
+
+
+@pytest.mark.cuda
+def test_cublas_runner_matches_scaled_mm_cuda():
+    A, B, sa, sb = _bmm_operands(3, 64, 256, 512, device="cuda")
+    C = G.bmm_fp8(A, B, sa, sb, torch.bfloat16, backend="cublas")
+    for i in range(3):
+        direct = torch._scaled_mm(A[i], B[i], scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        torch.testing.assert_close(C[i], direct, atol=0, rtol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 2112, 7168), (7, 576, 1536), (129, 7168, 2048), (4096, 4096, 4096)]
+)
+@pytest.mark.parametrize("mode", ["K", "MN"])
+def test_gemm_fp8_nt_groupwise_cuda(m, n, k, mode):
+    a, b = _fp8((m, k), device="cuda"), _fp8((n, k), device="cuda", scale=0.05)
+    sa, sb = _block_scales(m, k, 1, "cuda"), _block_scales(n, k, 128, "cuda")
+    args = (sa, sb) if mode == "K" else (sa.T.contiguous(), sb.T.contiguous())
+    C = G.gemm_fp8_nt_groupwise(a, b, *args, scale_major_mode=mode)
+    expected = block_scaled_mm_ref(a, b, sa, sb, (1, 128, 128), torch.bfloat16)
+    _close(C, expected, scale=expected.float().abs().max().item())
+
+
+@pytest.mark.cuda
+def test_grouped_forms_cuda():
+    groups, n, k = 8, 2048, 7168
+    counts = torch.tensor([0, 1, 7, 129, 3, 300, 64, 17])
+    m_indptr = torch.cat([torch.zeros(1), counts.cumsum(0)]).to(torch.int32).cuda()
+    rows = int(counts.sum())
+    a, b = _fp8((rows, k), device="cuda"), _fp8((groups, n, k), device="cuda", scale=0.05)
+    sa, sb = _block_scales(rows, k, 1, "cuda"), _block_scales(n, k, 128, "cuda", lead=(groups,))
+    groups_of_rows = torch.repeat_interleave(torch.arange(groups), counts).cuda()
+    expected = torch.zeros(rows, n, dtype=torch.bfloat16, device="cuda")
+    for g in range(groups):
+        sel = groups_of_rows == g
+        expected[sel] = block_scaled_mm_ref(a[sel], b[g], sa[sel], sb[g])
+    C = G.group_gemm_fp8_nt_groupwise(a, b, sa, sb, m_indptr, scale_major_mode="K")
+    _close(C, expected, scale=expected.float().abs().max().item())
+    C2 = G.group_deepgemm_fp8_nt_groupwise(a, b, sa, sb, groups_of_rows.to(torch.int32))
+    _close(C2, expected, scale=expected.float().abs().max().item())
+
+
+@pytest.mark.cuda
+def test_autotune_example_cuda(tmp_path):
+    """FlashInfer's documented example with backend="auto": the tuner measures cuBLAS and the
+    Triton tactics, and the saved cache has the FlashInfer format."""
+    import json
+
+    import flashtune as flashinfer
+
+    A, B, A_scale, B_scale = _bmm_operands(4, 48, 80, 64, device="cuda")
+    out_dtype = torch.bfloat16
+    cache = tmp_path / "fp8.json"
+    with flashinfer.autotune(cache=cache):
+        out = flashinfer.gemm.bmm_fp8(A, B, A_scale, B_scale, dtype=out_dtype, backend="auto")
+    with flashinfer.autotune():  # FlashInfer's default backend (cuBLAS) as documented
+        out2 = flashinfer.gemm.bmm_fp8(A, B, A_scale, B_scale, dtype=out_dtype)
+    expected = bmm_fp8_ref(A, B, A_scale, B_scale, out_dtype)
+    for C in (out, out2):
+        _close(C, expected, scale=expected.float().abs().max().item())
+    entries = json.loads(cache.read_text())
+    runners = [v[0] for k, v in entries.items() if k != "_metadata" and "bmm_fp8" in k]
+    assert runners and set(runners) <= {"CublasFp8Runner", "TritonFp8Runner"}
