@@ -255,16 +255,19 @@ def test_no_local_route_gives_zeros(device):
 
 TACTICS = [
     cfg.MoETactic(16, cfg.StageTile(32, 64, 8, 4, 2), cfg.StageTile(64, 32, 1, 4, 2)),
-    (32, 64, 128, 1, 4, 3, 32, 128, 8, 4, 3),
-    cfg.MoETactic(16, cfg.StageTile(16, 128, 2, 4, 2), cfg.StageTile(16, 128, 2, 4, 2)),
+    (32, 64, 128, 1, 4, 3, 32, 128, 8, 4, 3),  # 11 ints: swap_ab 0
+    cfg.MoETactic(16, cfg.StageTile(16, 128, 2, 4, 2), cfg.StageTile(16, 128, 2, 4, 2), 1),
+    (16, 32, 64, 1, 4, 2, 64, 128, 1, 4, 2, 1),
+    (32, 32, 64, 1, 4, 2, 32, 64, 1, 4, 2, 1),
 ]
 
 
+@pytest.mark.parametrize("mode", ["fp8_block", "bf16"])
 @pytest.mark.parametrize("tactic", TACTICS, ids=str)
-def test_tactics_agree(tactic, device):
+def test_tactics_agree(tactic, mode, device):
     _cpu_kernels(device)
     T, H, I, E, K = 17, 256, 256, 4, 2  # noqa: E741
-    x, w1, w2, q = _make("fp8_block", T, H, I, E, device)
+    x, w1, w2, q = _make(mode, T, H, I, E, device, torch.float16)
     ids, w = _routes(T, K, E, device)
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q)
     out = fused_experts(x, w1, w2, ids, w, quant=q, tactic=tactic)
@@ -289,7 +292,7 @@ def test_runner_and_tuning_inputs(device):
     inputs = ExpertsInputs.of(x, w1, w2, ids, w, q, 1)
     assert inputs.quant == q
     tactics = runner.get_valid_tactics(inputs, None)
-    assert tactics and all(len(t) == 11 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
+    assert tactics and all(len(t) == 12 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=1)
     _assert_close(runner.forward(inputs, tactics[0]), ref)
     _assert_close(runner.forward(inputs), ref)
@@ -379,7 +382,7 @@ def test_bad_tactic(device):
             ),
             tactic=t,
         )
-    with pytest.raises(ValueError, match="11 ints"):
+    with pytest.raises(ValueError, match="12 ints"):
         cfg.MoETactic.from_tactic((16, 32))
 
 

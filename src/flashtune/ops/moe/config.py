@@ -7,7 +7,8 @@ per GEMM stage (`StageTile`: BLOCK_N, BLOCK_K, GROUP_M, warps, stages), since GE
 (K = H, two B tiles per program: up and gate) and GEMM2 (K = I) favour different tiles.
 
 The tuner's cache holds tactics as flat int tuples (`MoETactic.as_tactic`: block_m, then
-GEMM1's five, then GEMM2's five); `MoETactic.from_tactic` accepts either form back.
+GEMM1's five, then GEMM2's five, then swap_ab); `MoETactic.from_tactic` accepts either form
+back.
 
 The regime is set by the tokens per expert, `tokens_per_expert(T, K, E_local)`: at decode
 (T*K/E < 16) every touched expert is one 16-row block and the cost is streaming the touched
@@ -67,21 +68,25 @@ class MoETactic:
     block_m: int = 16
     gemm1: StageTile = StageTile()
     gemm2: StageTile = StageTile()
+    # 1: both GEMMs form W @ A^T ("swap-AB", kernels._mma): the weight tile takes the MMA's
+    # M side, for M-blocks of 16 rows (decode).
+    swap_ab: int = 0
 
     def as_tactic(self) -> tuple[int, ...]:
-        return (self.block_m, *astuple(self.gemm1), *astuple(self.gemm2))
+        return (self.block_m, *astuple(self.gemm1), *astuple(self.gemm2), self.swap_ab)
 
     @classmethod
     def from_tactic(cls, tactic: Tactic) -> MoETactic:
         if isinstance(tactic, cls):
             return tactic
         values = tuple(tactic)  # type: ignore[arg-type]
-        if len(values) != 11:
+        if len(values) not in (11, 12):
             raise ValueError(
-                f"a MoE tactic is a MoETactic or 11 ints (block_m, 5 for GEMM1, 5 for "
-                f"GEMM2), got {tactic!r}"
+                f"a MoE tactic is a MoETactic or 12 ints (block_m, 5 for GEMM1, 5 for "
+                f"GEMM2, swap_ab; 11 without swap_ab), got {tactic!r}"
             )
-        return cls(values[0], StageTile(*values[1:6]), StageTile(*values[6:11]))
+        swap = values[11] if len(values) == 12 else 0
+        return cls(values[0], StageTile(*values[1:6]), StageTile(*values[6:11]), swap)
 
     def smem_bytes(self, a_itemsize: int, w_itemsize: int) -> int:
         """Shared memory of the larger stage's pipeline (GEMM1: A tile plus two B tiles)."""
@@ -144,9 +149,9 @@ def bucket_of(num_tokens: int, top_k: int, num_local_experts: int) -> str:
 # iterations of 64 at the same bytes per stage as 16-bit 64-deep steps).
 _DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
     "decode": (
-        MoETactic(16, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)),
-        MoETactic(16, StageTile(32, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)),
-        MoETactic(16, StageTile(32, 64, 1, 4, 2), StageTile(32, 64, 1, 4, 2)),
+        MoETactic(16, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4), 1),
+        MoETactic(16, StageTile(32, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4), 1),
+        MoETactic(16, StageTile(32, 64, 1, 4, 2), StageTile(32, 64, 1, 4, 2), 1),
     ),
     "small": (
         MoETactic(32, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)),
@@ -292,13 +297,15 @@ def candidates(
                 (64, 128, 8, 4, 4),
             )
         ]
+    swaps = (1, 0) if m < 16 else (0,)
     out = [
-        MoETactic(bm, g1, g2)
+        MoETactic(bm, g1, g2, swap)
         for bm in block_ms
+        for swap in swaps
         for g1 in tiles
         for g2 in tiles
         if tactic_ok(
-            MoETactic(bm, g1, g2),
+            MoETactic(bm, g1, g2, swap),
             fp8_block=fp8_block,
             a_itemsize=a_itemsize,
             w_itemsize=w_itemsize,

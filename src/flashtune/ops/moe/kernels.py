@@ -52,6 +52,46 @@ def _swizzle(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+@triton.jit
+def _zeros_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """An fp32 accumulator in the program's orientation: [N, M] when swapped."""
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _mma(acc, a, w, SWAP_AB: tl.constexpr):
+    """acc + a [M, K] @ w [N, K]^T. Swapped, the product is formed as w @ a^T ([N, M]): at
+    decode M is one 16-row block and N the weight tile, so N takes the MMA's M side (which
+    the tensor cores would otherwise pad to 64), as the GEMM family's small-M kernel does."""
+    if SWAP_AB:
+        acc = tl.dot(w, tl.trans(a), acc)
+    else:
+        acc = tl.dot(a, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
+def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr):
+    """acc + (a @ w^T) x a_s[m] x w_s[n]: one K step's fp32 partial, scaled per block."""
+    if SWAP_AB:
+        acc += tl.dot(w, tl.trans(a)) * (w_s[:, None] * a_s[None, :])
+    else:
+        acc += tl.dot(a, tl.trans(w)) * (a_s[:, None] * w_s[None, :])
+    return acc
+
+
+@triton.jit
+def _unswap(acc, SWAP_AB: tl.constexpr):
+    """The accumulator as [M, N]."""
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["num_routes", "num_pid_m"])
 def _moe_gemm1_swiglu_kernel(
     a_ptr,  # [T, H] activations (bf16/fp16/fp8)
@@ -88,6 +128,7 @@ def _moe_gemm1_swiglu_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(INTER, BLOCK_N)
@@ -107,16 +148,17 @@ def _moe_gemm1_swiglu_kernel(
 
     a_ptrs = a_ptr + token[:, None] * stride_at + offs_k[None, :] * stride_ah
     w_base = w_ptr + expert * stride_we
-    up_ptrs = w_base + offs_nw[None, :] * stride_wn + offs_k[:, None] * stride_wk
-    gate_ptrs = w_base + (offs_nw + INTER)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    # Weight tiles [BLOCK_N, BLOCK_K] in their stored orientation (K contiguous).
+    up_ptrs = w_base + offs_nw[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    gate_ptrs = w_base + (offs_nw + INTER)[:, None] * stride_wn + offs_k[None, :] * stride_wk
     if QUANT == 1:
         # Per-column weight scale rows: the up and gate columns of this tile.
         ws_up = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
         ws_gate = w_scale_ptr + expert * stride_wse + ((offs_nw + INTER) // 128) * stride_wsn
         as_ptrs = a_scale_ptr + token * stride_ast
 
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc_gate = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, H, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -125,8 +167,8 @@ def _moe_gemm1_swiglu_kernel(
         else:
             k_ok = offs_k < H - k0
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            w_up = tl.load(up_ptrs, mask=k_ok[:, None], other=0.0)
-            w_gate = tl.load(gate_ptrs, mask=k_ok[:, None], other=0.0)
+            w_up = tl.load(up_ptrs, mask=k_ok[None, :], other=0.0)
+            w_gate = tl.load(gate_ptrs, mask=k_ok[None, :], other=0.0)
         if DOT_F32:
             a = a.to(tl.float32)
             w_up = w_up.to(tl.float32)
@@ -136,15 +178,17 @@ def _moe_gemm1_swiglu_kernel(
             a_s = tl.load(as_ptrs + kb * stride_ask)  # [BLOCK_M]
             s_up = tl.load(ws_up + kb * stride_wsk)  # [BLOCK_N]
             s_gate = tl.load(ws_gate + kb * stride_wsk)
-            acc_up += tl.dot(a, w_up) * (a_s[:, None] * s_up[None, :])
-            acc_gate += tl.dot(a, w_gate) * (a_s[:, None] * s_gate[None, :])
+            acc_up = _mma_scaled(acc_up, a, w_up, a_s, s_up, SWAP_AB)
+            acc_gate = _mma_scaled(acc_gate, a, w_gate, a_s, s_gate, SWAP_AB)
         else:
-            acc_up = tl.dot(a, w_up, acc_up)
-            acc_gate = tl.dot(a, w_gate, acc_gate)
+            acc_up = _mma(acc_up, a, w_up, SWAP_AB)
+            acc_gate = _mma(acc_gate, a, w_gate, SWAP_AB)
         a_ptrs += BLOCK_K * stride_ah
         up_ptrs += BLOCK_K * stride_wk
         gate_ptrs += BLOCK_K * stride_wk
 
+    acc_up = _unswap(acc_up, SWAP_AB)
+    acc_gate = _unswap(acc_gate, SWAP_AB)
     if QUANT == 2:
         acc_up = acc_up * tl.load(up_scale_ptr + expert)
         acc_gate = acc_gate * tl.load(gate_scale_ptr + expert)
@@ -188,6 +232,7 @@ def _moe_gemm2_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(H, BLOCK_N)
@@ -206,11 +251,11 @@ def _moe_gemm2_kernel(
 
     # Padding rows of C were never written: mask them to zeros (no NaN from stale memory).
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_k[None, :] * stride_ck
-    w_ptrs = w_ptr + expert * stride_we + offs_nw[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    w_ptrs = w_ptr + expert * stride_we + offs_nw[:, None] * stride_wn + offs_k[None, :] * stride_wk
     if QUANT == 1:
         ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, INTER, BLOCK_K):
         if EVEN_K:
             c = tl.load(c_ptrs, mask=row_ok[:, None], other=0.0)
@@ -218,7 +263,7 @@ def _moe_gemm2_kernel(
         else:
             k_ok = offs_k < INTER - k0
             c = tl.load(c_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
         if DOT_F32:
             c = c.to(tl.float32)
             w = w.to(tl.float32)
@@ -226,11 +271,14 @@ def _moe_gemm2_kernel(
             w = w.to(c.dtype)  # fp8 W2 upcast to C's 16-bit type; a no-op otherwise
         if QUANT == 1:
             s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk)  # [BLOCK_N]
-            acc += tl.dot(c, w) * s[None, :]
+            ones = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+            acc = _mma_scaled(acc, c, w, ones, s, SWAP_AB)
         else:
-            acc = tl.dot(c, w, acc)
+            acc = _mma(acc, c, w, SWAP_AB)
         c_ptrs += BLOCK_K * stride_ck
         w_ptrs += BLOCK_K * stride_wk
+
+    acc = _unswap(acc, SWAP_AB)
 
     if QUANT == 2:
         acc = acc * tl.load(out_scale_ptr + expert)
