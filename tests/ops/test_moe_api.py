@@ -334,3 +334,23 @@ def test_fp8_block_scale_moe_on_gpu_matches_the_reference(tokens):
     want = moe_fp8_block_scale_ref(logits, hs, hs_scale, w13, s13, w2, s2, bias, off, rsf, 2, k,
                                    ng, kg)  # fmt: skip
     _close(got, want)
+
+
+def test_capture_records_a_moe_call_under_its_definition(tmp_path):
+    """A DeepSeek-routed call (EP: the second rank) is captured under its FlashInfer-Trace
+    name, its scalars as given; a Default-routed call (no Definition) runs uncaptured."""
+    from flashtune.capture import capture
+    from flashtune.data import Dataset
+
+    args = _block_args(3, 8, 128, 128, 2, 4, seed=5)
+    with capture(dataset=tmp_path):
+        trtllm_fp8_block_scale_moe(*args, routing_method_type=2)
+        trtllm_fp8_block_scale_moe(*args, routing_method_type=0)
+    ds = Dataset(tmp_path)
+    assert ds.load_all() == []
+    (name,) = ds.definitions
+    assert name == "moe_fp8_block_scale_ds_routing_topk4_ng4_kg2_e2_h128_i128"
+    (record,) = ds.workloads_for(name)
+    assert record.workload.axes == {"seq_len": 3}
+    assert record.workload.inputs["local_expert_offset"].value == 4
+    assert record.workload.inputs["routed_scaling_factor"].value == 2.5
