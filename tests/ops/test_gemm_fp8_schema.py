@@ -141,3 +141,29 @@ def test_references_compute_what_the_ops_compute():
     expected = (torch.matmul(A.float(), B.float()) * (s1 * s2)).to(torch.bfloat16)
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
     torch.testing.assert_close(got, bmm_fp8_ref(A, B, s1, s2, torch.bfloat16), atol=0, rtol=0)
+
+
+@pytest.mark.interpreter
+def test_a_call_from_the_definitions_inputs_runs():
+    """The Definition's inputs (the dtype as its enum) are a valid call of the op."""
+    A = torch.randn(2, 3, 64).to(FP8)
+    B = torch.randn(2, 64, 16).to(FP8)
+    s1, s2 = torch.rand(1) + 0.1, torch.rand(1) + 0.1
+    C = bmm_fp8(A=A, B=B, A_scale=s1, B_scale=s2, dtype=1)
+    assert C.dtype == torch.bfloat16
+    assert bmm_fp8.definition(A, B, s1, s2, 1).name == "bmm_fp8_N16_K64"
+
+
+def test_tune_targets_remake_fp8_operands():
+    """`flashtune tune --ops gemm_fp8_nt_groupwise,bmm_fp8`: the re-made calls keep the fp8
+    operands (the tune dtype is the activations') and run."""
+    from flashtune.tune.targets import tune_targets
+
+    targets = tune_targets(fp8_gemm_examples(get_model("deepseek-v3-tp8")))
+    assert {"gemm_fp8_nt_groupwise", "bmm_fp8"} <= set(targets)
+    call = targets["gemm_fp8_nt_groupwise"][0]
+    arguments = call.arguments(5, torch.bfloat16, "cpu")
+    assert arguments["a"].dtype == FP8 and arguments["a"].shape[0] == 5
+    assert arguments["a_scale"].dtype == torch.float32
+    bmm = targets["bmm_fp8"][0].arguments(2, torch.bfloat16, "cpu")
+    assert bmm["A"].dtype == FP8 and bmm["B"].dtype == FP8

@@ -54,9 +54,12 @@ class TuneCall:
             if spec.dtype is not None:
                 want = torch_dtype(spec.dtype)
             else:
-                want = dtype if example.dtype.is_floating_point else example.dtype
+                # fp8 operands (one byte) keep their format: `dtype` is the activations'.
+                wide_float = example.dtype.is_floating_point and example.dtype.itemsize > 1
+                want = dtype if wide_float else example.dtype
             if want.is_floating_point:
-                value = torch.randn(shape, dtype=want, device=device)
+                # randn in fp32 then cast: randn has no fp8 kernels.
+                value = torch.randn(shape, dtype=torch.float32, device=device).to(want)
             else:
                 value = torch.zeros(shape, dtype=want, device=device)
             arguments[schema.param_of(name)] = value

@@ -10,6 +10,7 @@ per-tensor scales [1] or K-major block scales [.., ceil(M/gm), ceil(K/gk)] and
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -159,12 +160,18 @@ class TritonFp8Runner(TunableRunner):
         return launch_fp8(a, _alloc_out(a), t)
 
 
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    # Read once per device: a call pays a dict lookup, not a driver query.
+    return torch.cuda.get_device_capability(index)
+
+
 def cublas_applies(A: torch.Tensor, B: torch.Tensor, mode: str) -> bool:
     """Whether cuBLASLt's fp8 GEMM (torch._scaled_mm) takes this per-tensor product: a GPU
     with fp8 tensor cores (sm89+), leading dimensions of 16 bytes, and not e5m2 x e5m2."""
     if mode != "tensor" or A.device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
         return False
-    if torch.cuda.get_device_capability(A.device) < (8, 9):
+    if _capability(A.device.index) < (8, 9):
         return False
     if A.dtype == B.dtype == torch.float8_e5m2:
         return False

@@ -26,6 +26,7 @@ __all__ = [
     "FP8",
     "OUT_DTYPES",
     "BMM_BACKENDS",
+    "OUTPUT_DTYPE_ENUM",
     "out_dtype_of",
     "bmm_inputs",
     "groupwise_inputs",
@@ -38,6 +39,10 @@ __all__ = [
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 BMM_BACKENDS = ("cudnn", "cublas", "cutlass", "auto")
+# The bmm_fp8 Definitions' `dtype` scalar: FlashInfer-Trace's bmm_fp8 init passes 1 for its
+# bfloat16 output, the one output dtype a bmm_fp8 Definition has. bmm_fp8 takes the enum
+# too, so a call made from a Definition's inputs runs.
+OUTPUT_DTYPE_ENUM = {torch.bfloat16: 1}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -89,6 +94,8 @@ def bmm_inputs(
     out: torch.Tensor | None,
 ) -> Fp8Inputs:
     """bmm_fp8's arguments as the kernel's operands (B as its [b, n, k] transposed view)."""
+    if isinstance(dtype, int):
+        dtype = {v: k for k, v in OUTPUT_DTYPE_ENUM.items()}.get(dtype, dtype)
     if dtype not in OUT_DTYPES:
         raise ValueError(f"dtype must be {dtype_list(OUT_DTYPES)}, got {dtype}")
     _fp8("A", A, 3)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from flashtune.model_shapes import ModelConfig
-from flashtune.ops.gemm.fp8.layouts import scale_views
+from flashtune.ops.gemm.fp8.layouts import OUTPUT_DTYPE_ENUM, scale_views
 from flashtune.ops.gemm.fp8.reference import bmm_fp8_ref, gemm_fp8_nt_groupwise_ref
 from flashtune.schema import REGISTRY, ApiOp, Const, OpSchema, Scalar, Tensor, Var, family_op
 from flashtune.schema.dump import Example, meta_tensor, register_examples
@@ -28,7 +28,6 @@ __all__ = [
     "GroupwiseOp",
     "fp8_api",
     "fp8_gemm_examples",
-    "OUTPUT_DTYPE_ENUM",
 ]
 
 _QUANT_TAG = "quantization:float8_e4m3fn"
@@ -100,10 +99,6 @@ GEMM_FP8_NT_GROUPWISE = OpSchema(
     tags=["fi_api:flashinfer.gemm.gemm_fp8_nt_groupwise", _QUANT_TAG],
 )
 
-# The Definitions' `dtype` scalar: FlashInfer-Trace's bmm_fp8 init passes 1 for its
-# bfloat16 output; the one output dtype a bmm_fp8 Definition has.
-OUTPUT_DTYPE_ENUM = {torch.bfloat16: 1}
-
 
 class BmmFp8Op(ApiOp):
     """bmm_fp8 seen as its Definition: scales of any one-element shape become [1], the output
@@ -112,9 +107,10 @@ class BmmFp8Op(ApiOp):
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         arguments = super().arguments(args, kwargs)
         dtype = arguments.get("dtype")
-        if dtype not in OUTPUT_DTYPE_ENUM:
-            raise ValueError(f"bmm_fp8: no Definition has a {dtype} output")
-        arguments["dtype"] = OUTPUT_DTYPE_ENUM[dtype]
+        if dtype not in OUTPUT_DTYPE_ENUM.values():  # else already the Definition's enum
+            if dtype not in OUTPUT_DTYPE_ENUM:
+                raise ValueError(f"bmm_fp8: no Definition has a {dtype} output")
+            arguments["dtype"] = OUTPUT_DTYPE_ENUM[dtype]
         for name in ("A_scale", "B_scale"):
             scale = arguments.get(name)
             if isinstance(scale, torch.Tensor) and scale.numel() == 1:
