@@ -163,9 +163,11 @@ def test_alignment(T, K, E, off, block_m, use_kernel, device):
     al = align_routes(ids, E, off, block_m, use_kernel=use_kernel)
     if use_kernel:  # the one-program kernel gives the PyTorch ops' tensors, row for row
         ref = align_routes(ids, E, off, block_m, use_kernel=False)
-        for got, want in zip(al[:3], ref[:3], strict=True):
+        for got, want in zip(al[:4], ref[:4], strict=True):
             assert torch.equal(got, want)
-    ids, al = ids.cpu(), al._replace(**{f: getattr(al, f).cpu() for f in al._fields[:3]})
+    ids, al = ids.cpu(), al._replace(**{f: getattr(al, f).cpu() for f in al._fields[:4]})
+    assert int(al.used_blocks) == int((al.block_expert >= 0).sum())
+    assert (al.block_expert[: int(al.used_blocks)] >= 0).all()
     flat = ids.reshape(-1).long() - off
     local = (flat >= 0) & (flat < E)
     assert al.num_blocks == max_blocks(T * K, E, block_m)
@@ -263,7 +265,9 @@ TACTICS = [
 
 
 @pytest.mark.parametrize("mode", ["fp8_block", "bf16"])
-@pytest.mark.parametrize("tactic", TACTICS, ids=str)
+@pytest.mark.parametrize(
+    "tactic", TACTICS, ids=lambda t: "-".join(map(str, cfg.MoETactic.from_tactic(t).as_tactic()))
+)
 def test_tactics_agree(tactic, mode, device):
     _cpu_kernels(device)
     T, H, I, E, K = 17, 256, 256, 4, 2  # noqa: E741
@@ -341,6 +345,11 @@ def test_bad_input():
         fused_experts(x, w1, w2, ids.float(), w, quant=q)
     with pytest.raises(ValueError, match="out"):
         fused_experts(x, w1, w2, ids, w, quant=q, out=torch.empty(3, 256))
+    with pytest.raises(ValueError, match="out"):
+        strided = torch.empty(256, 3, dtype=torch.bfloat16).t()
+        fused_experts(x, w1, w2, ids, w, quant=q, out=strided)
+    with pytest.raises(ValueError, match="E_local"):
+        fused_experts(x, w1[:0], w2[:0], ids, w, quant=q)
     with pytest.raises(TypeError, match="float8_e4m3fn"):
         fused_experts(x, w1, w2, ids, w, quant=ExpertQuant("fp8_per_tensor"))
     xq, w1q, w2q, ids, w, qq = _ok("fp8_block")

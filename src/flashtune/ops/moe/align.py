@@ -10,13 +10,15 @@ BLOCK_M token rows. `align_routes` builds, from topk_ids [T, K] (GLOBAL expert i
 - block_expert [P / BLOCK_M] int32: the local expert of each M-block, -1 for the blocks
   past the last expert's (the kernels' programs for those return at once);
 - route_pos [T*K] int32: the row of each route in sorted order, -1 for a route whose expert
-  is not local (the combine reads each token's K rows through it).
+  is not local (the combine reads each token's K rows through it);
+- used_blocks [1] int32: how many M-blocks hold routes, on the device: the GEMM kernels'
+  persistent programs loop over exactly those blocks' tiles.
 
 P is a bound known on the host without reading the ids, so nothing syncs with the device
 and the launch can be captured in a CUDA graph: sum over non-empty experts of
 ceil(n_e / BLOCK_M) <= (T*K + min(E, T*K) * (BLOCK_M - 1)) / BLOCK_M. At decode (T=1,
-K=8, BLOCK_M=16) that is 8 blocks, whatever E is, so empty experts cost nothing: no
-program of theirs runs and none of their weights are read.
+K=8, BLOCK_M=16) that is 8 blocks, whatever E is. Empty experts cost nothing: they own no
+block, so no program computes for them and none of their weights are read.
 
 Routes to non-local experts (expert parallelism) are dropped here, which is where the
 "others contribute nothing" of the contract is kept.
@@ -46,8 +48,9 @@ class Alignment(NamedTuple):
     sorted_ids: torch.Tensor  # [num_blocks * block_m] int32
     block_expert: torch.Tensor  # [num_blocks] int32
     route_pos: torch.Tensor  # [T * K] int32
+    used_blocks: torch.Tensor  # [1] int32: the M-blocks that hold routes (the rest: -1)
     block_m: int
-    num_blocks: int  # an upper bound: the grid's M extent
+    num_blocks: int  # an upper bound of used_blocks, known on the host
 
 
 def max_blocks(num_routes: int, num_local_experts: int, block_m: int) -> int:
@@ -91,12 +94,14 @@ def _align_kernel(
     sorted_ids = torch.empty(P, dtype=torch.int32, device=device)
     block_expert = torch.empty(nb, dtype=torch.int32, device=device)
     route_pos = torch.empty(num_routes, dtype=torch.int32, device=device)
+    used = torch.empty(1, dtype=torch.int32, device=device)
     nbins = 1 << max(0, (num_local_experts - 1).bit_length())
     _moe_align_kernel[(1,)](
         ids,
         sorted_ids,
         block_expert,
         route_pos,
+        used,
         num_routes,
         num_local_experts,
         int(local_expert_offset),
@@ -107,7 +112,7 @@ def _align_kernel(
         BLOCK=max(16, _ONE_HOT_CELLS // nbins),
         num_warps=8,
     )
-    return Alignment(sorted_ids, block_expert, route_pos, block_m, nb)
+    return Alignment(sorted_ids, block_expert, route_pos, used, block_m, nb)
 
 
 def _align_torch(
@@ -145,4 +150,9 @@ def _align_torch(
     starts = torch.arange(nb, device=device, dtype=torch.int64) * block_m
     owner = torch.searchsorted(pad_end[:E].contiguous(), starts, right=True)
     block_expert = torch.where(owner < E, owner, -1).to(torch.int32)
-    return Alignment(sorted_ids[:P], block_expert, route_pos, block_m, nb)
+    used = (
+        (pad_end[E - 1 : E] // block_m).to(torch.int32)
+        if E
+        else torch.zeros(1, dtype=torch.int32, device=device)
+    )
+    return Alignment(sorted_ids[:P], block_expert, route_pos, used, block_m, nb)

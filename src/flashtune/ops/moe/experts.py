@@ -130,6 +130,11 @@ def _check(
             f"got {tuple(gemm1_weights.shape)}"
         )
     inter = two_i // 2
+    if E == 0 or inter == 0:
+        raise ValueError(
+            f"gemm1_weights must hold at least one expert (E_local) of I >= 1, "
+            f"got {tuple(gemm1_weights.shape)}"
+        )
     if tuple(gemm2_weights.shape) != (E, H, inter):
         raise ValueError(
             f"gemm2_weights must be [E_local={E}, H={H}, I={inter}], "
@@ -161,6 +166,10 @@ def _check(
             )
         if out.device != hidden_states.device:
             raise ValueError(f"out is on {out.device}, hidden_states on {hidden_states.device}")
+        if H > 1 and out.stride(1) != 1:
+            raise ValueError(
+                f"out's rows must be contiguous (stride 1), got strides {out.stride()}"
+            )
 
     mode = quant.mode
     if mode == "bf16":
@@ -382,19 +391,20 @@ def fused_experts_triton(
         return tuple(x.stride()) if x.dim() == 2 else (0, 0)  # type: ignore[return-value]
 
     g1 = t.gemm1
-    grid1 = (al.num_blocks * _cdiv(inter, g1.block_n),)
+    a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
+    grid1 = (_programs(al.num_blocks * _cdiv(inter, g1.block_n), t, a_size, w_size, device),)
     _moe_gemm1_swiglu_kernel[grid1](
         hidden_states,
         gemm1_weights,
         c,
         al.sorted_ids,
         al.block_expert,
+        al.used_blocks,
         a_scale,
         w1_scale,
         up_s,
         gate_s,
         num_routes,
-        al.num_blocks,
         H,
         inter,
         top_k,
@@ -416,17 +426,17 @@ def fused_experts_triton(
         num_stages=g1.num_stages,
     )
     g2 = t.gemm2
-    grid2 = (al.num_blocks * _cdiv(H, g2.block_n),)
+    grid2 = (_programs(al.num_blocks * _cdiv(H, g2.block_n), t, a_size, w_size, device),)
     _moe_gemm2_kernel[grid2](
         c,
         gemm2_weights,
         o,
         al.sorted_ids,
         al.block_expert,
+        al.used_blocks,
         w2_scale,
         out_s,
         num_routes,
-        al.num_blocks,
         H,
         inter,
         *c.stride(),
@@ -459,6 +469,26 @@ def fused_experts_triton(
         num_warps=4,
     )
     return out
+
+
+# Persistent programs per SM at most: enough to hide a program's pipeline ramp behind
+# another's; shared memory may allow fewer (`_programs`).
+_MAX_PROGRAMS_PER_SM = 4
+# The interpreter runs a few programs, so that its tests walk the persistent loop.
+_INTERPRETER_PROGRAMS = 3
+
+
+def _programs(
+    max_tiles: int, tactic: MoETactic, a_size: int, w_size: int, device: torch.device
+) -> int:
+    """The persistent grid: as many programs as fit on the SMs at once (by shared memory,
+    up to _MAX_PROGRAMS_PER_SM each), never more than the host's bound on the tiles."""
+    if device.type == "cpu":
+        return max(1, min(max_tiles, _INTERPRETER_PROGRAMS))
+    limits = platform.device_limits(device)
+    per_sm = limits.shared_memory_per_sm // max(1, tactic.smem_bytes(a_size, w_size))
+    per_sm = max(1, min(_MAX_PROGRAMS_PER_SM, per_sm))
+    return max(1, min(max_tiles, per_sm * limits.sm_count))
 
 
 def _cdiv(a: int, b: int) -> int:

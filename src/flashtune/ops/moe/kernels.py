@@ -92,19 +92,19 @@ def _unswap(acc, SWAP_AB: tl.constexpr):
     return acc
 
 
-@triton.jit(do_not_specialize=["num_routes", "num_pid_m"])
+@triton.jit(do_not_specialize=["num_routes"])
 def _moe_gemm1_swiglu_kernel(
     a_ptr,  # [T, H] activations (bf16/fp16/fp8)
     w_ptr,  # [E, 2I, H] W13: rows [0, I) up (X1), rows [I, 2I) gate (X2)
     c_ptr,  # [P, I] intermediate, sorted-row order
     sorted_ids_ptr,  # [P] int32 route index t*K + k, num_routes for padding
     block_expert_ptr,  # [P / BLOCK_M] int32 local expert, -1: no rows
+    used_blocks_ptr,  # [1] int32 M-blocks holding routes
     a_scale_ptr,  # QUANT 1: [H/128, T] fp32; QUANT 2 with HAS_A_SCALE: [1] fp32; else dummy
     w_scale_ptr,  # QUANT 1: [E, 2I/128, H/128] fp32; else dummy
     up_scale_ptr,  # QUANT 2: [E] fp32 (output1_scales_scalar); else dummy
     gate_scale_ptr,  # QUANT 2: [E] fp32 (output1_scales_gate_scalar); else dummy
     num_routes,  # T * K
-    num_pid_m,
     H,
     INTER,
     TOP_K,
@@ -130,89 +130,92 @@ def _moe_gemm1_swiglu_kernel(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    # Persistent: the programs stride over the tiles of the M-blocks that hold routes
+    # (used_blocks, from the alignment on the device), so the grid is sized to the SMs, not
+    # to the host's bound on the blocks, and no program is launched only to find no rows.
+    num_pid_m = tl.load(used_blocks_ptr)
     num_pid_n = tl.cdiv(INTER, BLOCK_N)
-    pid_m, pid_n = _swizzle(pid, num_pid_m, num_pid_n, GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m)
-    if expert < 0:  # past the last expert's rows
-        return
-    expert = expert.to(tl.int64)
+    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+        pid_m, pid_n = _swizzle(tile, num_pid_m, num_pid_n, GROUP_M)
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    route = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = route < num_routes
-    token = tl.where(row_ok, route // TOP_K, 0).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_nw = offs_n % INTER  # tail columns wrap: in-bounds loads, masked store
-    offs_k = tl.arange(0, BLOCK_K)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        route = tl.load(sorted_ids_ptr + offs_m)
+        row_ok = route < num_routes
+        token = tl.where(row_ok, route // TOP_K, 0).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_nw = offs_n % INTER  # tail columns wrap: in-bounds loads, masked store
+        offs_k = tl.arange(0, BLOCK_K)
 
-    a_ptrs = a_ptr + token[:, None] * stride_at + offs_k[None, :] * stride_ah
-    w_base = w_ptr + expert * stride_we
-    # Weight tiles [BLOCK_N, BLOCK_K] in their stored orientation (K contiguous).
-    up_ptrs = w_base + offs_nw[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    gate_ptrs = w_base + (offs_nw + INTER)[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    if QUANT == 1:
-        # Per-column weight scale rows: the up and gate columns of this tile.
-        ws_up = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
-        ws_gate = w_scale_ptr + expert * stride_wse + ((offs_nw + INTER) // 128) * stride_wsn
-        as_ptrs = a_scale_ptr + token * stride_ast
-
-    acc_up = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-    acc_gate = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-    for k0 in range(0, H, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            w_up = tl.load(up_ptrs)
-            w_gate = tl.load(gate_ptrs)
-        else:
-            k_ok = offs_k < H - k0
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            w_up = tl.load(up_ptrs, mask=k_ok[None, :], other=0.0)
-            w_gate = tl.load(gate_ptrs, mask=k_ok[None, :], other=0.0)
-        if DOT_F32:
-            a = a.to(tl.float32)
-            w_up = w_up.to(tl.float32)
-            w_gate = w_gate.to(tl.float32)
+        a_ptrs = a_ptr + token[:, None] * stride_at + offs_k[None, :] * stride_ah
+        w_base = w_ptr + expert * stride_we
+        # Weight tiles [BLOCK_N, BLOCK_K] in their stored orientation (K contiguous).
+        up_ptrs = w_base + offs_nw[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        gate_ptrs = w_base + (offs_nw + INTER)[:, None] * stride_wn + offs_k[None, :] * stride_wk
         if QUANT == 1:
-            kb = k0 // 128
-            a_s = tl.load(as_ptrs + kb * stride_ask)  # [BLOCK_M]
-            s_up = tl.load(ws_up + kb * stride_wsk)  # [BLOCK_N]
-            s_gate = tl.load(ws_gate + kb * stride_wsk)
-            acc_up = _mma_scaled(acc_up, a, w_up, a_s, s_up, SWAP_AB)
-            acc_gate = _mma_scaled(acc_gate, a, w_gate, a_s, s_gate, SWAP_AB)
-        else:
-            acc_up = _mma(acc_up, a, w_up, SWAP_AB)
-            acc_gate = _mma(acc_gate, a, w_gate, SWAP_AB)
-        a_ptrs += BLOCK_K * stride_ah
-        up_ptrs += BLOCK_K * stride_wk
-        gate_ptrs += BLOCK_K * stride_wk
+            # Per-column weight scale rows: the up and gate columns of this tile.
+            ws_up = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+            ws_gate = w_scale_ptr + expert * stride_wse + ((offs_nw + INTER) // 128) * stride_wsn
+            as_ptrs = a_scale_ptr + token * stride_ast
 
-    acc_up = _unswap(acc_up, SWAP_AB)
-    acc_gate = _unswap(acc_gate, SWAP_AB)
-    if QUANT == 2:
-        acc_up = acc_up * tl.load(up_scale_ptr + expert)
-        acc_gate = acc_gate * tl.load(gate_scale_ptr + expert)
-        if HAS_A_SCALE:
-            a_scale = tl.load(a_scale_ptr)
-            acc_up = acc_up * a_scale
-            acc_gate = acc_gate * a_scale
-    # SwiGLU as the Definitions write it: silu on the second half (gate), times the first.
-    c = acc_up * (acc_gate * tl.sigmoid(acc_gate))
-    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < INTER)[None, :])
+        acc_up = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+        acc_gate = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+        for k0 in range(0, H, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                w_up = tl.load(up_ptrs)
+                w_gate = tl.load(gate_ptrs)
+            else:
+                k_ok = offs_k < H - k0
+                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+                w_up = tl.load(up_ptrs, mask=k_ok[None, :], other=0.0)
+                w_gate = tl.load(gate_ptrs, mask=k_ok[None, :], other=0.0)
+            if DOT_F32:
+                a = a.to(tl.float32)
+                w_up = w_up.to(tl.float32)
+                w_gate = w_gate.to(tl.float32)
+            if QUANT == 1:
+                kb = k0 // 128
+                a_s = tl.load(as_ptrs + kb * stride_ask)  # [BLOCK_M]
+                s_up = tl.load(ws_up + kb * stride_wsk)  # [BLOCK_N]
+                s_gate = tl.load(ws_gate + kb * stride_wsk)
+                acc_up = _mma_scaled(acc_up, a, w_up, a_s, s_up, SWAP_AB)
+                acc_gate = _mma_scaled(acc_gate, a, w_gate, a_s, s_gate, SWAP_AB)
+            else:
+                acc_up = _mma(acc_up, a, w_up, SWAP_AB)
+                acc_gate = _mma(acc_gate, a, w_gate, SWAP_AB)
+            a_ptrs += BLOCK_K * stride_ah
+            up_ptrs += BLOCK_K * stride_wk
+            gate_ptrs += BLOCK_K * stride_wk
+
+        acc_up = _unswap(acc_up, SWAP_AB)
+        acc_gate = _unswap(acc_gate, SWAP_AB)
+        if QUANT == 2:
+            acc_up = acc_up * tl.load(up_scale_ptr + expert)
+            acc_gate = acc_gate * tl.load(gate_scale_ptr + expert)
+            if HAS_A_SCALE:
+                a_scale = tl.load(a_scale_ptr)
+                acc_up = acc_up * a_scale
+                acc_gate = acc_gate * a_scale
+        # SwiGLU as the Definitions write it: silu on the second half (gate), times the first.
+        c = acc_up * (acc_gate * tl.sigmoid(acc_gate))
+        c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(
+            c_ptrs, c.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < INTER)[None, :]
+        )
 
 
-@triton.jit(do_not_specialize=["num_routes", "num_pid_m"])
+@triton.jit(do_not_specialize=["num_routes"])
 def _moe_gemm2_kernel(
     c_ptr,  # [P, I] intermediate (16-bit), sorted-row order
     w_ptr,  # [E, H, I] W2
     o_ptr,  # [P, H] fp32 per-route rows, sorted-row order
     sorted_ids_ptr,  # [P] int32
     block_expert_ptr,  # [P / BLOCK_M] int32
+    used_blocks_ptr,  # [1] int32 M-blocks holding routes
     w_scale_ptr,  # QUANT 1: [E, H/128, I/128] fp32; else dummy
     out_scale_ptr,  # QUANT 2: [E] fp32 (output2_scales_scalar); else dummy
     num_routes,
-    num_pid_m,
     H,
     INTER,
     stride_cm,
@@ -234,56 +237,59 @@ def _moe_gemm2_kernel(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    # Persistent: the programs stride over the tiles of the M-blocks that hold routes
+    # (used_blocks, from the alignment on the device), so the grid is sized to the SMs, not
+    # to the host's bound on the blocks, and no program is launched only to find no rows.
+    num_pid_m = tl.load(used_blocks_ptr)
     num_pid_n = tl.cdiv(H, BLOCK_N)
-    pid_m, pid_n = _swizzle(pid, num_pid_m, num_pid_n, GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m)
-    if expert < 0:
-        return
-    expert = expert.to(tl.int64)
+    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+        pid_m, pid_n = _swizzle(tile, num_pid_m, num_pid_n, GROUP_M)
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    route = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = route < num_routes
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_nw = offs_n % H
-    offs_k = tl.arange(0, BLOCK_K)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        route = tl.load(sorted_ids_ptr + offs_m)
+        row_ok = route < num_routes
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_nw = offs_n % H
+        offs_k = tl.arange(0, BLOCK_K)
 
-    # Padding rows of C were never written: mask them to zeros (no NaN from stale memory).
-    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_k[None, :] * stride_ck
-    w_ptrs = w_ptr + expert * stride_we + offs_nw[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    if QUANT == 1:
-        ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
-
-    acc = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-    for k0 in range(0, INTER, BLOCK_K):
-        if EVEN_K:
-            c = tl.load(c_ptrs, mask=row_ok[:, None], other=0.0)
-            w = tl.load(w_ptrs)
-        else:
-            k_ok = offs_k < INTER - k0
-            c = tl.load(c_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        if DOT_F32:
-            c = c.to(tl.float32)
-            w = w.to(tl.float32)
-        else:
-            w = w.to(c.dtype)  # fp8 W2 upcast to C's 16-bit type; a no-op otherwise
+        # Padding rows of C were never written: mask them to zeros (no NaN from stale memory).
+        c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_k[None, :] * stride_ck
+        w_ptrs = (
+            w_ptr + expert * stride_we + offs_nw[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        )
         if QUANT == 1:
-            s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk)  # [BLOCK_N]
-            ones = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
-            acc = _mma_scaled(acc, c, w, ones, s, SWAP_AB)
-        else:
-            acc = _mma(acc, c, w, SWAP_AB)
-        c_ptrs += BLOCK_K * stride_ck
-        w_ptrs += BLOCK_K * stride_wk
+            ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
 
-    acc = _unswap(acc, SWAP_AB)
+        acc = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+        for k0 in range(0, INTER, BLOCK_K):
+            if EVEN_K:
+                c = tl.load(c_ptrs, mask=row_ok[:, None], other=0.0)
+                w = tl.load(w_ptrs)
+            else:
+                k_ok = offs_k < INTER - k0
+                c = tl.load(c_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+            if DOT_F32:
+                c = c.to(tl.float32)
+                w = w.to(tl.float32)
+            else:
+                w = w.to(c.dtype)  # fp8 W2 upcast to C's 16-bit type; a no-op otherwise
+            if QUANT == 1:
+                s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk)  # [BLOCK_N]
+                ones = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+                acc = _mma_scaled(acc, c, w, ones, s, SWAP_AB)
+            else:
+                acc = _mma(acc, c, w, SWAP_AB)
+            c_ptrs += BLOCK_K * stride_ck
+            w_ptrs += BLOCK_K * stride_wk
 
-    if QUANT == 2:
-        acc = acc * tl.load(out_scale_ptr + expert)
-    o_ptrs = o_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(o_ptrs, acc, mask=row_ok[:, None] & (offs_n < H)[None, :])
+        acc = _unswap(acc, SWAP_AB)
+
+        if QUANT == 2:
+            acc = acc * tl.load(out_scale_ptr + expert)
+        o_ptrs = o_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+        tl.store(o_ptrs, acc, mask=row_ok[:, None] & (offs_n < H)[None, :])
 
 
 @triton.jit
@@ -322,6 +328,7 @@ def _moe_align_kernel(
     sorted_ids_ptr,  # [num_rows] int32 out: route index per row, num_routes for padding
     block_expert_ptr,  # [num_blocks] int32 out: local expert per M-block, -1 past the last
     route_pos_ptr,  # [T * K] int32 out: row of each route, -1 when not local
+    used_ptr,  # [1] int32 out: M-blocks holding routes
     num_routes,
     num_experts,
     offset,
@@ -345,6 +352,7 @@ def _moe_align_kernel(
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     pad_end = tl.cumsum(padded, axis=0)
     pad_start = pad_end - padded
+    tl.store(used_ptr, tl.sum(padded, axis=0) // BLOCK_M)
 
     for start in range(0, num_rows, BLOCK * 4):
         offs = start + tl.arange(0, BLOCK * 4)
