@@ -1,17 +1,23 @@
 """Triton kernels of the fused-MoE expert computation; experts.py launches them.
 
-Three launches over the alignment of align.py (routes sorted by local expert, padded to
+Four launches over the alignment of align.py (routes sorted by local expert, padded to
 BLOCK_M-row blocks of one expert each):
 
-1. `_moe_gemm1_swiglu_kernel`: per (M-block, N tile) program, the block's token rows
-   (gathered from hidden_states through sorted_ids) times the expert's W13 up rows [n] and
-   gate rows [I + n], two accumulators in one program so SwiGLU (silu(gate) * up) runs in
-   the epilogue; writes the intermediate C [P, I] in sorted-row order (16-bit).
+0. `_moe_align_kernel` (up to align.ONE_PROGRAM_MAX_ROUTES routes; PyTorch ops beyond):
+   the alignment itself, one program.
+1. `_moe_gemm1_swiglu_kernel`: per (M-block, N tile), the block's token rows (gathered
+   from hidden_states through sorted_ids) times the expert's W13 up rows [n] and gate rows
+   [I + n], two accumulators in one program so SwiGLU (silu(gate) * up) runs in the
+   epilogue; writes the intermediate C [P, I] in sorted-row order (16-bit).
 2. `_moe_gemm2_kernel`: C's rows of the block times the expert's W2 [H, I]; writes fp32
    rows [P, H], still in sorted order (dense: only routed rows are written).
 3. `_moe_combine_kernel`: per token, the weighted sum of its K rows (found through
    route_pos, -1 for non-local routes) in a fixed order: deterministic, unlike an atomic
    scatter-add from GEMM2, and it writes every output row, so `out` needs no memset.
+
+The GEMM programs are persistent: a grid sized to the SMs strides over the tiles of the
+M-blocks that hold routes (their count is read on the device), so neither a host sync nor
+programs that find no rows are needed, and the launch can be captured in a CUDA graph.
 
 Quantization (QUANT): 0 none (bf16/fp16 operands); 1 fp8 block scales: every K step is one
 128-wide scale block (BLOCK_K divides 128), so the step's fp32 partial product is scaled
