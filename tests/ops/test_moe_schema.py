@@ -268,3 +268,26 @@ def test_emitted_reference_is_self_contained():
         inspect.signature(namespace["run"]).parameters
     )
     assert "def select_experts(" in d.reference and "def run_experts_ref(" in d.reference
+
+
+def test_bf16_definitions_are_named_by_their_routing():
+    """flashtune's own bf16 MoE Definitions (FlashInfer-Trace has none): the routing method
+    and its constants in the name; a bias only where the method reads one as its input."""
+    names = {n for n in EXAMPLES if n.startswith("trtllm_bf16_moe_")}
+    assert {
+        "trtllm_bf16_moe_ds_routing_topk8_ng8_kg4_e32_h7168_i2048",
+        "trtllm_bf16_moe_renormalize_routing_topk8_e128_h2048_i768",
+        "trtllm_bf16_moe_llama4_routing_topk1_e16_h5120_i8192",
+    } <= names
+    ds = EXAMPLES["trtllm_bf16_moe_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"]
+    assert "routing_bias" in ds.inputs and ds.inputs["hidden_states"].dtype == "bfloat16"
+    renorm = EXAMPLES["trtllm_bf16_moe_renormalize_routing_topk8_e128_h2048_i768"]
+    assert "routing_bias" not in renorm.inputs
+    from flashtune.ops.moe import trtllm_bf16_moe
+
+    ((op, args, kwargs),) = [e for e in moe_examples(MODELS["mini-moe"]) if e[0] is trtllm_bf16_moe]
+    assert op.definition(*args, **{**kwargs, "routing_method_type": 4}).name == (
+        "trtllm_bf16_moe_renormalize_naive_routing_topk4_e32_h256_i128"
+    )
+    with pytest.raises(ValueError, match="routing_bias and Renormalize"):
+        op.definition(args[0], meta_tensor(32), *args[2:], **kwargs)

@@ -487,10 +487,15 @@ trtllm_fp8_block_scale_moe = _MoEOp(trtllm_fp8_block_scale_moe, "fp8_block", ("d
 trtllm_fp8_per_tensor_scale_moe = _MoEOp(
     trtllm_fp8_per_tensor_scale_moe, "fp8_per_tensor", ("per_tensor",)
 )
+trtllm_bf16_moe = _MoEOp(trtllm_bf16_moe, "bf16", ("bf16",))
 
 # The schema'd ops of the family, registered by their qualname in flashtune.schema.REGISTRY
 # (the definition dump, apply's mirror and capture list them from there).
-MOE_OPS: tuple[ApiOp, ...] = (trtllm_fp8_block_scale_moe, trtllm_fp8_per_tensor_scale_moe)
+MOE_OPS: tuple[ApiOp, ...] = (
+    trtllm_fp8_block_scale_moe,
+    trtllm_fp8_per_tensor_scale_moe,
+    trtllm_bf16_moe,
+)
 for _op in MOE_OPS:
     REGISTRY[_op.qualname] = _op
 
@@ -547,16 +552,37 @@ def _per_tensor_call(model: ModelConfig, tokens: int) -> Example:
     return (trtllm_fp8_per_tensor_scale_moe, args, {"routing_method_type": method})
 
 
+def _bf16_call(model: ModelConfig, tokens: int) -> Example:
+    moe = model.moe
+    assert moe is not None
+    h, i, e = model.hidden_size, moe.intermediate_size, moe.local_experts
+    ds = moe.routing == "DeepSeekV3"
+    args = (
+        meta_tensor(tokens, moe.num_experts, dtype=torch.float32),
+        meta_tensor(moe.num_experts) if ds else None,
+        meta_tensor(tokens, h),
+        meta_tensor(e, 2 * i, h),
+        meta_tensor(e, h, i),
+        moe.num_experts, moe.top_k, moe.n_group, moe.topk_group, i,
+        e if moe.expert_parallel > 1 else 0,
+        e,
+        moe.routed_scaling_factor if ds else None,
+    )  # fmt: skip
+    method = int(RoutingMethodType[moe.routing])
+    kwargs = {"routing_method_type": method, "use_shuffled_weight": False, "weight_layout": 0}
+    return (trtllm_bf16_moe, args, kwargs)
+
+
 @register_examples
 def moe_examples(model: ModelConfig) -> list[Example]:
     """The MoE layer of a MoE model at its per-GPU shapes (experts split by expert
-    parallelism), fp8 on the meta device: FlashInfer's block-scale call with the model's
-    routing (DeepSeekV3, Renormalize), and its per-tensor call (Renormalize, Llama4) where
-    FlashInfer-Trace has a Definition of it (all experts local)."""
+    parallelism) on the meta device: FlashInfer's fp8 block-scale call with the model's
+    routing (DeepSeekV3, Renormalize), its per-tensor call (Renormalize, Llama4) where
+    FlashInfer-Trace has a Definition of it (all experts local), and the bf16 call."""
     moe = model.moe
     if moe is None:
         return []
-    examples: list[Example] = []
+    examples: list[Example] = [_bf16_call(model, EXAMPLE_TOKENS)]
     if moe.routing in ("DeepSeekV3", "Renormalize"):
         examples.append(_block_scale_call(model, EXAMPLE_TOKENS))
     if moe.routing in ("Renormalize", "Llama4") and moe.expert_parallel == 1:

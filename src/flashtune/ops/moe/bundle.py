@@ -3,7 +3,8 @@
 as FlashInfer-Trace names them: the fp8 block-scale MoE with DeepSeek-V3's routing (64
 experts in 8 groups, top 8 of the 4 best groups, this rank's 8 of them: EP 8) and with
 Qwen3's Renormalize routing (32 experts, top 4), and the per-tensor fp8 MoE with Renormalize
-routing; flashtune's solutions and torch's (the ops' references).
+routing, and the bf16 MoE with Renormalize routing; flashtune's solutions and torch's (the
+ops' references).
 
 The routing constants are in each op's name (topk8_ng8_kg4), not among its inputs, so each
 entry carries its op's: an entry serves every definition of its prefix (at any sizes).
@@ -144,6 +145,33 @@ def torch_moe_fp8_per_tensor_renorm(
     )  # fmt: skip
 
 
+@runs_the_op
+def flashtune_moe_bf16_renormalize(
+    routing_logits, hidden_states, gemm1_weights, gemm2_weights, local_expert_offset,
+    routed_scaling_factor,
+):  # fmt: skip
+    from flashtune.ops.moe import trtllm_bf16_moe
+
+    return trtllm_bf16_moe(
+        routing_logits, None, hidden_states, gemm1_weights, gemm2_weights,
+        routing_logits.shape[1], RENORM_TOP_K, None, None, gemm2_weights.shape[2],
+        int(local_expert_offset), gemm1_weights.shape[0], float(routed_scaling_factor),
+        routing_method_type=_RENORMALIZE, use_shuffled_weight=False, weight_layout=0,
+    )  # fmt: skip
+
+
+def torch_moe_bf16_renormalize(
+    routing_logits, hidden_states, gemm1_weights, gemm2_weights, local_expert_offset,
+    routed_scaling_factor,
+):  # fmt: skip
+    from flashtune.ops.moe.reference import moe_bf16_ref
+
+    return moe_bf16_ref(
+        routing_logits, hidden_states, gemm1_weights, gemm2_weights, None,
+        int(local_expert_offset), float(routed_scaling_factor), _RENORMALIZE, RENORM_TOP_K,
+    )  # fmt: skip
+
+
 # --------------------------------------------------------------------------- declarations
 
 _FLASHTUNE = (
@@ -192,5 +220,12 @@ BUNDLED = (
         flashtune_moe_fp8_per_tensor_renorm,
         torch_moe_fp8_per_tensor_renorm,
         "fused_moe.trtllm_fp8_per_tensor_scale_moe, Renormalize routing",
+    ),
+    _op(
+        f"trtllm_bf16_moe_renormalize_routing_topk{RENORM_TOP_K}",
+        RENORM_MODELS,
+        flashtune_moe_bf16_renormalize,
+        torch_moe_bf16_renormalize,
+        "fused_moe.trtllm_bf16_moe, Renormalize routing",
     ),
 )

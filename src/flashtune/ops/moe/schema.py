@@ -10,7 +10,9 @@ the name (topk8_ng8_kg4) though no axis holds them; so a call's schema is made f
 - `ds`: trtllm_fp8_block_scale_moe with DeepSeekV3 routing (any expert parallelism);
 - `renorm`: trtllm_fp8_block_scale_moe with Renormalize routing, all experts local, no bias;
 - `per_tensor`: trtllm_fp8_per_tensor_scale_moe with Renormalize or Llama4 routing (Llama4's
-  bias and scaling factor unread, its weight on the input), all experts local.
+  bias and scaling factor unread, its weight on the input), all experts local;
+- `bf16`: trtllm_bf16_moe with any routing method (flashtune's own Definitions, named as
+  `trtllm_bf16_moe_<method>_routing_topk8[_ng8_kg4]_e.._h.._i..`: FlashInfer-Trace has none).
 Other calls (other routing methods, fused shared experts, SwiGLU variants) have no Definition:
 `schema_for_call` raises ValueError and capture, apply and the dump leave them to the op.
 
@@ -35,6 +37,7 @@ import torch
 
 from flashtune.data.models import Definition
 from flashtune.ops.moe.reference import (
+    moe_bf16_ref,
     moe_fp8_block_scale_ref,
     moe_fp8_per_tensor_scale_ref,
     run_experts_ref,
@@ -44,6 +47,7 @@ from flashtune.schema import Const, OpSchema, Scalar, Tensor, Var
 from flashtune.schema.core import BoundCall
 
 __all__ = [
+    "BF16_FI_API",
     "BLOCK_FI_API",
     "PER_TENSOR_FI_API",
     "MoEKey",
@@ -62,8 +66,25 @@ VARIANT_PREFIXES = {
     "ds": "moe_fp8_block_scale_ds_routing",
     "renorm": "moe_fp8_block_scale_renorm",
     "per_tensor": "trtllm_fp8_per_tensor_scale_moe",
+    "bf16": "trtllm_bf16_moe",
 }
+BF16_FI_API = "fi_api:flashinfer.fused_moe.trtllm_bf16_moe"
 _BLOCK = 128
+# The bf16 Definitions' names of the routing methods (flashtune's own: FlashInfer-Trace has
+# no bf16 MoE Definition; in the style of FlashInfer's trace templates' block-scale names).
+_SLUGS = {
+    0: "default",
+    1: "renormalize",
+    2: "ds",
+    3: "llama4",
+    4: "renormalize_naive",
+    5: "topk",
+    6: "sigmoid_renorm",
+    7: "minimax2",
+    8: "sigmoid",
+    9: "topk_sigmoid",
+}
+_BIASED = (2, 7)  # the methods that add the bias to the sigmoid scores (its own input)
 
 
 @dataclass(frozen=True)
@@ -93,7 +114,7 @@ class MoEKey:
     """What fixes a MoE call's schema: the variant (see the module docstring), the routing
     constants its name carries, and the expert counts and sizes its descriptions name."""
 
-    variant: str  # "ds" | "renorm" | "per_tensor"
+    variant: str  # "ds" | "renorm" | "per_tensor" | "bf16"
     routing_method_type: int
     top_k: int
     n_group: int
@@ -391,9 +412,83 @@ def _per_tensor_schema(key: MoEKey) -> MoESchema:
     )
 
 
+def _bf16_schema(key: MoEKey) -> MoESchema:
+    """flashtune's bf16 MoE Definitions: one per routing method and its constants (a bias
+    input for the methods that read one as their own input, DeepSeekV3 and MiniMax2)."""
+    method = key.routing_method_type
+    prefix = f"{VARIANT_PREFIXES['bf16']}_{_SLUGS[method]}_routing_topk{key.top_k}"
+    bound: tuple[str, ...] = ("routing_method_type", "top_k")
+    if method == RoutingMethodType.DeepSeekV3:
+        prefix += f"_ng{key.n_group}_kg{key.topk_group}"
+        bound += ("n_group", "topk_group")
+    local = ["num_local_experts"]
+    inputs: dict[str, Tensor | Scalar] = {
+        "routing_logits": Tensor(
+            ["seq_len", "num_experts"], dtype_from="routing_logits", description="Router logits."
+        )
+    }
+    if method in _BIASED:
+        inputs["routing_bias"] = Tensor(
+            ["num_experts"],
+            dtype_from="routing_bias",
+            description="Routing bias added to sigmoid scores.",
+        )
+    inputs.update(
+        hidden_states=Tensor(
+            ["seq_len", "hidden_size"],
+            dtype_from="hidden_states",
+            description="Input hidden states.",
+        ),
+        gemm1_weights=Tensor(
+            [*local, "gemm1_out_size", "hidden_size"],
+            dtype_from="gemm1_weights",
+            description="FC1 weights (up rows, then gate rows), row-major.",
+        ),
+        gemm2_weights=Tensor(
+            [*local, "hidden_size", "intermediate_size"],
+            dtype_from="gemm2_weights",
+            description="FC2 weights (down), row-major.",
+        ),
+        local_expert_offset=Scalar(
+            "int32", description="Offset of local experts in global expert space."
+        ),
+        routed_scaling_factor=Scalar("float32", description="Scaling factor for routing weights."),
+    )
+    name = RoutingMethodType(method).name
+    return MoESchema(
+        op_type="moe",
+        name_prefix=prefix,
+        axes={
+            "seq_len": Var("Number of input tokens."),
+            "num_experts": Const("Total number of experts."),
+            "num_local_experts": Const("Number of local experts.", abbrev="e"),
+            "hidden_size": Const("Hidden dimension size.", abbrev="h"),
+            "intermediate_size": Const("MoE expert intermediate size.", abbrev="i"),
+            "gemm1_out_size": Const(
+                "Output size of the first GEMM (W13). Should be 2 * intermediate_size."
+            ),
+            "top_k": Const("Number of experts selected per token.", param="top_k"),
+        },
+        inputs=inputs,
+        outputs={
+            "output": Tensor(
+                ["seq_len", "hidden_size"], dtype="bfloat16", description="Final MoE output tensor."
+            )
+        },
+        reference=moe_bf16_ref,
+        constraints=_SHAPE_CONSTRAINTS,
+        tags=[BF16_FI_API, f"ep:{key.expert_parallel}"],
+        description=f"BF16 MoE with {name} routing: routing and two grouped GEMMs (SwiGLU).",
+        bound=bound,
+        helpers=(select_experts, run_experts_ref),
+    )
+
+
 @functools.lru_cache(maxsize=256)
 def schema_of(key: MoEKey) -> MoESchema:
     """The schema of calls with this key (made once per key)."""
+    if key.variant == "bf16":
+        return _bf16_schema(key)
     return _per_tensor_schema(key) if key.variant == "per_tensor" else _block_schema(key)
 
 
@@ -402,6 +497,7 @@ _REPRESENTATIVE = {
     "ds": MoEKey("ds", 2, 8, 1, 1, 64, 8, 256, 128),
     "renorm": MoEKey("renorm", 1, 4, 1, 1, 32, 32, 256, 128),
     "per_tensor": MoEKey("per_tensor", 1, 4, 1, 1, 32, 32, 256, 128),
+    "bf16": MoEKey("bf16", 1, 4, 1, 1, 32, 32, 256, 128),
 }
 VARIANT_SCHEMAS: dict[str, MoESchema] = {
     variant: dataclasses.replace(schema_of(key), name_prefix=VARIANT_PREFIXES[variant])
@@ -424,8 +520,8 @@ def _refuse(what: str) -> ValueError:
 
 
 def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
-    """The key of a call's schema. api: "fp8_block" (trtllm_fp8_block_scale_moe) or
-    "fp8_per_tensor"; arguments: the call's, by parameter name. Raises ValueError for a call
+    """The key of a call's schema. api: "fp8_block" (trtllm_fp8_block_scale_moe),
+    "fp8_per_tensor" or "bf16"; arguments: the call's, by parameter name. Raises ValueError for a call
     no Definition describes (see the module docstring), naming why."""
     method = _int("routing_method_type", arguments["routing_method_type"])
     top_k = _int("top_k", arguments["top_k"])
@@ -486,6 +582,18 @@ def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
         if not llama4 and not plain:
             raise _refuse("per-tensor Renormalize routing with a bias or a routed_scaling_factor")
         return MoEKey("per_tensor", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
+    if api == "bf16" and method in _SLUGS:
+        if method not in _BIASED and arguments.get("routing_bias") is not None:
+            raise _refuse(
+                f"bf16 MoE with a routing_bias and {RoutingMethodType(method).name} routing"
+            )
+        if method in _BIASED and arguments.get("routing_bias") is None:
+            raise _refuse(f"bf16 MoE with {RoutingMethodType(method).name} routing and no bias")
+        n_group = _int("n_group", arguments.get("n_group") or 1) if method == 2 else 1
+        topk_group = _int("topk_group", arguments.get("topk_group") or 1) if method == 2 else 1
+        return MoEKey(
+            "bf16", method, top_k, n_group, topk_group, num_experts, num_local, hidden, inter
+        )
     name = RoutingMethodType(method).name if method in set(RoutingMethodType) else method
     raise _refuse(f"{api} MoE with {name} routing")
 
