@@ -148,6 +148,24 @@ def test_torch_path_fp8_block_dequantizes_like_the_definition():
     torch.testing.assert_close(got, _naive(xd, w1d, w2d, ids, w, 0), atol=1e-4, rtol=1e-4)
 
 
+def test_matches_the_family_reference(device):
+    # The MoE family's reference (ops/moe/reference.py, the Definitions' code) computes the
+    # experts its own way: the Triton path must agree with it too, not only with ours.
+    _cpu_kernels(device)
+    from flashtune.ops.moe.reference import run_experts_ref
+
+    T, H, I, E, K, off = 9, 256, 128, 4, 3, 2  # noqa: E741
+    x, w1, w2, q = _make("fp8_per_tensor", T, H, I, E, device)
+    ids, w = _routes(T, K, E + 4, device)
+
+    def expert(e):
+        s = q.output1_scales_scalar[e], q.output1_scales_gate_scalar[e]
+        return w1[e].float(), w2[e].float(), *s, q.output2_scales_scalar[e]
+
+    ref = run_experts_ref(x.float(), ids, w, off, E, expert)
+    _assert_close(fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off), ref)
+
+
 # ------------------------------------------------------------------------------ alignment
 
 
