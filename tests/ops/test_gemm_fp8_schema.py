@@ -1,5 +1,5 @@
-"""The fp8 GEMM schemas against FlashInfer-Trace's `bmm_fp8` and `gemm_fp8_nt_groupwise`
-Definitions (tests/ops/data/gemm_fp8: produced by FlashInfer's own trace templates, see the
+"""The fp8 GEMM schemas against FlashInfer-Trace's `bmm_fp8`, `gemm_fp8_nt_groupwise` and
+`batch_deepgemm_fp8_nt_groupwise` Definitions (tests/ops/data/gemm_fp8: produced by FlashInfer's own trace templates, see the
 README there): the same name, op type, description, axes, inputs, outputs and constraints;
 every scale layout FlashInfer takes maps to the one Definition; calls no Definition describes
 are refused; the Definitions' references compute what the ops compute."""
@@ -15,7 +15,12 @@ import torch
 
 from flashtune.data import run_reference
 from flashtune.model_shapes import get_model
-from flashtune.ops.gemm.fp8 import bmm_fp8, fp8_gemm_examples, gemm_fp8_nt_groupwise
+from flashtune.ops.gemm.fp8 import (
+    batch_deepgemm_fp8_nt_groupwise,
+    bmm_fp8,
+    fp8_gemm_examples,
+    gemm_fp8_nt_groupwise,
+)
 from flashtune.ops.gemm.fp8.reference import block_scaled_mm_ref, bmm_fp8_ref
 
 DATA = Path(__file__).parent / "data" / "gemm_fp8"
@@ -46,7 +51,7 @@ def _no_nulls(specs: dict) -> dict:
 
 
 def test_expected_files_are_here():
-    assert len(EXPECTED) == 4
+    assert len(EXPECTED) == 6
 
 
 @pytest.mark.parametrize("name", EXPECTED)
@@ -141,6 +146,17 @@ def test_references_compute_what_the_ops_compute():
     expected = (torch.matmul(A.float(), B.float()) * (s1 * s2)).to(torch.bfloat16)
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
     torch.testing.assert_close(got, bmm_fp8_ref(A, B, s1, s2, torch.bfloat16), atol=0, rtol=0)
+
+    a3, b3 = torch.randn(3, 6, 300).to(FP8), torch.randn(3, 130, 300).to(FP8)
+    sa3, sb3 = torch.rand(3, 6, 3) + 0.5, torch.rand(3, 2, 3) + 0.5
+    masked_m = torch.tensor([0, 4, 6], dtype=torch.int32)
+    definition = batch_deepgemm_fp8_nt_groupwise.definition(a3, b3, sa3, sb3, masked_m, 4)
+    inputs = {"a": a3, "b": b3, "a_scale": sa3, "b_scale": sb3, "masked_m": masked_m}
+    got = run_reference(definition, {**inputs, "expected_m": 4})["out"]
+    expected = block_scaled_mm_ref(a3, b3, sa3, sb3)
+    expected[0] = 0
+    expected[1, 4:] = 0
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
 
 
 @pytest.mark.interpreter

@@ -7,8 +7,8 @@ FlashInfer 0.2.14's signatures and semantics.
 One Triton kernel serves them all (kernels.py: fp32 accumulation, per-tensor scales in the
 epilogue or block scales per 128-wide K step, bf16/fp16 out); runners, tuning and the
 reference path are in launch.py, FlashInfer's argument layouts in layouts.py, tactics in
-config.py, the Definitions' schemas (FlashInfer-Trace's `bmm_fp8`, `gemm_fp8_nt_groupwise`)
-in schema.py, the references in reference.py.
+config.py, the Definitions' schemas (FlashInfer-Trace's `bmm_fp8`, `gemm_fp8_nt_groupwise`,
+`batch_deepgemm_fp8_nt_groupwise`) in schema.py, the references in reference.py.
 
 FlashInfer's `backend` picks the runners the autotuner chooses from: "cublas" / "cudnn"
 (the vendor library: torch._scaled_mm, i.e. cuBLASLt), "cutlass" / "trtllm" (flashtune's
@@ -33,10 +33,12 @@ from flashtune.ops.gemm.fp8.layouts import (
     masked_inputs,
 )
 from flashtune.ops.gemm.fp8.schema import (
+    BATCH_DEEPGEMM_FP8_NT_GROUPWISE,
     BMM_FP8,
     GEMM_FP8_NT_GROUPWISE,
     BmmFp8Op,
     GroupwiseOp,
+    MaskedOp,
     fp8_api,
 )
 from flashtune.ops.gemm.fp8.schema import fp8_gemm_examples as fp8_gemm_examples
@@ -206,6 +208,7 @@ def group_deepgemm_fp8_nt_groupwise(
     return run_fp8("group_deepgemm_fp8_nt_groupwise", inputs)[0]
 
 
+@fp8_api(MaskedOp, BATCH_DEEPGEMM_FP8_NT_GROUPWISE)
 def batch_deepgemm_fp8_nt_groupwise(
     a: torch.Tensor,
     b: torch.Tensor,

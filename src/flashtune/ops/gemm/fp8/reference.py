@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["bmm_fp8_ref", "gemm_fp8_nt_groupwise_ref", "block_scaled_mm_ref", "expand_scale"]
+__all__ = [
+    "bmm_fp8_ref",
+    "gemm_fp8_nt_groupwise_ref",
+    "batch_deepgemm_fp8_nt_groupwise_ref",
+    "block_scaled_mm_ref",
+    "expand_scale",
+]
 
 
 def bmm_fp8_ref(
@@ -49,6 +55,30 @@ def gemm_fp8_nt_groupwise_ref(
     sa = a_scale.float().repeat_interleave(bk, dim=1)[:, :K]
     sb = b_scale.float().repeat_interleave(bn, dim=0)[:N].repeat_interleave(bk, dim=1)[:, :K]
     return torch.matmul(a.float() * sa, (b.float() * sb).T).to(torch.bfloat16)
+
+
+def batch_deepgemm_fp8_nt_groupwise_ref(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    masked_m: torch.Tensor,
+    expected_m: int = 0,
+) -> torch.Tensor:
+    """out[g, :masked_m[g]] = dequant(a[g]) @ dequant(b[g]).T for fp8 a [batch, M_max, K]
+    with a_scale [batch, M_max, K/128] (1x128 groups) and b [batch, N, K] with b_scale
+    [batch, N/128, K/128] (128x128 blocks), in bfloat16; the rows past masked_m[g] are zeros.
+    expected_m is a performance hint with no effect on the result."""
+    import torch
+
+    M_max, K = a.shape[1:]
+    N = b.shape[1]
+    sa = a_scale.float().repeat_interleave(128, dim=2)[:, :, :K]
+    sb = b_scale.float().repeat_interleave(128, dim=1)[:, :N].repeat_interleave(128, dim=2)
+    out = torch.matmul(a.float() * sa, (b.float() * sb[:, :, :K]).transpose(1, 2))
+    rows = torch.arange(M_max, device=a.device)
+    valid = rows[None, :] < masked_m.to(a.device).long()[:, None]
+    return (out * valid[:, :, None]).to(torch.bfloat16)
 
 
 def expand_scale(scale: torch.Tensor, rows: int, cols: int, block: tuple[int, int]) -> torch.Tensor:
