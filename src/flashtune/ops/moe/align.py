@@ -109,7 +109,7 @@ def _align_kernel(
         nb,
         BLOCK_M=block_m,
         NBINS=nbins,
-        BLOCK=max(16, _ONE_HOT_CELLS // nbins),
+        BLOCK=max(16, min(1024, _ONE_HOT_CELLS // nbins)),
         num_warps=8,
     )
     return Alignment(sorted_ids, block_expert, route_pos, used, block_m, nb)

@@ -266,6 +266,7 @@ def candidates(
         tiles = [
             StageTile(bn, bk, 1, w, s)
             for bn, bk, w, s in (
+                (16, 128, 4, 4),  # EP ranks: T=1 touches one local expert or two
                 (32, 128, 4, 4),
                 (64, 128, 4, 4),
                 (64, 128, 4, 5),
