@@ -7,7 +7,7 @@ Every module under src/flashtune is parsed with `ast` (nothing is imported) and 
 layer, top to bottom:
 
     cli       the package root and the `flashtune` command with its sub-commands
-    features  bench, report, capture, apply
+    features  bench, report, capture, apply, serve
     models    model code built from the ops (flashtune.models: the end-to-end decoder)
     ops       the kernels and their public functions
     core      tune (the autotuner) and schema
@@ -66,7 +66,16 @@ FACADES = tuple(f"flashtune.{name}" for name in _facade_names())
 # itself names only the package root).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("flashtune", "flashtune.cli", *FACADES)),
-    ("features", ("flashtune.bench", "flashtune.report", "flashtune.capture", "flashtune.apply")),
+    (
+        "features",
+        (
+            "flashtune.bench",
+            "flashtune.report",
+            "flashtune.capture",
+            "flashtune.apply",
+            "flashtune.serve",
+        ),
+    ),
     ("models", ("flashtune.models",)),
     ("ops", ("flashtune.ops",)),
     ("core", ("flashtune.tune", "flashtune.schema")),

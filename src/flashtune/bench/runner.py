@@ -103,6 +103,12 @@ class RunOptions:
     # Datasets read for their solutions only: they run on the definitions of `datasets` whose
     # contract they were written for (Dataset's solution_sources); their workloads do not run.
     solutions_from: list[Path] = field(default_factory=list)
+    # Exactly these (definition, solution) pairs, when set: `flashtune serve` runs the
+    # submissions of a batch, and no solution of the dataset beside them.
+    only: frozenset[tuple[str, str]] | None = None
+    # --sanitize: compute-sanitizer's memcheck on one call of every (solution, workload)
+    # before it is timed (bench/sanitizer.py); one that does not pass is RUNTIME_ERROR.
+    sanitize: bool = False
 
 
 @dataclass
@@ -190,6 +196,8 @@ def _select(
     groups = []
     for definition in ds.find_definitions(opts.op_type, opts.definitions):
         solutions = ds.solutions_for(definition.name, opts.solutions)
+        if opts.only is not None:
+            solutions = [s for s in solutions if (definition.name, s.name) in opts.only]
         if not solutions:
             continue
         # Baselines first, so every other solution's speedup over them is known.
@@ -478,6 +486,8 @@ def _run(
         if on_trace is not None:
             on_trace(trace)
 
+    if opts.sanitize:  # before any timing: the gate's runs must not share the device
+        tasks = _sanitize_gate(tasks, opts, environment, record)
     per_definition: dict[str, int] = {}
     for task in tasks:
         name = task.definition.name
@@ -500,6 +510,49 @@ def _run(
         write_errors=write_errors,
         unsigned=unsigned,
     )
+
+
+def _sanitize_gate(
+    tasks: list[Task],
+    opts: RunOptions,
+    environment: dict[str, Any],
+    record: Callable[[Trace], None],
+) -> list[Task]:
+    """Run memcheck on one sandboxed call of each task's solutions, on the run's first
+    device; record a solution that does not pass ("fail", or "error": a gate never passes
+    what it could not check) as RUNTIME_ERROR with the findings, and drop it from the task."""
+    from flashtune.bench.sanitizer import find_compute_sanitizer, sanitize, unavailable_reason
+
+    device = opts.devices[0]
+    why = unavailable_reason(device, find_compute_sanitizer())
+    if why is not None:  # the CLI checks first; a library caller gets the same refusal
+        raise ValueError(f"--sanitize: compute-sanitizer is not available: {why}")
+    roots = [str(Path(d).expanduser().resolve()) for d in opts.datasets]
+    kept: list[Task] = []
+    for task in tasks:
+        clean = []
+        for sol in task.solutions:
+            result = sanitize(
+                task.definition, task.workload, sol, device, roots=roots, tools=("memcheck",)
+            )
+            if result.verdict == "pass":
+                clean.append(sol)
+                continue
+            reason = result.reason()
+            record(
+                make_trace(
+                    task.definition.name,
+                    task.workload,
+                    sol,
+                    EvaluationStatus.RUNTIME_ERROR,
+                    environment,
+                    reason,
+                    reason,
+                )
+            )
+        if clean:
+            kept.append(replace(task, solutions=clean))
+    return kept
 
 
 def _start_all(workers: Sequence[Worker]) -> None:

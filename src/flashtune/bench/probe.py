@@ -1,0 +1,144 @@
+"""One sandboxed call of a solution, for the agent tools to watch from outside.
+
+`python -m flashtune.bench.probe JOB.json` is the process that compute-sanitizer and Nsight
+Compute start (bench/sanitizer.py, bench/nsight.py): it reads the job (definition, workload,
+solution, device, dataset roots), enters the same OS sandbox a benchmarked solution gets
+(`isolation.enter_sandbox`: Landlock, namespaces, seccomp, a private scratch folder) before
+any of the solution's code runs, builds the solution, draws inputs from a seed the
+operating system gives, calls it `calls` times, synchronizes the device and prints one line
+``FLASHTUNE-PROBE {json}``. The tool, not this process, judges; nothing here is timed and
+no output is checked (`flashtune run` does that).
+
+Exit codes: 0 the calls returned, 3 the solution failed (its error in the line), 2 the job
+could not be read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PROBE_MARK", "main", "parse_probe_line", "write_job"]
+
+PROBE_MARK = "FLASHTUNE-PROBE "
+
+
+def write_job(
+    folder: Path,
+    definition: Any,
+    workload: Any,
+    solution: Any,
+    device: str,
+    roots: list[str],
+    calls: int = 1,
+) -> Path:
+    """The job file for `main` in `folder` (the caller's private folder)."""
+    job = {
+        "definition": definition.model_dump(mode="json", exclude_none=True),
+        "workload": workload.model_dump(mode="json", exclude_none=True),
+        "solution": solution.model_dump(mode="json", exclude_none=True),
+        "device": device,
+        "roots": roots,
+        "calls": calls,
+    }
+    path = folder / "probe-job.json"
+    path.write_text(json.dumps(job), encoding="utf-8")
+    return path
+
+
+def parse_probe_line(output: str) -> dict[str, Any] | None:
+    """The probe's result line in a tool's combined output, or None when it never printed."""
+    for line in reversed(output.splitlines()):
+        at = line.find(PROBE_MARK)
+        if at >= 0:
+            try:
+                value = json.loads(line[at + len(PROBE_MARK) :])
+            except json.JSONDecodeError:
+                return None
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def _say(result: dict[str, Any]) -> None:
+    sys.stdout.write(PROBE_MARK + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m flashtune.bench.probe JOB.json\n")
+        return 2
+    try:
+        job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        _say({"ok": False, "stage": "job", "error": str(exc)})
+        return 2
+    # Into the sandbox first: before torch starts threads, before the solution is read.
+    from flashtune.bench import isolation
+
+    scratch = tempfile.mkdtemp(prefix="flashtune-probe-")
+    report = isolation.enter_sandbox(scratch, [str(r) for r in job.get("roots", [])])
+    sandbox = isolation.describe(report)
+    stage = "build"
+    try:
+        import torch
+
+        from flashtune.bench.build import build_solution
+        from flashtune.data.models import Definition, Solution, Workload
+        from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
+
+        definition = Definition.model_validate(job["definition"])
+        workload = Workload.model_validate(job["workload"])
+        solution = Solution.model_validate(job["solution"])
+        device = torch.device(job.get("device", "cuda:0"))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        fn = build_solution(solution)
+        stage = "inputs"
+        roots = [Path(r) for r in job.get("roots", [])]
+        blob_root = None
+        if roots:
+            from flashtune.data.dataset import Dataset
+
+            blob_root = Dataset(roots)
+        inputs = synthesize_inputs(
+            definition, workload, device=device, seed=secrets.randbits(62), blob_root=blob_root
+        )
+        call_args: list[Any] = list(inputs.values())
+        if solution.spec.destination_passing_style:
+            axes = resolve_axes(definition, workload)
+            for spec in definition.outputs.values():
+                shape = tuple(axes[a] for a in spec.shape or ())
+                call_args.append(torch.empty(shape, dtype=torch_dtype(spec.dtype), device=device))
+        setup = getattr(fn, "setup", None)
+        call = setup(*call_args) if callable(setup) else fn
+        stage = "call"
+        for _ in range(max(1, int(job.get("calls", 1)))):
+            call(*call_args)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except BaseException as exc:  # noqa: BLE001 - the solution's failure is the answer
+        _say(
+            {
+                "ok": False,
+                "stage": stage,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=8)[-4000:],
+                "sandbox": sandbox,
+            }
+        )
+        sys.stdout.flush()
+        os._exit(3)  # no atexit work of the solution's after this
+    _say({"ok": True, "stage": "done", "sandbox": sandbox})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
