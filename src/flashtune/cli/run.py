@@ -194,6 +194,15 @@ class RunCommandOptions:
         typer.Option("--autotune-cache", help="autotune cache file to load and save"),
     ] = None
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no live progress display")] = False
+    sanitize: Annotated[
+        bool,
+        typer.Option(
+            "--sanitize",
+            help="compute-sanitizer memcheck on one call of each solution and workload before "
+            "it is timed: an out-of-bounds or misaligned access fails it (RUNTIME_ERROR); "
+            "needs a GPU and compute-sanitizer (docs/serve.md)",
+        ),
+    ] = False
     ray: Annotated[
         Optional[str],
         typer.Option(
@@ -256,6 +265,13 @@ def run_command(cli: RunCommandOptions) -> None:
     problem, visible = check_devices(device_list)
     if problem is not None:
         fail(f"{problem}; visible: {visible}", code=2)
+    if cli.sanitize:  # never a silent pass: no sanitizer, no run
+        from flashtune.bench.sanitizer import find_compute_sanitizer, unavailable_reason
+
+        why = "a Ray cluster run" if cli.ray is not None else None
+        why = why or unavailable_reason(device_list[0], find_compute_sanitizer())
+        if why is not None:
+            fail(f"--sanitize: compute-sanitizer is not available here ({why})", code=2)
     opts = RunOptions(
         datasets=roots,
         out=out_resolved,
@@ -284,6 +300,7 @@ def run_command(cli: RunCommandOptions) -> None:
         all_workloads=cli.all_workloads,
         autotune=cli.autotune,
         autotune_cache=cli.autotune_cache,
+        sanitize=cli.sanitize,
     )
     count = Counted()
     # A stop signal at any moment from here on (bench/runner.py aborts the workers; then
