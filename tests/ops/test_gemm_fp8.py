@@ -212,31 +212,56 @@ def test_triton_runner_tactics_interpreter(tactic, block):
 
 
 def test_reference_path_without_kernels(monkeypatch):
-    """Where no kernel runs (a CPU without the interpreter) the references answer."""
+    """Where no kernel runs (a CPU without the interpreter) the references answer, in every
+    mode."""
     monkeypatch.setattr(L.platform, "kernels_available", lambda device: False)
-    monkeypatch.setattr(L, "_OPS", {})  # KernelOps read kernels_available when made
+    launches = []
+    monkeypatch.setattr(L, "launch_fp8", lambda *args: launches.append(args))
     A, B, sa, sb = _bmm_operands(2, 3, 16, 32)
-    C = G.bmm_fp8(A, B, sa, sb, torch.bfloat16)
+    C = G.bmm_fp8(A, B, sa, sb, torch.bfloat16, backend="auto")
     _close(C, bmm_fp8_ref(A, B, sa, sb, torch.bfloat16), scale=C.float().abs().max().item())
     m_indices = torch.tensor([1, -1, 0, 1], dtype=torch.int32)
     a, b = _fp8((4, 256)), _fp8((2, 24, 256))
     sa2, sb2 = _block_scales(4, 256, 1), _block_scales(24, 256, 128, lead=(2,))
     C2 = G.group_deepgemm_fp8_nt_groupwise(a, b, sa2, sb2, m_indices, out_dtype=torch.float16)
     _close(C2, _grouped_expected(a, b, sa2, sb2, m_indices, torch.float16), scale=50.0)
+    C3 = G.gemm_fp8_nt_groupwise(a, b[0], sa2, sb2[0], "K", out_dtype=torch.float16)
+    _close(C3, block_scaled_mm_ref(a, b[0], sa2, sb2[0], out_dtype=torch.float16), scale=50.0)
+    masked_m = torch.tensor([2, 0], dtype=torch.int32)
+    C4 = G.batch_deepgemm_fp8_nt_groupwise(
+        a.view(2, 2, 256), b, sa2.view(2, 2, 2), sb2, masked_m, 1, out_dtype=torch.float16
+    )
+    expected = block_scaled_mm_ref(
+        a.view(2, 2, 256), b, sa2.view(2, 2, 2), sb2, out_dtype=torch.float16
+    )
+    expected[1] = 0
+    _close(C4, expected, scale=50.0)
+    assert not launches
 
 
 @pytest.mark.interpreter
-def test_flashinfer_autotune_example_runs_on_cpu():
-    """FlashInfer's documented example, unchanged but for CPU tensors; inside autotune() the
-    tuner profiles the Triton runner (interpreter) and cuBLAS's default, and picks one."""
+def test_flashinfer_autotune_example_runs_on_cpu(tmp_path):
+    """FlashInfer's documented example, unchanged but for CPU tensors and backend="auto":
+    inside autotune() the tuner profiles cuBLAS's runner (the Triton default off CUDA) and
+    the Triton tactics, picks one, and saves it in FlashInfer's cache format."""
+    import ast
+    import json
+
     import flashtune as flashinfer
 
     A, B, A_scale, B_scale = _bmm_operands(1, 4, 32, 64)
     out_dtype = torch.float16
-    with flashinfer.autotune():
+    cache = tmp_path / "fp8.json"
+    with flashinfer.autotune(cache=cache):
         out = flashinfer.gemm.bmm_fp8(A, B, A_scale, B_scale, dtype=out_dtype, backend="auto")
     expected = bmm_fp8_ref(A, B, A_scale, B_scale, out_dtype)
     _close(out, expected, scale=expected.abs().max().item())
+    entries = json.loads(cache.read_text())
+    assert "_metadata" in entries
+    picks = [(ast.literal_eval(k), v) for k, v in entries.items() if not k.startswith("_")]
+    (((op, runner, _profile), (runner_again, _tactic)),) = picks
+    assert op == "bmm_fp8" and runner == runner_again
+    assert runner in ("CublasFp8Runner", "TritonFp8Runner")
 
 
 # ------------------------------------------------------------------ errors (CPU, no kernel)

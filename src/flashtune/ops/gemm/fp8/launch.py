@@ -39,6 +39,7 @@ __all__ = [
     "launch_fp8",
     "cublas_applies",
     "run_fp8",
+    "reference_fp8",
 ]
 
 # How the scales and rows combine (the kernel's flags):
@@ -220,7 +221,7 @@ def _dequant(x: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> to
     return x.float() * expand_scale(scale, x.shape[-2], x.shape[-1], block)
 
 
-def _reference(inputs: Sequence[Any]) -> torch.Tensor:
+def reference_fp8(inputs: Sequence[Any]) -> torch.Tensor:
     """The product in fp32 PyTorch, written into out (a CPU without the Triton interpreter)."""
     a = named(Fp8Inputs, inputs)
     gm, gn, gk = a.granularity
@@ -288,7 +289,15 @@ def _op(name: str, backend: str, tuning: TuningConfig) -> KernelOp:
         runners = _BACKEND_RUNNERS.get(backend, _TRITON)
         # One tuner op name per runner set, so one set's picks never answer another's.
         op_name = name if backend in ("auto", "triton") else f"{name}[{backend}]"
-        _OPS[key] = KernelOp(op_name, runners, tuning, _reference, tuned=_TUNED)
+        _OPS[key] = KernelOp(
+            op_name,
+            runners,
+            tuning,
+            reference_fp8,
+            tuned=_TUNED,
+            # Looked up per call, not bound once: tests switch kernels off with monkeypatch.
+            kernels_available=lambda device: platform.kernels_available(device),
+        )
     return _OPS[key]
 
 
