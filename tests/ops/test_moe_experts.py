@@ -282,9 +282,17 @@ TACTICS = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["fp8_block", "bf16"])
+# Every tactic with fp8 block scales; both orientations with 16-bit operands too.
+TACTIC_CASES = [(t, "fp8_block") for t in TACTICS] + [(TACTICS[0], "bf16"), (TACTICS[2], "bf16")]
+
+
 @pytest.mark.parametrize(
-    "tactic", TACTICS, ids=lambda t: "-".join(map(str, cfg.MoETactic.from_tactic(t).as_tactic()))
+    "tactic,mode",
+    TACTIC_CASES,
+    ids=[
+        "-".join(map(str, cfg.MoETactic.from_tactic(t).as_tactic())) + f"-{m}"
+        for t, m in TACTIC_CASES
+    ],
 )
 def test_tactics_agree(tactic, mode, device):
     _cpu_kernels(device)
