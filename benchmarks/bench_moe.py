@@ -29,7 +29,10 @@ the torch path of flashtune (fp32 dequantized reference).
 
 Writes benchmarks/results/moe.jsonl (and $OUT/moe.jsonl).
 Usage: python benchmarks/bench_moe.py [--models deepseek-v3,qwen3-30b-a3b] [--tokens 1,16,512]
-       [--sweep] [--quick]
+       [--sweep] [--quick] [--budget-s 480]
+Each process stops starting new cases after --budget-s seconds (rows already written stay):
+480 fits one 10-minute device call; with --sweep two processes run (selection, then
+measurement), so give each about half, or sweep a few models/tokens at a time.
 """
 
 from __future__ import annotations
@@ -309,7 +312,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help=f"T in {QUICK_TOKENS}")
     ap.add_argument("--sweep", action="store_true", help="also select and re-time the best tactic")
     ap.add_argument("--max-tactics", type=int, default=64, help="tactics timed per case (sweep)")
-    ap.add_argument("--budget-s", type=float, default=1200.0)
+    ap.add_argument("--budget-s", type=float, default=480.0)  # one 10-minute device call
     ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     args = ap.parse_args()
     sel = Selection(args.picks, sweep=args.sweep)
