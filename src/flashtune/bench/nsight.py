@@ -151,7 +151,8 @@ def _csv_rows(text: str) -> list[list[str]]:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.startswith('"ID"'):
-            return [row for row in csv.reader(io.StringIO("\n".join(lines[i:]))) if row]
+            table = [line, *(row for row in lines[i + 1 :] if row.startswith('"'))]
+            return [row for row in csv.reader(io.StringIO("\n".join(table))) if row]
     return []
 
 

@@ -106,12 +106,20 @@ class SanitizerReport:
         return bool(self.findings)
 
 
-def _kernel_of(where: str) -> str:
-    """'kernel(float *, int)+0x70' / '0x70 in /x.cu:7:kernel(int *)' -> the function's name."""
-    where = re.sub(r"\+0x[0-9a-fA-F]+$", "", where.strip())
-    if ":" in where and "(" in where.split(":")[-1]:
-        where = where.split(":")[-1]
-    return where
+_FILE_LINE_NAME = re.compile(r"^(?P<path>.*?):(?P<line>\d+):(?P<name>.+)$")
+_RACE_IN = re.compile(r" in (?P<k>[^\[]+?)(?: \[\d+ hazards?\])?$")
+# The lines that go on describing the finding above them.
+_DETAILS = ("by thread", "Address", "and ", "Saved", "Host Frame", "in ", "Device Frame")
+
+
+def _kernel_of(where: str, file: str | None) -> str | None:
+    """The function an `at` line names: 'kernel(float *)+0x70' (older releases, the name
+    first) or '0x70 in /x.cu:7:kernel(int *)' (newer: the name after the file and line)."""
+    where = where.strip()
+    if where.startswith("0x"):
+        named = _FILE_LINE_NAME.match(file or "")
+        return named["name"].strip() if named else None
+    return re.sub(r"\+0x[0-9a-fA-F]+$", "", where) or None
 
 
 def parse_sanitizer_output(text: str, tool: str = "memcheck") -> SanitizerReport:
@@ -127,38 +135,32 @@ def parse_sanitizer_output(text: str, tool: str = "memcheck") -> SanitizerReport
             current = None
             continue
         summary = _ERROR_SUMMARY.match(line)
-        if summary:
-            report.errors = int(summary["n"])
-            current = None
-            continue
         race = _RACE_SUMMARY.match(line)
-        if race:
-            report.errors = int(race["errors"])
-            report.warnings = int(race["warnings"])
+        if summary or race:
+            if summary:
+                report.errors = int(summary["n"])
+            elif race:
+                report.errors = int(race["errors"])
+                report.warnings = int(race["warnings"])
             current = None
             continue
         if current is not None:
             at = _AT.match(line)
             if at and current.kernel is None:
-                where = at["where"]
-                # Newer releases: "at 0x70 in /x.cu:7:kernel(int *)"; older: "at kernel()+0x70
-                # in x.cu:6": the name is on the side that has the parentheses.
-                file = at["file"] or ""
-                current.kernel = _kernel_of(file if where.startswith("0x") else where)
-            continue
+                current.kernel = _kernel_of(at["where"], at["file"])
+            elif "is misaligned" in line:  # "Address 0x... is misaligned"
+                current.kind = "misaligned"
+            if at or line.startswith(_DETAILS):
+                continue
+            current = None  # something else: maybe the next finding
         for kind, pattern in _OPENERS:
             if pattern.match(line):
                 size = _SIZE.search(line)
-                kernel = None
-                race_at = (
-                    re.search(r" in (?P<k>[\w:<>]+)(?: \[|$)", line) if kind == "race" else None
-                )
-                if race_at:
-                    kernel = race_at["k"]
+                race_at = _RACE_IN.search(line) if kind == "race" else None
                 current = SanitizerFinding(
                     kind=kind,
                     message=line,
-                    kernel=kernel,
+                    kernel=race_at["k"].strip() if race_at else None,
                     size=int(size["size"]) if size else None,
                 )
                 report.findings.append(current)
@@ -252,6 +254,10 @@ def sanitize(
     assert executable is not None  # unavailable_reason said so
     verdicts: list[Verdict] = []
     details: list[str] = []
+    # torch's caching allocator hands out pieces of large segments: an access past a
+    # tensor's end but inside its segment is invisible to memcheck, which knows only the
+    # driver's allocations. Without caching, every tensor is an allocation of its own.
+    environment = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     with tempfile.TemporaryDirectory(prefix="flashtune-sanitize-") as folder:
         job = write_job(
             Path(folder), definition, workload, solution, device, [str(r) for r in roots]
@@ -275,7 +281,12 @@ def sanitize(
             ]
             try:
                 done = subprocess.run(
-                    command, capture_output=True, text=True, timeout=timeout, check=False
+                    command,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    check=False,
+                    env=environment,
                 )
             except subprocess.TimeoutExpired:
                 verdicts.append("error")
