@@ -20,7 +20,7 @@ from typing import Any
 from flashtune.ops.bundle import OWN_PATH_ENTRIES, entry_functions
 from flashtune.ops.norm.bundle import RMS_EPS
 
-__all__ = ["OWN_PATH_ENTRIES", "RMS_EPS", "entry"]
+__all__ = ["OWN_PATH_ENTRIES", "RMS_EPS", "adapted", "entry"]
 
 
 def entry(name: str) -> Callable[..., Any]:
@@ -29,6 +29,27 @@ def entry(name: str) -> Callable[..., Any]:
     if name not in functions:
         raise AttributeError(f"module {__name__!r} has no entry point {name!r}")
     return functions[name]
+
+
+def adapted(fn: Callable[..., Any], call: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` called through `call(fn, *inputs)`, which maps a dataset definition's inputs onto
+    the entry's (a layout adapter, constants as keywords: flashtune.ops.bundle.supply). The
+    entry's setup phase comes with it: setup gets the mapped inputs, its runner is called
+    through `call` too."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return call(fn, *args, **kwargs)
+
+    setup = getattr(fn, "setup", None)
+    if callable(setup):
+
+        def adapted_setup(*args: Any, **kwargs: Any) -> Callable[..., Any]:
+            runner = call(setup, *args, **kwargs)
+            return lambda *a, **k: call(runner, *a, **k)
+
+        run.setup = adapted_setup  # type: ignore[attr-defined]
+    run.__name__ = run.__qualname__ = getattr(fn, "__name__", "run")
+    return run
 
 
 def __getattr__(name: str) -> Any:

@@ -33,6 +33,7 @@ from flashtune.cli.run_checks import (
     print_closing,
 )
 from flashtune.cli.run_sources import say_attachments, solution_sources
+from flashtune.cli.solutions import parse_kinds, say_supplied, write_supplied
 
 __all__ = ["RunCommandOptions", "register", "run_command"]
 
@@ -74,6 +75,25 @@ class RunCommandOptions:
             "capture has none of its own)",
         ),
     ] = True
+    with_kinds: Annotated[
+        Optional[str],
+        typer.Option(
+            "--with",
+            help="also run solutions made from flashtune's op schemas for every selected "
+            "definition whose contract one has: a comma-separated list of flashtune, "
+            "flashinfer, torch (written with their definitions into --out, which is read for "
+            "its solutions; `flashtune solutions add` writes them into a dataset)",
+        ),
+    ] = None
+    reference_only: Annotated[
+        bool,
+        typer.Option(
+            "--reference-only",
+            help="run each definition's reference as its one solution (checked against "
+            "itself: it runs on every workload with outputs of the declared shapes and "
+            "dtypes; timed): for a dataset with no solutions",
+        ),
+    ] = False
     op_type: Annotated[
         Optional[str], typer.Option("--op-type", help="only definitions of this op_type")
     ] = None
@@ -243,8 +263,21 @@ def run_command(cli: RunCommandOptions) -> None:
             "results go to a folder of yours",
             code=2,
         )
-    selection = Selection(cli.definitions, cli.solutions, cli.op_type)
+    solutions_glob, baseline = cli.solutions, cli.baseline
     sources = solution_sources(cli.solutions_from, cli.bundled_solutions)
+    if cli.reference_only or cli.with_kinds is not None:
+        # Written into --out, read as a solution source: the results folder is then a dataset
+        # FlashInfer-Bench reads whole (definitions, solutions, traces).
+        if cli.reference_only and (cli.with_kinds is not None or cli.solutions is not None):
+            fail("--reference-only runs the references alone: no --with, no --solutions", code=2)
+        kinds = parse_kinds(cli.with_kinds) if cli.with_kinds is not None else []
+        selected = open_dataset(roots).find_definitions(cli.op_type, cli.definitions)
+        found = write_supplied(selected, out_resolved, kinds, cli.reference_only)
+        say_supplied(found, f"made from the op schemas into {cli.out}")
+        sources = [out_resolved, *sources]
+        if cli.reference_only:
+            solutions_glob = baseline = "reference@*"
+    selection = Selection(cli.definitions, solutions_glob, cli.op_type)
     source = open_dataset(roots, solutions_from=sources)
     check_selection(source, roots, selection)  # says why when nothing attaches
     say_attachments(source, roots, selection)
@@ -276,7 +309,7 @@ def run_command(cli: RunCommandOptions) -> None:
         datasets=roots,
         out=out_resolved,
         definitions=cli.definitions,
-        solutions=cli.solutions,
+        solutions=solutions_glob,
         op_type=cli.op_type,
         solutions_from=sources,
         devices=device_list,
@@ -295,7 +328,7 @@ def run_command(cli: RunCommandOptions) -> None:
             seed=cli.seed,
         ),
         resume=cli.resume,
-        baseline=cli.baseline,
+        baseline=baseline,
         max_workloads=cli.max_workloads,
         all_workloads=cli.all_workloads,
         autotune=cli.autotune,

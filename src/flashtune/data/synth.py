@@ -529,6 +529,12 @@ def small_workload(definition: Definition, size: int = 4) -> Workload:
     # GQA: the query head count must be a multiple of the KV head count.
     if "num_qo_heads" in axes and "num_kv_heads" in axes:
         axes["num_qo_heads"] = axes["num_kv_heads"] * 2
+    # An indptr has one entry per request and one more (CSR). Four FlashInfer-Trace paged
+    # prefill definitions (kv_last_page_len of batch_size entries) do not say so; their
+    # workloads do, and so must a synthesized one, or the index inputs disagree.
+    if "len_indptr" in axes and "batch_size" in axes:
+        if not any("len_indptr" in c and "batch_size" in c for c in definition.constraints):
+            axes["len_indptr"] = axes["batch_size"] + 1
     _satisfy_axis_constraints(definition, axes)
     return Workload(uuid="small", axes=axes, inputs={})
 

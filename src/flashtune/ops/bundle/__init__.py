@@ -40,6 +40,7 @@ __all__ = [
     "bundled_op_for",
     "bundled_ops",
     "entry_functions",
+    "entry_source",
     "flashinfer_direct",
     "runs_the_op",
     "solution_name",
@@ -196,7 +197,8 @@ def solution_name(kind: str, definition: Definition) -> str:
     return f"{kind}@{definition.name}"
 
 
-def _entry_source(function: str) -> str:
+def entry_source(function: str) -> str:
+    """The source of a solution running the entry `function` as it is (the bundled form)."""
     return (
         f"# Runs {ENTRY_MODULE}.{function} (the flashtune package must be installed).\n"
         "# Value-returning: run(*inputs) returns the outputs.\n"
@@ -226,7 +228,7 @@ def _solution(definition: Definition, entry: Entry) -> Solution:
             "author": entry.author,
             "description": entry.description,
             "spec": spec,
-            "sources": [{"path": ENTRY_FILE, "content": _entry_source(entry.function.__name__)}],
+            "sources": [{"path": ENTRY_FILE, "content": entry_source(entry.function.__name__)}],
         }
     )
 

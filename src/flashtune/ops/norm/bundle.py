@@ -22,49 +22,66 @@ _CLONES = "on clones of hidden_states and residual (the op updates them in place
 
 
 @runs_the_op
-def flashtune_rmsnorm(hidden_states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def flashtune_rmsnorm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = RMS_EPS
+) -> torch.Tensor:
     from flashtune.ops.norm import rmsnorm
 
-    return rmsnorm(hidden_states, weight, eps=RMS_EPS)
+    return rmsnorm(hidden_states, weight, eps=eps)
 
 
 @runs_the_op
 def flashtune_fused_add_rmsnorm(
-    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
+    hidden_states: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = RMS_EPS,
 ) -> torch.Tensor:
     from flashtune.ops.norm import fused_add_rmsnorm
 
     x, r = hidden_states.clone(), residual.clone()
-    fused_add_rmsnorm(x, r, weight, eps=RMS_EPS)
+    fused_add_rmsnorm(x, r, weight, eps=eps)
     return x
 
 
-def flashinfer_rmsnorm(hidden_states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def flashinfer_rmsnorm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = RMS_EPS
+) -> torch.Tensor:
     import flashinfer
 
-    return flashinfer.norm.rmsnorm(hidden_states, weight, eps=RMS_EPS)
+    return flashinfer.norm.rmsnorm(hidden_states, weight, eps=eps)
 
 
 def flashinfer_fused_add_rmsnorm(
-    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
+    hidden_states: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = RMS_EPS,
 ) -> torch.Tensor:
     import flashinfer
 
     x, r = hidden_states.clone(), residual.clone()
-    flashinfer.norm.fused_add_rmsnorm(x, r, weight, eps=RMS_EPS)
+    flashinfer.norm.fused_add_rmsnorm(x, r, weight, eps=eps)
     return x
 
 
-def torch_rmsnorm(hidden_states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def torch_rmsnorm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = RMS_EPS
+) -> torch.Tensor:
     x = hidden_states.float()
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS) * weight.float()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     return y.to(hidden_states.dtype)
 
 
 def torch_fused_add_rmsnorm(
-    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
+    hidden_states: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = RMS_EPS,
 ) -> torch.Tensor:
-    return torch_rmsnorm(hidden_states.float() + residual.float(), weight).to(hidden_states.dtype)
+    return torch_rmsnorm(hidden_states.float() + residual.float(), weight, eps).to(
+        hidden_states.dtype
+    )
 
 
 BUNDLED = (

@@ -1,0 +1,235 @@
+"""Solutions made from the op schemas for any dataset's definitions (flashtune.ops.bundle.supply,
+`flashtune solutions add`, `flashtune run --with / --reference-only`).
+
+Two sets of FlashInfer-Trace definitions: the visible corpus (FLASHTUNE_TRACE_CORPUS, skipped
+saying why where absent) and all 156 definitions of flashinfer-ai/flashinfer-bench at commit
+ecafa9c (the dataset's last in-repository version, held-out families included), unchanged, in
+tests/dataset/data/ (see its README). A definition is one flashtune "has a kernel for" when
+an op schema emits its name at its constants; each of those must get flashtune's and torch's
+solutions, whatever layout the dataset gives it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flashtune.bench.build import build_solution
+from flashtune.bench.correctness import compare_outputs
+from flashtune.cli import app
+from flashtune.data import (
+    Dataset,
+    Definition,
+    outputs_as_dict,
+    run_reference,
+    small_workload,
+    synthesize_inputs,
+)
+from flashtune.data.models import ConstAxis
+from flashtune.ops import load_all
+from flashtune.ops.bundle.supply import (
+    Supply,
+    match_schema,
+    reference_solution,
+    schemas_by_prefix,
+    supply_all,
+)
+
+ECAFA9C = Path(__file__).parent / "data" / "flashinfer_trace_ecafa9c_definitions.json.gz"
+load_all()
+
+
+def ecafa9c_files() -> dict[str, str]:
+    """{path under flashinfer_trace/definitions/: file text} of the ecafa9c definitions."""
+    return json.loads(gzip.decompress(ECAFA9C.read_bytes()))
+
+
+def write_ecafa9c(root: Path) -> Path:
+    for relative, text in ecafa9c_files().items():
+        path = root / "definitions" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _definitions(root: Path) -> list[Definition]:
+    return [
+        Definition.model_validate_json(p.read_text())
+        for p in sorted((root / "definitions").rglob("*.json"))
+    ]
+
+
+def _has_kernel(definition: Definition) -> bool:
+    """An op schema emits this definition's name at its constants (flashtune runs the op)."""
+    const = {n: a.value for n, a in definition.axes.items() if isinstance(a, ConstAxis)}
+    for prefix, schemas in schemas_by_prefix().items():
+        if not definition.name.startswith(f"{prefix}_"):
+            continue
+        for schema in schemas:
+            try:
+                if schema.name_for(const) == definition.name:
+                    return True
+            except KeyError:  # a const axis this definition does not have
+                continue
+    return False
+
+
+def _check_coverage(found: list[Supply]) -> Counter[str]:
+    """Every definition flashtune has a kernel for gets flashtune's and torch's solutions;
+    returns the supplied definitions per op type."""
+    for item in found:
+        if not _has_kernel(item.definition):
+            continue
+        kinds = {s.name.split("@")[0] for s in item.solutions}
+        assert {"flashtune", "torch"} <= kinds, (item.definition.name, item.problems)
+        for solution in item.solutions:
+            assert solution.definition == item.definition.name
+            build_solution(solution)  # its source imports and binds `run` (no kernel runs)
+    return Counter(s.definition.op_type for s in found if s.supplied)
+
+
+def test_ecafa9c_fixture_is_the_156_definitions() -> None:
+    files = ecafa9c_files()
+    assert len(files) == 156
+    for text in files.values():
+        Definition.model_validate_json(text)
+
+
+def test_every_ecafa9c_definition_of_a_kernel_gets_solutions(tmp_path: Path) -> None:
+    definitions = _definitions(write_ecafa9c(tmp_path))
+    found = supply_all(definitions)
+    supplied = _check_coverage(found)
+    kernels = Counter(d.op_type for d in definitions if _has_kernel(d))
+    # Every family with a kernel is covered whole: its definitions all get solutions.
+    assert {t: supplied[t] for t in kernels} == dict(kernels)
+    assert sum(supplied.values()) >= sum(kernels.values()) > 100
+    # The layouts FlashInfer-Trace uses beside the schemas' own are adapted, not refused.
+    layouts = Counter(layout.name for s in found if s.match for layout in s.match.layouts)
+    assert len(layouts) == 2, layouts
+    # A definition no schema has says why.
+    for item in found:
+        if not item.supplied:
+            assert item.problems and item.definition.name in item.problems[0]
+
+
+def test_every_visible_corpus_definition_of_a_kernel_gets_solutions(trace_corpus: Path) -> None:
+    definitions = _definitions(trace_corpus)
+    supplied = _check_coverage(supply_all(definitions))
+    kernels = Counter(d.op_type for d in definitions if _has_kernel(d))
+    assert {t: supplied[t] for t in kernels} == dict(kernels)
+
+
+def test_the_bundled_definitions_get_their_bundled_solutions() -> None:
+    """On the bundled dataset, the schemas' solutions are the bundled ones, byte for byte
+    (same names, same sources): one rule, two uses."""
+    from flashtune.cli import bundled_dataset
+
+    ds = Dataset(bundled_dataset())
+    for item in supply_all(ds.definitions.values()):
+        theirs = {s.name: s for s in ds.solutions_for(item.definition.name)}
+        ours = {s.name: s for s in item.solutions}
+        if item.match is None:  # an op whose schema names its definitions otherwise
+            continue
+        assert set(ours) == set(theirs), item.definition.name
+        for name, solution in ours.items():
+            assert solution.sources == theirs[name].sources, name
+
+
+def _by_name(tmp_path: Path, name: str) -> Definition:
+    (definition,) = [d for d in _definitions(write_ecafa9c(tmp_path)) if d.name == name]
+    return definition
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gqa_paged_decode_h32_kv8_d128_ps1",  # page size 1, no kv_last_page_len
+        "gqa_paged_prefill_causal_h32_kv8_d128_ps64",  # kv_last_page_len of len_indptr entries
+        "rmsnorm_h128",  # eps 1e-6 (the bundled entries' default is 1e-5)
+    ],
+)
+def test_adapted_torch_solution_matches_the_definitions_reference(
+    tmp_path: Path, name: str
+) -> None:
+    definition = _by_name(tmp_path, name)
+    match = match_schema(definition)
+    assert not isinstance(match, str), match
+    (item,) = supply_all([definition], kinds=["torch"])
+    (solution,) = item.solutions
+    workload = small_workload(definition)
+    inputs = synthesize_inputs(definition, workload, seed=3)
+    expected = run_reference(definition, inputs)
+    got = outputs_as_dict(definition, build_solution(solution)(*inputs.values()))
+    verdict = compare_outputs(definition, expected, got)
+    assert verdict.status.value == "PASSED", verdict.reason
+
+
+def test_an_entry_that_cannot_take_the_constant_is_refused(tmp_path: Path) -> None:
+    """A reference fixing a constant the entries compute otherwise gets no solution."""
+    definition = _by_name(tmp_path, "rope_with_cos_sin_cache_neox_style_d128_rd64")
+    assert supply_all([definition])[0].supplied
+    gptj = definition.reference.replace("is_neox=True", "is_neox=False")
+    if gptj == definition.reference:
+        gptj = definition.reference.replace("IS_NEOX = True", "IS_NEOX = False")
+    changed = definition.model_copy(update={"reference": gptj})
+    if gptj != definition.reference:
+        (item,) = supply_all([changed])
+        assert not item.supplied and "is_neox" in "; ".join(item.problems)
+    else:  # its reference does not spell is_neox: it is the name's (neox_style) alone
+        assert match_schema(changed) is not None
+
+
+def test_reference_solution_is_the_reference(tmp_path: Path) -> None:
+    definition = _by_name(tmp_path, "rmsnorm_h128")
+    solution = reference_solution(definition)
+    assert solution.author == "baseline"  # FlashInfer-Bench HEAD's summary needs one
+    inputs = synthesize_inputs(definition, small_workload(definition), seed=1)
+    got = outputs_as_dict(definition, build_solution(solution)(*inputs.values()))
+    expected = run_reference(definition, inputs)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_solutions_add_writes_a_dataset_flashtune_reads(tmp_path: Path) -> None:
+    root = write_ecafa9c(tmp_path / "ds")
+    result = CliRunner().invoke(
+        app, ["solutions", "add", str(root), "--with", "flashtune,torch", "--op-type", "rmsnorm"]
+    )
+    assert result.exit_code == 0, result.output
+    ds = Dataset(root)
+    assert ds.load_all() == []
+    rmsnorm = ds.find_definitions("rmsnorm", None)
+    assert rmsnorm and all(
+        {s.name.split("@")[0] for s in ds.solutions_for(d.name)} == {"flashtune", "torch"}
+        for d in rmsnorm
+    )
+    again = CliRunner().invoke(app, ["solutions", "add", str(root), "--with", "cuda"])
+    assert again.exit_code == 2 and "--with cuda" in again.output
+
+
+@pytest.mark.slow
+def test_run_with_and_reference_only_on_cpu(tmp_path: Path) -> None:
+    """`flashtune run --with torch` and `--reference-only` on a FlashInfer-Trace definition
+    with no solution of its own (synthesized workloads: one small input set)."""
+    root = write_ecafa9c(tmp_path / "ds")
+    definition = Dataset(root).definition("rmsnorm_h128")
+    Dataset(root).add_workloads(definition, [small_workload(definition)])
+    for options, solution in (
+        (["--with", "torch"], "torch@"),
+        (["--reference-only"], "reference@"),
+    ):
+        out = tmp_path / f"out{solution}"
+        result = CliRunner().invoke(
+            app,
+            ["run", "-d", str(root), "--definitions", "rmsnorm_h128", "--devices", "cpu"]
+            + ["-q", "-o", str(out), "--no-bundled-solutions", *options],
+        )
+        assert result.exit_code == 0, result.output
+        traces = Dataset(out).all_traces()
+        assert traces and all(t.solution.startswith(solution) for t in traces)
+        assert {t.evaluation.status.value for t in traces} == {"PASSED"}
