@@ -92,6 +92,13 @@ def test_health_and_dataset_are_open(service: Service) -> None:
         assert missing.value.status == 404
 
 
+def test_served_openapi_is_the_published_one(service: Service) -> None:
+    from flashtune.serve.app import openapi_document
+
+    served = httpx.get(f"{service.url}/openapi.json").json()
+    assert served == json.loads(json.dumps(openapi_document()))
+
+
 def test_writes_and_results_need_the_token(service: Service) -> None:
     honest = solution("agent-auth", HONEST)
     for token in (None, "x" * 43):

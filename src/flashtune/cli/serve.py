@@ -77,6 +77,10 @@ class ServeCommandOptions:
         typer.Option("--timeout", help="seconds per solution and workload after its first call"),
     ] = 300.0
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn's log level")] = "info"
+    print_openapi: Annotated[
+        bool,
+        typer.Option("--print-openapi", help="print the service's OpenAPI schema (JSON) and exit"),
+    ] = False
 
 
 def serve_command(cli: ServeCommandOptions) -> None:
@@ -86,6 +90,11 @@ def serve_command(cli: ServeCommandOptions) -> None:
         from flashtune.serve.server import serve_forever
     except ImportError as exc:
         fail(f'{exc.name} is not installed; install the extra: pip install "flashtune[serve]"')
+    if cli.print_openapi:
+        from flashtune.serve.app import openapi_document
+
+        typer.echo(json.dumps(openapi_document(), indent=2, sort_keys=True))
+        return
     from flashtune.bench.evaluate import BenchConfig
     from flashtune.bench.worker import parse_devices
     from flashtune.serve.auth import TokenError, load_token

@@ -23,7 +23,7 @@ from flashtune.data.models import Solution
 from flashtune.serve.tasks import Evaluator, ServeTask, SubmissionError, TaskState
 from flashtune.serve.tools import ToolRunner
 
-__all__ = ["create_app", "API_VERSION"]
+__all__ = ["create_app", "openapi_document", "API_VERSION"]
 
 API_VERSION = "1"
 # Long polls are capped so a client cannot hold a server thread for ever.
@@ -349,3 +349,18 @@ def create_app(
         return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
 
     return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The service's OpenAPI schema, as `GET /openapi.json` serves it (nothing is started:
+    the evaluator is made over the bundled dataset and never runs). docs/serve-openapi.json
+    is this, written by `flashtune serve --print-openapi`; tests/serve keeps them equal."""
+    import tempfile
+    from pathlib import Path
+
+    from flashtune.data.dataset import bundled_root
+    from flashtune.serve.tasks import EvaluationSettings
+
+    settings = EvaluationSettings(datasets=[bundled_root()], out=Path(tempfile.gettempdir()))
+    app = create_app(Evaluator(settings), token="x" * 16, start=False)
+    return app.openapi()
