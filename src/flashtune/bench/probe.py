@@ -47,6 +47,11 @@ def write_job(
         "roots": roots,
         "calls": calls,
     }
+    # The sandbox's scratch (its only writable folder), inside the caller's folder: removed
+    # with it, whatever the probe leaves there.
+    scratch = folder / "scratch"
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    job["scratch"] = str(scratch)
     path = folder / "probe-job.json"
     path.write_text(json.dumps(job), encoding="utf-8")
     return path
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     # Into the sandbox first: before torch starts threads, before the solution is read.
     from flashtune.bench import isolation
 
-    scratch = tempfile.mkdtemp(prefix="flashtune-probe-")
+    scratch = job.get("scratch") or tempfile.mkdtemp(prefix="flashtune-probe-")
     report = isolation.enter_sandbox(scratch, [str(r) for r in job.get("roots", [])])
     sandbox = isolation.describe(report)
     stage = "build"
@@ -132,11 +137,12 @@ def main(argv: list[str] | None = None) -> int:
                 "error": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(limit=8)[-4000:],
                 "sandbox": sandbox,
+                "sandbox_report": report,
             }
         )
         sys.stdout.flush()
         os._exit(3)  # no atexit work of the solution's after this
-    _say({"ok": True, "stage": "done", "sandbox": sandbox})
+    _say({"ok": True, "stage": "done", "sandbox": sandbox, "sandbox_report": report})
     return 0
 
 

@@ -486,13 +486,13 @@ def _run(
         if on_trace is not None:
             on_trace(trace)
 
-    if opts.sanitize:  # before any timing: the gate's runs must not share the device
-        tasks = _sanitize_gate(tasks, opts, environment, record)
     per_definition: dict[str, int] = {}
     for task in tasks:
         name = task.definition.name
         per_definition[name] = per_definition.get(name, 0) + len(task.solutions)
     display.expect(total, per_definition)
+    if opts.sanitize:  # before any timing: the gate's runs must not share the device
+        tasks = _sanitize_gate(tasks, opts, environment, record)
     with display:
         pool.execute(tasks, opts.timeout, record, display)
     pool.stop()
