@@ -284,8 +284,7 @@ def create_app(
     def list_tasks(
         state: TaskState | None = Query(None, description="only tasks in this state"),
     ) -> Any:
-        tasks = list(evaluator.tasks.values())
-        return [_task_info(t, False) for t in tasks if state is None or t.state == state]
+        return [_task_info(t, False) for t in evaluator.tasks_in(state)]
 
     @app.get(
         "/tasks/{task_id}",

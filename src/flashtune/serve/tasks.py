@@ -227,6 +227,11 @@ class Evaluator:
             self._cond.notify_all()
         return task
 
+    def tasks_in(self, state: TaskState | None = None) -> list[ServeTask]:
+        """The tasks kept, oldest first (`state`: only those in it)."""
+        with self._cond:
+            return [t for t in self.tasks.values() if state is None or t.state == state]
+
     def get(self, task_id: str) -> ServeTask | None:
         with self._cond:
             return self.tasks.get(task_id)
