@@ -166,13 +166,18 @@ _DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
         MoETactic(64, StageTile(64, 64, 8, 4, 3), StageTile(128, 64, 8, 4, 3)),
     ),
 }
+# fp8: registers decide. Block scales keep a K step's partial product beside the
+# accumulator, so tiles that fit with 16-bit operands spill (ptxas -v for sm_90a on the AOT
+# compile, no GPU: gemm1 64x64x128 at 4 warps 255 registers + 52 B spilled, at 8 warps
+# 166; gemm1 128x64x128 at 8 warps 12 B spilled, 128x64x64 none (254); gemm2 128x128x128
+# at 8 warps 80 B spilled, 128x64x128 none (248), 64x128x128 none (239)).
 _DEFAULTS_FP8: dict[str, tuple[MoETactic, ...]] = {
     "medium": (
-        MoETactic(64, StageTile(64, 128, 8, 4, 4), StageTile(128, 128, 8, 4, 3)),
+        MoETactic(64, StageTile(64, 128, 8, 8, 4), StageTile(128, 128, 8, 8, 3)),
         *_DEFAULTS["medium"],
     ),
     "large": (
-        MoETactic(128, StageTile(64, 128, 8, 8, 3), StageTile(128, 128, 8, 8, 3)),
+        MoETactic(128, StageTile(64, 64, 8, 8, 3), StageTile(64, 128, 8, 8, 3)),
         *_DEFAULTS["large"],
     ),
 }

@@ -92,6 +92,16 @@ def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
+def _mma_col_scaled(acc, a, w, w_s, SWAP_AB: tl.constexpr):
+    """acc + (a @ w^T) x w_s[n]: GEMM2's K step (C carries no scale)."""
+    if SWAP_AB:
+        acc += tl.dot(w, tl.trans(a)) * w_s[:, None]
+    else:
+        acc += tl.dot(a, tl.trans(w)) * w_s[None, :]
+    return acc
+
+
+@triton.jit
 def _unswap(acc, SWAP_AB: tl.constexpr):
     """The accumulator as [M, N]."""
     if SWAP_AB:
@@ -284,8 +294,7 @@ def _moe_gemm2_kernel(
                 w = w.to(c.dtype)  # fp8 W2 upcast to C's 16-bit type; a no-op otherwise
             if QUANT == 1:
                 s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk)  # [BLOCK_N]
-                ones = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
-                acc = _mma_scaled(acc, c, w, ones, s, SWAP_AB)
+                acc = _mma_col_scaled(acc, c, w, s, SWAP_AB)
             else:
                 acc = _mma(acc, c, w, SWAP_AB)
             c_ptrs += BLOCK_K * stride_ck
