@@ -87,6 +87,11 @@ _SLUGS = {
 _BIASED = (2, 7)  # the methods that add the bias to the sigmoid scores (its own input)
 
 
+@functools.cache
+def _source_of(fn: Callable[..., Any]) -> str:
+    return textwrap.dedent(inspect.getsource(fn)).rstrip()
+
+
 @dataclass(frozen=True)
 class MoESchema(OpSchema):
     """An OpSchema whose emitted reference also defines the helpers its reference calls
@@ -99,9 +104,7 @@ class MoESchema(OpSchema):
         source = super().reference_source(call)
         head = "import math\n\nimport torch\n\n\n"
         assert source.startswith(head)
-        helpers = "".join(
-            textwrap.dedent(inspect.getsource(fn)).rstrip() + "\n\n\n" for fn in self.helpers
-        )
+        helpers = "".join(_source_of(fn) + "\n\n\n" for fn in self.helpers)
         return head + helpers + source[len(head) :]
 
     def build_definition(self, call: BoundCall) -> Definition:
