@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from flashtune.bench.config import BenchConfig
+from flashtune.bench.isolation import harden_harness
 from flashtune.bench.runner import LocalPool, RunOptions, RunResult, run_benchmark
 from flashtune.data.dataset import Dataset
 from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace
@@ -174,6 +175,9 @@ class Evaluator:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        # The service holds the token and the queue: like `flashtune run`'s runner, no other
+        # process of this user may ptrace it or read its memory.
+        harden_harness()
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._loop, name="flashtune-serve-evaluator", daemon=True
