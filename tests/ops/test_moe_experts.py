@@ -518,3 +518,99 @@ def test_autotune_cuda():
     _assert_close(
         fused_experts(x, w1, w2, ids, w, quant=q), fused_experts_torch(x, w1, w2, ids, w, quant=q)
     )
+
+
+# ------------------------------------------------------------- compiles for sm_90, no GPU
+
+# Run in a child process: the test process's kernels are the interpreter's (TRITON_INTERPRET
+# is set before triton is imported), which triton.compile cannot take.
+_AOT_CHILD = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashtune.ops.moe import kernels as K
+
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+# Arguments a real launch specializes to 1 (unit strides) and those left unaligned.
+ONES = {"stride_ah", "stride_wk", "stride_cn", "stride_ck", "stride_on", "stride_wsk", "stride_ast"}
+UNALIGNED = {"num_routes", "TOP_K", "num_experts", "offset", "num_rows", "num_blocks"}
+PTRS = {"q0": ("*bf16", "*bf16"), "q1": ("*fp8e4nv", "*fp8e4nv"), "q2": ("*fp8e4nv", "*fp8e4nv")}
+
+def compile_one(fn, ptrs, consts, warps, stages):
+    consts, sig, attrs = dict(consts), {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in ONES:
+            consts[n] = 1
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = ptrs.get(n, "*fp32")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[n] = "i32"
+            if n not in UNALIGNED:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+    spills = 0
+    if os.path.exists(PTXAS):
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+            f.write(k.asm["ptx"])
+        out = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+        spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill stores", out))
+    return spills
+
+results = []
+for q, t in json.loads(sys.argv[1]):
+    a, w = PTRS[f"q{q}"]
+    bm, bn1, bk1, g1, w1, s1, bn2, bk2, g2, w2, s2, swap = t
+    common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, BLOCK_M=bm, SWAP_AB=bool(swap))
+    p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+          "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32"}
+    c1 = dict(common, HAS_A_SCALE=q == 1, BLOCK_N=bn1, BLOCK_K=bk1, GROUP_M=g1)
+    p2 = {"c_ptr": "*bf16", "w_ptr": w, "o_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+          "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32"}
+    c2 = dict(common, BLOCK_N=bn2, BLOCK_K=bk2, GROUP_M=g2)
+    results.append([q, t, compile_one(K._moe_gemm1_swiglu_kernel, p1, c1, w1, s1),
+                    compile_one(K._moe_gemm2_kernel, p2, c2, w2, s2)])
+ids = {"topk_ids_ptr": "*i32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
+       "route_pos_ptr": "*i32", "used_ptr": "*i32"}
+compile_one(K._moe_align_kernel, ids, dict(BLOCK_M=16, NBINS=32, BLOCK=128), 8, 1)
+compile_one(K._moe_combine_kernel, {"out_ptr": "*bf16", "route_pos_ptr": "*i32"},
+            dict(BLOCK_H=1024), 4, 1)
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_without_spills():
+    """The default tactics of every mode at DeepSeek-V3 / Qwen3 regimes compile for sm_90
+    (the H200) through ptxas, with no register spills: what the interpreter cannot check."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cases = []
+    for q, (a_size, fp8_block) in enumerate([(2, False), (1, True), (1, False)]):
+        for T, K, E, inter, hidden in [(1, 8, 32, 2048, 7168), (512, 8, 32, 2048, 7168),
+                                       (4096, 8, 32, 2048, 7168), (64, 8, 128, 768, 2048)]:  # fmt: skip
+            t = cfg.default_tactic(
+                T, K, E, fp8_block=fp8_block, a_itemsize=a_size, w_itemsize=a_size,
+                inter=inter, hidden=hidden,
+            )  # fmt: skip
+            cases.append([q, list(t.as_tactic())])
+    cases = [
+        list(c) for c in dict.fromkeys(tuple(map(str, c)) and (c[0], tuple(c[1])) for c in cases)
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT_CHILD, json.dumps(cases)],
+        env=env, capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for q, tactic, spill1, spill2 in json.loads(proc.stdout.strip().splitlines()[-1]):
+        assert spill1 == 0 and spill2 == 0, f"quant {q} tactic {tactic}: spills {spill1}, {spill2}"
