@@ -67,6 +67,7 @@ from flashtune.data.models import (
     Workload,
     check_path_component,
 )
+from flashtune.data.synth import listed_inputs
 
 M = TypeVar("M", Definition, Solution)
 
@@ -540,7 +541,8 @@ class Dataset:
                     if isinstance(workload, Trace)
                     else Trace(  # in the field order, as FlashInfer-Bench writes it
                         definition=definition.name,
-                        workload=workload,
+                        # Every input listed: FlashInfer-Bench's validate refuses one left out.
+                        workload=listed_inputs(definition, workload),
                         solution=None,
                         evaluation=None,
                     )

@@ -43,6 +43,7 @@ from flashtune.data.families import (
 )
 from flashtune.data.models import (
     Definition,
+    RandomInput,
     ScalarInput,
     TensorSpec,
     Workload,
@@ -66,6 +67,7 @@ __all__ = [
     "synthesize_inputs",
     "check_constraints",
     "small_workload",
+    "listed_inputs",
     "ConstraintError",
     "InputError",
 ]
@@ -393,6 +395,28 @@ def _scalar_default(name: str, spec: TensorSpec, axes: Mapping[str, int]) -> Any
     if spec.dtype == "bool":
         return False
     return 1
+
+
+def listed_inputs(definition: Definition, workload: Workload) -> Workload:
+    """The workload with every input of the definition listed, as FlashInfer-Bench's current
+    validate requires: a tensor it leaves out as `{"type": "random"}` (what flashtune draws
+    for it either way), a scalar as `{"type": "scalar", "value": ...}` with the value flashtune
+    would use (sm_scale: 1/sqrt(head_dim)), so the workload means what it meant."""
+    missing = [name for name in definition.inputs if name not in workload.inputs]
+    if not missing:
+        return workload
+    axes = {**definition.const_axes, **workload.axes}
+    listed: dict[str, Any] = dict(workload.inputs)
+    for name in missing:
+        spec = definition.inputs[name]
+        if spec.shape is None:
+            listed[name] = ScalarInput(type="scalar", value=_scalar_default(name, spec, axes))
+        else:
+            listed[name] = RandomInput(type="random")
+    # In the definition's order, as FlashInfer-Bench writes them.
+    ordered = {n: listed[n] for n in definition.inputs}
+    ordered.update({n: v for n, v in listed.items() if n not in ordered})
+    return workload.model_copy(update={"inputs": ordered})
 
 
 def _input_order(definition: Definition) -> list[str]:
