@@ -28,6 +28,7 @@ from flashtune.ops.bundle import (
     runs_the_op,
 )
 from flashtune.ops.bundle.workloads import token_sweep
+from flashtune.ops.moe.schema import MoEKey, schema_of
 
 TOKENS = [1, 8, 64, 512, 4096]  # seq_len: decode steps to prefill chunks
 DS_MODELS = ("mini-moe-ds",)
@@ -181,6 +182,13 @@ _FLASHTUNE = (
 _TORCH = f"{TORCH_EAGER} The op's reference (ops.moe.reference): a loop over experts, fp32."
 
 
+def _prefix(variant: str, method: int, top_k: int, n_group: int = 1, topk_group: int = 1) -> str:
+    """The name prefix of the schema of a variant's calls with these routing constants."""
+    return schema_of(
+        MoEKey(variant, method, top_k, n_group, topk_group, 64, 8, 256, 128)
+    ).name_prefix
+
+
 def _op(
     prefix: str,
     models: tuple[str, ...],
@@ -201,28 +209,28 @@ def _op(
 
 BUNDLED = (
     _op(
-        f"moe_fp8_block_scale_ds_routing_topk{DS_TOP_K}_ng{DS_N_GROUP}_kg{DS_TOPK_GROUP}",
+        _prefix("ds", _DS, DS_TOP_K, DS_N_GROUP, DS_TOPK_GROUP),
         DS_MODELS,
         flashtune_moe_fp8_block_scale_ds_routing,
         torch_moe_fp8_block_scale_ds_routing,
         "fused_moe.trtllm_fp8_block_scale_moe, DeepSeekV3 routing",
     ),
     _op(
-        f"moe_fp8_block_scale_renorm_topk{RENORM_TOP_K}",
+        _prefix("renorm", _RENORMALIZE, RENORM_TOP_K),
         RENORM_MODELS,
         flashtune_moe_fp8_block_scale_renorm,
         torch_moe_fp8_block_scale_renorm,
         "fused_moe.trtllm_fp8_block_scale_moe, Renormalize routing",
     ),
     _op(
-        f"trtllm_fp8_per_tensor_scale_moe_topk{RENORM_TOP_K}",
+        _prefix("per_tensor", _RENORMALIZE, RENORM_TOP_K),
         RENORM_MODELS,
         flashtune_moe_fp8_per_tensor_renorm,
         torch_moe_fp8_per_tensor_renorm,
         "fused_moe.trtllm_fp8_per_tensor_scale_moe, Renormalize routing",
     ),
     _op(
-        f"trtllm_bf16_moe_renormalize_routing_topk{RENORM_TOP_K}",
+        _prefix("bf16", _RENORMALIZE, RENORM_TOP_K),
         RENORM_MODELS,
         flashtune_moe_bf16_renormalize,
         torch_moe_bf16_renormalize,
