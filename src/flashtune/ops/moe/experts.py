@@ -204,9 +204,15 @@ def _check(
             "output2_scales_scalar": (quant.output2_scales_scalar, (E,)),
         }
         s = quant.hidden_states_scale
-        if s is not None and s.numel() != 1:
+        if s is not None and (s.numel() != 1 or not s.is_floating_point()):
             raise ValueError(
-                f"fp8_per_tensor's hidden_states_scale must be one value, got shape {tuple(s.shape)}"
+                "fp8_per_tensor's hidden_states_scale must be one float value, got "
+                f"shape {tuple(s.shape)} {s.dtype}"
+            )
+        if s is not None and s.device != hidden_states.device:
+            raise ValueError(
+                f"quant.hidden_states_scale is on {s.device}, hidden_states on "
+                f"{hidden_states.device}"
             )
     else:
         raise ValueError(
@@ -342,8 +348,8 @@ def fused_experts_triton(
 ) -> torch.Tensor:
     """The Triton path (inputs already checked): align, GEMM1 + SwiGLU, GEMM2, combine.
 
-    No host sync (the grids are bounds computed from shapes; programs of M-blocks past the
-    last expert's rows return at once), so the call can be captured in a CUDA graph."""
+    No host sync (the grids are sized from shapes; the persistent GEMM programs read how
+    many M-blocks hold routes on the device), so the call can be captured in a CUDA graph."""
     T, H = hidden_states.shape
     E, two_i, _ = gemm1_weights.shape
     inter = two_i // 2
