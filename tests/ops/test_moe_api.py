@@ -354,3 +354,27 @@ def test_capture_records_a_moe_call_under_its_definition(tmp_path):
     assert record.workload.axes == {"seq_len": 3}
     assert record.workload.inputs["local_expert_offset"].value == 4
     assert record.workload.inputs["routed_scaling_factor"].value == 2.5
+
+
+def test_moe_calls_are_tune_targets():
+    """`flashtune tune --ops trtllm_bf16_moe,...`: the MoE examples are re-made at any token
+    count (their constraints read shapes only), fp8 operands kept fp8."""
+    from flashtune.cli.tune import tune_targets_for
+
+    targets = tune_targets_for("mini-moe")
+    assert {
+        "moe_fp8_block_scale_renorm_topk4",
+        "trtllm_fp8_per_tensor_scale_moe_topk4",
+        "trtllm_bf16_moe_renormalize_routing_topk4",
+    } <= set(targets)
+    (call,) = targets["moe_fp8_block_scale_renorm_topk4"]
+    arguments = call.arguments(5, torch.bfloat16, "cpu")
+    assert arguments["hidden_states"].shape == (5, 256)
+    assert arguments["hidden_states"].dtype == F8
+    assert arguments["hidden_states_scale"].shape == (2, 5)
+    assert arguments["gemm1_weights"].shape == (32, 256, 256)
+    assert arguments["top_k"] == 4 and arguments["routing_method_type"] == 1
+    (bf16,) = targets["trtllm_bf16_moe_renormalize_routing_topk4"]
+    args = bf16.arguments(3, torch.bfloat16, "cpu")
+    out = bf16.op(**{**args, "gemm1_weights": args["gemm1_weights"] * 0.05})
+    assert out.shape == (3, 256) and out.dtype == torch.bfloat16 and out.float().abs().sum() > 0

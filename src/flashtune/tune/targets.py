@@ -7,8 +7,8 @@ dimension (the first var axis of its inputs), and which input dtypes are fixed. 
 public op asks the autotuner, which profiles the bucket.
 
 An op is a target when each of its inputs is a plain argument (not an attribute of a planned
-wrapper) and no constraint reads an input's values: index tensors such as a page table
-cannot be made up at another size. Targets are named by their schema's name prefix, the
+wrapper) and no constraint reads an input's values (its shape is fine): index tensors such as
+a page table cannot be made up at another size. Targets are named by their schema's name prefix, the
 start of their Definitions' names (rmsnorm, gemm, silu_and_mul, ...).
 """
 
@@ -75,16 +75,25 @@ def token_axis(schema: OpSchema) -> str | None:
     return next((a for a, spec in schema.axes.items() if isinstance(spec, Var) and a in dims), None)
 
 
+def _reads_values(constraint: str) -> set[str]:
+    """The names a constraint reads other than through `.shape` (a MoE definition's
+    `gemm1_weights.shape[1] == 2 * intermediate_size` holds for tensors made from the axes)."""
+    tree = ast.parse(constraint, mode="eval")
+    shapes = {
+        id(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr == "shape" and isinstance(n.value, ast.Name)
+    }
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in shapes}
+
+
 def _tunable(call: BoundCall) -> str | None:
     """The call's token axis when it can be re-made at another size (see the docstring)."""
     schema = call.schema
     if any("." in schema.param_of(name) for name in schema.inputs):
         return None
     for constraint in schema.constraints:
-        names = {
-            n.id for n in ast.walk(ast.parse(constraint, mode="eval")) if isinstance(n, ast.Name)
-        }
-        if names & set(schema.inputs):
+        if _reads_values(constraint) & set(schema.inputs):
             return None
     input_params = {schema.param_of(name) for name in call.inputs}
     for param, value in call.bound.items():
