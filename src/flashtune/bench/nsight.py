@@ -45,6 +45,7 @@ __all__ = [
     "ncu_summary",
     "parse_ncu_csv",
     "summarize_kernels",
+    "unavailable_reason",
 ]
 
 _FLOP_COUNTERS = {
@@ -242,6 +243,19 @@ def find_ncu() -> str | None:
     return None
 
 
+def unavailable_reason(device: str, executable: str | None) -> str | None:
+    """Why Nsight Compute cannot profile here (None: it can)."""
+    if not device.startswith("cuda"):
+        return f"Nsight Compute profiles GPU kernels; the device is {device!r}"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    if executable is None:
+        return "ncu (Nsight Compute) is not installed (not on PATH, nor CUDA_HOME/bin)"
+    return None
+
+
 @dataclass
 class NcuResult:
     status: str  # "ok", "unavailable", "error"
@@ -278,17 +292,11 @@ def ncu_summary(
     whose name matches (ncu's --kernel-name regex:)."""
     executable = executable or find_ncu()
     result = NcuResult("unavailable", solution.name, definition.name, workload.uuid)
-    if not device.startswith("cuda"):
-        result.detail = f"Nsight Compute profiles GPU kernels; the device is {device!r}"
+    why = unavailable_reason(device, executable)
+    if why is not None:
+        result.detail = why
         return result
-    import torch
-
-    if not torch.cuda.is_available():
-        result.detail = "no CUDA device is visible"
-        return result
-    if executable is None:
-        result.detail = "ncu (Nsight Compute) is not installed (not on PATH, nor CUDA_HOME/bin)"
-        return result
+    assert executable is not None  # unavailable_reason said so
     with tempfile.TemporaryDirectory(prefix="flashtune-ncu-") as folder:
         job = write_job(
             Path(folder), definition, workload, solution, device, [str(r) for r in roots]

@@ -299,7 +299,13 @@ def sanitize(
             if probe is not None:
                 result.sandbox = probe.get("sandbox") or result.sandbox
             verdict = report.verdict
-            if verdict == "pass" and (probe is None or not probe.get("ok")):
+            if verdict == "error":
+                # No summary: the tool itself failed (it could not start or reach its target,
+                # e.g. a channel the sandbox's network layers close). Its last words say which.
+                tail = [line for line in output.splitlines() if line.startswith(("=====", "=="))]
+                said = " | ".join(tail[-4:]) or output.strip()[-300:]
+                details.append(f"{tool}: no summary (exit {done.returncode}): {said}")
+            elif verdict == "pass" and (probe is None or not probe.get("ok")):
                 # The tool saw nothing, but the calls did not complete: not a pass.
                 verdict = "error"
                 details.append(
