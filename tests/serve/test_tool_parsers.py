@@ -38,10 +38,15 @@ FLASHTUNE-PROBE {"ok": false, "stage": "call", "error": "RuntimeError: CUDA erro
 =========     Address 0x7f6510c00200 is out of bounds
 =========     and is 1 bytes after the nearest allocation at 0x7f6510c00000 of size 512 bytes
 =========
+========= Invalid __global__ write of size 16 bytes
+=========     at 0x2c0 in _triton_store_kernel
+=========     by thread (3,0,0) in block (7,0,0)
+=========     Address 0x7f6510e00000 is out of bounds
+=========
 ========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call to cudaStreamSynchronize.
 =========     Saved host backtrace up to driver entry point at error
 =========
-========= ERROR SUMMARY: 3 errors
+========= ERROR SUMMARY: 4 errors
 """
 
 MEMCHECK_CLEAN = """\
@@ -88,12 +93,13 @@ BROKEN_TOOL = """\
 
 def test_memcheck_out_of_bounds_fails_and_names_the_kernels() -> None:
     report = parse_sanitizer_output(MEMCHECK_OOB, "memcheck")
-    assert report.errors == 3
+    assert report.errors == 4
     assert report.verdict == "fail"
     kinds = [(f.kind, f.kernel, f.size) for f in report.findings]
     assert kinds == [
         ("misaligned", "unaligned_kernel()", 4),
         ("out_of_bounds", "_oob_copy_kernel", 2),
+        ("out_of_bounds", "_triton_store_kernel", 16),
         ("api_error", None, None),
     ]
 

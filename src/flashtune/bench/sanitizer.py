@@ -118,7 +118,10 @@ def _kernel_of(where: str, file: str | None) -> str | None:
     where = where.strip()
     if where.startswith("0x"):
         named = _FILE_LINE_NAME.match(file or "")
-        return named["name"].strip() if named else None
+        if named:
+            return named["name"].strip()
+        # No line information (a Triton kernel without -lineinfo): "at 0x1b0 in _kernel".
+        return file.strip() if file and "/" not in file and ":" not in file else None
     return re.sub(r"\+0x[0-9a-fA-F]+$", "", where) or None
 
 
