@@ -597,7 +597,8 @@ def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
         return MoEKey(
             "bf16", method, top_k, n_group, topk_group, num_experts, num_local, hidden, inter
         )
-    name = RoutingMethodType(method).name if method in set(RoutingMethodType) else method
+    known = method in set(RoutingMethodType)
+    name = RoutingMethodType(method).name if known else f"routing_method_type {method}"
     raise _refuse(f"{api} MoE with {name} routing")
 
 
