@@ -49,7 +49,7 @@ class DefinitionInfo(BaseModel):
 
 
 class EvaluateRequest(BaseModel):
-    solution: dict[str, Any] = Field(
+    solution: Solution = Field(
         description="a Solution in the FlashInfer-Trace format (name, definition, author, "
         "spec, sources)"
     )
@@ -73,7 +73,7 @@ class TaskInfo(BaseModel):
 
 
 class ToolRequest(BaseModel):
-    solution: dict[str, Any] = Field(description="a Solution in the FlashInfer-Trace format")
+    solution: Solution = Field(description="a Solution in the FlashInfer-Trace format")
     workload: str | None = Field(
         None, description="a workload uuid of the solution's definition; default: the smallest"
     )
@@ -194,12 +194,6 @@ def create_app(
     def refuse(exc: SubmissionError) -> HTTPException:
         return HTTPException(status_code=exc.status, detail=str(exc))
 
-    def parse_solution(raw: dict[str, Any]) -> Solution:
-        try:
-            return Solution.model_validate(raw)
-        except ValueError as exc:
-            raise HTTPException(status_code=422, detail=f"not a valid Solution: {exc}") from None
-
     def known_definition(name: str) -> Any:
         definition = evaluator.definitions().get(name)
         if definition is None:
@@ -269,7 +263,7 @@ def create_app(
     def evaluate(request: EvaluateRequest) -> Any:
         """Queue a solution for evaluation; poll GET /tasks/{task_id} for its traces."""
         try:
-            task = evaluator.submit(parse_solution(request.solution))
+            task = evaluator.submit(request.solution)
         except SubmissionError as exc:
             raise refuse(exc) from None
         return _task_info(task, with_traces=False)
@@ -323,7 +317,7 @@ def create_app(
     def sanitize(request: ToolRequest) -> dict[str, Any]:
         """compute-sanitizer (memcheck, racecheck, initcheck) on one call of the solution,
         in the sandbox: a verdict of "pass", "fail", "unavailable" or "error"."""
-        solution = parse_solution(request.solution)
+        solution = request.solution
         known_definition(solution.definition)
         try:
             report = tools.sanitize(solution, request.workload, request.tools)
@@ -335,7 +329,7 @@ def create_app(
     def ncu(request: ToolRequest) -> dict[str, Any]:
         """Nsight Compute summary of the solution's kernels on one call: time, achieved
         DRAM bandwidth and FLOP/s, each against the device's peak."""
-        solution = parse_solution(request.solution)
+        solution = request.solution
         known_definition(solution.definition)
         try:
             report = tools.ncu(solution, request.workload)
