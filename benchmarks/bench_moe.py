@@ -16,6 +16,10 @@ Solutions:
   touched experts, with the weights dequantized to bf16 ahead of time and the routes sorted
   per expert outside the timed region (the baseline is given its routing for free; its
   weights are twice the bytes of fp8).
+- torch_grouped: torch's grouped GEMM (`torch._grouped_mm`, CUTLASS on Hopper) for both
+  projections over the routes sorted by expert, SwiGLU between them and a weighted
+  index_add_ combine; bf16 weights (torch has no grouped GEMM for DeepSeek's block-scaled
+  fp8), the same free routing as `torch`. The stronger of the two torch peers is the bar.
 
 Timing: flashtune.timing.measure in CUDA graphs (each graph replays one call per input
 set). Input sets rotate routings and activations over shared weights, so the experts a
@@ -47,7 +51,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RowWriter, Selection, copy_bandwidth_gbs  # noqa: E402
+from common import RowWriter, Selection, copy_bandwidth_gbs, try_peer  # noqa: E402
 
 from flashtune.ops.moe import config as cfg  # noqa: E402
 from flashtune.ops.moe.experts import (  # noqa: E402
@@ -179,7 +183,23 @@ def make_set(case: Case, T: int, dev: torch.device, scales: dict) -> dict[str, A
     for e in torch.unique(local[(local >= 0) & (local < case.E)]).tolist():
         tok, kk = torch.nonzero(local == e, as_tuple=True)
         plan.append((e, tok, w[tok, kk].unsqueeze(1)))
-    return {"x": xq, "ids": ids, "w": w, "quant": quant, "x_deq": x_deq, "plan": plan}
+    # The grouped peer's routing: every local route sorted by expert, with the group ends
+    # (`offs`, one per local expert, empty groups allowed) that torch._grouped_mm takes.
+    tok_sorted = torch.cat([tok for _, tok, _ in plan]) if plan else ids.new_zeros(0).long()
+    w_sorted = torch.cat([wt for _, _, wt in plan]) if plan else w.new_zeros(0, 1)
+    counts = torch.zeros(case.E, dtype=torch.int32, device=dev)
+    for e, tok, _ in plan:
+        counts[e] = tok.numel()
+    grouped = (tok_sorted, w_sorted, counts.cumsum(0, dtype=torch.int32))
+    return {
+        "x": xq,
+        "ids": ids,
+        "w": w,
+        "quant": quant,
+        "x_deq": x_deq,
+        "plan": plan,
+        "grouped": grouped,
+    }
 
 
 def torch_baseline(x_deq, plan, w13, w2, out32, I):  # noqa: E741
@@ -189,6 +209,18 @@ def torch_baseline(x_deq, plan, w13, w2, out32, I):  # noqa: E741
         g = x_deq[tok] @ w13[e].t()
         c = torch.nn.functional.silu(g[:, I:]) * g[:, :I]
         out32.index_add_(0, tok, (c @ w2[e].t()).float() * wt)
+    return out32.to(torch.bfloat16)
+
+
+def torch_grouped(x_deq, grouped, w13t, w2t, out32, I):  # noqa: E741
+    """torch._grouped_mm over the routes sorted by expert (weights [E, K, N] column-major,
+    the layout its Hopper kernel takes: a transposed view of the stored [E, N, K])."""
+    tok, wt, offs = grouped
+    g = torch._grouped_mm(x_deq[tok], w13t, offs=offs)
+    c = torch.nn.functional.silu(g[:, I:]) * g[:, :I]
+    o = torch._grouped_mm(c, w2t, offs=offs)
+    out32.zero_()
+    out32.index_add_(0, tok, o.float() * wt)
     return out32.to(torch.bfloat16)
 
 
@@ -283,9 +315,26 @@ def run_case(case, T, dev, weights, sel: Selection, writer: RowWriter | None, ta
     out = base(*base_sets[0])
     results["torch"] = (timed(base, base_sets, calls), rel_err(out, ref), None, None)
 
+    d1t, d2t = d1.transpose(1, 2), d2.transpose(1, 2)
+
+    def grouped(x_deq, routes):
+        return torch_grouped(x_deq, routes, d1t, d2t, out32, case.I)
+
+    grouped_sets = [[s["x_deq"], s["grouped"]] for s in sets]
+    if hasattr(torch, "_grouped_mm") and try_peer(
+        "torch_grouped", lambda: grouped(*grouped_sets[0])
+    ):
+        out = grouped(*grouped_sets[0])
+        results["torch_grouped"] = (
+            timed(grouped, grouped_sets, calls),
+            rel_err(out, ref),
+            None,
+            None,
+        )
+
     line = [f"{key:40s} touched {touched:5.1f}"]
     for name, (ms, err, tactic, sel_ms) in results.items():
-        nbytes = touched * 3 * case.H * case.I * (2 if name == "torch" else elem)
+        nbytes = touched * 3 * case.H * case.I * (2 if name.startswith("torch") else elem)
         writer.write(
             OP,
             case.shape(T),
