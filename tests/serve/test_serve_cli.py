@@ -68,3 +68,10 @@ def test_print_openapi_is_the_committed_schema() -> None:
     result = CliRunner().invoke(cli_app, ["serve", "--print-openapi"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == json.loads(DOC.read_text(encoding="utf-8"))
+
+
+def test_the_client_imports_without_torch() -> None:
+    # An agent's process talks HTTP: the client must not pull in torch (4 s, gigabytes).
+    code = "import sys, flashtune.serve.client; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr

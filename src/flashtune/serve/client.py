@@ -8,18 +8,19 @@
         print(done["verdict"], [t["evaluation"]["status"] for t in done["traces"]])
 
 Every method returns the service's JSON; an HTTP error raises `ServeError` with the status
-code and the service's `detail`.
+code and the service's `detail`. Importing this module imports httpx alone (not torch).
 """
 
 from __future__ import annotations
 
 import time
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from flashtune.data.models import Solution
+if TYPE_CHECKING:  # the data layer imports torch: a client needs only httpx
+    from flashtune.data.models import Solution
 
 __all__ = ["ServeClient", "ServeError", "TERMINAL_STATES"]
 
@@ -36,9 +37,9 @@ class ServeError(RuntimeError):
 
 
 def _solution_json(solution: Solution | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(solution, Solution):
-        return solution.model_dump(mode="json", exclude_none=True)
-    return dict(solution)
+    if isinstance(solution, dict):
+        return dict(solution)
+    return solution.model_dump(mode="json", exclude_none=True)
 
 
 class ServeClient:
