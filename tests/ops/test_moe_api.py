@@ -185,9 +185,13 @@ def _block_args(tokens: int, experts: int, hidden: int, inter: int, local: int, 
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Within 3% of the reference's norm, and 5% of its largest value everywhere: the fp8
+    kernels may round GEMM1's output to fp8 before GEMM2 (experts.py)."""
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
-    assert want.float().abs().max() > 0  # some token reached this rank's experts
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    g, w = got.float(), want.float()
+    assert w.abs().max() > 0  # some token reached this rank's experts
+    assert (g - w).norm() <= 3e-2 * w.norm(), ((g - w).norm() / w.norm()).item()
+    assert (g - w).abs().max() <= 5e-2 * w.abs().max()
 
 
 @pytest.mark.parametrize(("local", "offset"), [(8, 0), (2, 4)])
@@ -338,14 +342,16 @@ def test_fp8_block_scale_moe_on_gpu_matches_the_reference(tokens):
 
 def test_capture_records_a_moe_call_under_its_definition(tmp_path):
     """A DeepSeek-routed call (EP: the second rank) is captured under its FlashInfer-Trace
-    name, its scalars as given; a Default-routed call (no Definition) runs uncaptured."""
+    name, its scalars as given; a call with routing_replay_out (no Definition lists that
+    output) runs uncaptured."""
     from flashtune.capture import capture
     from flashtune.data import Dataset
 
     args = _block_args(3, 8, 128, 128, 2, 4, seed=5)
     with capture(dataset=tmp_path):
         trtllm_fp8_block_scale_moe(*args, routing_method_type=2)
-        trtllm_fp8_block_scale_moe(*args, routing_method_type=0)
+        replay = torch.empty(3, 4, dtype=torch.int16)
+        trtllm_fp8_block_scale_moe(*args, routing_method_type=2, routing_replay_out=replay)
     ds = Dataset(tmp_path)
     assert ds.load_all() == []
     (name,) = ds.definitions

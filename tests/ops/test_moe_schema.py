@@ -221,13 +221,51 @@ def test_calls_no_definition_describes_are_refused():
     key = MoEKey("renorm", 1, 4, 1, 1, 32, 32, 256, 128)
     ((op, args, kwargs),) = [e for e in moe_examples(MODELS["mini-moe"]) if e[0] is op_block()]
     assert op.definition(*args, **kwargs).name == schema_of(key).name_prefix + "_e32_h256_i128"
-    bias = meta_tensor(32)
-    with pytest.raises(ValueError, match="Renormalize routing with a bias"):
-        op.definition(args[0], bias, *args[2:], **kwargs)
-    with pytest.raises(ValueError, match="Default routing"):
-        op.definition(*args, routing_method_type=0)
     with pytest.raises(ValueError, match="use_shuffled_weight"):
         op.definition(*args, **kwargs, use_shuffled_weight=True)
+    with pytest.raises(ValueError, match="routing_replay_out"):
+        op.definition(*args, **kwargs, routing_replay_out=meta_tensor(5, 4))
+    from flashtune.ops.moe import trtllm_fp8_per_tensor_scale_moe as per_tensor
+
+    ((op, args, kwargs),) = [e for e in moe_examples(MODELS["mini-moe"]) if e[0] is per_tensor]
+    with pytest.raises(ValueError, match="fp8_per_tensor MoE with Default routing"):
+        op.definition(*args, routing_method_type=0)
+
+
+def test_other_block_scale_routings_are_flashinfers_template_definitions():
+    """Block-scale calls of the other routing methods (and Renormalize calls the renorm
+    Definitions do not describe: a bias, experts of other ranks) are named and laid out as
+    FlashInfer's trace templates: top_k an axis and an input, an optional bias."""
+    ((op, args, kwargs),) = [e for e in moe_examples(MODELS["mini-moe"]) if e[0] is op_block()]
+    names = {m: op.definition(*args, routing_method_type=m).name for m in (0, 3, 4, 5) if m != 3}
+    assert names == {
+        0: "moe_fp8_block_scale_default_routing_topk4_e32_h256_i128",
+        4: "moe_fp8_block_scale_renormalize_naive_routing_topk4_e32_h256_i128",
+        5: "moe_fp8_block_scale_topk_routing_topk4_e32_h256_i128",
+    }
+    biased = op.definition(args[0], meta_tensor(32), *args[2:], **kwargs)
+    assert biased.name == "moe_fp8_block_scale_renormalize_routing_topk4_e32_h256_i128"
+    assert list(biased.inputs)[:2] == ["routing_logits", "routing_bias"]
+    assert {"top_k", "local_expert_offset", "routed_scaling_factor"} <= set(biased.inputs)
+    assert biased.description == "FP8 block scale MoE with Renormalize routing (TopK → Softmax)."
+    llama4 = op.definition(*args[:9], 1, *args[10:], routing_method_type=3)
+    assert llama4.name == "moe_fp8_block_scale_llama4_routing_topk1_e32_h256_i128"
+    # The emitted reference runs and computes what the API does (Default routing, EP 1).
+    d = op.definition(*args, routing_method_type=0)
+    inputs = {**_draw_inputs(d, 5, 0), "top_k": 4}  # a scalar input: the workload's value
+    from flashtune.ops.moe import trtllm_fp8_block_scale_moe as api
+
+    want = run_reference(d, inputs)["output"]
+    got = api(
+        inputs["routing_logits"], None, inputs["hidden_states"], inputs["hidden_states_scale"],
+        inputs["gemm1_weights"], inputs["gemm1_weights_scale"], inputs["gemm2_weights"],
+        inputs["gemm2_weights_scale"], 32, 4, None, None, 128, 0, 32, 2.5,
+        routing_method_type=0,
+    )  # fmt: skip
+    assert want.float().abs().sum() > 0
+    # The kernels may round GEMM1's output to fp8 for GEMM2 (experts.py): a norm bound
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err < 3e-2, err
 
 
 def op_block():

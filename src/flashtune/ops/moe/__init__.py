@@ -483,7 +483,9 @@ def trtllm_bf16_moe(
     )  # fmt: skip
 
 
-trtllm_fp8_block_scale_moe = _MoEOp(trtllm_fp8_block_scale_moe, "fp8_block", ("ds", "renorm"))
+trtllm_fp8_block_scale_moe = _MoEOp(
+    trtllm_fp8_block_scale_moe, "fp8_block", ("ds", "renorm", "standard")
+)
 trtllm_fp8_per_tensor_scale_moe = _MoEOp(
     trtllm_fp8_per_tensor_scale_moe, "fp8_per_tensor", ("per_tensor",)
 )

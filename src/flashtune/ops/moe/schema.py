@@ -9,11 +9,15 @@ the name (topk8_ng8_kg4) though no axis holds them; so a call's schema is made f
 (variant, top_k, n_group, topk_group, expert counts and sizes; `schema_for_call`):
 - `ds`: trtllm_fp8_block_scale_moe with DeepSeekV3 routing (any expert parallelism);
 - `renorm`: trtllm_fp8_block_scale_moe with Renormalize routing, all experts local, no bias;
+- `standard`: trtllm_fp8_block_scale_moe with any other routing method (and Renormalize calls
+  the renorm Definitions do not describe), as FlashInfer's trace templates name and lay them
+  out (`moe_fp8_block_scale_default_routing_topk8_e32_h7168_i2048`, ...);
 - `per_tensor`: trtllm_fp8_per_tensor_scale_moe with Renormalize or Llama4 routing (Llama4's
   bias and scaling factor unread, its weight on the input), all experts local;
 - `bf16`: trtllm_bf16_moe with any routing method (flashtune's own Definitions, named as
   `trtllm_bf16_moe_<method>_routing_topk8[_ng8_kg4]_e.._h.._i..`: FlashInfer-Trace has none).
-Other calls (other routing methods, fused shared experts, SwiGLU variants) have no Definition:
+Other calls (per-tensor routings other than those, fused shared experts, SwiGLU variants)
+have no Definition:
 `schema_for_call` raises ValueError and capture, apply and the dump leave them to the op.
 
 Descriptions are the corpus's: verbatim for the shapes it has (DeepSeek-V3 at EP 8, Kimi K2
@@ -67,6 +71,7 @@ VARIANT_PREFIXES = {
     "renorm": "moe_fp8_block_scale_renorm",
     "per_tensor": "trtllm_fp8_per_tensor_scale_moe",
     "bf16": "trtllm_bf16_moe",
+    "standard": "moe_fp8_block_scale",
 }
 BF16_FI_API = "fi_api:flashinfer.fused_moe.trtllm_bf16_moe"
 _BLOCK = 128
@@ -117,7 +122,7 @@ class MoEKey:
     """What fixes a MoE call's schema: the variant (see the module docstring), the routing
     constants its name carries, and the expert counts and sizes its descriptions name."""
 
-    variant: str  # "ds" | "renorm" | "per_tensor" | "bf16"
+    variant: str  # "ds" | "renorm" | "per_tensor" | "bf16" | "standard"
     routing_method_type: int
     top_k: int
     n_group: int
@@ -339,6 +344,112 @@ def _block_schema(key: MoEKey) -> MoESchema:
     )
 
 
+def _standard_schema(key: MoEKey) -> MoESchema:
+    """The block-scale calls of the other routing methods (and Renormalize calls the renorm
+    Definitions do not describe), as FlashInfer's trace templates define them
+    (`moe_fp8_block_scale_<method>_routing_topk8_e32_h7168_i2048`: top_k an axis and an
+    input, an optional bias)."""
+    method = key.routing_method_type
+    blocks = "Number of quantized blocks along the {} dimension (block_size=128)."
+    experts = ["num_local_experts"]
+    scale = "Block-wise scaling factors for {}."
+    name = RoutingMethodType(method).name
+    return MoESchema(
+        op_type="moe",
+        name_prefix=f"{VARIANT_PREFIXES['standard']}_{_SLUGS[method]}_routing",
+        axes={
+            "seq_len": Var("Sequence length (number of tokens)"),
+            "num_experts": Const("Total number of experts."),
+            "top_k": Const(
+                "Number of experts to route to per token.", abbrev="topk", param="top_k"
+            ),
+            "num_local_experts": Const("Number of local experts.", abbrev="e"),
+            "hidden_size": Const("Hidden dimension size.", abbrev="h"),
+            "intermediate_size": Const("MoE intermediate layer size.", abbrev="i"),
+            "gemm1_out_size": Const(
+                "Output size of the first GEMM (W13). Should be 2 * intermediate_size."
+            ),
+            "num_hidden_blocks": Const(blocks.format("hidden_size")),
+            "num_intermediate_blocks": Const(blocks.format("intermediate_size")),
+            "num_gemm1_out_blocks": Const(blocks.format("gemm1_out_size")),
+        },
+        inputs={
+            "routing_logits": Tensor(
+                ["seq_len", "num_experts"],
+                dtype_from="routing_logits",
+                description="Routing logits for expert selection.",
+            ),
+            "routing_bias": Tensor(
+                ["num_experts"],
+                dtype_from="routing_bias",
+                optional=True,
+                description="Bias added to logits before routing. Pass None for no bias.",
+            ),
+            "hidden_states": Tensor(
+                ["seq_len", "hidden_size"],
+                dtype_from="hidden_states",
+                description="Input hidden states tensor (FP8 quantized).",
+            ),
+            "hidden_states_scale": Tensor(
+                ["num_hidden_blocks", "seq_len"],
+                dtype="float32",
+                description=scale.format("hidden states"),
+            ),
+            "gemm1_weights": Tensor(
+                [*experts, "gemm1_out_size", "hidden_size"],
+                dtype_from="gemm1_weights",
+                description="First GEMM weights for all local experts (gate and up projections).",
+            ),
+            "gemm1_weights_scale": Tensor(
+                [*experts, "num_gemm1_out_blocks", "num_hidden_blocks"],
+                dtype="float32",
+                description=scale.format("first GEMM weights"),
+            ),
+            "gemm2_weights": Tensor(
+                [*experts, "hidden_size", "intermediate_size"],
+                dtype_from="gemm2_weights",
+                description="Second GEMM weights for all local experts (down projection).",
+            ),
+            "gemm2_weights_scale": Tensor(
+                [*experts, "num_hidden_blocks", "num_intermediate_blocks"],
+                dtype="float32",
+                description=scale.format("second GEMM weights"),
+            ),
+            "top_k": Scalar("int32", description="Number of experts to route to per token."),
+            "local_expert_offset": Scalar(
+                "int32", description="Offset of local experts in global expert space."
+            ),
+            "routed_scaling_factor": Scalar(
+                "float32", description="Scaling factor applied to routing weights."
+            ),
+        },
+        outputs={
+            "output": Tensor(
+                ["seq_len", "hidden_size"], dtype="bfloat16", description="Final MoE output tensor."
+            )
+        },
+        reference=moe_fp8_block_scale_ref,
+        tags=[_QUANT_TAG, BLOCK_FI_API, f"ep:{key.expert_parallel}"],
+        description=f"FP8 block scale MoE with {name} routing ({_ROUTING_STEPS[method]}).",
+        bound=("routing_method_type",),
+        helpers=(select_experts, run_experts_ref),
+    )
+
+
+# FlashInfer's one-line account of each routing method (its trace templates' descriptions).
+_ROUTING_STEPS = {
+    0: "Softmax → TopK",
+    1: "TopK → Softmax",
+    3: "Top1 → Sigmoid",
+    4: "Softmax → TopK → Renormalize",
+    5: "TopK only, uniform weights",
+    6: "Sigmoid → TopK → Renormalize",
+    7: "Sigmoid + Bias → TopK → ScaledSumNormalize",
+    8: "Sigmoid → TopK",
+    9: "TopK → Sigmoid",
+}
+
+
 def _per_tensor_schema(key: MoEKey) -> MoESchema:
     llama4 = key.routing_method_type == RoutingMethodType.Llama4
     experts = ["num_experts"]
@@ -492,6 +603,8 @@ def schema_of(key: MoEKey) -> MoESchema:
     """The schema of calls with this key (made once per key)."""
     if key.variant == "bf16":
         return _bf16_schema(key)
+    if key.variant == "standard":
+        return _standard_schema(key)
     return _per_tensor_schema(key) if key.variant == "per_tensor" else _block_schema(key)
 
 
@@ -501,6 +614,7 @@ _REPRESENTATIVE = {
     "renorm": MoEKey("renorm", 1, 4, 1, 1, 32, 32, 256, 128),
     "per_tensor": MoEKey("per_tensor", 1, 4, 1, 1, 32, 32, 256, 128),
     "bf16": MoEKey("bf16", 1, 4, 1, 1, 32, 32, 256, 128),
+    "standard": MoEKey("standard", 0, 4, 1, 1, 32, 32, 256, 128),
 }
 VARIANT_SCHEMAS: dict[str, MoESchema] = {
     variant: dataclasses.replace(schema_of(key), name_prefix=VARIANT_PREFIXES[variant])
@@ -561,13 +675,10 @@ def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
         return MoEKey(
             "ds", method, top_k, n_group, topk_group, num_experts, num_local, hidden, inter
         )
-    if api == "fp8_block" and method == RoutingMethodType.Renormalize:
-        if not (local_only and plain):
-            raise _refuse(
-                "Renormalize routing with a bias, a routed_scaling_factor or experts of other "
-                "ranks (the renorm Definitions have all experts local and neither)"
-            )
+    if api == "fp8_block" and method == RoutingMethodType.Renormalize and local_only and plain:
         return MoEKey("renorm", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
+    if api == "fp8_block" and method in _ROUTING_STEPS:  # FlashInfer's template layout
+        return MoEKey("standard", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
     if api == "fp8_per_tensor" and method in (
         RoutingMethodType.Renormalize,
         RoutingMethodType.Llama4,
