@@ -187,8 +187,16 @@ def test_batch_deepgemm_fp8_nt_groupwise_interpreter():
 
 
 # Tactics in the interpreter: small tiles; block_k 64 (two K steps per 128-wide scale
-# block), group_m 1 and 8.
-CPU_TACTICS = [-1, (16, 32, 64, 1, 4, 2), (32, 16, 128, 8, 4, 2), (16, 64, 32, 8, 4, 2)]
+# block), group_m 1 and 8; split-K of 2 and 3 (K = 200: 4 tiles of 64 over 3 splits, the last
+# split's range ends inside its tile; 2 tiles of 128 over 2 splits, one scale block each).
+CPU_TACTICS = [
+    -1,
+    (16, 32, 64, 1, 1, 4, 2),
+    (32, 16, 128, 8, 1, 4, 2),
+    (16, 64, 32, 8, 1, 4, 2),
+    (16, 32, 64, 8, 3, 4, 2),
+    (16, 16, 128, 1, 2, 4, 2),
+]
 
 
 @pytest.mark.interpreter
@@ -209,6 +217,30 @@ def test_triton_runner_tactics_interpreter(tactic, block):
     inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16, mode=mode)
     C = L.TritonFp8Runner().forward(inputs, tactic)
     _close(C, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("tactic", [(16, 32, 64, 8, 3, 4, 2), (16, 16, 128, 1, 2, 4, 2)], ids=str)
+def test_split_k_with_row_groups_and_masked_rows(tactic):
+    """Split-K where each split loops over a tile's groups, and where tiles past a batch's
+    valid rows only join the fixup."""
+    m, n, k, groups = 21, 24, 300, 3
+    a, b = _fp8((m, k)), _fp8((groups, n, k))
+    sa, sb = _block_scales(m, k, 1), _block_scales(n, k, 128, lead=(groups,))
+    m_indices = torch.randint(-1, groups, (m,), dtype=torch.int32)
+    inputs = L.Fp8Inputs(a[None], b, sa[None], sb, torch.float16, rows=m_indices, mode="row_groups")
+    C = L.TritonFp8Runner().forward(inputs, tactic)[0]
+    expected = _grouped_expected(a, b, sa, sb, m_indices, torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+    a3 = _fp8((groups, m, k))
+    sa3 = _block_scales(m, k, 1, lead=(groups,))
+    masked_m = torch.tensor([0, 17, 21], dtype=torch.int32)
+    inputs = L.Fp8Inputs(a3, b, sa3, sb, torch.float16, rows=masked_m, mode="masked")
+    C3 = L.TritonFp8Runner().forward(inputs, tactic)
+    expected3 = block_scaled_mm_ref(a3, b, sa3, sb, (1, 128, 128), torch.float16)
+    expected3 = expected3 * (torch.arange(m)[None, :] < masked_m[:, None])[..., None]
+    _close(C3, expected3, scale=expected3.abs().max().item())
 
 
 def test_reference_path_without_kernels(monkeypatch):
@@ -338,14 +370,20 @@ def test_groupwise_shape_mismatch_and_indices_errors():
 
 
 def test_tactic_space_and_candidates():
-    """Candidates fit Hopper's shared memory, their K step divides the scale block, and the
-    default exists for every M."""
-    smem = 227 * 1024
+    """Candidates fit Hopper's shared memory, their K step divides the scale block, the
+    default is among them for every M, and decode shapes split K to fill the SMs."""
+    smem, sms = 227 * 1024, 132
     for M in (1, 7, 64, 129, 4096):
-        cands = cfg.fp8_candidates(M, 4096, 7168)
-        assert cands and all(cfg.tactic_fits(t, 128, smem) for t in cands)
-        assert cfg.fp8_default_tactic(M, 4096, 7168) in cands
-    assert not cfg.tactic_fits(cfg.Fp8Tactic(128, 128, 128, 8, 8, 3), 64, smem)
+        for N, K in ((4096, 7168), (576, 7168), (7168, 2048)):
+            cands = cfg.fp8_candidates(M, N, K, sms)
+            assert cands and all(cfg.tactic_fits(t, 128, smem, M, N, K) for t in cands)
+            assert cfg.fp8_default_tactic(M, N, K, sms) in cands
+    decode = cfg.fp8_default_tactic(1, 576, 7168, sms)  # 9 output tiles on 132 SMs
+    assert decode.split_k > 1
+    assert cfg.fp8_default_tactic(1, 576, 7168, sms, batch=128).split_k == 1
+    assert cfg.fp8_default_tactic(4096, 4096, 4096, sms).split_k == 1
+    assert not cfg.tactic_fits(cfg.Fp8Tactic(128, 128, 128, 8, 1, 8, 3), 64, smem, 1, 64, 256)
+    assert not cfg.tactic_fits(cfg.Fp8Tactic(16, 64, 128, 8, 4, 4, 3), None, smem, 1, 64, 256)
     assert len(list(cfg.Fp8Space())) > 100
 
 

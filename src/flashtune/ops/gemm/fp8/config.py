@@ -8,9 +8,11 @@ back (`Fp8Tactic.from_tactic`).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 
+from flashtune.ops.gemm.config import split_candidates, split_k_ok
 from flashtune.tune import Tactic
 
 __all__ = [
@@ -30,6 +32,7 @@ class Fp8Tactic:
     block_n: int = 128
     block_k: int = 128
     group_m: int = 8
+    split_k: int = 1
     num_warps: int = 8
     num_stages: int = 3
 
@@ -53,6 +56,7 @@ class Fp8Space:
     block_n: tuple[int, ...] = (32, 64, 128, 256)
     block_k: tuple[int, ...] = (64, 128)
     group_m: tuple[int, ...] = (1, 8)
+    split_k: tuple[int, ...] = (1, 2, 4, 8, 16)
     num_warps: tuple[int, ...] = (4, 8)
     num_stages: tuple[int, ...] = (2, 3, 4, 5)
 
@@ -62,18 +66,25 @@ class Fp8Space:
             self.block_n,
             self.block_k,
             self.group_m,
+            self.split_k,
             self.num_warps,
             self.num_stages,
         ):
             yield Fp8Tactic(*values)
 
 
-def tactic_fits(t: Fp8Tactic, scale_block_k: int | None, smem: int) -> bool:
-    """Whether `t` can run: its stages fit in shared memory and, with block scales, its K
-    step divides the scale block along K (each step is scaled by one K block's scales)."""
+def tactic_fits(
+    t: Fp8Tactic, scale_block_k: int | None, smem: int, rows: int, N: int, K: int
+) -> bool:
+    """Whether `t` can run: its stages fit in shared memory, with block scales its K step
+    divides the scale block along K (each step is scaled by one K block's scales), and a
+    split of K has a K tile per split and partials ([batch * M, N] `rows`) within the
+    workspace cap."""
     if t.smem_bytes() > smem:
         return False
-    return scale_block_k is None or scale_block_k % t.block_k == 0
+    if scale_block_k is not None and scale_block_k % t.block_k:
+        return False
+    return split_k_ok(rows, N, K, t.block_k, t.split_k)
 
 
 def _block_m_for(M: int) -> int:
@@ -81,17 +92,26 @@ def _block_m_for(M: int) -> int:
     return min(64, max(16, 1 << (max(M, 1) - 1).bit_length()))
 
 
-def fp8_default_tactic(M: int, N: int, K: int) -> Fp8Tactic:
-    """Tactic -1, valid for any shape (block_k 128 divides DeepSeek's 128-wide scale
-    blocks; wider K steps halve the loop count of the 1-byte operands)."""
+def fp8_default_tactic(M: int, N: int, K: int, sms: int, batch: int = 1) -> Fp8Tactic:
+    """Tactic -1 on `sms` SMs, valid for any shape (block_k 128 divides DeepSeek's 128-wide
+    scale blocks; wider K steps halve the loop count of the 1-byte operands). Fewer output
+    tiles than SMs (decode) split K to about two waves, as the bf16 decode GEMM's default."""
     if M > 64:
-        return Fp8Tactic(128, 128, 128, 8, 8, 3)
-    return Fp8Tactic(_block_m_for(M), 64, 128, 8, 4, 4)
+        return Fp8Tactic(128, 128, 128, 8, 1, 8, 3)
+    t = Fp8Tactic(_block_m_for(M), 64, 128, 8, 1, 4, 4)
+    ctas = batch * math.ceil(M / t.block_m) * math.ceil(N / t.block_n)
+    if ctas >= sms:
+        return t
+    split = split_candidates(ctas, math.ceil(K / t.block_k), sms, (2.0,))[0]
+    if not split_k_ok(batch * M, N, K, t.block_k, split):
+        split = 1
+    return replace(t, split_k=split)
 
 
-def fp8_candidates(M: int, N: int, K: int) -> list[Fp8Tactic]:
-    """The tactics the tuner tries at (M, N, K): tiles known to suit fp8 MMAs on Hopper
-    (128-wide K steps; narrower N tiles at small M, where B's bytes bound the time)."""
+def fp8_candidates(M: int, N: int, K: int, sms: int, batch: int = 1) -> list[Fp8Tactic]:
+    """The tactics the tuner tries at (M, N, K) on `sms` SMs: tiles known to suit fp8 MMAs
+    on Hopper (128-wide K steps; narrower N tiles at small M, where B's bytes bound the
+    time), each with the split-K factors that bring the output tiles to one or two waves."""
     if M >= 256:
         shapes = [
             (128, 128, 128, 8, 3),
@@ -118,5 +138,11 @@ def fp8_candidates(M: int, N: int, K: int) -> list[Fp8Tactic]:
             (bm, 128, 64, 4, 4),
             (bm, 256, 128, 8, 3),
         ]
-    out = [Fp8Tactic(bm, bn, bk, 8, warps, stages) for bm, bn, bk, warps, stages in shapes]
+    out = [fp8_default_tactic(M, N, K, sms, batch)]
+    for bm, bn, bk, warps, stages in shapes:
+        ctas = batch * math.ceil(M / bm) * math.ceil(N / bn)
+        for split in split_candidates(ctas, math.ceil(K / bk), sms, (1.0, 2.0)):
+            if ctas >= sms and split > 1:
+                continue  # already a full wave: splitting only adds traffic
+            out.append(Fp8Tactic(bm, bn, bk, 8, split, warps, stages))
     return list(dict.fromkeys(out))

@@ -9,7 +9,10 @@ One kernel serves every fp8 op of the package, chosen by compile-time flags:
 - ROW_GROUPS: each row of A names the group (index into B's first dimension) it multiplies,
   -1 for a padding row (written as zeros); a tile loops over the groups its rows name, which
   is one group for the contiguous layouts MoE produces;
-- MASKED_M: batch b has only its first rows[b] rows; the rest are written as zeros.
+- MASKED_M: batch b has only its first rows[b] rows; the rest are written as zeros;
+- SPLIT_K > 1 (a runtime argument): K is split over the grid's third axis, each split owning
+  whole K tiles; the last split of a tile to arrive sums the partials (the GEMM family's
+  `_split_k_fixup`), so decode-sized GEMMs (a handful of output tiles) fill the SMs.
 Everything is read through strides (B column-major or row-major, scales K-major or MN-major
 views), so no layout costs a copy. fp8 operands of two different formats (e4m3 x e5m2) are
 widened to fp16 first (exact), since not every target has a mixed fp8 MMA.
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from flashtune.ops.gemm.kernels import _split_k_fixup
 
 # The kernel is the package's own: launch.py launches it.
 __all__: list[str] = []
@@ -33,6 +38,8 @@ def _k_loop(
     offs_am,  # [BLOCK_M] rows, wrapped into [0, M)
     offs_bn,  # [BLOCK_N] columns, wrapped into [0, N)
     K,
+    k_start,  # this split's K range [k_start, k_stop), k_start a multiple of BLOCK_K
+    k_stop,
     stride_am,
     stride_ak,
     stride_bn,
@@ -52,13 +59,13 @@ def _k_loop(
     BLOCK_K: tl.constexpr,
 ):
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_bn[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_start + offs_k[None, :]) * stride_ak
+    b_ptrs = b_ptr + offs_bn[None, :] * stride_bn + (k_start + offs_k[:, None]) * stride_bk
     if BLOCK_SCALE:
         sa_ptrs = sa_ptr + (offs_am // GM) * stride_sam
         sb_ptrs = sb_ptr + (offs_bn // GN) * stride_sbn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_stop, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
@@ -80,7 +87,7 @@ def _k_loop(
     return acc
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _fp8_gemm_kernel(
     a_ptr,  # [batch, M, K] fp8
     b_ptr,  # [batch or groups, N, K] fp8 through strides
@@ -88,9 +95,12 @@ def _fp8_gemm_kernel(
     sa_ptr,  # per-tensor: [1] fp32; block: [batch, M/GM, K/GK] through strides
     sb_ptr,  # per-tensor: [1] fp32; block: [batch or groups, N/GN, K/GK] through strides
     rows_ptr,  # ROW_GROUPS: [M] int32 group of each row; MASKED_M: [batch] int32; else dummy
+    ws_ptr,  # SPLIT_K > 1: [batch, SPLIT_K, M, N] fp32 partials; else a dummy
+    lock_ptr,  # SPLIT_K > 1: [batch * tiles] int32 arrival counters, zero between launches
     M,
     N,
     K,
+    SPLIT_K,
     stride_ab,
     stride_am,
     stride_ak,
@@ -121,6 +131,7 @@ def _fp8_gemm_kernel(
 ):
     pid = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
+    pid_k = tl.program_id(2)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Group-M swizzle: GROUP_M row tiles walk the N tiles together, so the B tiles they
@@ -138,6 +149,11 @@ def _fp8_gemm_kernel(
     # and unmasked; the store is masked.
     offs_am = offs_m % M
     offs_bn = offs_n % N
+    # Split-K: each split owns whole K tiles (which lie in one scale block each).
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_start = pid_k * tiles_per_split * BLOCK_K
+    k_stop = min(K, k_start + tiles_per_split * BLOCK_K)
     a_base = a_ptr + pid_b * stride_ab
     sa_base = sa_ptr + pid_b * stride_sab
     row_ok = offs_m < M
@@ -158,6 +174,8 @@ def _fp8_gemm_kernel(
                 offs_am,
                 offs_bn,
                 K,
+                k_start,
+                k_stop,
                 stride_am,
                 stride_ak,
                 stride_bn,
@@ -191,6 +209,8 @@ def _fp8_gemm_kernel(
                 offs_am,
                 offs_bn,
                 K,
+                k_start,
+                k_stop,
                 stride_am,
                 stride_ak,
                 stride_bn,
@@ -212,8 +232,46 @@ def _fp8_gemm_kernel(
         if MASKED_M:
             acc = tl.where((offs_m < m_valid)[:, None], acc, 0.0)
 
+    c_base = c_ptr + pid_b * stride_cb
+    if SPLIT_K == 1:
+        _store(acc, c_base, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, BLOCK_SCALE)
+    else:
+        # The last split of this tile to arrive sums the partials and stores (the GEMM
+        # family's fixup: no second launch, the counters left at zero).
+        is_last, acc = _split_k_fixup(
+            acc,
+            offs_m,
+            offs_n,
+            pid_k,
+            pid_b * (num_pid_m * num_pid_n) + pid_m * num_pid_n + pid_n,
+            ws_ptr + pid_b * SPLIT_K * M * N,
+            lock_ptr,
+            M,
+            N,
+            SPLIT_K,
+        )
+        if is_last:
+            _store(
+                acc, c_base, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, BLOCK_SCALE
+            )
+
+
+@triton.jit
+def _store(
+    acc,  # [BLOCK_M, BLOCK_N] fp32, rows offs_m, columns offs_n
+    c_ptr,  # [M, N] of this batch
+    sa_ptr,  # per-tensor [1] fp32 (with BLOCK_SCALE already applied, unused)
+    sb_ptr,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    stride_cm,
+    stride_cn,
+    BLOCK_SCALE: tl.constexpr,
+):
     if not BLOCK_SCALE:
         acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
-    c_ptrs = c_ptr + pid_b * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask = row_ok[:, None] & (offs_n[None, :] < N)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)

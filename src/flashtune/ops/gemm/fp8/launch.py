@@ -29,6 +29,7 @@ from flashtune.ops.gemm.fp8.config import (
 )
 from flashtune.ops.gemm.fp8.kernels import _fp8_gemm_kernel
 from flashtune.ops.gemm.fp8.reference import expand_scale
+from flashtune.ops.gemm.launch import split_k_counters
 from flashtune.tune import DEFAULT_TACTIC, DynamicDim, Tactic, TunableRunner, TuningConfig
 
 __all__ = [
@@ -87,7 +88,13 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
             raise ValueError(f"scale granularity along K must be a multiple of 16, got {gk}")
     sa_strides = sa.stride() if block else (0, 0, 0)
     sb_strides = sb.stride() if block else (0, 0, 0)
-    grid = (triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n), batch)
+    num_tiles = triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n)
+    if t.split_k > 1:
+        ws = torch.empty((batch, t.split_k, M, N), dtype=torch.float32, device=A.device)
+        locks = split_k_counters(A.device, batch * num_tiles)
+    else:
+        ws = locks = C  # never read with SPLIT_K == 1
+    grid = (num_tiles, batch, t.split_k)
     _fp8_gemm_kernel[grid](
         A,
         B,
@@ -95,9 +102,12 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
         sa,
         sb,
         a.rows if a.rows is not None else C,  # never read without ROW_GROUPS / MASKED_M
+        ws,
+        locks,
         M,
         N,
         K,
+        t.split_k,
         *A.stride(),
         *B.stride(),
         *C.stride(),
@@ -142,22 +152,23 @@ class TritonFp8Runner(TunableRunner):
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         a = named(Fp8Inputs, inputs)
-        _, M, K = a.A.shape
+        batch, M, K = a.A.shape
         N = a.B.shape[1]
-        smem = platform.device_limits(a.A.device).shared_memory_per_block
+        limits = platform.device_limits(a.A.device)
+        smem, sms = limits.shared_memory_per_block, limits.sm_count
         scale_k = None if a.mode == "tensor" else a.granularity[2]
-        space = iter(Fp8Space()) if self.exhaustive else fp8_candidates(M, N, K)
-        return [t.as_tactic() for t in space if tactic_fits(t, scale_k, smem)]
+        space = iter(Fp8Space()) if self.exhaustive else fp8_candidates(M, N, K, sms, batch)
+        return [t.as_tactic() for t in space if tactic_fits(t, scale_k, smem, batch * M, N, K)]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
         a = named(Fp8Inputs, inputs)
-        _, M, K = a.A.shape
+        batch, M, K = a.A.shape
         N = a.B.shape[1]
-        t = (
-            fp8_default_tactic(M, N, K)
-            if tactic == DEFAULT_TACTIC
-            else Fp8Tactic.from_tactic(tactic)
-        )
+        if tactic == DEFAULT_TACTIC:
+            sms = platform.device_limits(a.A.device).sm_count
+            t = fp8_default_tactic(M, N, K, sms, batch)
+        else:
+            t = Fp8Tactic.from_tactic(tactic)
         return launch_fp8(a, _alloc_out(a), t)
 
 
