@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flashtune import __version__, env
-from flashtune.cli import apply, capture, e2e, report, run, solutions, traces, tune
+from flashtune.cli import apply, capture, e2e, report, run, serve, solutions, traces, tune
 from flashtune.cli.common import (
     bundled_dataset,
     dataset_roots,
@@ -309,6 +309,7 @@ apply.register(app)
 traces.register(app)
 solutions.register(app)
 e2e.register(app)
+serve.register(app)
 
 
 def main() -> None:
