@@ -196,39 +196,39 @@ def _fp8_gemm_kernel(
             )
             acc = tl.where((groups == g)[:, None], part, acc)
     else:
-        m_valid = M
         if MASKED_M:
             m_valid = tl.load(rows_ptr + pid_b)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if pid_m * BLOCK_M < m_valid:  # a tile past the batch's valid rows only writes zeros
-            acc = _k_loop(
-                a_base,
-                b_ptr + pid_b * stride_bb,
-                sa_base,
-                sb_ptr + pid_b * stride_sbb,
-                offs_am,
-                offs_bn,
-                K,
-                k_start,
-                k_stop,
-                stride_am,
-                stride_ak,
-                stride_bn,
-                stride_bk,
-                stride_sam,
-                stride_sak,
-                stride_sbn,
-                stride_sbk,
-                BLOCK_SCALE,
-                GM,
-                GN,
-                GK,
-                UPCAST,
-                EVEN_K,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-            )
+            # A tile past the batch's valid rows reads nothing (an empty K range) and writes
+            # zeros; a select, not a branch around the loop, keeps the accumulator's layout.
+            k_stop = tl.where(pid_m * BLOCK_M < m_valid, k_stop, k_start)
+        acc = _k_loop(
+            a_base,
+            b_ptr + pid_b * stride_bb,
+            sa_base,
+            sb_ptr + pid_b * stride_sbb,
+            offs_am,
+            offs_bn,
+            K,
+            k_start,
+            k_stop,
+            stride_am,
+            stride_ak,
+            stride_bn,
+            stride_bk,
+            stride_sam,
+            stride_sak,
+            stride_sbn,
+            stride_sbk,
+            BLOCK_SCALE,
+            GM,
+            GN,
+            GK,
+            UPCAST,
+            EVEN_K,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
         if MASKED_M:
             acc = tl.where((offs_m < m_valid)[:, None], acc, 0.0)
 
