@@ -32,6 +32,7 @@ __all__ = [
     "default_device",
     "device_name",
     "compute_capability",
+    "driver_version",
     "DeviceLimits",
     "STAND_IN_LIMITS",
     "device_limits",
@@ -169,6 +170,11 @@ def _driver_version() -> str | None:
     if out.returncode != 0:
         return None
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi, read once), or None where there is none."""
+    return _driver_version()
 
 
 def _flashtune_version() -> str:

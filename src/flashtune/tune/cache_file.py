@@ -44,6 +44,9 @@ __all__ = [
     "FileRead",
     "METADATA_KEY",
     "METADATA_FIELDS",
+    "DEVICE_FIELDS",
+    "OPTIONAL_FIELDS",
+    "metadata_differences",
     "current_metadata",
     "metadata_mismatch",
     "merge_files",
@@ -66,7 +69,16 @@ METADATA_FIELDS = (
     "triton_version",
     "cuda_version",
     "gpu_name",
+    "device_capability",
+    "driver_version",
 )
+# Fields added after files were first written (and bundled): a file without them is not
+# rejected for it (gpu_name already pins the device); a file that has them must agree.
+OPTIONAL_FIELDS = frozenset({"device_capability", "driver_version"})
+# The fields that say which device a file was measured on. A difference in them means the
+# file is another GPU's: skipped. A difference in the others (library and driver versions)
+# makes its picks stale: `autotune(True, cache=...)` re-validates them (tune/store.py).
+DEVICE_FIELDS = frozenset({"gpu_name", "device_capability"})
 
 CacheKey = tuple[str, str, Any]  # (op_name, runner_class_name, profile)
 Entry = tuple[str, Tactic]  # (runner_class_name, tactic)
@@ -80,12 +92,17 @@ def current_metadata() -> dict[str, Any]:
     from flashtune import __version__, platform
 
     snap_gpu = platform.device_name()
+    capability = platform.compute_capability()
     return {
         "flashtune_version": __version__,
         "torch_version": torch.__version__,
         "triton_version": platform.triton_version(),
         "cuda_version": torch.version.cuda,
         "gpu_name": snap_gpu,
+        # "9.0": tiles and pipelines depend on the architecture, not only the marketing name.
+        "device_capability": None if capability is None else f"{capability[0]}.{capability[1]}",
+        # Graph replay and launch costs move with the driver; None without a GPU (no probe).
+        "driver_version": platform.driver_version() if capability is not None else None,
     }
 
 
@@ -96,12 +113,27 @@ def metadata_mismatch(
     (field, found, expected); None when all agree. "*" on either side matches anything."""
     for name, want in expected.items():
         if name not in found:
+            if name in OPTIONAL_FIELDS:
+                continue
             return name, "<missing>", want
         have = found[name]
         if have == WILDCARD or want == WILDCARD or have == want:
             continue
         return name, have, want
     return None
+
+
+def metadata_differences(
+    found: Mapping[str, Any], expected: Mapping[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """Every field where `found` disagrees with `expected` (same rules as
+    `metadata_mismatch`), so a caller can tell a device change from a version change."""
+    out = []
+    for name, want in expected.items():
+        one = metadata_mismatch({name: found[name]} if name in found else {}, {name: want})
+        if one is not None:
+            out.append(one)
+    return out
 
 
 TACTIC_TYPE_KEY = "__tactic__"
