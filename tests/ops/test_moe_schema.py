@@ -329,3 +329,11 @@ def test_bf16_definitions_are_named_by_their_routing():
     )
     with pytest.raises(ValueError, match="routing_bias and Renormalize"):
         op.definition(args[0], meta_tensor(32), *args[2:], **kwargs)
+
+
+def test_synthesized_expert_offset_is_rank_0():
+    """A workload that leaves local_expert_offset to synthesis gets rank 0's (0): any other
+    value puts an all-local definition's experts out of range."""
+    d = EXAMPLES["trtllm_bf16_moe_renormalize_routing_topk4_e32_h256_i128"]
+    inputs = synthesize_inputs(d, Workload(uuid="t", axes={"seq_len": 2}, inputs={}), seed=0)
+    assert inputs["local_expert_offset"] == 0 and inputs["routed_scaling_factor"] == 1.0

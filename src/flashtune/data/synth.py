@@ -394,6 +394,8 @@ def _scalar_default(name: str, spec: TensorSpec, axes: Mapping[str, int]) -> Any
         return 1.0
     if spec.dtype == "bool":
         return False
+    if name.lower().endswith("offset"):  # an origin (a MoE rank's local_expert_offset): rank 0
+        return 0
     return 1
 
 
