@@ -28,7 +28,8 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
         "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
         "single_decode_with_kv_cache",
     ),
-    "gemm": ("bmm_fp8",),
+    # mm_fp8 and its weight preparation: FlashInfer's current top level (not 0.2.14's)
+    "gemm": ("bmm_fp8", "mm_fp8", "prepare_low_latency_gemm_weights"),
     "fused_moe": (
         "RoutingMethodType",
         "trtllm_fp8_block_scale_moe",

@@ -1,4 +1,6 @@
-"""`flashinfer.gemm` under flashtune's name: the fp8 GEMMs (flashtune.ops.gemm.fp8)."""
+"""`flashinfer.gemm` under flashtune's name: the fp8 GEMMs (flashtune.ops.gemm.fp8).
+`prepare_low_latency_gemm_weights` is FlashInfer's top-level name (its module is
+flashinfer.trtllm_low_latency_gemm); flashtune.gemm holds it beside mm_fp8."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from flashtune.ops.gemm.fp8 import (  # noqa: F401  (re-exported: __all__ is the
     gemm_fp8_nt_groupwise,
     group_deepgemm_fp8_nt_groupwise,
     group_gemm_fp8_nt_groupwise,
+    mm_fp8,
+    prepare_low_latency_gemm_weights,
 )
 
 __all__ = [*TOP_LEVEL["gemm"], *SUBMODULE_ONLY["gemm"]]

@@ -126,6 +126,23 @@ def test_gemm_fp8_nt_blockscaled_interpreter(mode):
     _close(C, expected, scale=expected.abs().max().item())
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("m,n,k", [(1, 40, 256), (7, 136, 384), (129, 64, 128)])
+@pytest.mark.parametrize("with_alpha", [True, False])
+def test_mm_fp8_interpreter(m, n, k, with_alpha):
+    """FlashInfer's current mm_fp8: B in the [k/128, n, 128] block layout, read in place."""
+    a, w = _fp8((m, k)), _fp8((n, k), scale=0.25)
+    prepared = G.prepare_low_latency_gemm_weights(w, {})
+    assert prepared.shape == (k // 128, n, 128)
+    alpha = torch.rand(()) + 0.5 if with_alpha else None
+    out = torch.empty(m, n, dtype=torch.bfloat16) if m == 7 else None
+    C = G.mm_fp8(a, prepared, alpha, out=out)
+    assert out is None or C.data_ptr() == out.data_ptr()
+    scale = torch.ones(1) if alpha is None else alpha.reshape(1)
+    expected = bmm_fp8_ref(a[None], w.T[None], scale, torch.ones(1), torch.bfloat16)[0]
+    _close(C, expected, scale=expected.float().abs().max().item())
+
+
 def _grouped_expected(a, b, sa, sb, groups_of_rows, out_dtype):
     """Row i times b[groups_of_rows[i]] (zeros for -1), from the block-scaled reference."""
     expected = torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype)
@@ -354,6 +371,23 @@ def test_gemm_fp8_nt_groupwise_errors(kwargs, match):
         G.gemm_fp8_nt_groupwise(*_groupwise_args(), **kwargs)
 
 
+def test_mm_fp8_errors():
+    a, w = _fp8((4, 256)), _fp8((8, 256))
+    prepared = G.prepare_low_latency_gemm_weights(w)
+    with pytest.raises(ValueError, match="Unsupported backend"):
+        G.mm_fp8(a, prepared, backend="cutlass")
+    with pytest.raises(ValueError, match="Unsupported output dtype"):
+        G.mm_fp8(a, prepared, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="prepare_low_latency_gemm_weights"):
+        G.mm_fp8(a, w)  # not in the block layout
+    with pytest.raises(ValueError, match="b holds K = 128"):
+        G.mm_fp8(a, prepared[:1])
+    with pytest.raises(TypeError, match="a must be"):
+        G.mm_fp8(a.float(), prepared)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        G.prepare_low_latency_gemm_weights(w[:, :200])
+
+
 def test_groupwise_shape_mismatch_and_indices_errors():
     a, b, sa, sb = _groupwise_args()
     with pytest.raises(ValueError, match="Shape mismatch"):
@@ -390,8 +424,9 @@ def test_tactic_space_and_candidates():
 def test_facade_names():
     import flashtune as flashinfer
 
-    assert flashinfer.bmm_fp8 is flashinfer.gemm.bmm_fp8
-    assert "bmm_fp8" in flashinfer.__all__
+    for name in ("bmm_fp8", "mm_fp8", "prepare_low_latency_gemm_weights"):
+        assert getattr(flashinfer, name) is getattr(flashinfer.gemm, name)
+        assert name in flashinfer.__all__
     for name in ("gemm_fp8_nt_groupwise", "group_gemm_fp8_nt_groupwise"):
         assert callable(getattr(flashinfer.gemm, name)) and name in flashinfer.gemm.__all__
         assert name not in flashinfer.__all__  # FlashInfer keeps them in flashinfer.gemm
@@ -458,6 +493,17 @@ def test_gemm_fp8_nt_groupwise_cuda(m, n, k, mode):
     args = (sa, sb) if mode == "K" else (sa.T.contiguous(), sb.T.contiguous())
     C = G.gemm_fp8_nt_groupwise(a, b, *args, scale_major_mode=mode)
     expected = block_scaled_mm_ref(a, b, sa, sb, (1, 128, 128), torch.bfloat16)
+    _close(C, expected, scale=expected.float().abs().max().item())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,n,k", [(1, 2560, 32768), (16, 1536, 7168), (300, 576, 7168)])
+def test_mm_fp8_cuda(m, n, k):
+    a, w = _fp8((m, k), device="cuda"), _fp8((n, k), device="cuda", scale=0.05)
+    alpha = torch.rand((), device="cuda") + 0.5
+    C = G.mm_fp8(a, G.prepare_low_latency_gemm_weights(w, {}), alpha)
+    one = torch.ones(1, device="cuda")
+    expected = bmm_fp8_ref(a[None], w.T[None], alpha.reshape(1), one, torch.bfloat16)[0]
     _close(C, expected, scale=expected.float().abs().max().item())
 
 

@@ -1,4 +1,5 @@
-"""fp8 GEMMs under FlashInfer's names (`flashinfer.gemm`): per-tensor scaled `bmm_fp8`, and
+"""fp8 GEMMs under FlashInfer's names (`flashinfer.gemm`): per-tensor scaled `bmm_fp8` and
+`mm_fp8` (with `prepare_low_latency_gemm_weights`, its weight layout), and
 the block-scaled GEMMs of DeepSeek's format (1x128 activation groups, 128x128 weight blocks):
 `gemm_fp8_nt_groupwise`, `gemm_fp8_nt_blockscaled`, `group_gemm_fp8_nt_groupwise` and
 DeepGEMM's `group_deepgemm_fp8_nt_groupwise` / `batch_deepgemm_fp8_nt_groupwise`, with
@@ -21,16 +22,20 @@ reference runs).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from flashtune.ops.gemm.fp8.launch import run_fp8
 from flashtune.ops.gemm.fp8.layouts import (
     BMM_BACKENDS,
+    MM_FP8_BLOCK,
     bmm_inputs,
     group_rows,
     grouped_inputs,
     groupwise_inputs,
     masked_inputs,
+    mm_fp8_inputs,
 )
 from flashtune.ops.gemm.fp8.schema import (
     BATCH_DEEPGEMM_FP8_NT_GROUPWISE,
@@ -45,6 +50,8 @@ from flashtune.ops.gemm.fp8.schema import fp8_gemm_examples as fp8_gemm_examples
 
 __all__ = [
     "bmm_fp8",
+    "mm_fp8",
+    "prepare_low_latency_gemm_weights",
     "gemm_fp8_nt_groupwise",
     "gemm_fp8_nt_blockscaled",
     "group_gemm_fp8_nt_groupwise",
@@ -80,6 +87,43 @@ def bmm_fp8(
         raise ValueError("bmm_fp8: A and B cannot both be float8_e5m2")
     inputs = bmm_inputs(A, B, A_scale, B_scale, dtype, out)
     return run_fp8("bmm_fp8", inputs, backend)
+
+
+def mm_fp8(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    alpha: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    backend: str = "trtllm_low_latency",
+) -> torch.Tensor:
+    """out = alpha * (a @ B.T) in bfloat16 (FlashInfer's current `mm_fp8`; not in 0.2.14):
+    a [m, k] float8_e4m3fn, b the [k / 128, n, 128] block layout of B [n, k] that
+    `prepare_low_latency_gemm_weights` makes (read in place), alpha one float32 element
+    (the product of the two dequantization scales) or None for 1. Returns out [m, n].
+
+    flashtune's block layout is not shuffled: FlashInfer's prepare also permutes rows for its
+    TRT-LLM epilogue, so pair this mm_fp8 with flashtune's prepare (and FlashInfer's with
+    FlashInfer's). No Definition: FlashInfer-Trace's gemm_fp8 template for this call names
+    axes it does not declare and has no alpha input."""
+    if backend != "trtllm_low_latency":
+        raise ValueError(
+            f"Unsupported backend: {backend}. Only ('trtllm_low_latency',) are supported"
+        )
+    return run_fp8("mm_fp8", mm_fp8_inputs(a, b, alpha, out_dtype, out))[0]
+
+
+def prepare_low_latency_gemm_weights(
+    w: torch.Tensor, permutation_indices_cache: dict[Any, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """B [n, k] float8_e4m3fn (k a multiple of 128) in mm_fp8's block layout [k / 128, n, 128]
+    (a new contiguous tensor). permutation_indices_cache is FlashInfer's cache of its row
+    shuffle, which flashtune's layout does not have: accepted and unused."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] % MM_FP8_BLOCK:
+        shape = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"w must be [n, k] with k a multiple of {MM_FP8_BLOCK}, got {shape}")
+    n, k = w.shape
+    return w.reshape(n, k // MM_FP8_BLOCK, MM_FP8_BLOCK).permute(1, 0, 2).contiguous()
 
 
 @fp8_api(GroupwiseOp, GEMM_FP8_NT_GROUPWISE)

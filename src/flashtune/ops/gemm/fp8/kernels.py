@@ -10,6 +10,8 @@ One kernel serves every fp8 op of the package, chosen by compile-time flags:
   -1 for a padding row (written as zeros); a tile loops over the groups its rows name, which
   is one group for the contiguous layouts MoE produces;
 - MASKED_M: batch b has only its first rows[b] rows; the rest are written as zeros;
+- B_KBLOCK > 0: B stored in K blocks, [K / B_KBLOCK, N, B_KBLOCK] (TRT-LLM's layout of
+  mm_fp8's weight), read in place;
 - SPLIT_K > 1 (a runtime argument): K is split over the grid's third axis, each split owning
   whole K tiles; the last split of a tile to arrive sums the partials (the GEMM family's
   `_split_k_fixup`), so decode-sized GEMMs (a handful of output tiles) fill the SMs.
@@ -44,6 +46,7 @@ def _k_loop(
     stride_ak,
     stride_bn,
     stride_bk,
+    stride_bkb,
     stride_sam,
     stride_sak,
     stride_sbn,
@@ -53,6 +56,7 @@ def _k_loop(
     GN: tl.constexpr,
     GK: tl.constexpr,
     UPCAST: tl.constexpr,
+    B_KBLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -66,6 +70,14 @@ def _k_loop(
         sb_ptrs = sb_ptr + (offs_bn // GN) * stride_sbn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_stop, BLOCK_K):
+        if B_KBLOCK > 0:
+            # B stored in K blocks: k lies in block k // B_KBLOCK at offset k % B_KBLOCK.
+            kk = k0 + offs_k
+            b_ptrs = (
+                b_ptr
+                + offs_bn[None, :] * stride_bn
+                + ((kk // B_KBLOCK) * stride_bkb + (kk % B_KBLOCK) * stride_bk)[:, None]
+            )
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
@@ -107,6 +119,7 @@ def _fp8_gemm_kernel(
     stride_bb,
     stride_bn,
     stride_bk,
+    stride_bkb,  # B_KBLOCK > 0: the stride between K blocks of B
     stride_cb,
     stride_cm,
     stride_cn,
@@ -123,6 +136,7 @@ def _fp8_gemm_kernel(
     ROW_GROUPS: tl.constexpr,
     MASKED_M: tl.constexpr,
     UPCAST: tl.constexpr,
+    B_KBLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -180,6 +194,7 @@ def _fp8_gemm_kernel(
                 stride_ak,
                 stride_bn,
                 stride_bk,
+                stride_bkb,
                 stride_sam,
                 stride_sak,
                 stride_sbn,
@@ -189,6 +204,7 @@ def _fp8_gemm_kernel(
                 GN,
                 GK,
                 UPCAST,
+                B_KBLOCK,
                 EVEN_K,
                 BLOCK_M,
                 BLOCK_N,
@@ -215,6 +231,7 @@ def _fp8_gemm_kernel(
             stride_ak,
             stride_bn,
             stride_bk,
+            stride_bkb,
             stride_sam,
             stride_sak,
             stride_sbn,
@@ -224,6 +241,7 @@ def _fp8_gemm_kernel(
             GN,
             GK,
             UPCAST,
+            B_KBLOCK,
             EVEN_K,
             BLOCK_M,
             BLOCK_N,

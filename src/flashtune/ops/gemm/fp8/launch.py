@@ -38,6 +38,8 @@ __all__ = [
     "TritonFp8Runner",
     "CublasFp8Runner",
     "launch_fp8",
+    "b_nk",
+    "b_logical",
     "cublas_applies",
     "run_fp8",
     "reference_fp8",
@@ -60,10 +62,28 @@ class Fp8Inputs(NamedTuple):
     rows: torch.Tensor | None = None  # "row_groups": [M] int32; "masked": [batch] int32
     mode: str = "tensor"
     granularity: tuple[int, int, int] = (1, 128, 128)
+    # > 0: B is stored in K blocks, [batch, K / b_kblock, N, b_kblock] (TRT-LLM's block
+    # layout of mm_fp8), read in place
+    b_kblock: int = 0
     out: torch.Tensor | None = None  # [batch, M, N]; None: a new tensor
 
 
-_TUNED = 8  # Fp8Inputs fields the tuner keys on and passes: all but out
+_TUNED = 9  # Fp8Inputs fields the tuner keys on and passes: all but out
+
+
+def b_nk(a: Fp8Inputs) -> tuple[int, int]:
+    """(N, K) of the logical [N, K] B, whatever its storage."""
+    if a.b_kblock:
+        return a.B.shape[2], a.B.shape[1] * a.B.shape[3]
+    return a.B.shape[1], a.B.shape[2]
+
+
+def b_logical(a: Fp8Inputs) -> torch.Tensor:
+    """B as a [batch, N, K] tensor (a copy for the block layout: references only)."""
+    if a.b_kblock:
+        batch, kb, n, bk = a.B.shape
+        return a.B.permute(0, 2, 1, 3).reshape(batch, n, kb * bk)
+    return a.B
 
 
 # ----------------------------------------------------------------------------------------------
@@ -75,7 +95,7 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
     """C = the fp8 product of `a` (see MODES) with tactic `t`; returns C [batch, M, N]."""
     A, B, sa, sb = a.A, a.B, a.A_scale, a.B_scale
     batch, M, K = A.shape
-    N = B.shape[1]
+    N = b_nk(a)[0]
     if batch == 0 or M == 0 or N == 0:
         return C
     block = a.mode != "tensor"
@@ -109,7 +129,7 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
         K,
         t.split_k,
         *A.stride(),
-        *B.stride(),
+        *_b_strides(a),
         *C.stride(),
         *sa_strides,
         *sb_strides,
@@ -120,6 +140,7 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
         ROW_GROUPS=a.mode == "row_groups",
         MASKED_M=a.mode == "masked",
         UPCAST=A.dtype != B.dtype,
+        B_KBLOCK=a.b_kblock,
         EVEN_K=K % block_k == 0,
         BLOCK_M=t.block_m,
         BLOCK_N=t.block_n,
@@ -131,11 +152,19 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
     return C
 
 
+def _b_strides(a: Fp8Inputs) -> tuple[int, int, int, int]:
+    """(batch, n, k, k-block) strides of B; the k-block stride is used with b_kblock only."""
+    if a.b_kblock:
+        sb, skb, sn, sk = a.B.stride()
+        return sb, sn, sk, skb
+    return (*a.B.stride(), 0)
+
+
 def _alloc_out(a: Fp8Inputs) -> torch.Tensor:
     if a.out is not None:
         return a.out
     batch, M, _ = a.A.shape
-    return torch.empty((batch, M, a.B.shape[1]), dtype=a.out_dtype, device=a.A.device)
+    return torch.empty((batch, M, b_nk(a)[0]), dtype=a.out_dtype, device=a.A.device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -153,7 +182,7 @@ class TritonFp8Runner(TunableRunner):
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         a = named(Fp8Inputs, inputs)
         batch, M, K = a.A.shape
-        N = a.B.shape[1]
+        N = b_nk(a)[0]
         limits = platform.device_limits(a.A.device)
         smem, sms = limits.shared_memory_per_block, limits.sm_count
         scale_k = None if a.mode == "tensor" else a.granularity[2]
@@ -163,7 +192,7 @@ class TritonFp8Runner(TunableRunner):
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
         a = named(Fp8Inputs, inputs)
         batch, M, K = a.A.shape
-        N = a.B.shape[1]
+        N = b_nk(a)[0]
         if tactic == DEFAULT_TACTIC:
             sms = platform.device_limits(a.A.device).sm_count
             t = fp8_default_tactic(M, N, K, sms, batch)
@@ -200,7 +229,7 @@ class CublasFp8Runner(TunableRunner):
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
         a = named(Fp8Inputs, inputs)
-        if not cublas_applies(a.A, a.B, a.mode):
+        if a.b_kblock or not cublas_applies(a.A, a.B, a.mode):
             return TritonFp8Runner().forward(inputs)
         C = _alloc_out(a)
         sa, sb = a.A_scale.reshape(()), a.B_scale.reshape(())
@@ -238,7 +267,7 @@ def reference_fp8(inputs: Sequence[Any]) -> torch.Tensor:
     gm, gn, gk = a.granularity
     if a.mode == "tensor":
         scale = a.A_scale.float().reshape(()) * a.B_scale.float().reshape(())
-        C = torch.matmul(a.A.float(), a.B.float().transpose(-2, -1)) * scale
+        C = torch.matmul(a.A.float(), b_logical(a).float().transpose(-2, -1)) * scale
     else:
         A = _dequant(a.A, a.A_scale, (gm, gk))
         B = _dequant(a.B, a.B_scale, (gn, gk))

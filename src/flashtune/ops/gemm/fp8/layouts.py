@@ -34,7 +34,12 @@ __all__ = [
     "scale_views",
     "grouped_inputs",
     "masked_inputs",
+    "mm_fp8_inputs",
+    "MM_FP8_BLOCK",
 ]
+
+# mm_fp8's weight layout (TRT-LLM's low-latency GEMM): [K / 128, N, 128].
+MM_FP8_BLOCK = 128
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -303,4 +308,62 @@ def masked_inputs(
     _out(out, (groups, m, n), a.device)
     return Fp8Inputs(
         a, b, a_scale, b_scale, dtype, rows=masked_m, mode="masked", granularity=g, out=out
+    )
+
+
+_ONES: dict[torch.device, torch.Tensor] = {}
+
+
+def _one(device: torch.device) -> torch.Tensor:
+    """A float32 [1] tensor of 1.0 on `device`, made once (a new one while a CUDA graph is
+    being captured, which a cached tensor would have to outlive)."""
+    one = _ONES.get(device)
+    if one is None:
+        one = torch.ones(1, dtype=torch.float32, device=device)
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            _ONES[device] = one
+    return one
+
+
+def mm_fp8_inputs(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    alpha: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    out: torch.Tensor | None,
+) -> Fp8Inputs:
+    """mm_fp8's arguments (a [m, k] e4m3; b [k/128, n, 128] e4m3, the block layout
+    prepare_low_latency_gemm_weights makes; alpha: the output scale, one float32 element or
+    None) as the kernel's operands, b read in place."""
+    check_tensor("a", a, (torch.float8_e4m3fn,))
+    check_tensor("b", b, (torch.float8_e4m3fn,), a.device, "a")
+    if a.dim() != 2 or b.dim() != 3 or b.shape[2] != MM_FP8_BLOCK:
+        raise ValueError(
+            f"a must be [m, k] and b [k / {MM_FP8_BLOCK}, n, {MM_FP8_BLOCK}] "
+            f"(prepare_low_latency_gemm_weights), got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    m, k = a.shape
+    n = b.shape[1]
+    if b.shape[0] * MM_FP8_BLOCK != k:
+        raise ValueError(f"b holds K = {b.shape[0] * MM_FP8_BLOCK} but a has K = {k}")
+    dtype = out.dtype if out is not None else out_dtype
+    if dtype != torch.bfloat16 or (out is not None and out_dtype not in (None, out.dtype)):
+        raise ValueError(f"Unsupported output dtype: {dtype}. Only bfloat16 is supported")
+    _out(out, (m, n), a.device)
+    if alpha is None:
+        scale = _one(a.device)
+    else:
+        check_tensor("alpha", alpha, (torch.float32,), a.device, "a")
+        if alpha.numel() != 1:
+            raise ValueError(f"alpha must hold one scale, got shape {tuple(alpha.shape)}")
+        scale = alpha.reshape(1)
+    return Fp8Inputs(
+        a.unsqueeze(0),
+        b.unsqueeze(0),
+        scale,
+        _one(a.device),
+        dtype,
+        b_kblock=MM_FP8_BLOCK,
+        out=None if out is None else out.unsqueeze(0),
     )
