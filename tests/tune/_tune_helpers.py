@@ -58,9 +58,11 @@ class CompoundRunner(FakeRunner):
     COSTS = {-1: 5.0, (64, (2, 3)): 1.0, (128, (4, 1)): 2.0}
 
 
-# The fake clock never varies: no confirmation rounds, so every tactic is timed exactly once
-# (test_confirmation.py covers them with a clock that does vary).
-CONFIG = TuningConfig(dynamic_dims=(DynamicDim(0, 0),), cold_l2=False, confirm_rounds=0)
+# The fake clock never varies: no confirmation or guard rounds, so every tactic is timed
+# exactly once (test_confirmation.py and test_search.py cover them).
+CONFIG = TuningConfig(
+    dynamic_dims=(DynamicDim(0, 0),), cold_l2=False, confirm_rounds=0, guard_rounds=0
+)
 
 
 def use_fake_clock() -> None:

@@ -84,7 +84,7 @@ def test_the_tuner_keeps_the_tactic_that_is_fast_when_timed_again(
         return Timing(t, t, t, 0.0, t, 1)
 
     monkeypatch.setattr(profiling, "_measure", noisy_measure)
-    config = TuningConfig(dynamic_dims=(DynamicDim(0, 0),), cold_l2=False)
+    config = TuningConfig(dynamic_dims=(DynamicDim(0, 0),), cold_l2=False, guard_rounds=0)
     with autotune():
         runner, tactic = choose_one("noisy", [NoisyRunner()], config, [torch.randn(8, 4)])
     assert tactic == 2

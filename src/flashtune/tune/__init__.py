@@ -34,12 +34,20 @@ from flashtune.tune.runner import (
     pow2_bucketer,
     pow2_buckets,
 )
-from flashtune.tune.tuner import AutoTuner, AutotuneWarning, TacticFailure, autotune
+from flashtune.tune.tuner import (
+    AutoTuner,
+    AutotuneWarning,
+    Decision,
+    TacticFailure,
+    autotune,
+    sync_ranks,
+)
 
 __all__ = [
     "DEFAULT_TACTIC",
     "AutoTuner",
     "AutotuneWarning",
+    "Decision",
     "DynamicDim",
     "FileRead",
     "Profile",
@@ -53,6 +61,7 @@ __all__ = [
     "load_configs",
     "pow2_bucketer",
     "pow2_buckets",
+    "sync_ranks",
 ]
 
 

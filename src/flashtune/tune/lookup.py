@@ -6,8 +6,9 @@ dict, without the lock (a dict read is atomic in CPython; writes happen under th
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -52,6 +53,9 @@ class Lookup:
         self.tune_mode = False
         self.profiling_cache: dict[CacheKey, Entry] = {}
         self._memo: dict[Any, tuple[int, Tactic]] = {}
+        # Set while ranks tune together (tune/ranks.py): called with a bucket to tune at the
+        # next sync point instead of now.
+        self.deferred: Callable[..., None] | None = None
 
     def choose_one(
         self,
@@ -114,13 +118,97 @@ class Lookup:
                     "(tune it before capturing)",
                 )
                 return runners[0], DEFAULT_TACTIC
-            won = self.profiler.profile(op_name, runners, config, inputs, profile)
+            if self.profiler.session_exhausted():
+                self.notices.warn_once(
+                    ("budget", op_name),
+                    f"autotune: the session's time budget is spent; {op_name} at {profile} "
+                    "and other new buckets run the default tactic, uncached (tune them in a "
+                    "later session)",
+                )
+                return self._remember(memo_key, runners, 0, DEFAULT_TACTIC)
+            if self.deferred is not None:
+                # Ranks tune together at the sync point (tune/ranks.py); until then the
+                # default, not memoized, so the synced pick is used right after.
+                self.deferred(op_name, runners, config, inputs, profile)
+                return runners[0], DEFAULT_TACTIC
+            won = self.tune_bucket(op_name, runners, config, inputs, profile)
             if won is None:  # every candidate failed: the default, not cached
                 return self._remember(memo_key, runners, 0, DEFAULT_TACTIC)
-            index, tactic = won
-            name = runners[index].name
-            self.profiling_cache[(op_name, name, profile)] = (name, tactic)
-            return self._remember(memo_key, runners, index, tactic)
+            return self._remember(memo_key, runners, *won)
+
+    def tune_bucket(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        config: TuningConfig,
+        inputs: Sequence[Any],
+        profile: Profile,
+    ) -> tuple[int, Tactic] | None:
+        """Profile one bucket (a stale cached pick is only re-validated against the
+        defaults; otherwise a search seeded by the neighbouring buckets' winners) and keep
+        the winner in the in-memory cache. Called under the lock."""
+        stale = self._stale_pick(op_name, runners, inputs, profile)
+        won = self.profiler.profile(
+            op_name,
+            runners,
+            config,
+            inputs,
+            profile,
+            priors=self.priors(op_name, runners, config, profile),
+            only=None if stale is None else [stale],
+        )
+        if won is None:
+            return None
+        index, tactic = won
+        name = runners[index].name
+        self.profiling_cache[(op_name, name, profile)] = (name, tactic)
+        return index, tactic
+
+    def _stale_pick(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        inputs: Sequence[Any],
+        profile: Profile,
+    ) -> tuple[int, Tactic] | None:
+        """A pick cached under other library/driver versions, if the runner still offers it."""
+        for index, runner in enumerate(runners):
+            entry = self.store.stale_configs.get((op_name, runner.name, profile))
+            if entry is None:
+                continue
+            offered = self._offered_tactic(runner, entry[1], inputs, profile)
+            if offered is not None:
+                return index, offered
+        return None
+
+    def priors(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        config: TuningConfig,
+        profile: Profile,
+        most: int = 2,
+    ) -> list[tuple[int, Tactic]]:
+        """Winners at the nearest neighbouring buckets of the same op and fixed dimensions
+        (in memory and in loaded files): good tactics move slowly with M, so they are timed
+        right after the defaults, which lets early stopping cut the long tail."""
+        dynamic = {(d.input_idx, d.dim) for d in config.dynamic_dims}
+        index_of = {r.name: i for i, r in enumerate(runners)}
+        scored: list[tuple[float, int, Tactic]] = []
+        for table in (self.profiling_cache, self.store.file_configs):
+            for (op, runner_name, other), (_, tactic) in table.items():
+                if op != op_name or runner_name not in index_of or other == profile:
+                    continue
+                distance = _bucket_distance(profile, other, dynamic)
+                if distance is not None:
+                    scored.append((distance, index_of[runner_name], tactic))
+        out: list[tuple[int, Tactic]] = []
+        for _, index, tactic in sorted(scored, key=lambda x: x[0]):
+            if (index, tactic) not in out:
+                out.append((index, tactic))
+            if len(out) >= most:
+                break
+        return out
 
     def _remember(
         self, memo_key: Any, runners: Sequence[TunableRunner], index: int, tactic: Tactic
@@ -219,3 +307,25 @@ class Lookup:
                 if candidate == tactic or stored_form(candidate) == wanted:
                     return candidate
         return None
+
+
+def _bucket_distance(profile: Profile, other: Any, dynamic: set[tuple[int, int]]) -> float | None:
+    """How far `other` is from `profile` in log2 steps of the dynamic dimensions; None when
+    they differ anywhere else (another N, K, dtype: not a neighbour)."""
+    if not isinstance(other, tuple) or len(other) != len(profile):
+        return None
+    distance = 0.0
+    for i, (a, b) in enumerate(zip(profile, other, strict=True)):
+        if a == b:
+            continue
+        if not (isinstance(a, tuple) and isinstance(b, tuple)) or len(a) != len(b):
+            return None
+        for d, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x == y:
+                continue
+            if (i, d) not in dynamic and (i, d - len(a)) not in dynamic:
+                return None
+            if not (isinstance(x, int) and isinstance(y, int)) or x <= 0 or y <= 0:
+                return None
+            distance += abs(math.log2(x) - math.log2(y))
+    return distance

@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,9 +32,16 @@ from flashtune.tune.runner import (
     TuningConfig,
     make_tuning_inputs,
 )
-from flashtune.tune.selection import TacticFailure, TuneStats, confirm_pick
+from flashtune.tune.selection import (
+    Decision,
+    GuardResult,
+    TacticFailure,
+    TuneStats,
+    confirm_pick,
+    guard_pick,
+)
 
-__all__ = ["Profiler"]
+__all__ = ["Profiler", "default_candidates", "order_candidates"]
 
 logger = logging.getLogger("flashtune.tune")
 
@@ -56,12 +64,25 @@ class Profiler:
         # (op_name, profile) -> {(runner_name, tactic): median ms}: what profiling measured,
         # for reports (the winner's margin over the default, over cuBLAS, ...).
         self.timings: dict[tuple[str, Profile], dict[tuple[str, Tactic], float]] = {}
+        # (op_name, profile) -> why the bucket runs what it runs (saved beside the cache).
+        self.decisions: dict[tuple[str, Profile], Decision] = {}
         self.show_progress = True
+        # Time budgets (autotune(budget_s=..., session_budget_s=...)): seconds per bucket,
+        # and a perf_counter deadline for the whole session; None: unbounded. A search that
+        # runs out keeps the best found so far (the defaults are always timed first).
+        self.bucket_budget_s: float | None = None
+        self.session_deadline: float | None = None
 
     def clear(self) -> None:
         self.failures.clear()
         self.timings.clear()
+        self.decisions.clear()
         self.stats = TuneStats()
+
+    def session_exhausted(self) -> bool:
+        """Whether the session's time budget is spent (new buckets then run the default,
+        uncached, so that a later session can still tune them)."""
+        return self.session_deadline is not None and time.perf_counter() >= self.session_deadline
 
     def profile(
         self,
@@ -70,11 +91,20 @@ class Profiler:
         config: TuningConfig,
         inputs: Sequence[Any],
         profile: Profile,
+        priors: Sequence[tuple[int, Tactic]] = (),
+        only: Sequence[tuple[int, Tactic]] | None = None,
     ) -> tuple[int, Tactic] | None:
         """The winner (runner index, tactic) for `profile`; None when every candidate failed,
-        not even the default ran (warned; the caller uses the default without caching it)."""
+        not even the default ran (warned; the caller uses the default without caching it).
+
+        priors: candidates that won at neighbouring buckets (timed right after the defaults).
+        only: time just these candidates and the defaults (re-validating a cached pick)."""
         start = time.perf_counter()
+        deadline = self.session_deadline
+        if self.bucket_budget_s is not None:
+            deadline = min(deadline or math.inf, start + self.bucket_budget_s)
         tuning_inputs = make_tuning_inputs(inputs, profile, config)
+        defaults = default_candidates(runners)
         candidates: list[tuple[int, Tactic]] = []
         for index, runner in enumerate(runners):
             tactics: list[Tactic] = [DEFAULT_TACTIC]
@@ -85,6 +115,13 @@ class Profiler:
             except Exception as exc:
                 self._fail(op_name, runner, "*", profile, f"get_valid_tactics raised {exc!r}")
             candidates += [(index, t) for t in tactics]
+        if only is not None:
+            keep = set(only) | set(defaults)
+            candidates = [c for c in candidates if c in keep]
+        candidates, pruned = order_candidates(
+            runners, candidates, tuning_inputs, profile, config, defaults, priors
+        )
+        self.stats.tactics_pruned += pruned
 
         # Timing a tactic that writes in place (fused add + RMSNorm updates its residual)
         # changes tuning_inputs: every correctness check starts from this untouched copy.
@@ -97,8 +134,19 @@ class Profiler:
 
         results: list[tuple[int, Tactic, float]] = []
         timings = self.timings.setdefault((op_name, profile), {})
+        best = math.inf
+        stale = 0  # tactics timed in a row that did not beat the best beyond the margin
+        stopped = ""
         with self._progress(op_name, profile, len(candidates)) as advance:
             for index, tactic in candidates:
+                is_default = (index, tactic) in defaults
+                if not is_default and results:
+                    if deadline is not None and time.perf_counter() >= deadline:
+                        stopped = "budget"
+                        break
+                    if config.patience is not None and stale >= config.patience:
+                        stopped = "patience"
+                        break
                 runner = runners[index]
                 try:
                     if baseline is not None and (index, tactic) != (0, DEFAULT_TACTIC):
@@ -124,11 +172,27 @@ class Profiler:
                     median,
                 )
                 results.append((index, tactic, median))
+                if median < best * (1.0 - config.guard_margin):
+                    stale = 0
+                elif not is_default:
+                    stale += 1
+                best = min(best, median)
+        if stopped:
+            self.stats.stopped_early += 1
+            logger.info(
+                "autotune: %s %s: search stopped by %s after %d of %d candidates",
+                op_name,
+                profile,
+                stopped,
+                len(results),
+                len(candidates),
+            )
 
-        best = self._confirm(op_name, runners, config, tuning_inputs, input_sets, profile, results)
-        elapsed = time.perf_counter() - start
-        self.stats.seconds += elapsed
-        if best is None:
+        confirmed = self._confirm(
+            op_name, runners, config, tuning_inputs, input_sets, profile, results
+        )
+        if confirmed is None:
+            self.stats.seconds += time.perf_counter() - start
             # Nothing ran, not even the default: not cached, so a later call can retry.
             warnings.warn(
                 f"autotune: every candidate of {op_name} at {profile} failed "
@@ -137,10 +201,47 @@ class Profiler:
                 stacklevel=4,
             )
             return None
-        index, tactic, median = best
+        pick = confirmed[:2]
+        guard = self._guard(op_name, runners, config, inputs, profile, pick, defaults)
+        kind = "revalidated" if only is not None else ("budget" if stopped == "budget" else "")
+        if guard is not None:
+            index, tactic = guard.kept
+            median = guard.medians.get(guard.kept, confirmed[2])
+            if guard.kept != pick:
+                self.stats.defaults_kept += 1
+            kind = kind or ("tuned" if guard.kept == pick else "default-kept")
+            decision = Decision(
+                op_name,
+                profile,
+                runners[index].name,
+                tactic,
+                kind,
+                guard.reason,
+                default_ms=guard.medians.get(guard.reference),
+                pick_ms=guard.medians.get(pick),
+                noise_ms=guard.noise_ms,
+                candidates_timed=len(results),
+                candidates_pruned=pruned,
+            )
+        else:  # no guard rounds, or the pick is runner 0's default
+            index, tactic, median = confirmed
+            decision = Decision(
+                op_name,
+                profile,
+                runners[index].name,
+                tactic,
+                kind or "tuned",
+                "the pick is the default" if pick == defaults[0] else "not guarded",
+                pick_ms=median,
+                candidates_timed=len(results),
+                candidates_pruned=pruned,
+            )
+        self.decisions[(op_name, profile)] = decision
+        elapsed = time.perf_counter() - start
+        self.stats.seconds += elapsed
         self.stats.shapes_tuned += 1
         logger.info(
-            "autotune: %s %s -> %s tactic %r (%.4f ms; %d candidates in %.2f s)",
+            "autotune: %s %s -> %s tactic %r (%.4f ms; %d candidates in %.2f s; %s)",
             op_name,
             profile,
             runners[index].name,
@@ -148,8 +249,54 @@ class Profiler:
             median,
             len(candidates),
             elapsed,
+            decision.reason,
         )
         return index, tactic
+
+    def _guard(
+        self,
+        op_name: str,
+        runners: Sequence[TunableRunner],
+        config: TuningConfig,
+        inputs: Sequence[Any],
+        profile: Profile,
+        pick: tuple[int, Tactic],
+        defaults: Sequence[tuple[int, Tactic]],
+    ) -> GuardResult | None:
+        """The never-slower-than-default check (selection.guard_pick), on fresh random inputs
+        in the serving mode: a CUDA graph where every contender can be captured (else, for
+        all of them alike, launches), always cold L2. None: no guard was needed or run."""
+        if config.guard_rounds <= 0 or pick == defaults[0]:
+            return None
+        fresh = make_tuning_inputs(inputs, profile, config)
+        serving = replace(config, cold_l2=True)
+        fresh_sets = self._input_sets(fresh, serving)
+        contenders = [pick, *defaults]
+        graph = config.serving == "cuda_graph" and all(
+            runners[i].supports_cuda_graph for i, _ in contenders
+        )
+
+        def run(use_graph: bool) -> GuardResult | None:
+            policy = replace(serving, use_cuda_graph=use_graph)
+
+            def time_once(index: int, tactic: Tactic) -> float | None:
+                try:
+                    return _time_tactic(runners[index], tactic, fresh, fresh_sets, policy)
+                except timing.CaptureError:
+                    if use_graph:
+                        raise  # like for like: every contender is timed eagerly instead
+                    return None
+                except Exception as exc:
+                    self._fail(op_name, runners[index], tactic, profile, f"guard: {exc!r}")
+                    _recover_device(exc)
+                    return None
+
+            return guard_pick(pick, defaults, time_once, config.guard_rounds, config.guard_margin)
+
+        try:
+            return run(graph)
+        except timing.CaptureError:
+            return run(False)
 
     def _confirm(
         self,
@@ -310,3 +457,57 @@ def _recover_device(exc: BaseException) -> None:
 
 def _nan_safe(x: float) -> float:
     return x if math.isfinite(x) else float("inf")
+
+
+def default_candidates(runners: Sequence[TunableRunner]) -> list[tuple[int, Tactic]]:
+    """The candidates that always compete: runner 0's tactic -1 (the fallback), then the
+    tactic -1 of every other runner marked `library` (cuBLAS and the like)."""
+    out = [(0, DEFAULT_TACTIC)]
+    out += [(i, DEFAULT_TACTIC) for i, r in enumerate(runners) if i and r.library]
+    return out
+
+
+def order_candidates(
+    runners: Sequence[TunableRunner],
+    candidates: Sequence[tuple[int, Tactic]],
+    inputs: Sequence[Any],
+    profile: Profile,
+    config: TuningConfig,
+    defaults: Sequence[tuple[int, Tactic]],
+    priors: Sequence[tuple[int, Tactic]],
+) -> tuple[list[tuple[int, Tactic]], int]:
+    """(the candidates in timing order, how many were pruned).
+
+    Order: the defaults, then the priors (winners at neighbouring buckets), then the rest
+    by the runner's `estimate_cost` relative to its best estimate (no estimate: as listed).
+    Pruned: a tactic estimated more than `config.prune_slack` above its runner's best
+    estimate, never a default or a prior. Early stopping (patience) then cuts the tail,
+    which is why the most promising candidates go first."""
+    keep_first = [c for c in defaults if c in candidates]
+    keep_first += [c for c in priors if c in candidates and c not in keep_first]
+    estimates: dict[tuple[int, Tactic], float] = {}
+    for c in candidates:
+        if c[1] == DEFAULT_TACTIC:
+            continue
+        try:
+            e = runners[c[0]].estimate_cost(inputs, profile, c[1])
+        except Exception as exc:  # a cost model bug must not cost the tactic
+            logger.debug("autotune: estimate_cost(%r) raised %r", c, exc)
+            e = None
+        if e is not None and math.isfinite(e) and e > 0:
+            estimates[c] = float(e)
+    best_of: dict[int, float] = {}
+    for (index, _), e in estimates.items():
+        best_of[index] = min(best_of.get(index, math.inf), e)
+    rest: list[tuple[float, int, tuple[int, Tactic]]] = []
+    pruned = 0
+    for position, c in enumerate(candidates):
+        if c in keep_first:
+            continue
+        relative = estimates[c] / best_of[c[0]] if c in estimates else 1.0
+        if config.prune_slack is not None and relative > 1.0 + config.prune_slack:
+            pruned += 1
+            continue
+        rest.append((relative, position, c))
+    rest.sort()
+    return keep_first + [c for _, _, c in rest], pruned

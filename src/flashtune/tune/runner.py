@@ -52,6 +52,9 @@ class TunableRunner(ABC):
     """
 
     supports_cuda_graph: bool = True
+    # A vendor library (cuBLAS) or other reference implementation: its default tactic -1
+    # always competes with the pick, like runner 0's (the never-slower-than-default guard).
+    library: bool = False
 
     @abstractmethod
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
@@ -65,6 +68,15 @@ class TunableRunner(ABC):
         """Compile `tactic` for `inputs` ahead of timing (may run in a worker thread).
 
         The default does nothing: the first timed call's warm-up compiles instead."""
+
+    def estimate_cost(self, inputs: Sequence[Any], profile: Any, tactic: Tactic) -> float | None:
+        """A predicted relative cost of `tactic` at this shape (lower is better; only
+        compared among this runner's tactics), or None for no prediction. The tuner times
+        the tactics in order of this estimate and prunes those predicted worse than the
+        best by more than `TuningConfig.prune_slack` (e.g. tiles that spend much of their
+        work on padding at this shape, or too few CTAs for the SMs: see tune/search.py).
+        The default predicts nothing, so nothing is pruned."""
+        return None
 
     def __call__(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         return self.forward(inputs, tactic)
@@ -151,6 +163,18 @@ class TuningConfig:
         is the fastest by those medians alone: the least of many single measurements is
         biased low (one lucky measurement wins), and a pick made by noise would stay cached.
         0 rounds: the first measurements decide.
+    guard_rounds / guard_margin / serving: the never-slower-than-default guard. The pick
+        and the defaults (every runner's tactic -1 of runner 0 and of `library` runners)
+        are timed again guard_rounds times in turns on fresh random inputs, the way the op
+        serves (`serving`: "cuda_graph" replays a graph where every contender can be
+        captured, "eager" times launches; always cold L2), and the pick replaces the
+        default only if it is faster by more than the noise seen in those rounds and by
+        more than guard_margin (a fraction of the default's time). 0 rounds: no guard.
+    prune_slack: drop tactics whose `TunableRunner.estimate_cost` is more than this
+        fraction above the runner's best estimate (None: no pruning).
+    patience: stop timing once this many tactics in a row did not beat the best so far by
+        more than the noise (None: time every candidate). The defaults and the priors
+        (winners at neighbouring buckets) are always timed first.
     """
 
     dynamic_dims: tuple[DynamicDim, ...] = ()
@@ -167,6 +191,11 @@ class TuningConfig:
     compile_workers: int = 8
     confirm_top: int = 3
     confirm_rounds: int = 2
+    guard_rounds: int = 3
+    guard_margin: float = 0.01
+    serving: str = "cuda_graph"
+    prune_slack: float | None = 0.5
+    patience: int | None = 12
 
 
 def _shape_of(x: Any) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from flashtune.tune.runner import DEFAULT_TACTIC, Profile, Tactic
 
-__all__ = ["TacticFailure", "TuneStats", "confirm_pick"]
+__all__ = ["Decision", "GuardResult", "TacticFailure", "TuneStats", "confirm_pick", "guard_pick"]
 
 Result = tuple[int, Tactic, float]  # (runner index, tactic, median ms)
 
@@ -54,6 +54,110 @@ def confirm_pick(
     return (index, tactic, median), medians
 
 
+Candidate = tuple[int, Tactic]  # (runner index, tactic)
+
+
+@dataclass(frozen=True)
+class GuardResult:
+    """What the never-slower-than-default guard decided.
+
+    kept: the candidate to use. reference: the default it was compared with (the fastest
+    default, or runner 0's where the others do not beat it beyond the noise). medians: each
+    contender's median over the guard rounds (ms). noise_ms: the largest spread (max - min)
+    of one contender's round medians: how much a measurement moved between rounds.
+    threshold_ms: the margin the pick had to beat (the larger of the noise and the
+    relative margin). reason: one line for the cache's decision record."""
+
+    kept: Candidate
+    reference: Candidate
+    medians: dict[Candidate, float]
+    noise_ms: float
+    threshold_ms: float
+    reason: str
+
+
+def guard_pick(
+    pick: Candidate,
+    defaults: Sequence[Candidate],
+    time_once: Callable[[int, Tactic], float | None],
+    rounds: int,
+    margin: float,
+) -> GuardResult | None:
+    """Keep `pick` only if it beats the defaults by more than the noise (issue 38).
+
+    defaults: runner 0's tactic -1 first, then other defaults that always compete (library
+    runners' -1). Every contender is timed `rounds` times in turns (a drift falls on all of
+    them), by `time_once` on fresh inputs. The reference is runner 0's default unless
+    another default beats it by more than the threshold. None when no contender ran."""
+    contenders: list[Candidate] = list(dict.fromkeys([pick, *defaults]))
+    samples: dict[Candidate, list[float]] = {c: [] for c in contenders}
+    for _ in range(max(rounds, 1)):
+        for c in contenders:
+            if c not in samples:
+                continue
+            t = time_once(*c)
+            if t is None:
+                del samples[c]  # failed now: out of the contest
+            else:
+                samples[c].append(t)
+    if not samples:
+        return None
+    medians = {c: statistics.median(v) for c, v in samples.items()}
+    noise = max((max(v) - min(v)) for v in samples.values())
+
+    def threshold(ref_ms: float) -> float:
+        return max(noise, margin * ref_ms)
+
+    alive_defaults = [d for d in defaults if d in medians]
+    if not alive_defaults:  # every default failed now: the pick is all there is
+        return GuardResult(pick, pick, medians, noise, 0.0, "no default ran in the guard")
+    reference = alive_defaults[0]
+    for d in alive_defaults[1:]:
+        if medians[reference] - medians[d] > threshold(medians[reference]):
+            reference = d
+    ref_ms = medians[reference]
+    need = threshold(ref_ms)
+    if pick == reference:
+        return GuardResult(pick, reference, medians, noise, need, "the pick is the default")
+    if pick not in medians:
+        return GuardResult(
+            reference, reference, medians, noise, need, "the pick failed in the guard"
+        )
+    gain = ref_ms - medians[pick]
+    if gain > need:
+        reason = (
+            f"beats the default by {gain:.4g} ms ({gain / ref_ms:.1%}) > {need:.4g} ms "
+            f"(noise {noise:.4g} ms, margin {margin:.1%})"
+        )
+        return GuardResult(pick, reference, medians, noise, need, reason)
+    reason = (
+        f"default kept: the pick's gain {gain:.4g} ms ({gain / ref_ms:.1%}) is within "
+        f"{need:.4g} ms (noise {noise:.4g} ms, margin {margin:.1%})"
+    )
+    return GuardResult(reference, reference, medians, noise, need, reason)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Why a bucket runs what it runs, kept beside the cache (`<cache>.decisions.json`).
+
+    kind: "tuned" (guard passed), "default-kept" (the pick did not beat the default beyond
+    the noise), "revalidated" (a cached pick re-timed after the environment changed),
+    "budget" (the time budget ended the search; the best so far was guarded)."""
+
+    op_name: str
+    profile: Profile
+    runner: str
+    tactic: Tactic
+    kind: str
+    reason: str
+    default_ms: float | None = None
+    pick_ms: float | None = None
+    noise_ms: float | None = None
+    candidates_timed: int = 0
+    candidates_pruned: int = 0
+
+
 @dataclass(frozen=True)
 class TacticFailure:
     """A candidate excluded while profiling, and why."""
@@ -74,3 +178,6 @@ class TuneStats:
     tactics_failed: int = 0
     cache_hits: int = 0
     seconds: float = 0.0
+    tactics_pruned: int = 0  # dropped by the cost model, never compiled or timed
+    stopped_early: int = 0  # buckets whose search stopped (patience or budget)
+    defaults_kept: int = 0  # buckets where the guard kept the default over the pick

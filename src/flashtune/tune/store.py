@@ -6,27 +6,35 @@ The store takes no lock of its own: `AutoTuner` calls it under the tuner's lock.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 
+from flashtune.data.io import atomic_write_text
 from flashtune.tune.cache_file import (
+    DEVICE_FIELDS,
     CacheKey,
     Entry,
     FileRead,
     backup_file,
     corrupt_entries,
     current_metadata,
+    encode_tactic,
+    metadata_differences,
     read_cache_file,
     write_cache_file,
 )
 from flashtune.tune.notices import AutotuneWarning, Notices
+from flashtune.tune.selection import Decision
 
-__all__ = ["BUNDLED_DIR", "ConfigStore"]
+__all__ = ["BUNDLED_DIR", "ConfigStore", "decisions_path", "write_decisions"]
 
 logger = logging.getLogger("flashtune.tune")
 
@@ -42,11 +50,19 @@ class ConfigStore:
     def __init__(self, notices: Notices) -> None:
         self.notices = notices
         self.file_configs: dict[CacheKey, Entry] = {}
+        # Picks of files made under other library/driver versions on this same device:
+        # never used as they are, only re-validated when tuning (lookup.tune_bucket).
+        self.stale_configs: dict[CacheKey, Entry] = {}
+        # Files whose stale picks are being re-validated: rewritten on save with this
+        # environment's metadata (a backup of the old file is kept).
+        self.revalidating: set[Path] = set()
         self.file_lock_timeout_s = 120.0
         self._bundled: dict[CacheKey, Entry] | None = None
 
     def clear(self) -> None:
         self.file_configs.clear()
+        self.stale_configs.clear()
+        self.revalidating.clear()
         self._bundled = None
 
     def bundled_configs(self) -> dict[CacheKey, Entry]:
@@ -73,9 +89,26 @@ class ConfigStore:
             self._bundled = bundled
         return self._bundled
 
-    def load(self, path: str | os.PathLike[str], *, missing_ok: bool) -> FileRead:
-        """Read a config file and add its entries to the file configs (status "ok" only)."""
+    def load(
+        self, path: str | os.PathLike[str], *, missing_ok: bool, revalidate: bool = False
+    ) -> FileRead:
+        """Read a config file and add its entries to the file configs (status "ok" only).
+        revalidate: a file from this device under other library/driver versions has its
+        picks kept as stale, to be re-validated (tuning) rather than skipped."""
         found = read_cache_file(path)
+        if found.status == "mismatch" and revalidate and _versions_only(found):
+            stale = read_cache_file(path, expected={})
+            self.stale_configs.update(stale.entries)
+            self.revalidating.add(found.path.resolve())
+            warnings.warn(
+                f"autotune config file {found.path} was made under other versions: "
+                f"{found.reason}; its {len(stale.entries)} picks are re-validated against the "
+                "default tactics as their shapes are seen, and the file is rewritten for this "
+                "environment on exit (a backup is kept)",
+                AutotuneWarning,
+                stacklevel=4,
+            )
+            return found
         if found.status == "absent":
             if missing_ok:
                 return found
@@ -120,13 +153,14 @@ class ConfigStore:
         path: str | os.PathLike[str],
         tuned: Mapping[CacheKey, Entry],
         base: Mapping[CacheKey, Entry] | None = None,
+        decisions: Mapping[tuple[str, Any], Decision] | None = None,
     ) -> bool:
         """Merge `tuned` into `path` (see `AutoTuner.save_configs`): False when not saved."""
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(str(path) + ".lock", timeout=self.file_lock_timeout_s):
-                saved = self._merge_into(path, tuned, base)
+                saved = self._merge_into(path, tuned, base, decisions)
         except Timeout:
             warnings.warn(
                 f"autotune: could not lock {path}.lock within {self.file_lock_timeout_s:.0f} s; "
@@ -152,6 +186,7 @@ class ConfigStore:
         path: Path,
         tuned: Mapping[CacheKey, Entry],
         base: Mapping[CacheKey, Entry] | None,
+        decisions: Mapping[tuple[str, Any], Decision] | None = None,
     ) -> int | None:
         """save under the file lock: how many configs were written (None: none)."""
         on_disk = read_cache_file(path)
@@ -164,7 +199,15 @@ class ConfigStore:
                 stacklevel=5,
             )
             return None
-        if on_disk.status == "mismatch":
+        renew = on_disk.status == "mismatch" and path.resolve() in self.revalidating
+        if renew and _versions_only(on_disk):
+            backup = backup_file(path)
+            logger.info("autotune: %s re-validated for this environment (old: %s)", path, backup)
+            # Only what was tuned or re-validated here: the old picks were not measured
+            # under this environment (they stay in the backup).
+            on_disk = FileRead(path, "ok")
+            base = {}
+        elif on_disk.status == "mismatch":
             warnings.warn(
                 f"autotune: not saving to {path}: {on_disk.reason}; the file belongs to another "
                 "environment, use another cache path",
@@ -194,4 +237,38 @@ class ConfigStore:
         merged.update(tuned)
         metadata = on_disk.metadata if on_disk.metadata else current_metadata()
         write_cache_file(path, merged, metadata, last_updated_by=current_metadata())
+        if decisions:
+            write_decisions(path, decisions)
         return len(merged)
+
+
+def decisions_path(cache: Path) -> Path:
+    """Where the why of a cache file's picks is kept: beside it, so that the cache itself
+    stays in FlashInfer's documented format (FlashInfer parses every key but its metadata
+    as an (op, runner, profile) tuple)."""
+    return cache.with_name(cache.name + ".decisions.json")
+
+
+def write_decisions(cache: Path, decisions: Mapping[tuple[str, Any], Decision]) -> None:
+    """Merge `decisions` into the cache's decision record (newest wins), atomically."""
+    target = decisions_path(cache)
+    doc: dict[str, Any] = {}
+    try:
+        loaded = json.loads(target.read_text())
+        if isinstance(loaded, dict):
+            doc = loaded
+    except (OSError, ValueError):
+        pass  # absent or damaged: it is a record, rebuilt from what this process knows
+    for (op_name, profile), d in decisions.items():
+        record = dataclasses.asdict(d)
+        record["profile"] = repr(profile)
+        record["tactic"] = encode_tactic(d.tactic)
+        doc[repr((op_name, profile))] = record
+    atomic_write_text(target, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _versions_only(found: FileRead) -> bool:
+    """Whether a mismatched file differs from this environment in versions only (the same
+    device), so its picks can be re-validated instead of skipped."""
+    diffs = metadata_differences(found.metadata or {}, current_metadata())
+    return bool(diffs) and not any(name in DEVICE_FIELDS for name, _, _ in diffs)

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -31,11 +32,20 @@ from flashtune.tune.cache_file import CacheKey, Entry, FileRead
 from flashtune.tune.lookup import Lookup
 from flashtune.tune.notices import AutotuneWarning, Notices
 from flashtune.tune.profiling import Profiler
+from flashtune.tune.ranks import PendingBucket, RankGroup, distributed_world
 from flashtune.tune.runner import Profile, Tactic, TunableRunner, TuningConfig
-from flashtune.tune.selection import TacticFailure, TuneStats
+from flashtune.tune.selection import Decision, TacticFailure, TuneStats
 from flashtune.tune.store import ConfigStore
 
-__all__ = ["AutoTuner", "AutotuneWarning", "TacticFailure", "TuneStats", "autotune"]
+__all__ = [
+    "AutoTuner",
+    "AutotuneWarning",
+    "Decision",
+    "TacticFailure",
+    "TuneStats",
+    "autotune",
+    "sync_ranks",
+]
 
 logger = logging.getLogger("flashtune.tune")
 
@@ -58,6 +68,8 @@ class AutoTuner:
         self.store = ConfigStore(self.notices)
         self.profiler = Profiler(self.notices)
         self.lookup = Lookup(self.lock, self.store, self.profiler, self.notices)
+        # Set inside autotune(True) under torch.distributed: buckets wait for sync_ranks().
+        self.rank_group: RankGroup | None = None
 
     @classmethod
     def get(cls) -> AutoTuner:
@@ -146,13 +158,48 @@ class AutoTuner:
             self.profiler.clear()
             self.notices.clear()
 
-    def load_configs(self, path: str | os.PathLike[str], *, missing_ok: bool = False) -> FileRead:
+    @property
+    def decisions(self) -> dict[tuple[str, Profile], Decision]:
+        """(op_name, profile) -> why the bucket runs what it runs (tuned, default kept, ...)."""
+        return self.profiler.decisions
+
+    def sync_ranks(self) -> int:
+        """Tune the buckets every rank recorded since the last sync point, split across the
+        ranks, and share the picks (tune/ranks.py). Every rank must call it (the exit of a
+        distributed `autotune(True)` block does). Returns how many buckets this rank tuned;
+        0 and no collective outside such a block."""
+        with self.lock:
+            group = self.rank_group
+            if group is None:
+                return 0
+
+            def tune(bucket: PendingBucket) -> tuple[dict[CacheKey, Entry], Decision | None] | None:
+                won = self.lookup.tune_bucket(
+                    bucket.op_name, bucket.runners, bucket.config, bucket.inputs, bucket.profile
+                )
+                if won is None:
+                    return None
+                name = bucket.runners[won[0]].name
+                key = (bucket.op_name, name, bucket.profile)
+                return {key: (name, won[1])}, self.decisions.get((bucket.op_name, bucket.profile))
+
+            picks, decisions, tuned = group.sync(tune)
+            self.lookup.profiling_cache.update(picks)
+            for d in decisions:
+                self.decisions[(d.op_name, d.profile)] = d
+            self.lookup.forget()
+            return tuned
+
+    def load_configs(
+        self, path: str | os.PathLike[str], *, missing_ok: bool = False, revalidate: bool = False
+    ) -> FileRead:
         """Add a config file's entries to the user-loaded configs (priority 2).
 
         A missing file raises FileNotFoundError unless `missing_ok`; a corrupt file or one made
-        in another environment warns and loads nothing."""
+        in another environment warns and loads nothing. revalidate: a file of this device made
+        under other library/driver versions has its picks re-validated when tuning."""
         with self.lock:
-            found = self.store.load(path, missing_ok=missing_ok)
+            found = self.store.load(path, missing_ok=missing_ok, revalidate=revalidate)
             if found.status == "ok":
                 self.lookup.forget()
             return found
@@ -167,15 +214,19 @@ class AutoTuner:
         written: a directory, a read-only folder, a path under a regular file). Never raises
         for the file: the results stay in memory either way."""
         with self.lock:
-            return self.store.save(path, self.lookup.profiling_cache, base)
+            return self.store.save(
+                path, self.lookup.profiling_cache, base, decisions=self.profiler.decisions
+            )
 
 
 # The cache file only saves time: nothing about it may fail the user's block (or replace the
 # exception the block raised). load_configs/save_configs already turn file problems into
 # warnings; these catch anything left, so `autotune()` itself never raises for its file.
-def _load_quietly(tuner: AutoTuner, cache: str | os.PathLike[str]) -> dict[CacheKey, Entry]:
+def _load_quietly(
+    tuner: AutoTuner, cache: str | os.PathLike[str], revalidate: bool
+) -> dict[CacheKey, Entry]:
     try:
-        return tuner.load_configs(cache, missing_ok=True).entries
+        return tuner.load_configs(cache, missing_ok=True, revalidate=revalidate).entries
     except Exception as exc:  # noqa: BLE001 - see above
         tuner.notices.warn_path_once(
             Path(cache), f"autotune: cannot load {cache}: {exc!r}; not using it", stacklevel=4
@@ -199,7 +250,12 @@ def _save_quietly(
 
 @contextlib.contextmanager
 def autotune(
-    tune_mode: bool = True, cache: str | os.PathLike[str] | None = None
+    tune_mode: bool = True,
+    cache: str | os.PathLike[str] | None = None,
+    *,
+    budget_s: float | None = None,
+    session_budget_s: float | None = None,
+    distributed: bool | None = None,
 ) -> Iterator[AutoTuner]:
     """Tune (True) or only use known configs (False) inside the block.
 
@@ -210,36 +266,76 @@ def autotune(
     | False     | path  | load the file if it exists | never saves                    |
     | False     | None  | -                         | - (no profiling inside)         |
 
+    budget_s: seconds per tuned bucket (one op at one shape bucket): the search stops there
+        and keeps the best found so far (the defaults are always timed first).
+    session_budget_s: seconds for the whole block: once spent, new buckets run the default
+        tactic, uncached (a later session tunes them).
+    distributed: tune across torch.distributed ranks (tune/ranks.py): misses are recorded
+        and tuned at `sync_ranks()` / this block's exit, split across the ranks, the picks
+        shared so that every rank runs the same tactic. None: when torch.distributed is
+        initialised with more than one rank. Every rank must enter and exit the block.
+
     Configs loaded on entry stay loaded after exit (they are this GPU's answers); the tune
     mode is restored on exit. Results tuned in memory are kept for the process's lifetime.
     A cache path that cannot be read or written (a directory, no permission, a read-only
     folder, a path under a regular file) costs one AutotuneWarning, never an exception.
+    A file of this GPU made under other library/driver versions is re-validated when tuning
+    (each pick timed against the defaults as its shape is seen; the file rewritten on exit).
     """
+    for name, value in (("budget_s", budget_s), ("session_budget_s", session_budget_s)):
+        if value is not None and not value > 0:
+            raise ValueError(f"autotune({name}={value!r}): expected a positive number of seconds")
     tuner = AutoTuner.get()
+    if distributed is None:
+        distributed = tune_mode and distributed_world() is not None
     with tuner.lock:
         loaded: dict[CacheKey, Entry] = {}
         if cache is not None:
-            loaded = _load_quietly(tuner, cache)
+            loaded = _load_quietly(tuner, cache, revalidate=tune_mode)
         previous = tuner.tune_mode
+        previous_budget = (tuner.profiler.bucket_budget_s, tuner.profiler.session_deadline)
+        previous_group = (tuner.rank_group, tuner.lookup.deferred)
         before = replace(tuner.stats)
         tuner.set_tune_mode(tune_mode)
+        if tune_mode:
+            if budget_s is not None:
+                tuner.profiler.bucket_budget_s = budget_s
+            if session_budget_s is not None:
+                tuner.profiler.session_deadline = time.perf_counter() + session_budget_s
+            if distributed:
+                tuner.rank_group = RankGroup()
+                tuner.lookup.deferred = tuner.rank_group.record
     try:
         yield tuner
     finally:
         with tuner.lock:
-            tuner.set_tune_mode(previous)
+            try:
+                if tune_mode and distributed:
+                    # Every rank exits the block: the one place all of them meet.
+                    tuner.sync_ranks()
+            finally:
+                tuner.rank_group, tuner.lookup.deferred = previous_group
+                tuner.profiler.bucket_budget_s, tuner.profiler.session_deadline = previous_budget
+                tuner.set_tune_mode(previous)
             saved = False
             if tune_mode and cache is not None:
                 saved = _save_quietly(tuner, cache, loaded)
             if tune_mode:
                 now = tuner.stats
                 logger.info(
-                    "autotune: %d shapes tuned (%d tactics timed, %d excluded, %d cache hits) in "
-                    "%.1f s%s",
+                    "autotune: %d shapes tuned (%d tactics timed, %d pruned, %d excluded, %d "
+                    "cache hits, %d defaults kept) in %.1f s%s",
                     now.shapes_tuned - before.shapes_tuned,
                     now.tactics_timed - before.tactics_timed,
+                    now.tactics_pruned - before.tactics_pruned,
                     now.tactics_failed - before.tactics_failed,
                     now.cache_hits - before.cache_hits,
+                    now.defaults_kept - before.defaults_kept,
                     now.seconds - before.seconds,
                     f"; saved to {cache}" if saved else "",
                 )
+
+
+def sync_ranks() -> int:
+    """Tune what the ranks recorded so far, together (see `AutoTuner.sync_ranks`)."""
+    return AutoTuner.get().sync_ranks()
