@@ -1,0 +1,277 @@
+"""Issue 38 on the CPU, with a fake clock: the tuned pick is never slower than the default
+(the guard), the search prunes and stops early and keeps to its budget, a cached pick made
+under other versions is re-validated, and the cache's metadata says where it was made."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _tune_helpers as H  # noqa: E402
+
+from flashtune.timing import Timing  # noqa: E402
+from flashtune.tune import (  # noqa: E402
+    AutoTuner,
+    AutotuneWarning,
+    DynamicDim,
+    TuningConfig,
+    autotune,
+    choose_one,
+    load_configs,
+    profiling,
+)
+from flashtune.tune.cache_file import (  # noqa: E402
+    current_metadata,
+    read_cache_file,
+    write_cache_file,
+)
+from flashtune.tune.selection import guard_pick  # noqa: E402
+from flashtune.tune.store import decisions_path  # noqa: E402
+
+DEFAULT = -1
+# Guard on, nothing else that re-times: every extra timing below is the guard's.
+GUARDED = TuningConfig(
+    dynamic_dims=(DynamicDim(0, 0),), cold_l2=False, confirm_rounds=0, guard_rounds=3
+)
+
+
+@pytest.fixture
+def tuner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AutoTuner:
+    return H.install_fresh_tuner(monkeypatch, tmp_path)
+
+
+def x(m: int) -> torch.Tensor:
+    return torch.randn(m, 4)
+
+
+class Calls:
+    """Records every fake measurement: (tactic, its first input, measure's kwargs)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, torch.Tensor, dict[str, Any]]] = []
+
+    def __call__(self, fn: Any, args: Sequence[Any], **kwargs: Any) -> Timing:
+        self.log.append((fn.args[1], args[0], kwargs))
+        return H.fake_measure(fn, args, **kwargs)
+
+    def tactics(self) -> list[Any]:
+        return [t for t, _, _ in self.log]
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch, tuner: AutoTuner) -> Calls:
+    recorder = Calls()
+    monkeypatch.setattr(profiling, "_measure", recorder)
+    return recorder
+
+
+# ----------------------------------------------------------------------- the guard
+def test_guard_keeps_the_default_unless_the_pick_beats_it_beyond_noise_and_margin() -> None:
+    def clock(times: dict[Any, list[float]]):
+        def time_once(index: int, tactic: Any) -> float:
+            return times[tactic].pop(0)
+
+        return time_once
+
+    # 0.5% faster, steady: within the 1% margin -> the default stays.
+    r = guard_pick((0, 1), [(0, DEFAULT)], clock({1: [9.95] * 3, DEFAULT: [10.0] * 3}), 3, 0.01)
+    assert r is not None and r.kept == (0, DEFAULT) and "default kept" in r.reason
+    # 20% faster but the rounds move by 3 ms (noise 3 > gain 2) -> the default stays.
+    noisy = {1: [8.0, 11.0, 8.0], DEFAULT: [10.0, 10.0, 10.0]}
+    r = guard_pick((0, 1), [(0, DEFAULT)], clock(noisy), 3, 0.01)
+    assert r is not None and r.kept == (0, DEFAULT) and r.noise_ms == pytest.approx(3.0)
+    # 20% faster, steady -> the pick.
+    r = guard_pick((0, 1), [(0, DEFAULT)], clock({1: [8.0] * 3, DEFAULT: [10.0] * 3}), 3, 0.01)
+    assert r is not None and r.kept == (0, 1) and r.medians[(0, 1)] == 8.0
+    # A library default (runner 1's -1) faster than runner 0's is the reference: a pick
+    # that only beats runner 0's default is not kept.
+    lib = {(0, 1): [8.0] * 3, (0, DEFAULT): [10.0] * 3, (1, DEFAULT): [7.9] * 3}
+    r = guard_pick((0, 1), [(0, DEFAULT), (1, DEFAULT)], lambda i, t: lib[(i, t)].pop(0), 3, 0.01)
+    assert r is not None and r.kept == (1, DEFAULT) and r.reference == (1, DEFAULT)
+
+
+class SlightlyFaster(H.FakeRunner):
+    """Tactic 1 is 0.5% faster than the default: a pick by noise on a real GPU."""
+
+    COSTS = {DEFAULT: 10.0, 1: 9.95, 2: 12.0}
+
+
+class MuchFaster(H.FakeRunner):
+    COSTS = {DEFAULT: 10.0, 1: 5.0, 2: 12.0}
+
+
+def test_a_pick_within_the_margin_leaves_the_default_and_the_cache_says_why(
+    tuner: AutoTuner, calls: Calls, tmp_path: Path
+) -> None:
+    path = tmp_path / "cfg.json"
+    with autotune(True, cache=path):
+        assert choose_one("op", [SlightlyFaster()], GUARDED, [x(8)])[1] == DEFAULT
+        assert choose_one("op", [MuchFaster()], GUARDED, [x(64)])[1] == 1
+    assert tuner.stats.defaults_kept == 1
+    kept = tuner.decisions[("op", ((8, 4),))]
+    assert kept.kind == "default-kept" and kept.pick_ms == 9.95 and kept.default_ms == 10.0
+    assert tuner.decisions[("op", ((64, 4),))].kind == "tuned"
+    # The cache stays in FlashInfer's format (only _metadata / _last_updated_by besides the
+    # tuple keys); the why is in the file beside it.
+    doc = json.loads(path.read_text())
+    assert {k for k in doc if k.startswith("_")} == {"_metadata", "_last_updated_by"}
+    assert doc[str(("op", "SlightlyFaster", ((8, 4),)))] == ["SlightlyFaster", DEFAULT]
+    why = json.loads(decisions_path(path).read_text())
+    record = why[repr(("op", ((8, 4),)))]
+    assert record["kind"] == "default-kept" and "within" in record["reason"]
+
+
+def test_the_guard_times_fresh_inputs_in_the_serving_mode(calls: Calls) -> None:
+    with autotune():
+        choose_one("op", [MuchFaster()], GUARDED, [x(8)])
+    # Search: -1, 1, 2 once each; guard: pick and default, three rounds in turns.
+    assert calls.tactics() == [DEFAULT, 1, 2] + [1, DEFAULT] * 3
+    search, guard = calls.log[:3], calls.log[3:]
+    assert all(not kw["cold_l2"] and not kw["use_cuda_graph"] for _, _, kw in search)
+    # Serving mode: a CUDA graph (the runners support one) and cold L2, whatever the
+    # config's search settings; on the CPU measure() times host calls either way.
+    assert all(kw["cold_l2"] and kw["use_cuda_graph"] for _, _, kw in guard)
+    assert not torch.equal(search[0][1], guard[0][1])  # other random values
+
+
+# ---------------------------------------------------------------------- the search
+class Tiles(H.FakeRunner):
+    """Tactics 0..9 cost 10 - t (9 is the best); the cost model knows tactics 0..4 pad
+    half their work away."""
+
+    COSTS = {DEFAULT: 20.0, **{t: 10.0 - t for t in range(10)}}
+
+    def estimate_cost(self, inputs: Sequence[Any], profile: Any, tactic: Any) -> float | None:
+        return 2.0 if tactic < 5 else 1.0
+
+
+def test_the_cost_model_prunes_before_anything_is_compiled_or_timed(
+    tuner: AutoTuner, calls: Calls
+) -> None:
+    cfg = TuningConfig(
+        dynamic_dims=(DynamicDim(0, 0),),
+        cold_l2=False,
+        confirm_rounds=0,
+        guard_rounds=0,
+        prune_slack=0.5,
+    )
+    with autotune():
+        assert choose_one("op", [Tiles()], cfg, [x(8)])[1] == 9
+    assert sorted(calls.tactics(), key=str) == sorted([DEFAULT, 5, 6, 7, 8, 9], key=str)
+    assert tuner.stats.tactics_pruned == 5
+    assert tuner.decisions[("op", ((8, 4),))].candidates_pruned == 5
+
+
+class Flat(H.FakeRunner):
+    """30 tactics: 0 is the best, the rest are all alike."""
+
+    COSTS = {DEFAULT: 9.0, 0: 1.0, **{t: 5.0 for t in range(1, 30)}}
+
+
+def test_patience_stops_the_search_and_priors_go_first(tuner: AutoTuner, calls: Calls) -> None:
+    cfg = TuningConfig(
+        dynamic_dims=(DynamicDim(0, 0),),
+        cold_l2=False,
+        confirm_rounds=0,
+        guard_rounds=0,
+        patience=4,
+    )
+    with autotune():
+        assert choose_one("op", [Flat()], cfg, [x(8)])[1] == 0
+        # -1, 0 (the best), then 4 that do not beat it: stopped.
+        assert calls.tactics() == [DEFAULT, 0, 1, 2, 3, 4]
+        calls.log.clear()
+        # A neighbouring bucket: the winner at 8 is timed right after the default.
+        assert choose_one("op", [Flat()], cfg, [x(16)])[1] == 0
+        assert calls.tactics()[:2] == [DEFAULT, 0]
+    assert tuner.stats.stopped_early == 2
+
+
+class Slow(H.FakeRunner):
+    COSTS = {DEFAULT: 9.0, **{t: 5.0 - t / 100 for t in range(50)}}
+
+    def forward(self, inputs: Sequence[Any], tactic: Any = -1) -> torch.Tensor:
+        time.sleep(0.01)  # wall time the budget sees
+        return super().forward(inputs, tactic)
+
+
+def test_a_bucket_budget_returns_the_best_so_far_and_the_session_budget_stops_tuning(
+    tuner: AutoTuner, calls: Calls
+) -> None:
+    cfg = TuningConfig(
+        dynamic_dims=(DynamicDim(0, 0),),
+        cold_l2=False,
+        confirm_rounds=0,
+        guard_rounds=0,
+        patience=None,
+    )
+    with autotune(budget_s=0.15):
+        runner, tactic = choose_one("op", [Slow()], cfg, [x(8)])
+    timed = calls.tactics()
+    assert timed[0] == DEFAULT and 2 < len(timed) < 40  # stopped by the budget
+    assert tactic == max(t for t in timed if t != DEFAULT)  # the best of those timed
+    assert tuner.decisions[("op", ((8, 4),))].kind == "budget"
+    calls.log.clear()
+    with autotune(session_budget_s=0.05):
+        choose_one("op", [Slow()], cfg, [x(64)])  # spends the session's budget
+        with pytest.warns(AutotuneWarning, match="time budget is spent"):
+            assert choose_one("op", [Slow()], cfg, [x(256)])[1] == DEFAULT
+    assert ("op", "Slow", ((256, 4),)) not in tuner.profiling_cache  # a later session tunes it
+    with pytest.raises(ValueError, match="budget_s"):
+        with autotune(budget_s=0):
+            pass
+
+
+# ------------------------------------------------------------- environment changes
+def test_metadata_names_the_device_and_accepts_files_written_before_that(
+    tmp_path: Path, tuner: AutoTuner
+) -> None:
+    meta = current_metadata()
+    assert {"device_capability", "driver_version", "gpu_name", "torch_version"} <= set(meta)
+    old = {k: v for k, v in meta.items() if k not in ("device_capability", "driver_version")}
+    path = tmp_path / "old.json"
+    write_cache_file(path, {("op", "FakeRunner", ((8, 4),)): ("FakeRunner", 1)}, old)
+    assert load_configs(path) == 1
+    write_cache_file(path, {}, dict(meta, device_capability="10.0"))
+    assert read_cache_file(path).status == "mismatch"
+
+
+def test_a_pick_cached_under_other_versions_is_revalidated_not_searched(
+    tmp_path: Path, tuner: AutoTuner, calls: Calls
+) -> None:
+    path = tmp_path / "cfg.json"
+    key = ("op", "MuchFaster", ((8, 4),))
+    stale = {key: ("MuchFaster", 2), ("op", "MuchFaster", ((16, 4),)): ("MuchFaster", 1)}
+    write_cache_file(path, stale, dict(current_metadata(), torch_version="2.0.0"))
+    # Serving never uses an unvalidated pick.
+    with pytest.warns(AutotuneWarning, match="another environment"):
+        with autotune(False, cache=path):
+            assert choose_one("op", [MuchFaster()], GUARDED, [x(8)])[1] == DEFAULT
+    assert calls.log == []
+    with pytest.warns(AutotuneWarning, match="re-validated"):
+        with autotune(True, cache=path):
+            # Tactic 2 (12 ms) no longer beats the default (10 ms): only they are timed.
+            assert choose_one("op", [MuchFaster()], GUARDED, [x(8)])[1] == DEFAULT
+    assert set(calls.tactics()) == {DEFAULT, 2}
+    assert tuner.decisions[("op", ((8, 4),))].kind == "revalidated"
+    found = read_cache_file(path)
+    assert found.status == "ok" and found.entries == {key: ("MuchFaster", DEFAULT)}
+    assert list(tmp_path.glob("cfg.json.*.bak"))  # the old file is kept
+
+
+def test_another_gpus_file_is_still_never_revalidated(tmp_path: Path, tuner: AutoTuner) -> None:
+    path = tmp_path / "cfg.json"
+    write_cache_file(path, {}, dict(current_metadata(), gpu_name="NVIDIA B200"))
+    before = path.read_bytes()
+    with pytest.warns(AutotuneWarning, match="gpu_name"):
+        with autotune(True, cache=path):
+            choose_one("op", [MuchFaster()], GUARDED, [x(8)])
+    assert path.read_bytes() == before and not tuner.store.stale_configs
