@@ -120,6 +120,21 @@ TRACE_CORPUS = _setting(
     "repository root. Tests that need it skip, saying why, when it is absent.",
     _parse_path,
 )
+FIB_HEAD = _setting(
+    "FLASHTUNE_FIB_HEAD",
+    lambda: Path("../shared/flashinfer-bench-head"),
+    "FlashInfer-Bench's source at the commit the interop tests pin (a folder holding its "
+    "flashinfer_bench/ package; `python scripts/fetch_flashinfer_bench.py` places it); a "
+    "relative path is taken from the repository root.",
+    _parse_path,
+)
+REQUIRE_INTEROP = _setting(
+    "FLASHTUNE_REQUIRE_INTEROP",
+    lambda: False,
+    "When on (CI: .ci/run), an interop test fails instead of skipping when FlashInfer-Bench "
+    "(0.1.2 installed, or its pinned source at FLASHTUNE_FIB_HEAD) is missing.",
+    _parse_bool,
+)
 DUMP_DEFINITIONS = _setting(
     "FLASHTUNE_DUMP_DEFINITIONS",
     lambda: False,

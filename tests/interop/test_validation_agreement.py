@@ -14,13 +14,10 @@ from typing import Any
 
 import pytest
 
+from _fib import import_fib
 from flashtune.data import Dataset
 
-fib = pytest.importorskip(
-    "flashinfer_bench.data",
-    reason="flashinfer-bench is not installed (pip install --no-deps "
-    "flashinfer-bench==0.1.2 docstring-parser)",
-)
+fib = import_fib()
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from flashtune.bench.build import solution_hash
 from flashtune.bench.evaluate import BenchConfig, make_trace
+from flashtune.bench.export import export_ran
 from flashtune.bench.isolation import harden_harness
 from flashtune.bench.progress import RunProgress
 from flashtune.bench.worker import Task, Worker, WorkerError
@@ -496,6 +497,9 @@ def _run(
     with display:
         pool.execute(tasks, opts.timeout, record, display)
     pool.stop()
+    # --out as a whole dataset (definitions, solutions, workloads beside the traces), as
+    # FlashInfer-Bench reads one: bench/export.py.
+    write_errors += export_ran(source, out, traces)
     return RunResult(
         traces=traces,
         out=out,

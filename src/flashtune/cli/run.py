@@ -32,7 +32,6 @@ from flashtune.cli.run_checks import (
     failing_triples,
     print_closing,
 )
-from flashtune.cli.run_export import export_ran
 from flashtune.cli.run_sources import say_attachments, solution_sources
 from flashtune.cli.solutions import parse_kinds, say_supplied, write_supplied
 
@@ -363,8 +362,6 @@ def run_command(cli: RunCommandOptions) -> None:
         err_console.print(f"cluster: {escape(note)}", highlight=False)
     if result.unsigned is not None:
         warn(result.unsigned)
-    for problem in export_ran(source, out_resolved, result.traces):
-        warn(problem)
     print_closing(result, opts, cli.out, console)
     for unwritten in result.write_errors:
         err_console.print(f"[red]error[/red]: not written: {escape(unwritten)}", highlight=False)

@@ -50,6 +50,7 @@ __all__ = [
     "match_schema",
     "reference_solution",
     "schema_definition_at",
+    "schema_names",
     "schemas_by_prefix",
     "supply",
     "supply_all",
@@ -148,6 +149,23 @@ def schema_definition_at(schema: OpSchema, definition: Definition) -> Definition
         bound=bound,
     )
     return schema.build_definition(call)
+
+
+def schema_names(definition: Definition, schemas: dict[str, list[OpSchema]] | None = None) -> bool:
+    """Whether an op schema emits `definition`'s name at its constants: flashtune has the
+    op (a kernel for it), whether or not the contracts agree in every detail."""
+    schemas = schemas_by_prefix() if schemas is None else schemas
+    const = {n: a.value for n, a in definition.axes.items() if isinstance(a, ConstAxis)}
+    for prefix, listed in schemas.items():
+        if not definition.name.startswith(f"{prefix}_"):
+            continue
+        for schema in listed:
+            try:
+                if schema.name_for(const) == definition.name:
+                    return True
+            except KeyError:  # a const axis of the schema this definition does not have
+                continue
+    return False
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""After `flashtune run`: --out as a whole dataset, not a folder of traces alone.
+"""After a benchmark run: --out as a whole dataset, not a folder of traces alone.
 
 FlashInfer-Bench reads a dataset (definitions, solutions, workloads, traces) from one root:
 its `report summary` scores authors against the solution of its baseline author, and its
@@ -23,7 +23,7 @@ __all__ = ["export_ran"]
 def export_ran(source: Dataset, out: Path, traces: Sequence[Trace]) -> list[str]:
     """Copy into the dataset root `out` the definitions, solutions, workloads and blobs that
     `traces` name, from `source` (the run's roots and solution sources); returns a problem
-    per thing that could not be copied (said as warnings: the traces are written either way)."""
+    per thing that could not be copied (the traces are written either way)."""
     sink = Dataset(out)
     problems: list[str] = []
     names = sorted({t.definition for t in traces})
