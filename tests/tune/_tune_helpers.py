@@ -99,3 +99,57 @@ def install_fresh_tuner(monkeypatch: Any, tmp_path: Any) -> Any:
     monkeypatch.setenv("FLASHTUNE_AUTOTUNE_LOAD_BUNDLED", "0")
     TIMED.clear()
     return tuner
+
+
+class RankRunner(FakeRunner):
+    """Costs differ by rank (as noise would on real GPUs): rank 0 finds tactic 1 fastest,
+    rank 1 tactic 2; only sharing the picks makes the ranks agree."""
+
+    RANK = 0
+
+    def forward(self, inputs: Sequence[Any], tactic: Any = -1) -> torch.Tensor:
+        costs = {-1: 5.0, 0: 3.0, 1: 1.0 + self.RANK * 2, 2: 2.0 - self.RANK}
+        _clock.now = getattr(_clock, "now", 0.0) + costs[tactic]
+        return inputs[0] * 2
+
+
+def rank_worker(rank: int, world: int, init_file: str, out: str, phase: str, rows: Any) -> None:
+    """Worker of tests/tune/test_ranks.py: joins a gloo group, tunes (or serves) `rows[rank]`
+    (M values) inside autotune(cache=<out>/cfg.json), and writes what it saw to
+    <out>/<phase>-rank<rank>.json: its picks for every row of every rank after the block,
+    what it timed, how many all_gather_object calls it took, and its picks inside the block."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    use_fake_clock()
+    from flashtune.tune import autotune, choose_one
+
+    RankRunner.RANK = rank
+    gathers = [0]
+    real_gather = dist.all_gather_object
+
+    def counting_gather(*args: Any, **kwargs: Any) -> Any:
+        gathers[0] += 1
+        return real_gather(*args, **kwargs)
+
+    dist.all_gather_object = counting_gather  # type: ignore[assignment]
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        cache = os.path.join(out, "cfg.json")
+        inside = []
+        with autotune(phase != "serve", cache=cache):
+            for m in rows[rank]:
+                inside.append(choose_one("ranked", [RankRunner()], CONFIG, [torch.randn(m, 4)])[1])
+        every = sorted({m for r in rows for m in r})
+        picks = {
+            str(m): choose_one("ranked", [RankRunner()], CONFIG, [torch.randn(m, 4)])[1]
+            for m in every
+        }
+        timed = [[t, shape[0]] for (_, t, shape), n in TIMED.items() for _ in range(n)]
+        result = {"picks": picks, "timed": timed, "gathers": gathers[0], "inside": inside}
+        with open(os.path.join(out, f"{phase}-rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
