@@ -282,9 +282,12 @@ def test_traces_in_out_cannot_be_forged(attack_run, platform_report):
     got = _attacks(attack_run, "c_out")
     assert len(got) == 4 and all(v.startswith("blocked") for v in got.values()), got
     assert attack_run["old_trace"].read_text() == attack_run["before"]["old_trace"]
-    for path in attack_run["out"].rglob("*"):
+    out = attack_run["out"]
+    for path in out.rglob("*"):
         assert "forged" not in path.name
-        if path.is_file():
+        # solutions/: the run's copy of the attacking solution (bench/export.py), whose source
+        # spells the word; what it wrote would be anywhere else.
+        if path.is_file() and path.relative_to(out).parts[0] != "solutions":
             assert "FORGED" not in path.read_text()
 
 

@@ -15,6 +15,7 @@ import gzip
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from flashtune.cli import app
 from flashtune.data import (
     Dataset,
     Definition,
+    Trace,
     outputs_as_dict,
     run_reference,
     small_workload,
@@ -224,8 +226,7 @@ def test_run_with_and_reference_only_on_cpu(tmp_path: Path) -> None:
         assert {t.evaluation.status.value for t in traces} == {"PASSED"}
 
 
-def test_coverage_doc_is_current(trace_corpus: Path) -> None:
-    """docs/coverage.md is what scripts/coverage_table.py computes (no GPU traces given)."""
+def _coverage_script() -> Any:
     import importlib.util
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "coverage_table.py"
@@ -233,6 +234,59 @@ def test_coverage_doc_is_current(trace_corpus: Path) -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_coverage_columns_from_gpu_traces(tmp_path: Path) -> None:
+    """PASS on GPU and the ratio vs FlashInfer come from the traces given (CPU ones ignored)."""
+    ds = Dataset(tmp_path)
+
+    def trace(solution: str, uuid: str, latency: float, hardware: str, status: str) -> Trace:
+        performance = {"latency_ms": latency, "reference_latency_ms": 1.0, "speedup_factor": 1.0}
+        return Trace.model_validate(
+            {
+                "definition": "rmsnorm_h128",
+                "workload": {"uuid": uuid, "axes": {"batch_size": 1}, "inputs": {}},
+                "solution": solution,
+                "evaluation": {
+                    "status": status,
+                    "environment": {"hardware": hardware},
+                    "timestamp": "t",
+                    **(
+                        {"correctness": {}, "performance": performance}
+                        if status == "PASSED"
+                        else {}
+                    ),
+                },
+            }
+        )
+
+    for t in (
+        trace("flashtune@rmsnorm_h128", "a", 1.0, "NVIDIA H100", "PASSED"),
+        trace("flashinfer@rmsnorm_h128", "a", 2.0, "NVIDIA H100", "PASSED"),
+        trace("flashtune@rmsnorm_h128", "b", 1.0, "NVIDIA H100", "PASSED"),
+        trace("flashinfer@rmsnorm_h128", "b", 0.5, "NVIDIA H100", "PASSED"),
+        trace("flashtune@rmsnorm_h128", "c", 9.0, "cpu", "RUNTIME_ERROR"),  # not a GPU trace
+    ):
+        ds.append_trace(t, author=t.solution.split("@")[0])
+    passed, ratios = _coverage_script().measured([tmp_path])
+    assert passed == {"rmsnorm_h128": True}
+    assert sorted(ratios["rmsnorm_h128"]) == [0.5, 2.0]
+
+
+def test_solutions_coverage_command(tmp_path: Path) -> None:
+    root = write_ecafa9c(tmp_path / "ds")
+    result = CliRunner().invoke(app, ["solutions", "coverage", str(root)])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "gqa_ragged" in line)
+    kernels = sum(schema_names(d) for d in _definitions(root) if d.op_type == "gqa_ragged")
+    cells = [cell.strip() for cell in row.split("│")[2:5]]  # definitions, matched, supplied
+    assert cells == [str(kernels)] * 3
+
+
+def test_coverage_doc_is_current(trace_corpus: Path) -> None:
+    """docs/coverage.md is what scripts/coverage_table.py computes (no GPU traces given)."""
+    module = _coverage_script()
     assert module.main(["--check", "--corpus", str(trace_corpus)]) == 0, (
         "docs/coverage.md is not current: python scripts/coverage_table.py"
     )
