@@ -11,6 +11,19 @@ Rows go to benchmarks/results/tune.jsonl (and $OUT/tune.jsonl):
 - op=gemm: one row per tuned shape: the pick, its tuned median, cuBLAS's median measured in
   the same tuning run (ratio = cuBLAS / pick), and the seconds spent tuning that shape;
 - op=reload: the fresh-process check (profiled shapes, mismatched picks).
+
+    python benchmarks/bench_tune.py --regret [--held-out 16] [--train 24] [--shape-budget-s 30]
+
+Regret of the search against exhaustive search (issue 38), rows to the same file:
+- op=regret: one row per held-out shape: the pruned search's pick (cost model, priors from
+  the training shapes tuned first, patience, the guard) and the exhaustive search's pick
+  (every tactic of TiledSpace, no pruning, no early stop), each re-timed independently with
+  timing.measure_robust (CUDA graph, cold L2), regret = pruned / exhaustive - 1, the
+  tuning seconds of each and their ratio (speedup), and each pick against the default
+  (cuBLAS) re-timed the same way;
+- op=regret_summary: max and mean regret, geomean tuning speedup, worst pick vs cuBLAS.
+The GEMM cost model (tune/search.py tile_cost) is attached to the GEMM runners in this
+process only, as `estimate_cost`, until ops/gemm adopts it.
 """
 
 from __future__ import annotations
@@ -134,14 +147,141 @@ def dispatch_cost_us(runners, cfg) -> float:
     return statistics.median(samples)
 
 
+def attach_gemm_cost_model() -> None:
+    """TunableRunner.estimate_cost for the GEMM's Triton runners from tune/search.py's
+    tile_cost (padding x waves), in this process only."""
+    from flashtune import platform
+    from flashtune.ops.gemm import launch
+    from flashtune.tune.search import tile_cost
+
+    def tiled(self, inputs, profile, tactic):  # (bm, bn, bk, group_m, split_k, warps, stages)
+        (m, k), n = inputs[0].shape, inputs[1].shape[0]
+        sms = platform.device_limits(inputs[0].device).sm_count
+        return tile_cost(m, n, k, tactic[0], tactic[1], tactic[2], tactic[4], sms)
+
+    def small_m(self, inputs, profile, tactic):  # (bm, bn, bk, split_k, warps, stages[, sk])
+        (m, k), n = inputs[0].shape, inputs[1].shape[0]
+        sms = platform.device_limits(inputs[0].device).sm_count
+        return tile_cost(m, n, k, tactic[0], tactic[1], tactic[2], tactic[3], sms)
+
+    launch.TritonTiledRunner.estimate_cost = tiled
+    launch.TritonSmallMRunner.estimate_cost = small_m
+
+
+def retime(runner, tactic, A, B) -> float:
+    """One pick's latency, timed like the benchmark times solutions (graph, cold L2)."""
+    from flashtune import timing
+
+    def call(a, b):
+        return runner.forward([a, b, None], tactic)
+
+    return timing.measure_robust(call, [A, B], timing.TimingPolicy(cold_l2=True)).median_ms
+
+
+def regret(args) -> int:
+    """Pruned search vs exhaustive search on held-out shapes (see the module docstring)."""
+    import dataclasses
+
+    from common import RowWriter
+
+    from flashtune.ops.gemm.launch import (
+        GEMM_RUNNERS,
+        GEMM_TUNING,
+        CublasRunner,
+        TritonSmallMRunner,
+        TritonTiledRunner,
+    )
+
+    attach_gemm_cost_model()
+    rows = RowWriter("tune")
+    plan = shape_plan()
+    held_out = plan[1::4][: args.held_out]
+    train = [s for s in plan if s not in held_out][: args.train]
+    tuner = AutoTuner.get()
+    tuner.show_progress = False
+    exhaustive_runners = (CublasRunner(), TritonSmallMRunner(), TritonTiledRunner(exhaustive=True))
+    exhaustive_cfg = dataclasses.replace(GEMM_TUNING, prune_slack=None, patience=None)
+
+    def tune(shape, runners, cfg):
+        m, n, k = shape
+        A = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        B = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        t0 = time.perf_counter()
+        runner, tactic = choose_one("gemm", runners, cfg, [A, B, None])
+        torch.cuda.synchronize()
+        return runner, tactic, time.perf_counter() - t0, A, B
+
+    # Priors: the pruned search sees the training shapes' winners (its neighbours).
+    with autotune(True, budget_s=args.shape_budget_s):
+        for shape in train:
+            tune(shape, GEMM_RUNNERS, GEMM_TUNING)
+        pruned = {s: tune(s, GEMM_RUNNERS, GEMM_TUNING) for s in held_out}
+    tuner.clear()
+    with autotune(True):
+        exhaustive = {s: tune(s, exhaustive_runners, exhaustive_cfg) for s in held_out}
+    tuner.clear()
+
+    regrets, speedups, vs_cublas = [], [], []
+    for (m, n, k), (p_runner, p_tactic, p_s, A, B) in pruned.items():
+        e_runner, e_tactic, e_s, _, _ = exhaustive[(m, n, k)]
+        p_ms = retime(p_runner, p_tactic, A, B)
+        e_ms = retime(e_runner, e_tactic, A, B)
+        c_ms = retime(GEMM_RUNNERS[0], -1, A, B)
+        regrets.append(p_ms / e_ms - 1)
+        speedups.append(e_s / p_s)
+        vs_cublas.append(c_ms / p_ms)
+        rows.write(
+            "regret",
+            {"M": m, "N": n, "K": k},
+            f"{p_runner.name}:{p_tactic}",
+            p_ms,
+            exhaustive_pick=f"{e_runner.name}:{e_tactic}",
+            exhaustive_ms=e_ms,
+            regret=regrets[-1],
+            tune_s=p_s,
+            exhaustive_tune_s=e_s,
+            tune_speedup=speedups[-1],
+            cublas_ms=c_ms,
+            ratio_vs_cublas=vs_cublas[-1],
+        )
+        print(
+            f"{m:5d} {n:6d} {k:6d} pruned {p_ms:.4f} ms ({p_s:.1f} s)  exhaustive {e_ms:.4f} ms "
+            f"({e_s:.1f} s)  regret {regrets[-1]:+.2%}  vs cuBLAS {vs_cublas[-1]:.3f}x"
+        )
+    summary = {
+        "shapes": len(regrets),
+        "max_regret": max(regrets),
+        "mean_regret": statistics.mean(regrets),
+        "geomean_tune_speedup": statistics.geometric_mean(speedups),
+        "min_ratio_vs_cublas": min(vs_cublas),
+        "geomean_ratio_vs_cublas": statistics.geometric_mean(vs_cublas),
+        "train_shapes": len(train),
+    }
+    rows.write(
+        "regret_summary", {"held_out": len(regrets)}, "pruned-vs-exhaustive", None, **summary
+    )
+    print("REGRET " + json.dumps(summary))
+    # Issue 38's bars: regret <= 1%, tuning >= 5x faster, never > 1% slower than cuBLAS.
+    ok = summary["max_regret"] <= 0.01 and summary["geomean_tune_speedup"] >= 5
+    return 0 if ok and summary["min_ratio_vs_cublas"] >= 0.99 else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--budget-s", type=float, default=200.0, help="tuning time budget")
     parser.add_argument("--cache", default=None, help="cache file (default: a temporary one)")
     parser.add_argument("--verify", nargs=2, metavar=("CACHE", "PICKS"), help=argparse.SUPPRESS)
+    parser.add_argument("--regret", action="store_true", help="pruned vs exhaustive search")
+    parser.add_argument("--held-out", type=int, default=16, help="held-out shapes (--regret)")
+    parser.add_argument("--train", type=int, default=24, help="prior shapes (--regret)")
+    parser.add_argument(
+        "--shape-budget-s", type=float, default=30.0, help="per-bucket budget (--regret)"
+    )
     args = parser.parse_args()
     if args.verify:
         return verify(*args.verify)
+    if args.regret:
+        return regret(args)
 
     from common import RowWriter
 

@@ -275,3 +275,20 @@ def test_another_gpus_file_is_still_never_revalidated(tmp_path: Path, tuner: Aut
         with autotune(True, cache=path):
             choose_one("op", [MuchFaster()], GUARDED, [x(8)])
     assert path.read_bytes() == before and not tuner.store.stale_configs
+
+
+def test_tile_cost_sees_padding_and_idle_sms() -> None:
+    from flashtune.tune.search import padding_waste, tile_cost, wave_efficiency
+
+    assert padding_waste((17, 64), (128, 64)) == pytest.approx(1 - 17 / 128)
+    assert padding_waste((128, 128), (64, 64)) == 0.0
+    assert wave_efficiency(132, 132) == 1.0 and wave_efficiency(133, 132) == pytest.approx(
+        133 / 264
+    )
+    # M=17: a 16-row tile wastes less than a 128-row one; at M=4096 a 16x128 grid of 132
+    # SMs is busy too, and the two are within the slack of each other.
+    assert tile_cost(17, 4096, 4096, 16, 128, 64) < tile_cost(17, 4096, 4096, 128, 128, 64) / 5
+    # Split-K fills the SMs of a tiny grid: 32 tiles on 132 SMs, split 4 -> 128 CTAs.
+    assert tile_cost(16, 4096, 4096, 16, 128, 64, 4) < tile_cost(16, 4096, 4096, 16, 128, 64)
+    with pytest.raises(ValueError, match="must be > 0"):
+        padding_waste((0,), (16,))

@@ -1,0 +1,69 @@
+"""Cost-model arithmetic for pruning tile tactics before anything is compiled or timed.
+
+A runner's `estimate_cost(inputs, profile, tactic)` (tune/runner.py) returns a predicted
+relative cost; the tuner times its tactics best-estimate first and drops those estimated
+more than `TuningConfig.prune_slack` above the runner's best (tune/profiling.py,
+`order_candidates`). These helpers give the two effects that dominate a tiled kernel's time
+at a given shape and that no measurement is needed to see:
+
+- padding: a tile grid that overhangs the problem computes the overhang too (M=17 on
+  block_m=128 does 128 rows of work for 17);
+- waves: CTAs run in waves of (SMs x CTAs per SM); a last partial wave costs as much as a
+  full one, and a grid smaller than one wave leaves SMs idle.
+
+The product (`tile_cost`) is proportional to the predicted time of a compute- or
+bandwidth-bound tile kernel up to a per-tactic efficiency the measurement settles. It is a
+pruning rule, not a ranking: keep the slack wide (0.5 by default), so that a tactic the
+model underrates still gets timed. `benchmarks/bench_tune.py --regret` measures what the
+pruning costs against exhaustive search.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["padding_waste", "wave_efficiency", "tile_cost"]
+
+
+def padding_waste(sizes: tuple[int, ...], blocks: tuple[int, ...]) -> float:
+    """The fraction of the work a tile grid spends on padding: 1 - useful / computed.
+    sizes: the problem's extents (M, N, K); blocks: the tile's extents along them."""
+    useful = computed = 1.0
+    for size, block in zip(sizes, blocks, strict=True):
+        if size <= 0 or block <= 0:
+            raise ValueError(f"padding_waste: sizes {sizes} and blocks {blocks} must be > 0")
+        useful *= size
+        computed *= math.ceil(size / block) * block
+    return 1.0 - useful / computed
+
+
+def wave_efficiency(ctas: int, sm_count: int, ctas_per_sm: int = 1) -> float:
+    """The fraction of SM time a grid of `ctas` uses: ctas / (waves x slots per wave)."""
+    if ctas <= 0 or sm_count <= 0 or ctas_per_sm <= 0:
+        raise ValueError("wave_efficiency: ctas, sm_count and ctas_per_sm must be > 0")
+    slots = sm_count * ctas_per_sm
+    return ctas / (math.ceil(ctas / slots) * slots)
+
+
+def tile_cost(
+    m: int,
+    n: int,
+    k: int,
+    block_m: int,
+    block_n: int,
+    block_k: int = 1,
+    split_k: int = 1,
+    sm_count: int = 132,
+    ctas_per_sm: int = 1,
+) -> float:
+    """Predicted relative cost of a (block_m x block_n [x block_k], split_k) GEMM tiling at
+    M x N x K: the padded work, divided by how well its grid fills the SMs (lower is
+    better). split_k multiplies the CTAs (more parallelism for small M x N) and pads K per
+    split."""
+    k_per_split = math.ceil(k / max(split_k, 1))
+    computed = (
+        math.ceil(m / block_m) * block_m * math.ceil(n / block_n) * block_n * split_k
+        * math.ceil(k_per_split / block_k) * block_k
+    )  # fmt: skip
+    ctas = math.ceil(m / block_m) * math.ceil(n / block_n) * max(split_k, 1)
+    return computed / (m * n * k) / wave_efficiency(ctas, sm_count, ctas_per_sm)
