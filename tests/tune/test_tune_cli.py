@@ -64,6 +64,34 @@ def test_tune_validates_its_options() -> None:
     assert result.exit_code == 2 and "gpt-9" in result.output
     result = runner.invoke(root, ["tune", "--help"])
     assert result.exit_code == 0 and "merge" in result.output and "--ops" in result.output
+    assert "--budget" in result.output and "--session-budget" in result.output
+    result = runner.invoke(root, ["tune", "--ops", "gemm", "--device", "cpu", "--budget", "0"])
+    assert result.exit_code == 2 and "--budget" in result.output
+
+
+def test_merge_fills_new_metadata_fields_and_merges_the_decision_records(tmp_path: Path) -> None:
+    from flashtune.tune.store import decisions_path
+
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "out.json"
+    write(a, {("gemm", "R", ((1, 8),)): ["R", 1]})
+    doc = json.loads(a.read_text())
+    del doc["_metadata"]["device_capability"]  # a file written before the field existed
+    a.write_text(json.dumps(doc))
+    write(b, {("gemm", "R", ((2, 8),)): ["R", 2]}, device_capability="9.0")
+    decisions_path(a).write_text(json.dumps({"k1": {"kind": "tuned"}, "k2": {"kind": "x"}}))
+    decisions_path(b).write_text(json.dumps({"k2": {"kind": "default-kept"}}))
+    result = runner.invoke(root, ["tune", "merge", str(a), str(b), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["_metadata"]["device_capability"] == "9.0"
+    assert json.loads(decisions_path(out).read_text()) == {
+        "k1": {"kind": "tuned"},
+        "k2": {"kind": "default-kept"},
+    }
+    # Another device's file is refused, naming the field.
+    c = tmp_path / "c.json"
+    write(c, {}, device_capability="10.0")
+    result = runner.invoke(root, ["tune", "merge", str(b), str(c), "-o", str(out)])
+    assert result.exit_code == 1 and "device_capability" in result.output
 
 
 @pytest.mark.cuda
@@ -81,6 +109,8 @@ def test_tune_gemm_on_gpu(tmp_path: Path) -> None:
             "4",
             "--cache",
             str(cache),
+            "--budget",
+            "20",
         ],
     )
     assert result.exit_code == 0, result.output

@@ -16,6 +16,7 @@ subcommand beside it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ import typer
 from flashtune.model_shapes import MODELS, get_model
 from flashtune.tune.cache_file import merge_files, write_cache_file
 from flashtune.tune.runner import pow2_buckets
+from flashtune.tune.store import merge_decisions
 
 if TYPE_CHECKING:
     from flashtune.tune.targets import TuneCall
@@ -78,6 +80,20 @@ def tune(
     max_tokens: int = typer.Option(8192, "--max-tokens", help="Largest token bucket to tune."),
     dtype: str = typer.Option("bfloat16", "--dtype", help=f"One of {', '.join(_DTYPES)}."),
     device: str = typer.Option("cuda", "--device", help="Device to tune on."),
+    budget: float | None = typer.Option(
+        None,
+        "--budget",
+        metavar="SECONDS",
+        help="Time budget per tuned bucket (one op at one shape): the search stops there and "
+        "keeps the best found so far, never worse than the default.",
+    ),
+    session_budget: float | None = typer.Option(
+        None,
+        "--session-budget",
+        metavar="SECONDS",
+        help="Time budget for the whole run: buckets left when it is spent are not tuned "
+        "(a later run tunes them).",
+    ),
     ray: str | None = typer.Option(
         None,
         "--ray",
@@ -102,12 +118,18 @@ def tune(
         raise typer.BadParameter(
             f"unknown op(s) {unknown}; known: {', '.join(sorted(targets))}", param_hint="--ops"
         )
+    for hint, value in (("--budget", budget), ("--session-budget", session_budget)):
+        if value is not None and not value > 0:
+            raise typer.BadParameter("expected a positive number of seconds", param_hint=hint)
+    budgets = {"budget_s": budget, "session_budget_s": session_budget}
     buckets = _token_buckets(max_tokens)
     jobs = [(name, m, cfg.name, dtype) for name in names for m in buckets]
     if ray is not None:
         if cache is None:
             raise typer.BadParameter("--ray needs --cache (the merged result)", param_hint="--ray")
-        summary, where = tune_on_cluster(ray, jobs, cache), f" on the cluster ({ray})"
+        job_function = functools.partial(tune_jobs, **budgets)
+        summary = tune_on_cluster(ray, jobs, cache, job_function)
+        where = f" on the cluster ({ray})"
     else:
         if device.startswith("cuda") and not torch.cuda.is_available():
             typer.echo(
@@ -115,7 +137,7 @@ def tune(
                 err=True,
             )
             raise typer.Exit(2)
-        summary, where = tune_jobs(jobs, device, cache), ""
+        summary, where = tune_jobs(jobs, device, cache, **budgets), ""
     typer.echo(
         f"tuned {summary['tuned']} new shape buckets for {', '.join(names)} ({cfg.name}, "
         f"{len(buckets)} token buckets){where} in {summary['seconds']:.1f} s of profiling; "
@@ -125,13 +147,25 @@ def tune(
         raise typer.Exit(1)
 
 
-def tune_jobs(jobs: list[tuple[str, int, str, str]], device: str, cache: Path | None) -> dict:
+def tune_jobs(
+    jobs: list[tuple[str, int, str, str]],
+    device: str,
+    cache: Path | None,
+    budget_s: float | None = None,
+    session_budget_s: float | None = None,
+) -> dict:
     """Tune each (op name, token bucket, model, dtype) job on `device` inside
-    `autotune(cache=...)`; -> {tuned, seconds, failures}. A cluster slot runs it too."""
+    `autotune(cache=..., budget_s=..., session_budget_s=...)`; -> {tuned, seconds,
+    failures}. A cluster slot runs it too."""
     from flashtune.tune.tuner import autotune
 
     targets: dict[str, dict[str, list[TuneCall]]] = {}
-    with autotune(True, cache=str(cache) if cache else None) as tuner:
+    with autotune(
+        True,
+        cache=str(cache) if cache else None,
+        budget_s=budget_s,
+        session_budget_s=session_budget_s,
+    ) as tuner:
         before = tuner.stats.shapes_tuned
         for name, m, model, dtype in jobs:
             if model not in targets:
@@ -194,6 +228,7 @@ def merge(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     write_cache_file(output, entries, metadata)
+    merge_decisions(files, output)
     typer.echo(
         f"merged {len(files)} files into {output}: {len(entries)} configs"
         + (f", {conflicts} conflicting keys (later files won)" if conflicts else "")

@@ -366,9 +366,10 @@ def merge_files(paths: list[Path]) -> tuple[dict[CacheKey, Entry], dict[str, Any
                     f"{path}: _metadata.{name} is {have!r} but {paths[0]} has {want!r}; files "
                     "from different environments cannot be merged"
                 )
-            # Keep the concrete value where the first file had a wildcard.
+            # Keep the concrete value where the first file had a wildcard, or no value (a
+            # field added since it was written: OPTIONAL_FIELDS).
             for k, v in meta.items():
-                if metadata.get(k) == WILDCARD and v != WILDCARD:
+                if (k not in metadata or metadata[k] == WILDCARD) and v != WILDCARD:
                     metadata[k] = v
         for key, entry in found.entries.items():
             if key in entries and entries[key] != entry:

@@ -34,7 +34,7 @@ from flashtune.tune.cache_file import (
 from flashtune.tune.notices import AutotuneWarning, Notices
 from flashtune.tune.selection import Decision
 
-__all__ = ["BUNDLED_DIR", "ConfigStore", "decisions_path", "write_decisions"]
+__all__ = ["BUNDLED_DIR", "ConfigStore", "decisions_path", "merge_decisions", "write_decisions"]
 
 logger = logging.getLogger("flashtune.tune")
 
@@ -265,6 +265,22 @@ def write_decisions(cache: Path, decisions: Mapping[tuple[str, Any], Decision]) 
         record["tactic"] = encode_tactic(d.tactic)
         doc[repr((op_name, profile))] = record
     atomic_write_text(target, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def merge_decisions(caches: list[Path], output: Path) -> int:
+    """Merge the decision records beside `caches` (later ones win) into the one beside
+    `output`; how many records it holds (0: none existed, nothing written)."""
+    doc: dict[str, Any] = {}
+    for cache in caches:
+        try:
+            loaded = json.loads(decisions_path(Path(cache)).read_text())
+        except (OSError, ValueError):
+            continue  # no record beside this cache (or a damaged one): it is informational
+        if isinstance(loaded, dict):
+            doc.update(loaded)
+    if doc:
+        atomic_write_text(decisions_path(output), json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return len(doc)
 
 
 def _versions_only(found: FileRead) -> bool:
