@@ -108,6 +108,13 @@ class E2ECommandOptions:
         Optional[Path],
         typer.Option("--tune-cache", help="flashtune autotuner cache file (load and save)"),
     ] = None
+    tune_budget: Annotated[
+        Optional[float],
+        typer.Option(
+            "--tune-budget",
+            help="flashtune: seconds per tuned bucket; the search keeps the best found so far",
+        ),
+    ] = None
     device: Annotated[
         str,
         typer.Option(
@@ -150,6 +157,7 @@ def e2e(cli: E2ECommandOptions) -> None:
         "max_kv_tokens": cli.max_kv_tokens,
         "compile_mode": cli.compile_mode,
         "tune_cache": str(cli.tune_cache) if cli.tune_cache else None,
+        "tune_budget_s": cli.tune_budget,
     }
     try:
         options = E2EOptions(

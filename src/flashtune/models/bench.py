@@ -120,6 +120,7 @@ class E2EOptions:
     compile_mode: str = DEFAULT_COMPILE_MODE
     tune: bool = True
     tune_cache: str | None = None
+    tune_budget_s: float | None = None  # per tuned bucket (autotune(budget_s=...))
     device: str = "cuda"
     dtype: str = "bfloat16"
     repetitions: int = 30
@@ -348,7 +349,7 @@ def build_models(
 def _tuning(name: str, options: E2EOptions) -> Any:
     """flashtune tunes its ops on their first call (as max-autotune does torch's)."""
     if name == "flashtune" and options.tune:
-        return autotune(True, cache=options.tune_cache)
+        return autotune(True, cache=options.tune_cache, budget_s=options.tune_budget_s)
     return contextlib.nullcontext()
 
 
