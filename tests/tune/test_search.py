@@ -292,3 +292,26 @@ def test_tile_cost_sees_padding_and_idle_sms() -> None:
     assert tile_cost(16, 4096, 4096, 16, 128, 64, 4) < tile_cost(16, 4096, 4096, 16, 128, 64)
     with pytest.raises(ValueError, match="must be > 0"):
         padding_waste((0,), (16,))
+
+
+def test_layouts_are_part_of_the_key_and_tuned_as_called(tuner: AutoTuner, calls: Calls) -> None:
+    cfg = TuningConfig(
+        dynamic_dims=(DynamicDim(0, 0),),
+        cold_l2=False,
+        confirm_rounds=0,
+        guard_rounds=0,
+        key_layouts=True,
+        key_dtypes=True,
+    )
+    row_major = torch.randn(8, 4)
+    col_major = torch.randn(4, 8).t()
+    with autotune():
+        choose_one("op", [MuchFaster()], cfg, [row_major])
+        choose_one("op", [MuchFaster()], cfg, [col_major])
+    assert {k[2] for k in tuner.profiling_cache} == {
+        ((8, 4), ("float32",), ("c",)),
+        ((8, 4), ("float32",), ("t",)),
+    }
+    # The second bucket was timed on transposed inputs, like the call's.
+    layouts = {args.is_contiguous() for _, args, _ in calls.log}
+    assert layouts == {True, False}

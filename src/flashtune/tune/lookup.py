@@ -23,6 +23,7 @@ from flashtune.tune.runner import (
     Tactic,
     TunableRunner,
     TuningConfig,
+    layout_of,
     make_profile,
 )
 from flashtune.tune.store import ConfigStore
@@ -72,6 +73,8 @@ class Lookup:
             shapes = tuple([getattr(x, "shape", None) for x in inputs])
         if tuning_config.key_dtypes:
             shapes += tuple([getattr(x, "dtype", None) for x in inputs])
+        if tuning_config.key_layouts:
+            shapes += tuple([layout_of(x) for x in inputs])
         # The runner classes are part of the key: the answer is an index into `runners`.
         key = (op_name, shapes, *[type(r) for r in runners])
         hit = self._memo.get(key)
@@ -239,6 +242,10 @@ class Lookup:
             # shape (shape readers go by input position, and there is one entry more than
             # inputs).
             profile = (*profile, cast(tuple[int, ...], dtypes))
+        if config.key_layouts:
+            # One more key entry, after the dtypes' (never read as a shape, like them).
+            layouts = tuple(layout_of(x) for x in inputs)
+            profile = (*profile, cast(tuple[int, ...], layouts))
         return profile
 
     def _sources(self) -> list[tuple[str, Mapping[CacheKey, Entry]]]:

@@ -32,6 +32,7 @@ __all__ = [
     "bucket_values",
     "make_profile",
     "make_tuning_inputs",
+    "layout_of",
 ]
 
 Tactic = Hashable
@@ -153,6 +154,9 @@ class TuningConfig:
     cold_l2 / use_cuda_graph: how profiling times each tactic (see flashtune.timing.measure).
     key_dtypes: also key the cache on the inputs' dtypes (ops whose best tactic depends on
         dtype and whose op_name does not already say it).
+    key_layouts: also key the cache on the inputs' layouts (`layout_of`: contiguous "c",
+        last two dimensions transposed "t", other strides "s"), and tune "t" inputs
+        transposed (a column-major B is another kernel's memory access than a row-major one).
     warmup / repetitions / max_seconds_per_tactic: the timing effort per tactic; tuning many
         tactics per shape must stay within seconds, and medians converge fast on a GPU.
     check_tolerance: a tactic whose output differs from the default tactic's by more than
@@ -184,6 +188,7 @@ class TuningConfig:
     use_cuda_graph: bool = False
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     key_dtypes: bool = False
+    key_layouts: bool = False
     warmup: int = 3
     repetitions: int = 20
     max_seconds_per_tactic: float = 1.0
@@ -220,6 +225,18 @@ def make_profile(inputs: Sequence[Any], config: TuningConfig) -> Profile:
     return tuple(tuple(s) for s in shapes)
 
 
+def layout_of(x: Any) -> str:
+    """An input's layout as a cache key part: "c" contiguous, "t" the last two dimensions
+    transposed (a column-major matrix), "s" any other strides, "" not a tensor."""
+    if not isinstance(x, torch.Tensor):
+        return ""
+    if x.is_contiguous():
+        return "c"
+    if x.dim() >= 2 and x.transpose(-1, -2).is_contiguous():
+        return "t"
+    return "s"
+
+
 def make_tuning_inputs(inputs: Sequence[Any], profile: Profile, config: TuningConfig) -> list[Any]:
     """Random, valid inputs at the profile's shapes (never the caller's tensors, which a
     runner writing in place would clobber)."""
@@ -230,6 +247,11 @@ def make_tuning_inputs(inputs: Sequence[Any], profile: Profile, config: TuningCo
     for i, (x, shape) in enumerate(zip(inputs, profile[: len(inputs)], strict=True)):
         if not isinstance(x, torch.Tensor):
             out.append(x)
+        elif x.dtype.is_floating_point and config.key_layouts and layout_of(x) == "t":
+            # The same transposed layout as the caller's, at the profile's shape.
+            swapped = (*shape[:-2], shape[-1], shape[-2])
+            t = torch.randn(swapped, device=x.device, dtype=torch.float32).to(x.dtype)
+            out.append(t.transpose(-1, -2))
         elif x.dtype.is_floating_point:
             # randn in fp32 then cast: randn has no fp8 kernels, and the cast keeps the
             # values' distribution identical across dtypes.
