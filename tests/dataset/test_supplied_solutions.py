@@ -11,8 +11,6 @@ solutions, whatever layout the dataset gives it.
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from _ecafa9c import ecafa9c_files, write_ecafa9c
 from flashtune.bench.build import build_solution
 from flashtune.bench.correctness import compare_outputs
 from flashtune.cli import app
@@ -42,21 +41,7 @@ from flashtune.ops.bundle.supply import (
     supply_all,
 )
 
-ECAFA9C = Path(__file__).parent / "data" / "flashinfer_trace_ecafa9c_definitions.json.gz"
 load_all()
-
-
-def ecafa9c_files() -> dict[str, str]:
-    """{path under flashinfer_trace/definitions/: file text} of the ecafa9c definitions."""
-    return json.loads(gzip.decompress(ECAFA9C.read_bytes()))
-
-
-def write_ecafa9c(root: Path) -> Path:
-    for relative, text in ecafa9c_files().items():
-        path = root / "definitions" / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
 
 
 def _definitions(root: Path) -> list[Definition]:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from _ecafa9c import write_ecafa9c
 from _fib import fib_is_head, import_fib
 from flashtune.cli import bundled_dataset
 from flashtune.data import (
@@ -423,25 +424,27 @@ def test_flashtune_reads_what_the_flashinfer_bench_api_writes(tmp_path: Path) ->
 # source only: test_flashinfer_bench_head.py runs this file under it.
 
 
-def _validate(root: Path) -> dict[str, list[str]]:
+def _validate(root: Path, checks: list[str] | None = None) -> dict[str, list[str]]:
     """{definition: its error messages} from FlashInfer-Bench's validate (CPU checks)."""
     import tempfile
 
     from flashinfer_bench.data.validate import CPU_CHECKS, validate_dataset
+
+    checks = CPU_CHECKS if checks is None else checks
 
     # Its report files go to a folder of their own (by default it writes <root>/reports/,
     # which would be inside the installed package for the bundled dataset).
     with tempfile.TemporaryDirectory() as reports:
         report = validate_dataset(
             str(root),
-            checks=CPU_CHECKS,
+            checks=checks,
             disable_gpu=True,
             output_folder=reports,
             outputs=["json"],
         )
     errors: dict[str, list[str]] = {}
     for name, definition in report.definitions.items():
-        for check in CPU_CHECKS:
+        for check in checks:
             result = getattr(definition, check)
             for message in result.messages if result else []:
                 if message.level == "error":
@@ -488,3 +491,16 @@ def test_head_visualize_does_to_ours_what_it_does_to_its_own(
 
     _written_by_fib_api(tmp_path)
     assert outcome(cpu_run) == outcome(tmp_path)
+
+
+@pytest.mark.skipif(not HEAD, reason=_HEAD_ONLY)
+def test_head_validates_the_solutions_flashtune_supplies(tmp_path: Path) -> None:
+    """`flashtune solutions add` on the 156 FlashInfer-Trace definitions at ecafa9c: HEAD's
+    validate finds no error in their layout, definitions or solutions."""
+    from flashtune.cli.solutions import write_supplied
+    from flashtune.ops.bundle.supply import KINDS
+
+    root = write_ecafa9c(tmp_path)
+    found = write_supplied(Dataset(root).definitions.values(), root, KINDS)
+    assert sum(len(s.solutions) for s in found) > 300
+    assert _validate(root, checks=["layout", "definition", "solution"]) == {}
