@@ -315,3 +315,22 @@ def test_layouts_are_part_of_the_key_and_tuned_as_called(tuner: AutoTuner, calls
     # The second bucket was timed on transposed inputs, like the call's.
     layouts = {args.is_contiguous() for _, args, _ in calls.log}
     assert layouts == {True, False}
+
+
+@pytest.mark.slow
+def test_compile_jobs_run_in_spawned_processes(tuner: AutoTuner, tmp_path: Path) -> None:
+    import os
+
+    H.ProcessCompiledRunner.FOLDER = str(tmp_path)
+    cfg = TuningConfig(
+        dynamic_dims=(DynamicDim(0, 0),),
+        cold_l2=False,
+        confirm_rounds=0,
+        guard_rounds=0,
+        compile_processes=2,
+    )
+    with autotune():
+        assert choose_one("op", [H.ProcessCompiledRunner()], cfg, [x(8)])[1] == 1
+    markers = [p.name.split(".") for p in tmp_path.iterdir() if p.name[0].isdigit()]
+    assert sorted(t for t, _ in markers) == ["0", "1", "2"]
+    assert all(int(pid) != os.getpid() for _, pid in markers)

@@ -12,10 +12,11 @@ import contextlib
 import functools
 import logging
 import math
+import multiprocessing
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Any
 
@@ -72,6 +73,8 @@ class Profiler:
         # runs out keeps the best found so far (the defaults are always timed first).
         self.bucket_budget_s: float | None = None
         self.session_deadline: float | None = None
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_size = 0
 
     def clear(self) -> None:
         self.failures.clear()
@@ -335,6 +338,8 @@ class Profiler:
     ) -> list[tuple[int, Tactic]]:
         """Run the runners' `warmup` hooks for all candidates in a thread pool (compilers
         release the GIL), dropping candidates whose compilation fails."""
+        if config.compile_processes > 0:
+            self._compile_in_processes(runners, candidates, inputs, profile, config)
         hooked = [c for c in candidates if type(runners[c[0]]).warmup is not TunableRunner.warmup]
         if not hooked:
             return candidates
@@ -360,6 +365,55 @@ class Profiler:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return [c for c in candidates if c not in failed]
+
+    def _compile_in_processes(
+        self,
+        runners: Sequence[TunableRunner],
+        candidates: list[tuple[int, Tactic]],
+        inputs: Sequence[Any],
+        profile: Profile,
+        config: TuningConfig,
+    ) -> int:
+        """Run the candidates' `compile_job`s in spawned worker processes; how many ran.
+
+        Spawned, never forked: the tuner's process holds a CUDA context (the tuning inputs
+        live on the GPU), and a forked child inherits it in a state CUDA does not support
+        (its first CUDA call fails or hangs). A spawned worker starts clean and the jobs
+        must not touch CUDA at all. A job that fails costs nothing but the time: the
+        `warmup` hook or the first timed call compiles in this process and reports any
+        real error as the tactic's failure."""
+        jobs = []
+        for index, tactic in candidates:
+            try:
+                job = runners[index].compile_job(inputs, profile, tactic)
+            except Exception as exc:
+                logger.debug("autotune: compile_job(%r) raised %r", tactic, exc)
+                continue
+            if job is not None:
+                jobs.append(job)
+        if not jobs:
+            return 0
+        pool = self._process_pool(config.compile_processes)
+        done = 0
+        for future in as_completed([pool.submit(job) for job in jobs]):
+            exc = future.exception()
+            if exc is None:
+                done += 1
+            else:
+                logger.debug("autotune: a compile job failed in its worker: %r", exc)
+        return done
+
+    def _process_pool(self, workers: int) -> ProcessPoolExecutor:
+        """The worker processes, started once (spawning costs seconds: each imports torch)
+        and kept for the process's lifetime."""
+        if self._pool is None or self._pool_size != workers:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+            )
+            self._pool_size = workers
+        return self._pool
 
     def _baseline(
         self,

@@ -79,6 +79,19 @@ class TunableRunner(ABC):
         The default predicts nothing, so nothing is pruned."""
         return None
 
+    def compile_job(
+        self, inputs: Sequence[Any], profile: Any, tactic: Tactic
+    ) -> Callable[[], Any] | None:
+        """A picklable zero-argument callable that compiles `tactic` in another process
+        without touching CUDA, or None. With `TuningConfig.compile_processes` > 0 the tuner
+        runs these in spawned worker processes before the `warmup` hooks, so compilation
+        runs on several cores outside the GIL and the parent then loads the binaries from
+        the compiler's on-disk cache. For Triton: a module-level function given the kernel's
+        name, signature, constexprs and the target (`triton.compile(ASTSource(...),
+        target=GPUTarget("cuda", capability, 32))`). Never a CUDA call in it: the worker has
+        no CUDA context, by design (see tune/profiling.py). The default offers none."""
+        return None
+
     def __call__(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         return self.forward(inputs, tactic)
 
@@ -162,6 +175,7 @@ class TuningConfig:
     check_tolerance: a tactic whose output differs from the default tactic's by more than
         this relative (Frobenius) error is excluded as wrong; None picks one from the dtype.
     compile_workers: threads for the runners' `warmup` hooks (parallel compilation).
+    compile_processes: spawned worker processes for the runners' `compile_job`s (0: none).
     confirm_top / confirm_rounds: after every tactic is timed once, the confirm_top fastest
         (and the default tactic) are timed again confirm_rounds times in turns, and the pick
         is the fastest by those medians alone: the least of many single measurements is
@@ -194,6 +208,7 @@ class TuningConfig:
     max_seconds_per_tactic: float = 1.0
     check_tolerance: float | None = None
     compile_workers: int = 8
+    compile_processes: int = 0
     confirm_top: int = 3
     confirm_rounds: int = 2
     guard_rounds: int = 3
