@@ -171,3 +171,37 @@ class ProcessCompiledRunner(FakeRunner):
         import functools
 
         return None if tactic == -1 else functools.partial(write_marker, self.FOLDER, tactic)
+
+
+def gemm_rank_worker(rank: int, world: int, init_file: str, out: str, phase: str) -> None:
+    """GPU worker of tests/tune/test_guard_cuda.py: NCCL ranks tune the real GEMM together
+    (rank r sees its own M values), then report their picks and how much they profiled."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    from flashtune.ops.gemm import mm
+    from flashtune.ops.gemm.launch import GEMM_RUNNERS, GEMM_TUNING
+    from flashtune.tune import AutoTuner, autotune, choose_one
+
+    torch.cuda.set_device(rank)  # all_gather_object over NCCL uses the current device
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        rows = [[1, 16, 300], [16, 64]][rank]
+        every = [1, 16, 64, 300]
+        B = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        with autotune(True, cache=os.path.join(out, "gemm.json")):
+            for m in rows:
+                mm(torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16), B)
+        picks = {}
+        for m in every:
+            A = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+            runner, tactic = choose_one("gemm", GEMM_RUNNERS, GEMM_TUNING, [A, B, None])
+            picks[str(m)] = [runner.name, list(tactic) if isinstance(tactic, tuple) else tactic]
+        stats = AutoTuner.get().stats
+        result = {"picks": picks, "tuned": stats.shapes_tuned, "timed": stats.tactics_timed}
+        with open(os.path.join(out, f"{phase}-rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
