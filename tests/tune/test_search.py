@@ -84,10 +84,18 @@ def test_guard_keeps_the_default_unless_the_pick_beats_it_beyond_noise_and_margi
     # 0.5% faster, steady: within the 1% margin -> the default stays.
     r = guard_pick((0, 1), [(0, DEFAULT)], clock({1: [9.95] * 3, DEFAULT: [10.0] * 3}), 3, 0.01)
     assert r is not None and r.kept == (0, DEFAULT) and "default kept" in r.reason
-    # 20% faster but the rounds move by 3 ms (noise 3 > gain 2) -> the default stays.
+    # 20% faster in two rounds, 10% slower in the third -> the default stays.
     noisy = {1: [8.0, 11.0, 8.0], DEFAULT: [10.0, 10.0, 10.0]}
     r = guard_pick((0, 1), [(0, DEFAULT)], clock(noisy), 3, 0.01)
-    assert r is not None and r.kept == (0, DEFAULT) and r.noise_ms == pytest.approx(3.0)
+    assert r is not None and r.kept == (0, DEFAULT) and r.noise_ms == pytest.approx(1.5)
+    # A load spike in round 2 slows both alike: the ratios see through it -> the pick.
+    spiky = {1: [5.0, 15.0, 5.0], DEFAULT: [10.0, 30.0, 10.0]}
+    r = guard_pick((0, 1), [(0, DEFAULT)], clock(spiky), 3, 0.01)
+    assert r is not None and r.kept == (0, 1) and r.noise_ms == 0.0
+    # Faster in every round but by less than the spread of the speed-ups -> the default.
+    jitter = {1: [9.9, 7.0, 9.9], DEFAULT: [10.0, 10.0, 10.0]}
+    r = guard_pick((0, 1), [(0, DEFAULT)], clock(jitter), 3, 0.01)
+    assert r is not None and r.kept == (0, DEFAULT)
     # 20% faster, steady -> the pick.
     r = guard_pick((0, 1), [(0, DEFAULT)], clock({1: [8.0] * 3, DEFAULT: [10.0] * 3}), 3, 0.01)
     assert r is not None and r.kept == (0, 1) and r.medians[(0, 1)] == 8.0
@@ -126,7 +134,7 @@ def test_a_pick_within_the_margin_leaves_the_default_and_the_cache_says_why(
     assert doc[str(("op", "SlightlyFaster", ((8, 4),)))] == ["SlightlyFaster", DEFAULT]
     why = json.loads(decisions_path(path).read_text())
     record = why[repr(("op", ((8, 4),)))]
-    assert record["kind"] == "default-kept" and "within" in record["reason"]
+    assert record["kind"] == "default-kept" and "not beyond" in record["reason"]
 
 
 def test_the_guard_times_fresh_inputs_in_the_serving_mode(calls: Calls) -> None:
@@ -171,9 +179,17 @@ def test_the_cost_model_prunes_before_anything_is_compiled_or_timed(
 
 
 class Flat(H.FakeRunner):
-    """30 tactics: 0 is the best, the rest are all alike."""
+    """30 tactics: 0 is the best, the rest are all alike; the cost model ranks them as
+    listed (tactic t estimated 1 + t / 100)."""
 
     COSTS = {DEFAULT: 9.0, 0: 1.0, **{t: 5.0 for t in range(1, 30)}}
+
+    def estimate_cost(self, inputs: Sequence[Any], profile: Any, tactic: Any) -> float | None:
+        return 1.0 + tactic / 100
+
+
+class Unranked(H.FakeRunner):
+    COSTS = Flat.COSTS
 
 
 def test_patience_stops_the_search_and_priors_go_first(tuner: AutoTuner, calls: Calls) -> None:
@@ -192,6 +208,10 @@ def test_patience_stops_the_search_and_priors_go_first(tuner: AutoTuner, calls: 
         # A neighbouring bucket: the winner at 8 is timed right after the default.
         assert choose_one("op", [Flat()], cfg, [x(16)])[1] == 0
         assert calls.tactics()[:2] == [DEFAULT, 0]
+        calls.log.clear()
+        # Without a cost model nothing ranks the tail: every tactic is timed.
+        choose_one("op", [Unranked()], cfg, [x(8)])
+        assert len(calls.tactics()) == 31
     assert tuner.stats.stopped_early == 2
 
 
@@ -334,3 +354,19 @@ def test_compile_jobs_run_in_spawned_processes(tuner: AutoTuner, tmp_path: Path)
     markers = [p.name.split(".") for p in tmp_path.iterdir() if p.name[0].isdigit()]
     assert sorted(t for t, _ in markers) == ["0", "1", "2"]
     assert all(int(pid) != os.getpid() for _, pid in markers)
+
+
+def test_a_stale_file_is_not_rewritten_when_nothing_was_revalidated(
+    tmp_path: Path, tuner: AutoTuner
+) -> None:
+    path = tmp_path / "cfg.json"
+    write_cache_file(
+        path,
+        {("op", "MuchFaster", ((8, 4),)): ("MuchFaster", 1)},
+        dict(current_metadata(), triton_version="0.0"),
+    )
+    before = path.read_bytes()
+    with pytest.warns(AutotuneWarning, match="re-validated"):
+        with autotune(True, cache=path):
+            pass  # no shape seen
+    assert path.read_bytes() == before and not list(tmp_path.glob("*.bak"))

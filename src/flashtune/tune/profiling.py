@@ -121,7 +121,7 @@ class Profiler:
         if only is not None:
             keep = set(only) | set(defaults)
             candidates = [c for c in candidates if c in keep]
-        candidates, pruned = order_candidates(
+        candidates, pruned, estimated = order_candidates(
             runners, candidates, tuning_inputs, profile, config, defaults, priors
         )
         self.stats.tactics_pruned += pruned
@@ -147,9 +147,16 @@ class Profiler:
                     if deadline is not None and time.perf_counter() >= deadline:
                         stopped = "budget"
                         break
-                    if config.patience is not None and stale >= config.patience:
+                    # Patience only cuts what the cost model ranked: the tail of a ranked
+                    # list is predicted worse, a tactic nobody estimated is not.
+                    if (
+                        config.patience is not None
+                        and stale >= config.patience
+                        and (index, tactic) in estimated
+                    ):
                         stopped = "patience"
-                        break
+                        advance()
+                        continue
                 runner = runners[index]
                 try:
                     if baseline is not None and (index, tactic) != (0, DEFAULT_TACTIC):
@@ -177,13 +184,13 @@ class Profiler:
                 results.append((index, tactic, median))
                 if median < best * (1.0 - config.guard_margin):
                     stale = 0
-                elif not is_default:
+                elif (index, tactic) in estimated:
                     stale += 1
                 best = min(best, median)
         if stopped:
             self.stats.stopped_early += 1
             logger.info(
-                "autotune: %s %s: search stopped by %s after %d of %d candidates",
+                "autotune: %s %s: search cut by %s: %d of %d candidates timed",
                 op_name,
                 profile,
                 stopped,
@@ -529,8 +536,8 @@ def order_candidates(
     config: TuningConfig,
     defaults: Sequence[tuple[int, Tactic]],
     priors: Sequence[tuple[int, Tactic]],
-) -> tuple[list[tuple[int, Tactic]], int]:
-    """(the candidates in timing order, how many were pruned).
+) -> tuple[list[tuple[int, Tactic]], int, set[tuple[int, Tactic]]]:
+    """(the candidates in timing order, how many were pruned, those the cost model ranked).
 
     Order: the defaults, then the priors (winners at neighbouring buckets), then the rest
     by the runner's `estimate_cost` relative to its best estimate (no estimate: as listed).
@@ -564,4 +571,5 @@ def order_candidates(
             continue
         rest.append((relative, position, c))
     rest.sort()
-    return keep_first + [c for _, _, c in rest], pruned
+    ordered = keep_first + [c for _, _, c in rest]
+    return ordered, pruned, {c for c in ordered if c in estimates and c not in keep_first}

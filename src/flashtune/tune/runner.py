@@ -190,9 +190,11 @@ class TuningConfig:
         more than guard_margin (a fraction of the default's time). 0 rounds: no guard.
     prune_slack: drop tactics whose `TunableRunner.estimate_cost` is more than this
         fraction above the runner's best estimate (None: no pruning).
-    patience: stop timing once this many tactics in a row did not beat the best so far by
-        more than the noise (None: time every candidate). The defaults and the priors
-        (winners at neighbouring buckets) are always timed first.
+    patience: once this many tactics ranked by `estimate_cost` in a row did not beat the
+        best so far by more than guard_margin, the rest of the ranked ones is not timed
+        (None: time every candidate). Tactics without an estimate are always timed (an
+        unranked list's tail is not predicted worse); the defaults and the priors (winners
+        at neighbouring buckets) are timed first.
     """
 
     dynamic_dims: tuple[DynamicDim, ...] = ()

@@ -6,6 +6,7 @@ choices: the tactics it excluded (TacticFailure) and its counters (TuneStats).""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,10 +64,10 @@ class GuardResult:
 
     kept: the candidate to use. reference: the default it was compared with (the fastest
     default, or runner 0's where the others do not beat it beyond the noise). medians: each
-    contender's median over the guard rounds (ms). noise_ms: the largest spread (max - min)
-    of one contender's round medians: how much a measurement moved between rounds.
-    threshold_ms: the margin the pick had to beat (the larger of the noise and the
-    relative margin). reason: one line for the cache's decision record."""
+    contender's median over the guard rounds (ms). noise_ms: the half-range of the pick's
+    per-round time ratios to the reference, in ms of the reference: how much the comparison
+    itself moved between rounds. threshold_ms: the margin the pick had to beat (the larger
+    of the noise and the relative margin). reason: one line for the decision record."""
 
     kept: Candidate
     reference: Candidate
@@ -76,6 +77,19 @@ class GuardResult:
     reason: str
 
 
+def _paired(challenger: list[float], reference: list[float]) -> tuple[float, float, bool]:
+    """(median relative gain, noise, won every round) of `challenger` over `reference`,
+    from their per-round times. Paired by round and taken as ratios: the rounds run in
+    turns, so a load spike or a clock change on a shared machine scales both times of a
+    round alike, and the ratio cancels it where a difference of medians would not."""
+    ratios = [c / r for c, r in zip(challenger, reference, strict=False) if r > 0]
+    if not ratios:
+        return 0.0, math.inf, False
+    gain = 1.0 - statistics.median(ratios)
+    noise = (max(ratios) - min(ratios)) / 2
+    return gain, noise, max(ratios) < 1.0
+
+
 def guard_pick(
     pick: Candidate,
     defaults: Sequence[Candidate],
@@ -83,12 +97,14 @@ def guard_pick(
     rounds: int,
     margin: float,
 ) -> GuardResult | None:
-    """Keep `pick` only if it beats the defaults by more than the noise (issue 38).
+    """Keep `pick` only if it beats the defaults beyond the noise (issue 38).
 
     defaults: runner 0's tactic -1 first, then other defaults that always compete (library
-    runners' -1). Every contender is timed `rounds` times in turns (a drift falls on all of
-    them), by `time_once` on fresh inputs. The reference is runner 0's default unless
-    another default beats it by more than the threshold. None when no contender ran."""
+    runners' -1). Every contender is timed `rounds` times in turns, by `time_once` on fresh
+    inputs. A challenger beats a reference when it is faster in every round and its median
+    per-round speed-up exceeds both the half-range of those speed-ups (the noise) and
+    `margin`. The reference is runner 0's default unless another default beats it. None
+    when no contender ran."""
     contenders: list[Candidate] = list(dict.fromkeys([pick, *defaults]))
     samples: dict[Candidate, list[float]] = {c: [] for c in contenders}
     for _ in range(max(rounds, 1)):
@@ -103,38 +119,38 @@ def guard_pick(
     if not samples:
         return None
     medians = {c: statistics.median(v) for c, v in samples.items()}
-    noise = max((max(v) - min(v)) for v in samples.values())
 
-    def threshold(ref_ms: float) -> float:
-        return max(noise, margin * ref_ms)
+    def beats(a: Candidate, b: Candidate) -> tuple[bool, float, float]:
+        gain, noise, every_round = _paired(samples[a], samples[b])
+        return every_round and gain > max(noise, margin), gain, noise
 
-    alive_defaults = [d for d in defaults if d in medians]
+    alive_defaults = [d for d in defaults if d in samples]
     if not alive_defaults:  # every default failed now: the pick is all there is
-        return GuardResult(pick, pick, medians, noise, 0.0, "no default ran in the guard")
+        return GuardResult(pick, pick, medians, 0.0, 0.0, "no default ran in the guard")
     reference = alive_defaults[0]
     for d in alive_defaults[1:]:
-        if medians[reference] - medians[d] > threshold(medians[reference]):
+        if beats(d, reference)[0]:
             reference = d
     ref_ms = medians[reference]
-    need = threshold(ref_ms)
     if pick == reference:
-        return GuardResult(pick, reference, medians, noise, need, "the pick is the default")
-    if pick not in medians:
         return GuardResult(
-            reference, reference, medians, noise, need, "the pick failed in the guard"
+            pick, reference, medians, 0.0, margin * ref_ms, "the pick is the default"
         )
-    gain = ref_ms - medians[pick]
-    if gain > need:
-        reason = (
-            f"beats the default by {gain:.4g} ms ({gain / ref_ms:.1%}) > {need:.4g} ms "
-            f"(noise {noise:.4g} ms, margin {margin:.1%})"
+    if pick not in samples:
+        return GuardResult(
+            reference, reference, medians, 0.0, margin * ref_ms, "the pick failed in the guard"
         )
-        return GuardResult(pick, reference, medians, noise, need, reason)
+    won, gain, noise = beats(pick, reference)
+    noise_ms, need_ms = noise * ref_ms, max(noise, margin) * ref_ms
+    detail = f"(noise {noise:.1%}, margin {margin:.1%}, {len(samples[pick])} rounds)"
+    if won:
+        reason = f"beats the default by {gain:.1%} > {max(noise, margin):.1%} {detail}"
+        return GuardResult(pick, reference, medians, noise_ms, need_ms, reason)
     reason = (
-        f"default kept: the pick's gain {gain:.4g} ms ({gain / ref_ms:.1%}) is within "
-        f"{need:.4g} ms (noise {noise:.4g} ms, margin {margin:.1%})"
+        f"default kept: the pick's gain {gain:.1%} is not beyond {max(noise, margin):.1%} in "
+        f"every round {detail}"
     )
-    return GuardResult(reference, reference, medians, noise, need, reason)
+    return GuardResult(reference, reference, medians, noise_ms, need_ms, reason)
 
 
 @dataclass(frozen=True)

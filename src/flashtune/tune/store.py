@@ -200,6 +200,10 @@ class ConfigStore:
             )
             return None
         renew = on_disk.status == "mismatch" and path.resolve() in self.revalidating
+        if renew and not tuned:
+            # Nothing re-validated or tuned: rewriting would only drop the stale picks.
+            logger.info("autotune: %s not rewritten: no pick re-validated yet", path)
+            return None
         if renew and _versions_only(on_disk):
             backup = backup_file(path)
             logger.info("autotune: %s re-validated for this environment (old: %s)", path, backup)
