@@ -124,7 +124,7 @@ def rank_worker(rank: int, world: int, init_file: str, out: str, phase: str, row
     import torch.distributed as dist
 
     use_fake_clock()
-    from flashtune.tune import autotune, choose_one
+    from flashtune.tune import autotune, choose_one, sync_ranks
 
     RankRunner.RANK = rank
     gathers = [0]
@@ -142,6 +142,11 @@ def rank_worker(rank: int, world: int, init_file: str, out: str, phase: str, row
         with autotune(phase != "serve", cache=cache):
             for m in rows[rank]:
                 inside.append(choose_one("ranked", [RankRunner()], CONFIG, [torch.randn(m, 4)])[1])
+            if phase == "midsync":  # an explicit sync point inside the block
+                sync_ranks()
+                for m in rows[rank]:
+                    x = torch.randn(m, 4)
+                    inside.append(choose_one("ranked", [RankRunner()], CONFIG, [x])[1])
         every = sorted({m for r in rows for m in r})
         picks = {
             str(m): choose_one("ranked", [RankRunner()], CONFIG, [torch.randn(m, 4)])[1]

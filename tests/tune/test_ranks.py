@@ -94,7 +94,10 @@ def test_two_ranks_split_the_buckets_agree_on_the_picks_and_restart_warm(
 
 
 # Not slow-marked: the one two-process run in the default suite (about 10 s).
-def test_a_rank_that_sees_no_new_shape_still_joins(tmp_path: Path) -> None:
-    got = run_ranks(tmp_path, "tune", rows=[[5, 6], []])
+def test_a_rank_that_sees_no_new_shape_still_joins_an_explicit_sync(tmp_path: Path) -> None:
+    got = run_ranks(tmp_path, "midsync", rows=[[5, 6], []])
+    # Rank 0: the default before sync_ranks(), rank 0's pick (tactic 1) right after it.
+    assert got[0]["inside"] == [-1, -1, 1, 1]
     assert got[0]["picks"] == got[1]["picks"] == {"5": 1, "6": 1}
-    assert got[1]["timed"] == [] and [r["gathers"] for r in got] == [2, 2]
+    # Rank 1 saw nothing yet joined: two gathers at sync_ranks(), one (all empty) at exit.
+    assert got[1]["timed"] == [] and [r["gathers"] for r in got] == [3, 3]
