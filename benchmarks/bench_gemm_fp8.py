@@ -42,7 +42,7 @@ def _time(fn, a: L.Fp8Inputs) -> float:
     """fn(A, B, A_scale, B_scale, out)'s median latency (ms); measure rotates copies of the
     operands for a cold L2."""
     args = [a.A, a.B, a.A_scale, a.B_scale, a.out]
-    return measure(fn, args, cold_l2=True, use_cuda_graph=True, repetitions=30).median
+    return measure(fn, args, cold_l2=True, use_cuda_graph=True, repetitions=30).median_ms
 
 
 def _operands(M: int, N: int, K: int, block: bool, seed: int) -> L.Fp8Inputs:

@@ -485,22 +485,23 @@ def test_real_shapes_cuda(model, T):
 
 
 @pytest.mark.cuda
-def test_cuda_graph_capture():
+@pytest.mark.parametrize("T", [4, 200])  # 200 x top-8 routes: the PyTorch alignment path
+def test_cuda_graph_capture(T):
     device = torch.device("cuda")
     mode, H, I, E, E_global, K = MODELS["deepseek-v3"]  # noqa: E741
-    x, w1, w2, q = _make(mode, 4, H, I, E, device)
-    ids, w = _routes(4, K, E_global, device, local=(0, E))
-    out = torch.empty(4, H, dtype=torch.bfloat16, device=device)
+    x, w1, w2, q = _make(mode, T, H, I, E, device)
+    ids, w = _routes(T, K, E_global, device, local=(0, E))
+    out = torch.empty(T, H, dtype=torch.bfloat16, device=device)
     fused_experts(x, w1, w2, ids, w, quant=q, out=out)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fused_experts(x, w1, w2, ids, w, quant=q, out=out)
     # New routes and activations in place: the replay must follow them.
-    ids2, w_new = _routes(4, K, E_global, device, local=(0, E))
+    ids2, w_new = _routes(T, K, E_global, device, local=(0, E))
     ids.copy_(ids2)
     w.copy_(w_new)
-    x.copy_(torch.randn(4, H, device=device).to(x.dtype))
+    x.copy_(torch.randn(T, H, device=device).to(x.dtype))
     graph.replay()
     torch.cuda.synchronize()
     _assert_close(out, fused_experts_torch(x, w1, w2, ids, w, quant=q))

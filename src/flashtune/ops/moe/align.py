@@ -130,7 +130,9 @@ def _align_torch(
     counts = torch.zeros(E + 1, dtype=torch.int64, device=device)
     counts.scatter_add_(0, key, torch.ones_like(key))
     padded = (counts + (block_m - 1)) // block_m * block_m
-    padded[E] = 0  # dropped routes take no rows
+    # Dropped routes take no rows (zero_ on a view: assigning a Python scalar would copy
+    # from the host, illegal inside CUDA graph capture).
+    padded[E:].zero_()
     pad_end = torch.cumsum(padded, 0)  # [E+1]
     pad_start = pad_end - padded
     raw_start = torch.cumsum(counts, 0) - counts  # start of each expert in `order`
