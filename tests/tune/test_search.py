@@ -297,7 +297,7 @@ def test_another_gpus_file_is_still_never_revalidated(tmp_path: Path, tuner: Aut
     assert path.read_bytes() == before and not tuner.store.stale_configs
 
 
-def test_tile_cost_sees_padding_and_idle_sms() -> None:
+def test_tile_cost_sees_padding_loads_and_idle_sms() -> None:
     from flashtune.tune.search import padding_waste, tile_cost, wave_efficiency
 
     assert padding_waste((17, 64), (128, 64)) == pytest.approx(1 - 17 / 128)
@@ -305,11 +305,13 @@ def test_tile_cost_sees_padding_and_idle_sms() -> None:
     assert wave_efficiency(132, 132) == 1.0 and wave_efficiency(133, 132) == pytest.approx(
         133 / 264
     )
-    # M=17: a 16-row tile wastes less than a 128-row one; at M=4096 a 16x128 grid of 132
-    # SMs is busy too, and the two are within the slack of each other.
-    assert tile_cost(17, 4096, 4096, 16, 128, 64) < tile_cost(17, 4096, 4096, 128, 128, 64) / 5
+    # Decode (M=1) is priced by its loads: a 16-row tensor-core tile costs what a 1-row one
+    # does, though it computes 16x the rows.
+    assert tile_cost(1, 4096, 4096, 16, 64, 128) == tile_cost(1, 4096, 4096, 1, 64, 512)
+    # A large GEMM on 16x16 tiles re-reads A and B 256 times: far worse than 128x128.
+    assert tile_cost(4096, 4096, 4096, 16, 16, 64) > 5 * tile_cost(4096, 4096, 4096, 128, 128, 64)
     # Split-K fills the SMs of a tiny grid: 32 tiles on 132 SMs, split 4 -> 128 CTAs.
-    assert tile_cost(16, 4096, 4096, 16, 128, 64, 4) < tile_cost(16, 4096, 4096, 16, 128, 64)
+    assert tile_cost(16, 4096, 4096, 16, 128, 64, 4) < tile_cost(16, 4096, 4096, 16, 128, 64) / 3
     with pytest.raises(ValueError, match="must be > 0"):
         padding_waste((0,), (16,))
 

@@ -11,10 +11,10 @@ at a given shape and that no measurement is needed to see:
 - waves: CTAs run in waves of (SMs x CTAs per SM); a last partial wave costs as much as a
   full one, and a grid smaller than one wave leaves SMs idle.
 
-The product (`tile_cost`) is proportional to the predicted time of a compute- or
-bandwidth-bound tile kernel up to a per-tactic efficiency the measurement settles. It is a
-pruning rule, not a ranking: keep the slack wide (0.5 by default), so that a tactic the
-model underrates still gets timed. `benchmarks/bench_tune.py --regret` measures what the
+`tile_cost` combines them in a roofline (padded FLOPs or bytes loaded, whichever bounds,
+over the wave efficiency): proportional to the predicted time of a tile kernel up to a
+per-tactic efficiency the measurement settles. It is a pruning rule, not a ranking: keep
+the slack wide (0.5 by default), so that a tactic the model underrates still gets timed. `benchmarks/bench_tune.py --regret` measures what the
 pruning costs against exhaustive search.
 """
 
@@ -55,15 +55,23 @@ def tile_cost(
     split_k: int = 1,
     sm_count: int = 132,
     ctas_per_sm: int = 1,
+    elem_bytes: int = 2,
+    flops_per_byte: float = 300.0,
 ) -> float:
     """Predicted relative cost of a (block_m x block_n [x block_k], split_k) GEMM tiling at
-    M x N x K: the padded work, divided by how well its grid fills the SMs (lower is
-    better). split_k multiplies the CTAs (more parallelism for small M x N) and pads K per
-    split."""
+    M x N x K (lower is better): a roofline, max(padded FLOPs / flops_per_byte, bytes
+    loaded), divided by how well the grid fills the SMs.
+
+    Bytes: every CTA row of tiles reads all of B's K extent, every CTA column all of A's
+    (no L2 reuse assumed: it favours larger tiles the way the loads do), plus C once.
+    flops_per_byte: the machine balance (H100 bf16 dense: ~990 TFLOP/s / 3.35 TB/s ~ 300),
+    so a decode GEMM (M=1) is priced by its loads and a 16-row tile is not penalised for
+    the 15 padded rows it computes for free, while a large GEMM is priced by its padded
+    FLOPs. split_k multiplies the CTAs (parallelism for small M x N) and pads K per split."""
+    tiles_m, tiles_n = math.ceil(m / block_m), math.ceil(n / block_n)
     k_per_split = math.ceil(k / max(split_k, 1))
-    computed = (
-        math.ceil(m / block_m) * block_m * math.ceil(n / block_n) * block_n * split_k
-        * math.ceil(k_per_split / block_k) * block_k
-    )  # fmt: skip
-    ctas = math.ceil(m / block_m) * math.ceil(n / block_n) * max(split_k, 1)
-    return computed / (m * n * k) / wave_efficiency(ctas, sm_count, ctas_per_sm)
+    k_padded = math.ceil(k_per_split / block_k) * block_k * max(split_k, 1)
+    flops = 2.0 * tiles_m * block_m * tiles_n * block_n * k_padded
+    loaded = elem_bytes * (m * k * tiles_n + n * k * tiles_m + m * n)
+    ctas = tiles_m * tiles_n * max(split_k, 1)
+    return max(flops / flops_per_byte, loaded) / wave_efficiency(ctas, sm_count, ctas_per_sm)
