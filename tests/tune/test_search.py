@@ -372,3 +372,35 @@ def test_a_stale_file_is_not_rewritten_when_nothing_was_revalidated(
         with autotune(True, cache=path):
             pass  # no shape seen
     assert path.read_bytes() == before and not list(tmp_path.glob("*.bak"))
+
+
+class LateBest(Flat):
+    """The cost model ranks tactic 29 last, but it is the fastest."""
+
+    COSTS = {DEFAULT: 9.0, **{t: 5.0 for t in range(29)}, 29: 1.0}
+
+
+def test_another_gpus_picks_are_priors_when_tuning(
+    tmp_path: Path, tuner: AutoTuner, calls: Calls
+) -> None:
+    cfg = TuningConfig(
+        dynamic_dims=(DynamicDim(0, 0),),
+        cold_l2=False,
+        confirm_rounds=0,
+        guard_rounds=0,
+        patience=4,
+    )
+    with autotune():  # no prior: patience cuts the ranked list long before tactic 29
+        assert choose_one("op", [LateBest()], cfg, [x(8)])[1] != 29
+    tuner.clear()
+    calls.log.clear()
+    path = tmp_path / "b200.json"
+    entry = {("op", "LateBest", ((8, 4),)): ("LateBest", 29)}
+    write_cache_file(path, entry, dict(current_metadata(), gpu_name="NVIDIA B200"))
+    with pytest.warns(AutotuneWarning, match="gpu_name"):
+        with autotune(True, cache=path):
+            assert choose_one("op", [LateBest()], cfg, [x(8)])[1] == 29
+    assert calls.tactics()[:2] == [DEFAULT, 29]  # timed right after the default
+    with pytest.warns(AutotuneWarning, match="gpu_name"):
+        with autotune(False, cache=path):  # serving never uses another GPU's pick
+            assert choose_one("op", [LateBest()], cfg, [x(16)])[1] == DEFAULT

@@ -193,18 +193,30 @@ class Lookup:
         most: int = 2,
     ) -> list[tuple[int, Tactic]]:
         """Winners at the nearest neighbouring buckets of the same op and fixed dimensions
-        (in memory and in loaded files): good tactics move slowly with M, so they are timed
-        right after the defaults, which lets early stopping cut the long tail."""
+        (in memory and in loaded files), and at this very bucket on another GPU (a file of
+        another device, loaded while tuning): good tactics move slowly with M and between
+        GPUs of a family, so they are timed right after the defaults, which lets early
+        stopping cut the long tail. A prior is only a candidate: it is timed like any."""
         dynamic = {(d.input_idx, d.dim) for d in config.dynamic_dims}
         index_of = {r.name: i for i, r in enumerate(runners)}
         scored: list[tuple[float, int, Tactic]] = []
-        for table in (self.profiling_cache, self.store.file_configs):
+        tables = (
+            (self.profiling_cache, False),
+            (self.store.file_configs, False),
+            (self.store.foreign_configs, True),
+        )
+        for table, same_bucket_ok in tables:
             for (op, runner_name, other), (_, tactic) in table.items():
-                if op != op_name or runner_name not in index_of or other == profile:
+                if op != op_name or runner_name not in index_of:
+                    continue
+                if other == profile and not same_bucket_ok:
                     continue
                 distance = _bucket_distance(profile, other, dynamic)
-                if distance is not None:
-                    scored.append((distance, index_of[runner_name], tactic))
+                if distance is None:
+                    continue
+                # (A file holds dataclass tactics in their stored form: order_candidates
+                # matches priors to the runner's own candidates by that form.)
+                scored.append((distance, index_of[runner_name], tactic))
         out: list[tuple[int, Tactic]] = []
         for _, index, tactic in sorted(scored, key=lambda x: x[0]):
             if (index, tactic) not in out:

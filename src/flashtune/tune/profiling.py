@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from flashtune import timing
+from flashtune.tune.cache_file import stored_form
 from flashtune.tune.checks import device_of, result_difference, tensors_of
 from flashtune.tune.notices import AutotuneWarning, Notices
 from flashtune.tune.runner import (
@@ -545,7 +546,12 @@ def order_candidates(
     estimate, never a default or a prior. Early stopping (patience) then cuts the tail,
     which is why the most promising candidates go first."""
     keep_first = [c for c in defaults if c in candidates]
-    keep_first += [c for c in priors if c in candidates and c not in keep_first]
+    # Priors from files hold dataclass tactics in their stored form: match by that form.
+    by_form = {(i, stored_form(t)): (i, t) for i, t in candidates}
+    for index, tactic in priors:
+        own = by_form.get((index, stored_form(tactic)))
+        if own is not None and own not in keep_first:
+            keep_first.append(own)
     estimates: dict[tuple[int, Tactic], float] = {}
     for c in candidates:
         if c[1] == DEFAULT_TACTIC:

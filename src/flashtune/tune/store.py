@@ -56,6 +56,10 @@ class ConfigStore:
         # Files whose stale picks are being re-validated: rewritten on save with this
         # environment's metadata (a backup of the old file is kept).
         self.revalidating: set[Path] = set()
+        # Picks of files made on another device, loaded while tuning: never used as picks
+        # (another GPU), only as priors for the search (a good tile there is a candidate
+        # worth timing first here).
+        self.foreign_configs: dict[CacheKey, Entry] = {}
         self.file_lock_timeout_s = 120.0
         self._bundled: dict[CacheKey, Entry] | None = None
 
@@ -63,6 +67,7 @@ class ConfigStore:
         self.file_configs.clear()
         self.stale_configs.clear()
         self.revalidating.clear()
+        self.foreign_configs.clear()
         self._bundled = None
 
     def bundled_configs(self) -> dict[CacheKey, Entry]:
@@ -128,6 +133,8 @@ class ConfigStore:
                 stacklevel=4,
             )
         elif found.status == "mismatch":
+            if revalidate:  # tuning: the other device's picks seed the search as priors
+                self.foreign_configs.update(read_cache_file(path, expected={}).entries)
             warnings.warn(
                 f"autotune config file {found.path} was made in another environment: "
                 f"{found.reason}; nothing loaded and the file will not be overwritten. Use "
