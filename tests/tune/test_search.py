@@ -404,3 +404,27 @@ def test_another_gpus_picks_are_priors_when_tuning(
     with pytest.warns(AutotuneWarning, match="gpu_name"):
         with autotune(False, cache=path):  # serving never uses another GPU's pick
             assert choose_one("op", [LateBest()], cfg, [x(16)])[1] == DEFAULT
+
+
+class FlatWarm(Flat):
+    WARMED: list = []
+
+    def warmup(self, inputs: Sequence[Any], tactic: Any) -> None:
+        self.WARMED.append(tactic)
+
+
+def test_what_patience_cuts_is_never_compiled(tuner: AutoTuner, calls: Calls) -> None:
+    cfg = TuningConfig(
+        dynamic_dims=(DynamicDim(0, 0),),
+        cold_l2=False,
+        confirm_rounds=0,
+        guard_rounds=0,
+        patience=4,
+        compile_workers=3,
+    )
+    FlatWarm.WARMED.clear()
+    with autotune():
+        assert choose_one("op", [FlatWarm()], cfg, [x(8)])[1] == 0
+    assert calls.tactics() == [DEFAULT, 0, 1, 2, 3, 4]
+    # Compiled in batches of three, in timing order: two batches, nothing of the tail.
+    assert sorted(FlatWarm.WARMED, key=str) == sorted([DEFAULT, 0, 1, 2, 3, 4], key=str)

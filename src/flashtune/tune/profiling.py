@@ -130,64 +130,87 @@ class Profiler:
         # Timing a tactic that writes in place (fused add + RMSNorm updates its residual)
         # changes tuning_inputs: every correctness check starts from this untouched copy.
         pristine = timing.clone_inputs(tuning_inputs)
-        candidates = self._compile(op_name, runners, candidates, tuning_inputs, profile, config)
-        baseline = self._baseline(op_name, runners, candidates, pristine, profile)
-        if baseline is None:
-            candidates = [c for c in candidates if c != (0, DEFAULT_TACTIC)]
         input_sets = self._input_sets(tuning_inputs, config)
-
+        baseline: list[torch.Tensor] | None = None
         results: list[tuple[int, Tactic, float]] = []
         timings = self.timings.setdefault((op_name, profile), {})
         best = math.inf
-        stale = 0  # tactics timed in a row that did not beat the best beyond the margin
+        stale = 0  # ranked tactics timed in a row that did not beat the best beyond the margin
         stopped = ""
+        # Compiled a batch at a time (as many as compile in parallel), in timing order, so
+        # that what patience or the budget cuts is never compiled either: compiling is most
+        # of a Triton tactic's tuning time.
+        batch_size = max(1, config.compile_workers)
         with self._progress(op_name, profile, len(candidates)) as advance:
-            for index, tactic in candidates:
-                is_default = (index, tactic) in defaults
-                if not is_default and results:
-                    if deadline is not None and time.perf_counter() >= deadline:
-                        stopped = "budget"
-                        break
-                    # Patience only cuts what the cost model ranked: the tail of a ranked
-                    # list is predicted worse, a tactic nobody estimated is not.
-                    if (
-                        config.patience is not None
-                        and stale >= config.patience
-                        and (index, tactic) in estimated
-                    ):
-                        stopped = "patience"
-                        advance()
-                        continue
-                runner = runners[index]
-                try:
-                    if baseline is not None and (index, tactic) != (0, DEFAULT_TACTIC):
-                        wrong = result_difference(runner, tactic, pristine, baseline, config)
-                        if wrong:
-                            self._fail(op_name, runner, tactic, profile, wrong)
+            for first in range(0, len(candidates), batch_size):
+                batch = candidates[first : first + batch_size]
+                if results and deadline is not None and time.perf_counter() >= deadline:
+                    stopped = "budget"
+                    break
+                batch = self._compile(op_name, runners, batch, tuning_inputs, profile, config)
+                if first == 0:  # the defaults lead the order: runner 0's -1 is in this batch
+                    baseline = self._baseline(op_name, runners, batch, pristine, profile)
+                    if baseline is None:
+                        batch = [c for c in batch if c != (0, DEFAULT_TACTIC)]
+                for index, tactic in batch:
+                    is_default = (index, tactic) in defaults
+                    if not is_default and results:
+                        if deadline is not None and time.perf_counter() >= deadline:
+                            stopped = "budget"
+                            break
+                        # Patience only cuts what the cost model ranked: the tail of a
+                        # ranked list is predicted worse, a tactic nobody estimated is not.
+                        if (
+                            config.patience is not None
+                            and stale >= config.patience
+                            and (index, tactic) in estimated
+                        ):
+                            stopped = "patience"
+                            advance()
                             continue
-                    median = _time_tactic(runner, tactic, tuning_inputs, input_sets, config)
-                except Exception as exc:
-                    self._fail(op_name, runner, tactic, profile, f"raised {exc!r}")
-                    _recover_device(exc)
-                    continue
-                finally:
-                    advance()
-                self.stats.tactics_timed += 1
-                timings[(runner.name, tactic)] = median
-                logger.debug(
-                    "autotune: %s %s %s tactic %r: %.4f ms",
-                    op_name,
-                    profile,
-                    runner.name,
-                    tactic,
-                    median,
-                )
-                results.append((index, tactic, median))
-                if median < best * (1.0 - config.guard_margin):
-                    stale = 0
-                elif (index, tactic) in estimated:
-                    stale += 1
-                best = min(best, median)
+                    runner = runners[index]
+                    try:
+                        if baseline is not None and (index, tactic) != (0, DEFAULT_TACTIC):
+                            wrong = result_difference(runner, tactic, pristine, baseline, config)
+                            if wrong:
+                                self._fail(op_name, runner, tactic, profile, wrong)
+                                continue
+                        median = _time_tactic(runner, tactic, tuning_inputs, input_sets, config)
+                    except Exception as exc:
+                        self._fail(op_name, runner, tactic, profile, f"raised {exc!r}")
+                        _recover_device(exc)
+                        continue
+                    finally:
+                        advance()
+                    self.stats.tactics_timed += 1
+                    timings[(runner.name, tactic)] = median
+                    logger.debug(
+                        "autotune: %s %s %s tactic %r: %.4f ms",
+                        op_name,
+                        profile,
+                        runner.name,
+                        tactic,
+                        median,
+                    )
+                    results.append((index, tactic, median))
+                    if median < best * (1.0 - config.guard_margin):
+                        stale = 0
+                    elif (index, tactic) in estimated:
+                        stale += 1
+                    best = min(best, median)
+                if stopped == "budget":
+                    break
+                rest = candidates[first + batch_size :]
+                if (
+                    rest
+                    and (
+                        stopped == "patience"
+                        or (config.patience is not None and stale >= config.patience)
+                    )
+                    and all(c in estimated for c in rest)
+                ):
+                    stopped = "patience"  # nothing left that patience does not cut
+                    break
         if stopped:
             self.stats.stopped_early += 1
             logger.info(
