@@ -38,6 +38,7 @@ from flashtune.ops.bundle.supply import (
     match_schema,
     reference_solution,
     schema_names,
+    schemas_by_prefix,
     supply_all,
 )
 
@@ -275,3 +276,27 @@ def test_coverage_doc_is_current(trace_corpus: Path) -> None:
     assert module.main(["--check", "--corpus", str(trace_corpus)]) == 0, (
         "docs/coverage.md is not current: python scripts/coverage_table.py"
     )
+
+
+def test_an_op_may_make_the_schema_of_a_definition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An op whose registered schemas are templates (per call key) answers
+    schema_for_definition: its definitions at other keys are matched through it."""
+    from flashtune.schema import REGISTRY
+
+    definition = _by_name(tmp_path, "rmsnorm_h128")
+    (rmsnorm,) = schemas_by_prefix()["rmsnorm"]
+
+    class TemplateOp:
+        schemas = ()
+
+        @staticmethod
+        def schema_for_definition(d: Definition) -> Any:
+            return rmsnorm if d.name.startswith("rmsnorm_") else None
+
+    assert isinstance(match_schema(definition, schemas={}), str)  # no prefix of it known
+    monkeypatch.setitem(REGISTRY, "tests.template_op", TemplateOp())
+    matched = match_schema(definition, schemas={})
+    assert not isinstance(matched, str) and matched.schema is rmsnorm
+    assert schema_names(definition, schemas={})

@@ -47,6 +47,7 @@ __all__ = [
     "Layout",
     "SchemaMatch",
     "Supply",
+    "definition_schemas",
     "match_schema",
     "reference_solution",
     "schema_definition_at",
@@ -165,7 +166,26 @@ def schema_names(definition: Definition, schemas: dict[str, list[OpSchema]] | No
                     return True
             except KeyError:  # a const axis of the schema this definition does not have
                 continue
-    return False
+    return any(s.name_for(const) == definition.name for s in definition_schemas(definition))
+
+
+def definition_schemas(definition: Definition) -> list[OpSchema]:
+    """The schemas ops make for this definition themselves: an op whose registered schemas
+    are templates (made per call key, as the fused MoE's are per routing) may answer
+    `schema_for_definition(definition) -> OpSchema | None`, so a dataset's definition at
+    other keys is matched too. None of the ops answering: []."""
+    found: list[OpSchema] = []
+    for op in REGISTRY.values():
+        make = getattr(op, "schema_for_definition", None)
+        if not callable(make):
+            continue
+        try:
+            schema = make(definition)
+        except (ValueError, KeyError, TypeError):  # not one of its definitions
+            continue
+        if isinstance(schema, OpSchema) and all(schema is not s for s in found):
+            found.append(schema)
+    return found
 
 
 @dataclass(frozen=True)
@@ -230,23 +250,24 @@ def match_schema(
     prefixes = sorted(
         (p for p in schemas if definition.name.startswith(f"{p}_")), key=len, reverse=True
     )
-    if not prefixes:
+    candidates = [(p, schema) for p in prefixes for schema in schemas[p]]
+    candidates += [(s.name_prefix, s) for s in definition_schemas(definition)]
+    if not candidates:
         return f"{definition.name}: no op schema has a name prefix of it"
     reasons: list[str] = []
-    for prefix in prefixes:
-        for schema in schemas[prefix]:
-            try:
-                ours = schema_definition_at(schema, definition)
-            except (ValueError, KeyError, TypeError) as exc:
-                reasons.append(f"{prefix}: {exc}")
-                continue
-            problems, layouts = _compare(ours, definition)
-            if problems:
-                reasons.append(f"{prefix}: {'; '.join(problems)}")
-                continue
-            missing = tuple(c for c in ours.constraints if c not in definition.constraints)
-            constants = reference_constants(definition.reference, schema.bound)
-            return SchemaMatch(definition, schema, ours, constants, tuple(layouts), missing)
+    for prefix, schema in candidates:
+        try:
+            ours = schema_definition_at(schema, definition)
+        except (ValueError, KeyError, TypeError) as exc:
+            reasons.append(f"{prefix}: {exc}")
+            continue
+        problems, layouts = _compare(ours, definition)
+        if problems:
+            reasons.append(f"{prefix}: {'; '.join(problems)}")
+            continue
+        missing = tuple(c for c in ours.constraints if c not in definition.constraints)
+        constants = reference_constants(definition.reference, schema.bound)
+        return SchemaMatch(definition, schema, ours, constants, tuple(layouts), missing)
     return f"{definition.name}: no schema's contract matches ({' | '.join(reasons)})"
 
 
