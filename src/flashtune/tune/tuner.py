@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -311,8 +312,16 @@ def autotune(
         with tuner.lock:
             try:
                 if tune_mode and distributed:
-                    # Every rank exits the block: the one place all of them meet.
-                    tuner.sync_ranks()
+                    # Every rank exits the block: the one place all of them meet. A rank
+                    # leaving by an exception still joins (else the others would wait for
+                    # it), and its own exception is the one that propagates.
+                    in_flight = sys.exc_info()[1]
+                    try:
+                        tuner.sync_ranks()
+                    except Exception as exc:
+                        if in_flight is None:
+                            raise
+                        logger.warning("autotune: sync_ranks failed after %r: %r", in_flight, exc)
             finally:
                 tuner.rank_group, tuner.lookup.deferred = previous_group
                 tuner.profiler.bucket_budget_s, tuner.profiler.session_deadline = previous_budget
