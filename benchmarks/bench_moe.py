@@ -391,6 +391,7 @@ def main() -> None:
                 break
             run_case(case, T, dev, weights_of[wkey], sel, writer, args.max_tactics)
     if sel.selecting:
+        weights_of.clear()  # the measuring process needs the device memory
         sel.measure_in_fresh_process(__file__)
 
 

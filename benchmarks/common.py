@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import json
 import os
 import subprocess
@@ -138,6 +139,11 @@ class Selection:
             path = Path(tmp) / "picks.json"
             path.write_text(json.dumps(self.picks))
             print(f"selection done ({len(self.picks)} picks); measuring in a fresh process")
+            # Hand the selecting process's cached GPU memory back: the measuring process
+            # shares the device (a MoE sweep's input sets had left it 3 GiB of 140).
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             subprocess.run(
                 [sys.executable, script, *sys.argv[1:], "--picks", str(path)], check=True
             )
