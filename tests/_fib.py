@@ -54,9 +54,13 @@ def head_source() -> Path:
     path = env.FIB_HEAD.get()
     path = path if path.is_absolute() else (REPO_ROOT / path).resolve()
     if not (path / "flashinfer_bench" / "__init__.py").is_file():
-        _missing(
+        # A skip even in CI: the source comes from GitHub (or the team's shared folder), which
+        # a CI machine may not reach; the released package (PyPI) is what CI must have.
+        pytest.skip(
             f"FlashInfer-Bench's pinned source is not at {path} (FLASHTUNE_FIB_HEAD): "
-            "python scripts/fetch_flashinfer_bench.py places it"
+            "python scripts/fetch_flashinfer_bench.py places it (it needs GitHub, or "
+            "--from-git CLONE)",
+            allow_module_level=True,
         )
     return path
 

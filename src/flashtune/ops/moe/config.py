@@ -154,6 +154,9 @@ _DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
         MoETactic(16, StageTile(32, 64, 1, 4, 2), StageTile(32, 64, 1, 4, 2), 1),
     ),
     "small": (
+        # Measured best (H200, bench_moe --sweep, re-timed in a fresh process): Qwen3-30B bf16
+        # at T=512, 510 us against 568 for the next line.
+        MoETactic(16, StageTile(64, 64, 8, 4, 3), StageTile(128, 64, 8, 4, 4)),
         MoETactic(32, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)),
         MoETactic(32, StageTile(64, 64, 1, 4, 3), StageTile(64, 64, 1, 4, 3)),
     ),
@@ -162,6 +165,8 @@ _DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
         MoETactic(64, StageTile(64, 64, 8, 4, 3), StageTile(64, 64, 8, 4, 3)),
     ),
     "large": (
+        # Measured best (as above): Qwen3-30B bf16 at T=4096, 1046 us against 1294.
+        MoETactic(64, StageTile(256, 64, 8, 8, 3), StageTile(256, 64, 8, 8, 3)),
         MoETactic(128, StageTile(64, 64, 8, 8, 3), StageTile(128, 64, 8, 8, 3)),
         MoETactic(64, StageTile(64, 64, 8, 4, 3), StageTile(128, 64, 8, 4, 3)),
     ),
@@ -172,18 +177,34 @@ _DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
 # 166; gemm1 128x64x128 at 8 warps 12 B spilled, 128x64x64 none (254); gemm2 128x128x128
 # at 8 warps 80 B spilled, 128x64x128 none (248), 64x128x128 none (239)).
 _DEFAULTS_FP8: dict[str, tuple[MoETactic, ...]] = {
+    "small": _DEFAULTS["small"][1:],  # fp8 per-tensor at T=512 (Qwen3): the default won
     "medium": (
         MoETactic(64, StageTile(64, 128, 8, 8, 4), StageTile(128, 128, 8, 8, 3)),
         *_DEFAULTS["medium"],
     ),
     "large": (
+        # Measured best, per-tensor fp8 (Qwen3-30B at T=4096): 1018 us against 1411.
+        MoETactic(64, StageTile(128, 64, 8, 4, 4), StageTile(128, 64, 8, 4, 4)),
         MoETactic(128, StageTile(64, 64, 8, 8, 3), StageTile(64, 128, 8, 8, 3)),
-        *_DEFAULTS["large"],
+        *_DEFAULTS["large"][1:],
     ),
 }
-# Programs per SM decode's grid aims for: a program streams its weight tiles through a few
-# pipeline stages, so one per SM leaves HBM idle between loads.
-_DECODE_PROGRAMS_PER_SM = 2
+# fp8 block scales (DeepSeek-V3 EP8, 32 local experts): one measured best for both regimes,
+# T=512 (903 us against 1014) and T=4096 (1876 against 2345; all routes local: 10355
+# against 11189), ahead of the register-chosen tiles.
+_BLOCK_BEST = MoETactic(64, StageTile(128, 128, 8, 8, 3), StageTile(128, 64, 8, 8, 3))
+# Defaults kept although ptxas reports a register spill for them (_BLOCK_BEST's GEMM1: 32 B at
+# sm_90a): measured faster than every spill-free tile tried. The AOT spill test allows these.
+MEASURED_SPILLING: frozenset[tuple[int, ...]] = frozenset({_BLOCK_BEST.as_tactic()})
+_DEFAULTS_FP8_BLOCK: dict[str, tuple[MoETactic, ...]] = {
+    "medium": (_BLOCK_BEST, *_DEFAULTS_FP8["medium"]),
+    "large": (_BLOCK_BEST, *_DEFAULTS_FP8["large"][1:]),
+}
+# Programs per SM decode's grid aims for. Two (narrower tiles) measured slower than one on
+# the H200: DeepSeek-V3 with 8 local experts touched at T=1, 128 us with 64-wide tiles against
+# 149 with 32; Qwen3-30B at T=1, 33 us against 42 (bench_moe --sweep, re-timed); one per SM
+# reproduces both measured picks.
+_DECODE_PROGRAMS_PER_SM = 1
 
 
 def _fill_sms(tactic: MoETactic, touched: int, inter: int, hidden: int, sm_count: int) -> MoETactic:
@@ -244,7 +265,11 @@ def default_tactic(
     With the expert's sizes (inter: I, hidden: H), decode's tiles are narrowed to fill
     `sm_count` SMs."""
     bucket = bucket_of(num_tokens, top_k, num_local_experts)
-    table = _DEFAULTS_FP8 if a_itemsize == 1 and bucket in _DEFAULTS_FP8 else _DEFAULTS
+    table = _DEFAULTS
+    if a_itemsize == 1 and fp8_block and bucket in _DEFAULTS_FP8_BLOCK:
+        table = _DEFAULTS_FP8_BLOCK
+    elif a_itemsize == 1 and bucket in _DEFAULTS_FP8:
+        table = _DEFAULTS_FP8
     for t in table[bucket]:
         if bucket == "decode" and inter is not None and hidden is not None:
             touched = min(num_local_experts, num_tokens * top_k)
