@@ -433,6 +433,16 @@ def test_tactic_space_and_candidates():
     assert decode.split_k > 1
     assert cfg.fp8_default_tactic(1, 576, 7168, sms, batch=128).split_k == 1
     assert cfg.fp8_default_tactic(4096, 4096, 4096, sms).split_k == 1
+    # The measured defaults (config.py): per-tensor scales take the wide tile at large M, block
+    # scales and GPUs with less shared memory than its stages keep 128x128; medium M takes
+    # 64x64 tiles with K split to about one wave.
+    wide = cfg.fp8_default_tactic(4096, 4608, 7168, sms)
+    assert (wide.block_m, wide.block_n) == (128, 256)
+    assert cfg.fp8_default_tactic(4096, 4608, 7168, sms, block_scaled=True).block_n == 128
+    assert cfg.fp8_default_tactic(4096, 4608, 7168, sms, smem=100 * 1024).block_n == 128
+    medium = cfg.fp8_default_tactic(128, 576, 7168, sms)  # 18 output tiles on 132 SMs
+    assert (medium.block_m, medium.block_n) == (64, 64) and medium.split_k > 1
+    assert cfg.fp8_default_tactic(128, 7168, 2048, sms).split_k == 1  # 224 tiles: no split
     assert not cfg.tactic_fits(cfg.Fp8Tactic(128, 128, 128, 8, 1, 8, 3), 64, smem, 1, 64, 256)
     assert not cfg.tactic_fits(cfg.Fp8Tactic(16, 64, 128, 8, 4, 4, 3), None, smem, 1, 64, 256)
     assert len(list(cfg.Fp8Space())) > 100

@@ -92,17 +92,50 @@ def _block_m_for(M: int) -> int:
     return min(64, max(16, 1 << (max(M, 1) - 1).bit_length()))
 
 
-def fp8_default_tactic(M: int, N: int, K: int, sms: int, batch: int = 1) -> Fp8Tactic:
+# The per-tensor large-M tile: the selected-then-re-measured best at M=4096 on all 8 shapes of
+# bench_gemm_fp8 (H200: DeepSeek-V3 TP8 and Llama-3.1-8B layers; e.g. N=4608 K=7168 205 us
+# against 276 for 128x128). Its 144 KiB of stages need a Hopper-class shared memory.
+_LARGE_TENSOR = Fp8Tactic(128, 256, 128, 8, 1, 8, 3)
+_LARGE = Fp8Tactic(128, 128, 128, 8, 1, 8, 3)
+# 64 < M < 256: the re-measured best at M=128 on 7 of 8 shapes for per-tensor scales and 5 of
+# 8 for block scales (e.g. N=1536 K=7168 11.3 us against 28.2 for the 128x128 tile that was
+# the default), K split to one wave of output tiles (the measured splits: 2, 7, 1, 1, 1, 1, 2).
+_MEDIUM = Fp8Tactic(64, 64, 128, 8, 1, 4, 5)
+
+
+def fp8_default_tactic(
+    M: int,
+    N: int,
+    K: int,
+    sms: int,
+    batch: int = 1,
+    *,
+    block_scaled: bool = False,
+    smem: int | None = None,
+) -> Fp8Tactic:
     """Tactic -1 on `sms` SMs, valid for any shape (block_k 128 divides DeepSeek's 128-wide
     scale blocks; wider K steps halve the loop count of the 1-byte operands). Fewer output
-    tiles than SMs (decode) split K to about two waves, as the bf16 decode GEMM's default."""
+    tiles than SMs split K, to about one wave at medium M and two at decode sizes, as the
+    bf16 decode GEMM's default. `smem` (bytes a block may use; None: assume Hopper's) keeps
+    the large per-tensor tile off smaller GPUs."""
+    if M >= 256:
+        wide_ok = smem is None or _LARGE_TENSOR.smem_bytes() <= smem
+        return _LARGE_TENSOR if not block_scaled and wide_ok else _LARGE
     if M > 64:
-        return Fp8Tactic(128, 128, 128, 8, 1, 8, 3)
+        return _split_to_waves(_MEDIUM, M, N, K, sms, batch, 1.0)
     t = Fp8Tactic(_block_m_for(M), 64, 128, 8, 1, 4, 4)
+    return _split_to_waves(t, M, N, K, sms, batch, 2.0)
+
+
+def _split_to_waves(
+    t: Fp8Tactic, M: int, N: int, K: int, sms: int, batch: int, waves: float
+) -> Fp8Tactic:
+    """`t` with K split so its output tiles fill about `waves` waves of the SMs (unchanged
+    when they already fill one, or where the split's partials would not fit)."""
     ctas = batch * math.ceil(M / t.block_m) * math.ceil(N / t.block_n)
     if ctas >= sms:
         return t
-    split = split_candidates(ctas, math.ceil(K / t.block_k), sms, (2.0,))[0]
+    split = split_candidates(ctas, math.ceil(K / t.block_k), sms, (waves,))[0]
     if not split_k_ok(batch * M, N, K, t.block_k, split):
         split = 1
     return replace(t, split_k=split)

@@ -194,8 +194,16 @@ class TritonFp8Runner(TunableRunner):
         batch, M, K = a.A.shape
         N = b_nk(a)[0]
         if tactic == DEFAULT_TACTIC:
-            sms = platform.device_limits(a.A.device).sm_count
-            t = fp8_default_tactic(M, N, K, sms, batch)
+            limits = platform.device_limits(a.A.device)
+            t = fp8_default_tactic(
+                M,
+                N,
+                K,
+                limits.sm_count,
+                batch,
+                block_scaled=a.mode != "tensor",
+                smem=limits.shared_memory_per_block,
+            )
         else:
             t = Fp8Tactic.from_tactic(tactic)
         return launch_fp8(a, _alloc_out(a), t)
