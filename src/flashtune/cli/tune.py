@@ -121,13 +121,14 @@ def tune(
     for hint, value in (("--budget", budget), ("--session-budget", session_budget)):
         if value is not None and not value > 0:
             raise typer.BadParameter("expected a positive number of seconds", param_hint=hint)
-    budgets = {"budget_s": budget, "session_budget_s": session_budget}
     buckets = _token_buckets(max_tokens)
     jobs = [(name, m, cfg.name, dtype) for name in names for m in buckets]
     if ray is not None:
         if cache is None:
             raise typer.BadParameter("--ray needs --cache (the merged result)", param_hint="--ray")
-        job_function = functools.partial(tune_jobs, **budgets)
+        job_function = functools.partial(
+            tune_jobs, budget_s=budget, session_budget_s=session_budget
+        )
         summary = tune_on_cluster(ray, jobs, cache, job_function)
         where = f" on the cluster ({ray})"
     else:
@@ -137,7 +138,8 @@ def tune(
                 err=True,
             )
             raise typer.Exit(2)
-        summary, where = tune_jobs(jobs, device, cache, **budgets), ""
+        summary = tune_jobs(jobs, device, cache, budget_s=budget, session_budget_s=session_budget)
+        where = ""
     typer.echo(
         f"tuned {summary['tuned']} new shape buckets for {', '.join(names)} ({cfg.name}, "
         f"{len(buckets)} token buckets){where} in {summary['seconds']:.1f} s of profiling; "

@@ -427,11 +427,11 @@ class Profiler:
         pool = self._process_pool(config.compile_processes)
         done = 0
         for future in as_completed([pool.submit(job) for job in jobs]):
-            exc = future.exception()
-            if exc is None:
+            error = future.exception()
+            if error is None:
                 done += 1
             else:
-                logger.debug("autotune: a compile job failed in its worker: %r", exc)
+                logger.debug("autotune: a compile job failed in its worker: %r", error)
         return done
 
     def _process_pool(self, workers: int) -> ProcessPoolExecutor:

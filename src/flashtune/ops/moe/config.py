@@ -79,7 +79,7 @@ class MoETactic:
     def from_tactic(cls, tactic: Tactic) -> MoETactic:
         if isinstance(tactic, cls):
             return tactic
-        values = tuple(tactic)  # type: ignore[arg-type]
+        values: tuple[int, ...] = tuple(tactic)  # type: ignore[arg-type]
         if len(values) not in (11, 12):
             raise ValueError(
                 f"a MoE tactic is a MoETactic or 12 ints (block_m, 5 for GEMM1, 5 for "
@@ -292,7 +292,7 @@ def candidates(
     the regime, crossed, with the block_m of the regime and its neighbours."""
     m = tokens_per_expert(num_tokens, top_k, num_local_experts)
     if m < 16:
-        block_ms = (16,)
+        block_ms: tuple[int, ...] = (16,)
         tiles = [
             StageTile(bn, bk, 1, w, s)
             for bn, bk, w, s in (

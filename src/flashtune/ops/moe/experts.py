@@ -92,6 +92,13 @@ class ExpertQuant:
     output1_scales_gate_scalar: torch.Tensor | None = None
     output2_scales_scalar: torch.Tensor | None = None
 
+    def scale(self, name: str) -> torch.Tensor:
+        """The scale tensor `name`, which the mode needs (`_check` has made sure it is set)."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f'quant mode "{self.mode}" needs quant.{name}')
+        return value
+
 
 BF16 = ExpertQuant()
 
@@ -218,16 +225,16 @@ def _check(
         raise ValueError(
             f'quant.mode must be "bf16", "fp8_block" or "fp8_per_tensor", got {mode!r}'
         )
-    for name, (t, shape) in want.items():
-        if t is None:
+    for name, (given, shape) in want.items():
+        if given is None:
             raise ValueError(f'quant mode "{mode}" needs quant.{name} of shape {shape}')
-        if tuple(t.shape) != shape:
-            raise ValueError(f"quant.{name} must have shape {shape}, got {tuple(t.shape)}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"quant.{name} must be float32, got {t.dtype}")
-        if t.device != hidden_states.device:
+        if tuple(given.shape) != shape:
+            raise ValueError(f"quant.{name} must have shape {shape}, got {tuple(given.shape)}")
+        if given.dtype != torch.float32:
+            raise TypeError(f"quant.{name} must be float32, got {given.dtype}")
+        if given.device != hidden_states.device:
             raise ValueError(
-                f"quant.{name} is on {t.device}, hidden_states on {hidden_states.device}"
+                f"quant.{name} is on {given.device}, hidden_states on {hidden_states.device}"
             )
 
 
@@ -254,7 +261,9 @@ def fused_experts_torch(
     mode = quant.mode
     if mode == "fp8_block":
         # hidden_states_scale is [H/128, T]: one scale per token and 128-wide group
-        a_scale = quant.hidden_states_scale.t().float().repeat_interleave(QUANT_BLOCK, dim=1)
+        a_scale = (
+            quant.scale("hidden_states_scale").t().float().repeat_interleave(QUANT_BLOCK, dim=1)
+        )
         a = hidden_states.float() * a_scale
     else:
         a = hidden_states.float()
@@ -267,17 +276,17 @@ def fused_experts_torch(
         w13 = gemm1_weights[e]
         w2 = gemm2_weights[e]
         if mode == "fp8_block":
-            w13 = _dequant_blocks(w13, quant.gemm1_weights_scale[e])
-            w2 = _dequant_blocks(w2, quant.gemm2_weights_scale[e])
+            w13 = _dequant_blocks(w13, quant.scale("gemm1_weights_scale")[e])
+            w2 = _dequant_blocks(w2, quant.scale("gemm2_weights_scale")[e])
         g1 = a[tok] @ w13.float().t()  # [n, 2I]
         x1, x2 = g1[:, :inter], g1[:, inter:]
         if mode == "fp8_per_tensor":
-            x1 = x1 * quant.output1_scales_scalar[e]
-            x2 = x2 * quant.output1_scales_gate_scalar[e]
+            x1 = x1 * quant.scale("output1_scales_scalar")[e]
+            x2 = x2 * quant.scale("output1_scales_gate_scalar")[e]
         c = torch.nn.functional.silu(x2) * x1
         o = c @ w2.float().t()  # [n, H]
         if mode == "fp8_per_tensor":
-            o = o * quant.output2_scales_scalar[e]
+            o = o * quant.scale("output2_scales_scalar")[e]
         output.index_add_(0, tok, o * topk_weights[tok, kk].float().unsqueeze(1))
     return output
 
@@ -376,16 +385,20 @@ def fused_experts_triton(
     dummy = topk_weights  # any fp32 tensor: never read where a scale is absent
 
     if mode == "fp8_block":
-        a_scale = quant.hidden_states_scale
-        w1_scale, w2_scale = quant.gemm1_weights_scale, quant.gemm2_weights_scale
+        a_scale = quant.scale("hidden_states_scale")
+        w1_scale = quant.scale("gemm1_weights_scale")
+        w2_scale = quant.scale("gemm2_weights_scale")
         up_s = gate_s = out_s = dummy
         has_a_scale = True
     elif mode == "fp8_per_tensor":
         has_a_scale = quant.hidden_states_scale is not None
-        a_scale = quant.hidden_states_scale.reshape(1) if has_a_scale else dummy
+        a_scale = (
+            quant.hidden_states_scale.reshape(1) if quant.hidden_states_scale is not None else dummy
+        )
         w1_scale = w2_scale = dummy
-        up_s, gate_s = quant.output1_scales_scalar, quant.output1_scales_gate_scalar
-        out_s = quant.output2_scales_scalar
+        up_s = quant.scale("output1_scales_scalar")
+        gate_s = quant.scale("output1_scales_gate_scalar")
+        out_s = quant.scale("output2_scales_scalar")
     else:
         a_scale = w1_scale = w2_scale = up_s = gate_s = out_s = dummy
         has_a_scale = False

@@ -157,7 +157,8 @@ def _b_strides(a: Fp8Inputs) -> tuple[int, int, int, int]:
     if a.b_kblock:
         sb, skb, sn, sk = a.B.stride()
         return sb, sn, sk, skb
-    return (*a.B.stride(), 0)
+    sb, sn, sk = a.B.stride()
+    return sb, sn, sk, 0
 
 
 def _alloc_out(a: Fp8Inputs) -> torch.Tensor:

@@ -213,7 +213,7 @@ def _granularity(granularity: Any) -> tuple[int, int, int]:
     g = tuple(int(x) for x in granularity)
     if len(g) != 3 or min(g) < 1:
         raise ValueError(f"scale_granularity_mnk must be three positive ints, got {granularity}")
-    return g  # type: ignore[return-value]
+    return g[0], g[1], g[2]
 
 
 def _mma_sm(mma_sm: int) -> None:
