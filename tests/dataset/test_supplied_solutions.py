@@ -300,3 +300,172 @@ def test_an_op_may_make_the_schema_of_a_definition(
     matched = match_schema(definition, schemas={})
     assert not isinstance(matched, str) and matched.schema is rmsnorm
     assert schema_names(definition, schemas={})
+
+
+# --------------------------------------------------------------------------- the fused MoE
+
+# ecafa9c's fp8 MoE definitions, and the routing constants each supplied solution passes its
+# entry beside what the inputs say (none: the entry's defaults are the definition's).
+FP8_MOE = {
+    "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048": "",
+    "moe_fp8_block_scale_ds_routing_topk8_ng1_kg1_e384_h7168_i2048": "n_group=1, topk_group=1",
+    "moe_fp8_block_scale_ds_routing_topk8_ng1_kg1_e48_h7168_i2048": "n_group=1, topk_group=1",
+    "moe_fp8_block_scale_renorm_topk10_e128_h2048_i512": "top_k=10",
+    "moe_fp8_block_scale_renorm_topk8_e128_h2048_i768": "top_k=8",
+    "moe_fp8_block_scale_renorm_topk8_e128_h4096_i1536": "top_k=8",
+    "trtllm_fp8_per_tensor_scale_moe_topk1_e128_h5120_i8192": "routing_method_type=3, top_k=1",
+    "trtllm_fp8_per_tensor_scale_moe_topk1_e16_h5120_i8192": "routing_method_type=3, top_k=1",
+    "trtllm_fp8_per_tensor_scale_moe_topk8_e128_h2048_i768": "top_k=8",
+}
+F8 = torch.float8_e4m3fn
+
+
+def _moe_supplied(tmp_path: Path) -> dict[str, Supply]:
+    definitions = [d for d in _definitions(write_ecafa9c(tmp_path)) if d.op_type == "moe"]
+    return {s.definition.name: s for s in supply_all(definitions)}
+
+
+def test_the_fp8_moe_definitions_get_flashtune_and_torch_solutions(tmp_path: Path) -> None:
+    """The op makes each fp8 MoE definition's schema (its routing constants are in its name
+    only); the bundled entries are told the constants they differ in. FlashInfer's MoE runs
+    on SM100 only: no FlashInfer solution. The fp4 ones get none, saying why."""
+    found = _moe_supplied(tmp_path)
+    assert len(found) == 19
+    for name, keywords in FP8_MOE.items():
+        item = found[name]
+        assert schema_names(item.definition), name
+        assert not item.problems, item.problems
+        assert {s.name.split("@")[0] for s in item.solutions} == {"flashtune", "torch"}
+        for solution in item.solutions:
+            source = solution.sources[0].content
+            if keywords:
+                assert source.rstrip().count(keywords) == 1, (name, source)
+            else:  # DeepSeek-V3 at EP 8: the bundled op's constants, the bundled source
+                assert "import adapted" not in source
+            build_solution(solution)
+    fp4 = [s for name, s in found.items() if name not in FP8_MOE]
+    assert len(fp4) == 10 and all(s.definition.name.startswith("trtllm_fp4_") for s in fp4)
+    for item in fp4:
+        assert not item.supplied and not schema_names(item.definition)
+        assert "no fp4 MoE kernels" in item.problems[0], item.problems
+    result = CliRunner().invoke(app, ["solutions", "coverage", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "moe: 5 without solutions: flashtune has no fp4 MoE kernels" in result.output
+
+
+def _quant_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    *lead, r, c = x.shape
+    blocks = x.float().reshape(*lead, r // 128, 128, c // 128, 128)
+    scale = blocks.abs().amax(dim=(-3, -1)) / 448.0 + 1e-12
+    return (blocks / scale[..., :, None, :, None]).to(F8).reshape(x.shape), scale
+
+
+def _block_inputs(experts: int, local: int, ds: bool, gen: torch.Generator) -> list[Any]:
+    """A definition's inputs at a tiny shape (2 tokens, hidden 256, experts of 128)."""
+    tokens, hidden, inter = 2, 256, 128
+    a = torch.randn(tokens, hidden, generator=gen) * 2
+    groups = a.reshape(tokens, hidden // 128, 128)
+    a_scale = groups.abs().amax(-1) / 448.0 + 1e-12
+    hidden_states = (groups / a_scale[..., None]).to(F8).reshape(tokens, hidden)
+    w13, s13 = _quant_blocks(torch.randn(local, 2 * inter, hidden, generator=gen) * 0.05)
+    w2, s2 = _quant_blocks(torch.randn(local, hidden, inter, generator=gen) * 0.05)
+    logits = torch.randn(tokens, experts, generator=gen)
+    if not ds:
+        return [logits.to(torch.bfloat16), hidden_states, a_scale.t().contiguous(), w13, s13,
+                w2, s2]  # fmt: skip
+    bias = (torch.randn(experts, generator=gen) * 0.1).to(torch.bfloat16)
+    return [logits, bias, hidden_states, a_scale.t().contiguous(), w13, s13, w2, s2,
+            experts - local, 2.5]  # fmt: skip
+
+
+def _per_tensor_inputs(experts: int, llama4: bool, gen: torch.Generator) -> list[Any]:
+    tokens, hidden, inter = 2, 128, 64
+    hs = (torch.randn(tokens, hidden, generator=gen) * 4).to(F8)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * 4).to(F8)
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) * 4).to(F8)
+    s1, s1g, s2 = (torch.rand(experts, generator=gen) * 0.01 + 0.001 for _ in range(3))
+    logits = torch.randn(tokens, experts, generator=gen).to(torch.bfloat16)
+    bias = [torch.randn(experts, generator=gen).to(torch.bfloat16)] if llama4 else []
+    return [logits, hs, w13, s1, s1g, w2, s2, *bias]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    g, w = got.float(), want.float()
+    assert got.shape == want.shape and w.abs().max() > 0
+    assert (g - w).norm() <= 3e-2 * w.norm(), ((g - w).norm() / w.norm()).item()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "moe_fp8_block_scale_ds_routing_topk8_ng1_kg1_e48_h7168_i2048",
+        "moe_fp8_block_scale_renorm_topk10_e128_h2048_i512",
+        "trtllm_fp8_per_tensor_scale_moe_topk1_e16_h5120_i8192",
+    ],
+)
+def test_supplied_moe_solutions_compute_the_definitions_routing(tmp_path: Path, name: str) -> None:
+    """The supplied solutions pass the definition's routing constants: run on tiny tensors
+    (their sizes read from the tensors), they are flashtune's reference at those constants,
+    not at the bundled op's (ng8_kg4, topk4, Renormalize)."""
+    from flashtune.ops.moe.reference import moe_fp8_block_scale_ref, moe_fp8_per_tensor_scale_ref
+
+    item = _moe_supplied(tmp_path)[name]
+    gen = torch.Generator().manual_seed(5)
+    if name.startswith("trtllm"):
+        inputs = _per_tensor_inputs(16, True, gen)
+        logits, hs, w13, s1, s1g, w2, s2 = inputs[:7]  # the bias (last) is Llama4's, unread
+
+        def per_tensor(method: int, top_k: int) -> torch.Tensor:
+            return moe_fp8_per_tensor_scale_ref(
+                logits, hs, w13, s1, s1g, w2, s2, None, 0, None, method, top_k
+            )
+
+        want, bundled = per_tensor(3, 1), per_tensor(1, 4)
+    else:
+        ds = "_ds_" in name
+        inputs = _block_inputs(32, 8, True, gen) if ds else _block_inputs(16, 16, False, gen)
+        logits, bias, offset, scale = (
+            (inputs[0], inputs[1], inputs[8], inputs[9]) if ds else (inputs[0], None, 0, None)
+        )
+        hs, hs_scale, w13, w13_scale, w2, w2_scale = inputs[2:8] if ds else inputs[1:7]
+
+        def block_scale(method: int, top_k: int, groups: tuple[int, int] | None) -> torch.Tensor:
+            n_group, topk_group = groups or (None, None)
+            return moe_fp8_block_scale_ref(
+                logits, hs, hs_scale, w13, w13_scale, w2, w2_scale, bias, offset, scale, method,
+                top_k, n_group, topk_group,
+            )  # fmt: skip
+
+        if ds:
+            want, bundled = block_scale(2, 8, (1, 1)), block_scale(2, 8, (8, 4))
+        else:
+            want, bundled = block_scale(1, 10, None), block_scale(1, 4, None)
+    assert not torch.equal(want, bundled)  # the constants matter at this shape
+    for solution in item.solutions:
+        got = build_solution(solution)(*inputs)
+        if solution.name.startswith("torch@"):
+            assert torch.equal(got, want), solution.name
+        else:
+            _close(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048",
+        "trtllm_fp8_per_tensor_scale_moe_topk8_e128_h2048_i768",
+    ],
+)
+def test_supplied_moe_solutions_match_the_definitions_reference(tmp_path: Path, name: str) -> None:
+    """The supplied solutions against the definition's own reference, at one token: the
+    references hard-code their models' shapes (hidden 7168, 32 experts of 2048: about 1 GB of
+    fp8 weights), so this takes minutes on a 2-core CPU (slow)."""
+    definition = _by_name(tmp_path, name)
+    (item,) = supply_all([definition])
+    inputs = synthesize_inputs(definition, small_workload(definition, size=1), seed=3)
+    expected = run_reference(definition, inputs)
+    for solution in item.solutions:
+        got = outputs_as_dict(definition, build_solution(solution)(*inputs.values()))
+        verdict = compare_outputs(definition, expected, got)
+        assert verdict.status.value == "PASSED", (solution.name, verdict.reason)

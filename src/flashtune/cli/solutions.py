@@ -184,6 +184,24 @@ def coverage(
             ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "-",
         )
     result_console().print(table)
+    for op_type in sorted({s.definition.op_type for s in found}):
+        for why, count in _why_none([s for s in found if s.definition.op_type == op_type]):
+            err_console.print(
+                f"note: {op_type}: {count} without solutions: {escape(why)}", highlight=False
+            )
+
+
+def _why_none(found: Sequence[Supply]) -> list[tuple[str, int]]:
+    """Why definitions get no solutions, each reason once with how many it concerns (the
+    definition's name left out, so that one reason shared by several reads once)."""
+    reasons: Counter[str] = Counter()
+    for s in found:
+        if s.supplied:
+            continue
+        why = "; ".join(s.problems) or "no reason given"
+        why = why.replace(f"{s.definition.name}: ", "").replace(s.definition.name, "it")
+        reasons[why if len(why) <= 240 else why[:237] + "..."] += 1
+    return sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
 
 
 def register(root: typer.Typer) -> None:

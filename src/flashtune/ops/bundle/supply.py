@@ -10,9 +10,12 @@ and torch's solutions when:
    op type, axes, inputs and outputs (shapes and dtypes, in order) — the references are
    compared by the constants they fix (`reference_constants`: eps, is_neox), since a
    FlashInfer-Trace reference is FlashInfer's source, not flashtune's; and
-2. a family's bundle declares entries for that schema's ops (`bundled_op_for`), and each
-   entry can take the constants the definition's reference fixes (a keyword of the entry
-   function, or the value it has built in).
+2. a family's bundle declares entries for that schema's ops (`bundled_op_for`; for a schema
+   an op made for the definition, `schema_for_definition`, the bundled op under the same
+   template whose entries take its inputs), and each entry can take the constants the
+   definition fixes (those its reference reveals and those a schema made for it carries,
+   `definition_constants`: a keyword of the entry function, or the value it has built in).
+   An op may also say why a definition of its kind gets none (a ValueError: fp4 MoE).
 
 Layout variants the FlashInfer-Trace dataset uses are matched as adapters, not as other ops
 (`LAYOUTS`): the solution's source maps the definition's inputs onto the entry's.
@@ -34,8 +37,10 @@ from flashtune.data.models import ConstAxis
 from flashtune.ops.bundle import (
     ENTRY_FILE,
     ENTRY_MODULE,
+    BundledOp,
     Entry,
     bundled_op_for,
+    bundled_ops,
     entry_source,
     solution_name,
 )
@@ -136,7 +141,7 @@ def schema_definition_at(schema: OpSchema, definition: Definition) -> Definition
     call is described by the definition itself."""
     const = {n: a.value for n, a in definition.axes.items() if isinstance(a, ConstAxis)}
     dtypes = {n: s.dtype for n, s in definition.inputs.items()}
-    bound: dict[str, Any] = dict(reference_constants(definition.reference, schema.bound))
+    bound: dict[str, Any] = _definition_constants(schema, definition)
     # A dtype_from naming a parameter the definition has under its input name (param=).
     for name in schema.inputs:
         param = schema.param_of(name)
@@ -169,11 +174,13 @@ def schema_names(definition: Definition, schemas: dict[str, list[OpSchema]] | No
     return any(s.name_for(const) == definition.name for s in definition_schemas(definition))
 
 
-def definition_schemas(definition: Definition) -> list[OpSchema]:
+def definition_schemas(definition: Definition, reasons: list[str] | None = None) -> list[OpSchema]:
     """The schemas ops make for this definition themselves: an op whose registered schemas
     are templates (made per call key, as the fused MoE's are per routing) may answer
     `schema_for_definition(definition) -> OpSchema | None`, so a dataset's definition at
-    other keys is matched too. None of the ops answering: []."""
+    other keys is matched too. None: not one of the op's definitions; a ValueError: one of
+    its kind that it has no schema for, the message saying why (appended to `reasons`, once
+    each). None of the ops answering: []."""
     found: list[OpSchema] = []
     for op in REGISTRY.values():
         make = getattr(op, "schema_for_definition", None)
@@ -181,11 +188,23 @@ def definition_schemas(definition: Definition) -> list[OpSchema]:
             continue
         try:
             schema = make(definition)
-        except (ValueError, KeyError, TypeError):  # not one of its definitions
+        except ValueError as exc:  # its kind, without a schema: the op says why
+            if reasons is not None and str(exc) not in reasons:
+                reasons.append(str(exc))
+            continue
+        except (KeyError, TypeError):  # not one of its definitions
             continue
         if isinstance(schema, OpSchema) and all(schema is not s for s in found):
             found.append(schema)
     return found
+
+
+def _definition_constants(schema: OpSchema, definition: Definition) -> dict[str, Any]:
+    """The bound constants `definition` fixes for `schema`: those a schema made for it carries
+    (`definition_constants`: a template's key, as the fused MoE's routing constants, which
+    its names carry and no input or shape does), then those its reference reveals."""
+    made = dict(getattr(schema, "definition_constants", None) or {})
+    return {**made, **reference_constants(definition.reference, schema.bound)}
 
 
 @dataclass(frozen=True)
@@ -251,10 +270,13 @@ def match_schema(
         (p for p in schemas if definition.name.startswith(f"{p}_")), key=len, reverse=True
     )
     candidates = [(p, schema) for p in prefixes for schema in schemas[p]]
-    candidates += [(s.name_prefix, s) for s in definition_schemas(definition)]
+    said: list[str] = []  # what ops answering schema_for_definition say of it
+    candidates += [(s.name_prefix, s) for s in definition_schemas(definition, said)]
     if not candidates:
+        if said:
+            return "; ".join(said)
         return f"{definition.name}: no op schema has a name prefix of it"
-    reasons: list[str] = []
+    reasons: list[str] = list(said)
     for prefix, schema in candidates:
         try:
             ours = schema_definition_at(schema, definition)
@@ -266,7 +288,7 @@ def match_schema(
             reasons.append(f"{prefix}: {'; '.join(problems)}")
             continue
         missing = tuple(c for c in ours.constraints if c not in definition.constraints)
-        constants = reference_constants(definition.reference, schema.bound)
+        constants = _definition_constants(schema, definition)
         return SchemaMatch(definition, schema, ours, constants, tuple(layouts), missing)
     return f"{definition.name}: no schema's contract matches ({' | '.join(reasons)})"
 
@@ -282,7 +304,8 @@ def _entry_constants(
     that name (left out where it equals the parameter's default, so the source stays the
     bundled one); an entry without the parameter computes the value it declares in
     `bound_constants`, else the schema's default (`defaults`). A constant equal to the const
-    axis of its name (`shapes`) is what the inputs' shapes say, and entries read it there."""
+    axis of its name (`shapes`: those an input's shape names) is what the inputs' shapes say,
+    and entries read it there; one no shape names (the MoE's top_k) is passed."""
     fn = entry.function
     parameters = inspect.signature(fn).parameters
     keywords: dict[str, Any] = {}
@@ -388,10 +411,11 @@ def supply(
     schemas: dict[str, list[OpSchema]] | None = None,
 ) -> Supply:
     """flashtune's, FlashInfer's and torch's solutions (those of `kinds`) for `definition`."""
+    schemas = schemas_by_prefix() if schemas is None else schemas
     matched = match_schema(definition, schemas)
     if isinstance(matched, str):
         return Supply(definition, None, problems=[matched])
-    op = bundled_op_for(definition.name)
+    op = bundled_op_for(definition.name) or _template_op(matched, schemas)
     if op is None:
         return Supply(
             definition,
@@ -399,16 +423,48 @@ def supply(
             problems=[f"{definition.name}: no family's bundle.py declares entries for it"],
         )
     out = Supply(definition, matched)
+    # A constant is what the inputs' shapes say (entries read it there) where one names it.
+    shown = {a for spec in definition.inputs.values() for a in spec.shape or ()}
+    shapes = {n: v for n, v in definition.const_axes.items() if n in shown}
     for entry in op.entries_for(definition):
         if not _wanted(entry, kinds):
             continue
         defaults = matched.schema.constants_of({})
-        keywords = _entry_constants(entry, matched.constants, defaults, definition.const_axes)
+        keywords = _entry_constants(entry, matched.constants, defaults, shapes)
         if isinstance(keywords, str):
             out.problems.append(f"{definition.name}: {keywords}")
             continue
         out.solutions.append(_solution(entry, matched, keywords))
     return out
+
+
+def _takes_inputs(entry: Entry, inputs: Iterable[str]) -> bool:
+    """Whether the entry's parameters start with `inputs`, by name and in order (a parameter
+    after them has a default)."""
+    parameters = list(inspect.signature(entry.function).parameters.values())
+    names = list(inputs)
+    head = [p.name for p in parameters[: len(names)]]
+    rest = parameters[len(names) :]
+    return head == names and all(p.default is not inspect.Parameter.empty for p in rest)
+
+
+def _template_op(match: SchemaMatch, schemas: dict[str, list[OpSchema]]) -> BundledOp | None:
+    """The bundled op of a definition matched through a schema made for it (an op's
+    `schema_for_definition`: named at constants no bundled op's prefix has, the fused MoE's
+    topk10 or ng1_kg1): the bundled op under the same template, the longest registered
+    schema prefix of its name, whose entries take its inputs (by name, in order); they are
+    told the constants it differs in (`_entry_constants`). None if there is none or several."""
+    name = match.definition.name
+    templates = sorted((p for p in schemas if name.startswith(f"{p}_")), key=len, reverse=True)
+    if not templates:
+        return None
+    under = [op for op in bundled_ops() if op.prefix.startswith(f"{templates[0]}_")]
+    fitting = [
+        op
+        for op in under
+        if op.entries and all(_takes_inputs(e, match.ours.inputs) for e in op.entries)
+    ]
+    return fitting[0] if len(fitting) == 1 else None
 
 
 def supply_all(definitions: Iterable[Definition], kinds: Sequence[str] = KINDS) -> list[Supply]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from flashtune.data.models import Definition
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.moe.experts import ExpertQuant, fused_experts
 from flashtune.ops.moe.reference import (
@@ -36,7 +37,7 @@ from flashtune.ops.moe.reference import (
     run_experts_ref,
 )
 from flashtune.ops.moe.routing import RoutingMethodType, routing_method, select_experts
-from flashtune.ops.moe.schema import VARIANT_SCHEMAS, schema_for_call
+from flashtune.ops.moe.schema import VARIANT_SCHEMAS, schema_for_call, schema_for_definition
 from flashtune.schema import REGISTRY, ApiOp, OpSchema
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
@@ -180,9 +181,17 @@ class _MoEOp(ApiOp):
     def __init__(self, fn: Any, api: str, variants: tuple[str, ...]) -> None:
         super().__init__(fn, self.schema_for, [VARIANT_SCHEMAS[v] for v in variants])
         self.api = api
+        self.variants = variants
 
     def schema_for(self, *args: Any, **kwargs: Any) -> OpSchema:
         return schema_for_call(self.api, self.arguments(args, kwargs))
+
+    def schema_for_definition(self, definition: Definition) -> OpSchema | None:
+        """The schema of a dataset's MoE Definition of this op's variants, made for the key
+        its name and constants give (schema.definition_key: the registered schemas are
+        templates, one per variant, that name none of them), or None where it is none of
+        this op's. A Definition flashtune has no kernel for (fp4) raises ValueError, why."""
+        return schema_for_definition(definition, self.variants)
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         arguments = super().arguments(args, kwargs)

@@ -6,9 +6,17 @@ Qwen3's Renormalize routing (32 experts, top 4), and the per-tensor fp8 MoE with
 routing, and the bf16 MoE with Renormalize routing; flashtune's solutions and torch's (the
 ops' references).
 
-The routing constants are in each op's name (topk8_ng8_kg4), not among its inputs, so each
-entry carries its op's: an entry serves every definition of its prefix (at any sizes).
-FlashInfer's MoE (trtllm-gen kernels) runs on Blackwell (SM100) only, so it has no entry.
+The routing constants are in each op's name (topk8_ng8_kg4), not among its inputs or shapes:
+each entry takes them as keywords (routing_method_type, top_k, and n_group / topk_group for
+DeepSeek routing), their defaults the bundled op's, so the bundled solutions call the entries
+as they are. A dataset's other MoE Definitions (FlashInfer-Trace's Kimi K2 ng1_kg1, Qwen3
+topk10, Llama 4's per-tensor top-1 with Llama4 routing, its routing bias listed last) get
+these entries with their constants passed (flashtune.ops.bundle.supply, through the op's
+`schema_for_definition`); expert counts, sizes, local_expert_offset and
+routed_scaling_factor come from the inputs. FlashInfer's MoE (trtllm-gen kernels) runs on
+Blackwell (SM100) only, so no op has a FlashInfer entry: neither the bundled Definitions nor
+FlashInfer-Trace's get a FlashInfer solution. Its fp4 MoE Definitions get none at all
+(flashtune has no fp4 kernels; `flashtune solutions coverage` says so).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ RENORM_MODELS = ("mini-moe",)
 # The bundled ops' routing constants (their names' topk / ng / kg).
 DS_TOP_K, DS_N_GROUP, DS_TOPK_GROUP = 8, 8, 4
 RENORM_TOP_K = 4
-_DS, _RENORMALIZE = 2, 1  # RoutingMethodType.DeepSeekV3, .Renormalize
+_DS, _RENORMALIZE, _LLAMA4 = 2, 1, 3  # RoutingMethodType.DeepSeekV3, .Renormalize, .Llama4
 _EP_RANK = 1  # the workloads' rank under expert parallelism: local experts from 1 * E_local
 
 
@@ -64,112 +72,118 @@ def _moe_sweep(definition: Definition, ctx: WorkloadContext) -> list[Workload]:
 def flashtune_moe_fp8_block_scale_ds_routing(
     routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
     gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
-    routed_scaling_factor,
+    routed_scaling_factor, *, routing_method_type=_DS, top_k=DS_TOP_K, n_group=DS_N_GROUP,
+    topk_group=DS_TOPK_GROUP,
 ):  # fmt: skip
     from flashtune.ops.moe import trtllm_fp8_block_scale_moe
 
     return trtllm_fp8_block_scale_moe(
         routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
         gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, routing_logits.shape[1],
-        DS_TOP_K, DS_N_GROUP, DS_TOPK_GROUP, gemm2_weights.shape[2], int(local_expert_offset),
-        gemm1_weights.shape[0], float(routed_scaling_factor), routing_method_type=_DS,
+        top_k, n_group, topk_group, gemm2_weights.shape[2], int(local_expert_offset),
+        gemm1_weights.shape[0], float(routed_scaling_factor),
+        routing_method_type=routing_method_type,
     )  # fmt: skip
 
 
 def torch_moe_fp8_block_scale_ds_routing(
     routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
     gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
-    routed_scaling_factor,
+    routed_scaling_factor, *, routing_method_type=_DS, top_k=DS_TOP_K, n_group=DS_N_GROUP,
+    topk_group=DS_TOPK_GROUP,
 ):  # fmt: skip
     from flashtune.ops.moe.reference import moe_fp8_block_scale_ref
 
     return moe_fp8_block_scale_ref(
         routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
         gemm2_weights, gemm2_weights_scale, routing_bias, int(local_expert_offset),
-        float(routed_scaling_factor), _DS, DS_TOP_K, DS_N_GROUP, DS_TOPK_GROUP,
+        float(routed_scaling_factor), routing_method_type, top_k, n_group, topk_group,
     )  # fmt: skip
 
 
 @runs_the_op
 def flashtune_moe_fp8_block_scale_renorm(
     routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
-    gemm2_weights, gemm2_weights_scale,
+    gemm2_weights, gemm2_weights_scale, *, routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
 ):  # fmt: skip
     from flashtune.ops.moe import trtllm_fp8_block_scale_moe
 
     experts = routing_logits.shape[1]
     return trtllm_fp8_block_scale_moe(
         routing_logits, None, hidden_states, hidden_states_scale, gemm1_weights,
-        gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, experts, RENORM_TOP_K, None,
-        None, gemm2_weights.shape[2], 0, experts, None, routing_method_type=_RENORMALIZE,
+        gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, experts, top_k, None,
+        None, gemm2_weights.shape[2], 0, experts, None, routing_method_type=routing_method_type,
     )  # fmt: skip
 
 
 def torch_moe_fp8_block_scale_renorm(
     routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
-    gemm2_weights, gemm2_weights_scale,
+    gemm2_weights, gemm2_weights_scale, *, routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
 ):  # fmt: skip
     from flashtune.ops.moe.reference import moe_fp8_block_scale_ref
 
     return moe_fp8_block_scale_ref(
         routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
-        gemm2_weights, gemm2_weights_scale, routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
+        gemm2_weights, gemm2_weights_scale, routing_method_type=routing_method_type, top_k=top_k,
     )  # fmt: skip
 
 
 @runs_the_op
 def flashtune_moe_fp8_per_tensor_renorm(
     routing_logits, hidden_states, gemm1_weights, output1_scales_scalar,
-    output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar,
+    output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar, routing_bias=None, *,
+    routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
 ):  # fmt: skip
+    # Llama4's Definitions list its routing bias (last); the kernel reads it not (FlashInfer's).
     from flashtune.ops.moe import trtllm_fp8_per_tensor_scale_moe
 
     experts = routing_logits.shape[1]
     return trtllm_fp8_per_tensor_scale_moe(
-        routing_logits, None, hidden_states, gemm1_weights, output1_scales_scalar,
-        output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar, experts, RENORM_TOP_K,
-        None, None, gemm2_weights.shape[2], 0, experts, None, False,
-        routing_method_type=_RENORMALIZE,
+        routing_logits, routing_bias, hidden_states, gemm1_weights, output1_scales_scalar,
+        output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar, experts, top_k,
+        None, None, gemm2_weights.shape[2], 0, experts, None, routing_method_type == _LLAMA4,
+        routing_method_type=routing_method_type,
     )  # fmt: skip
 
 
 def torch_moe_fp8_per_tensor_renorm(
     routing_logits, hidden_states, gemm1_weights, output1_scales_scalar,
-    output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar,
+    output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar, routing_bias=None, *,
+    routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
 ):  # fmt: skip
     from flashtune.ops.moe.reference import moe_fp8_per_tensor_scale_ref
 
     return moe_fp8_per_tensor_scale_ref(
         routing_logits, hidden_states, gemm1_weights, output1_scales_scalar,
-        output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar,
-        routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
+        output1_scales_gate_scalar, gemm2_weights, output2_scales_scalar, routing_bias,
+        routing_method_type=routing_method_type, top_k=top_k,
     )  # fmt: skip
 
 
 @runs_the_op
 def flashtune_moe_bf16_renormalize(
     routing_logits, hidden_states, gemm1_weights, gemm2_weights, local_expert_offset,
-    routed_scaling_factor,
+    routed_scaling_factor, *, routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
 ):  # fmt: skip
     from flashtune.ops.moe import trtllm_bf16_moe
 
     return trtllm_bf16_moe(
         routing_logits, None, hidden_states, gemm1_weights, gemm2_weights,
-        routing_logits.shape[1], RENORM_TOP_K, None, None, gemm2_weights.shape[2],
+        routing_logits.shape[1], top_k, None, None, gemm2_weights.shape[2],
         int(local_expert_offset), gemm1_weights.shape[0], float(routed_scaling_factor),
-        routing_method_type=_RENORMALIZE, use_shuffled_weight=False, weight_layout=0,
+        routing_method_type=routing_method_type, use_shuffled_weight=False, weight_layout=0,
     )  # fmt: skip
 
 
 def torch_moe_bf16_renormalize(
     routing_logits, hidden_states, gemm1_weights, gemm2_weights, local_expert_offset,
-    routed_scaling_factor,
+    routed_scaling_factor, *, routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
 ):  # fmt: skip
     from flashtune.ops.moe.reference import moe_bf16_ref
 
     return moe_bf16_ref(
         routing_logits, hidden_states, gemm1_weights, gemm2_weights, None,
-        int(local_expert_offset), float(routed_scaling_factor), _RENORMALIZE, RENORM_TOP_K,
+        int(local_expert_offset), float(routed_scaling_factor), routing_method_type, top_k,
     )  # fmt: skip
 
 

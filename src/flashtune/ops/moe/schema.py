@@ -24,7 +24,8 @@ Descriptions are the corpus's: verbatim for the shapes it has (DeepSeek-V3 at EP
 at EP 1 and 8, Qwen3-30B-A3B / -235B-A22B / -Next-80B, Llama 4 Scout / Maverick), in its
 wording otherwise. `VARIANT_SCHEMAS` holds one schema per variant under the variant's short
 prefix (what apply's prefix match, the registry checks and the op's `schemas` list read):
-every Definition of a variant starts with it.
+every Definition of a variant starts with it. A dataset's Definition gets its key back
+from its name and constants (`definition_key`; `schema_for_definition`, for supply.py).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,8 +60,10 @@ __all__ = [
     "MoESchema",
     "VARIANT_PREFIXES",
     "VARIANT_SCHEMAS",
+    "definition_key",
     "moe_key",
     "schema_for_call",
+    "schema_for_definition",
     "schema_of",
 ]
 
@@ -104,6 +108,15 @@ class MoESchema(OpSchema):
     constants baked into the reference (top_k, n_group, ...) are in the name already."""
 
     helpers: tuple[Callable[..., Any], ...] = ()
+    key: MoEKey | None = field(default=None, compare=False)  # None: a template
+
+    @property
+    def definition_constants(self) -> dict[str, Any]:
+        """The bound constants (routing_method_type, top_k, n_group, topk_group: those the
+        schema binds) its Definitions carry in their names only: what a solution must be told
+        where a Definition's reference does not say them (ops.bundle.supply). {}: a template."""
+        key = {} if self.key is None else dataclasses.asdict(self.key)
+        return {name: key[name] for name in self.bound if name in key}
 
     def reference_source(self, call: BoundCall | None = None) -> str:
         source = super().reference_source(call)
@@ -341,6 +354,7 @@ def _block_schema(key: MoEKey) -> MoESchema:
         description=_block_description(key, v3),
         bound=bound,
         helpers=(select_experts, run_experts_ref),
+        key=key,
     )
 
 
@@ -433,6 +447,7 @@ def _standard_schema(key: MoEKey) -> MoESchema:
         description=f"FP8 block scale MoE with {name} routing ({_ROUTING_STEPS[method]}).",
         bound=("routing_method_type",),
         helpers=(select_experts, run_experts_ref),
+        key=key,
     )
 
 
@@ -523,6 +538,7 @@ def _per_tensor_schema(key: MoEKey) -> MoESchema:
         description=description,
         bound=("routing_method_type", "top_k"),
         helpers=(select_experts, run_experts_ref),
+        key=key,
     )
 
 
@@ -595,6 +611,7 @@ def _bf16_schema(key: MoEKey) -> MoESchema:
         description=f"BF16 MoE with {name} routing: routing and two grouped GEMMs (SwiGLU).",
         bound=bound,
         helpers=(select_experts, run_experts_ref),
+        key=key,
     )
 
 
@@ -617,7 +634,7 @@ _REPRESENTATIVE = {
     "standard": MoEKey("standard", 0, 4, 1, 1, 32, 32, 256, 128),
 }
 VARIANT_SCHEMAS: dict[str, MoESchema] = {
-    variant: dataclasses.replace(schema_of(key), name_prefix=VARIANT_PREFIXES[variant])
+    variant: dataclasses.replace(schema_of(key), name_prefix=VARIANT_PREFIXES[variant], key=None)
     for variant, key in _REPRESENTATIVE.items()
 }
 
@@ -716,3 +733,67 @@ def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
 def schema_for_call(api: str, arguments: Mapping[str, Any]) -> MoESchema:
     """The schema of a call (see moe_key)."""
     return schema_of(moe_key(api, arguments))
+
+
+# --------------------------------------------------------------------------- a Definition's key
+
+# Every MoE Definition's name, its head naming the variant and the routing method.
+_DEFINITION_NAME = re.compile(
+    r"^(?P<head>[a-z0-9_]+?)_topk(?P<top_k>\d+)(?:_ng(?P<n_group>\d+)_kg(?P<topk_group>\d+))?"
+    r"_e(?P<experts>\d+)_h(?P<hidden>\d+)_i(?P<inter>\d+)$"
+)
+_METHODS = {slug: method for method, slug in _SLUGS.items()}
+_FP4_HEADS = ("trtllm_fp4_block_scale_moe", "trtllm_fp4_block_scale_routed_moe")
+
+
+def _variant_of(head: str, definition: Definition) -> tuple[str, int] | None:
+    """(variant, routing_method_type) of a Definition name's head, or None."""
+    # Llama4's per-tensor Definitions list the (unread) routing bias; Renormalize's have none.
+    llama4 = "routing_bias" in definition.inputs
+    fixed = {"ds": 2, "renorm": 1, "per_tensor": 3 if llama4 else 1}
+    for variant, method in fixed.items():
+        if head == VARIANT_PREFIXES[variant]:
+            return variant, method
+    for variant in ("bf16", "standard"):
+        start = f"{VARIANT_PREFIXES[variant]}_"
+        if head.startswith(start) and head.endswith("_routing"):
+            method_of = _METHODS.get(head[len(start) : -len("_routing")])
+            if method_of is not None:
+                return variant, method_of
+    return None
+
+
+def definition_key(definition: Definition) -> MoEKey | None:
+    """The key of the schema whose Definitions `definition` is one of, read from its name and
+    its constants (the routing constants are in the name only), or None where it is no MoE
+    Definition flashtune has a variant of. An fp4 MoE Definition raises ValueError saying
+    why it has none (flashtune has no fp4 kernels)."""
+    match = _DEFINITION_NAME.match(definition.name)
+    head = "" if match is None else match["head"]
+    if head in _FP4_HEADS:
+        why = "NvFP4 / MxFP4 weights; flashtune's: fp8 block-scale, fp8 per-tensor or bf16"
+        raise ValueError(f"{definition.name}: flashtune has no fp4 MoE kernels ({head}: {why})")
+    found = None if match is None else _variant_of(head, definition)
+    if match is None or found is None:
+        return None
+    (variant, method), const = found, definition.const_axes
+    if variant not in ("ds", "bf16") and match["n_group"] is not None:
+        return None
+    # The e axis: the local experts (all of them at EP 1).
+    local = const.get("num_local_experts", int(match["experts"]))
+    groups = int(match["n_group"] or 1), int(match["topk_group"] or 1)
+    return MoEKey(
+        variant, method, int(match["top_k"]), *groups, const.get("num_experts", local), local,
+        int(match["hidden"]), int(match["inter"]),
+    )  # fmt: skip
+
+
+def schema_for_definition(
+    definition: Definition, variants: tuple[str, ...] | None = None
+) -> MoESchema | None:
+    """The schema made for `definition`'s key (definition_key), or None where it has none or
+    its variant is not among `variants` (whether the contracts agree is the caller's to check)."""
+    key = definition_key(definition)
+    if key is None or (variants is not None and key.variant not in variants):
+        return None
+    return schema_of(key)
