@@ -27,6 +27,8 @@ __all__ = [
     "SmallMSpace",
     "split_k_ok",
     "split_candidates",
+    "wave_split",
+    "wave_splits",
     "tiled_default_tactic",
     "tiled_candidates",
     "small_m_default_tactic",
@@ -179,6 +181,33 @@ def split_candidates(ctas: int, k_tiles: int, sms: int, waves: Sequence[float]) 
     return out
 
 
+def wave_split(ctas: int, rows: int, N: int, K: int, block_k: int, sms: int, waves: float) -> int:
+    """The split-K factor that brings `ctas` output tiles to about `waves` x the SM count,
+    or 1 where its partials ([`rows`, N]) would not fit (`split_k_ok`)."""
+    split = split_candidates(ctas, math.ceil(K / block_k), sms, (waves,))[0]
+    return split if split_k_ok(rows, N, K, block_k, split) else 1
+
+
+def wave_splits(
+    shapes: Sequence[tuple[int, int, int, int, int]],
+    M: int,
+    N: int,
+    K: int,
+    sms: int,
+    batch: int = 1,
+) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(block_m, block_n, block_k, split_k, num_warps, num_stages) for each (block_m,
+    block_n, block_k, num_warps, num_stages) of `shapes`, with each split-K factor that
+    brings its output tiles (`batch` x M x N) to one or two waves; no split where the tiles
+    already fill the SMs (splitting only adds traffic)."""
+    for bm, bn, bk, warps, stages in shapes:
+        ctas = batch * math.ceil(M / bm) * math.ceil(N / bn)
+        for split in split_candidates(ctas, math.ceil(K / bk), sms, (1.0, 2.0)):
+            if ctas >= sms and split > 1:
+                continue  # already a full wave: splitting only adds traffic
+            yield bm, bn, bk, split, warps, stages
+
+
 def tiled_default_tactic(M: int, N: int, K: int) -> TiledTactic:
     """Tactic -1 of the tiled kernel, valid for any shape."""
     if M > 64:
@@ -216,13 +245,10 @@ def tiled_candidates(M: int, N: int, K: int, sms: int) -> list[TiledTactic]:
             (bm, 128, 128, 4, 3),
             (bm, 256, 64, 8, 3),
         ]
-    out = []
-    for bm, bn, bk, warps, stages in shapes:
-        ctas = math.ceil(M / bm) * math.ceil(N / bn)
-        for split in split_candidates(ctas, math.ceil(K / bk), sms, (1.0, 2.0)):
-            if ctas >= sms and split > 1:
-                continue  # already a full wave: splitting only adds traffic
-            out.append(TiledTactic(bm, bn, bk, 8, split, warps, stages))
+    out = [
+        TiledTactic(bm, bn, bk, 8, split, warps, stages)
+        for bm, bn, bk, split, warps, stages in wave_splits(shapes, M, N, K, sms)
+    ]
     return list(dict.fromkeys(out))
 
 
@@ -232,9 +258,7 @@ def small_m_default_tactic(M: int, N: int, K: int, sms: int) -> SmallMTactic:
     # (91 of 162 shapes: 64 x 128 tiles, 3-5 stages), split to about two waves.
     block_n, block_k = 64, 128
     ctas = math.ceil(N / block_n) * math.ceil(M / 16)
-    split = split_candidates(ctas, math.ceil(K / block_k), sms, (2.0,))[0]
-    if not split_k_ok(M, N, K, block_k, split):
-        split = 1
+    split = wave_split(ctas, M, N, K, block_k, sms, 2.0)
     return SmallMTactic(16, block_n, block_k, split, 4, 5)
 
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import astuple, dataclass, replace
 
-from flashtune.ops.gemm.config import split_candidates, split_k_ok
+from flashtune.ops.gemm.config import split_k_ok, wave_split, wave_splits
 from flashtune.tune import Tactic
 
 __all__ = [
@@ -135,10 +135,7 @@ def _split_to_waves(
     ctas = batch * math.ceil(M / t.block_m) * math.ceil(N / t.block_n)
     if ctas >= sms:
         return t
-    split = split_candidates(ctas, math.ceil(K / t.block_k), sms, (waves,))[0]
-    if not split_k_ok(batch * M, N, K, t.block_k, split):
-        split = 1
-    return replace(t, split_k=split)
+    return replace(t, split_k=wave_split(ctas, batch * M, N, K, t.block_k, sms, waves))
 
 
 def fp8_candidates(M: int, N: int, K: int, sms: int, batch: int = 1) -> list[Fp8Tactic]:
@@ -172,10 +169,8 @@ def fp8_candidates(M: int, N: int, K: int, sms: int, batch: int = 1) -> list[Fp8
             (bm, 256, 128, 8, 3),
         ]
     out = [fp8_default_tactic(M, N, K, sms, batch)]
-    for bm, bn, bk, warps, stages in shapes:
-        ctas = batch * math.ceil(M / bm) * math.ceil(N / bn)
-        for split in split_candidates(ctas, math.ceil(K / bk), sms, (1.0, 2.0)):
-            if ctas >= sms and split > 1:
-                continue  # already a full wave: splitting only adds traffic
-            out.append(Fp8Tactic(bm, bn, bk, 8, split, warps, stages))
+    out += [
+        Fp8Tactic(bm, bn, bk, 8, split, warps, stages)
+        for bm, bn, bk, split, warps, stages in wave_splits(shapes, M, N, K, sms, batch)
+    ]
     return list(dict.fromkeys(out))
