@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashtune.bench.probe import parse_probe_line, write_job
+from flashtune.bench.probe import (
+    find_cuda_tool,
+    parse_probe_line,
+    probe_command,
+    tool_unavailable_reason,
+    write_job,
+)
 from flashtune.data.models import Definition, Solution, Workload
 
 __all__ = [
@@ -232,28 +235,17 @@ def _launch_order(launch: str) -> tuple[int, str]:
 
 def find_ncu() -> str | None:
     """ncu on PATH, else in CUDA_HOME/CUDA_PATH's bin, else /usr/local/cuda's."""
-    found = shutil.which("ncu")
-    if found:
-        return found
-    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if base:
-            candidate = Path(base) / "bin" / "ncu"
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
-    return None
+    return find_cuda_tool("ncu")
 
 
 def unavailable_reason(device: str, executable: str | None) -> str | None:
     """Why Nsight Compute cannot profile here (None: it can)."""
-    if not device.startswith("cuda"):
-        return f"Nsight Compute profiles GPU kernels; the device is {device!r}"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    if executable is None:
-        return "ncu (Nsight Compute) is not installed (not on PATH, nor CUDA_HOME/bin)"
-    return None
+    return tool_unavailable_reason(
+        device,
+        executable,
+        "Nsight Compute profiles GPU kernels",
+        "ncu (Nsight Compute) is not installed (not on PATH, nor CUDA_HOME/bin)",
+    )
 
 
 @dataclass
@@ -313,10 +305,7 @@ def ncu_summary(
             "--metrics",
             ",".join(NCU_METRICS),
             *(["--kernel-name", f"regex:{kernel_regex}"] if kernel_regex else []),
-            sys.executable,
-            "-m",
-            "flashtune.bench.probe",
-            str(job),
+            *probe_command(job),
         ]
         try:
             done = subprocess.run(

@@ -18,13 +18,22 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROBE_MARK", "main", "parse_probe_line", "write_job"]
+__all__ = [
+    "PROBE_MARK",
+    "find_cuda_tool",
+    "main",
+    "parse_probe_line",
+    "probe_command",
+    "tool_unavailable_reason",
+    "write_job",
+]
 
 PROBE_MARK = "FLASHTUNE-PROBE "
 
@@ -55,6 +64,42 @@ def write_job(
     path = folder / "probe-job.json"
     path.write_text(json.dumps(job), encoding="utf-8")
     return path
+
+
+def probe_command(job: Path) -> list[str]:
+    """The command line that runs `main` on `job` (for a tool to start as its target)."""
+    return [sys.executable, "-m", "flashtune.bench.probe", str(job)]
+
+
+def find_cuda_tool(name: str) -> str | None:
+    """The executable `name` on PATH, else in CUDA_HOME/CUDA_PATH's bin, else
+    /usr/local/cuda's."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if base:
+            candidate = Path(base) / "bin" / name
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    return None
+
+
+def tool_unavailable_reason(
+    device: str, executable: str | None, works_on: str, not_installed: str
+) -> str | None:
+    """Why a CUDA tool cannot run a probe here (None: it can): `device` is not a GPU
+    (`works_on`: what the tool does, e.g. "compute-sanitizer checks GPU kernels"), no GPU is
+    visible, or no `executable` (`not_installed` says so)."""
+    if not device.startswith("cuda"):
+        return f"{works_on}; the device is {device!r}"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    if executable is None:
+        return not_installed
+    return None
 
 
 def parse_probe_line(output: str) -> dict[str, Any] | None:

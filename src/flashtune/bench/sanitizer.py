@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from flashtune.bench.probe import parse_probe_line, write_job
+from flashtune.bench.probe import (
+    find_cuda_tool,
+    parse_probe_line,
+    probe_command,
+    tool_unavailable_reason,
+    write_job,
+)
 from flashtune.data.models import Definition, Solution, Workload
 
 __all__ = [
@@ -181,28 +185,17 @@ def combine_verdicts(verdicts: Sequence[Verdict]) -> Verdict:
 
 def find_compute_sanitizer() -> str | None:
     """compute-sanitizer on PATH, else in CUDA_HOME/CUDA_PATH's bin, else /usr/local/cuda's."""
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if base:
-            candidate = Path(base) / "bin" / "compute-sanitizer"
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
-    return None
+    return find_cuda_tool("compute-sanitizer")
 
 
 def unavailable_reason(device: str, executable: str | None) -> str | None:
     """Why the sanitizer cannot run here (None: it can)."""
-    if not device.startswith("cuda"):
-        return f"compute-sanitizer checks GPU kernels; the device is {device!r}"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    if executable is None:
-        return "compute-sanitizer is not installed (not on PATH, nor in CUDA_HOME/bin)"
-    return None
+    return tool_unavailable_reason(
+        device,
+        executable,
+        "compute-sanitizer checks GPU kernels",
+        "compute-sanitizer is not installed (not on PATH, nor in CUDA_HOME/bin)",
+    )
 
 
 @dataclass
@@ -277,10 +270,7 @@ def sanitize(
                 "--print-limit",
                 "100",
                 *(["--leak-check", "no"] if tool == "memcheck" else []),
-                sys.executable,
-                "-m",
-                "flashtune.bench.probe",
-                str(job),
+                *probe_command(job),
             ]
             try:
                 done = subprocess.run(
