@@ -132,6 +132,17 @@ def serve_command(cli: ServeCommandOptions) -> None:
     serve_forever(app, cli.host, cli.port, log_level=cli.log_level)
 
 
+# The arguments both `flashtune tool` commands take.
+_SolutionFile = Annotated[Path, typer.Argument(help="a Solution JSON file")]
+_Dataset = Annotated[
+    Optional[list[Path]], typer.Option("--dataset", "-d", help="dataset root (repeatable)")
+]
+_Workload = Annotated[
+    Optional[str], typer.Option("--workload", help="workload uuid (default: the smallest)")
+]
+_Device = Annotated[str, typer.Option("--device", help="the GPU, e.g. cuda:0")]
+
+
 def _load_target(solution_file: Path, dataset: Optional[list[Path]]) -> tuple:
     from flashtune.data.dataset import Dataset
     from flashtune.data.models import Solution
@@ -149,17 +160,13 @@ def _load_target(solution_file: Path, dataset: Optional[list[Path]]) -> tuple:
 
 
 def sanitize_command(
-    solution_file: Annotated[Path, typer.Argument(help="a Solution JSON file")],
-    dataset: Annotated[
-        Optional[list[Path]], typer.Option("--dataset", "-d", help="dataset root (repeatable)")
-    ] = None,
-    workload: Annotated[
-        Optional[str], typer.Option("--workload", help="workload uuid (default: the smallest)")
-    ] = None,
+    solution_file: _SolutionFile,
+    dataset: _Dataset = None,
+    workload: _Workload = None,
     tools: Annotated[
         str, typer.Option("--tools", help="comma-separated: memcheck, racecheck, initcheck")
     ] = "memcheck,racecheck,initcheck",
-    device: Annotated[str, typer.Option("--device", help="the GPU, e.g. cuda:0")] = "cuda:0",
+    device: _Device = "cuda:0",
     as_json: Annotated[bool, typer.Option("--json", help="the whole report as JSON")] = False,
 ) -> None:
     """compute-sanitizer on one sandboxed call of a solution; exit 0 only on "pass" (1 fail,
@@ -193,17 +200,13 @@ def sanitize_command(
 
 
 def ncu_command(
-    solution_file: Annotated[Path, typer.Argument(help="a Solution JSON file")],
-    dataset: Annotated[
-        Optional[list[Path]], typer.Option("--dataset", "-d", help="dataset root (repeatable)")
-    ] = None,
-    workload: Annotated[
-        Optional[str], typer.Option("--workload", help="workload uuid (default: the smallest)")
-    ] = None,
+    solution_file: _SolutionFile,
+    dataset: _Dataset = None,
+    workload: _Workload = None,
     kernel_regex: Annotated[
         Optional[str], typer.Option("--kernel", help="only kernels whose name matches (regex)")
     ] = None,
-    device: Annotated[str, typer.Option("--device", help="the GPU, e.g. cuda:0")] = "cuda:0",
+    device: _Device = "cuda:0",
     as_json: Annotated[bool, typer.Option("--json", help="the whole summary as JSON")] = False,
 ) -> None:
     """Nsight Compute summary of a solution's kernels on one sandboxed call: time, achieved
