@@ -42,6 +42,18 @@ GUARDED = TuningConfig(
 )
 
 
+def unguarded(**options: Any) -> TuningConfig:
+    """Each tactic timed once (no cold L2, no confirmation, no guard), with the test's own
+    `options`."""
+    return TuningConfig(
+        dynamic_dims=(DynamicDim(0, 0),),
+        cold_l2=False,
+        confirm_rounds=0,
+        guard_rounds=0,
+        **options,
+    )
+
+
 @pytest.fixture
 def tuner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AutoTuner:
     return H.install_fresh_tuner(monkeypatch, tmp_path)
@@ -163,13 +175,7 @@ class Tiles(H.FakeRunner):
 def test_the_cost_model_prunes_before_anything_is_compiled_or_timed(
     tuner: AutoTuner, calls: Calls
 ) -> None:
-    cfg = TuningConfig(
-        dynamic_dims=(DynamicDim(0, 0),),
-        cold_l2=False,
-        confirm_rounds=0,
-        guard_rounds=0,
-        prune_slack=0.5,
-    )
+    cfg = unguarded(prune_slack=0.5)
     with autotune():
         assert choose_one("op", [Tiles()], cfg, [x(8)])[1] == 9
     assert sorted(calls.tactics(), key=str) == sorted([DEFAULT, 5, 6, 7, 8, 9], key=str)
@@ -192,13 +198,7 @@ class Unranked(H.FakeRunner):
 
 
 def test_patience_stops_the_search_and_priors_go_first(tuner: AutoTuner, calls: Calls) -> None:
-    cfg = TuningConfig(
-        dynamic_dims=(DynamicDim(0, 0),),
-        cold_l2=False,
-        confirm_rounds=0,
-        guard_rounds=0,
-        patience=4,
-    )
+    cfg = unguarded(patience=4)
     with autotune():
         assert choose_one("op", [Flat()], cfg, [x(8)])[1] == 0
         # -1, 0 (the best), then 4 that do not beat it: stopped.
@@ -237,13 +237,7 @@ def test_a_bucket_budget_returns_the_best_so_far_and_the_session_budget_stops_tu
     clock = SimpleNamespace(perf_counter=lambda: Slow.WALL[0])
     monkeypatch.setattr(profiling, "time", clock)
     monkeypatch.setattr(tuner_module, "time", clock)
-    cfg = TuningConfig(
-        dynamic_dims=(DynamicDim(0, 0),),
-        cold_l2=False,
-        confirm_rounds=0,
-        guard_rounds=0,
-        patience=None,
-    )
+    cfg = unguarded(patience=None)
     with autotune(budget_s=0.15):
         runner, tactic = choose_one("op", [Slow()], cfg, [x(8)])
     # 20 ms for the default (the baseline, its timing), 20 ms per tactic (its check, its
@@ -331,14 +325,7 @@ def test_tile_cost_sees_padding_loads_and_idle_sms() -> None:
 
 
 def test_layouts_are_part_of_the_key_and_tuned_as_called(tuner: AutoTuner, calls: Calls) -> None:
-    cfg = TuningConfig(
-        dynamic_dims=(DynamicDim(0, 0),),
-        cold_l2=False,
-        confirm_rounds=0,
-        guard_rounds=0,
-        key_layouts=True,
-        key_dtypes=True,
-    )
+    cfg = unguarded(key_layouts=True, key_dtypes=True)
     row_major = torch.randn(8, 4)
     col_major = torch.randn(4, 8).t()
     with autotune():
@@ -358,13 +345,7 @@ def test_compile_jobs_run_in_spawned_processes(tuner: AutoTuner, tmp_path: Path)
     import os
 
     H.ProcessCompiledRunner.FOLDER = str(tmp_path)
-    cfg = TuningConfig(
-        dynamic_dims=(DynamicDim(0, 0),),
-        cold_l2=False,
-        confirm_rounds=0,
-        guard_rounds=0,
-        compile_processes=2,
-    )
+    cfg = unguarded(compile_processes=2)
     with autotune():
         assert choose_one("op", [H.ProcessCompiledRunner()], cfg, [x(8)])[1] == 1
     markers = [p.name.split(".") for p in tmp_path.iterdir() if p.name[0].isdigit()]
@@ -397,13 +378,7 @@ class LateBest(Flat):
 def test_another_gpus_picks_are_priors_when_tuning(
     tmp_path: Path, tuner: AutoTuner, calls: Calls
 ) -> None:
-    cfg = TuningConfig(
-        dynamic_dims=(DynamicDim(0, 0),),
-        cold_l2=False,
-        confirm_rounds=0,
-        guard_rounds=0,
-        patience=4,
-    )
+    cfg = unguarded(patience=4)
     with autotune():  # no prior: patience cuts the ranked list long before tactic 29
         assert choose_one("op", [LateBest()], cfg, [x(8)])[1] != 29
     tuner.clear()
@@ -428,14 +403,7 @@ class FlatWarm(Flat):
 
 
 def test_what_patience_cuts_is_never_compiled(tuner: AutoTuner, calls: Calls) -> None:
-    cfg = TuningConfig(
-        dynamic_dims=(DynamicDim(0, 0),),
-        cold_l2=False,
-        confirm_rounds=0,
-        guard_rounds=0,
-        patience=4,
-        compile_workers=3,
-    )
+    cfg = unguarded(patience=4, compile_workers=3)
     FlatWarm.WARMED.clear()
     with autotune():
         assert choose_one("op", [FlatWarm()], cfg, [x(8)])[1] == 0
