@@ -179,20 +179,17 @@ def _check(
             )
 
     mode = quant.mode
-    if mode == "bf16":
-        for name, t in (
-            ("hidden_states", hidden_states),
-            ("gemm1_weights", gemm1_weights),
-            ("gemm2_weights", gemm2_weights),
-        ):
-            if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-                raise TypeError(f'{name} must be bfloat16 for quant mode "bf16", got {t.dtype}')
-        return
-    for name, t in (
+    operands = (
         ("hidden_states", hidden_states),
         ("gemm1_weights", gemm1_weights),
         ("gemm2_weights", gemm2_weights),
-    ):
+    )
+    if mode == "bf16":
+        for name, t in operands:
+            if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                raise TypeError(f'{name} must be bfloat16 for quant mode "bf16", got {t.dtype}')
+        return
+    for name, t in operands:
         if t.dtype != _FP8:
             raise TypeError(f'{name} must be float8_e4m3fn for quant mode "{mode}", got {t.dtype}')
     if mode == "fp8_block":
