@@ -75,6 +75,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--tune-cache", help="flashtune autotuner cache file (load and save)")
     parser.add_argument(
+        "--tune-budget",
+        dest="tune_budget_s",
+        type=float,
+        help="seconds of tuning per shape bucket (autotune(budget_s=...)); default: no limit",
+    )
+    parser.add_argument(
         "--device",
         default="cuda",
         help="cuda; cpu checks the code path (tiny config, Triton interpreter) and writes no rows",
