@@ -145,6 +145,7 @@ def _rewrite_code(out: Path, solution: str) -> None:
         path.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow
 def test_resume_reruns_after_the_module_or_the_code_tree_changes(package, tmp_path):
     name, pkg = package
     root = tmp_path / "ds"

@@ -143,6 +143,7 @@ def test_out_inside_the_package_is_refused(tmp_path):
     assert "inside the installed package" in result.output
 
 
+@pytest.mark.slow
 def test_work_is_spread_over_several_workers(tmp_path):
     root = tmp_path / "ds"
     make_dataset(root, {"a": GOOD, "b": GOOD}, sizes=list(range(1, 9)))

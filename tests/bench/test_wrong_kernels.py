@@ -274,6 +274,7 @@ ROW_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, rows, honest, wrong_rows", ROW_CASES, ids=[c[0] for c in ROW_CASES])
 def test_one_wrong_row_fails_and_honest_bf16_passes(name, rows, honest, wrong_rows):
     d = DS.definition(name)

@@ -77,6 +77,7 @@ def _run(d: Definition, x: dict[str, Any], old: str = "", new: str = "") -> dict
 NORMS = ["rmsnorm_h4096", "fused_add_rmsnorm_h4096", "rmsnorm_h8192", "fused_add_rmsnorm_h8192"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NORMS)
 def test_rmsnorm_with_eps_1000x_too_large_fails(name):
     d = _definition(name)
@@ -152,6 +153,7 @@ def test_gemm_wrong_only_on_small_rows_fails():
 # ----------------------------------------------------------- one row of 2048, norm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["zeros", "x1.1"])
 def test_a_norm_wrong_on_one_row_of_2048_fails(how):
     name = "rmsnorm_h4096"

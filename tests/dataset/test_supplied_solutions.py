@@ -395,6 +395,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert (g - w).norm() <= 3e-2 * w.norm(), ((g - w).norm() / w.norm()).item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [

@@ -141,6 +141,7 @@ def test_bad_submissions_are_refused(service: Service) -> None:
     assert response.status_code == 413
 
 
+@pytest.mark.slow
 def test_verdicts_match_flashtune_run_and_hostile_gets_nothing(
     service: Service, tmp_path: Path
 ) -> None:

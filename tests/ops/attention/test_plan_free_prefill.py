@@ -182,6 +182,7 @@ def test_causal_more_queries_than_keys(device, window_left):
     _check_ragged(qo_lens, kv_lens, 6, 2, 64, device, **kw)
 
 
+@pytest.mark.slow
 def test_request_search_spans_several_steps(device, monkeypatch):
     # More requests than one step of the in-kernel search scans (BLOCK_B set to 16).
     monkeypatch.setattr(decode_plan_free, "_SEARCH_BLOCKS", (16, 16))
@@ -192,6 +193,7 @@ def test_request_search_spans_several_steps(device, monkeypatch):
     _check_ragged(qo, kv, 4, 1, 64, device, causal=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pack", [True, False])
 def test_staged_pages_and_tma(device, monkeypatch, pack):
     """The TMA tactic: paged pages staged (all of kv_indices, spare entries included) and
