@@ -94,7 +94,9 @@ def _has_children(pid: int) -> bool:
 
 
 def _trace_lines(out: Path) -> list[str]:
-    return [line for p in sorted(out.rglob("*.jsonl")) for line in p.read_text().splitlines()]
+    # Traces only: --out is a whole dataset (its workloads are JSONL files too).
+    files = sorted((out / "traces").rglob("*.jsonl")) if (out / "traces").is_dir() else []
+    return [line for p in files for line in p.read_text().splitlines()]
 
 
 def _stop(proc: subprocess.Popen[str], signum: int, group: bool) -> tuple[int, str]:
