@@ -40,6 +40,7 @@ __all__ = [
     "bundled_op_for",
     "bundled_ops",
     "entry_functions",
+    "entry_solution",
     "entry_source",
     "flashinfer_direct",
     "runs_the_op",
@@ -213,11 +214,15 @@ def entry_source(function: str) -> str:
     )
 
 
-def _solution(definition: Definition, entry: Entry) -> Solution:
+def entry_solution(definition: Definition, entry: Entry, source: str | None = None) -> Solution:
+    """`entry`'s Solution of `definition`, its code `source` (default: the small file binding
+    `run` to the entry, `entry_source`)."""
     # FlashInfer-Bench's form: sources carrying the code, a "file.py::function" entry point,
     # one of its languages, target hardware, names unique across definitions. The code is a
     # small file binding `run` to the entry (the object itself, so its setup phase comes with
     # it); flashtune builds it like any source solution.
+    if source is None:
+        source = entry_source(entry.function.__name__)
     spec: dict[str, object] = {
         "language": entry.language,
         "target_hardware": entry.hardware,
@@ -233,7 +238,7 @@ def _solution(definition: Definition, entry: Entry) -> Solution:
             "author": entry.author,
             "description": entry.description,
             "spec": spec,
-            "sources": [{"path": ENTRY_FILE, "content": entry_source(entry.function.__name__)}],
+            "sources": [{"path": ENTRY_FILE, "content": source}],
         }
     )
 
@@ -245,7 +250,7 @@ def solutions_for(definition: Definition) -> list[Solution]:
         raise ValueError(
             f"{definition.name}: no op family bundles solutions for this op (its bundle.py)"
         )
-    return [_solution(definition, entry) for entry in op.entries_for(definition)]
+    return [entry_solution(definition, entry) for entry in op.entries_for(definition)]
 
 
 def with_description(entry: Entry, description: str) -> Entry:

@@ -41,7 +41,7 @@ from flashtune.ops.bundle import (
     Entry,
     bundled_op_for,
     bundled_ops,
-    entry_source,
+    entry_solution,
     solution_name,
 )
 from flashtune.schema import REGISTRY, BoundCall, OpSchema, reference_constants
@@ -360,30 +360,8 @@ def _plain(match: SchemaMatch, keywords: dict[str, Any]) -> bool:
 
 
 def _solution(entry: Entry, match: SchemaMatch, keywords: dict[str, Any]) -> Solution:
-    definition = match.definition
-    source = (
-        entry_source(entry.function.__name__)
-        if _plain(match, keywords)
-        else _source(entry, match, keywords)
-    )
-    spec: dict[str, object] = {
-        "language": entry.language,
-        "target_hardware": entry.hardware,
-        "entry_point": f"{ENTRY_FILE}::run",
-    }
-    if entry.dependencies:
-        spec["dependencies"] = list(entry.dependencies)
-    spec["destination_passing_style"] = False
-    return Solution.model_validate(
-        {
-            "name": solution_name(entry.kind, definition),
-            "definition": definition.name,
-            "author": entry.author,
-            "description": entry.description,
-            "spec": spec,
-            "sources": [{"path": ENTRY_FILE, "content": source}],
-        }
-    )
+    source = None if _plain(match, keywords) else _source(entry, match, keywords)
+    return entry_solution(match.definition, entry, source)
 
 
 def _wanted(entry: Entry, kinds: Sequence[str]) -> bool:
