@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,8 +281,8 @@ def test_tool_sanitize_cli_says_unavailable(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_fifty_concurrent_submissions_none_lost(service: Service) -> None:
     """50 submissions at once from 50 threads (localhost): every one is accepted, reaches a
-    terminal state and gets its verdict; bounded to 240 s."""
-    started = time.monotonic()
+    terminal state and gets its verdict. A hang is bounded by the client's wait (240 s a
+    task), not asserted as a speed: timing claims belong in benchmarks/."""
     results: dict[int, dict] = {}
     errors: list[BaseException] = []
 
@@ -307,4 +306,3 @@ def test_fifty_concurrent_submissions_none_lost(service: Service) -> None:
         assert task["state"] == "done", task
         assert task["verdict"] == ("PASSED" if i % 5 else "INCORRECT_NUMERICAL"), task
         assert [t["solution"] for t in task["traces"]] == [f"agent-load-{i}"]
-    assert time.monotonic() - started < 240
