@@ -36,6 +36,8 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
         "trtllm_fp8_per_tensor_scale_moe",
         "trtllm_bf16_moe",
     ),
+    # FlashInfer's mamba submodule: none of its names are at its top level (SUBMODULE_ONLY)
+    "mamba": (),
     "mla": ("BatchMLAPagedAttentionWrapper",),
     "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
     "page": (
@@ -90,5 +92,6 @@ SUBMODULE_ONLY: dict[str, tuple[str, ...]] = {
         "group_deepgemm_fp8_nt_groupwise",
         "batch_deepgemm_fp8_nt_groupwise",
     ),
+    "mamba": ("selective_state_update",),
     "rope": ("mla_rope_quantize_fp8",),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["MLAConfig", "MoEConfig", "ModelConfig", "MODELS", "get_model"]
+__all__ = ["MLAConfig", "MambaConfig", "MoEConfig", "ModelConfig", "MODELS", "get_model"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,17 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class MambaConfig:
+    """A hybrid model's Mamba-2 layers (per GPU): nheads SSM heads of head_dim channels, each
+    channel a state of dstate values; B and C shared by the heads of each of ngroups groups."""
+
+    nheads: int
+    head_dim: int
+    dstate: int
+    ngroups: int
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Per-GPU shapes of one transformer layer (after tensor parallelism)."""
 
@@ -65,6 +76,7 @@ class ModelConfig:
     rope_theta: float = 1e4
     mla: MLAConfig | None = None  # MLA attention's dimensions; None: grouped-query attention
     moe: MoEConfig | None = None  # its MoE layers' dimensions; None: dense MLPs only
+    mamba: MambaConfig | None = None  # its Mamba-2 layers' dimensions (hybrid models)
 
     @property
     def attention(self) -> str:
@@ -110,6 +122,12 @@ def _tp(cfg: ModelConfig, tp: int) -> ModelConfig:
         mla=cfg.mla,
         # MoE models split their experts over the ranks (expert parallel), as served
         moe=None if cfg.moe is None else dataclasses.replace(cfg.moe, expert_parallel=tp),
+        # Mamba heads and groups split over the ranks (head_dim and dstate stay whole)
+        mamba=None
+        if cfg.mamba is None
+        else dataclasses.replace(
+            cfg.mamba, nheads=cfg.mamba.nheads // tp, ngroups=max(1, cfg.mamba.ngroups // tp)
+        ),
     )
 
 
@@ -150,6 +168,14 @@ _MINI_MOE_DS = ModelConfig(
 _MINI_MOE = ModelConfig(
     "mini-moe", 256, 512, 4, 1, 64, 32000, moe=MoEConfig(32, 4, 128, "Renormalize")
 )
+# Hybrid Mamba-2 / attention models: NemotronH-8B (the FlashInfer-Trace mamba_ssu Definitions
+# are its layers at TP 1 and 2), and a reduced one (not a real model) for the bundled dataset
+# and CPU tests: 8 heads in 2 groups, small enough for a 2-core CPU's reference runs.
+_NEMOTRON_H_8B = ModelConfig(
+    "nemotron-h-8b", 4096, 21504, 32, 8, 128, 131072, rope_theta=1e4,
+    mamba=MambaConfig(128, 64, 128, 8),
+)  # fmt: skip
+_MINI_MAMBA = ModelConfig("mini-mamba", 256, 512, 4, 1, 64, 32000, mamba=MambaConfig(8, 32, 64, 2))
 
 MODELS: dict[str, ModelConfig] = {
     cfg.name: cfg
@@ -166,6 +192,9 @@ MODELS: dict[str, ModelConfig] = {
         _LLAMA4_SCOUT,
         _MINI_MOE_DS,
         _MINI_MOE,
+        _NEMOTRON_H_8B,
+        _tp(_NEMOTRON_H_8B, 2),
+        _MINI_MAMBA,
     )
 }
 
