@@ -23,6 +23,13 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .peer/wheels pydantic pydantic-core annotated-types typing-inspection typing-extensions filelock safetensors \
   einops  # einops: imported by FlashInfer's test_groupwise_scaled_gemm_fp8.py (the drop-in run)
+# mamba-ssm's source archive (the Mamba benchmark's peer, benchmarks/bench_mamba.py imports
+# its pure-Triton mamba_ssm/ops/triton/selective_state_update.py by file path: its CUDA
+# extension is not built). MAMBA_SKIP_CUDA_BUILD: pip prepares the sdist's metadata, which
+# otherwise looks for nvcc.
+[ -f .peer/wheels/mamba_ssm-2.3.2.post1.tar.gz ] || MAMBA_SKIP_CUDA_BUILD=TRUE \
+  python3 -m pip download -q --no-deps --no-build-isolation --no-binary :all: \
+  mamba-ssm==2.3.2.post1 -d .peer/wheels
 if [ "${RAY:-0}" = 1 ]; then
   # Ray's wheel is ~80 MB and the carry limit 64 MiB: keep its core (scripts/slim_ray_wheel.py).
   mkdir -p .peer/ray .peer/ray-full
