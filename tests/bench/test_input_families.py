@@ -117,6 +117,27 @@ def test_the_seed_chooses_the_family_of_each_input_set():
     assert profile_for("moe").kinds == ("normal",) and profile_for("moe").row_decades is None
 
 
+def test_large_float8_inputs_are_drawn_in_slabs_with_the_same_family(monkeypatch) -> None:
+    # A Kimi-K2 MoE layer's fp8 weights drawn whole need 12x their size as float32
+    # temporaries (more than an H200 holds); above FLOAT8_CHUNK_NUMEL they come in slabs.
+    from flashtune.data import families
+
+    monkeypatch.setattr(families, "FLOAT8_CHUNK_NUMEL", 1000)
+    shape = (37, 11, 9)  # 3563 elements: slabs of 10 rows of 99, the last one short
+
+    def draw(seed: int) -> torch.Tensor:
+        family = ValueFamily("moe", Draws(torch.Generator().manual_seed(seed)))
+        return family.values("gemm1_weights", shape, torch.float8_e4m3fn, activation=False)
+
+    x = draw(3)
+    assert x.shape == shape and x.dtype == torch.float8_e4m3fn
+    xf = x.float()
+    assert bool((xf.abs() <= 8).all()) and float(xf.std()) == pytest.approx(1.0, rel=0.15)
+    assert torch.equal(xf, draw(3).float()) and not torch.equal(xf, draw(4).float())
+    # every slab is drawn afresh: no slab repeats the first
+    assert not any(torch.equal(xf[:10], xf[s : s + 10]) for s in (10, 20))
+
+
 # ------------------------------------------------------------------- what each op sees
 
 

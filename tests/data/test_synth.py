@@ -135,6 +135,23 @@ def test_small_workload_satisfies_axis_constraints() -> None:
     synthesize_inputs(PAGED, w)
 
 
+@pytest.mark.parametrize("size", [1, 2, 7])
+def test_small_workload_gives_offsets_one_entry_per_segment_and_one_more(size: int) -> None:
+    # FlashInfer-Trace's ragged / paged prefill definitions have len_indptr with no
+    # batch_size axis beside it: at size 1 it must still hold one segment (2 entries).
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from _ecafa9c import ecafa9c_files
+
+    text = ecafa9c_files()["mla_ragged/mla_ragged_prefill_causal_h8_qk192_vo128.json"]
+    definition = Definition.model_validate_json(text)
+    workload = small_workload(definition, size)
+    assert workload.axes["len_indptr"] == size + 1
+    inputs = synthesize_inputs(definition, workload)
+    assert int(inputs["qo_indptr"][-1]) == workload.axes["total_q"]
+
+
 def test_probabilities_are_distributions() -> None:
     d = Definition.model_validate(
         {

@@ -20,6 +20,8 @@ family that its seed chooses, per op type (docs/evaluation.md, "Input families")
 | activation | rows 10^[-2, 1.5] | |
 | rope | rows (token-heads) 10^[-2, 0.5] | the cos/sin cache in [-1, 1] |
 | attention (ATTENTION_OP_TYPES) | q, k: rows 10^[-0.3, 0.3] (logits stay moderate) | values: ATTENTION_VALUE_MEAN + entries, unscaled |
+| gdn | q, k: unit rows (`gdn_values`) | A_log, dt_bias: Qwen3-Next's initial ranges (`gdn_values`) |
+| mamba_ssu (SSM_OP_TYPES) | as drawn (x, dt, B, C: N(0, 1)) | A: -[1, 16] log-uniform, dt_bias: softplus^-1 of [1e-3, 0.5] log-uniform, one value per head |
 | any other | N(0, 1), as before | N(0, 1) |
 
 float8 inputs get entries only (clamped to [-8, 8]): decades of scale would round small
@@ -43,13 +45,16 @@ __all__ = [
     "ATTENTION_OP_TYPES",
     "ATTENTION_VALUE_MEAN",
     "DEVICE_DRAW_MIN_NUMEL",
+    "FLOAT8_CHUNK_NUMEL",
     "ENTRY_KINDS",
     "Draws",
     "Profile",
     "PROFILES",
+    "SSM_OP_TYPES",
     "ValueFamily",
     "profile_for",
     "is_attention_value",
+    "gdn_values",
 ]
 
 # Op types whose outputs are softmax-weighted means of value rows (plus a base-2 LSE).
@@ -69,8 +74,24 @@ ATTENTION_VALUE_MEAN = 0.5
 _VALUE_NAMES = frozenset({"v", "value", "values"})
 _VALUE_SUFFIXES = ("v_cache", "value_cache")
 
+# State-space decode steps (Mamba-2's selective state update). Their decay dA = exp(dt' * A),
+# dt' = softplus(dt + dt_bias), is what the op is about: N(0, 1) weights give A > 0 for half
+# the heads (a state that grows by up to e^10 a step, which no trained model has) and decays
+# near 1 otherwise, so a kernel that skips the decay or the softplus barely shows. Drawn as
+# Mamba-2 parametrizes them instead: A = -exp(A_log) with |A| log-uniform in [1, 16] (its
+# init range), dt_bias = softplus^-1(dt0) with dt0 log-uniform in [1e-3, 0.5] (its init is
+# [1e-3, 0.1]; trained models reach larger steps), both one value per head as the models
+# store them; dt itself N(0, 1). The decays then spread over (0, 1): 8% under 0.1, 18% in
+# [0.1, 0.5], 30% in [0.5, 0.9], 32% in [0.9, 0.99], 12% above (64 heads x 256 rows).
+SSM_OP_TYPES: frozenset[str] = frozenset({"mamba_ssu"})
+_SSM_A_RANGE = (1.0, 16.0)
+_SSM_DT_RANGE = (1e-3, 0.5)
+
 # Float tensors at least this large are drawn on the target GPU (see `Draws`).
 DEVICE_DRAW_MIN_NUMEL = 1 << 20
+# float8 inputs larger than this are drawn in slabs of about this many elements
+# (ValueFamily._float8_in_chunks): 1 GiB of float32 entries at a time.
+FLOAT8_CHUNK_NUMEL = 1 << 28
 
 ENTRY_KINDS = ("normal", "uniform", "laplace")
 # Rows up to this many get stratified log-scales (a random permutation of equal strata);
@@ -168,6 +189,44 @@ def profile_for(op_type: str) -> Profile:
     return PROFILES.get(op_type, GENERIC)
 
 
+# Gated Delta Net (op type "gdn"): the delta rule S <- g S + beta (v - g S k) k^T is stable only
+# for beta |k|^2 < 2, so N(0, 1) keys (|k|^2 ~ head_size) blow the state up ~60x a token: the
+# model l2-normalizes q and k first, and so do these draws. N(0, 1) gate parameters give a
+# decay g = exp(-exp(A_log) softplus(a + dt_bias)) near 0.3 every token, which forgets a
+# 64-token chunk's state entirely and would leave the chunked prefill's state passing
+# untested; Qwen3-Next's initial ranges (exp(A_log) in [1, 16], softplus(dt_bias) in
+# [1e-3, 1e-1], log-uniform) give per-token decays from ~0.01 to ~0.999 (memories of a few
+# to thousands of tokens). a and b stay as drawn (beta = sigmoid(b) mostly in 0.2..0.8).
+_GDN_INPUTS = frozenset({"q", "k", "a_log", "dt_bias"})
+
+
+def gdn_values(lname: str, x: torch.Tensor, draws: Draws) -> torch.Tensor:
+    """GDN's q and k rows at unit norm, A_log and dt_bias in Qwen3-Next's initial ranges
+    (see above), from the entries `x` (float32) and the input set's generator."""
+    if lname in ("q", "k"):
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    u = draws.rand(x.shape).to(x.device)
+    if lname == "a_log":
+        return u * math.log(16.0)  # exp(A_log) in [1, 16]
+    dt = torch.pow(10.0, -3.0 + 2.0 * u)  # softplus(dt_bias) = dt in [1e-3, 1e-1]
+    return torch.log(torch.expm1(dt))
+
+
+def _ssm_weight(lname: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """A state-space op's A or dt_bias: one value per head (the first dimension), broadcast
+    over the rest (see SSM_OP_TYPES)."""
+    u = torch.rand(shape[0], generator=gen, dtype=torch.float64)
+    if lname == "a":
+        lo, hi = (math.log(v) for v in _SSM_A_RANGE)
+        per_head = -torch.exp(lo + (hi - lo) * u)
+    else:
+        lo, hi = (math.log(v) for v in _SSM_DT_RANGE)
+        dt0 = torch.exp(lo + (hi - lo) * u)
+        per_head = dt0 + torch.log(-torch.expm1(-dt0))  # softplus^-1(dt0)
+    view = per_head.float().reshape(-1, *([1] * (len(shape) - 1)))
+    return view.expand(shape).contiguous()
+
+
 class ValueFamily:
     """One input set's draw of its op type's family: the entry kind and whether it has
     outlier channels are chosen here, from `draws`' generator, once per input set."""
@@ -200,11 +259,17 @@ class ValueFamily:
     ) -> torch.Tensor:
         """Float values for input `lname` (lower case) of `shape`, as `dtype`. `activation`:
         the input's first axis is a var axis (module docstring)."""
+        if dtype in _FLOAT8 and math.prod(shape) > FLOAT8_CHUNK_NUMEL and len(shape) >= 2:
+            return self._float8_in_chunks(shape, dtype)
+        if self.op_type in SSM_OP_TYPES and lname in ("a", "dt_bias") and shape:
+            return _ssm_weight(lname, shape, self.draws.gen).to(dtype)
         x = self.draws.entries(self.kind, shape)
+        if self.op_type == "gdn" and lname in _GDN_INPUTS:
+            return gdn_values(lname, x, self.draws).to(dtype)
         if is_attention_value(self.op_type, lname):
             return (x + ATTENTION_VALUE_MEAN).to(dtype)
         if dtype in _FLOAT8:
-            return x.clamp(-8, 8).to(dtype)
+            return x.clamp_(-8, 8).to(dtype)
         p = self.profile
         if activation and len(shape) >= 2 and p.row_decades is not None:
             rows = math.prod(shape[:-1])
@@ -214,6 +279,23 @@ class ValueFamily:
                 idx, factor = self._outlier_channels(shape[-1])
                 x[..., idx.to(x.device)] *= factor.to(x.device)
         return x.to(dtype)
+
+    def _float8_in_chunks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A large float8 input drawn a slab of its first axis at a time: whole, its float32
+        entries and their temporaries (Laplace's sign) take 12x the float8 tensor, 135 GB
+        for the 384 experts of a Kimi-K2 MoE layer's gemm1_weights (11 GB as float8), more
+        than an H200 has. Same entries family, same seed-determined values."""
+        row = math.prod(shape[1:])
+        step = max(1, FLOAT8_CHUNK_NUMEL // row)
+        first = self.draws.entries(self.kind, (min(step, shape[0]), *shape[1:]))
+        out = torch.empty(shape, dtype=dtype, device=first.device)
+        out[: first.shape[0]] = first.clamp_(-8, 8).to(dtype)
+        del first
+        for start in range(step, shape[0], step):
+            stop = min(start + step, shape[0])
+            slab = self.draws.entries(self.kind, (stop - start, *shape[1:]))
+            out[start:stop] = slab.clamp_(-8, 8).to(dtype)
+        return out
 
     def _row_scales(self, rows: int, decades: tuple[float, float], shared: bool) -> torch.Tensor:
         if shared and rows in self._rows:

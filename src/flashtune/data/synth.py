@@ -240,6 +240,8 @@ class _Synth:
             return self._indptr(name, shape[0], dtype, done)
         if lname.endswith("last_page_len"):
             return self._last_page_len(shape, dtype, done)
+        if lname == "state_batch_indices" and len(shape) == 1 and "state_cache_size" in self.axes:
+            return self._cache_slots(shape[0], dtype)
         if lname.endswith("indices") and len(shape) == 1:
             return self._indices(shape[0], dtype)
         if lname in {"positions", "pos_ids", "offsets"}:
@@ -255,8 +257,25 @@ class _Synth:
             return torch.randint(
                 1, min(vocab, 128) + 1, shape, generator=self.gen, dtype=torch.int64
             ).to(dtype)
+        if lname.endswith("index_cache_fp8") and len(shape) == 4 and shape[2] == 1:
+            return _packed_fp8_keys(shape, self.gen)
+        if lname == "sparse_indices" and len(shape) == 2:
+            return self._sparse_indices(shape, dtype)
         high = max(min(self.axes.values(), default=16), 2)
         return torch.randint(0, high, shape, generator=self.gen, dtype=torch.int64).to(dtype)
+
+    def _sparse_indices(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """DSA's per-token cache slots [tokens, topk] in [0, num_pages * page_size), -1 padding
+        at the end of a row: half the rows full (a request longer than topk), the others a
+        random count of at least one (a shorter one)."""
+        rows, topk = shape
+        slots = max(self.axes.get("num_pages", 1) * self.page_size, 1)
+        out = torch.randint(0, slots, shape, generator=self.gen, dtype=torch.int64)
+        count = torch.randint(1, max(topk, 1) + 1, (rows,), generator=self.gen)
+        full = torch.rand(rows, generator=self.gen) < 0.5
+        count = torch.where(full, topk, count)
+        out[torch.arange(topk)[None, :] >= count[:, None]] = -1
+        return out.to(dtype)
 
     def _vocab_size(self) -> int:
         """The last axis of the probabilities/logits input: what top-k counts within."""
@@ -374,6 +393,33 @@ class _Synth:
         if n <= pages:  # distinct pages, shuffled: as a real allocator hands them out
             return torch.randperm(pages, generator=self.gen)[:n].to(dtype)
         return torch.randint(0, pages, (n,), generator=self.gen, dtype=torch.int64).to(dtype)
+
+    def _cache_slots(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """A state cache's slots, one per batch row (Mamba's state_batch_indices): distinct,
+        drawn from the whole cache (state_cache_size), and one row in eight padded with -1
+        (PAD_SLOT_ID: a CUDA-graph batch padded to its captured size), as a serving engine
+        hands them out."""
+        slots = self.axes["state_cache_size"]
+        if n > slots:
+            raise ConstraintError(f"{self.d.name}: {n} rows but state_cache_size={slots}")
+        out = torch.randperm(slots, generator=self.gen)[:n]
+        out[torch.randperm(n, generator=self.gen)[: n // 8]] = -1
+        return out.to(dtype)
+
+
+def _packed_fp8_keys(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """A DSA indexer's key cache in deep_gemm's packed layout, int8 [num_pages, page_size, 1,
+    D + 4], of random keys: per page, its page_size * D fp8 e4m3 values, then its page_size
+    float32 scales (each token's amax / 448). Random bytes would hold NaN fp8 values and
+    scales of any magnitude."""
+    pages, page_size, _, width = shape
+    keys = torch.randn(pages, page_size, width - 4, generator=gen)
+    scale = keys.abs().amax(-1).clamp_min(1e-4) / 448.0
+    values = (keys / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    packed = torch.cat(
+        [values.reshape(pages, -1), scale.contiguous().view(torch.uint8).reshape(pages, -1)], 1
+    )
+    return packed.view(torch.int8).reshape(shape)
 
 
 def _scores_input(definition: Definition) -> str | None:
@@ -550,6 +596,9 @@ def small_workload(definition: Definition, size: int = 4) -> Workload:
             axes[name] = 2
         elif lname.startswith("total_kv") or "indices" in lname:
             axes[name] = size * 2
+        elif lname.startswith("len_") and ("indptr" in lname or "cu_seqlens" in lname):
+            # offsets of `size` segments: one entry more (a length of 1 would hold none)
+            axes[name] = size + 1
         else:
             axes[name] = size
     # GQA: the query head count must be a multiple of the KV head count.
