@@ -36,6 +36,9 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
         "trtllm_fp8_per_tensor_scale_moe",
         "trtllm_bf16_moe",
     ),
+    # Gated Delta Net: FlashInfer's flashinfer.gdn_prefill / gdn_decode, under the module name
+    # FlashInfer-Trace's gdn Definitions give them (fi_api:flashinfer.gdn.*)
+    "gdn": ("chunk_gated_delta_rule",),
     # FlashInfer's mamba submodule: none of its names are at its top level (SUBMODULE_ONLY)
     "mamba": (),
     "mla": ("BatchMLAPagedAttentionWrapper",),
@@ -91,6 +94,11 @@ SUBMODULE_ONLY: dict[str, tuple[str, ...]] = {
         "group_gemm_fp8_nt_groupwise",
         "group_deepgemm_fp8_nt_groupwise",
         "batch_deepgemm_fp8_nt_groupwise",
+    ),
+    "gdn": (
+        "gated_delta_rule_decode",
+        "gated_delta_rule_decode_pretranspose",
+        "gated_delta_rule_mtp",
     ),
     "mamba": ("selective_state_update",),
     "rope": ("mla_rope_quantize_fp8",),

@@ -11,7 +11,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["MLAConfig", "MambaConfig", "MoEConfig", "ModelConfig", "MODELS", "get_model"]
+__all__ = [
+    "GDNConfig",
+    "MLAConfig",
+    "MambaConfig",
+    "MoEConfig",
+    "ModelConfig",
+    "MODELS",
+    "get_model",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,17 @@ class MambaConfig:
 
 
 @dataclass(frozen=True)
+class GDNConfig:
+    """Gated Delta Net linear attention's dimensions (Qwen3-Next's linear layers), per GPU:
+    num_k_heads query/key heads and num_v_heads value heads (GVA: a multiple of them), each
+    of head_dim; the recurrent state is [num_v_heads, head_dim, head_dim] float32."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_dim: int = 128
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Per-GPU shapes of one transformer layer (after tensor parallelism)."""
 
@@ -76,6 +95,7 @@ class ModelConfig:
     rope_theta: float = 1e4
     mla: MLAConfig | None = None  # MLA attention's dimensions; None: grouped-query attention
     moe: MoEConfig | None = None  # its MoE layers' dimensions; None: dense MLPs only
+    gdn: GDNConfig | None = None  # its Gated Delta Net (linear attention) layers; None: none
     mamba: MambaConfig | None = None  # its Mamba-2 layers' dimensions (hybrid models)
 
     @property
@@ -177,6 +197,11 @@ _NEMOTRON_H_8B = ModelConfig(
 )  # fmt: skip
 _MINI_MAMBA = ModelConfig("mini-mamba", 256, 512, 4, 1, 64, 32000, mamba=MambaConfig(8, 32, 64, 2))
 
+# Reduced Gated Delta Net shapes (not a real model) for the bundled dataset and CPU tests:
+# Qwen3-Next's head size (128) and GVA ratio (two value heads per query/key head) at one
+# query head, small enough for a 2-core CPU to run the token-by-token references.
+_MINI_GDN = ModelConfig("mini-gdn", 256, 512, 4, 1, 64, 32000, gdn=GDNConfig(1, 2))
+
 MODELS: dict[str, ModelConfig] = {
     cfg.name: cfg
     for cfg in (
@@ -195,6 +220,7 @@ MODELS: dict[str, ModelConfig] = {
         _NEMOTRON_H_8B,
         _tp(_NEMOTRON_H_8B, 2),
         _MINI_MAMBA,
+        _MINI_GDN,
     )
 }
 
