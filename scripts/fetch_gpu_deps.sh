@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fill the ignored folder .peer/ with what a GPU machine of the `device` tool lacks (it has no
 # network): FlashInfer 0.2.14.post1's source archive (the peer in every benchmark) with its
-# loader script, Python 3.12 wheels of pydantic (flashtune's data model) and friends, and with
+# loader script, Python 3.12 wheels of pydantic (flashtune's data model) and friends, fla-core
+# (flash-linear-attention's kernels, the GDN benchmark's peer), and with
 # RAY=1 a slim Ray wheel and its dependencies in .peer/ray/ (for `flashtune run --ray local`).
 # Run it once here, then pass carry=[".peer"] to each run (scripts/gpu_session.sh uses it).
 set -euo pipefail
@@ -23,6 +24,11 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .peer/wheels pydantic pydantic-core annotated-types typing-inspection typing-extensions filelock safetensors \
   einops  # einops: imported by FlashInfer's test_groupwise_scaled_gemm_fp8.py (the drop-in run)
+# flash-linear-attention 0.6.0 (the GDN benchmark's peer, benchmarks/bench_gdn.py): the package
+# is split, its kernels (fla.ops, pure Python + Triton, needing einops) in fla-core; the GPU
+# machine installs fla-core only (pip install --no-deps .peer/wheels/fla_core-*.whl): the
+# flash-linear-attention wheel adds the model layers and needs transformers.
+python3 -m pip download -q --no-deps -d .peer/wheels flash-linear-attention==0.6.0 fla-core==0.6.0
 # mamba-ssm's source archive (the Mamba benchmark's peer, benchmarks/bench_mamba.py imports
 # its pure-Triton mamba_ssm/ops/triton/selective_state_update.py by file path: its CUDA
 # extension is not built). MAMBA_SKIP_CUDA_BUILD: pip prepares the sdist's metadata, which

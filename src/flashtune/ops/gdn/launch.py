@@ -1,0 +1,422 @@
+"""Host side of GDN: checks, buffers, grids and the launch of kernels.py's kernels.
+
+`recurrent` runs the token recurrence (decode T = 1, MTP T > 1) and `chunked` the chunked
+prefill; both take gate inputs raw (A_log, a, dt_bias, b) as the definitions and FlashInfer's
+decode do. Tactics (`GDNTactic`): the V tile of the state each program holds, warps, and the
+precision of the prefill's fp32 products.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from flashtune.ops.call import KernelOp
+from flashtune.ops.gdn.kernels import (
+    CHUNK,
+    SUB,
+    _chunk_prepare_kernel,
+    _chunk_state_kernel,
+    _recurrent_kernel,
+)
+from flashtune.ops.gdn.reference import gdn_gates, recurrent_ref
+from flashtune.tune import DEFAULT_TACTIC, DynamicDim, Tactic, TunableRunner, TuningConfig
+
+__all__ = [
+    "GDNTactic",
+    "DEFAULT_RECURRENT",
+    "DEFAULT_CHUNKED",
+    "RecurrentInputs",
+    "ChunkedInputs",
+    "RecurrentRunner",
+    "ChunkedRunner",
+    "recurrent",
+    "chunked",
+    "check",
+]
+
+
+@dataclass(frozen=True)
+class GDNTactic:
+    """block_v: rows of the [V, K] state a program holds (registers: block_v * K * 4 bytes);
+    num_warps; precision: tl.dot's for float32 operands ("ieee" exact; "tf32" faster)."""
+
+    block_v: int = 32
+    num_warps: int = 4
+    precision: str = "ieee"
+
+
+# Unmeasured starting points (no GPU in the session that wrote them): a [32, 128] fp32 tile
+# is 16 KB of registers, 32 per thread at 4 warps; benchmarks/bench_gdn.py --sweep measures.
+DEFAULT_RECURRENT = GDNTactic(block_v=32, num_warps=4)
+DEFAULT_CHUNKED = GDNTactic(block_v=64, num_warps=8)
+# The candidates the autotuner times (the prefill's precision stays ieee: its error is not the
+# tuner's to accept; tf32 is a manual tactic).
+BLOCK_V_SPACE = (16, 32, 64, 128)
+WARPS_SPACE = (2, 4, 8)
+
+
+def check(name: str, t: Any, dims: int, dtypes: tuple[torch.dtype, ...] | None = None) -> None:
+    """`t` is a tensor of `dims` dimensions (and one of `dtypes`), else an error naming it."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} must be {names}, got {str(t.dtype).removeprefix('torch.')}")
+
+
+def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+
+
+def default_scale(scale: float | None, head_size: int) -> float:
+    """The definitions' rule: None or 0 means 1/sqrt(head_size)."""
+    return 1.0 / math.sqrt(head_size) if scale is None or scale == 0.0 else float(scale)
+
+
+def _heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
+    h, hk, hv = q.shape[-2], k.shape[-2], v.shape[-2]
+    if hk != h:
+        raise ValueError(f"num_k_heads ({hk}) must equal num_q_heads ({h})")
+    if hv % h:
+        raise ValueError(f"num_v_heads ({hv}) must be a multiple of num_q_heads ({h}) (GVA)")
+    kdim, vdim = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != kdim:
+        raise ValueError(f"k's head size ({k.shape[-1]}) must equal q's ({kdim})")
+    for what, d in (("head size of q/k", kdim), ("head size of v", vdim)):
+        if d < 16 or d & (d - 1):
+            raise ValueError(f"the {what} must be a power of two >= 16, got {d}")
+    return h, hv, kdim
+
+
+def _launch_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    state: torch.Tensor | None,
+    new_state: torch.Tensor | None,
+    output: torch.Tensor,
+    scale: float,
+    *,
+    read_indices: torch.Tensor | None = None,
+    write_indices: torch.Tensor | None = None,
+    intermediate: torch.Tensor | None = None,
+    intermediate_by_slot: bool = True,
+    use_qk_l2norm: bool = False,
+    raw_gates: bool = True,
+    tactic: GDNTactic = DEFAULT_RECURRENT,
+) -> None:
+    """The recurrence over q, k [B, T, H, K], v [B, T, HV, V], a, b [B, T, HV], from `state`
+    ([P, HV, V, K] float32, any strides; None: zeros) into `new_state` (None: not written;
+    may be `state`) and `output` [B, T, HV, V]. Request i reads slot read_indices[i]
+    (default i) and writes write_indices[i] (default: the slot it read). raw_gates: a, b are
+    the definitions' raw inputs (with A_log, dt_bias); else a is log g and b is beta, float32
+    (A_log and dt_bias unread)."""
+    batch, steps = q.shape[0], q.shape[1]
+    _, hv, kdim = _heads(q, k, v)
+    vdim = v.shape[-1]
+    group = hv // q.shape[2]
+    block_v = min(tactic.block_v, vdim)
+    dummy = output
+    st = state if state is not None else dummy
+    ns = new_state if new_state is not None else dummy
+    s_strides = state.stride() if state is not None else (0, 0, 0, 0)
+    n_strides = new_state.stride() if new_state is not None else (0, 0, 0, 0)
+    grid = (batch, hv, triton_cdiv(vdim, block_v))
+    _recurrent_kernel[grid](
+        q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
+        A_log.contiguous(), dt_bias.contiguous(), st, ns, output,
+        intermediate if intermediate is not None else dummy,
+        read_indices if read_indices is not None else dummy,
+        write_indices if write_indices is not None else dummy,
+        scale, steps, *s_strides, *n_strides,
+        HV=hv, GROUP=group, K=kdim, V=vdim, BV=block_v,
+        HAS_STATE=state is not None, HAS_READ_IDX=read_indices is not None,
+        HAS_WRITE_IDX=write_indices is not None, WRITE_STATE=new_state is not None,
+        HAS_INTER=intermediate is not None, INTER_BY_SLOT=intermediate_by_slot,
+        L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, num_warps=tactic.num_warps,
+    )  # fmt: skip
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def chunk_table(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first token, length) of every CHUNK-token chunk of every sequence, int32, computed on
+    cu_seqlens' device without a host sync (so a CUDA graph can capture the prefill): one slot
+    per possible chunk, total // CHUNK + N of them (a sequence adds at most one partial
+    chunk); the slots past the last chunk have length 0. Chunks never straddle sequences."""
+    n = cu_seqlens.shape[0] - 1
+    cu = cu_seqlens.long()
+    lengths = cu[1:] - cu[:-1]
+    chunks = (lengths + CHUNK - 1) // CHUNK
+    ends = chunks.cumsum(0)
+    slot = torch.arange(total // CHUNK + n, device=cu.device)
+    seq = torch.searchsorted(ends, slot, right=True).clamp_(max=n - 1)
+    start = cu[seq] + (slot - (ends[seq] - chunks[seq])) * CHUNK
+    length = (cu[seq + 1] - start).clamp_(0, CHUNK)
+    length = torch.where(slot < ends[-1], length, 0)
+    return start.to(torch.int32), length.to(torch.int32)
+
+
+def _launch_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor | None,
+    new_state: torch.Tensor,
+    output: torch.Tensor,
+    scale: float,
+    *,
+    raw_gates: bool = True,
+    tactic: GDNTactic = DEFAULT_CHUNKED,
+) -> None:
+    """The chunked prefill over packed q, k [T, H, K], v [T, HV, V], a, b [T, HV] by
+    cu_seqlens [N + 1], from `state` [N, HV, V, K] float32 (None: zeros) into `new_state`
+    [N, HV, V, K] and `output` [T, HV, V]. raw_gates as `recurrent`'s."""
+    total = q.shape[0]
+    _, hv, kdim = _heads(q, k, v)
+    vdim = v.shape[-1]
+    group = hv // q.shape[1]
+    num_seqs = cu_seqlens.shape[0] - 1
+    if num_seqs == 0:
+        return
+    starts, lengths = chunk_table(cu_seqlens, total)
+    dev = q.device
+    w = torch.empty(total, hv, kdim, dtype=torch.float32, device=dev)
+    u = torch.empty(total, hv, vdim, dtype=torch.float32, device=dev)
+    p = torch.empty(total, hv, CHUNK, dtype=torch.float32, device=dev)
+    g = torch.empty(total, hv, dtype=torch.float32, device=dev)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if starts.numel():
+        _chunk_prepare_kernel[(starts.numel(), hv)](
+            q, k, v, a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(),
+            starts, lengths, w, u, p, g,
+            HV=hv, GROUP=group, K=kdim, V=vdim, C=CHUNK, SUB=SUB, PRECISION=tactic.precision,
+            RAW_GATES=raw_gates, num_warps=tactic.num_warps,
+        )  # fmt: skip
+    block_v = min(tactic.block_v, vdim)
+    s_strides = state.stride() if state is not None else (0, 0, 0, 0)
+    _chunk_state_kernel[(num_seqs, hv, triton_cdiv(vdim, block_v))](
+        q, k, w, u, p, g, cu_seqlens, state if state is not None else new_state, new_state,
+        output, scale, *s_strides, *new_state.stride(),
+        HV=hv, GROUP=group, K=kdim, V=vdim, BV=block_v, C=CHUNK,
+        HAS_STATE=state is not None, PRECISION=tactic.precision, num_warps=tactic.num_warps,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the autotuner's view
+
+
+class RecurrentInputs(NamedTuple):
+    """RecurrentRunner's inputs (`_launch_recurrent`'s arguments); the tuner keys on them all,
+    bucketing the requests (q's first dimension)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    A_log: torch.Tensor  # noqa: N815 (the Definitions' name)
+    a: torch.Tensor
+    dt_bias: torch.Tensor
+    b: torch.Tensor
+    state: torch.Tensor | None
+    new_state: torch.Tensor | None
+    output: torch.Tensor
+    read_indices: torch.Tensor | None
+    write_indices: torch.Tensor | None
+    intermediate: torch.Tensor | None
+    scale: float
+    intermediate_by_slot: bool
+    use_qk_l2norm: bool
+    raw_gates: bool
+
+
+class ChunkedInputs(NamedTuple):
+    """ChunkedRunner's inputs (`_launch_chunked`'s); the tuner buckets the tokens."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    A_log: torch.Tensor  # noqa: N815
+    a: torch.Tensor
+    dt_bias: torch.Tensor
+    b: torch.Tensor
+    cu_seqlens: torch.Tensor
+    state: torch.Tensor | None
+    new_state: torch.Tensor
+    output: torch.Tensor
+    scale: float
+    raw_gates: bool
+
+
+def _tactic(tactic: Tactic, default: GDNTactic) -> GDNTactic:
+    cfg = default if tactic == DEFAULT_TACTIC else tactic
+    assert isinstance(cfg, GDNTactic)
+    return cfg
+
+
+class RecurrentRunner(TunableRunner):
+    """The decode / MTP kernel: the V tile of the state a program holds and its warps."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        vdim = inputs[2].shape[-1]
+        return [GDNTactic(bv, w) for bv in BLOCK_V_SPACE if bv <= vdim for w in WARPS_SPACE]
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        x = RecurrentInputs(*inputs)
+        _launch_recurrent(
+            x.q, x.k, x.v, x.A_log, x.a, x.dt_bias, x.b, x.state, x.new_state, x.output,
+            x.scale, read_indices=x.read_indices, write_indices=x.write_indices,
+            intermediate=x.intermediate, intermediate_by_slot=x.intermediate_by_slot,
+            use_qk_l2norm=x.use_qk_l2norm, raw_gates=x.raw_gates,
+            tactic=_tactic(tactic, DEFAULT_RECURRENT),
+        )  # fmt: skip
+        return x.output
+
+
+class ChunkedRunner(TunableRunner):
+    """The chunked prefill: the state pass's V tile and both kernels' warps (ieee products:
+    tf32 is a manual tactic, its error not the tuner's to accept)."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        vdim = inputs[2].shape[-1]
+        return [GDNTactic(bv, w) for bv in (32, 64, 128) if bv <= vdim for w in (4, 8)]
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        x = ChunkedInputs(*inputs)
+        _launch_chunked(
+            x.q, x.k, x.v, x.A_log, x.a, x.dt_bias, x.b, x.cu_seqlens, x.state, x.new_state,
+            x.output, x.scale, raw_gates=x.raw_gates, tactic=_tactic(tactic, DEFAULT_CHUNKED),
+        )  # fmt: skip
+        return x.output
+
+
+def _gates_of(x: RecurrentInputs | ChunkedInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.raw_gates:
+        return gdn_gates(x.A_log, x.a, x.dt_bias, x.b)
+    return torch.exp(x.a.float()), x.b.float()
+
+
+def _recurrent_reference(inputs: Sequence[Any]) -> None:
+    """The CPU path (no kernel can run): reference.recurrent_ref, with the slots."""
+    x = RecurrentInputs(*inputs)
+    g, beta = _gates_of(x)
+    batch = x.q.shape[0]
+    reads = torch.arange(batch) if x.read_indices is None else x.read_indices.long().cpu()
+    writes = reads if x.write_indices is None else x.write_indices.long().cpu()
+    valid = reads >= 0
+    start = None
+    if x.state is not None:
+        start = torch.zeros(batch, *x.state.shape[1:], device=x.q.device)
+        start[valid] = x.state[reads[valid]].float()
+    steps = x.q.shape[1]
+    out, final = recurrent_ref(x.q, x.k, x.v, g, beta, start, x.scale, x.use_qk_l2norm)
+    x.output[valid] = out[valid].to(x.output.dtype)
+    if x.intermediate is not None:  # each token's state: run the prefixes (a CPU path)
+        for t in range(steps):
+            _, s_t = recurrent_ref(x.q[:, : t + 1], x.k[:, : t + 1], x.v[:, : t + 1],
+                                   g[:, : t + 1], beta[:, : t + 1], start, x.scale,
+                                   x.use_qk_l2norm)  # fmt: skip
+            rows = reads if x.intermediate_by_slot else torch.arange(batch)
+            x.intermediate[rows[valid], t] = s_t[valid]
+    if x.new_state is not None:
+        keep = valid & (writes >= 0)
+        x.new_state[writes[keep]] = final[keep]
+
+
+def _chunked_reference(inputs: Sequence[Any]) -> None:
+    """The CPU path: the token recurrence per sequence."""
+    x = ChunkedInputs(*inputs)
+    g, beta = _gates_of(x)
+    cu = x.cu_seqlens.tolist()
+    for n, (lo, hi) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
+        start = None if x.state is None else x.state[n : n + 1]
+        sl = slice(lo, hi)
+        out, final = recurrent_ref(x.q[None, sl], x.k[None, sl], x.v[None, sl], g[None, sl],
+                                   beta[None, sl], start, x.scale)  # fmt: skip
+        x.output[sl] = out[0].to(x.output.dtype)
+        x.new_state[n] = final[0] if hi > lo else 0.0
+
+
+RECURRENT_TUNING = TuningConfig(dynamic_dims=(DynamicDim(input_idx=0, dim=0),))
+CHUNKED_TUNING = TuningConfig(dynamic_dims=(DynamicDim(input_idx=0, dim=0),))
+_RECURRENT = KernelOp("flashtune::gdn_recurrent", (RecurrentRunner(),), RECURRENT_TUNING,
+                      _recurrent_reference)  # fmt: skip
+_CHUNKED = KernelOp("flashtune::gdn_chunked", (ChunkedRunner(),), CHUNKED_TUNING,
+                    _chunked_reference)  # fmt: skip
+
+
+def recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    state: torch.Tensor | None,
+    new_state: torch.Tensor | None,
+    output: torch.Tensor,
+    scale: float,
+    *,
+    read_indices: torch.Tensor | None = None,
+    write_indices: torch.Tensor | None = None,
+    intermediate: torch.Tensor | None = None,
+    intermediate_by_slot: bool = True,
+    use_qk_l2norm: bool = False,
+    raw_gates: bool = True,
+    tactic: GDNTactic | None = None,
+) -> None:
+    """`_launch_recurrent` through the autotuner's dispatch (its tactic per bucket of
+    requests; the reference where no kernel runs), or with `tactic` when given."""
+    inputs = RecurrentInputs(q, k, v, A_log, a, dt_bias, b, state, new_state, output,
+                             read_indices, write_indices, intermediate, scale,
+                             intermediate_by_slot, use_qk_l2norm, raw_gates)  # fmt: skip
+    if tactic is not None:
+        RecurrentRunner().forward(inputs, tactic)
+    else:
+        _RECURRENT(inputs)
+
+
+def chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor | None,
+    new_state: torch.Tensor,
+    output: torch.Tensor,
+    scale: float,
+    *,
+    raw_gates: bool = True,
+    tactic: GDNTactic | None = None,
+) -> None:
+    """`_launch_chunked` through the autotuner's dispatch (per bucket of tokens), or with
+    `tactic` when given."""
+    inputs = ChunkedInputs(q, k, v, A_log, a, dt_bias, b, cu_seqlens, state, new_state, output,
+                           scale, raw_gates)  # fmt: skip
+    if tactic is not None:
+        ChunkedRunner().forward(inputs, tactic)
+    else:
+        _CHUNKED(inputs)

@@ -1,0 +1,272 @@
+"""Gated Delta Net (ops/gdn): the Triton kernels against the token-by-token references.
+
+On CPU the kernels run in Triton's interpreter (float16: its bfloat16 loads are wrong) at a
+head size of 32 (the kernels take any power of two; the Definitions' 128 costs the
+interpreter 16x), one query/key head and two value heads (GVA): prefill over sequences of
+1, 63, 0, 64, 65 and 130 tokens (a chunk is 64: partial, exact, one past, two and a bit; an
+empty one), with and without an initial state; decode and MTP from a pool with padding. On the GPU (`-m
+cuda`) the Definitions' shapes in bfloat16 (Qwen3-Next at TP 1), with the evaluator's
+tolerances (bench/correctness.py). q and k are unit rows, the gates in Qwen3-Next's ranges,
+as the value families draw them (flashtune.data.families.gdn_values): the delta rule is
+unstable for |k| > sqrt(2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flashtune.ops.gdn import (
+    chunk_gated_delta_rule,
+    gated_delta_rule_decode,
+    gated_delta_rule_decode_pretranspose,
+    gated_delta_rule_mtp,
+    gdn_decode,
+    gdn_decode_ref,
+    gdn_gates,
+    gdn_mtp,
+    gdn_mtp_ref,
+    gdn_prefill,
+    gdn_prefill_ref,
+    recurrent_ref,
+)
+
+D = 32  # head size on the interpreter
+H, HV = 1, 2
+LENGTHS = (1, 63, 0, 64, 65, 130)  # an empty sequence too: its new state is zeros
+
+
+def _unit(*shape: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    x = torch.randn(*shape, device=device)
+    return (x / x.norm(dim=-1, keepdim=True)).to(dtype)
+
+
+def _gate_params(hv: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A_log, dt_bias in Qwen3-Next's ranges (decays from ~0.01 to ~0.999 a token)."""
+    a_log = torch.rand(hv, device=device) * math.log(16.0)
+    dt = torch.pow(10.0, -3.0 + 2.0 * torch.rand(hv, device=device))
+    return a_log, torch.log(torch.expm1(dt))
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
+
+
+def _cu(lengths: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64,
+                        device=device)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- prefill
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("with_state", [False, True])
+def test_prefill_matches_the_reference_across_chunk_boundaries(with_state):
+    dt = torch.float16
+    cu = _cu(LENGTHS)
+    t, n = int(cu[-1]), len(LENGTHS)
+    q, k = _unit(t, H, D, dtype=dt), _unit(t, H, D, dtype=dt)
+    v = torch.randn(t, HV, D).to(dt)
+    a_log, dt_bias = _gate_params(HV)
+    a, b = torch.randn(t, HV).to(dt), torch.randn(t, HV).to(dt)
+    state = torch.randn(n, HV, D, D) if with_state else None
+    out, new_state = gdn_prefill(q, k, v, state, a_log, a, dt_bias, b, cu, 0.0)
+    ref_out, ref_state = gdn_prefill_ref(q, k, v, state, a_log, a, dt_bias, b, cu, 0.0)
+    assert out.shape == (t, HV, D) and new_state.shape == (n, HV, D, D)
+    assert _rel(out, ref_out) < 5e-3
+    assert _rel(new_state, ref_state) < 1e-4
+    for i in (0, 1, 3, 4, 5):  # every sequence's state, also the one-token one
+        assert _rel(new_state[i], ref_state[i]) < 1e-4, i
+    assert torch.count_nonzero(new_state[2]) == 0  # the empty sequence's
+
+
+@pytest.mark.interpreter
+def test_chunk_gated_delta_rule_takes_g_and_beta_and_normalizes():
+    dt = torch.float16
+    lengths = (5, 70)
+    cu = _cu(lengths)
+    t = int(cu[-1])
+    q, k = torch.randn(t, H, D).to(dt), torch.randn(t, H, D).to(dt)  # normalized in the op
+    v = torch.randn(t, HV, D).to(dt)
+    g = torch.rand(t, HV) * 0.2 + 0.8
+    beta = torch.rand(t, HV)
+    s0 = torch.randn(2, HV, D, D)
+    out, state = chunk_gated_delta_rule(
+        q, k, v, g, beta, None, s0, True, cu, use_qk_l2norm_in_kernel=True
+    )
+    assert chunk_gated_delta_rule(q, k, v, g, beta, None, s0, False, cu, True).shape == out.shape
+    for i, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        r_out, r_state = recurrent_ref(
+            q[None, lo:hi], k[None, lo:hi], v[None, lo:hi], g[None, lo:hi], beta[None, lo:hi],
+            s0[i : i + 1], D**-0.5, use_qk_l2norm=True,
+        )  # fmt: skip
+        assert _rel(out[lo:hi], r_out[0]) < 5e-3
+        assert _rel(state[i], r_state[0]) < 1e-4
+
+
+def test_prefill_refuses_bad_inputs_by_name():
+    q = torch.randn(4, 2, 16, dtype=torch.float16)
+    v = torch.randn(4, 3, 16, dtype=torch.float16)  # 3 value heads: not a multiple of 2
+    a_log, dt_bias = _gate_params(3)
+    gates = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="num_v_heads"):
+        gdn_prefill(q, q, v, None, a_log, gates, dt_bias, gates, _cu((4,)), 0.0)
+    v = torch.randn(4, 4, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="A_log"):
+        gdn_prefill(q, q, v, None, a_log, gates, dt_bias, gates, _cu((4,)), 0.0)
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        gdn_prefill(q, q, v, None, a_log, gates, dt_bias, gates, _cu((4,)).float(), 0.0)
+    with pytest.raises(ValueError, match="checkpoints"):
+        chunk_gated_delta_rule(q, q, v, cu_seqlens=_cu((4,)), checkpoint_every_n_tokens=64)
+
+
+# --------------------------------------------------------------------------- decode / MTP
+
+
+def _step_inputs(batch: int, steps: int, dtype=torch.float16, device="cpu", d=D, h=H, hv=HV):
+    q, k = (
+        _unit(batch, steps, h, d, dtype=dtype, device=device),
+        _unit(batch, steps, h, d, dtype=dtype, device=device),
+    )
+    v = torch.randn(batch, steps, hv, d, device=device).to(dtype)
+    a_log, dt_bias = _gate_params(hv, device)
+    a = torch.randn(batch, steps, hv, device=device).to(dtype)
+    b = torch.randn(batch, steps, hv, device=device).to(dtype)
+    return q, k, v, a_log, a, dt_bias, b
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("with_state", [False, True])
+def test_decode_matches_the_reference(with_state):
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(3, 1)
+    state = torch.randn(3, HV, D, D) if with_state else None
+    before = None if state is None else state.clone()
+    out, new_state = gdn_decode(q, k, v, state, a_log, a, dt_bias, b, 0.5)
+    ref_out, ref_state = gdn_decode_ref(q, k, v, state, a_log, a, dt_bias, b, 0.5)
+    assert _rel(out, ref_out) < 5e-3 and _rel(new_state, ref_state) < 1e-5
+    if state is not None:
+        assert torch.equal(state, before)  # the Definition's op leaves its input alone
+
+
+@pytest.mark.interpreter
+def test_flashinfer_decode_updates_in_place_both_layouts_and_pools():
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(3, 1)
+    g, beta = gdn_gates(a_log, a, dt_bias, b)
+    state = torch.randn(3, HV, D, D)
+    ref_out, ref_state = recurrent_ref(q, k, v, g, beta, state, D**-0.5, use_qk_l2norm=True)
+    s = state.clone()
+    out, same = gated_delta_rule_decode_pretranspose(q, k, v, s, a_log, a, dt_bias, b)
+    assert same is s and _rel(s, ref_state) < 1e-5 and _rel(out, ref_out) < 5e-3
+    kmajor = state.transpose(-1, -2).contiguous()  # [B, HV, K, V]
+    out, _ = gated_delta_rule_decode(q, k, v, kmajor, a_log, a, dt_bias, b)
+    assert _rel(kmajor.transpose(-1, -2), ref_state) < 1e-5 and _rel(out, ref_out) < 5e-3
+    # A pool: request 1 is padding (skipped: its output zeros, no slot written).
+    pool = torch.randn(6, HV, D, D)
+    pool[[4, 0, 2]] = state
+    pool_before = pool.clone()
+    idx = torch.tensor([4, -1, 2], dtype=torch.int32)
+    out, _ = gated_delta_rule_decode_pretranspose(
+        q, k, v, None, a_log, a, dt_bias, b, initial_state=pool, initial_state_indices=idx
+    )
+    assert _rel(pool[4], ref_state[0]) < 1e-5 and _rel(pool[2], ref_state[2]) < 1e-5
+    assert torch.equal(pool[[0, 1, 3, 5]], pool_before[[0, 1, 3, 5]])
+    assert torch.count_nonzero(out[1]) == 0 and _rel(out[2], ref_out[2]) < 5e-3
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("with_buffer", [False, True])
+def test_mtp_matches_the_reference(with_buffer):
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(3, 4)
+    pool = torch.randn(5, HV, D, D)
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+    buf = torch.zeros(5, 4, HV, D, D) if with_buffer else None
+    ref_buf = torch.zeros(5, 4, HV, D, D) if with_buffer else None
+    out, final = gdn_mtp(q, k, v, pool, idx, a_log, a, dt_bias, b, 0.0, buf)
+    ref_out, ref_final = gdn_mtp_ref(q, k, v, pool, idx, a_log, a, dt_bias, b, 0.0, ref_buf)
+    assert _rel(out, ref_out) < 5e-3
+    assert torch.equal(final, ref_final) and final.data_ptr() != pool.data_ptr()
+    if with_buffer:
+        assert _rel(buf, ref_buf) < 1e-5
+
+
+@pytest.mark.interpreter
+def test_flashinfer_mtp_writes_back_when_asked_and_caches_per_request():
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(2, 3)
+    g, beta = gdn_gates(a_log, a, dt_bias, b)
+    pool = torch.randn(4, HV, D, D)
+    idx = torch.tensor([3, 1], dtype=torch.int32)
+    ref_out, ref_state = recurrent_ref(q, k, v, g, beta, pool[idx.long()], D**-0.5, True)
+    buf = torch.zeros(2, 3, HV, D, D)
+    before = pool.clone()
+    out, _ = gated_delta_rule_mtp(q, k, v, pool, idx, a_log, a, dt_bias, b,
+                                  intermediate_states_buffer=buf)  # fmt: skip
+    assert torch.equal(pool, before)  # disable_state_update defaults to True
+    assert _rel(out, ref_out) < 5e-3 and _rel(buf[:, -1], ref_state) < 1e-5
+    out, _ = gated_delta_rule_mtp(q, k, v, pool, idx, a_log, a, dt_bias, b,
+                                  disable_state_update=False)  # fmt: skip
+    assert _rel(pool[idx.long()], ref_state) < 1e-5 and torch.equal(pool[[0, 2]], before[[0, 2]])
+
+
+def test_decode_refuses_bad_inputs_by_name():
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(2, 1)
+    with pytest.raises(ValueError, match="state"):
+        gdn_decode(q, k, v, torch.zeros(2, HV, D, D + 1), a_log, a, dt_bias, b)
+    with pytest.raises(ValueError, match=r"\bb\b"):
+        gdn_decode(q, k, v, None, a_log, a, dt_bias, b[:, :, :1])
+    with pytest.raises(ValueError, match="one token"):
+        gdn_decode(*_step_inputs(2, 2)[:3], None, a_log, a, dt_bias, b)
+    with pytest.raises(ValueError, match="ssm_state_indices"):
+        gated_delta_rule_mtp(q, k, v, torch.zeros(2, HV, D, D), torch.zeros(2, dtype=torch.int32),
+                             a_log, a, dt_bias, b, ssm_state_indices=torch.zeros(2, 1))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- GPU, real shapes
+
+QWEN3_NEXT_TP1 = (16, 32, 128)  # query/key heads, value heads, head size
+
+
+def _evaluator_bounds(out, ref_out, state, ref_state) -> None:
+    # bench/correctness.py: bf16 output relative norm 1e-2; the gdn state 5e-3.
+    assert _rel(out, ref_out) < 1e-2
+    assert _rel(state, ref_state) < 5e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("lengths", [(1,), (63, 64, 65), (1000, 7, 4096)])
+def test_prefill_bf16_at_qwen3_next_shapes(lengths):
+    h, hv, d = QWEN3_NEXT_TP1
+    dev, bf = "cuda", torch.bfloat16
+    cu = _cu(lengths, dev)
+    t, n = int(cu[-1]), len(lengths)
+    q, k = _unit(t, h, d, dtype=bf, device=dev), _unit(t, h, d, dtype=bf, device=dev)
+    v = torch.randn(t, hv, d, device=dev).to(bf)
+    a_log, dt_bias = _gate_params(hv, dev)
+    a = torch.randn(t, hv, device=dev).to(bf)
+    b = torch.randn(t, hv, device=dev).to(bf)
+    state = torch.randn(n, hv, d, d, device=dev)
+    out, new_state = gdn_prefill(q, k, v, state, a_log, a, dt_bias, b, cu, None)
+    ref = gdn_prefill_ref(q, k, v, state, a_log, a, dt_bias, b, cu, None)
+    _evaluator_bounds(out, ref[0], new_state, ref[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("batch", [1, 64, 257])
+def test_decode_and_mtp_bf16_at_qwen3_next_shapes(batch):
+    h, hv, d = QWEN3_NEXT_TP1
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(batch, 1, torch.bfloat16, "cuda", d, h, hv)
+    state = torch.randn(batch, hv, d, d, device="cuda")
+    out, new_state = gdn_decode(q, k, v, state, a_log, a, dt_bias, b)
+    ref = gdn_decode_ref(q, k, v, state, a_log, a, dt_bias, b)
+    _evaluator_bounds(out, ref[0], new_state, ref[1])
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(batch, 4, torch.bfloat16, "cuda", d, h, hv)
+    pool = torch.randn(2 * batch, hv, d, d, device="cuda")
+    idx = torch.randperm(2 * batch, device="cuda")[:batch].to(torch.int32)
+    buf = torch.zeros(2 * batch, 4, hv, d, d, device="cuda")
+    ref_buf = torch.zeros_like(buf)
+    out, final = gdn_mtp(q, k, v, pool, idx, a_log, a, dt_bias, b, None, buf)
+    ref = gdn_mtp_ref(q, k, v, pool, idx, a_log, a, dt_bias, b, None, ref_buf)
+    _evaluator_bounds(out, ref[0], buf, ref_buf)
+    assert torch.equal(final, pool)
