@@ -1,6 +1,6 @@
 """Models built from flashtune's ops: a compact Llama-architecture decoder with a paged KV
 cache (llama.py), a DeepSeek-V3-shaped MLA decoder over a paged latent cache (deepseek.py,
-its attention per backend in latent.py), their ops per backend (backends.py: torch,
+its attention per backend in latent.py, its mixture-of-experts layers in moe.py), their ops per backend (backends.py: torch,
 flashtune, flashinfer), the paged attention per backend (attention.py) and the page table
 (paging.py)."""
 
@@ -10,7 +10,9 @@ from flashtune.models.backends import BACKENDS, make_ops
 from flashtune.models.deepseek import (
     DEEPSEEK_CONFIGS,
     DEEPSEEK_TINY,
+    DEEPSEEK_TINY_MOE,
     DEEPSEEK_V3,
+    DEEPSEEK_V3_MOE_TP8,
     DEEPSEEK_V3_TP8,
     DeepseekV3,
     DeepseekV3Config,
@@ -27,6 +29,7 @@ from flashtune.models.llama import (
     LlamaConfig,
     LlamaWeights,
 )
+from flashtune.models.moe import MoEWeights
 from flashtune.models.paging import PagedKVCache, PageTable, StepBatch
 
 __all__ = [
@@ -34,7 +37,9 @@ __all__ = [
     "CONFIGS",
     "DEEPSEEK_CONFIGS",
     "DEEPSEEK_TINY",
+    "DEEPSEEK_TINY_MOE",
     "DEEPSEEK_V3",
+    "DEEPSEEK_V3_MOE_TP8",
     "DEEPSEEK_V3_TP8",
     "DeepseekV3",
     "DeepseekV3Config",
@@ -46,6 +51,7 @@ __all__ = [
     "Llama",
     "LlamaConfig",
     "LlamaWeights",
+    "MoEWeights",
     "PagedKVCache",
     "PagedLatentCache",
     "PageTable",

@@ -12,6 +12,10 @@ MLA (the DeepSeek-V3 decoder, latent.py): `latent_attention` (the absorbed form:
 `BatchMLAPagedAttentionWrapper` of flashtune.ops.mla / flashinfer.mla, SDPA for torch) and
 `ragged_attention` (the non-absorbed prefill); `bmm` (the per-head absorption) is torch's.
 
+MoE (the DeepSeek-V3 decoder's expert layers, models/moe.py): `experts`, the routed experts
+of one layer (routing is PyTorch in every backend, as flashtune.fused_moe's): torch's grouped
+GEMM, flashtune's fused experts; FlashInfer has no Hopper MoE, so its backend runs torch's.
+
 Greedy decoding is an argmax in every backend (no library ships a faster one).
 """
 
@@ -42,6 +46,7 @@ from flashtune.models.latent import (
     TorchRaggedPrefill,
     WrapperLatentAttention,
 )
+from flashtune.models.moe import MoEWeights, experts_torch
 
 __all__ = ["BACKENDS", "Ops", "FlashtuneOps", "FlashinferOps", "make_ops"]
 
@@ -119,6 +124,18 @@ class Ops:
         drawn = torch.multinomial(sorted_probs, 1, generator=generator)
         return order.gather(-1, drawn).squeeze(-1).to(torch.int32)
 
+    def experts(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        weights: MoEWeights,
+    ) -> torch.Tensor:
+        """A MoE layer's routed experts (models/moe.py): x [T, hidden], each token's top-k
+        global expert ids and weights [T, K]; the weighted sum of its local experts [T,
+        hidden]. torch's grouped GEMM where it runs (models/moe.py says where)."""
+        return experts_torch(x, topk_ids, topk_weights, weights)
+
     def decode_attention(
         self, shape: AttentionShape, graph: GraphShape | None = None
     ) -> PagedAttention:
@@ -190,6 +207,27 @@ class FlashtuneOps(Ops):
         )
         return out
 
+    def experts(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        weights: MoEWeights,
+    ) -> torch.Tensor:
+        """flashtune's fused experts (flashtune.ops.moe: the Triton grouped GEMMs with the
+        SwiGLU and the weighted combine fused, tuned per token bucket)."""
+        from flashtune.ops.moe import fused_experts
+
+        out: torch.Tensor = fused_experts(
+            x,
+            weights.gemm1,
+            weights.gemm2,
+            topk_ids,
+            topk_weights,
+            local_expert_offset=weights.local_offset,
+        )
+        return out.to(x.dtype)
+
     def decode_attention(
         self, shape: AttentionShape, graph: GraphShape | None = None
     ) -> PagedAttention:
@@ -231,6 +269,17 @@ class FlashinferOps(FlashtuneOps):
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
+
+    def experts(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        weights: MoEWeights,
+    ) -> torch.Tensor:
+        """torch's grouped GEMM, as the torch backend: FlashInfer's fused MoE
+        (trtllm_*_moe) runs on SM100 only, and 0.2.14 has no bf16 MoE for Hopper."""
+        return experts_torch(x, topk_ids, topk_weights, weights)
 
     def mla_library(self) -> ModuleType:
         """FlashInfer's top level (its BatchMLAPagedAttentionWrapper is flashinfer.mla's)."""

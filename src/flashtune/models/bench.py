@@ -85,7 +85,7 @@ E2E_BACKENDS = ("torch", "torch_compile", "flashinfer", "flashtune")
 # Every config `flashtune e2e --config` takes: the Llama-architecture ones (llama.py) and the
 # DeepSeek-V3-shaped MLA ones (deepseek.py); the config names the architecture.
 E2E_CONFIGS: dict[str, LlamaConfig | DeepseekV3Config] = {**CONFIGS, **DEEPSEEK_CONFIGS}
-TINY_CONFIGS = ("tiny", "deepseek-tiny")  # the CPU checks: small lengths
+TINY_CONFIGS = ("tiny", "deepseek-tiny", "deepseek-tiny-moe")  # the CPU checks: small lengths
 Decoder = Union[Llama, DeepseekV3]
 BATCHES = (1, 16, 64, 256)
 KV_LENS = (1024, 4096, 16384, 32768)

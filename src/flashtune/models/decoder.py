@@ -46,10 +46,11 @@ class _LayerWeights(Protocol):
     def input_norm(self) -> torch.Tensor: ...
     @property
     def post_norm(self) -> torch.Tensor: ...
+    # The dense MLP's (None in a layer whose MLP is something else: an MoE layer)
     @property
-    def gate_up(self) -> torch.Tensor: ...
+    def gate_up(self) -> torch.Tensor | None: ...
     @property
-    def down(self) -> torch.Tensor: ...
+    def down(self) -> torch.Tensor | None: ...
 
 
 class _Weights(Protocol):
@@ -81,6 +82,20 @@ class RandomInit:
 
     def norm(self, n: int) -> torch.Tensor:
         return self._cast(1.0 + 0.1 * torch.randn(n, generator=self.gen))
+
+    def stacked(self, count: int, n: int, k: int) -> torch.Tensor:
+        """`count` weights [n, k] as one [count, n, k] (experts), std 1/sqrt(k). Drawn on
+        the device from a seed the host generator draws: a DeepSeek-V3 layer's experts are
+        billions of values, minutes of host randn."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.gen))
+        device = torch.device(self.device)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        w = torch.randn(count, n, k, generator=gen, device=device, dtype=self.dtype)
+        return w.mul_(1.0 / math.sqrt(k))
+
+    def bias(self, n: int, scale: float = 0.1) -> torch.Tensor:
+        """A float32 vector [n] of std `scale` (a router's score-correction bias)."""
+        return (scale * torch.randn(n, generator=self.gen)).to(self.device)
 
     def embedding(self, vocab: int, hidden: int) -> torch.Tensor:
         return self._cast(torch.randn(vocab, hidden, generator=self.gen))
@@ -161,12 +176,18 @@ class PagedDecoder(ABC):
                 ops.fused_add_rmsnorm(x, residual, layer.input_norm, eps)
             x = self.attention_block(index, layer, x, positions, attention)
             ops.fused_add_rmsnorm(x, residual, layer.post_norm, eps)
-            x = ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
+            x = self.mlp_block(index, layer, x)
         assert residual is not None and w.final_norm is not None and w.lm_head is not None
         ops.fused_add_rmsnorm(x, residual, w.final_norm, eps)
         if last_rows is not None:
             x = x[last_rows]
         return ops.linear(x, w.lm_head)
+
+    def mlp_block(self, index: int, layer: Any, x: torch.Tensor) -> torch.Tensor:
+        """Layer `index`'s MLP on the normed x [nnz, hidden]: a dense SwiGLU MLP (a
+        subclass with mixture-of-experts layers overrides it)."""
+        ops = self.ops
+        return ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
 
     def compile(self, **options: Any) -> None:
         """Run the layers under torch.compile(**options) from now on (forward and decode

@@ -27,8 +27,13 @@ The layer (DeepSeek-V3's attention, a dense SwiGLU MLP as its first three layers
 Softmax scale 1/sqrt(128 + 64). DeepSeek-V3's YaRN RoPE scaling (factor 40 over 4k
 positions) is left out: plain RoPE at theta 1e4, and no YaRN mscale, which would multiply
 the softmax scale by (0.1 ln 40 + 1)^2 ~ 1.87; with random weights neither changes the work.
-The mixture-of-experts layers are a dense MLP of the config's intermediate_size until
-flashtune has MoE ops. Weights are random (seeded), shared across backends with `weights=`.
+Mixture of experts: a config with `moe` (deepseek-v3-moe-tp8, deepseek-tiny-moe) makes every
+layer from `first_k_dense` on an MoE layer (models/moe.py: DeepSeek-V3's grouped sigmoid
+routing over all routed experts, the rank's local experts under expert parallelism, plus
+`n_shared_experts` shared experts as one dense MLP of their summed width); its first
+`first_k_dense` layers keep the dense MLP of intermediate_size, as DeepSeek-V3's first three.
+A config without `moe` has dense MLPs in every layer. Weights are random (seeded), shared
+across backends with `weights=`.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from flashtune.model_shapes import ModelConfig, get_model
+from flashtune.model_shapes import ModelConfig, MoEConfig, get_model
 from flashtune.models.attention import GraphShape
 from flashtune.models.backends import Ops
 from flashtune.models.decoder import PagedDecoder, RandomInit
@@ -49,6 +54,7 @@ from flashtune.models.latent import (
     PagedLatentCache,
     RaggedAttention,
 )
+from flashtune.models.moe import MoEWeights, route
 from flashtune.models.paging import StepBatch
 
 __all__ = [
@@ -57,6 +63,8 @@ __all__ = [
     "DEEPSEEK_V3_TP8",
     "KIMI_K2_TP8",
     "DEEPSEEK_TINY",
+    "DEEPSEEK_V3_MOE_TP8",
+    "DEEPSEEK_TINY_MOE",
     "DEEPSEEK_CONFIGS",
     "MLALayerWeights",
     "DeepseekV3Weights",
@@ -83,6 +91,12 @@ class DeepseekV3Config:
     rope_theta: float = 1e4
     rms_eps: float = 1e-6
     max_position: int = 32768 + 1024  # rows of the RoPE table (the benchmark's longest KV)
+    moe: MoEConfig | None = None  # None: a dense MLP in every layer
+    first_k_dense: int = 0  # with moe: the first layers keep the dense MLP
+    n_shared_experts: int = 1  # with moe: shared experts (one MLP of their summed width)
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and index >= self.first_k_dense
 
     @property
     def qk_head_dim(self) -> int:
@@ -99,14 +113,24 @@ class DeepseekV3Config:
         return replace(self, num_layers=num_layers, name=f"{self.name}-{num_layers}l")
 
     @classmethod
-    def from_shapes(cls, model: ModelConfig, num_layers: int) -> DeepseekV3Config:
+    def from_shapes(
+        cls, model: ModelConfig, num_layers: int, moe: bool = False, first_k_dense: int = 1
+    ) -> DeepseekV3Config:
         """The decoder of a model_shapes MLA model (its per-GPU heads: tensor parallelism
-        splits the heads; the latent projections, as in serving, are replicated)."""
+        splits the heads; the latent projections, as in serving, are replicated). moe: its
+        MoE layers from `first_k_dense` on (experts split by its expert parallelism), named
+        "<model>" with "-moe" before a "-tp" suffix."""
         if model.mla is None:
             raise ValueError(f"{model.name} is not an MLA model")
+        if moe and model.moe is None:
+            raise ValueError(f"{model.name} has no mixture-of-experts layers")
         m = model.mla
+        name = model.name
+        if moe:
+            base, tp, suffix = name.partition("-tp")
+            name = f"{base}-moe{tp}{suffix}"
         return cls(
-            name=model.name,
+            name=name,
             num_layers=num_layers,
             hidden_size=model.hidden_size,
             intermediate_size=model.intermediate_size,
@@ -118,6 +142,8 @@ class DeepseekV3Config:
             v_head_dim=m.v_head_dim,
             vocab_size=model.vocab_size,
             rope_theta=model.rope_theta,
+            moe=model.moe if moe else None,
+            first_k_dense=first_k_dense if moe else 0,
         )
 
 
@@ -140,7 +166,37 @@ DEEPSEEK_TINY = DeepseekV3Config(
     vocab_size=256,
     max_position=256,
 )
-DEEPSEEK_CONFIGS = {c.name: c for c in (DEEPSEEK_V3, DEEPSEEK_V3_TP8, KIMI_K2_TP8, DEEPSEEK_TINY)}
+# DeepSeek-V3 at TP 8 with its MoE layers at EP 8 (32 of 256 experts a GPU, top 8 of 8
+# groups, 4 groups kept), one dense layer first: with_layers(4) runs 1 dense and 3 MoE layers.
+DEEPSEEK_V3_MOE_TP8 = DeepseekV3Config.from_shapes(get_model("deepseek-v3-tp8"), 61, moe=True)
+# The tiny config with MoE layers: 16 experts of 64, top 4 of 4 groups (2 kept), EP 2 (the
+# rank holds experts 8..15: routes to the others are dropped, as on a real rank).
+DEEPSEEK_TINY_MOE = replace(
+    DEEPSEEK_TINY,
+    name="deepseek-tiny-moe",
+    moe=MoEConfig(
+        16,
+        4,
+        64,
+        "DeepSeekV3",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        expert_parallel=2,
+    ),  # fmt: skip
+    first_k_dense=1,
+)
+DEEPSEEK_CONFIGS = {
+    c.name: c
+    for c in (
+        DEEPSEEK_V3,
+        DEEPSEEK_V3_TP8,
+        KIMI_K2_TP8,
+        DEEPSEEK_TINY,
+        DEEPSEEK_V3_MOE_TP8,
+        DEEPSEEK_TINY_MOE,
+    )
+}
 
 
 def rope_cos_sin(config: DeepseekV3Config, device: torch.device | str) -> torch.Tensor:
@@ -162,8 +218,9 @@ class MLALayerWeights:
     kv_b: torch.Tensor  # [H (nope + v), kv_lora]: per head W_UK [nope, kv_lora], W_UV [v, ..]
     o: torch.Tensor  # [hidden, H v]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 I, hidden]
-    down: torch.Tensor  # [hidden, I]
+    gate_up: torch.Tensor | None  # [2 I, hidden] (a dense layer; None in an MoE layer)
+    down: torch.Tensor | None  # [hidden, I]
+    moe: MoEWeights | None = None  # an MoE layer's router, experts and shared expert
 
     def absorbed(self, config: DeepseekV3Config) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [H, nope, kv_lora], W_UV^T [H, kv_lora, v]): views of kv_b for the bmm."""
@@ -194,22 +251,42 @@ class DeepseekV3Weights:
         linear, norm = init.linear, init.norm
 
         c, hid, h = config, config.hidden_size, config.num_heads
-        layers = [
-            MLALayerWeights(
-                input_norm=norm(hid),
-                q_a=linear(c.q_lora_rank, hid),
-                q_a_norm=norm(c.q_lora_rank),
-                q_b=linear(h * c.qk_head_dim, c.q_lora_rank),
-                kv_a=linear(c.kv_lora_rank + c.qk_rope_head_dim, hid),
-                kv_a_norm=norm(c.kv_lora_rank),
-                kv_b=linear(h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
-                o=linear(hid, h * c.v_head_dim),
-                post_norm=norm(hid),
-                gate_up=linear(2 * c.intermediate_size, hid),
-                down=linear(hid, c.intermediate_size),
+
+        def moe_weights() -> MoEWeights:
+            m = c.moe
+            assert m is not None
+            shared = c.n_shared_experts * m.intermediate_size
+            local, inter = m.local_experts, m.intermediate_size
+            return MoEWeights(
+                router=linear(m.num_experts, hid),
+                router_bias=init.bias(m.num_experts),
+                gemm1=init.stacked(local, 2 * inter, hid),
+                gemm2=init.stacked(local, hid, inter),
+                shared_gate_up=linear(2 * shared, hid),
+                shared_down=linear(hid, shared),
+                # the last rank's experts: rank 0's would favour no id range either
+                local_offset=m.num_experts - local,
             )
-            for _ in range(c.num_layers)
-        ]
+
+        layers = []
+        for index in range(c.num_layers):
+            moe = c.is_moe_layer(index)
+            layers.append(
+                MLALayerWeights(
+                    input_norm=norm(hid),
+                    q_a=linear(c.q_lora_rank, hid),
+                    q_a_norm=norm(c.q_lora_rank),
+                    q_b=linear(h * c.qk_head_dim, c.q_lora_rank),
+                    kv_a=linear(c.kv_lora_rank + c.qk_rope_head_dim, hid),
+                    kv_a_norm=norm(c.kv_lora_rank),
+                    kv_b=linear(h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
+                    o=linear(hid, h * c.v_head_dim),
+                    post_norm=norm(hid),
+                    gate_up=None if moe else linear(2 * c.intermediate_size, hid),
+                    down=None if moe else linear(hid, c.intermediate_size),
+                    moe=moe_weights() if moe else None,
+                )
+            )
         return cls(init.embedding(c.vocab_size, hid), layers, norm(hid), linear(c.vocab_size, hid))
 
 
@@ -326,6 +403,19 @@ class DeepseekV3(PagedDecoder):
             k = torch.cat((k_nope, k_pe.expand(n, h, rope)), dim=-1)  # [nnz, H, 192]
             o = attention.run(torch.cat((q_nope, q_pe), dim=-1), k, v.contiguous())
         return ops.linear(o.reshape(n, h * c.v_head_dim), layer.o)
+
+    def mlp_block(self, index: int, layer: MLALayerWeights, x: torch.Tensor) -> torch.Tensor:
+        """A dense layer's MLP, or an MoE layer's routed experts plus its shared expert."""
+        moe = layer.moe
+        if moe is None:
+            return super().mlp_block(index, layer, x)
+        assert self.config.moe is not None
+        ops = self.ops
+        logits = ops.linear(x, moe.router).float()  # [nnz, E]: routed in float32
+        ids, topk_weights = route(logits, moe, self.config.moe)
+        routed = ops.experts(x, ids, topk_weights, moe)
+        shared = ops.linear(ops.silu_and_mul(ops.linear(x, moe.shared_gate_up)), moe.shared_down)
+        return routed.add_(shared)
 
     def graph_attention(self, graph: GraphShape) -> LatentAttention:
         """The decode attention of a CUDA-graph step (DecodeGraph's)."""
