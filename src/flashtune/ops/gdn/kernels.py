@@ -36,6 +36,15 @@ def _log_decay(a, dt_bias, neg_a):
 
 
 @triton.jit
+def _dot_inputs(a, b, PRECISION: tl.constexpr):
+    """a @ b of the inputs as loaded: half-precision operands on tensor cores (their products
+    are exact in the float32 accumulator), float32 ones (l2-normalized q/k) at PRECISION."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision=PRECISION)
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _recurrent_kernel(
     q_ptr,  # [B, T, H, K]  contiguous
     k_ptr,  # [B, T, H, K]  contiguous
@@ -192,7 +201,7 @@ def _chunk_prepare_kernel(
     strict = offs_c[:, None] > offs_c[None, :]
     causal = offs_c[:, None] >= offs_c[None, :]
     ratio = tl.exp(tl.where(causal, diff, 0.0))
-    kkt = tl.dot(kk, tl.trans(kk), input_precision=PRECISION)  # products of the inputs: exact
+    kkt = _dot_inputs(kk, tl.trans(kk), PRECISION)
     A = tl.where(strict, beta[:, None] * ratio * kkt, 0.0)
     # T = (I + A)^-1. A = D + L: D its SUB x SUB diagonal blocks, L the rest (strictly block
     # lower). (I + D)^-1 by forward substitution in every block at once (row r of a block is
@@ -213,7 +222,7 @@ def _chunk_prepare_kernel(
     kb = kk.to(tl.float32) * (beta * tl.exp(G))[:, None]
     W = tl.dot(Tm, kb, input_precision=PRECISION)
     U = tl.dot(Tm, vv.to(tl.float32) * beta[:, None], input_precision=PRECISION)
-    P = tl.where(causal, ratio * tl.dot(qq, tl.trans(kk), input_precision=PRECISION), 0.0)
+    P = tl.where(causal, ratio * _dot_inputs(qq, tl.trans(kk), PRECISION), 0.0)
     tl.store(w_ptr + (rows[:, None] * HV + i_h) * K + offs_k[None, :], W, mask=m[:, None])
     tl.store(u_ptr + (rows[:, None] * HV + i_h) * V + offs_v[None, :], U, mask=m[:, None])
     tl.store(p_ptr + (rows[:, None] * HV + i_h) * C + offs_c[None, :], P, mask=m[:, None])
