@@ -4,7 +4,9 @@
   ``FLASHTUNE_CACHE_DIR/solutions/<content hash>/`` as a package and the entry file is
   imported (Triton kernels compile lazily, on first launch); an importable entry point
   ("package.module:function") is imported directly.
-- cuda / cpp: ``torch.utils.cpp_extension.load_inline`` over the sources, built in
+- cuda / cpp bound with TVM-FFI (FlashInfer-Bench's default binding: `binding` "tvm-ffi", or
+  absent with sources that use TVM-FFI): ``tvm_ffi.cpp.build`` (build_tvm_ffi.py);
+- other cuda / cpp: ``torch.utils.cpp_extension.load_inline`` over the sources, built in
   ``FLASHTUNE_CACHE_DIR/build/<content hash>/`` so an unchanged solution is not rebuilt.
 
 `check_requirements` says why a solution cannot run here (no GPU for a Triton/CUDA solution,
@@ -32,6 +34,12 @@ from typing import Any
 import torch
 
 from flashtune import env
+from flashtune.bench.build_tvm_ffi import (
+    TVM_FFI_PACKAGE,
+    build_tvm_ffi,
+    tvm_ffi_available,
+    uses_tvm_ffi,
+)
 from flashtune.data.io import atomic_write_text
 from flashtune.data.models import Solution
 
@@ -170,6 +178,10 @@ def check_requirements(solution: Solution, device: torch.device, interpret: bool
             raise MissingRequirement(
                 f"targets {', '.join(spec.target_hardware)}, not the CPU (no CUDA device here)"
             )
+    if uses_tvm_ffi(solution) and not tvm_ffi_available():
+        raise MissingRequirement(
+            f"a TVM-FFI-bound {spec.language} solution needs `pip install {TVM_FFI_PACKAGE}`"
+        )
     for dep in spec.dependencies:
         if not _importable(_module_of(dep)):
             raise MissingRequirement(f"dependency {dep!r} is not installed")
@@ -203,6 +215,8 @@ def _build(solution: Solution, key: str) -> Callable[..., Any]:
         module = _import(module_name, solution)
         return _resolve(module, attr, solution)
     if spec.language in ("cuda", "cpp"):
+        if uses_tvm_ffi(solution):
+            return build_tvm_ffi(solution, key)
         return _build_extension(solution, key)
     if spec.language not in BUILDABLE_LANGUAGES:
         raise MissingRequirement(f"flashtune does not build {spec.language} solutions")
