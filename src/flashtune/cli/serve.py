@@ -52,6 +52,15 @@ class ServeCommandOptions:
         Optional[str],
         typer.Option("--devices", help="GPU indices '0,1' or 'cpu'; default: every GPU, else CPU"),
     ] = None
+    ray: Annotated[
+        Optional[str],
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="evaluate on a Ray cluster, one worker per GPU: 'auto', 'host:port' of its "
+            "head, or 'local' (start one here); docs/ray.md",
+        ),
+    ] = None
     max_queue: Annotated[
         int, typer.Option("--max-queue", help="queued submissions beyond which POST gets 429")
     ] = 64
@@ -107,8 +116,15 @@ def serve_command(cli: ServeCommandOptions) -> None:
         problem = not_a_dataset(root)
         if problem is not None:
             fail(problem, code=2)
+    if cli.ray is not None and cli.devices is not None:
+        fail("--devices and --ray: a cluster evaluates on every GPU of the cluster; pick one", 2)
+    if cli.ray is not None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            fail('--ray needs the ray extra: pip install "flashtune[ray]"', code=2)
     try:
-        devices = parse_devices(cli.devices)
+        devices = ["cpu"] if cli.ray is not None else parse_devices(cli.devices)
         token, token_path, made = load_token(cli.token_file)
     except (ValueError, TokenError, OSError) as exc:
         fail(str(exc), code=2)
@@ -120,11 +136,13 @@ def serve_command(cli: ServeCommandOptions) -> None:
         config=BenchConfig(),
         max_workloads=cli.max_workloads,
         all_workloads=cli.all_workloads,
+        ray=cli.ray,
     )
     evaluator = Evaluator(settings, max_queue=cli.max_queue, batch_size=cli.batch_size)
     app = create_app(evaluator, token, max_request_bytes=cli.max_request_kb * 1024)
     err_console.print(
-        f"flashtune serve on http://{cli.host}:{cli.port} ({', '.join(devices)}); token "
+        f"flashtune serve on http://{cli.host}:{cli.port} "
+        f"({f'Ray cluster {cli.ray}' if cli.ray else ', '.join(devices)}); token "
         f"{'made and written to' if made else 'read from'} {token_path}; traces go to "
         f"{settings.out / 'traces'}",
         highlight=False,

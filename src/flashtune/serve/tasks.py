@@ -34,7 +34,7 @@ from typing import Any
 
 from flashtune.bench.config import BenchConfig
 from flashtune.bench.isolation import harden_harness
-from flashtune.bench.runner import LocalPool, RunOptions, RunResult, run_benchmark
+from flashtune.bench.runner import LocalPool, RunOptions, RunResult, WorkerPool, run_benchmark
 from flashtune.data.dataset import Dataset
 from flashtune.data.models import Definition, EvaluationStatus, Solution, Trace
 
@@ -137,6 +137,9 @@ class EvaluationSettings:
     config: BenchConfig = field(default_factory=BenchConfig)
     max_workloads: int | None = None
     all_workloads: bool = False
+    # A Ray cluster's address ('auto', 'host:port', 'local'; docs/ray.md): every run goes to
+    # its workers, one a GPU (`devices` is unused), as `flashtune run --ray` runs.
+    ray: str | None = None
 
 
 class Evaluator:
@@ -168,7 +171,7 @@ class Evaluator:
         self._cond = threading.Condition()
         self.device_lock = threading.Lock()
         self._running: list[ServeTask] = []
-        self._pool: LocalPool | None = None
+        self._pool: WorkerPool | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.batches = 0
@@ -257,7 +260,7 @@ class Evaluator:
         the running batch is cancelled the run is aborted (its workers killed: the run's
         `out` then holds RUNTIME_ERROR traces saying the run stopped). A finished task stays
         as it is."""
-        abort: LocalPool | None = None
+        abort: WorkerPool | None = None
         with self._cond:
             task = self.tasks.get(task_id)
             if task is None or task.state in TERMINAL:
@@ -368,7 +371,13 @@ class Evaluator:
                 solutions_from=[folder],
                 only=frozenset(t.key for t in batch),
             )
-            pool = LocalPool(options.devices)
+            pool: WorkerPool
+            if s.ray is None:
+                pool = LocalPool(options.devices)
+            else:
+                from flashtune.bench.ray import RayPool
+
+                pool = RayPool(s.ray)
             with self._cond:
                 if all(t.cancel_requested for t in batch):
                     return [], None
