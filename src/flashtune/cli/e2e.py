@@ -72,7 +72,8 @@ class E2ECommandOptions:
         typer.Option(
             "--config",
             help="the model, which names its architecture: Llama (llama-3.1-8b, qwen3-8b, tiny) "
-            "or DeepSeek-V3 MLA (deepseek-v3-tp8, deepseek-v3, kimi-k2-tp8, deepseek-tiny); "
+            "or DeepSeek-V3 MLA (deepseek-v3-tp8, deepseek-v3, kimi-k2-tp8, deepseek-tiny; with "
+            "MoE layers: deepseek-v3-moe-tp8, deepseek-tiny-moe); "
             "tiny and deepseek-tiny are the CPU checks",
         ),
     ] = "llama-3.1-8b"
