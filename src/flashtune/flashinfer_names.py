@@ -41,6 +41,9 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
     "gdn": ("chunk_gated_delta_rule",),
     # FlashInfer's mamba submodule: none of its names are at its top level (SUBMODULE_ONLY)
     "mamba": (),
+    # flashtune's DeepSeek Sparse Attention (FlashInfer has no Python API of its contracts:
+    # the names are FlashInfer-Trace's dsa_paged Definitions'); none at the top level
+    "dsa": (),
     "mla": ("BatchMLAPagedAttentionWrapper",),
     "norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm"),
     "page": (
@@ -101,5 +104,6 @@ SUBMODULE_ONLY: dict[str, tuple[str, ...]] = {
         "gated_delta_rule_mtp",
     ),
     "mamba": ("selective_state_update",),
+    "dsa": ("dsa_topk_indexer", "dsa_sparse_attention"),
     "rope": ("mla_rope_quantize_fp8",),
 }

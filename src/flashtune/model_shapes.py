@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 __all__ = [
+    "DSAConfig",
     "GDNConfig",
     "MLAConfig",
     "MambaConfig",
@@ -34,6 +35,18 @@ class MLAConfig:
     qk_nope_head_dim: int = 128
     v_head_dim: int = 128
     q_lora_rank: int = 1536
+
+
+@dataclass(frozen=True)
+class DSAConfig:
+    """DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer of index_n_heads heads of
+    index_head_dim scores every cached token per query (fp8 keys in pages of page_size), and
+    MLA attends to its index_topk best only (the latent cache in pages of 1 or 64 tokens)."""
+
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 2048
+    page_size: int = 64
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,7 @@ class ModelConfig:
     rope_theta: float = 1e4
     mla: MLAConfig | None = None  # MLA attention's dimensions; None: grouped-query attention
     moe: MoEConfig | None = None  # its MoE layers' dimensions; None: dense MLPs only
+    dsa: DSAConfig | None = None  # sparse attention's indexer (MLA models); None: dense
     gdn: GDNConfig | None = None  # its Gated Delta Net (linear attention) layers; None: none
     mamba: MambaConfig | None = None  # its Mamba-2 layers' dimensions (hybrid models)
 
@@ -140,6 +154,7 @@ def _tp(cfg: ModelConfig, tp: int) -> ModelConfig:
         tensor_parallel=tp,
         rope_theta=cfg.rope_theta,
         mla=cfg.mla,
+        dsa=cfg.dsa,  # the indexer's heads are not split by tensor parallelism
         # MoE models split their experts over the ranks (expert parallel), as served
         moe=None if cfg.moe is None else dataclasses.replace(cfg.moe, expert_parallel=tp),
         # Mamba heads and groups split over the ranks (head_dim and dstate stay whole)
@@ -163,6 +178,8 @@ _DEEPSEEK_V3 = ModelConfig(
     "deepseek-v3", 7168, 18432, 128, 128, 192, 129280, rope_theta=1e4, mla=MLAConfig(),
     moe=MoEConfig(256, 8, 2048, "DeepSeekV3", n_group=8, topk_group=4, routed_scaling_factor=2.5),
 )  # fmt: skip
+# DeepSeek-V3.2: DeepSeek-V3's shapes with DeepSeek Sparse Attention.
+_DEEPSEEK_V32 = dataclasses.replace(_DEEPSEEK_V3, name="deepseek-v3.2", dsa=DSAConfig())
 _KIMI_K2 = ModelConfig(
     "kimi-k2", 7168, 18432, 64, 64, 192, 163840, rope_theta=5e4, mla=MLAConfig(),
     moe=MoEConfig(384, 8, 2048, "DeepSeekV3", routed_scaling_factor=2.827),
@@ -188,6 +205,15 @@ _MINI_MOE_DS = ModelConfig(
 _MINI_MOE = ModelConfig(
     "mini-moe", 256, 512, 4, 1, 64, 32000, moe=MoEConfig(32, 4, 128, "Renormalize")
 )
+# Reduced DSA shapes (not a real model) for the bundled dataset: 4 query heads over a 64-wide
+# latent and a 16-wide RoPE key, an indexer of 8 heads of 32 in pages of 16, DeepSeek-V3.2's
+# topk (2048: the CPU references gather 2048 small rows a token).
+_MINI_DSA = ModelConfig(
+    "mini-dsa", 256, 512, 4, 4, 80, 32000,
+    mla=MLAConfig(kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=64, v_head_dim=64,
+                  q_lora_rank=128),
+    dsa=DSAConfig(index_n_heads=8, index_head_dim=32, index_topk=2048, page_size=16),
+)  # fmt: skip
 # Hybrid Mamba-2 / attention models: NemotronH-8B (the FlashInfer-Trace mamba_ssu Definitions
 # are its layers at TP 1 and 2), and a reduced one (not a real model) for the bundled dataset
 # and CPU tests: 8 heads in 2 groups, small enough for a 2-core CPU's reference runs.
@@ -211,12 +237,15 @@ MODELS: dict[str, ModelConfig] = {
         _QWEN3_8B,
         _DEEPSEEK_V3,
         _tp(_DEEPSEEK_V3, 8),
+        _DEEPSEEK_V32,
+        _tp(_DEEPSEEK_V32, 8),
         _KIMI_K2,
         _tp(_KIMI_K2, 8),
         _QWEN3_30B_A3B,
         _LLAMA4_SCOUT,
         _MINI_MOE_DS,
         _MINI_MOE,
+        _MINI_DSA,
         _NEMOTRON_H_8B,
         _tp(_NEMOTRON_H_8B, 2),
         _MINI_MAMBA,

@@ -85,7 +85,7 @@ def _check(name: str, solution: str, device: str, workload_index: int = 0) -> No
             inputs=inputs,
         )
     else:
-        verdict = compare_outputs(definition, expected, got)
+        verdict = compare_outputs(definition, expected, got, inputs=inputs)
     assert verdict.status.value == "PASSED", f"{name}/{solution}: {verdict.reason}"
 
 

@@ -138,6 +138,7 @@ from typing import Any
 
 import torch
 
+from flashtune.bench.index_sets import index_set_problem, index_set_scorer
 from flashtune.bench.sampling_support import edge_problem, filters_from, support_problem
 from flashtune.data.models import Correctness, Definition, EvaluationStatus
 from flashtune.data.synth import ATTENTION_OP_TYPES, torch_dtype
@@ -311,11 +312,14 @@ def compare_outputs(
     max_rel_norm: float | None = None,
     max_abs: float | None = None,
     max_row_rel_norm: float | None = None,
+    inputs: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """Compare outputs by name; the first shape, dtype or numerical failure decides.
 
     The Correctness figures are the worst over the outputs compared so far, and its
-    atol/rtol the loosest element-wise tolerance those were judged with."""
+    atol/rtol the loosest element-wise tolerance those were judged with. An output that is
+    a set of indices chosen by score (the DSA indexer's) is compared as a set, ties at the
+    k-th score accepted, scored from `inputs` (flashtune.bench.index_sets)."""
     worst_abs = worst_rel = 0.0
     worst_ratio = 1.0
     worst_norm: float | None = None
@@ -341,6 +345,12 @@ def compare_outputs(
                 EvaluationStatus.INCORRECT_DTYPE,
                 f"output {name!r} has dtype {out.dtype}, expected {expected_dtype}",
             )
+        scorer = index_set_scorer(definition, name)
+        if scorer is not None:
+            problem = index_set_problem(name, out, ref, scorer, inputs)
+            if problem is not None:
+                return Verdict(EvaluationStatus.INCORRECT_NUMERICAL, problem)
+            continue
         tol = tolerance_for(
             definition,
             spec.dtype,

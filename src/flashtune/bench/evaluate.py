@@ -673,6 +673,7 @@ def _judge(
             cfg.rtol,
             max_rel_norm=cfg.max_rel_norm,
             max_abs=cfg.max_abs,
+            inputs=inputs,
         )
     if v.status is not EvaluationStatus.PASSED:
         raise _Failed(v.status, f"{prefix}{v.reason}", v)
