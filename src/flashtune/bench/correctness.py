@@ -91,6 +91,20 @@ request moves it by 9.8e-4 to 1.5e-3, at the bound; on the bundled workloads (re
 most a few thousand tokens) one page is a larger share and is caught. Kernels that approximate the logits (soft-capping through tanh.approx,
 fp16 QK accumulation) err by ~1e-3 and need a tag such as ``tol:float32:max_abs=3e-3``.
 
+Mamba's selective state update (op_type mamba_ssu) has two bf16 outputs, the output and the
+whole state cache after one recurrence step (new_state), and the dtype's bounds hold both (no
+override). Measured on the CPU at mamba_ssu_decode_h64_d64_s128_ng4 under its value family
+(flashtune.data.families, SSM_OP_TYPES; batch 8 and 64, a cache of twice the batch, 4
+seeds): the step in float64 differs from the fp32 reference by 2.1e-5 of the norm (rows
+1.6e-3); an output taken from the state after its bf16 rounding by 2.6e-3 (rows 1.3e-2):
+honest, and passing. Wrong kernels fail: no softplus (NaN), dt_bias or the decay dropped, the
+output from the old state, heads mapped to groups by h % ngroups, D dropped (0.1 of the
+output's norm), pad rows' state written. The untouched slots of new_state are exact copies
+and dilute its whole-tensor norm (one head's state left stale: 8.4e-4, under max_rel_norm),
+so the element bounds and the per-row bound (rows of dstate values: one slot, head and
+channel) catch a partly wrong update: one head left stale fails matched_ratio (99.35%); the
+last state column 5% off (1/128 of the elements) fails it too (99.82%, rows 2.0e-2).
+
 Overrides, in increasing priority: per op_type (`OP_TYPE_TOLERANCES`), per definition (tags
 ``tol:atol=0.05``, ``tol:rtol=0.05``, ``tol:matched_ratio=0.99``, ``tol:max_rel_norm=0.02``,
 ``tol:max_abs=0.5``, optionally per dtype: ``tol:bfloat16:atol=0.05``; ``inf`` turns a bound
