@@ -7,7 +7,7 @@
 # Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
 # DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit) and DROPIN_WORKERS
 # (test processes a file, 4), DROPIN_K (a pytest -k expression for dropin-full), E2E_ARGS,
-# GDN_ARGS (bench_gdn.py).
+# GDN_ARGS (bench_gdn.py), MAMBA_ARGS (bench_mamba.py).
 # Needs the ignored folder .peer/ (made by scripts/fetch_gpu_deps.sh) carried along: FlashInfer's source archive (the peer) and
 # wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
 # files come back from it: benchmarks write their rows there through RowWriter). The copy's
@@ -103,6 +103,12 @@ for stage in "$@"; do
     gdn)  # issue 39: bench_gdn.py against fla-core's Triton kernels (its wheel from .peer/wheels)
       python3 -m pip install -q --no-deps --no-index .peer/wheels/fla_core-*.whl >>"$OUT/setup.log" 2>&1 || true
       timeout 500 python3 benchmarks/bench_gdn.py ${GDN_ARGS:---quick} 2>&1 | tee "$OUT/gdn.log" | tail -n 40 ;;
+    mamba-tests)  # issue 39: Mamba-2 selective state update's cuda tests (bf16, NemotronH's shapes)
+      timeout 400 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 300 tests/ops/test_mamba.py \
+        tests/ops/test_mamba_schema.py >"$OUT/mamba_tests.log" 2>&1
+      tail -n 25 "$OUT/mamba_tests.log" ;;
+    mamba)  # issue 39: bench_mamba.py against mamba-ssm's Triton kernel (its source from .peer/wheels)
+      timeout 500 python3 benchmarks/bench_mamba.py ${MAMBA_ARGS:---quick} 2>&1 | tee "$OUT/mamba.log" | tail -n 40 ;;
     e2e-profile)  # per-kernel time of one decode step per backend (PROFILE_ARGS)
       timeout 400 python3 benchmarks/profile_e2e.py ${PROFILE_ARGS:---batch 1 --kv-len 1024} \
         2>&1 | grep -v "^$" | tee "$OUT/profile_e2e.log" | tail -n 40 ;;
