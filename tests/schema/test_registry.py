@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import math
 
@@ -114,6 +115,13 @@ def test_every_op_has_model_examples() -> None:
         ), f"no model example produces a {schema.name_prefix} definition"
 
 
+@functools.cache
+def _all_model_definitions() -> tuple[Definition, ...]:
+    """Every model example's Definition, made once for the module: each case below reads
+    them, and making them (every model's examples, every op) takes seconds."""
+    return tuple(model_definitions().values())
+
+
 def _smallest(defs: list[Definition]) -> Definition:
     return min(defs, key=lambda d: math.prod(d.const_axes.values() or [1]))
 
@@ -132,7 +140,7 @@ def test_model_definitions_have_no_unknown_dtype_or_const(model) -> None:
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_reference_returns_declared_shapes_and_dtypes(case) -> None:
     _, schema = _schema(case)
-    defs = [d for d in model_definitions().values() if d.name.startswith(schema.name_prefix + "_")]
+    defs = [d for d in _all_model_definitions() if d.name.startswith(schema.name_prefix + "_")]
     if not defs:
         pytest.fail(f"no example definition for {schema.name_prefix}")
     definition = _smallest(defs)

@@ -31,13 +31,8 @@ from flashtune.model_shapes import ModelConfig
 from flashtune.ops.dsa.cache import pack_index_cache, unpack_index_cache
 from flashtune.ops.dsa.launch import run_indexer, run_sparse_attention
 from flashtune.ops.dsa.reference import dsa_sparse_attention_ref, dsa_topk_indexer_ref
-from flashtune.ops.dsa.schema import (
-    ATTENTION_SCHEMAS,
-    INDEXER_SCHEMAS,
-    attention_key,
-    indexer_key,
-)
-from flashtune.schema import REGISTRY, ApiOp, OpSchema
+from flashtune.ops.dsa.schema import ATTENTION_SCHEMA, INDEXER_SCHEMA
+from flashtune.schema import REGISTRY, ApiOp
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
 __all__ = [
@@ -124,39 +119,10 @@ def dsa_sparse_attention(
     )
 
 
-# --------------------------------------------------------------------------- the schemas' view
+# --------------------------------------------------------------------------- the schemas
 
-
-def _shape(t: Any, dim: int) -> int:
-    if not isinstance(t, torch.Tensor) or t.dim() <= dim:
-        raise ValueError(f"expected a tensor of more than {dim} dimensions, got {t!r}")
-    return int(t.shape[dim])
-
-
-class _AttentionOp(ApiOp):
-    """The sparse attention's schemas, keyed by page size and head count (schema.py)."""
-
-    def __init__(self, fn: Any) -> None:
-        super().__init__(fn, self.schema_for, list(ATTENTION_SCHEMAS.values()))
-
-    def schema_for(self, *args: Any, **kwargs: Any) -> OpSchema:
-        arguments = self.arguments(args, kwargs)
-        key = attention_key(_shape(arguments["ckv_cache"], 1), _shape(arguments["q_nope"], 1))
-        return ATTENTION_SCHEMAS[key]
-
-
-class _IndexerOp(ApiOp):
-    """The indexer's schemas: deep_gemm's shapes in the corpus's words, or others."""
-
-    def __init__(self, fn: Any) -> None:
-        super().__init__(fn, self.schema_for, list(INDEXER_SCHEMAS.values()))
-
-    def schema_for(self, *args: Any, **kwargs: Any) -> OpSchema:
-        return INDEXER_SCHEMAS[indexer_key(self.arguments(args, kwargs))]
-
-
-dsa_topk_indexer = _IndexerOp(dsa_topk_indexer)
-dsa_sparse_attention = _AttentionOp(dsa_sparse_attention)
+dsa_topk_indexer = ApiOp(dsa_topk_indexer, INDEXER_SCHEMA, None)
+dsa_sparse_attention = ApiOp(dsa_sparse_attention, ATTENTION_SCHEMA, None)
 
 DSA_OPS: tuple[ApiOp, ...] = (dsa_topk_indexer, dsa_sparse_attention)
 for _op in DSA_OPS:

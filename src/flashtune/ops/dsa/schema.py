@@ -3,17 +3,19 @@
 topk2048_ps1` and `_ps64`), with `reference.py`'s functions emitted as their reference.
 
 The corpus words its descriptions per variant (page size 1 or 64; the indexer's deep_gemm
-shapes, DeepSeek-V3.2's 16 heads at TP 8), so the schemas are made per key, as MLA's are:
-the corpus's wording at its shapes, the same contract in general words at others (the
-bundled dataset's reduced shapes). Its names put topk before the page size although its axes
-list page_size first: `DSASchema.name_order` spells the name's order.
+shapes, DeepSeek-V3.2's 16 heads at TP 8): the corpus's wording at its shapes, the same
+contract in general words at others (the bundled dataset's reduced shapes). One schema per
+op (`ATTENTION_SCHEMA`, `INDEXER_SCHEMA`) builds each Definition with the wording of its
+constants (`DSASchema.describe`: the variants in ATTENTION_SCHEMAS / INDEXER_SCHEMAS, which
+differ in descriptions only). Its names put topk before the page size although its axes list
+page_size first: `DSASchema.name_order` spells the name's order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from flashtune.data.models import Definition
 from flashtune.ops.dsa.reference import dsa_sparse_attention_ref, dsa_topk_indexer_ref
@@ -22,7 +24,9 @@ from flashtune.schema.core import BoundCall
 
 __all__ = [
     "ATTENTION_PREFIX",
+    "ATTENTION_SCHEMA",
     "ATTENTION_SCHEMAS",
+    "INDEXER_SCHEMA",
     "DSASchema",
     "INDEXER_PREFIX",
     "INDEXER_SCHEMAS",
@@ -37,10 +41,13 @@ OP_TYPE = "dsa_paged"
 
 @dataclass(frozen=True)
 class DSASchema(OpSchema):
-    """An OpSchema whose name spells its const axes in `name_order` (the corpus's), and whose
-    Definition description is the schema's own: the bound topk is in the name already."""
+    """An OpSchema whose name spells its const axes in `name_order` (the corpus's), whose
+    Definition description is the schema's own (the bound topk is in the name already), and
+    whose Definitions are worded by the variant `describe` gives for their constants (None:
+    this schema's own words)."""
 
     name_order: tuple[str, ...] = ()
+    describe: Callable[[Mapping[str, int]], OpSchema] | None = field(default=None, compare=False)
 
     def name_for(self, axes: Mapping[str, int]) -> str:
         parts = [self.name_prefix]
@@ -51,6 +58,8 @@ class DSASchema(OpSchema):
         return "_".join(parts)
 
     def build_definition(self, call: BoundCall) -> Definition:
+        if self.describe is not None:
+            return self.describe(call.axes).build_definition(call)
         definition = super().build_definition(call)
         return definition.model_copy(update={"description": self.description or None})
 
@@ -158,8 +167,15 @@ ATTENTION_SCHEMAS: dict[tuple[int | None, bool], DSASchema] = {
 
 
 def attention_key(page_size: int, num_heads: int) -> tuple[int | None, bool]:
-    """The key of a sparse attention call's schema in ATTENTION_SCHEMAS."""
+    """The key of a sparse attention call's wording in ATTENTION_SCHEMAS."""
     return (page_size if page_size in _PAGE_SIZE_TEXT else None, num_heads == 16)
+
+
+# The op's schema: the general words, each Definition in its constants' (describe).
+ATTENTION_SCHEMA = dataclasses.replace(
+    ATTENTION_SCHEMAS[(None, False)],
+    describe=lambda axes: ATTENTION_SCHEMAS[attention_key(axes["page_size"], axes["num_qo_heads"])],
+)
 
 
 # --------------------------------------------------------------------------- indexer
@@ -262,9 +278,12 @@ def _indexer_schema(deep_gemm: bool) -> DSASchema:
 INDEXER_SCHEMAS: dict[bool, DSASchema] = {dg: _indexer_schema(dg) for dg in (True, False)}
 
 
-def indexer_key(arguments: Mapping[str, Any]) -> bool:
-    """The key of an indexer call's schema in INDEXER_SCHEMAS: deep_gemm's shapes or not."""
-    q, cache = arguments.get("q_index_fp8"), arguments.get("k_index_cache_fp8")
-    shape_q = tuple(getattr(q, "shape", ()))
-    shape_k = tuple(getattr(cache, "shape", ()))
-    return shape_q[1:] == (64, 128) and shape_k[1:2] == (64,)
+def indexer_key(axes: Mapping[str, int]) -> bool:
+    """The key of an indexer call's wording in INDEXER_SCHEMAS: deep_gemm's shapes or not."""
+    shape = (axes["num_index_heads"], axes["index_head_dim"], axes["page_size"])
+    return shape == (64, 128, 64)
+
+
+INDEXER_SCHEMA = dataclasses.replace(
+    INDEXER_SCHEMAS[False], describe=lambda axes: INDEXER_SCHEMAS[indexer_key(axes)]
+)
