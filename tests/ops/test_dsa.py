@@ -24,6 +24,7 @@ from flashtune.ops.dsa import (
     pack_index_cache,
     unpack_index_cache,
 )
+from flashtune.ops.dsa.config import AttentionTactic, IndexerTactic
 from flashtune.ops.dsa.launch import run_indexer, run_sparse_attention
 from flashtune.ops.dsa.reference import indexer_scores_at
 
@@ -121,6 +122,9 @@ def test_indexer_matches_reference(seq_lens, page_size, topk):
     scores = indexer_scores_at(*inputs, out)
     finite = scores.masked_fill(~torch.isfinite(scores), -1e30)
     assert (finite[:, 1:] <= finite[:, :-1] + 1e-4 * finite.abs().amax()).all()
+    # Programs of a few tiles each: rows ending mid-chunk, chunks wholly past seq_len.
+    small = run_indexer(*inputs, topk=topk, tactic=IndexerTactic(block_n=16, chunk=32))
+    _assert_index_sets(small, ref, inputs)
 
 
 @pytest.mark.interpreter
@@ -159,7 +163,8 @@ def test_pack_index_cache_round_trips():
 )
 def test_sparse_attention_matches_reference(tokens, heads, page_size, topk, splits):
     args = _attention_inputs(tokens, heads, 64, 16, 7, page_size, topk, torch.float16, "cpu")
-    got = run_sparse_attention(*args, 0.125, num_splits=splits)
+    tactic = AttentionTactic(block_n=16, min_split_tiles=1)  # several tiles a split
+    got = run_sparse_attention(*args, 0.125, tactic=tactic, num_splits=splits)
     _check_attention(got, dsa_sparse_attention_ref(*args, 0.125), torch.float16)
     if tokens > 2:  # no valid slot: output 0, LSE -inf
         assert (got[0][2] == 0).all() and torch.isneginf(got[1][2]).all()

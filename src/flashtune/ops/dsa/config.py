@@ -31,13 +31,16 @@ class AttentionTactic:
     num_warps: int = 8
     num_stages: int = 2
     programs_per_sm: int = 2
+    min_split_tiles: int = 2  # a split's fewest tiles: fewer and the merge reads more
 
 
 @dataclass(frozen=True)
 class IndexerTactic:
-    """Indexer scores: tokens per tile, warps, pipeline stages."""
+    """Indexer scores: tokens per tile, tokens per program (its tiles share one q load),
+    warps, pipeline stages."""
 
     block_n: int = 64
+    chunk: int = 512
     num_warps: int = 4
     num_stages: int = 2
 
@@ -46,22 +49,30 @@ DEFAULT_ATTENTION = AttentionTactic()
 DEFAULT_INDEXER = IndexerTactic()
 
 ATTENTION_CANDIDATES: tuple[AttentionTactic, ...] = tuple(
-    AttentionTactic(n, w, s, p)
+    AttentionTactic(n, w, s, p, m)
     for n in (32, 64)
     for w in (4, 8)
-    for s in (1, 2, 3)
+    for s in (2, 3)
     for p in (1, 2, 4)
+    for m in (1, 2, 4)
 )
 INDEXER_CANDIDATES: tuple[IndexerTactic, ...] = tuple(
-    IndexerTactic(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (1, 2, 3)
+    IndexerTactic(n, c, w, s)
+    for n in (32, 64, 128)
+    for c in (256, 1024, 4096)
+    for w in (4, 8)
+    for s in (2, 3)
+    if c >= n
 )
 
 
-def splits_for(tokens: int, topk: int, block_n: int, sm_count: int, programs_per_sm: int) -> int:
+def splits_for(tokens: int, topk: int, tactic: AttentionTactic, sm_count: int) -> int:
     """How many splits of a token's topk slots: enough programs to fill the GPU
     (tokens * splits >= programs_per_sm * sm_count), a power of two, each split at least
-    four tiles of slots (fewer and the merge costs more than it spreads)."""
-    most = max(1, topk // (4 * block_n))
+    min_split_tiles tiles of slots (fewer and the merge reads more than the split spreads:
+    a split's partial output is H x 512 fp32, 32 KB at 16 heads, its tiles' rows 73 KB)."""
+    programs_per_sm = tactic.programs_per_sm
+    most = max(1, topk // (tactic.min_split_tiles * tactic.block_n))
     splits = 1
     while splits < most and tokens * splits < programs_per_sm * sm_count:
         splits *= 2

@@ -27,6 +27,16 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _in_dtype(x, dtype: tl.constexpr):
+    """x as an MMA operand of `dtype` (q's): as it is when it has it already (fp8 keys under
+    fp8 queries stay fp8: an fp8 x fp8 MMA), else through as_q_dtype."""
+    if x.dtype == dtype:
+        return x
+    else:
+        return as_q_dtype(x, dtype)
+
+
+@triton.jit
 def indexer_logits_kernel(
     q_ptr,  # [B, H, D] fp8 e4m3 (or a float type)
     k_ptr,  # [num_pages, page_size, D] fp8: the packed cache's values (strided view)
@@ -50,14 +60,16 @@ def indexer_logits_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr,  # tokens per program: CHUNK // BLOCK_N tiles, q loaded once
 ):
     b = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    chunk_start = tl.program_id(1) * CHUNK
     # A seq_len past the block table's pages reads only the pages it has (as the reference).
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), max_len)
-    in_seq = offs_n < seq_len
-    logit = tl.full([BLOCK_N], -float("inf"), dtype=tl.float32)
-    if tl.program_id(1) * BLOCK_N < seq_len:
+    offs_n = tl.arange(0, BLOCK_N)
+    chunk_end = tl.minimum(chunk_start + CHUNK, max_len)
+    scored_end = tl.minimum(chunk_end, seq_len)
+    if chunk_start < scored_end:
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, D)
         h_ok = offs_h < num_heads
@@ -66,21 +78,33 @@ def indexer_logits_kernel(
             mask=h_ok[:, None],
             other=0.0,
         )
-        page = tl.load(bt_ptr + b * stride_btb + offs_n // PAGE_SIZE, mask=in_seq, other=0)
-        page = page.to(tl.int64)
-        slot = offs_n % PAGE_SIZE
-        k = tl.load(
-            k_ptr + page[:, None] * stride_kp + slot[:, None] * stride_kt + offs_d[None, :],
-            mask=in_seq[:, None],
-            other=0.0,
-        )
-        scale = tl.load(ks_ptr + page * stride_sp + slot * stride_st, mask=in_seq, other=0.0)
-        s = tl.dot(q, tl.trans(as_q_dtype(k, q.dtype)))  # [BLOCK_H, BLOCK_N] fp32
-        # The scale before the ReLU: relu(s * x) = s * relu(x) holds for s >= 0 only.
-        s = tl.maximum(s * scale[None, :], 0.0)
         w = tl.load(w_ptr + b * stride_wb + offs_h, mask=h_ok, other=0.0)
-        logit = tl.where(in_seq, tl.sum(s * w[:, None], 0), -float("inf"))
-    tl.store(logits_ptr + b * stride_lb + offs_n, logit, mask=offs_n < max_len)
+        for start in range(chunk_start, scored_end, BLOCK_N):
+            pos = start + offs_n
+            in_seq = pos < scored_end
+            page = tl.load(bt_ptr + b * stride_btb + pos // PAGE_SIZE, mask=in_seq, other=0)
+            page = page.to(tl.int64)
+            slot = pos % PAGE_SIZE
+            k = tl.load(
+                k_ptr + page[:, None] * stride_kp + slot[:, None] * stride_kt + offs_d[None, :],
+                mask=in_seq[:, None],
+                other=0.0,
+            )
+            scale = tl.load(ks_ptr + page * stride_sp + slot * stride_st, mask=in_seq, other=0.0)
+            s = tl.dot(q, tl.trans(_in_dtype(k, q.dtype)))  # [BLOCK_H, BLOCK_N] fp32
+            # The scale before the ReLU: relu(s * x) = s * relu(x) holds for s >= 0 only.
+            s = tl.maximum(s * scale[None, :], 0.0)
+            logit = tl.where(in_seq, tl.sum(s * w[:, None], 0), -float("inf"))
+            tl.store(logits_ptr + b * stride_lb + pos, logit, mask=pos < chunk_end)
+    # The chunk's tokens past seq_len (all of them when it starts there) score -inf.
+    tail = tl.maximum(scored_end, chunk_start)
+    for start in range(tail, chunk_end, BLOCK_N):
+        pos = start + offs_n
+        tl.store(
+            logits_ptr + b * stride_lb + pos,
+            tl.full([BLOCK_N], -float("inf"), dtype=tl.float32),
+            mask=pos < chunk_end,
+        )
 
 
 @triton.jit
@@ -139,9 +163,15 @@ def dsa_attention_kernel(
     acc = tl.zeros([BLOCK_H, D_CKV], dtype=tl.float32)
     start = split * chunk
     end = tl.minimum(start + chunk, topk)
+    # Slots are loaded one tile ahead (loop-carried), so a tile's row gathers need not wait
+    # for its slot load (as MLA's kernel does with its page ids).
+    idx_next = tl.load(
+        idx_ptr + t * stride_it + start + offs_n, mask=start + offs_n < end, other=-1
+    )
     for j in range(start, end, BLOCK_N):
-        offs = j + offs_n
-        idx = tl.load(idx_ptr + t * stride_it + offs, mask=offs < end, other=-1)
+        idx = idx_next
+        ahead = j + BLOCK_N + offs_n
+        idx_next = tl.load(idx_ptr + t * stride_it + ahead, mask=ahead < end, other=-1)
         valid = idx >= 0
         slot = tl.where(valid, idx, 0).to(tl.int64)
         page = slot // PAGE_SIZE
@@ -157,9 +187,9 @@ def dsa_attention_kernel(
             mask=valid[:, None],
             other=0.0,
         )
-        c = as_q_dtype(c, q_dtype)
+        c = _in_dtype(c, q_dtype)
         s = tl.dot(qn, tl.trans(c))
-        s = tl.dot(qp, tl.trans(as_q_dtype(kp, q_dtype)), s)
+        s = tl.dot(qp, tl.trans(_in_dtype(kp, q_dtype)), s)
         prob, alpha, m_i, l_i = softmax_step(s * qk_scale, valid[None, :], m_i, l_i)
         acc = acc * alpha[:, None] + tl.dot(prob.to(q_dtype), c)
     has = l_i > 0

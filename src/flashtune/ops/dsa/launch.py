@@ -91,13 +91,15 @@ def indexer_logits(
         return logits
     if values.stride(2) != 1 or q.stride(2) != 1:
         raise ValueError("the keys' and queries' last dimension must be contiguous")
-    grid = (batch, triton.cdiv(max_len, tactic.block_n))
+    chunk = max(tactic.chunk, tactic.block_n)
+    grid = (batch, triton.cdiv(max_len, chunk))
     indexer_logits_kernel[grid](
         q, values, scales, weights, seq_lens, block_table, logits, max_len, heads,
         q.stride(0), q.stride(1), values.stride(0), values.stride(1), scales.stride(0),
         scales.stride(1), weights.stride(0), block_table.stride(0), logits.stride(0),
         D=head_dim, PAGE_SIZE=page_size, BLOCK_H=max(16, triton.next_power_of_2(heads)),
-        BLOCK_N=tactic.block_n, num_warps=tactic.num_warps, num_stages=tactic.num_stages,
+        BLOCK_N=tactic.block_n, CHUNK=chunk, num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
     )  # fmt: skip
     return logits
 
@@ -224,7 +226,7 @@ def run_sparse_attention(
     block_n = tactic.block_n
     if num_splits is None:
         sms = platform.device_limits(dev).sm_count
-        num_splits = splits_for(tokens, topk, block_n, sms, tactic.programs_per_sm)
+        num_splits = splits_for(tokens, topk, tactic, sms)
     chunk = triton.cdiv(triton.cdiv(max(topk, 1), num_splits), block_n) * block_n
     splits = max(1, triton.cdiv(topk, chunk))
     block_h = min(max(16, triton.next_power_of_2(heads)), 32)
