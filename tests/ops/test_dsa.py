@@ -185,6 +185,8 @@ def test_sparse_attention_public_call_and_errors():
         dsa_sparse_attention(qn, qp, ckv, kpe, idx.long(), 0.2)
     with pytest.raises(ValueError, match="sparse_indices"):
         dsa_sparse_attention(qn, qp, ckv, kpe, idx[:2], 0.2)
+    with pytest.raises(TypeError, match="ckv_cache"):  # an fp8 cache has no scales here
+        dsa_sparse_attention(qn, qp, ckv.to(torch.float8_e4m3fn), kpe, idx, 0.2)
 
 
 # --------------------------------------------------------------------------- GPU

@@ -99,7 +99,7 @@ def dsa_sparse_attention(
 
     q_nope [T, H, Dc] and q_pe [T, H, Dp] bfloat16 or float16 (DeepSeek-V3.2 at TP 8: H 16,
     Dc 512, Dp 64); ckv_cache [num_pages, page_size, Dc] and kpe_cache [num_pages,
-    page_size, Dp] in q's dtype (or fp8 e4m3, unscaled); sparse_indices [T, topk] int32
+    page_size, Dp] in q's dtype; sparse_indices [T, topk] int32
     slots page * page_size + offset (what dsa_topk_indexer returns), -1: padding; sm_scale
     (DeepSeek: 1/sqrt(192), the pre-absorption head dim). Returns (output [T, H, Dc] in q's
     dtype, lse [T, H] float32, base-2 log-sum-exp of the scaled logits), written into `out`

@@ -194,9 +194,9 @@ def run_sparse_attention(
     qp = _check("q_pe", q_pe, 3, (qn.dtype,), dev)
     _same("q_pe", tuple(qp.shape[:2]), (tokens, heads), "[num_tokens, num_heads]")
     d_kpe = qp.shape[2]
-    cache_types = (qn.dtype, *_FP8)
-    ckv = _check("ckv_cache", ckv_cache, 3, cache_types, dev)
-    kpe = _check("kpe_cache", kpe_cache, 3, cache_types, dev)
+    # The caches in q's dtype: an fp8 latent cache needs its scales, which no DSA contract has.
+    ckv = _check("ckv_cache", ckv_cache, 3, (qn.dtype,), dev)
+    kpe = _check("kpe_cache", kpe_cache, 3, (qn.dtype,), dev)
     _same("ckv_cache", ckv.shape[2], d_ckv, "head_dim_ckv (its last dimension)")
     _same("kpe_cache", kpe.shape[2], d_kpe, "head_dim_kpe (its last dimension)")
     _same("kpe_cache", tuple(kpe.shape[:2]), tuple(ckv.shape[:2]), "[num_pages, page_size]")
