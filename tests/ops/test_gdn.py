@@ -63,11 +63,14 @@ def _cu(lengths: tuple[int, ...], device: torch.device | str = "cpu") -> torch.T
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("with_state", [False, True])
-def test_prefill_matches_the_reference_across_chunk_boundaries(with_state):
+@pytest.mark.parametrize(
+    "with_state, lengths",
+    [(True, LENGTHS), (False, (65, 0, 1))],  # no state: fewer chunks
+)
+def test_prefill_matches_the_reference_across_chunk_boundaries(with_state, lengths):
     dt = torch.float16
-    cu = _cu(LENGTHS)
-    t, n = int(cu[-1]), len(LENGTHS)
+    cu = _cu(lengths)
+    t, n = int(cu[-1]), len(lengths)
     q, k = _unit(t, H, D, dtype=dt), _unit(t, H, D, dtype=dt)
     v = torch.randn(t, HV, D).to(dt)
     a_log, dt_bias = _gate_params(HV)
@@ -78,9 +81,11 @@ def test_prefill_matches_the_reference_across_chunk_boundaries(with_state):
     assert out.shape == (t, HV, D) and new_state.shape == (n, HV, D, D)
     assert _rel(out, ref_out) < 5e-3
     assert _rel(new_state, ref_state) < 1e-4
-    for i in (0, 1, 3, 4, 5):  # every sequence's state, also the one-token one
-        assert _rel(new_state[i], ref_state[i]) < 1e-4, i
-    assert torch.count_nonzero(new_state[2]) == 0  # the empty sequence's
+    for i, length in enumerate(lengths):  # every sequence's state, also the one-token one
+        if length == 0:
+            assert torch.count_nonzero(new_state[i]) == 0  # an empty sequence's: zeros
+        else:
+            assert _rel(new_state[i], ref_state[i]) < 1e-4, i
 
 
 @pytest.mark.interpreter
@@ -270,3 +275,46 @@ def test_decode_and_mtp_bf16_at_qwen3_next_shapes(batch):
     ref = gdn_mtp_ref(q, k, v, pool, idx, a_log, a, dt_bias, b, None, ref_buf)
     _evaluator_bounds(out, ref[0], buf, ref_buf)
     assert torch.equal(final, pool)
+
+
+# --------------------------------------------------------------------------- tactics
+
+
+@pytest.mark.interpreter
+def test_every_recurrent_tactic_computes_the_same():
+    from flashtune.ops.gdn.launch import RecurrentInputs, RecurrentRunner
+
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(2, 2)
+    state = torch.randn(2, HV, D, D)
+    ref_out, _ = gdn_mtp_ref(q, k, v, state, torch.arange(2, dtype=torch.int32), a_log, a,
+                             dt_bias, b, 0.0)  # fmt: skip
+    runner = RecurrentRunner()
+    out = torch.empty(2, 2, HV, D, dtype=q.dtype)
+    inputs = RecurrentInputs(q, k, v, a_log, a, dt_bias, b, state, None, out, None, None, None,
+                             D**-0.5, True, False, True)  # fmt: skip
+    tactics = runner.get_valid_tactics(inputs, None)
+    assert len(tactics) >= 6 and all(t.block_v <= D for t in tactics)
+    for tactic in tactics:
+        out.zero_()
+        runner.forward(inputs, tactic)
+        assert _rel(out, ref_out) < 5e-3, tactic
+
+
+@pytest.mark.interpreter
+def test_chunked_tactics_compute_the_same():
+    from flashtune.ops.gdn.launch import ChunkedInputs, ChunkedRunner
+
+    dt, cu = torch.float16, _cu((70,))
+    q, k = _unit(70, H, D, dtype=dt), _unit(70, H, D, dtype=dt)
+    v = torch.randn(70, HV, D).to(dt)
+    a_log, dt_bias = _gate_params(HV)
+    a, b = torch.randn(70, HV).to(dt), torch.randn(70, HV).to(dt)
+    ref_out, ref_state = gdn_prefill_ref(q, k, v, None, a_log, a, dt_bias, b, cu, 0.0)
+    runner = ChunkedRunner()
+    out, state = torch.empty(70, HV, D, dtype=dt), torch.empty(1, HV, D, D)
+    inputs = ChunkedInputs(q, k, v, a_log, a, dt_bias, b, cu, None, state, out, D**-0.5, True)
+    tactics = runner.get_valid_tactics(inputs, None)
+    assert {t.block_v for t in tactics} == {32} and len(tactics) == 2  # block_v <= D = 32
+    for tactic in tactics:
+        runner.forward(inputs, tactic)
+        assert _rel(out, ref_out) < 5e-3 and _rel(state, ref_state) < 1e-4, tactic
