@@ -36,9 +36,12 @@ TOP_LEVEL: dict[str, tuple[str, ...]] = {
         "trtllm_fp8_per_tensor_scale_moe",
         "trtllm_bf16_moe",
     ),
-    # Gated Delta Net: FlashInfer's flashinfer.gdn_prefill / gdn_decode, under the module name
-    # FlashInfer-Trace's gdn Definitions give them (fi_api:flashinfer.gdn.*)
-    "gdn": ("chunk_gated_delta_rule",),
+    # Gated Delta Net: FlashInfer's flashinfer.gdn_prefill and flashinfer.gdn_decode, and all of
+    # them in flashtune.gdn (the module FlashInfer-Trace's gdn Definitions name: fi_api:
+    # flashinfer.gdn.*)
+    "gdn": (),
+    "gdn_decode": (),
+    "gdn_prefill": ("chunk_gated_delta_rule",),
     # FlashInfer's mamba submodule: none of its names are at its top level (SUBMODULE_ONLY)
     "mamba": (),
     # flashtune's DeepSeek Sparse Attention (FlashInfer has no Python API of its contracts:
@@ -99,6 +102,12 @@ SUBMODULE_ONLY: dict[str, tuple[str, ...]] = {
         "batch_deepgemm_fp8_nt_groupwise",
     ),
     "gdn": (
+        "chunk_gated_delta_rule",
+        "gated_delta_rule_decode",
+        "gated_delta_rule_decode_pretranspose",
+        "gated_delta_rule_mtp",
+    ),
+    "gdn_decode": (
         "gated_delta_rule_decode",
         "gated_delta_rule_decode_pretranspose",
         "gated_delta_rule_mtp",

@@ -1,7 +1,9 @@
-"""`flashinfer.gdn_prefill` and `flashinfer.gdn_decode` under one flashtune name (FlashInfer-
-Trace's `flashinfer.gdn.*`): Gated Delta Net linear attention (flashtune.ops.gdn), plus the
-definition-shaped ops of FlashInfer-Trace's gdn Definitions (gdn_prefill, gdn_decode,
-gdn_mtp: raw gate inputs, no q/k normalization, the new state returned)."""
+"""Gated Delta Net linear attention (flashtune.ops.gdn), every call in one module (the one
+FlashInfer-Trace's gdn Definitions name, `flashinfer.gdn.*`): FlashInfer's
+`flashinfer.gdn_prefill` and `flashinfer.gdn_decode` calls (also under those names,
+flashtune.gdn_prefill and flashtune.gdn_decode), plus the definition-shaped ops of the
+Definitions (gdn_prefill, gdn_decode, gdn_mtp: raw gate inputs, no q/k normalization, the new
+state returned)."""
 
 from __future__ import annotations
 
