@@ -7,6 +7,13 @@ says, so the schemas append it (`GDNSchema.suffix`).
 The corpus files' descriptions differ from file to file (tensor parallel degrees in the
 axes' words, some axes described and others not); the contract is the same, and these
 schemas describe it once (`flashtune solutions coverage` matches by names, shapes, dtypes).
+
+No `fi_api:` tag (the corpus's name `flashinfer.gdn.chunk_gated_delta_rule` and
+`.gated_delta_rule_decode`): apply's mirror routes a FlashInfer function named by a schema's
+tag through the schema's op, and these ops are not FlashInfer's calls (raw gate inputs, no
+q/k normalization, a new state returned, not updated in place); the tag's module path would
+also name FlashInfer's modules flashinfer.gdn_prefill / gdn_decode. The tags stay within the
+corpus's.
 """
 
 from __future__ import annotations
@@ -123,7 +130,7 @@ GDN_PREFILL = GDNSchema(
         ),
     },
     constraints=("len_cu_seqlens == num_seqs + 1", "total_seq_len == cu_seqlens[-1].item()"),
-    tags=("stage:prefill", "layout:k-last", "fi_api:flashinfer.gdn.chunk_gated_delta_rule"),
+    tags=("stage:prefill", "layout:k-last"),
     reference=gdn_prefill_ref,
 )
 
@@ -174,7 +181,7 @@ GDN_DECODE = GDNSchema(
         ),
     },
     constraints=_GVA,
-    tags=("stage:decode", "layout:k-last", "fi_api:flashinfer.gdn.gated_delta_rule_decode"),
+    tags=("stage:decode", "layout:k-last"),
     reference=gdn_decode_ref,
 )
 
