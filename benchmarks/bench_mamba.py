@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import sys
 import tarfile
 import time
@@ -104,13 +105,22 @@ def load_mamba_ssm() -> Callable[..., Any] | None:
 
 
 def load_flashinfer() -> Callable[..., Any] | None:
+    """FlashInfer's selective_state_update where the installed FlashInfer has one (0.2.14 has
+    no mamba module; later ones do), called with the keywords its signature takes (`out` and
+    `pad_slot_id` came later than the rest)."""
     try:
         import flashinfer.mamba as fi_mamba  # type: ignore[import-not-found]
 
-        return fi_mamba.selective_state_update
+        fn = fi_mamba.selective_state_update
     except Exception as exc:
         print(f"  peer flashinfer unavailable: {type(exc).__name__}: {str(exc)[:160]}")
         return None
+    accepted = set(inspect.signature(fn).parameters)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{k: v for k, v in kwargs.items() if k in accepted})
+
+    return call
 
 
 def torch_step(state, x, dt, A, B, C, D, z, dt_bias, idx):

@@ -323,3 +323,89 @@ def test_compiles_under_torch_compile():
     got = torch.compile(step)(compiled_state, *(t[k] for k in names))
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(compiled_state, eager_state)
+
+
+def test_tuning_inputs_are_fresh_and_valid():
+    """The autotuner profiles on inputs it draws at the bucket's batch: a fresh cache with a
+    slot for each row (grown past the caller's when the bucket is larger), distinct slots,
+    the caller's weights (A's sign makes the decays)."""
+    from flashtune.ops.mamba.launch import SSU_TUNING, _tuning_inputs
+    from flashtune.tune.runner import make_profile
+
+    t = _inputs(3, 3, 2, 8, 16, 1, torch.float32, torch.device("cpu"))
+    out = torch.empty(3, 2, 8)
+    inputs = SSUInputs(t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], None, None,
+                       None, t["state_batch_indices"].abs(), None, out, True, -1, True)  # fmt: skip
+    profile = make_profile(inputs, SSU_TUNING)
+    fresh = SSUInputs(*_tuning_inputs(list(inputs), profile))
+    assert fresh.x.shape == (4, 2, 8) and fresh.out.shape == (4, 2, 8)  # batch 3 -> bucket 4
+    assert fresh.B.shape == (4, 1, 16) and fresh.state.shape == (4, 2, 8, 16)
+    assert fresh.slots is not None and sorted(fresh.slots.tolist()) == [0, 1, 2, 3]
+    assert fresh.A is inputs.A and fresh.state is not inputs.state
+
+
+_AOT_CHILD = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashtune.ops.mamba.kernels import _ssu_kernel
+
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+PTRS = {"STATE": "*bf16", "X": "*bf16", "DT": "*bf16", "A": "*fp32", "Bm": "*bf16",
+        "Cm": "*bf16", "Dv": "*bf16", "Z": "*bf16", "DT_BIAS": "*bf16", "SLOTS": "*i32",
+        "DST": "*i32", "OUT": "*bf16"}
+
+def compile_one(consts, warps):
+    sig, attrs = {}, {}
+    for i, n in enumerate(_ssu_kernel.arg_names):
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n in PTRS:
+            sig[n] = PTRS[n]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[n] = "i32"
+    src = ASTSource(_ssu_kernel, sig, constexprs=consts, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    if not os.path.exists(PTXAS):
+        return 0
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    out = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                         capture_output=True, text=True, check=True).stderr
+    return sum(int(v) for v in re.findall(r"(\d+) bytes spill stores", out))
+
+results = []
+for block_d, warps, tie, z, dst in json.loads(sys.argv[1]):
+    consts = dict(BLOCK_D=block_d, BLOCK_S=128, TIE_A=bool(tie), HAS_D=True, HAS_Z=bool(z),
+                  HAS_DT_BIAS=True, HAS_SLOTS=True, HAS_DST=bool(dst), SOFTPLUS=True,
+                  WRITE_STATE=True)
+    results.append([block_d, warps, tie, z, dst, compile_one(consts, warps)])
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_kernel_compiles_for_sm90_without_spills():
+    """Every tactic at the dataset's head_dim 64 / dstate 128, with Mamba-2's per-head A and
+    with per-element A, z and destination slots, compiles for sm_90 (the H200) through
+    ptxas with no register spills: what the interpreter cannot check."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    space = SSUTactic.space(64, 128)
+    cases = [(t.block_d, t.num_warps, 1, 0, 0) for t in space]
+    cases += [(t.block_d, t.num_warps, 0, 1, 1) for t in space]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT_CHILD, json.dumps(cases)],
+        env=env, capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(cases)
+    for block_d, warps, tie, z, dst, spills in results:
+        assert spills == 0, f"BLOCK_D {block_d}, {warps} warps, tie {tie}, z {z}, dst {dst}"
