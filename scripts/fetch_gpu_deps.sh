@@ -3,7 +3,8 @@
 # network): FlashInfer 0.2.14.post1's source archive (the peer in every benchmark) with its
 # loader script, Python 3.12 wheels of pydantic (flashtune's data model) and friends, fla-core
 # (flash-linear-attention's kernels, the GDN benchmark's peer), and with
-# RAY=1 a slim Ray wheel and its dependencies in .peer/ray/ (for `flashtune run --ray local`).
+# RAY=1 a slim Ray wheel and its dependencies in .peer/ray/ (for `flashtune run --ray local`),
+# and FlashInfer 0.7.2.post1 for sm90 in .peer/fi072/ (FI072=0: not).
 # Run it once here, then pass carry=[".peer"] to each run (scripts/gpu_session.sh uses it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,5 +50,12 @@ if [ "${RAY:-0}" = 1 ]; then
     esac
   done
   rm -rf .peer/ray-full
+fi
+# FlashInfer 0.7.2.post1 beside 0.2.14 (issue 37): a slim wheel, apache-tvm-ffi and the cuRAND /
+# cuBLAS headers in .peer/fi072/ (~16 MiB; scripts/fetch_flashinfer072.sh), loaded on the GPU
+# machine by `source scripts/flashinfer072.sh`. FI072=0 skips it. It prints what a run carries
+# against the 64 MiB limit.
+if [ "${FI072:-1}" = 1 ]; then
+  bash scripts/fetch_flashinfer072.sh
 fi
 ls -la .peer .peer/wheels

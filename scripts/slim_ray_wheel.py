@@ -11,11 +11,11 @@ copy stays a valid wheel: its RECORD lists exactly the files kept, with their ha
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import sys
-import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wheel_slim import write_filtered_wheel  # noqa: E402  (a sibling script, not a package)
 
 # Prefixes inside the wheel that the cluster path of flashtune does not import.
 DROP = (
@@ -31,29 +31,8 @@ DROP = (
 )
 
 
-def _record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-    return f"sha256={digest.decode()}"
-
-
 def slim(wheel: Path, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / wheel.name
-    with (
-        zipfile.ZipFile(wheel) as src,
-        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as dst,
-    ):
-        record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
-        lines = []
-        for info in src.infolist():
-            if info.filename == record_name or info.filename.startswith(DROP):
-                continue
-            data = src.read(info)
-            dst.writestr(info, data)
-            lines.append(f"{info.filename},{_record_hash(data)},{len(data)}")
-        lines.append(f"{record_name},,")
-        dst.writestr(record_name, "\n".join(lines) + "\n")
-    return out
+    return write_filtered_wheel(wheel, out_dir, lambda name: not name.startswith(DROP)).path
 
 
 def main() -> None:
