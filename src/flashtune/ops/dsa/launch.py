@@ -221,6 +221,8 @@ def run_sparse_attention(
     else:
         _check("lse", lse, 2, (torch.float32,), dev)
         _same("lse", tuple(lse.shape), (tokens, heads), "the shape")
+    if out.stride(2) != 1 or lse.stride(1) != 1:
+        raise ValueError("out's and lse's last dimensions must be contiguous")
     if tokens == 0 or heads == 0:
         return out, lse
     block_n = tactic.block_n
