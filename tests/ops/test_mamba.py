@@ -1,8 +1,9 @@
-"""Mamba-2's selective state update against its reference: a CPU interpreter grid (fp16/fp32,
-odd batch sizes, head_dim and dstate that leave partial tiles, one and several groups, with
-and without z / D / dt_bias / softplus, slots with pad rows, Mamba-2's per-head A, the 2-D
-forms), every tactic of the space, the in-place and destination-slot semantics, bad input,
-and bf16 at the FlashInfer-Trace shapes on the GPU."""
+"""Mamba-2's selective state update against its reference: a grid (fp16/fp32, on the CPU
+under Triton's interpreter or on the GPU; odd batch sizes, head_dim and dstate that leave
+partial tiles, one and several groups, with and without z / D / dt_bias / softplus, slots
+with pad rows, Mamba-2's per-head A, the 2-D forms), tactics, the in-place and
+destination-slot semantics, bad input, the autotuner's inputs, bf16 at the FlashInfer-Trace
+shapes on the GPU, and the kernel compiled for sm_90 without a GPU (slow)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,6 @@ def _check(
 SHAPES = [(1, 3, 2, 12, 16, 1), (3, 5, 2, 12, 12, 2), (5, 9, 4, 8, 20, 2)]
 
 
-@pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_matches_reference_with_every_input(dtype, shape, device):
@@ -104,7 +104,6 @@ def test_matches_reference_with_every_input(dtype, shape, device):
     _check(t, dtype, z=True, D=True, bias=True, softplus=True, slots=True)
 
 
-@pytest.mark.interpreter
 @pytest.mark.parametrize(
     "z,D,bias,softplus,slots",
     [
@@ -118,7 +117,6 @@ def test_optional_inputs(z, D, bias, softplus, slots, device):
     _check(t, torch.float32, z=z, D=D, bias=bias, softplus=softplus, slots=slots)
 
 
-@pytest.mark.interpreter
 def test_two_dimensional_forms(device):
     """FlashInfer's head-less forms: state [slots, dim, dstate], x [batch, dim], A [dim,
     dstate], B / C [batch, dstate], D / dt_bias [dim]."""
@@ -139,7 +137,6 @@ def test_two_dimensional_forms(device):
     torch.testing.assert_close(state, want_state.squeeze(1), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.interpreter
 def test_every_tactic_agrees(device):
     t = _inputs(2, 3, 2, 16, 16, 1, torch.float32, device, pads=1)
     st, x, dt, A, B, C, D, z, bias = check_ssu(
@@ -163,7 +160,6 @@ def test_every_tactic_agrees(device):
         torch.testing.assert_close(state, want_state, atol=1e-4, rtol=1e-4, msg=str(tactic))
 
 
-@pytest.mark.interpreter
 def test_destination_slots_and_disabled_update(device):
     """dst_state_batch_indices: read slot i, write slot j (the source unchanged; a pad
     destination writes nothing); disable_state_update: the output only."""
@@ -328,7 +324,7 @@ def test_compiles_under_torch_compile():
 def test_tuning_inputs_are_fresh_and_valid():
     """The autotuner profiles on inputs it draws at the bucket's batch: a fresh cache with a
     slot for each row (grown past the caller's when the bucket is larger), distinct slots,
-    the caller's weights (A's sign makes the decays)."""
+    the caller's weights, A made negative (timing repeats calls on one state)."""
     from flashtune.ops.mamba.launch import SSU_TUNING, _tuning_inputs
     from flashtune.tune.runner import make_profile
 
@@ -341,7 +337,10 @@ def test_tuning_inputs_are_fresh_and_valid():
     assert fresh.x.shape == (4, 2, 8) and fresh.out.shape == (4, 2, 8)  # batch 3 -> bucket 4
     assert fresh.B.shape == (4, 1, 16) and fresh.state.shape == (4, 2, 8, 16)
     assert fresh.slots is not None and sorted(fresh.slots.tolist()) == [0, 1, 2, 3]
-    assert fresh.A is inputs.A and fresh.state is not inputs.state
+    assert fresh.state is not inputs.state and fresh.D is inputs.D
+    assert torch.all(fresh.A < 0) and fresh.A.stride() == inputs.A.stride()  # per head, < 0
+    grown = SSUInputs(*_tuning_inputs(list(inputs._replace(A=inputs.A.neg())), profile))
+    assert torch.all(grown.A < 0)  # a random A's positive heads: decays below 1 all the same
 
 
 _AOT_CHILD = r"""
@@ -409,3 +408,36 @@ def test_kernel_compiles_for_sm90_without_spills():
     assert len(results) == len(cases)
     for block_d, warps, tie, z, dst, spills in results:
         assert spills == 0, f"BLOCK_D {block_d}, {warps} warps, tie {tie}, z {z}, dst {dst}"
+
+
+@pytest.mark.slow
+def test_autotune_profiles_on_its_own_inputs(device):
+    """Inside autotune() a call profiles its bucket's tactics on inputs the tuner draws, then
+    runs the pick: the caller's cache is updated once, as without tuning (16 s on the CPU)."""
+    from flashtune.tune import autotune
+
+    t = _inputs(2, 3, 1, 8, 16, 1, torch.float32, device)
+    want_y, want_state = selective_state_update_ref(
+        t["state"], t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], None, None, True,
+        t["state_batch_indices"],
+    )  # fmt: skip
+    state = t["state"].clone()
+    with autotune(True) as tuner:
+        before = tuner.stats.shapes_tuned
+        y = selective_state_update(
+            state, t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], dt_softplus=True,
+            state_batch_indices=t["state_batch_indices"],
+        )  # fmt: skip
+        assert tuner.stats.shapes_tuned == before + 1
+    torch.testing.assert_close(y, want_y, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(state, want_state, atol=1e-4, rtol=1e-4)
+
+
+def test_served_under_flashinfers_submodule_name():
+    """`import flashtune as flashinfer`: flashinfer.mamba.selective_state_update, which
+    FlashInfer keeps out of its top level."""
+    import flashtune as flashinfer
+
+    assert flashinfer.mamba.selective_state_update is selective_state_update
+    assert flashinfer.mamba.__all__ == ["selective_state_update"]
+    assert "selective_state_update" not in flashinfer.__all__

@@ -192,8 +192,8 @@ _ROWS = ("x", "dt", "B", "C", "z", "slots", "dst", "out")  # their dim 0 is the 
 
 def _tuning_inputs(inputs: Sequence[Any], profile: Any) -> list[Any]:
     """Fresh valid inputs at the profile's batch: random rows, a fresh state cache (with at
-    least a slot per row), distinct random slots, and the caller's A, D and dt_bias (weights:
-    their shapes do not change, and A's sign makes the decays)."""
+    least a slot per row), distinct random slots, and the caller's weights D and dt_bias (their
+    shapes do not change) and A, made negative."""
     a = named(SSUInputs, inputs)
     batch = int(profile[field_index(SSUInputs, "x")][0])
     slots_n = max(a.state.shape[0], batch)
@@ -207,7 +207,15 @@ def _tuning_inputs(inputs: Sequence[Any], profile: Any) -> list[Any]:
     slots = None if a.slots is None else perm.to(a.slots.dtype)
     dst = None if a.dst is None else perm.flip(0).to(a.dst.dtype)
     out = torch.empty((batch, *a.out.shape[1:]), dtype=a.out.dtype, device=dev)
-    fresh = a._replace(state=state, x=rand(a.x), dt=rand(a.dt), B=rand(a.B), C=rand(a.C),
+    # The caller's A made negative, its layout kept (per head: a stride-0 view): timing calls
+    # the kernel many times on one state, which a decay above 1 (a tune target's random A)
+    # would grow to inf.
+    if a.A.stride(1) == 0 and a.A.stride(2) == 0:
+        per_head = -(a.A[:, 0, 0].float().abs() + 0.1)
+        A = per_head.to(a.A.dtype).view(-1, 1, 1).expand(a.A.shape)
+    else:
+        A = -(a.A.float().abs() + 0.1).to(a.A.dtype)
+    fresh = a._replace(state=state, x=rand(a.x), dt=rand(a.dt), A=A, B=rand(a.B), C=rand(a.C),
                        z=None if a.z is None else rand(a.z), slots=slots, dst=dst, out=out)  # fmt: skip
     return list(fresh)
 
