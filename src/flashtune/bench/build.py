@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from flashtune import env
+from flashtune.bench.build_errors import BuildError, MissingRequirement
 from flashtune.bench.build_tvm_ffi import (
     TVM_FFI_PACKAGE,
     build_tvm_ffi,
@@ -56,19 +57,6 @@ _GPU_LANGUAGES = {"triton", "cuda"}
 # What _build knows how to build; any other language in the format (tilelang) is SKIPPED.
 BUILDABLE_LANGUAGES = frozenset({"python", "torch", "triton", "cuda", "cpp"})
 _CPU_HARDWARE = {"cpu", "any", "*"}
-_LOG_LIMIT = 8000
-
-
-class BuildError(Exception):
-    """The solution did not build or import; `log` holds the compiler/import output."""
-
-    def __init__(self, message: str, log: str = "") -> None:
-        super().__init__(message)
-        self.log = log[-_LOG_LIMIT:]
-
-
-class MissingRequirement(Exception):
-    """The solution cannot run in this environment (SKIPPED, not an error)."""
 
 
 def solution_hash(solution: Solution) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from flashtune import env
+from flashtune.bench.build_errors import BuildError
 from flashtune.data.io import atomic_write_text
 from flashtune.data.models import Solution
 
@@ -82,8 +83,6 @@ def _cuda_lib_dir() -> str | None:
 def build_tvm_ffi(solution: Solution, key: str) -> Callable[..., Any]:
     """The solution's exported entry function (module docstring). Raises BuildError with the
     compiler's log when it does not build, load, or export the entry symbol."""
-    from flashtune.bench.build import BuildError
-
     try:
         import tvm_ffi
         import tvm_ffi.cpp
@@ -136,8 +135,6 @@ def _compile(
 ) -> None:
     """tvm_ffi.cpp.build of the sources into `library` (BuildError with the log if not)."""
     import tvm_ffi.cpp
-
-    from flashtune.bench.build import BuildError
 
     ldflags: list[str] = []
     if cuda or any(h.lower() == "cuda" for h in solution.spec.target_hardware):
