@@ -5,7 +5,7 @@ The paths: batch decode (CUDA-core kernels, and the tensor-core path, which runs
 modules), XQA decode (`trtllm_batch_decode_with_kv_cache`, sm90 GMMA sources), batch and single
 prefill (FA2 and FA3/sm90, paged and ragged, fp16/bf16/fp8), MLA (FA2 and FA3), norms,
 activations, RoPE, sampling, paged-KV append, merge-state (cascade), packbits and Mamba's
-selective-state update (sm90 and generic). Each is named by FlashInfer's own JIT generator
+selective-state update (its sm90 module). Each is named by FlashInfer's own JIT generator
 functions (`flashinfer.jit.gen_*_module`), called with `FLASHINFER_CUDA_ARCH_LIST=9.0` and
 without building: they write their generated sources into the JIT workspace and return a JitSpec
 whose `sources` and include flags say what nvcc will compile. From those, and from the data
@@ -17,8 +17,9 @@ goes, so the set it finds is a superset of what a compile opens.
 
     python scripts/check_flashinfer_slim.py                  # check; exit 1 on a missing file
     python scripts/check_flashinfer_slim.py --manifest M.json  # write the file list (slimming)
-    python scripts/check_flashinfer_slim.py --build 'norm|silu|xqa_bf16_kv_bf16_p16_h128_g8'
-        # on a GPU: also compile and load the modules whose labels match (a regex)
+    python scripts/check_flashinfer_slim.py --build '^(norm|silu_and_mul)$' --smoke
+        # on a GPU: also compile and load the modules whose labels match (a regex, --list
+        # names them), and run silu_and_mul and rmsnorm against torch
 
 The check fails when a generator raises (a template it reads is gone), a source it names is
 missing, an include that resolved when the manifest was written no longer does (with
@@ -59,6 +60,30 @@ SHIPPED_PREFIXES = (
 # Headers of CUDA's libraries that FlashInfer's kernels include: the GPU image may lack them
 # (scripts/flashinfer072.sh puts a bundle of them on CPATH).
 LIBRARY_HEADERS = ("curand_kernel.h", "curand.h", "cublas_v2.h", "cublasLt.h", "cublas_api.h")
+
+# The Python names flashtune's benchmarks and drop-in runs call (module: names), which must
+# import from the slim package (a module dropped by the slimming fails here, not on the GPU).
+API_NAMES = {
+    "flashinfer": ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
+                   "BatchPrefillWithRaggedKVCacheWrapper", "rmsnorm", "silu_and_mul",
+                   "merge_state", "__version__"),
+    "flashinfer.decode": ("BatchDecodeWithPagedKVCacheWrapper",
+                          "trtllm_batch_decode_with_kv_cache", "single_decode_with_kv_cache"),
+    "flashinfer.prefill": ("BatchPrefillWithPagedKVCacheWrapper",
+                           "BatchPrefillWithRaggedKVCacheWrapper", "single_prefill_with_kv_cache"),
+    "flashinfer.mla": ("BatchMLAPagedAttentionWrapper",),
+    "flashinfer.norm": ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm",
+                        "gemma_fused_add_rmsnorm"),
+    "flashinfer.activation": ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"),
+    "flashinfer.rope": ("apply_rope_with_cos_sin_cache", "apply_rope_with_cos_sin_cache_inplace"),
+    "flashinfer.sampling": ("top_k_sampling_from_probs", "top_p_sampling_from_probs",
+                            "top_k_top_p_sampling_from_probs", "min_p_sampling_from_probs"),
+    "flashinfer.page": ("append_paged_kv_cache", "get_seq_lens"),
+    "flashinfer.cascade": ("merge_state", "merge_states"),
+    "flashinfer.sparse": ("BlockSparseAttentionWrapper",),
+    "flashinfer.quantization": ("packbits",),
+    "flashinfer.mamba": ("selective_state_update",),
+}  # fmt: skip
 
 INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 MACRO_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]+([A-Za-z_]\w*)[ \t]*\(([^)\n]*)\)", re.M)
@@ -167,8 +192,9 @@ def hopper_factories() -> list[tuple[str, Callable[[], Any]]]:
         add(f"{act}_and_mul", jit.gen_act_and_mul_module, act)
     # Batch decode's CUDA-core kernels; its tensor-core path runs the FA2 prefill modules
     # (primary with equal K/V strides, independent-stride paged, and the full one)
-    fa2_prefill = (attm._gen_batch_prefill_primary_module,
-                   attm._gen_batch_prefill_independent_paged_module, att.gen_batch_prefill_module)  # fmt: skip
+    fa2_prefill = (("primary", attm._gen_batch_prefill_primary_module),
+                   ("indep_paged", attm._gen_batch_prefill_independent_paged_module),
+                   ("full", att.gen_batch_prefill_module))  # fmt: skip
     for q in (f16, bf16):
         for kv in (q, e4m3):
             for hd in (64, 128, 256):
@@ -179,8 +205,8 @@ def hopper_factories() -> list[tuple[str, Callable[[], Any]]]:
                         q, kv, q, i32, hd, hd, pe, swa, cap)  # fmt: skip
                     add(f"single_decode_{v}", att.gen_single_decode_module,
                         q, kv, q, hd, hd, pe, swa, cap)  # fmt: skip
-                    for gen in fa2_prefill:
-                        add(f"prefill_fa2_{gen.__name__.strip('_')[4:]}_{v}", gen,
+                    for kind, gen in fa2_prefill:
+                        add(f"prefill_fa2_{kind}_{v}", gen,
                             "fa2", q, kv, q, i32, hd, hd, pe, swa, cap, False)  # fmt: skip
                     add(f"single_prefill_fa2_{v}", att.gen_single_prefill_module,
                         "fa2", q, kv, q, hd, hd, pe, swa, cap, False)  # fmt: skip
@@ -341,9 +367,29 @@ def cuda_include_dirs() -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
+def missing_api() -> list[str]:
+    """The names of API_NAMES that do not import."""
+    import importlib
+
+    problems = []
+    for module, names in API_NAMES.items():
+        try:
+            mod = importlib.import_module(module)
+        except Exception as e:
+            problems.append(f"import {module}: {type(e).__name__}: {e}")
+            continue
+        for name in names:
+            try:
+                getattr(mod, name)
+            except Exception as e:
+                problems.append(f"{module}.{name}: {type(e).__name__}: {e}")
+    return problems
+
+
 def check(manifest: dict[str, Any], reference: dict[str, Any] | None) -> list[str]:
     """Problems found in `manifest` (this install), against `reference` (the full wheel's)."""
     problems = [f"generator {k} failed: {v}" for k, v in manifest["errors"].items()]
+    problems += missing_api()
     for label, m in manifest["modules"].items():
         problems += [f"{label}: source missing: {s}" for s in m["missing_sources"]]
     unresolved = manifest["unresolved"]
@@ -382,27 +428,52 @@ def check(manifest: dict[str, Any], reference: dict[str, Any] | None) -> list[st
     return problems
 
 
-def build(pattern: str) -> list[str]:
-    """Compile (one parallel ninja run) and load the modules whose labels match `pattern`."""
-    from flashinfer.jit import build_jit_specs
-
+def build(pattern: str, deadline: float) -> list[str]:
+    """Compile and load the modules whose labels match `pattern`, one at a time (ninja runs
+    each module's sources in parallel; MAX_JOBS), the smaller first, printing each as it lands;
+    none is started after `deadline` (a time.time())."""
     _setup_env()
     specs = [(label, f()) for label, f in hopper_factories() if re.search(pattern, label)]
-    unique = {spec.name: (label, spec) for label, spec in specs}
-    print(f"building {len(unique)} modules: {sorted(unique)}", flush=True)
-    start = time.time()
+    unique = list({spec.name: (label, spec) for label, spec in specs}.values())
+    unique.sort(key=lambda item: len(item[1].sources))  # the modules of fewer sources first
+    print(f"building {len(unique)} modules: {[label for label, _ in unique]}", flush=True)
     problems = []
-    try:
-        build_jit_specs([s for _, s in unique.values()], verbose=False)
-    except Exception as e:
-        problems.append(f"build failed: {type(e).__name__}: {str(e)[-4000:]}")
-    print(f"build took {time.time() - start:.0f} s", flush=True)
-    for name, (label, spec) in sorted(unique.items()):
+    for label, spec in unique:
+        if time.time() > deadline:
+            problems.append(f"{label}: not built (deadline)")
+            continue
+        start = time.time()
         try:
             spec.build_and_load()
-            print(f"  loaded {label} ({name})")
+            print(f"  built and loaded {label} in {time.time() - start:.0f} s", flush=True)
         except Exception as e:
-            problems.append(f"{label}: {type(e).__name__}: {str(e)[-2000:]}")
+            problems.append(f"{label}: {type(e).__name__}: {str(e)[-3000:]}")
+            print(f"  FAILED {label} after {time.time() - start:.0f} s", flush=True)
+    return problems
+
+
+def smoke() -> list[str]:
+    """On a GPU: silu_and_mul and rmsnorm (JIT-built as needed) against torch, bf16."""
+    import flashinfer
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 2 * 4096, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+    xf = x.float()
+    refs = {
+        "silu_and_mul": (flashinfer.activation.silu_and_mul(x),
+                         torch.nn.functional.silu(xf[:, :4096]) * xf[:, 4096:]),
+        "rmsnorm": (flashinfer.norm.rmsnorm(x[:, :4096].contiguous(), w, eps=1e-6),
+                    xf[:, :4096] * torch.rsqrt(xf[:, :4096].pow(2).mean(-1, keepdim=True) + 1e-6)
+                    * w.float()),
+    }  # fmt: skip
+    problems = []
+    for name, (out, ref) in refs.items():
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        print(f"  smoke {name}: relative error {err:.2e}")
+        if not err < 1e-2:
+            problems.append(f"smoke {name}: relative error {err:.2e}")
     return problems
 
 
@@ -417,7 +488,14 @@ def main() -> int:
     )
     ap.add_argument("--only", help="regex: only the module labels that match")
     ap.add_argument("--build", metavar="REGEX", help="compile and load matching modules (GPU)")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=480.0,
+        help="seconds from the start after which --build starts no module",
+    )
     ap.add_argument("--list", action="store_true", help="print the module labels and stop")
+    ap.add_argument("--smoke", action="store_true", help="run silu_and_mul, rmsnorm (GPU)")
     args = ap.parse_args()
     if args.list:
         _setup_env()
@@ -446,7 +524,9 @@ def main() -> int:
         print(f"reference: {args.reference}")
     problems = check(manifest, reference)
     if args.build:
-        problems += build(args.build)
+        problems += build(args.build, start + args.deadline)
+    if args.smoke:
+        problems += smoke()
     for p in problems:
         print("PROBLEM:", p)
     print("OK" if not problems else f"{len(problems)} problems")

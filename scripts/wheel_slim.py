@@ -62,7 +62,9 @@ def write_filtered_wheel(wheel: Path, out_dir: Path, keep: Callable[[str], bool]
                 if not info.is_dir():
                     lines.append(f"{info.filename},{record_hash(data)},{len(data)}")
             lines.append(f"{record},,")
-            dst.writestr(record, "\n".join(lines) + "\n")
+            info = zipfile.ZipInfo(record, date_time=src.getinfo(record).date_time)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            dst.writestr(info, "\n".join(lines) + "\n")  # same bytes for the same input
     return result
 
 
