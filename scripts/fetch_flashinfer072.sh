@@ -9,11 +9,29 @@
 #   cuda-headers.tar.gz            include/ of cuRAND, cuBLAS and NVTX from NVIDIA's CUDA 13
 #                                  wheels, headers only: sampling, XQA and CCCL include them
 # scripts/flashinfer072.sh, sourced on the GPU machine, installs them. Called by
-# scripts/fetch_gpu_deps.sh (FI072=0 there skips it); idempotent: what exists is kept.
+# scripts/fetch_gpu_deps.sh (FI072=0 there skips it, FI072=1 forces it, by default only if the
+# carry stays under 64 MiB); idempotent: what exists is kept.
 # Downloads needed only here (the full wheel, NVIDIA's ~480 MB of library wheels, packages for
 # this machine's Python to run the slimming) go to .peer-build/ (ignored, never carried).
+#   bash scripts/fetch_flashinfer072.sh [auto]   # auto: only if a run's carry stays under 64 MiB
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# What a `run` carries: the working tree (tracked and untracked files that git does not
+# ignore) and the carried .peer/, 64 MiB in all.
+carried() {
+  local tree peer
+  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+  peer=$(du -sb --exclude=.peer/fi072 .peer 2>/dev/null | cut -f1)
+  echo "$tree ${peer:-0}"
+}
+if [ "${1:-}" = auto ] && [ ! -f .peer/fi072/hopper-manifest.json ]; then
+  read -r tree peer < <(carried)
+  # ~17 MiB for .peer/fi072 (measured 16.3 MiB)
+  if [ $(( (tree + peer) / 1048576 + 17 )) -gt 64 ]; then
+    echo "FlashInfer 0.7.2 not fetched: the tree ($(( tree / 1048576 )) MiB) and .peer ($(( peer / 1048576 )) MiB) leave no 17 MiB under 64 MiB (FI072=1 forces it)"
+    exit 0
+  fi
+fi
 mkdir -p .git/info
 grep -qx '/.peer-build/' .git/info/exclude 2>/dev/null || echo '/.peer-build/' >> .git/info/exclude
 dest=.peer/fi072
@@ -74,12 +92,9 @@ with tarfile.open(out, "w:gz") as tar:
 EOF
 fi
 
-# What a `run` carries: the working tree (tracked and untracked files that git does not
-# ignore) and the carried .peer/, 64 MiB in all.
-tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-peer=$(du -sb .peer | cut -f1)
+read -r tree peer < <(carried)
 fi072=$(du -sb "$dest" | cut -f1)
-awk -v t="$tree" -v p="$peer" -v f="$fi072" 'BEGIN {
+awk -v t="$tree" -v p="$((peer + fi072))" -v f="$fi072" 'BEGIN {
   m = 1048576; total = t + p
   printf "FlashInfer 0.7.2 in .peer/fi072: %.1f MiB; .peer/: %.1f MiB; working tree: %.1f MiB; carried in all: %.1f MiB of 64 MiB%s\n",
     f / m, p / m, t / m, total / m, (total > 64 * m ? " -- OVER THE LIMIT: carry less (FI072=0, RAY=0, no JIT caches)" : "")

@@ -4,7 +4,7 @@
 # loader script, Python 3.12 wheels of pydantic (flashtune's data model) and friends, fla-core
 # (flash-linear-attention's kernels, the GDN benchmark's peer), and with
 # RAY=1 a slim Ray wheel and its dependencies in .peer/ray/ (for `flashtune run --ray local`),
-# and FlashInfer 0.7.2.post1 for sm90 in .peer/fi072/ (FI072=0: not).
+# and FlashInfer 0.7.2.post1 for sm90 in .peer/fi072/ (where it fits; FI072=0: not).
 # Run it once here, then pass carry=[".peer"] to each run (scripts/gpu_session.sh uses it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,9 +53,11 @@ if [ "${RAY:-0}" = 1 ]; then
 fi
 # FlashInfer 0.7.2.post1 beside 0.2.14 (issue 37): a slim wheel, apache-tvm-ffi and the cuRAND /
 # cuBLAS headers in .peer/fi072/ (~16 MiB; scripts/fetch_flashinfer072.sh), loaded on the GPU
-# machine by `source scripts/flashinfer072.sh`. FI072=0 skips it. It prints what a run carries
-# against the 64 MiB limit.
-if [ "${FI072:-1}" = 1 ]; then
-  bash scripts/fetch_flashinfer072.sh
-fi
+# machine by `source scripts/flashinfer072.sh`. By default only if a run's carry stays under
+# 64 MiB (with RAY=1 it does not); FI072=1 forces it, FI072=0 skips it. It prints the carry.
+case "${FI072:-auto}" in
+  0) ;;
+  1) bash scripts/fetch_flashinfer072.sh ;;
+  *) bash scripts/fetch_flashinfer072.sh auto ;;
+esac
 ls -la .peer .peer/wheels
