@@ -15,9 +15,13 @@ tied (within rounding) at the k-th place. So a row passes when:
    ties at the boundary, not better tokens dropped.
 
 Scores come from the op's own scorer over the call's inputs, in float64 from the reference's
-fp32 math. SCORE_RTOL 1e-3: an fp8 x fp8 MMA accumulating in fp32 differs from the
-reference's fp32 GEMM by ~1e-6 relative (summation order), so the bound is loose for honest
-kernels and tight for a wrong one (a missing ReLU or head weight reorders tokens by O(1)).
+fp32 math. SCORE_RTOL 1e-3 of the k-th score, plus SCORE_ATOL 2e-3 of the row's largest
+score: Hopper's fp8 x fp8 tensor-core MMA does not accumulate in full fp32 (about 14 bits
+kept, as DeepSeek-V3's report measured), and the head-weighted sum (signed weights) cancels,
+so an honest kernel's scores differ from the fp32 reference by up to ~1e-3 of the row's
+scale: measured on an H200, a swap at 1.4e-3 of the k-th score (0.26956 for 0.26994) at
+DeepSeek-V3.2's shapes. A wrong kernel (a missing ReLU, scale or head weight) reorders
+tokens by O(1), far outside the bound.
 Without the inputs (no scorer to call) the sets must be equal exactly.
 """
 
@@ -33,7 +37,7 @@ from flashtune.data import Definition
 __all__ = ["SCORE_ATOL", "SCORE_RTOL", "index_set_problem", "index_set_scorer"]
 
 SCORE_RTOL = 1e-3
-SCORE_ATOL = 1e-6
+SCORE_ATOL = 2e-3
 
 # (the call's inputs by name, indices [rows, k] int32 on the CPU) -> float64 scores [rows, k]
 # on the CPU: -inf for -1 padding, NaN for an index the row may not select.
