@@ -185,3 +185,31 @@ def test_runner_sigkilled_while_a_solution_hangs(tmp_path):
     proc.communicate(timeout=WAIT_S)
     # No handler ran: the worker sees its lifeline close and kills what is below it.
     _assert_nothing_left(proc, tmp_path)
+
+
+SWALLOWING = """
+import sys, time
+from flashtune.cli import stopping
+stopping.STOP_GRACE_S = 1.0
+stopping.install()
+with stopping.guarded():
+    print("ready", flush=True)
+    try:
+        time.sleep(60)
+    except stopping.Stopped:
+        pass  # swallowed, as a weakref callback or __del__ would: the program must end anyway
+    time.sleep(60)
+    print("ran on", flush=True)
+"""
+
+
+def test_a_swallowed_stop_still_ends_the_program() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SWALLOWING], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "ran on" not in out and "interrupted by SIGTERM" in err

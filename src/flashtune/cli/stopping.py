@@ -16,8 +16,10 @@ script: flashtune/cli/__init__.py imports it before anything slow) installs the 
 Until `main` runs its command (the imports take seconds: torch) a signal ends the program at
 once: nothing has started that needs ending. While the command runs (`guarded`) the first
 signal raises `Stopped` in the main thread, which unwinds what runs (the runner's abort) up
-to `main`, which calls `finish`; a second one finishes at once. A program that merely
-imports flashtune.cli (the tests, through typer's CliRunner) keeps its own handlers.
+to `main`, which calls `finish`; a second one finishes at once, and so does a watchdog
+STOP_GRACE_S after the first (a `Stopped` Python swallowed must not leave it running). A
+program that merely imports flashtune.cli (the tests, through typer's CliRunner) keeps its
+own handlers.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -51,10 +54,21 @@ _started = False  # `guarded` was entered: the command runs
 _last_words: Callable[[str], str] | None = None
 
 
+# Raised into the main thread, `Stopped` can land where Python swallows exceptions (a weakref
+# callback or a __del__ running at that instant: "Exception ignored in ..."): seen when
+# `timeout` stopped `flashtune e2e` inside torch.compile, which then ran on, `timeout` sending
+# one SIGTERM only. So a first signal also arms a watchdog that finishes the program after
+# STOP_GRACE_S, whether or not the unwinding got anywhere.
+STOP_GRACE_S = 30.0
+
+
 def _handle(signum: int, frame: FrameType | None) -> None:
     global _raising
     if _raising:
         _raising = False  # the next one finishes at once
+        watchdog = threading.Timer(STOP_GRACE_S, finish, args=(signum,))
+        watchdog.daemon = True
+        watchdog.start()
         raise Stopped(signum)
     finish(signum)
 
@@ -85,8 +99,9 @@ def set_last_words(words: Callable[[str], str]) -> None:
 def finish(signum: int) -> NoReturn:
     """End the program for stop signal `signum`: kill every process below this one, print
     the last words on stderr, exit with 128 + `signum` (no atexit handler, no traceback)."""
-    for other in STOP_SIGNALS:  # a signal now (a second Ctrl-C) leaves at once
-        signal.signal(other, lambda n, _: os._exit(128 + n))
+    if threading.current_thread() is threading.main_thread():  # the watchdog's thread may not
+        for other in STOP_SIGNALS:  # a signal now (a second Ctrl-C) leaves at once
+            signal.signal(other, lambda n, _: os._exit(128 + n))
     kill_descendants(os.getpid())
     name = signal.Signals(signum).name
     if _last_words is not None:
