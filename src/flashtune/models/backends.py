@@ -270,16 +270,9 @@ class FlashinferOps(FlashtuneOps):
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
 
-    def experts(
-        self,
-        x: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        weights: MoEWeights,
-    ) -> torch.Tensor:
-        """torch's grouped GEMM, as the torch backend: FlashInfer's fused MoE
-        (trtllm_*_moe) runs on SM100 only, and 0.2.14 has no bf16 MoE for Hopper."""
-        return experts_torch(x, topk_ids, topk_weights, weights)
+    # torch's grouped GEMM, as the torch backend: FlashInfer's fused MoE (trtllm_*_moe) runs on
+    # SM100 only, and 0.2.14 has no bf16 MoE for Hopper.
+    experts = Ops.experts
 
     def mla_library(self) -> ModuleType:
         """FlashInfer's top level (its BatchMLAPagedAttentionWrapper is flashinfer.mla's)."""
