@@ -90,6 +90,7 @@ with tarfile.open(out, "w:gz") as tar:
                     entry.size, entry.mode = len(data), 0o644
                     tar.addfile(entry, io.BytesIO(data))
 EOF
+  rm -rf "$build/nvidia"  # ~480 MB of libraries, needed no more
 fi
 
 read -r tree peer < <(carried)
