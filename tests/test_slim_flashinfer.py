@@ -152,6 +152,10 @@ def test_the_fetched_slim_wheel():
     assert wheel_slim.verify_record(SLIM) == []
     manifest = json.loads((SLIM.parent / "hopper-manifest.json").read_text())
     assert not manifest["errors"]
+    labels = set(manifest["modules"])
+    for prefix in ("norm", "silu_and_mul", "rope", "sampling", "decode_", "xqa_", "prefill_fa2_",
+                   "prefill_fa3_", "mla_fa2_", "mla_fa3_"):  # fmt: skip
+        assert any(label.startswith(prefix) for label in labels), prefix
     with zipfile.ZipFile(SLIM) as zf:
         names = set(zf.namelist())
     assert {f"flashinfer/{f}" for f in manifest["files"]} <= names
