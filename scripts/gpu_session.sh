@@ -123,7 +123,7 @@ for stage in "$@"; do
       ls -la "$OUT"/jit-* ;;
     fi072)  # FlashInfer 0.7.2.post1 (issue 37) in a subshell of its own: the slim wheel's check,
       # a JIT build of the modules FI072_BUILD matches (a regex; check_flashinfer_slim.py --list)
-      ( source scripts/flashinfer072.sh .peer/fi072 && timeout 540 python3 scripts/check_flashinfer_slim.py --smoke \
+      ( source scripts/flashinfer072.sh .peer/fi072 && timeout 500 python3 scripts/check_flashinfer_slim.py --smoke --deadline 420 \
           --build "${FI072_BUILD:-^(norm|silu_and_mul|rope|sampling|decode_bf16_kv_bf16_h128_pe0|prefill_fa2_primary_bf16_kv_bf16_h128_pe0|prefill_fa3_bf16_o_bf16_h128x128|mla_fa2_bf16|mla_fa3_bf16|xqa_bf16_kv_bf16_p16_h128_g8)\$}" ) \
         >"$OUT/fi072.log" 2>&1
       tail -n 30 "$OUT/fi072.log" ;;
