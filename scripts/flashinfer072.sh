@@ -19,13 +19,13 @@
 # Idempotent: a second source (same DIR contents) only exports, in well under a second.
 fi072_src=${1:-.peer/fi072}
 fi072_dest=${FI072_PREFIX:-${TMPDIR:-/tmp}/fi072}
-fi072_wheel=$(ls "$fi072_src"/flashinfer_python-0.7.2*.whl 2>/dev/null | head -1)
+fi072_wheel=$( (ls "$fi072_src"/flashinfer_python-0.7.2*.whl 2>/dev/null || true) | head -1)
 if [ -z "$fi072_wheel" ]; then
   echo "flashinfer072.sh: no flashinfer_python-0.7.2*.whl in $fi072_src (run scripts/fetch_flashinfer072.sh)" >&2
   return 1 2>/dev/null || exit 1
 fi
 # What was installed from: names, sizes and times of the inputs.
-fi072_key=$(cd "$fi072_src" && ls -l --time-style=+%s -- *.whl *.tar.gz fallback/*.whl 2>/dev/null | awk '{print $5, $6, $7}' | cksum)
+fi072_key=$( (cd "$fi072_src" && ls -l --time-style=+%s -- *.whl *.tar.gz fallback/*.whl 2>/dev/null || true) | awk '{print $5, $6, $7}' | cksum)
 if [ "$(cat "$fi072_dest/.installed" 2>/dev/null)" != "$fi072_key" ]; then
   rm -rf "$fi072_dest" && mkdir -p "$fi072_dest/cuda"
   # nvidia-ml-py, tqdm, tabulate: on the image; their wheels go in only where an import fails
