@@ -136,6 +136,10 @@ def test_large_float8_inputs_are_drawn_in_slabs_with_the_same_family(monkeypatch
     assert torch.equal(xf, draw(3).float()) and not torch.equal(xf, draw(4).float())
     # every slab is drawn afresh: no slab repeats the first
     assert not any(torch.equal(xf[:10], xf[s : s + 10]) for s in (10, 20))
+    # slabs are drawn as a whole input is: an attention value cache keeps its mean
+    family = ValueFamily("gqa_paged", Draws(torch.Generator().manual_seed(5)))
+    v = family.values("v_cache", shape, torch.float8_e4m3fn, activation=False).float()
+    assert float(v.mean()) == pytest.approx(ATTENTION_VALUE_MEAN, abs=0.1)
 
 
 # ------------------------------------------------------------------- what each op sees

@@ -90,7 +90,7 @@ _SSM_DT_RANGE = (1e-3, 0.5)
 # Float tensors at least this large are drawn on the target GPU (see `Draws`).
 DEVICE_DRAW_MIN_NUMEL = 1 << 20
 # float8 inputs larger than this are drawn in slabs of about this many elements
-# (ValueFamily._float8_in_chunks): 1 GiB of float32 entries at a time.
+# (ValueFamily._float8_in_slabs): 1 GiB of float32 entries at a time.
 FLOAT8_CHUNK_NUMEL = 1 << 28
 
 ENTRY_KINDS = ("normal", "uniform", "laplace")
@@ -259,17 +259,16 @@ class ValueFamily:
     ) -> torch.Tensor:
         """Float values for input `lname` (lower case) of `shape`, as `dtype`. `activation`:
         the input's first axis is a var axis (module docstring)."""
-        if dtype in _FLOAT8 and math.prod(shape) > FLOAT8_CHUNK_NUMEL and len(shape) >= 2:
-            return self._float8_in_chunks(shape, dtype)
         if self.op_type in SSM_OP_TYPES and lname in ("a", "dt_bias") and shape:
             return _ssm_weight(lname, shape, self.draws.gen).to(dtype)
+        if dtype in _FLOAT8 and math.prod(shape) > FLOAT8_CHUNK_NUMEL and len(shape) >= 2:
+            return self._float8_in_slabs(lname, shape, dtype)
         x = self.draws.entries(self.kind, shape)
-        if self.op_type == "gdn" and lname in _GDN_INPUTS:
-            return gdn_values(lname, x, self.draws).to(dtype)
-        if is_attention_value(self.op_type, lname):
-            return (x + ATTENTION_VALUE_MEAN).to(dtype)
         if dtype in _FLOAT8:
-            return x.clamp_(-8, 8).to(dtype)
+            return self._as_float8(lname, x, dtype)
+        shaped = self._op_specific(lname, x)
+        if shaped is not None:
+            return shaped.to(dtype)
         p = self.profile
         if activation and len(shape) >= 2 and p.row_decades is not None:
             rows = math.prod(shape[:-1])
@@ -280,21 +279,39 @@ class ValueFamily:
                 x[..., idx.to(x.device)] *= factor.to(x.device)
         return x.to(dtype)
 
-    def _float8_in_chunks(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A large float8 input drawn a slab of its first axis at a time: whole, its float32
-        entries and their temporaries (Laplace's sign) take 12x the float8 tensor, 135 GB
-        for the 384 experts of a Kimi-K2 MoE layer's gemm1_weights (11 GB as float8), more
-        than an H200 has. Same entries family, same seed-determined values."""
-        row = math.prod(shape[1:])
-        step = max(1, FLOAT8_CHUNK_NUMEL // row)
-        first = self.draws.entries(self.kind, (min(step, shape[0]), *shape[1:]))
-        out = torch.empty(shape, dtype=dtype, device=first.device)
-        out[: first.shape[0]] = first.clamp_(-8, 8).to(dtype)
-        del first
-        for start in range(step, shape[0], step):
+    def _op_specific(self, lname: str, x: torch.Tensor) -> torch.Tensor | None:
+        """The entries `x` mapped as this op type's input `lname` takes them (GDN's unit rows
+        and gate ranges, attention values' mean), or None: drawn as the profile says."""
+        if self.op_type == "gdn" and lname in _GDN_INPUTS:
+            return gdn_values(lname, x, self.draws)
+        if is_attention_value(self.op_type, lname):
+            return x + ATTENTION_VALUE_MEAN
+        return None
+
+    def _as_float8(self, lname: str, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Entries as a float8 input: op-specific values, else the entries clamped to [-8, 8]
+        (no row scales: decades of scale would round small rows to zero)."""
+        shaped = self._op_specific(lname, x)
+        return (x.clamp_(-8, 8) if shaped is None else shaped).to(dtype)
+
+    def _float8_in_slabs(
+        self, lname: str, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """A large float8 input drawn a slab of its first axis at a time, each slab as
+        `_as_float8` makes a whole one: drawn whole, its float32 entries and their temporaries
+        (Laplace's sign) take 12x the float8 tensor, 135 GB for the 384 experts of a Kimi-K2
+        MoE layer's gemm1_weights (11 GB as float8), more than an H200 has."""
+        step = max(1, FLOAT8_CHUNK_NUMEL // math.prod(shape[1:]))
+        out: torch.Tensor | None = None
+        for start in range(0, shape[0], step):
             stop = min(start + step, shape[0])
-            slab = self.draws.entries(self.kind, (stop - start, *shape[1:]))
-            out[start:stop] = slab.clamp_(-8, 8).to(dtype)
+            slab = self._as_float8(
+                lname, self.draws.entries(self.kind, (stop - start, *shape[1:])), dtype
+            )
+            if out is None:  # on the device the draws chose
+                out = torch.empty(shape, dtype=dtype, device=slab.device)
+            out[start:stop] = slab
+        assert out is not None  # shape[0] >= 1: the caller's size test
         return out
 
     def _row_scales(self, rows: int, decades: tuple[float, float], shared: bool) -> torch.Tensor:
