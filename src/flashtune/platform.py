@@ -28,6 +28,7 @@ import torch
 from flashtune import env
 
 __all__ = [
+    "cuda_homes",
     "has_cuda",
     "default_device",
     "device_name",
@@ -47,6 +48,13 @@ __all__ = [
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def cuda_homes() -> list[Path]:
+    """Where a CUDA toolkit may be, in order: CUDA_HOME, CUDA_PATH, /usr/local/cuda (the
+    agent tools' executables, the TVM-FFI builder's libraries)."""
+    bases = (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")
+    return [Path(base) for base in bases if base]
 
 
 def has_cuda() -> bool:

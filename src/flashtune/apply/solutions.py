@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from flashtune import env
-from flashtune.data.io import atomic_write_text
+from flashtune.data.io import write_text_if_changed
 from flashtune.data.models import Definition, Solution
 from flashtune.data.synth import torch_dtype
 
@@ -77,8 +77,7 @@ def load_solution(solution: Solution, cache_dir: Path | None = None) -> Callable
     folder = (cache_dir or env.CACHE_DIR.get()) / "apply" / "solutions" / digest
     for src in solution.sources:
         path = folder / src.path
-        if not path.exists() or path.read_text(encoding="utf-8") != src.content:
-            atomic_write_text(path, src.content)
+        write_text_if_changed(path, src.content)
     entry_file, _, func = spec.entry_point.partition("::")
     module_name = f"flashtune_solution_{digest}_{Path(entry_file).stem}"
     module = sys.modules.get(module_name)

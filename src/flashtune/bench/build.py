@@ -41,7 +41,7 @@ from flashtune.bench.build_tvm_ffi import (
     tvm_ffi_available,
     uses_tvm_ffi,
 )
-from flashtune.data.io import atomic_write_text
+from flashtune.data.io import atomic_write_text, write_text_if_changed
 from flashtune.data.models import Solution
 
 __all__ = [
@@ -250,8 +250,7 @@ def _build_python(solution: Solution, key: str) -> Callable[..., Any]:
     pkg_dir = root / package
     for source in solution.sources:
         path = pkg_dir / source.path
-        if not path.exists() or path.read_text(encoding="utf-8") != source.content:
-            atomic_write_text(path, source.content)
+        write_text_if_changed(path, source.content)
     for folder in {(pkg_dir / s.path).parent for s in solution.sources} | {pkg_dir}:
         while True:  # every folder on the way is a package, so relative imports work
             init = folder / "__init__.py"

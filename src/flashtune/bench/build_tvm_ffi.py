@@ -33,8 +33,9 @@ from typing import Any
 
 from flashtune import env
 from flashtune.bench.build_errors import BuildError
-from flashtune.data.io import atomic_write_text
+from flashtune.data.io import write_text_if_changed
 from flashtune.data.models import Solution
+from flashtune.platform import cuda_homes
 
 __all__ = ["TVM_FFI_PACKAGE", "uses_tvm_ffi", "tvm_ffi_available", "build_tvm_ffi"]
 
@@ -65,15 +66,9 @@ def tvm_ffi_available() -> bool:
 def _cuda_lib_dir() -> str | None:
     """The CUDA toolkit's library folder (libcudart, libcublas), found from nvcc or the
     usual prefixes."""
-    candidates: list[Path] = []
     nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(Path(nvcc).resolve().parent.parent)
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            candidates.append(Path(os.environ[var]))
-    candidates.append(Path("/usr/local/cuda"))
-    for home in candidates:
+    toolkit = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    for home in toolkit + cuda_homes():
         for sub in ("targets/x86_64-linux/lib", "lib64", "lib"):
             if (home / sub / "libcudart.so").exists():
                 return str(home / sub)
@@ -101,8 +96,7 @@ def build_tvm_ffi(solution: Solution, key: str) -> Callable[..., Any]:
     cpp, cuda = [], []
     for source in solution.sources:
         path = folder / source.path  # the Solution model refuses absolute and .. paths
-        if not path.exists() or path.read_text(encoding="utf-8") != source.content:
-            atomic_write_text(path, source.content)
+        write_text_if_changed(path, source.content)
         if path.suffix in _CUDA_SUFFIXES:
             cuda.append(str(path))
         elif path.suffix in _CPP_SUFFIXES:

@@ -77,11 +77,12 @@ def find_cuda_tool(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if base:
-            candidate = Path(base) / "bin" / name
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
+    from flashtune.platform import cuda_homes
+
+    for base in cuda_homes():
+        candidate = base / "bin" / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
     return None
 
 

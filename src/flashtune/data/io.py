@@ -45,6 +45,7 @@ __all__ = [
     "read_json",
     "parse_model",
     "atomic_write_text",
+    "write_text_if_changed",
     "append_line",
     "iter_jsonl",
     "iter_jsonl_lines",
@@ -560,6 +561,13 @@ def atomic_write_text(path: Path, text: str, root: Path | None = None) -> None:
     if not isinstance(text, str):
         raise TypeError(f"atomic_write_text writes str, not {type(text).__name__}")
     atomic_write_bytes(path, text.encode("utf-8"), root=root)
+
+
+def write_text_if_changed(path: Path, text: str) -> None:
+    """`atomic_write_text` unless `path` already holds `text` (a solution's sources written
+    under their content hash: an unchanged file keeps its mtime, so builds see it current)."""
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        atomic_write_text(path, text)
 
 
 def append_line(path: Path, line: str, root: Path | None = None) -> None:
