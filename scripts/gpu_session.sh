@@ -7,7 +7,8 @@
 # Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
 # DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit) and DROPIN_WORKERS
 # (test processes a file, 4), DROPIN_K (a pytest -k expression for dropin-full), E2E_ARGS,
-# GDN_ARGS (bench_gdn.py), MAMBA_ARGS (bench_mamba.py).
+# GDN_ARGS (bench_gdn.py), MAMBA_ARGS (bench_mamba.py), FI072_BENCH_ARGS and FI072_BENCH_TIMEOUT
+# (stage fi072-bench: bench_fi072.py's arguments, and its seconds).
 # Needs the ignored folder .peer/ (made by scripts/fetch_gpu_deps.sh) carried along: FlashInfer's source archive (the peer) and
 # wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
 # files come back from it: benchmarks write their rows there through RowWriter). The copy's
@@ -127,6 +128,12 @@ for stage in "$@"; do
           --build "${FI072_BUILD:-^(norm|silu_and_mul|rope|sampling|decode_bf16_kv_bf16_h128_pe0|prefill_fa2_primary_bf16_kv_bf16_h128_pe0|prefill_fa3_bf16_o_bf16_h128x128|mla_fa2_bf16|mla_fa3_bf16|xqa_bf16_kv_bf16_p16_h128_g8)\$}" ) \
         >"$OUT/fi072.log" 2>&1
       tail -n 30 "$OUT/fi072.log" ;;
+    fi072-bench)  # issue 37: benchmarks/bench_fi072.py, flashtune vs FlashInfer 0.7.2.post1, in a
+      # subshell of its own like fi072; FI072_BENCH_ARGS (--only FAMILY.. --quick --budget-s S)
+      ( source scripts/flashinfer072.sh .peer/fi072 && timeout -k 5 "${FI072_BENCH_TIMEOUT:-500}" \
+          python3 benchmarks/bench_fi072.py ${FI072_BENCH_ARGS:---quick --budget-s 420} ) \
+        >"$OUT/fi072_bench.log" 2>&1
+      tail -n 60 "$OUT/fi072_bench.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== stage $stage took $(( $(date +%s) - start )) s"
