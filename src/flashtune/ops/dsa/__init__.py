@@ -4,8 +4,8 @@ the topk cached tokens it attends to, then MLA attention runs over those tokens 
 - `dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
   topk=2048)`: per query row, score = sum_h weights[h] * relu(q_h . k_t) over its request's
   tokens (fp8 keys in deep_gemm's packed paged layout, dequantized by their per-token
-  scale); returns the topk best as global cache slots (page * page_size + offset), best
-  first, -1 padding when the request has fewer tokens. [B, topk] int32.
+  scale); returns the topk best as global cache slots (page * page_size + offset), in no
+  particular order, -1 padding when the request has fewer tokens. [B, topk] int32.
 - `dsa_sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale)`:
   MLA in absorbed form (the 512-wide latent is key and value, plus a 64-wide RoPE key) over
   each token's sparse_indices slots (-1 skipped); returns (output [T, H, 512] in q's dtype,
@@ -71,9 +71,11 @@ def dsa_topk_indexer(
     one); weights [B, H] float32 (the head weights, the q and softmax scales folded in);
     seq_lens [B] int32; block_table [B, max_num_pages] int32 (request b's token i is at page
     block_table[b, i // page_size], offset i % page_size). Returns topk_indices [B, topk]
-    int32: the min(topk, seq_len) best tokens as slots page * page_size + offset, best first,
-    then -1. Tokens of equal score may come in either order (and either may be the one kept
-    at the k-th place): compare index sets, not sequences.
+    int32: the min(topk, seq_len) best tokens as slots page * page_size + offset, in no
+    particular order (a set: the sparse attention weighs its slots the same in any order),
+    then -1. Of tokens tying at the k-th score, the earliest positions are kept. Compare
+    index sets, not sequences. For best first, `ops.dsa.launch.run_indexer(...,
+    select=SelectTactic(method="torch"))` (ops.dsa.topk) selects with torch.topk.
     """
     if not isinstance(q_index_fp8, torch.Tensor) or q_index_fp8.dtype != torch.float8_e4m3fn:
         got = getattr(q_index_fp8, "dtype", type(q_index_fp8).__name__)

@@ -1,12 +1,12 @@
-"""Host side of DSA: input checks, output allocation, launches (kernels.py).
+"""Host side of DSA: input checks, output allocation, launches (kernels.py, topk.py).
 
 The indexer runs in two phases: the Triton kernel writes every row's fp32 scores over its
-request's tokens ([B, max_num_pages * page_size], -inf past seq_len), then `torch.topk`
-picks the best topk and a gather maps positions to cache slots. Why torch.topk: the scores
-are 4 bytes per token against the 132 bytes of key the kernel reads for it (3% more
-traffic), and a per-row radix select over up to 128k scores is a kernel of its own
-(histogram passes with a row-wide scan); torch's CUDA topk is one (radix select) and keeps
-the selection exact. A fused select is the next step where decode latency needs it.
+request's tokens ([B, max_num_pages * page_size], -inf past seq_len), then a select picks
+the best topk and maps positions to cache slots. The default select is topk.py's
+multi-program radix select (slots in no particular order, then -1): torch.topk runs a row
+in one or a few CTAs, and at decode (a few rows of up to 128k scores) it cost several
+times the score pass. `SelectTactic(method="torch")` keeps torch.topk (best first) as the
+fallback and the comparison.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from flashtune.ops.dsa.kernels import (
     indexer_logits_kernel,
     merge_splits_kernel,
 )
+from flashtune.ops.dsa.topk import DEFAULT_SELECT, SelectTactic, radix_topk_slots
 
 __all__ = ["indexer_logits", "run_indexer", "run_sparse_attention", "select_topk"]
 
@@ -110,9 +111,15 @@ def select_topk(
     block_table: torch.Tensor,
     page_size: int,
     topk: int,
+    select: SelectTactic = DEFAULT_SELECT,
 ) -> torch.Tensor:
-    """The topk best positions of each row as cache slots (page * page_size + offset), best
-    first, -1 for positions past seq_len and for the columns past the row length."""
+    """The min(topk, seq_len) best positions of each row as cache slots (page * page_size +
+    offset), then -1. select.method "radix" (the default): in no particular order, ties at
+    the k-th score to the lowest positions; "torch": torch.topk's, best first."""
+    if select.method == "radix":
+        return radix_topk_slots(logits, seq_lens, block_table, page_size, topk, select)
+    if select.method != "torch":
+        raise ValueError(f"select.method must be 'radix' or 'torch', got {select.method!r}")
     batch, max_len = logits.shape
     out = torch.full((batch, topk), -1, dtype=torch.int32, device=logits.device)
     k = min(topk, max_len)
@@ -134,6 +141,7 @@ def run_indexer(
     block_table: torch.Tensor,
     topk: int,
     tactic: IndexerTactic = DEFAULT_INDEXER,
+    select: SelectTactic = DEFAULT_SELECT,
 ) -> torch.Tensor:
     """Check the indexer's inputs (see ops.dsa.dsa_topk_indexer), then score and select."""
     q = _check("q_index_fp8", q_index_fp8, 3, (*_FP8, *_FLOATS), None)
@@ -155,7 +163,7 @@ def run_indexer(
     if weights.stride(1) != 1 or seq_lens.stride(0) != 1 or block_table.stride(1) != 1:
         raise ValueError("weights, seq_lens and block_table must be contiguous in their last dim")
     logits = indexer_logits(q, values, scales, weights, seq_lens, block_table, tactic)
-    return select_topk(logits, seq_lens, block_table, values.shape[1], topk)
+    return select_topk(logits, seq_lens, block_table, values.shape[1], topk, select)
 
 
 # --------------------------------------------------------------------------- sparse attention
