@@ -152,3 +152,16 @@ def test_timing_from_samples_states_the_interval() -> None:
     assert t.relative_spread == relative_spread(samples) == pytest.approx(0.1)
     assert "±10.0%" in interval_text(t, 0.05) and "noisy" in interval_text(t, 0.05)
     assert "noisy" not in interval_text(t, 0.2)
+
+
+def test_input_sets_on_a_gpu_are_capped_by_free_memory(monkeypatch):
+    from flashtune.bench.checked_timing import sets_that_fit
+
+    # 100 GiB free: a quarter is over the 1 GiB cap, so sets of 256 MiB fit four times and a
+    # 17 GB set of MoE weights only once (never zero); the CPU keeps what it asked for.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 << 30, 141 << 30))
+    gpu = torch.device("cuda", 0)
+    assert sets_that_fit(256 << 20, gpu, 8) == 4
+    assert sets_that_fit(17 << 30, gpu, 4) == 1
+    assert sets_that_fit(1 << 20, gpu, 3) == 3
+    assert sets_that_fit(17 << 30, torch.device("cpu"), 4) == 4

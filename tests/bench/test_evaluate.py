@@ -198,3 +198,17 @@ def test_draws_travel_stacked_and_split_back():
     # Draws that do not stack (a shape changes) are sent one by one.
     assert stack_draws([*draws, torch.zeros(5, dtype=torch.int64)]) is None
     assert stack_draws([]) is None
+
+
+def test_reference_parameters_in_another_order_are_bound_by_name():
+    # trtllm_fp8_per_tensor_scale_moe_* of the FlashInfer-Trace dataset: its reference takes
+    # routing_bias second, the definition lists it last. Checking called the reference by
+    # name and passed; timing it called positionally and failed the workload.
+    d = toy_definition(
+        "toy_swapped_h8",
+        "def run(w, x):\n    assert w.dim() == 1 and x.dim() == 2\n    return x * w\n",
+    )
+    got = _traces(d, [python_solution("mine", "def run(x, w):\n    return x * w\n", d.name)])
+    evaluation = got["mine"].evaluation
+    assert evaluation.status.value == "PASSED", evaluation.reason
+    assert evaluation.performance.reference_latency_ms > 0

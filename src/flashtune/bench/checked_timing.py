@@ -85,9 +85,19 @@ def sets_per_sample(
     if device.type != "cuda":
         return max(1, cpu_sets)
     wanted = math.ceil(target_sample_ms / per_call_ms) if per_call_ms > 0 else MAX_SETS
+    return sets_that_fit(set_bytes, device, min(wanted, MAX_SETS))
+
+
+def sets_that_fit(set_bytes: int, device: torch.device, wanted: int) -> int:
+    """At most `wanted` input sets of `set_bytes` each, and on a GPU no more than fit in
+    _MAX_SET_BYTES (a quarter of the free memory at most); always at least one. A set of
+    MoE weights can be 17 GB: four of them, held while the solution's sandbox (another
+    process) draws its own, ran a 141 GB GPU out of memory (H200, 2026-11-29)."""
+    if device.type != "cuda":
+        return max(1, wanted)
     free, _ = torch.cuda.mem_get_info(device)
     by_memory = min(_MAX_SET_BYTES, free // 4) // max(set_bytes, 1)
-    return int(max(1, min(wanted, MAX_SETS, by_memory)))
+    return int(max(1, min(wanted, by_memory)))
 
 
 class CheckedSampler:

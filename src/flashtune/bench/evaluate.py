@@ -34,7 +34,12 @@ from typing import Any
 import torch
 
 from flashtune.bench.build import MissingRequirement, check_requirements, solution_hash
-from flashtune.bench.checked_timing import WorkerSamples, derive_seed, interval_text
+from flashtune.bench.checked_timing import (
+    WorkerSamples,
+    derive_seed,
+    interval_text,
+    sets_that_fit,
+)
 from flashtune.bench.config import BenchConfig, cpu_threads
 from flashtune.bench.correctness import (
     Verdict,
@@ -122,6 +127,10 @@ def _args(definition: Definition, inputs: Mapping[str, Any]) -> list[Any]:
     return [inputs[name] for name in definition.inputs]
 
 
+def _tensor_bytes(inputs: Mapping[str, Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+
+
 def _clone(inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
@@ -178,8 +187,9 @@ class _Workload:
         self.axes = resolve_axes(definition, workload)
         self.reference = compile_reference(definition)
         self.seed = derive_seed(cfg.seed, "workload", definition.name, workload.uuid)
-        n = max(1, cfg.input_sets or 1)
-        self.sets = [self.synth(derive_seed(self.seed, i)) for i in range(n)]
+        first = self.synth(derive_seed(self.seed, 0))
+        n = sets_that_fit(_tensor_bytes(first), device, max(1, cfg.input_sets or 1))
+        self.sets = [first] + [self.synth(derive_seed(self.seed, i)) for i in range(1, n)]
         self.floats = float_input_names(self.sets[0])
         self.first_ref = self.run_reference(self.sets[0])
         self.stochastic = is_stochastic(definition)
@@ -224,8 +234,16 @@ class _Workload:
 
     def reference_timing(self) -> Timing:
         sets = [_args(self.definition, _clone(s)) for s in self.sets]
+        names = list(self.definition.inputs)
+
+        # By name, as run_reference calls it: a dataset reference may list its parameters in
+        # another order than the definition's inputs (trtllm_fp8_per_tensor_scale_moe_*
+        # takes routing_bias second, the definition lists it last).
+        def by_name(*args: Any) -> Any:
+            return self.reference(**dict(zip(names, args, strict=True)))
+
         with torch.no_grad():
-            return _time_reference(self.reference, sets, self.cfg, self.device)
+            return _time_reference(by_name, sets, self.cfg, self.device)
 
     def roots(self) -> tuple[str, ...]:
         roots = getattr(self.blob_root, "roots", None)
