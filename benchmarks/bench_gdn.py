@@ -78,6 +78,19 @@ MTP = [(1, 2), (8, 4), (64, 4), (256, 2), (256, 4)]
 PREFILL = [(1, 512), (1, 4096), (1, 16384), (4, 2048), (16, 512), (64, 128)]
 QUICK = {"decode": [1, 64, 512], "mtp": [(64, 4)], "prefill": [(1, 4096), (16, 512)]}
 SETS = 4
+# (block_v, num_warps) of the decode / MTP sweep
+SWEEP_RECURRENT = [
+    (8, 1),
+    (8, 2),
+    (16, 1),
+    (16, 2),
+    (16, 4),
+    (32, 2),
+    (32, 4),
+    (32, 8),
+    (64, 4),
+    (64, 8),
+]
 
 
 def _unit(*shape: int) -> torch.Tensor:
@@ -208,21 +221,22 @@ class Bench:
         self.emit(op, shape, results, state + other, flops)
 
     def sweep_recurrent(self, results: dict, sets: list[dict], op: str) -> None:
-        for bv in (16, 32, 64):
-            for warps in (2, 4, 8):
-                tactic = launch.GDNTactic(block_v=bv, num_warps=warps)
+        # fla-core's fused_recurrent runs [8, K] tiles on one warp each (many small programs):
+        # those corners beside the tuner's space.
+        for bv, warps in SWEEP_RECURRENT:
+            tactic = launch.GDNTactic(block_v=bv, num_warps=warps)
 
-                def run(q, k, v, state, A_log, a, dt_bias, b, tactic=tactic):  # noqa: N803
-                    out = torch.empty(*v.shape, dtype=q.dtype, device=q.device)
-                    launch.recurrent(q, k, v, A_log, a, dt_bias, b, state, state, out,
-                                     D**-0.5, tactic=tactic)  # fmt: skip
-                    return out
+            def run(q, k, v, state, A_log, a, dt_bias, b, tactic=tactic):  # noqa: N803
+                out = torch.empty(*v.shape, dtype=q.dtype, device=q.device)
+                launch.recurrent(q, k, v, A_log, a, dt_bias, b, state, state, out,
+                                 D**-0.5, tactic=tactic)  # fmt: skip
+                return out
 
-                s_sets = [[s["q"], s["k"], s["v"], s["state"][: s["q"].shape[0]], s["A_log"],
-                           s["a"], s["dt_bias"], s["b"]] for s in sets]  # fmt: skip
-                ms, graph = timed(run, s_sets)
-                results[f"flashtune_sweep_bv{bv}_w{warps}"] = {
-                    "ms": ms, "graph": graph, "tactic": [bv, warps]}  # fmt: skip
+            s_sets = [[s["q"], s["k"], s["v"], s["state"][: s["q"].shape[0]], s["A_log"],
+                       s["a"], s["dt_bias"], s["b"]] for s in sets]  # fmt: skip
+            ms, graph = timed(run, s_sets)
+            results[f"flashtune_sweep_bv{bv}_w{warps}"] = {
+                "ms": ms, "graph": graph, "tactic": [bv, warps]}  # fmt: skip
 
     def fla_steps(self, results: dict, sets: list[dict], op: str, ref: Any) -> None:
         fused = self.fla.fused_recurrent_gated_delta_rule
