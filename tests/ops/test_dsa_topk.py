@@ -100,7 +100,7 @@ def test_radix_select_matches_torch_topk(batch, length, topk):
     "tactic",
     [
         SelectTactic(chunk=256, tile=256, reps=1),  # many programs, one histogram
-        SelectTactic(chunk=512, tile=128, reps=4),  # copies of the histogram, small tiles
+        SelectTactic(chunk=512, tile=256, reps=4),  # copies of the histogram, small tiles
         SelectTactic(chunk=8192, tile=2048),  # one program a row
     ],
 )
@@ -127,6 +127,8 @@ def test_select_topk_radix_and_torch_agree():
     assert torch.equal(radix.sort(1).values, ordered.sort(1).values)
     with pytest.raises(ValueError, match="select.method"):
         select_topk(logits, seq_lens, table, PAGE_SIZE, 128, SelectTactic(method="heap"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tile"):
+        radix_topk_slots(logits, seq_lens, table, PAGE_SIZE, 128, SelectTactic(tile=128))
 
 
 @pytest.mark.cuda

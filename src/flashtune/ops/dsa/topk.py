@@ -168,24 +168,38 @@ def _scatter_kernel(
 
 
 @triton.jit
-def _refine(cand_key_ptr, n_cand, prefix, need, SHIFT: tl.constexpr, BITS: tl.constexpr,
+def _digit_hist(key, ok, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr):
+    """Counts of bits [SHIFT, SHIFT + BITS) of the keys that share `prefix` above them."""
+    match = ok & ((key >> (SHIFT + BITS)) == (prefix >> (SHIFT + BITS)))
+    return tl.histogram((key >> SHIFT) & ((1 << BITS) - 1), FINE, mask=match)
+
+
+@triton.jit
+def _refine(keys_ptr, n_cand, first, prefix, need, SHIFT: tl.constexpr, BITS: tl.constexpr,
             TILE: tl.constexpr, FINE: tl.constexpr):  # fmt: skip
-    """One radix level over the candidates that share `prefix` above bit SHIFT + BITS: the
-    digit of bits [SHIFT, SHIFT + BITS) holding the need-th best. Returns the prefix with
-    that digit, how many of the digit's candidates are still needed, and how many it has."""
-    digits = tl.arange(0, FINE)
-    hist = tl.zeros([FINE], dtype=tl.int32)
-    for start in range(0, n_cand, TILE):
+    """One radix level over the candidates: the digit of bits [SHIFT, SHIFT + BITS) holding
+    the need-th best of those sharing `prefix`. `first`: the first TILE candidates' keys, kept
+    in registers (all of them, typically). Returns the prefix with that digit, how many of
+    the digit's candidates are still needed, and how many it has."""
+    hist = _digit_hist(first, tl.arange(0, TILE) < n_cand, prefix, SHIFT, BITS, FINE)
+    for start in range(TILE, n_cand, TILE):
         i = start + tl.arange(0, TILE)
-        ok = i < n_cand
-        key = tl.load(cand_key_ptr + i, mask=ok, other=0)
-        match = ok & ((key >> (SHIFT + BITS)) == (prefix >> (SHIFT + BITS)))
-        hist += tl.histogram((key >> SHIFT) & ((1 << BITS) - 1), FINE, mask=match)
+        key = tl.load(keys_ptr + i, mask=i < n_cand, other=0)
+        hist += _digit_hist(key, i < n_cand, prefix, SHIFT, BITS, FINE)
+    digits = tl.arange(0, FINE)
     from_top = tl.cumsum(hist, 0, reverse=True)
     digit = tl.max(tl.where(from_top >= need, digits, -1), 0)
     above = tl.sum(tl.where(digits > digit, hist, 0), 0)
     count = tl.sum(tl.where(digits == digit, hist, 0), 0)
     return prefix | (digit << SHIFT), need - above, count
+
+
+@triton.jit
+def _emit(out, written, slot, take):
+    """Store `slot` where `take`, packed from out[written]; returns the new `written`."""
+    take = take.to(tl.int32)
+    tl.store(out + written + tl.cumsum(take, 0) - 1, slot, mask=take != 0)
+    return written + tl.sum(take, 0)
 
 
 @triton.jit
@@ -221,21 +235,25 @@ def _resolve_kernel(
     if need > 0:
         keys = cand_key_ptr + b * stride_cb
         positions = cand_pos_ptr + b * stride_cb
+        first = tl.load(keys + tl.arange(0, TILE), mask=tl.arange(0, TILE) < n_cand, other=0)
         prefix = (tl.load(keys) >> 20) << 20  # every candidate has the threshold bin's bits
-        prefix, need, count = _refine(keys, n_cand, prefix, need, 12, 8, TILE, FINE)
-        prefix, need, count = _refine(keys, n_cand, prefix, need, 4, 8, TILE, FINE)
-        prefix, need, count = _refine(keys, n_cand, prefix, need, 0, 4, TILE, FINE)
+        prefix, need, count = _refine(keys, n_cand, first, prefix, need, 12, 8, TILE, FINE)
+        prefix, need, count = _refine(keys, n_cand, first, prefix, need, 4, 8, TILE, FINE)
+        prefix, need, count = _refine(keys, n_cand, first, prefix, need, 0, 4, TILE, FINE)
         # prefix is now the k-th best key; `need` of its `count` ties make up k.
         all_ties = count == need
-        for start in range(0, n_cand, TILE):
+        i = tl.arange(0, TILE)
+        take = (i < n_cand) & ((first > prefix) | ((first == prefix) & all_ties))
+        pos = tl.load(positions + i, mask=take, other=0)
+        written = _emit(out, written, _slots(bt_ptr, b, stride_btb, pos, take, PAGE_SIZE), take)
+        for start in range(TILE, n_cand, TILE):
             i = start + tl.arange(0, TILE)
             ok = i < n_cand
             key = tl.load(keys + i, mask=ok, other=0)
             take = ok & ((key > prefix) | ((key == prefix) & all_ties))
             pos = tl.load(positions + i, mask=take, other=0)
-            at = written + tl.cumsum(take.to(tl.int32), 0) - 1
-            tl.store(out + at, _slots(bt_ptr, b, stride_btb, pos, take, PAGE_SIZE), mask=take)
-            written += tl.sum(take.to(tl.int32), 0)
+            slot = _slots(bt_ptr, b, stride_btb, pos, take, PAGE_SIZE)
+            written = _emit(out, written, slot, take)
         if count > need:
             # More ties than places: the lowest positions, from the row in order (the
             # candidates' order is the atomics'), so the set does not depend on timing.
@@ -284,7 +302,11 @@ def radix_topk_slots(
         return out
     if logits.stride(1) != 1 or block_table.stride(1) != 1:
         raise ValueError("logits and block_table must be contiguous in their last dimension")
-    chunk = max(tactic.chunk, tactic.tile)
+    tile = tactic.tile
+    if tile < FINE_BINS or tile & (tile - 1):
+        # tl.histogram's tile holds at least its FINE_BINS bins.
+        raise ValueError(f"SelectTactic.tile must be a power of two >= {FINE_BINS}, got {tile}")
+    chunk = max(tactic.chunk, tile)
     chunks = max(1, triton.cdiv(n_cols, chunk))
     reps = _reps(tactic, n_cols, chunks)
     ws = torch.zeros(batch, reps * BINS + _CURSORS, dtype=torch.int32, device=dev)
