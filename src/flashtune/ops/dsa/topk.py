@@ -298,8 +298,10 @@ def radix_topk_slots(
     batch, n_cols = logits.shape
     dev = logits.device
     out = torch.empty(batch, topk, dtype=torch.int32, device=dev)
-    if batch == 0:
+    if batch == 0 or topk == 0:
         return out
+    if logits.dtype != torch.float32:
+        raise TypeError(f"logits must be float32 (its bits are the keys), got {logits.dtype}")
     if logits.stride(1) != 1 or block_table.stride(1) != 1:
         raise ValueError("logits and block_table must be contiguous in their last dimension")
     tile = tactic.tile
