@@ -1,16 +1,29 @@
 """GDN's Triton kernels (private): the token recurrence (decode, MTP) and the chunked
-prefill (chunk of 64 tokens in the WY/UT form, then a pass carrying the state across chunks).
+prefill (chunks of 64 tokens in the WY/UT form, three kernels).
 
 Math (per value head; state S [V, K], k-last; G the in-chunk cumulative log decay, gamma =
 exp(G)): within a chunk starting from S0, the state after token i is
 gamma_i S0 + sum_{j<=i} (gamma_i / gamma_j) u_j k_j^T, where the corrected values u solve
 (I + A) U = diag(beta) V - diag(beta gamma) K S0^T with A[i, j] = beta_i (gamma_i / gamma_j)
-k_i . k_j (j < i). With T = (I + A)^-1 (forward substitution), W = T diag(beta gamma) K and
-U0 = T diag(beta) V, U = U0 - W S0^T; the outputs are scale (gamma_i q_i S0^T + sum_{j<=i}
-(gamma_i / gamma_j) (q_i . k_j) u_j) and the state leaving the chunk gamma_L S0 + sum_j
-(gamma_L / gamma_j) u_j k_j^T. `_chunk_prepare_kernel` computes W, U0, the masked decayed
-Q K^T (P) and G for every chunk in parallel; `_chunk_state_kernel` walks each sequence's
-chunks in order with the state tile in registers.
+k_i . k_j (j < i). With T = (I + A)^-1, W = T diag(beta gamma) K and U0 = T diag(beta) V,
+U = U0 - W S0^T; the outputs are scale (gamma_i q_i S0^T + sum_{j<=i} (gamma_i / gamma_j)
+(q_i . k_j) u_j) and the state leaving the chunk gamma_L S0 + sum_j (gamma_L / gamma_j)
+u_j k_j^T.
+
+The prefill splits this the way the fast published implementations do, so that only the
+part that must be sequential is:
+1. `_chunk_prepare_kernel`, per (chunk, value head), all chunks in parallel: G, A on tensor
+   cores, T by forward substitution in the four 16 x 16 diagonal blocks and block merges
+   (small float32 products), then W and U0 on tensor cores;
+2. `_chunk_state_kernel`, per (sequence, value head, V tile): the state in float32
+   registers (two K halves, k-major: both products then take it as a plain operand), per
+   chunk only U = U0 - W S0^T (stored) and the state update; each chunk's entering state is
+   stored for 3.;
+3. `_chunk_output_kernel`, per (chunk, value head, V tile), all in parallel: the outputs from
+   the entering state, U and the chunk's q k^T.
+Products take their operands in the intermediates' dtype (`w_ptr`'s): the input's half type
+(bf16/fp16, tensor cores, float32 accumulation: fla's choice) or float32 at PRECISION
+("tf32", or "ieee" exact: the checking path). The state itself always accumulates in float32.
 
 Only differences of G are exponentiated where they can grow (j <= i: ratios <= 1); gamma
 itself only shrinks, so nothing overflows however strong the decay.
@@ -24,7 +37,7 @@ import triton.language as tl
 __all__ = ["CHUNK", "SUB"]
 
 CHUNK = 64  # the prefill chunk: tokens per WY block (a chunk never straddles two sequences)
-SUB = 16  # its diagonal blocks, inverted by forward substitution (the rest by a series)
+SUB = 16  # its diagonal blocks, inverted by forward substitution (then merged: 4 per chunk)
 
 
 @triton.jit
@@ -36,9 +49,9 @@ def _log_decay(a, dt_bias, neg_a):
 
 
 @triton.jit
-def _dot_inputs(a, b, PRECISION: tl.constexpr):
-    """a @ b of the inputs as loaded: half-precision operands on tensor cores (their products
-    are exact in the float32 accumulator), float32 ones (l2-normalized q/k) at PRECISION."""
+def _mm(a, b, PRECISION: tl.constexpr):
+    """a @ b, float32 accumulation: half-precision operands on tensor cores (their products
+    are exact in the accumulator), float32 ones at PRECISION ("tf32" or "ieee")."""
     if a.dtype == tl.float32:
         return tl.dot(a, b, input_precision=PRECISION)
     return tl.dot(a, b)
@@ -143,9 +156,74 @@ def _recurrent_kernel(
         tl.store(new_state_ptr + wslot * n_n + i_h * n_h + wtile, s, mask=m2 & (wslot >= 0))
 
 
+# --------------------------------------------------------------------------- chunked prefill
+
+
+@triton.jit
+def _block_gates(
+    a_ptr, b_ptr, start, r0, length, i_h, neg_a, dtb,
+    HV: tl.constexpr, SUB: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """(log g, beta) of a chunk's rows r0 .. r0 + SUB, zeros past its length (so padding
+    rows neither decay nor write)."""
+    offs = r0 + tl.arange(0, SUB)
+    m = offs < length
+    rows = start + offs
+    a = tl.load(a_ptr + rows * HV + i_h, mask=m, other=0.0).to(tl.float32)
+    beta = tl.load(b_ptr + rows * HV + i_h, mask=m, other=0.0).to(tl.float32)
+    if RAW_GATES:
+        a = _log_decay(a, dtb, neg_a)
+        beta = tl.sigmoid(beta)
+    return tl.where(m, a, 0.0), tl.where(m, beta, 0.0)
+
+
+@triton.jit
+def _block_rows(ptr, start, r0, length, head, NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr):
+    """A chunk's rows r0 .. r0 + SUB of a [T, NH, D] tensor at `head` (zeros past its end)."""
+    offs = r0 + tl.arange(0, SUB)
+    rows = start + offs
+    ptrs = ptr + (rows[:, None] * NH + head) * D + tl.arange(0, D)[None, :]
+    return tl.load(ptrs, mask=(offs < length)[:, None], other=0.0)
+
+
+@triton.jit
+def _store_block_rows(
+    ptr, x, start, r0, length, head, NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr
+):
+    offs = r0 + tl.arange(0, SUB)
+    rows = start + offs
+    ptrs = ptr + (rows[:, None] * NH + head) * D + tl.arange(0, D)[None, :]
+    tl.store(ptrs, x.to(ptr.dtype.element_ty), mask=(offs < length)[:, None])
+
+
+@triton.jit
+def _a_diag(k, G, beta, SUB: tl.constexpr, PRECISION: tl.constexpr):
+    """A's diagonal block (strictly lower); the exponent is masked first: above the diagonal
+    G_i - G_j > 0 could overflow, and inf * 0 is nan."""
+    offs = tl.arange(0, SUB)
+    strict = offs[:, None] > offs[None, :]
+    ratio = tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0))
+    return tl.where(strict, _mm(k, tl.trans(k), PRECISION) * (beta[:, None] * ratio), 0.0)
+
+
+@triton.jit
+def _a_off(ka, kb, Ga, Gb, beta_a, PRECISION: tl.constexpr):
+    """A's block of row block a below column block b: every G_i - G_j <= 0 there."""
+    ratio = tl.exp(Ga[:, None] - Gb[None, :])
+    return _mm(ka, tl.trans(kb), PRECISION) * (beta_a[:, None] * ratio)
+
+
+@triton.jit
+def _subst_row(A, T, sel, e):
+    """Forward substitution's step i in one unit lower block: row i of (I + A)^-1 is
+    e_i - sum_{j<i} A[i, j] T[j, :] (rows j < i of T are final, A[i, j >= i] is 0)."""
+    a_i = tl.sum(tl.where(sel, A, 0.0), 0)
+    row = e - tl.sum(a_i[:, None] * T, 0)
+    return tl.where(sel, row[None, :], T)
+
+
 @triton.jit
 def _chunk_prepare_kernel(
-    q_ptr,  # [T, H, K]  contiguous
     k_ptr,  # [T, H, K]  contiguous
     v_ptr,  # [T, HV, V] contiguous
     a_ptr,  # [T, HV] (RAW_GATES: a; else log g, float32)
@@ -153,10 +231,9 @@ def _chunk_prepare_kernel(
     a_log_ptr,  # [HV] float32
     dt_bias_ptr,  # [HV]
     chunk_start_ptr,  # [NC] int32: first token of each chunk
-    chunk_len_ptr,  # [NC] int32: its tokens (<= C)
-    w_ptr,  # [T, HV, K] float32 out: W rows
-    u_ptr,  # [T, HV, V] float32 out: U0 rows
-    p_ptr,  # [T, HV, C] float32 out: decayed, causal q . k within the chunk
+    chunk_len_ptr,  # [NC] int32: its tokens (<= C; 0: an unused slot)
+    w_ptr,  # [T, HV, K] out: W rows (its dtype: the products' operands, module docstring)
+    u_ptr,  # [T, HV, V] out: U0 rows (same dtype)
     g_ptr,  # [T, HV] float32 out: cumulative log decay within the chunk
     HV: tl.constexpr,
     GROUP: tl.constexpr,
@@ -167,81 +244,132 @@ def _chunk_prepare_kernel(
     PRECISION: tl.constexpr,
     RAW_GATES: tl.constexpr,
 ):
+    # Four row blocks of SUB tokens, written out: Triton cannot slice a register tile, and
+    # T's blocks are what the substitution and the merges work on.
+    tl.static_assert(C == 4 * SUB)
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     i_hq = i_h // GROUP
     H = HV // GROUP
+    DT = w_ptr.dtype.element_ty
     start = tl.load(chunk_start_ptr + i_c).to(tl.int64)
     length = tl.load(chunk_len_ptr + i_c)
-    offs_c = tl.arange(0, C)
-    offs_k = tl.arange(0, K)
-    offs_v = tl.arange(0, V)
-    m = offs_c < length
-    rows = start + offs_c
-    kk = tl.load(
-        k_ptr + (rows[:, None] * H + i_hq) * K + offs_k[None, :], mask=m[:, None], other=0.0
-    )
-    qq = tl.load(
-        q_ptr + (rows[:, None] * H + i_hq) * K + offs_k[None, :], mask=m[:, None], other=0.0
-    )
-    vv = tl.load(
-        v_ptr + (rows[:, None] * HV + i_h) * V + offs_v[None, :], mask=m[:, None], other=0.0
-    )
     neg_a = -tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
     dtb = tl.load(dt_bias_ptr + i_h).to(tl.float32)
-    a = tl.load(a_ptr + rows * HV + i_h, mask=m, other=0.0).to(tl.float32)
-    beta = tl.load(b_ptr + rows * HV + i_h, mask=m, other=0.0).to(tl.float32)
-    if RAW_GATES:
-        a = _log_decay(a, dtb, neg_a)
-        beta = tl.sigmoid(beta)
-    gl = tl.where(m, a, 0.0)
-    beta = tl.where(m, beta, 0.0)
-    G = tl.cumsum(gl, 0)
-    diff = G[:, None] - G[None, :]
-    strict = offs_c[:, None] > offs_c[None, :]
-    causal = offs_c[:, None] >= offs_c[None, :]
-    ratio = tl.exp(tl.where(causal, diff, 0.0))
-    kkt = _dot_inputs(kk, tl.trans(kk), PRECISION)
-    A = tl.where(strict, beta[:, None] * ratio * kkt, 0.0)
-    # T = (I + A)^-1. A = D + L: D its SUB x SUB diagonal blocks, L the rest (strictly block
-    # lower). (I + D)^-1 by forward substitution in every block at once (row r of a block is
-    # e_r - sum_{j<r} D[r, j] Td[j, :]: SUB - 1 steps, not C - 1), then
-    # (I + A)^-1 = (I + M)^-1 Td with M = Td L, nilpotent: I - M + M^2 - ... (Horner).
-    blk = offs_c // SUB
-    pos = offs_c % SUB
-    same = blk[:, None] == blk[None, :]
-    Td = tl.where(offs_c[:, None] == offs_c[None, :], 1.0, 0.0)
-    Ad = tl.where(same, A, 0.0)
+    g0, b0 = _block_gates(a_ptr, b_ptr, start, 0, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
+    g1, b1 = _block_gates(a_ptr, b_ptr, start, SUB, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
+    g2, b2 = _block_gates(a_ptr, b_ptr, start, 2 * SUB, length, i_h, neg_a, dtb, HV, SUB,
+                          RAW_GATES)  # fmt: skip
+    g3, b3 = _block_gates(a_ptr, b_ptr, start, 3 * SUB, length, i_h, neg_a, dtb, HV, SUB,
+                          RAW_GATES)  # fmt: skip
+    G0 = tl.cumsum(g0, 0)
+    G1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
+    G2 = tl.cumsum(g2, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0))
+    G3 = tl.cumsum(g3, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0))
+    offs = tl.arange(0, SUB)
+    tl.store(g_ptr + (start + offs) * HV + i_h, G0, mask=offs < length)
+    tl.store(g_ptr + (start + SUB + offs) * HV + i_h, G1, mask=SUB + offs < length)
+    tl.store(g_ptr + (start + 2 * SUB + offs) * HV + i_h, G2, mask=2 * SUB + offs < length)
+    tl.store(g_ptr + (start + 3 * SUB + offs) * HV + i_h, G3, mask=3 * SUB + offs < length)
+    k0 = _block_rows(k_ptr, start, 0, length, i_hq, H, K, SUB).to(DT)
+    k1 = _block_rows(k_ptr, start, SUB, length, i_hq, H, K, SUB).to(DT)
+    k2 = _block_rows(k_ptr, start, 2 * SUB, length, i_hq, H, K, SUB).to(DT)
+    k3 = _block_rows(k_ptr, start, 3 * SUB, length, i_hq, H, K, SUB).to(DT)
+    # A (K K^T on tensor cores in DT, the decays and beta in float32), block by block.
+    A00 = _a_diag(k0, G0, b0, SUB, PRECISION)
+    A11 = _a_diag(k1, G1, b1, SUB, PRECISION)
+    A22 = _a_diag(k2, G2, b2, SUB, PRECISION)
+    A33 = _a_diag(k3, G3, b3, SUB, PRECISION)
+    A10 = _a_off(k1, k0, G1, G0, b1, PRECISION)
+    A20 = _a_off(k2, k0, G2, G0, b2, PRECISION)
+    A21 = _a_off(k2, k1, G2, G1, b2, PRECISION)
+    A30 = _a_off(k3, k0, G3, G0, b3, PRECISION)
+    A31 = _a_off(k3, k1, G3, G1, b3, PRECISION)
+    A32 = _a_off(k3, k2, G3, G2, b3, PRECISION)
+    # The diagonal blocks' inverses: forward substitution, the four blocks in one loop (their
+    # steps are independent: four chains in flight instead of one), elementwise, float32.
+    eye = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0)
+    T00 = eye
+    T11 = eye
+    T22 = eye
+    T33 = eye
     for i in range(1, SUB):
-        rows_i = tl.where(pos[:, None] == i, Ad, 0.0)
-        Td = Td - tl.dot(rows_i, Td, input_precision=PRECISION)
-    M = tl.dot(Td, tl.where(same, 0.0, A), input_precision=PRECISION)
-    Tm = Td
-    for _ in range(C // SUB - 1):
-        Tm = Td - tl.dot(M, Tm, input_precision=PRECISION)
-    kb = kk.to(tl.float32) * (beta * tl.exp(G))[:, None]
-    W = tl.dot(Tm, kb, input_precision=PRECISION)
-    U = tl.dot(Tm, vv.to(tl.float32) * beta[:, None], input_precision=PRECISION)
-    P = tl.where(causal, ratio * _dot_inputs(qq, tl.trans(kk), PRECISION), 0.0)
-    tl.store(w_ptr + (rows[:, None] * HV + i_h) * K + offs_k[None, :], W, mask=m[:, None])
-    tl.store(u_ptr + (rows[:, None] * HV + i_h) * V + offs_v[None, :], U, mask=m[:, None])
-    tl.store(p_ptr + (rows[:, None] * HV + i_h) * C + offs_c[None, :], P, mask=m[:, None])
-    tl.store(g_ptr + rows * HV + i_h, G, mask=m)
+        sel = offs[:, None] == i
+        e = tl.where(offs == i, 1.0, 0.0)
+        T00 = _subst_row(A00, T00, sel, e)
+        T11 = _subst_row(A11, T11, sel, e)
+        T22 = _subst_row(A22, T22, sel, e)
+        T33 = _subst_row(A33, T33, sel, e)
+    # The blocks below: T_ab = -T_aa sum_{b <= c < a} A_ac T_cb (from (I + A) T = I), small
+    # float32 products at PRECISION (T's accuracy feeds every W and U0 row).
+    T10 = -_mm(T11, _mm(A10, T00, PRECISION), PRECISION)
+    T21 = -_mm(T22, _mm(A21, T11, PRECISION), PRECISION)
+    T32 = -_mm(T33, _mm(A32, T22, PRECISION), PRECISION)
+    T20 = -_mm(T22, _mm(A20, T00, PRECISION) + _mm(A21, T10, PRECISION), PRECISION)
+    T31 = -_mm(T33, _mm(A31, T11, PRECISION) + _mm(A32, T21, PRECISION), PRECISION)
+    T30 = -_mm(
+        T33,
+        _mm(A30, T00, PRECISION) + _mm(A31, T10, PRECISION) + _mm(A32, T20, PRECISION),
+        PRECISION,
+    )
+    # W = T diag(beta gamma) K, U0 = T diag(beta) V on tensor cores: T and the scaled rows in
+    # DT (fla's rounding), float32 accumulation.
+    x0 = (k0.to(tl.float32) * (b0 * tl.exp(G0))[:, None]).to(DT)
+    x1 = (k1.to(tl.float32) * (b1 * tl.exp(G1))[:, None]).to(DT)
+    x2 = (k2.to(tl.float32) * (b2 * tl.exp(G2))[:, None]).to(DT)
+    x3 = (k3.to(tl.float32) * (b3 * tl.exp(G3))[:, None]).to(DT)
+    t00, t11, t22, t33 = T00.to(DT), T11.to(DT), T22.to(DT), T33.to(DT)
+    t10, t20, t21, t30, t31, t32 = T10.to(DT), T20.to(DT), T21.to(DT), T30.to(DT), T31.to(DT), T32.to(DT)  # fmt: skip
+    _store_block_rows(w_ptr, _mm(t00, x0, PRECISION), start, 0, length, i_h, HV, K, SUB)
+    _store_block_rows(w_ptr, _mm(t10, x0, PRECISION) + _mm(t11, x1, PRECISION), start, SUB,
+                      length, i_h, HV, K, SUB)  # fmt: skip
+    _store_block_rows(
+        w_ptr,
+        _mm(t20, x0, PRECISION) + _mm(t21, x1, PRECISION) + _mm(t22, x2, PRECISION),
+        start, 2 * SUB, length, i_h, HV, K, SUB,
+    )  # fmt: skip
+    _store_block_rows(
+        w_ptr,
+        _mm(t30, x0, PRECISION) + _mm(t31, x1, PRECISION) + _mm(t32, x2, PRECISION)
+        + _mm(t33, x3, PRECISION),
+        start, 3 * SUB, length, i_h, HV, K, SUB,
+    )  # fmt: skip
+    v0 = _block_rows(v_ptr, start, 0, length, i_h, HV, V, SUB).to(tl.float32)
+    v1 = _block_rows(v_ptr, start, SUB, length, i_h, HV, V, SUB).to(tl.float32)
+    v2 = _block_rows(v_ptr, start, 2 * SUB, length, i_h, HV, V, SUB).to(tl.float32)
+    v3 = _block_rows(v_ptr, start, 3 * SUB, length, i_h, HV, V, SUB).to(tl.float32)
+    y0 = (v0 * b0[:, None]).to(DT)
+    y1 = (v1 * b1[:, None]).to(DT)
+    y2 = (v2 * b2[:, None]).to(DT)
+    y3 = (v3 * b3[:, None]).to(DT)
+    _store_block_rows(u_ptr, _mm(t00, y0, PRECISION), start, 0, length, i_h, HV, V, SUB)
+    _store_block_rows(u_ptr, _mm(t10, y0, PRECISION) + _mm(t11, y1, PRECISION), start, SUB,
+                      length, i_h, HV, V, SUB)  # fmt: skip
+    _store_block_rows(
+        u_ptr,
+        _mm(t20, y0, PRECISION) + _mm(t21, y1, PRECISION) + _mm(t22, y2, PRECISION),
+        start, 2 * SUB, length, i_h, HV, V, SUB,
+    )  # fmt: skip
+    _store_block_rows(
+        u_ptr,
+        _mm(t30, y0, PRECISION) + _mm(t31, y1, PRECISION) + _mm(t32, y2, PRECISION)
+        + _mm(t33, y3, PRECISION),
+        start, 3 * SUB, length, i_h, HV, V, SUB,
+    )  # fmt: skip
 
 
 @triton.jit
 def _chunk_state_kernel(
-    q_ptr,  # [T, H, K]  contiguous
     k_ptr,  # [T, H, K]  contiguous
-    w_ptr,  # [T, HV, K] float32
-    u_ptr,  # [T, HV, V] float32
-    p_ptr,  # [T, HV, C] float32
+    w_ptr,  # [T, HV, K] W (DT: its dtype)
+    u_ptr,  # [T, HV, V] U0 (DT)
     g_ptr,  # [T, HV]    float32
     cu_ptr,  # [N + 1] int: cu_seqlens
+    first_chunk_ptr,  # [N] int: each sequence's first chunk slot (chunk_table's order)
     state_ptr,  # [N, HV, V, K] float32 initial state (HAS_STATE; strides below)
     new_state_ptr,  # [N, HV, V, K] float32 out (strides below)
-    out_ptr,  # [T, HV, V] contiguous
-    scale,
+    h_ptr,  # [NC, HV, K, V] DT out: the state entering each chunk, k-major
+    vn_ptr,  # [T, HV, V] DT out: U = U0 - W S^T, the corrected values
     s_n,
     s_h,
     s_v,
@@ -256,55 +384,111 @@ def _chunk_state_kernel(
     V: tl.constexpr,
     BV: tl.constexpr,
     C: tl.constexpr,
+    KH: tl.constexpr,
     HAS_STATE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    # The state is held transposed, [K, BV] (k-major), in two K halves of KH (one, KH = K,
+    # where a half would be under the 16 a product needs): W S^T then takes it as the B
+    # operand and the update K^T U adds to it, neither transposing the float32 tile; halves
+    # keep each product's tiles (and live registers) smaller.
+    SPLIT: tl.constexpr = KH < K
     i_n = tl.program_id(0)
     i_h = tl.program_id(1)
     i_v = tl.program_id(2)
     i_hq = i_h // GROUP
     H = HV // GROUP
+    DT = w_ptr.dtype.element_ty
     offs_c = tl.arange(0, C)
-    offs_k = tl.arange(0, K)
+    offs_k = tl.arange(0, KH)
     offs_v = i_v * BV + tl.arange(0, BV)
-    bos = tl.load(cu_ptr + i_n).to(tl.int32)
-    eos = tl.load(cu_ptr + i_n + 1).to(tl.int32)
+    bos = tl.load(cu_ptr + i_n).to(tl.int64)
+    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    first = tl.load(first_chunk_ptr + i_n).to(tl.int64)
+    s1 = tl.zeros([KH, BV], dtype=tl.float32)
+    s2 = tl.zeros([KH, BV], dtype=tl.float32)
     if HAS_STATE:
-        tile = offs_v[:, None] * s_v + offs_k[None, :] * s_k
-        s = tl.load(state_ptr + i_n.to(tl.int64) * s_n + i_h * s_h + tile)
-    else:
-        s = tl.zeros([BV, K], dtype=tl.float32)
+        base = state_ptr + i_n.to(tl.int64) * s_n + i_h * s_h + offs_v[None, :] * s_v
+        s1 = tl.load(base + offs_k[:, None] * s_k)
+        if SPLIT:
+            s2 = tl.load(base + (KH + offs_k)[:, None] * s_k)
+    h_tile = offs_k[:, None] * V + offs_v[None, :]
     for start in range(bos, eos, C):
         length = tl.minimum(eos - start, C)
         m = offs_c < length
-        rows = (offs_c + start).to(tl.int64)
-        W = tl.load(
-            w_ptr + (rows[:, None] * HV + i_h) * K + offs_k[None, :], mask=m[:, None], other=0.0
-        )
-        U0 = tl.load(
-            u_ptr + (rows[:, None] * HV + i_h) * V + offs_v[None, :], mask=m[:, None], other=0.0
-        )
-        P = tl.load(
-            p_ptr + (rows[:, None] * HV + i_h) * C + offs_c[None, :], mask=m[:, None], other=0.0
-        )
+        rows = offs_c + start
+        hb = h_ptr + ((first + (start - bos) // C) * HV + i_h) * (K * V)
+        tl.store(hb + h_tile, s1.to(DT))
+        w_rows = w_ptr + (rows[:, None] * HV + i_h) * K + offs_k[None, :]
+        w1 = tl.load(w_rows, mask=m[:, None], other=0.0)
+        uv = (rows[:, None] * HV + i_h) * V + offs_v[None, :]
+        u = tl.load(u_ptr + uv, mask=m[:, None], other=0.0).to(tl.float32)
+        u = u - _mm(w1, s1.to(DT), PRECISION)
+        if SPLIT:
+            tl.store(hb + KH * V + h_tile, s2.to(DT))
+            w2 = tl.load(w_rows + KH, mask=m[:, None], other=0.0)
+            u = u - _mm(w2, s2.to(DT), PRECISION)
+        tl.store(vn_ptr + uv, u.to(DT), mask=m[:, None])
         G = tl.load(g_ptr + rows * HV + i_h, mask=m, other=0.0)
-        g_last = tl.sum(tl.where(offs_c == length - 1, G, 0.0), 0)
-        qq = tl.load(
-            q_ptr + (rows[:, None] * H + i_hq) * K + offs_k[None, :], mask=m[:, None], other=0.0
-        )
-        kk = tl.load(
-            k_ptr + (rows[:, None] * H + i_hq) * K + offs_k[None, :], mask=m[:, None], other=0.0
-        )
-        st = tl.trans(s)  # [K, BV]
-        U = U0 - tl.dot(W, st, input_precision=PRECISION)  # [C, BV]
-        o = tl.exp(G)[:, None] * tl.dot(qq.to(tl.float32), st, input_precision=PRECISION)
-        o = (o + tl.dot(P, U, input_precision=PRECISION)) * scale
-        tl.store(out_ptr + (rows[:, None] * HV + i_h) * V + offs_v[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=m[:, None])  # fmt: skip
-        r = tl.where(m, tl.exp(g_last - G), 0.0)
-        s = s * tl.exp(g_last) + tl.dot(
-            tl.trans(U * r[:, None]), kk.to(tl.float32), input_precision=PRECISION
-        )
-    s = tl.where(eos > bos, s, 0.0)  # the contract's: an empty sequence's state is zeros
-    ntile = offs_v[:, None] * n_v + offs_k[None, :] * n_k
-    tl.store(new_state_ptr + i_n.to(tl.int64) * n_n + i_h * n_h + ntile, s)
+        g_last = tl.load(g_ptr + (start + length - 1) * HV + i_h)
+        ud = (u * tl.where(m, tl.exp(g_last - G), 0.0)[:, None]).to(DT)
+        k_rows = k_ptr + (rows[:, None] * H + i_hq) * K + offs_k[None, :]
+        k1 = tl.load(k_rows, mask=m[:, None], other=0.0).to(DT)
+        decay = tl.exp(g_last)
+        s1 = s1 * decay + _mm(tl.trans(k1), ud, PRECISION)
+        if SPLIT:
+            k2 = tl.load(k_rows + KH, mask=m[:, None], other=0.0).to(DT)
+            s2 = s2 * decay + _mm(tl.trans(k2), ud, PRECISION)
+    s1 = tl.where(eos > bos, s1, 0.0)  # the contract's: an empty sequence's state is zeros
+    s2 = tl.where(eos > bos, s2, 0.0)
+    nb = new_state_ptr + i_n.to(tl.int64) * n_n + i_h * n_h + offs_v[None, :] * n_v
+    tl.store(nb + offs_k[:, None] * n_k, s1)
+    if SPLIT:
+        tl.store(nb + (KH + offs_k)[:, None] * n_k, s2)
+
+
+@triton.jit
+def _chunk_output_kernel(
+    q_ptr,  # [T, H, K]  contiguous
+    k_ptr,  # [T, H, K]  contiguous
+    g_ptr,  # [T, HV]    float32
+    h_ptr,  # [NC, HV, K, V] DT: the state entering each chunk
+    vn_ptr,  # [T, HV, V] DT: the corrected values U
+    chunk_start_ptr,  # [NC] int32
+    chunk_len_ptr,  # [NC] int32
+    out_ptr,  # [T, HV, V] contiguous
+    scale,
+    HV: tl.constexpr,
+    GROUP: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    C: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_hq = i_h // GROUP
+    H = HV // GROUP
+    DT = vn_ptr.dtype.element_ty
+    start = tl.load(chunk_start_ptr + i_c).to(tl.int64)
+    length = tl.load(chunk_len_ptr + i_c)  # 0 in an unused slot: everything masked
+    offs_c = tl.arange(0, C)
+    offs_k = tl.arange(0, K)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    m = offs_c < length
+    rows = start + offs_c
+    qk_rows = (rows[:, None] * H + i_hq) * K + offs_k[None, :]
+    q = tl.load(q_ptr + qk_rows, mask=m[:, None], other=0.0).to(DT)
+    k = tl.load(k_ptr + qk_rows, mask=m[:, None], other=0.0).to(DT)
+    G = tl.load(g_ptr + rows * HV + i_h, mask=m, other=0.0)
+    causal = offs_c[:, None] >= offs_c[None, :]
+    ratio = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+    p = tl.where(causal, _mm(q, tl.trans(k), PRECISION) * ratio, 0.0).to(DT)
+    hb = h_ptr + (i_c.to(tl.int64) * HV + i_h) * (K * V)
+    s = tl.load(hb + offs_k[:, None] * V + offs_v[None, :])  # [K, BV]
+    uv = (rows[:, None] * HV + i_h) * V + offs_v[None, :]
+    u = tl.load(vn_ptr + uv, mask=m[:, None], other=0.0)
+    o = _mm(q, s, PRECISION) * tl.exp(G)[:, None] + _mm(p, u, PRECISION)
+    tl.store(out_ptr + uv, (o * scale).to(out_ptr.dtype.element_ty), mask=m[:, None])

@@ -2,8 +2,8 @@
 
 `recurrent` runs the token recurrence (decode T = 1, MTP T > 1) and `chunked` the chunked
 prefill; both take gate inputs raw (A_log, a, dt_bias, b) as the definitions and FlashInfer's
-decode do. Tactics (`GDNTactic`): the V tile of the state each program holds, warps, and the
-precision of the prefill's fp32 products.
+decode do. Tactics (`GDNTactic`): the V tile of the state each program holds, warps, pipeline
+stages and the precision of the prefill's products.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from flashtune.ops.call import KernelOp
 from flashtune.ops.gdn.kernels import (
     CHUNK,
     SUB,
+    _chunk_output_kernel,
     _chunk_prepare_kernel,
     _chunk_state_kernel,
     _recurrent_kernel,
@@ -40,24 +41,46 @@ __all__ = [
 ]
 
 
+PRECISIONS = ("half", "tf32", "ieee")
+
+
 @dataclass(frozen=True)
 class GDNTactic:
-    """block_v: rows of the [V, K] state a program holds (registers: block_v * K * 4 bytes);
-    num_warps; precision: tl.dot's for float32 operands ("ieee" exact; "tf32" faster)."""
+    """block_v: rows of the [V, K] state a program holds (registers: block_v * K * 4 bytes):
+    the decode kernel's and the prefill's state pass; num_warps and num_stages: the same
+    kernels' (the prefill's other two kernels are parallel over chunks and keep fixed ones);
+    precision: the prefill's products and intermediates (W, U0, U, each chunk's entering
+    state): "half" the input's bf16/fp16 on tensor cores with float32 accumulation (fla's
+    rounding, the default), "tf32" float32 intermediates with tf32 products, "ieee" float32
+    and exact (the checking path, several times slower). The state itself always
+    accumulates in float32, and the final state is float32."""
 
     block_v: int = 32
     num_warps: int = 4
-    precision: str = "ieee"
+    precision: str = "half"
+    num_stages: int = 2
 
 
 # Unmeasured starting points (no GPU in the session that wrote them): a [32, 128] fp32 tile
 # is 16 KB of registers, 32 per thread at 4 warps; benchmarks/bench_gdn.py --sweep measures.
+# The prefill's state pass is the only sequential part: a V tile of 32 gives 4 programs per
+# value head (128 for one sequence of 32 heads, about one per SM of an H200).
 DEFAULT_RECURRENT = GDNTactic(block_v=32, num_warps=4)
-DEFAULT_CHUNKED = GDNTactic(block_v=64, num_warps=8)
-# The candidates the autotuner times (the prefill's precision stays ieee: its error is not the
-# tuner's to accept; tf32 is a manual tactic).
+DEFAULT_CHUNKED = GDNTactic(block_v=32, num_warps=4, precision="half", num_stages=2)
+# The candidates the autotuner times. The prefill's stay at "half": precision changes the
+# error, which is not the tuner's to accept; "tf32" and "ieee" are manual tactics.
 BLOCK_V_SPACE = (16, 32, 64, 128)
 WARPS_SPACE = (2, 4, 8)
+CHUNKED_BLOCK_V_SPACE = (16, 32, 64)
+CHUNKED_WARPS_SPACE = (2, 4)
+CHUNKED_STAGES_SPACE = (1, 2, 3)
+# The output kernel's V tile and warps (parallel over chunks, heads and tiles: 2048 programs
+# for 4096 tokens of 32 heads at V 128, so no tuning of its parallelism): its q, k [C, K],
+# entering state [K, 64] and U [C, 64] half tiles and [C, C] + [C, 64] float32 accumulators
+# fit 4 warps' registers at K 128.
+OUTPUT_BLOCK_V = 64
+OUTPUT_WARPS = 4
+PREPARE_WARPS = 4
 
 
 def check(name: str, t: Any, dims: int, dtypes: tuple[torch.dtype, ...] | None = None) -> None:
@@ -153,11 +176,14 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def chunk_table(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first token, length) of every CHUNK-token chunk of every sequence, int32, computed on
-    cu_seqlens' device without a host sync (so a CUDA graph can capture the prefill): one slot
-    per possible chunk, total // CHUNK + N of them (a sequence adds at most one partial
-    chunk); the slots past the last chunk have length 0. Chunks never straddle sequences."""
+def chunk_table(
+    cu_seqlens: torch.Tensor, total: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(first token, length) of every CHUNK-token chunk of every sequence, and each
+    sequence's first chunk slot, int32, computed on cu_seqlens' device without a host sync
+    (so a CUDA graph can capture the prefill): one slot per possible chunk, total // CHUNK +
+    N of them (a sequence adds at most one partial chunk), in order of sequence then chunk;
+    the slots past the last chunk have length 0. Chunks never straddle sequences."""
     n = cu_seqlens.shape[0] - 1
     cu = cu_seqlens.long()
     lengths = cu[1:] - cu[:-1]
@@ -168,7 +194,7 @@ def chunk_table(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, tor
     start = cu[seq] + (slot - (ends[seq] - chunks[seq])) * CHUNK
     length = (cu[seq + 1] - start).clamp_(0, CHUNK)
     length = torch.where(slot < ends[-1], length, 0)
-    return start.to(torch.int32), length.to(torch.int32)
+    return start.to(torch.int32), length.to(torch.int32), (ends - chunks).to(torch.int32)
 
 
 def _launch_chunked(
@@ -190,7 +216,11 @@ def _launch_chunked(
 ) -> None:
     """The chunked prefill over packed q, k [T, H, K], v [T, HV, V], a, b [T, HV] by
     cu_seqlens [N + 1], from `state` [N, HV, V, K] float32 (None: zeros) into `new_state`
-    [N, HV, V, K] and `output` [T, HV, V]. raw_gates as `recurrent`'s."""
+    [N, HV, V, K] and `output` [T, HV, V]. raw_gates as `recurrent`'s. Three kernels
+    (kernels.py): the chunks' W, U0 and decays in parallel, the state pass along each
+    sequence, the outputs in parallel."""
+    if tactic.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {tactic.precision!r}")
     total = q.shape[0]
     _, hv, kdim = _heads(q, k, v)
     vdim = v.shape[-1]
@@ -198,30 +228,40 @@ def _launch_chunked(
     num_seqs = cu_seqlens.shape[0] - 1
     if num_seqs == 0:
         return
-    starts, lengths = chunk_table(cu_seqlens, total)
+    starts, lengths, first = chunk_table(cu_seqlens, total)
+    slots = starts.numel()
     dev = q.device
-    w = torch.empty(total, hv, kdim, dtype=torch.float32, device=dev)
-    u = torch.empty(total, hv, vdim, dtype=torch.float32, device=dev)
-    p = torch.empty(total, hv, CHUNK, dtype=torch.float32, device=dev)
+    # "half": the intermediates in v's dtype (q, k may come float32, l2-normalized, and are
+    # rounded to it for the products, as fla's bf16 l2norm output is). The float32 products
+    # left in "half" (T's 16 x 16 block merges) are tiny, so they run exact.
+    inter = v.dtype if tactic.precision == "half" else torch.float32
+    precision = "ieee" if tactic.precision == "half" else tactic.precision
+    w = torch.empty(total, hv, kdim, dtype=inter, device=dev)
+    u = torch.empty(total, hv, vdim, dtype=inter, device=dev)
+    vn = torch.empty(total, hv, vdim, dtype=inter, device=dev)
     g = torch.empty(total, hv, dtype=torch.float32, device=dev)
+    h = torch.empty(slots, hv, kdim, vdim, dtype=inter, device=dev)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if starts.numel():
-        _chunk_prepare_kernel[(starts.numel(), hv)](
-            q, k, v, a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(),
-            starts, lengths, w, u, p, g,
-            HV=hv, GROUP=group, K=kdim, V=vdim, C=CHUNK, SUB=SUB, PRECISION=tactic.precision,
-            RAW_GATES=raw_gates, num_warps=tactic.num_warps,
-        )  # fmt: skip
+    _chunk_prepare_kernel[(slots, hv)](
+        k, v, a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(),
+        starts, lengths, w, u, g,
+        HV=hv, GROUP=group, K=kdim, V=vdim, C=CHUNK, SUB=SUB, PRECISION=precision,
+        RAW_GATES=raw_gates, num_warps=PREPARE_WARPS,
+    )  # fmt: skip
     block_v = min(tactic.block_v, vdim)
     s_strides = state.stride() if state is not None else (0, 0, 0, 0)
     _chunk_state_kernel[(num_seqs, hv, triton_cdiv(vdim, block_v))](
-        q, k, w, u, p, g, cu_seqlens, state if state is not None else new_state, new_state,
-        output, scale, *s_strides, *new_state.stride(),
+        k, w, u, g, cu_seqlens, first, state if state is not None else new_state, new_state,
+        h, vn, *s_strides, *new_state.stride(),
         HV=hv, GROUP=group, K=kdim, V=vdim, BV=block_v, C=CHUNK,
-        HAS_STATE=state is not None, PRECISION=tactic.precision, num_warps=tactic.num_warps,
-        # One stage: pipelined (Triton's default 3), the chunk loop's fp32 w / u / q / k tiles
-        # need 241 KiB of shared memory at BV 64, K 128, over sm_90's 227 KiB (H200, measured).
-        num_stages=1,
+        KH=kdim // 2 if kdim >= 32 else kdim, HAS_STATE=state is not None,
+        PRECISION=precision, num_warps=tactic.num_warps, num_stages=tactic.num_stages,
+    )  # fmt: skip
+    block_o = min(OUTPUT_BLOCK_V, vdim)
+    _chunk_output_kernel[(slots, hv, triton_cdiv(vdim, block_o))](
+        q, k, g, h, vn, starts, lengths, output, scale,
+        HV=hv, GROUP=group, K=kdim, V=vdim, BV=block_o, C=CHUNK, PRECISION=precision,
+        num_warps=OUTPUT_WARPS,
     )  # fmt: skip
 
 
@@ -295,12 +335,18 @@ class RecurrentRunner(TunableRunner):
 
 
 class ChunkedRunner(TunableRunner):
-    """The chunked prefill: the state pass's V tile and both kernels' warps (ieee products:
-    tf32 is a manual tactic, its error not the tuner's to accept)."""
+    """The chunked prefill: the state pass's V tile, warps and pipeline stages, at "half"
+    precision (tf32 and ieee are manual tactics: their error is not the tuner's to trade)."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         vdim = inputs[2].shape[-1]
-        return [GDNTactic(bv, w) for bv in (32, 64, 128) if bv <= vdim for w in (4, 8)]
+        return [
+            GDNTactic(bv, w, "half", st)
+            for bv in CHUNKED_BLOCK_V_SPACE
+            if bv <= vdim
+            for w in CHUNKED_WARPS_SPACE
+            for st in CHUNKED_STAGES_SPACE
+        ]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         x = ChunkedInputs(*inputs)
