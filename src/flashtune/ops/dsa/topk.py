@@ -12,7 +12,8 @@ Keys: an fp32 score's bits as an int32 that orders like the float under a signed
 1. `_histogram_kernel` (rows x chunks): each valid score's top 12 key bits counted into the
    row's 4096-bin histogram with global atomics (REPS copies, one per group of chunks,
    summed by the readers: a long row's scores crowd a few bins, and one copy would
-   serialize their atomics).
+   serialize their atomics). Not tl.histogram: its warp ballots cost each thread
+   bins / 32 popcounts per score, 128 at 4096 bins; it serves the 256-bin levels below.
 2. `_scatter_kernel` (rows x chunks): each program finds the row's threshold bin (the bin
    where the count from the top reaches k) from the histogram, writes its scores above that
    bin to the output as cache slots, behind an atomic cursor, and those in the bin to a
@@ -20,7 +21,9 @@ Keys: an fp32 score's bits as an int32 that orders like the float under a signed
 3. `_resolve_kernel` (one program per row): three more radix levels (8, 8, 4 bits) over the
    candidates find the exact k-th key; candidates above it go out, and the ones equal to it
    (ties) by lowest position, so the chosen set is deterministic (the order is not: the
-   cursors hand out places as programs arrive). Then -1 up to topk.
+   cursors hand out places as programs arrive). Then -1 up to topk. Only where more
+   scores tie the k-th exactly than there are places does the program rescan its row (in
+   position order, for the lowest ones): slow, and rare for fp32 sums over 64 heads.
 
 Rows of at most topk valid scores skip the histogram: every valid position goes out.
 Positions past seq_len are never read. No host syncs: the buffers are sized from shapes and
