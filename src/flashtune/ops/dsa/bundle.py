@@ -127,7 +127,8 @@ def torch_dsa_sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indice
 _FLASHTUNE_INDEXER = (
     "flashtune's DSA indexer through its public API (dsa.dsa_topk_indexer): a Triton kernel "
     "scores every token of each request (fp8 x fp8 MMA, per-token scale, ReLU, head-weighted "
-    "sum) into fp32 logits, torch.topk selects, a gather maps positions to cache slots. " + NO_SETUP
+    "sum) into fp32 logits, a multi-program radix select in Triton picks the top-k set "
+    "(unordered: the set is the contract) as cache slots. " + NO_SETUP
 )
 _FLASHTUNE_ATTENTION = (
     "flashtune's DSA sparse attention through its public API (dsa.dsa_sparse_attention): a "
