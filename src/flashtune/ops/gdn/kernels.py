@@ -13,8 +13,8 @@ u_j k_j^T.
 The prefill splits this the way the fast published implementations do, so that only the
 part that must be sequential is:
 1. `_chunk_prepare_kernel`, per (chunk, value head), all chunks in parallel: G, A on tensor
-   cores, T by forward substitution in the four 16 x 16 diagonal blocks and block merges
-   (small float32 products), then W and U0 on tensor cores;
+   cores, T blockwise (the four 16 x 16 diagonal blocks inverted, then merged: small float32
+   products), then W and U0 on tensor cores;
 2. `_chunk_state_kernel`, per (sequence, value head, V tile): the state in float32
    registers (two K halves, k-major: both products then take it as a plain operand), per
    chunk only U = U0 - W S0^T (stored) and the state update; each chunk's entering state is
@@ -37,7 +37,7 @@ import triton.language as tl
 __all__ = ["CHUNK", "SUB"]
 
 CHUNK = 64  # the prefill chunk: tokens per WY block (a chunk never straddles two sequences)
-SUB = 16  # its diagonal blocks, inverted by forward substitution (then merged: 4 per chunk)
+SUB = 16  # its diagonal blocks, inverted by a factorized series (then merged: 4 per chunk)
 
 
 @triton.jit
@@ -220,12 +220,18 @@ def _a_off(ka, kb, Ga, Gb, beta_a, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _subst_row(A, T, sel, e):
-    """Forward substitution's step i in one unit lower block: row i of (I + A)^-1 is
-    e_i - sum_{j<i} A[i, j] T[j, :] (rows j < i of T are final, A[i, j >= i] is 0)."""
-    a_i = tl.sum(tl.where(sel, A, 0.0), 0)
-    row = e - tl.sum(a_i[:, None] * T, 0)
-    return tl.where(sel, row[None, :], T)
+def _inv_unit_lower(A, eye, PRECISION: tl.constexpr):
+    """(I + A)^-1 of a strictly lower SUB x SUB block (SUB = 16: A^16 = 0), as the exact
+    factorization of its Neumann series, (I - A)(I + A^2)(I + A^4)(I + A^8): six small
+    products instead of forward substitution's 15 dependent row steps, each of which costs
+    cross-warp reductions and layout changes through shared memory (measured on an H200:
+    the substitution made this kernel ~9 us of SM time per chunk)."""
+    a2 = _mm(A, A, PRECISION)
+    a4 = _mm(a2, a2, PRECISION)
+    a8 = _mm(a4, a4, PRECISION)
+    t = _mm(eye - A, eye + a2, PRECISION)
+    t = _mm(t, eye + a4, PRECISION)
+    return _mm(t, eye + a8, PRECISION)
 
 
 @triton.jit
@@ -292,20 +298,13 @@ def _chunk_prepare_kernel(
     A30 = _a_off(k3, k0, G3, G0, b3, PRECISION)
     A31 = _a_off(k3, k1, G3, G1, b3, PRECISION)
     A32 = _a_off(k3, k2, G3, G2, b3, PRECISION)
-    # The diagonal blocks' inverses: forward substitution, the four blocks in one loop (their
-    # steps are independent: four chains in flight instead of one), elementwise, float32.
+    # The diagonal blocks' inverses in float32 at PRECISION (four independent chains).
+    tl.static_assert(SUB == 16)
     eye = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0)
-    T00 = eye
-    T11 = eye
-    T22 = eye
-    T33 = eye
-    for i in range(1, SUB):
-        sel = offs[:, None] == i
-        e = tl.where(offs == i, 1.0, 0.0)
-        T00 = _subst_row(A00, T00, sel, e)
-        T11 = _subst_row(A11, T11, sel, e)
-        T22 = _subst_row(A22, T22, sel, e)
-        T33 = _subst_row(A33, T33, sel, e)
+    T00 = _inv_unit_lower(A00, eye, PRECISION)
+    T11 = _inv_unit_lower(A11, eye, PRECISION)
+    T22 = _inv_unit_lower(A22, eye, PRECISION)
+    T33 = _inv_unit_lower(A33, eye, PRECISION)
     # The blocks below: T_ab = -T_aa sum_{b <= c < a} A_ac T_cb (from (I + A) T = I), small
     # float32 products at PRECISION (T's accuracy feeds every W and U0 row).
     T10 = -_mm(T11, _mm(A10, T00, PRECISION), PRECISION)

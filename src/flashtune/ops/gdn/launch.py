@@ -71,7 +71,16 @@ DEFAULT_RECURRENT = GDNTactic(block_v=32, num_warps=4)
 # the sweep at 64 requests x 4 tokens (93.7 us against 139.5 us for DEFAULT_RECURRENT, H200,
 # 2026-11-29, before the flat grid): many small programs hide the token loop's latency.
 DEFAULT_MTP = GDNTactic(block_v=8, num_warps=1)
-DEFAULT_CHUNKED = GDNTactic(block_v=32, num_warps=4, precision="half", num_stages=2)
+# The prefill's (H200, HV 32, D 128, bf16; .gpujobs timing): the state pass is the only
+# sequential part, and a V tile of 32 gives 4 programs per value head (128 for one sequence,
+# about one per SM): best for 1 x 4096 tokens (V tile 32, 4 warps, 3 stages: 345 us in all
+# against 367 at 64 and 388 at 2 stages). Where the sequences alone fill the GPU (16 x 477
+# tokens: 2048 programs at 32), a tile of 64 halves the W and k reloads: 672 us against 781.
+DEFAULT_CHUNKED = GDNTactic(block_v=32, num_warps=4, precision="half", num_stages=3)
+DEFAULT_CHUNKED_WIDE = GDNTactic(block_v=64, num_warps=4, precision="half", num_stages=3)
+# Programs of the state pass (at DEFAULT_CHUNKED's tile) from which DEFAULT_CHUNKED_WIDE is
+# the default: four per SM of an H100/H200 (132).
+WIDE_FROM_PROGRAMS = 4 * 132
 # The candidates the autotuner times. The prefill's stay at "half": precision changes the
 # error, which is not the tuner's to accept; "tf32" and "ieee" are manual tactics.
 BLOCK_V_SPACE = (8, 16, 32, 64, 128)
@@ -80,10 +89,10 @@ CHUNKED_BLOCK_V_SPACE = (16, 32, 64)
 CHUNKED_WARPS_SPACE = (2, 4)
 CHUNKED_STAGES_SPACE = (1, 2, 3)
 # The output kernel's V tile and warps (parallel over chunks, heads and tiles: 2048 programs
-# for 4096 tokens of 32 heads at V 128, so no tuning of its parallelism): its q, k [C, K],
-# entering state [K, 64] and U [C, 64] half tiles and [C, C] + [C, 64] float32 accumulators
-# fit 4 warps' registers at K 128.
-OUTPUT_BLOCK_V = 64
+# for 4096 tokens of 32 heads at V 128, so no tuning of its parallelism). A tile of 128
+# computes q k^T once per chunk and head: 321 us in all against 326 at 64 (1 x 4096, H200);
+# 8 warps were slower (372 us). The prepare kernel: 4 warps (2: 334 us, 8: 499 us).
+OUTPUT_BLOCK_V = 128
 OUTPUT_WARPS = 4
 PREPARE_WARPS = 4
 
@@ -238,7 +247,7 @@ def _launch_chunked(
     dev = q.device
     # "half": the intermediates in v's dtype (q, k may come float32, l2-normalized, and are
     # rounded to it for the products, as fla's bf16 l2norm output is). The float32 products
-    # left in "half" (T's 16 x 16 block merges) are tiny, so they run exact.
+    # left in "half" (T's 16 x 16 block inverses and merges) are tiny, so they run exact.
     inter = v.dtype if tactic.precision == "half" else torch.float32
     precision = "ieee" if tactic.precision == "half" else tactic.precision
     w = torch.empty(total, hv, kdim, dtype=inter, device=dev)
@@ -357,9 +366,16 @@ class ChunkedRunner(TunableRunner):
         x = ChunkedInputs(*inputs)
         _launch_chunked(
             x.q, x.k, x.v, x.A_log, x.a, x.dt_bias, x.b, x.cu_seqlens, x.state, x.new_state,
-            x.output, x.scale, raw_gates=x.raw_gates, tactic=_tactic(tactic, DEFAULT_CHUNKED),
+            x.output, x.scale, raw_gates=x.raw_gates, tactic=_tactic(tactic, _chunked_default(x)),
         )  # fmt: skip
         return x.output
+
+
+def _chunked_default(x: ChunkedInputs) -> GDNTactic:
+    """DEFAULT_CHUNKED, or its wider V tile where the sequences alone give the state pass
+    WIDE_FROM_PROGRAMS programs (shapes only: no host sync)."""
+    programs = (x.cu_seqlens.shape[0] - 1) * x.v.shape[1] * max(1, x.v.shape[2] // 32)
+    return DEFAULT_CHUNKED_WIDE if programs >= WIDE_FROM_PROGRAMS else DEFAULT_CHUNKED
 
 
 def _gates_of(x: RecurrentInputs | ChunkedInputs) -> tuple[torch.Tensor, torch.Tensor]:
