@@ -16,8 +16,8 @@ from _serve_helpers import DEFINITION, HONEST, small_dataset, solution
 from flashtune.bench import nsight, sanitizer
 from flashtune.data import Dataset
 
-# Runs the target (everything from the Python interpreter on), then prints a summary as the
-# tool would; FAKE_TOOL_MODE picks the answer.
+# Runs the target (everything from the Python interpreter on), passing its output through,
+# and writes a summary to its --log-file as the tool would; FAKE_TOOL_MODE picks the answer.
 FAKE_TOOL = """#!{python}
 import os, subprocess, sys
 args = sys.argv[1:]
@@ -27,21 +27,28 @@ log = os.environ.get("FAKE_TOOL_LOG")
 if log:
     with open(log, "a") as f:
         f.write(" ".join(args[: args.index("-m") - 1]) + "\\n")
-print("========= COMPUTE-SANITIZER")
+    with open(log + ".namespaces", "a") as f:
+        f.write(os.readlink("/proc/self/ns/net") + "\\n")
+out = open(args[args.index("--log-file") + 1], "w")
+def say(line):
+    out.write(line + "\\n")
+    out.flush()
+say("========= COMPUTE-SANITIZER")
 if mode == "broken":
-    print("========= Error: Failed to connect to the target application on port 49152")
+    say("========= Error: Failed to connect to the target application on port 49152")
     sys.exit(1)
 done = subprocess.run(target, capture_output=True, text=True)
 sys.stdout.write(done.stdout)
+sys.stderr.write(done.stderr)
 if mode == "oob":
-    print("========= Invalid __global__ read of size 4 bytes")
-    print("=========     at 0x1b0 in /tmp/main.py:9:_planted_kernel")
-    print("=========     by thread (0,0,0) in block (0,0,0)")
-    print("=========     Address 0x7f00 is out of bounds")
-    print("=========")
-    print("========= ERROR SUMMARY: 1 error")
+    say("========= Invalid __global__ read of size 4 bytes")
+    say("=========     at 0x1b0 in /tmp/main.py:9:_planted_kernel")
+    say("=========     by thread (0,0,0) in block (0,0,0)")
+    say("=========     Address 0x7f00 is out of bounds")
+    say("=========")
+    say("========= ERROR SUMMARY: 1 error")
     sys.exit(86)
-print("========= ERROR SUMMARY: 0 errors")
+say("========= ERROR SUMMARY: 0 errors")
 sys.exit(done.returncode)
 """
 
@@ -133,9 +140,10 @@ def test_ncu_summary_runs_the_probe_under_the_tool(
         "assert args[args.index('--page') + 1] == 'details' and '--csv' in args\n"
         "done = subprocess.run(args[args.index('-m') - 1 :], capture_output=True, text=True)\n"
         "sys.stdout.write(done.stdout)\n"
-        'print(\'"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\')\n'
-        'print(\'"0","_k","gpu__time_duration.sum","usecond","4"\')\n'
-        'print(\'"0","_k","dram__bytes.sum","Mbyte","8"\')\n'
+        "log = open(args[args.index('--log-file') + 1], 'w')\n"
+        'log.write(\'"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\\n\')\n'
+        'log.write(\'"0","_k","gpu__time_duration.sum","usecond","4"\\n\')\n'
+        'log.write(\'"0","_k","dram__bytes.sum","Mbyte","8"\\n\')\n'
     )
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setattr(nsight, "unavailable_reason", lambda device, executable: None)

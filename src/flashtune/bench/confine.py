@@ -31,6 +31,7 @@ __all__ = [
     "set_parent_death_signal",
     "enter_user_namespace",
     "enter_network_namespace",
+    "bring_loopback_up",
     "mount_overlay",
     "bind_mount",
     "landlock_abi",
@@ -157,6 +158,25 @@ def enter_network_namespace() -> None:
     _call("unshare", _CLONE_NEWNET)
 
 
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def bring_loopback_up() -> None:
+    """Set this network namespace's "lo" up (SIOCSIFFLAGS through a datagram socket; needs
+    CAP_NET_ADMIN over the namespace: its owner right after unshare). A fresh namespace's
+    loopback is down: nothing, not even 127.0.0.1, is reachable until then."""
+    import fcntl
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sh22x", b"lo", 0)
+        flags = struct.unpack("16sh22x", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request))[1]
+        if not flags & _IFF_UP:
+            fcntl.ioctl(
+                sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | _IFF_UP)
+            )
+
+
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
@@ -193,13 +213,13 @@ def landlock_rights(abi: int) -> int:
     return rights
 
 
-def landlock_restrict(abi: int, rules: Sequence[tuple[str, int]]) -> bool:
+def landlock_restrict(abi: int, rules: Sequence[tuple[str, int]], tcp: bool = True) -> bool:
     """Restrict this thread (and what it starts) to `rules` (path, rights beneath it): every
-    right of `landlock_rights(abi)` is denied elsewhere; TCP bind and connect are denied
-    everywhere (ABI >= 4); signals and abstract unix sockets cannot leave the domain (ABI
-    >= 6). A path that cannot be opened gets no rule. -> whether scoping applied."""
+    right of `landlock_rights(abi)` is denied elsewhere; with `tcp`, TCP bind and connect are
+    denied everywhere (ABI >= 4); signals and abstract unix sockets cannot leave the domain
+    (ABI >= 6). A path that cannot be opened gets no rule. -> whether scoping applied."""
     fs = landlock_rights(abi)
-    net = _NET_BIND_TCP | _NET_CONNECT_TCP
+    net = (_NET_BIND_TCP | _NET_CONNECT_TCP) if tcp else 0
     scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
     # The attribute is as long as this kernel's version of it (a longer one is E2BIG).
     fields = [fs] + ([net] if abi >= 4 else []) + ([scoped] if abi >= 6 else [])
@@ -228,6 +248,10 @@ def landlock_restrict(abi: int, rules: Sequence[tuple[str, int]]) -> bool:
 # connect() and io_uring_setup().
 _SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 42, 425), "aarch64": (0xC00000B7, 198, 203, 425)}
 _AF_INET, _AF_INET6, _AF_PACKET = 2, 10, 17
+# seccomp(2)'s number per architecture, for SECCOMP_FILTER_FLAG_TSYNC (prctl has no flags).
+_SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
 
 
 class _SockFilter(ctypes.Structure):
@@ -284,16 +308,24 @@ def seccomp_program(machine: str, deny_ip: bool) -> list[tuple[int, int, int, in
     return program
 
 
-def install_seccomp(machine: str, deny_ip: bool) -> bool:
-    """Install `seccomp_program` on this thread (and what it starts; no_new_privs first).
-    False on an architecture it does not know."""
+def install_seccomp(machine: str, deny_ip: bool, all_threads: bool = False) -> bool:
+    """Install `seccomp_program` on this thread (and what it starts; no_new_privs first);
+    with `all_threads`, on every thread of the process too (SECCOMP_FILTER_FLAG_TSYNC: for a
+    process that already has threads, e.g. CUDA's). False on an architecture it does not
+    know."""
     program = seccomp_program(machine, deny_ip)
     if program is None:
         return False
     filters = (_SockFilter * len(program))(*(_SockFilter(*i) for i in program))
     fprog = _SockFprog(len(program), filters)
     pointer = ctypes.c_void_p(ctypes.addressof(fprog))
-    _call("prctl", _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, pointer, 0, 0)
+    if not all_threads:
+        _call("prctl", _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, pointer, 0, 0)
+        return True
+    number = _SYS_SECCOMP[machine]
+    failed = _syscall(number, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, pointer)
+    if failed:  # TSYNC's answer: the id of a thread it could not synchronize
+        raise OSError(errno.ESRCH, f"seccomp: thread {failed} could not be synchronized")
     return True
 
 

@@ -45,9 +45,11 @@ worker keeps finding a sandbox's processes by their parents, sessions and groups
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import os
 import platform as _py_platform
+import re
 import signal
 import stat
 import sys
@@ -77,6 +79,8 @@ __all__ = [
     "set_fd_channel",
     "PassedFd",
     "enter_sandbox",
+    "enter_namespaces",
+    "enter_tool_namespaces",
     "describe",
     "weaker",
     "isolated",
@@ -305,13 +309,16 @@ class PassedFd:
 # --------------------------------------------------------------------------- the sandbox
 
 
-def _enter_namespaces(report: dict[str, Any]) -> None:
+def enter_namespaces(report: dict[str, Any], net_alone: bool = True) -> None:
     """User + network + mount namespaces; a network namespace alone where only that is
-    allowed (a privileged root where user namespaces are not)."""
+    allowed (a privileged root where user namespaces are not), unless not `net_alone`.
+    `report`: `enter_sandbox`'s (its "userns", "netns", "mountns" and "errors" are set)."""
     try:
         confine.enter_user_namespace()
     except OSError as exc:
         report["errors"]["userns"] = str(exc)
+        if not net_alone:
+            return
         try:
             confine.enter_network_namespace()
             report["netns"] = True
@@ -372,17 +379,72 @@ def _bind(source: Path, target: str, report: dict[str, Any]) -> bool:
     return True
 
 
+def _cache_targets(shared: dict[str, str]) -> tuple[str, str, str]:
+    """Where flashtune's builds, its Python solutions and FlashInfer's workspace are shared."""
+    flashtune_cache = Path(shared["flashtune"])
+    build, solutions = str(flashtune_cache / "build"), str(flashtune_cache / "solutions")
+    return build, solutions, shared["flashinfer"]
+
+
+def _mount_caches(scratch: Path, shared: dict[str, str], report: dict[str, Any]) -> set[str]:
+    """In a mount namespace: flashtune's build cache and FlashInfer's JIT workspace keep
+    their paths (their build files name them: torch's extension builder and FlashInfer's
+    ninja files would rebuild elsewhere) as overlays on the shared folders, and flashtune's
+    Python solutions are written into the scratch, mounted where build.py puts them. Only
+    over shared caches that exist: without one, the builds are cold anyway. -> what was
+    mounted ("build", "flashinfer")."""
+    build, solutions, flashinfer = _cache_targets(shared)
+    mounted: set[str] = set()
+    if (
+        os.path.isdir(build)
+        and _overlay(build, scratch, "build", report)
+        and _bind(scratch / "cache", solutions, report)
+    ):
+        mounted.add("build")
+    if os.path.isdir(flashinfer) and _overlay(flashinfer, scratch, "flashinfer", report):
+        mounted.add("flashinfer")
+    return mounted
+
+
+def _mount_points() -> dict[str, str]:
+    """This mount namespace's mount points -> their file system types (/proc/self/mountinfo;
+    its paths escape blanks as octal)."""
+    points: dict[str, str] = {}
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return points
+    for line in lines:
+        head, _, tail = line.partition(" - ")
+        fields = head.split()
+        if len(fields) >= 5 and tail:
+            path = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+            points[path] = tail.split()[0]
+    return points
+
+
+def _mounted_caches(scratch: Path, shared: dict[str, str]) -> set[str]:
+    """What `_mount_caches` mounted for `scratch` in this namespace (the tool launcher did,
+    in the process that became the tool): read from the mount table, not taken on trust."""
+    points = _mount_points()
+    build, solutions, flashinfer = _cache_targets(shared)
+    mounted: set[str] = set()
+    if points.get(build) == "overlay" and solutions in points:
+        mounted.add("build")
+    if points.get(flashinfer) == "overlay":
+        mounted.add("flashinfer")
+    return mounted
+
+
 def _redirect_caches(
-    scratch: Path, shared: dict[str, str], report: dict[str, Any], layered: bool
+    scratch: Path, shared: dict[str, str], report: dict[str, Any], mounted: set[str]
 ) -> tuple[list[str], list[str]]:
     """Point every cache at the scratch; -> (extra folders to read, extra folders to write).
 
-    With a mount namespace (`layered`), flashtune's build cache and FlashInfer's JIT
-    workspace keep their paths (their build files name them: torch's extension builder and
-    FlashInfer's ninja files would rebuild elsewhere) as overlays on the shared folders, and
-    flashtune's Python solutions are written into the scratch, mounted where build.py puts
-    them; without one, both caches move into the scratch, cold. Triton reads its shared
-    cache through `triton_cache.LayeredCacheManager` either way."""
+    `mounted`: the shared caches `_mount_caches` laid over themselves in this mount
+    namespace; the others move into the scratch, cold. Triton reads its shared cache through
+    `triton_cache.LayeredCacheManager` either way."""
     folders = _scratch_layout(scratch)
     environ: dict[str, Any] = {
         "TMPDIR": folders["tmp"],
@@ -395,25 +457,14 @@ def _redirect_caches(
         "TRITON_HOME": folders["home"],
     }
     reads, writes, layers = [shared["triton"]], [], []
-    # Overlays only over shared caches that exist: without one, the builds are cold anyway.
-    flashtune_cache = Path(shared["flashtune"])
-    build, solutions = str(flashtune_cache / "build"), str(flashtune_cache / "solutions")
-    if (
-        layered
-        and os.path.isdir(build)
-        and _overlay(build, scratch, "build", report)
-        and _bind(folders["cache"], solutions, report)
-    ):
+    build, solutions, flashinfer = _cache_targets(shared)
+    if "build" in mounted:
         writes += [build, solutions]
         layers.append("flashtune builds")
     else:
         environ["FLASHTUNE_CACHE_DIR"] = folders["cache"]
-    if (
-        layered
-        and os.path.isdir(shared["flashinfer"])
-        and _overlay(shared["flashinfer"], scratch, "flashinfer", report)
-    ):
-        writes.append(shared["flashinfer"])
+    if "flashinfer" in mounted:
+        writes.append(flashinfer)
         layers.append("flashinfer")
     else:
         environ["FLASHINFER_WORKSPACE_BASE"] = scratch / "flashinfer"
@@ -569,12 +620,20 @@ def _new_report(enabled: bool) -> dict[str, Any]:
     }
 
 
-def enter_sandbox(scratch: str | Path, roots: Sequence[str] = ()) -> dict[str, Any]:
+def enter_sandbox(
+    scratch: str | Path, roots: Sequence[str] = (), in_tool_namespaces: bool = False
+) -> dict[str, Any]:
     """Isolate this process (a sandbox, single-threaded, before any of the solution's code)
     with every layer the platform has; -> the report of what was applied (JSON-able).
 
     `scratch`: the sandbox's private folder (the only writable one); `roots`: the dataset
-    roots (read-only). Never raises for a missing layer: `report["missing"]` names it."""
+    roots (read-only). Never raises for a missing layer: `report["missing"]` names it.
+
+    `in_tool_namespaces` (only bench/probe.py, once `tool_sandbox.inherited_namespaces()`
+    has verified it): this process already runs in the namespaces `enter_tool_namespaces`
+    made for a CUDA tool and its target; every other layer applies, except that TCP stays
+    open on those namespaces' own loopback (the tool's channel: Landlock leaves TCP alone,
+    seccomp leaves IP sockets), and CUDA initialises before seccomp (`_harden_sandbox`)."""
     started = time.perf_counter()
     scratch = Path(scratch) if str(scratch) else Path(tempfile.mkdtemp(prefix="flashtune-"))
     parent = os.getppid()
@@ -587,10 +646,17 @@ def enter_sandbox(scratch: str | Path, roots: Sequence[str] = ()) -> dict[str, A
         confine.set_dumpable(True)
     if enabled:  # disabled: everything as it was before sandboxes were isolated
         shared = _shared_caches()
-        _enter_namespaces(report)
-        reads, writes = _redirect_caches(scratch, shared, report, layered=report["mountns"])
+        if in_tool_namespaces:
+            # The tool launcher (bench/tool_sandbox.py) entered them and mounted the caches;
+            # the caller checked that this process is in its namespaces.
+            report.update(userns=True, netns=True, mountns=True, tool_namespaces=True)
+            mounted = _mounted_caches(scratch, shared)
+        else:
+            enter_namespaces(report)
+            mounted = _mount_caches(scratch, shared, report) if report["mountns"] else set()
+        reads, writes = _redirect_caches(scratch, shared, report, mounted)
         folders = _read_folders(roots, reads, shared)
-        _harden_sandbox(scratch, folders, writes, report)
+        _harden_sandbox(scratch, folders, writes, report, tool=in_tool_namespaces)
     with contextlib.suppress(OSError, AttributeError):
         confine.set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # the fork server died before the line above: so do we
@@ -600,11 +666,49 @@ def enter_sandbox(scratch: str | Path, roots: Sequence[str] = ()) -> dict[str, A
     return report
 
 
+def enter_tool_namespaces(scratch: str | Path) -> dict[str, Any]:
+    """For the tool launcher (bench/tool_sandbox.py), in the process that becomes a CUDA
+    tool's front-end: the sandbox's user + network + mount namespaces (`enter_namespaces`),
+    and the shared caches laid over themselves for `scratch` (the probe that runs in them
+    has no capability left to mount after the tool's exec). -> a report with "userns",
+    "netns", "mountns", "errors" and "mounted"."""
+    report = _new_report(True)
+    # Not a network namespace alone: the probe would not recognise it, and would enter one
+    # of its own, away from the tool's.
+    enter_namespaces(report, net_alone=False)
+    mounted: set[str] = set()
+    if report["mountns"]:
+        mounted = _mount_caches(Path(scratch), _shared_caches(), report)
+    report["mounted"] = sorted(mounted)
+    return report
+
+
+def _init_cuda(report: dict[str, Any]) -> None:
+    """cuInit, in a tool's target before seccomp: the tool's injection library loads there
+    and opens its channel to the front-end, with connect() still allowed. -> report's
+    "cuda_before_seccomp": the driver's answer (0: initialised)."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        report["errors"]["cuInit"] = f"no CUDA driver: {exc}"
+        return
+    report["cuda_before_seccomp"] = int(driver.cuInit(0))
+
+
 def _harden_sandbox(
-    scratch: Path, reads: Sequence[str], writes: Sequence[str], report: dict[str, Any]
+    scratch: Path,
+    reads: Sequence[str],
+    writes: Sequence[str],
+    report: dict[str, Any],
+    tool: bool = False,
 ) -> None:
     """Limits, no new privileges, Landlock, seccomp, no capabilities: in this order (Landlock
-    and seccomp need no_new_privs; dropping the bounding set needs CAP_SETPCAP, last)."""
+    and seccomp need no_new_privs; dropping the bounding set needs CAP_SETPCAP, last).
+
+    `tool` (a CUDA tool's target in the tool's namespaces): Landlock leaves TCP alone (the
+    namespaces' loopback is the tool's channel; nothing else is on it), CUDA initialises
+    after Landlock (its threads inherit it) and before seccomp (the injection library
+    connects as it loads), and seccomp then covers every thread (TSYNC)."""
     confine.limit_file_size(FILE_SIZE_LIMIT)
     try:
         confine.set_no_new_privs()
@@ -614,21 +718,25 @@ def _harden_sandbox(
     if abi:
         try:
             rules = _landlock_rules(scratch, reads, writes, abi)
-            scoped = confine.landlock_restrict(abi, rules)
+            scoped = confine.landlock_restrict(abi, rules, tcp=not tool)
             report.update(landlock_abi=abi, fs="scratch-only", reads="allow-list")
             if scoped:
                 report["signals"] = "scoped"
         except OSError as exc:
             report["errors"]["landlock"] = str(exc)
+    if tool:
+        _init_cuda(report)
     try:
         report["seccomp"] = confine.install_seccomp(
-            _py_platform.machine(), deny_ip=not report["netns"]
+            _py_platform.machine(), deny_ip=not report["netns"], all_threads=tool
         )
     except OSError as exc:
         report["errors"]["seccomp"] = str(exc)
     if report["seccomp"]:
         report["unix_sockets"] = "no connect"
-    if report["netns"]:
+    if tool:
+        report["network"] = "the tool's loopback only"
+    elif report["netns"]:
         report["network"] = "none"
     elif report["seccomp"]:
         report["network"] = "ip sockets denied"
@@ -711,8 +819,15 @@ def describe(report: dict[str, Any] | None) -> str:
     text = "sandbox: " + " + ".join(has)
     missing = report.get("missing") or []
     if missing:
-        return text + "; PARTIAL, missing: " + "; ".join(missing)
-    return text + " (writes: own scratch; reads: allow-list; no network, signals, sockets)"
+        text += "; PARTIAL, missing: " + "; ".join(missing)
+    elif report.get("tool_namespaces"):
+        text += (
+            " (writes: own scratch; reads: allow-list; no signals, sockets; network: the"
+            " namespaces' loopback, shared with the CUDA tool only)"
+        )
+    else:
+        text += " (writes: own scratch; reads: allow-list; no network, signals, sockets)"
+    return text
 
 
 if os.environ.pop(FORKSERVER_MARK, None) == "1":  # a fork server importing its preloads

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashtune.bench import tool_sandbox
 from flashtune.bench.probe import (
     find_cuda_tool,
     parse_probe_line,
@@ -293,8 +294,15 @@ def ncu_summary(
         job = write_job(
             Path(folder), definition, workload, solution, device, [str(r) for r in roots]
         )
+        # ncu's report (its log file) and the launcher's status: beside the probe's scratch,
+        # not in it (Landlock: the probe writes only its scratch, so it cannot forge them).
+        logs = Path(folder) / "tool"
+        logs.mkdir(mode=0o700)
+        log, status = logs / "ncu.log", logs / "ncu-launch.json"
         command = [
             executable,
+            "--log-file",
+            str(log),
             "--target-processes",
             "all",
             "--csv",
@@ -309,16 +317,28 @@ def ncu_summary(
         ]
         try:
             done = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout, check=False
+                tool_sandbox.command(command, job.parent / "scratch", status),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             result.status, result.detail = "error", f"ncu: no answer within {timeout:g} s"
+            result.sandbox = tool_sandbox.describe_status(tool_sandbox.read_status(status))
             return result
+        report = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+        launch = tool_sandbox.describe_status(tool_sandbox.read_status(status))
+    # The kernels come from ncu's log only: the probe's stdout is the solution's too.
     output = done.stdout + "\n" + done.stderr
-    probe = parse_probe_line(output)
-    result.sandbox = probe.get("sandbox") if probe else None
-    result.kernels = summarize_kernels(parse_ncu_csv(done.stdout))
-    errors = [line for line in output.splitlines() if line.startswith("==ERROR==")]
+    probe = parse_probe_line(done.stdout)
+    result.sandbox = "; ".join(
+        [(probe.get("sandbox") if probe else None) or "sandbox: unknown", launch]
+    )
+    result.kernels = summarize_kernels(parse_ncu_csv(report))
+    errors = [
+        line for line in (report + "\n" + output).splitlines() if line.startswith("==ERROR==")
+    ]
     if probe is None or not probe.get("ok"):
         result.status = "error"
         result.detail = "the solution failed: " + (

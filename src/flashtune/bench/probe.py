@@ -132,10 +132,18 @@ def main(argv: list[str] | None = None) -> int:
         _say({"ok": False, "stage": "job", "error": str(exc)})
         return 2
     # Into the sandbox first: before torch starts threads, before the solution is read.
-    from flashtune.bench import isolation
+    from flashtune.bench import isolation, tool_sandbox
 
     scratch = job.get("scratch") or tempfile.mkdtemp(prefix="flashtune-probe-")
-    report = isolation.enter_sandbox(scratch, [str(r) for r in job.get("roots", [])])
+    # Under a tool started by bench/tool_sandbox.py: already in the sandbox's namespaces,
+    # with the tool's channel on their loopback; taken as true only once verified.
+    in_tool, why_not = tool_sandbox.verify(os.environ.pop(tool_sandbox.MARK, None))
+    reads = [str(r) for r in job.get("roots", [])]
+    # The tool's injection library loads at cuInit, inside the sandbox: its folder is read.
+    reads += [os.path.dirname(p) for p in os.environ.get("CUDA_INJECTION64_PATH", "").split(":")]
+    report = isolation.enter_sandbox(scratch, [r for r in reads if r], in_tool_namespaces=in_tool)
+    if not in_tool and why_not != "no mark":
+        report["tool_mark_refused"] = why_not
     sandbox = isolation.describe(report)
     stage = "build"
     try:

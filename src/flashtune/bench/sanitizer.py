@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from flashtune.bench import tool_sandbox
 from flashtune.bench.probe import (
     find_cuda_tool,
     parse_probe_line,
@@ -45,6 +46,7 @@ __all__ = [
     "Verdict",
     "find_compute_sanitizer",
     "parse_sanitizer_output",
+    "judge_tool_run",
     "combine_verdicts",
     "sanitize",
     "unavailable_reason",
@@ -129,15 +131,18 @@ def _kernel_of(where: str, file: str | None) -> str | None:
     return re.sub(r"\+0x[0-9a-fA-F]+$", "", where) or None
 
 
-def parse_sanitizer_output(text: str, tool: str = "memcheck") -> SanitizerReport:
+def parse_sanitizer_output(
+    text: str, tool: str = "memcheck", log_file: bool = False
+) -> SanitizerReport:
     """Parse compute-sanitizer's text output (every line of the tool starts with
-    "========="; the target's own lines are ignored)."""
+    "========="; the target's own lines are ignored). `log_file`: `text` is the tool's
+    --log-file, where every line is the tool's (with or without the prefix)."""
     report = SanitizerReport(tool=tool)
     current: SanitizerFinding | None = None
     for raw in text.splitlines():
-        if not raw.startswith(_PREFIX):
+        if not raw.startswith(_PREFIX) and not log_file:
             continue
-        line = raw[len(_PREFIX) :].strip()
+        line = (raw[len(_PREFIX) :] if raw.startswith(_PREFIX) else raw).strip()
         if not line or line == "COMPUTE-SANITIZER":
             current = None
             continue
@@ -173,6 +178,37 @@ def parse_sanitizer_output(text: str, tool: str = "memcheck") -> SanitizerReport
                 report.findings.append(current)
                 break
     return report
+
+
+def judge_tool_run(
+    tool: str, log: str | None, stdout: str, stderr: str, returncode: int
+) -> tuple[SanitizerReport, Verdict, str, dict[str, Any] | None]:
+    """One tool's run -> (its report, verdict, detail or "", the probe's line).
+
+    The findings and the summary come from `log` only: the tool's --log-file, which the
+    front-end writes into a folder the sandboxed probe cannot write (None: no file). The
+    probe's stdout and stderr are the solution's too, so a "========= ERROR SUMMARY: 0
+    errors" printed there counts for nothing; only the probe's status line is read there."""
+    report = parse_sanitizer_output(log or "", tool, log_file=True)
+    probe = parse_probe_line(stdout)
+    verdict = report.verdict
+    detail = ""
+    if verdict == "error":
+        # No summary: the tool itself failed (it could not start or reach its target).
+        # Its last words say which: its log first, else what it printed.
+        said = [line for line in (log or "").splitlines() if line.strip()][-4:]
+        if not said:
+            said = [ln for ln in stderr.splitlines() if ln.startswith(("=====", "=="))][-4:]
+        text = " | ".join(said) or (stderr.strip() or stdout.strip())[-300:]
+        if log is None:
+            text = f"no log file; {text}"
+        detail = f"{tool}: no summary (exit {returncode}): {text}"
+    elif verdict == "pass" and (probe is None or not probe.get("ok")):
+        # The tool saw nothing, but the calls did not complete: not a pass.
+        verdict = "error"
+        error = probe.get("error") if probe else (stdout + stderr)[-500:]
+        detail = f"{tool}: the solution failed: {error}"
+    return report, verdict, detail, probe
 
 
 def combine_verdicts(verdicts: Sequence[Verdict]) -> Verdict:
@@ -254,13 +290,21 @@ def sanitize(
     # tensor's end but inside its segment is invisible to memcheck, which knows only the
     # driver's allocations. Without caching, every tensor is an allocation of its own.
     environment = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    launches: list[str] = []
     with tempfile.TemporaryDirectory(prefix="flashtune-sanitize-") as folder:
         job = write_job(
             Path(folder), definition, workload, solution, device, [str(r) for r in roots]
         )
+        # The tool's log and the launcher's status: beside the probe's scratch, not in it
+        # (Landlock: the probe writes only its scratch).
+        logs = Path(folder) / "tool"
+        logs.mkdir(mode=0o700)
         for tool in tools:
+            log, status = logs / f"{tool}.log", logs / f"{tool}-launch.json"
             command = [
                 executable,
+                "--log-file",
+                str(log),
                 "--tool",
                 tool,
                 "--target-processes",
@@ -274,7 +318,7 @@ def sanitize(
             ]
             try:
                 done = subprocess.run(
-                    command,
+                    tool_sandbox.command(command, job.parent / "scratch", status),
                     capture_output=True,
                     text=True,
                     timeout=timeout,
@@ -284,27 +328,21 @@ def sanitize(
             except subprocess.TimeoutExpired:
                 verdicts.append("error")
                 details.append(f"{tool}: no answer within {timeout:g} s")
+                launches.append(tool_sandbox.describe_status(tool_sandbox.read_status(status)))
                 continue
-            output = done.stdout + "\n" + done.stderr
-            report = parse_sanitizer_output(output, tool)
+            text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else None
+            report, verdict, detail, probe = judge_tool_run(
+                tool, text, done.stdout, done.stderr, done.returncode
+            )
             result.reports.append(report)
-            probe = parse_probe_line(output)
             if probe is not None:
                 result.sandbox = probe.get("sandbox") or result.sandbox
-            verdict = report.verdict
-            if verdict == "error":
-                # No summary: the tool itself failed (it could not start or reach its target,
-                # e.g. a channel the sandbox's network layers close). Its last words say which.
-                tail = [line for line in output.splitlines() if line.startswith(("=====", "=="))]
-                said = " | ".join(tail[-4:]) or output.strip()[-300:]
-                details.append(f"{tool}: no summary (exit {done.returncode}): {said}")
-            elif verdict == "pass" and (probe is None or not probe.get("ok")):
-                # The tool saw nothing, but the calls did not complete: not a pass.
-                verdict = "error"
-                details.append(
-                    f"{tool}: the solution failed: {probe.get('error') if probe else output[-500:]}"
-                )
+            launches.append(tool_sandbox.describe_status(tool_sandbox.read_status(status)))
+            if detail:
+                details.append(detail)
             verdicts.append(verdict)
+    if launches:
+        result.sandbox = "; ".join([result.sandbox or "sandbox: unknown", *sorted(set(launches))])
     result.verdict = combine_verdicts(verdicts)
     result.detail = "; ".join(details)
     if not result.detail and result.verdict == "fail":
