@@ -2,7 +2,7 @@
 
     python benchmarks/bench_bundled.py warm               # compile FlashInfer/Triton kernels in parallel
     python benchmarks/bench_bundled.py run OUT [--definitions GLOB] [--resume]
-    python benchmarks/bench_bundled.py rows OUT           # -> benchmarks/results/bundled_run.jsonl
+    python benchmarks/bench_bundled.py rows OUT [NAME]    # -> benchmarks/results/NAME.jsonl (bundled_run)
     python benchmarks/bench_bundled.py repeat OUT_A OUT_B # same solution, two runs: within 3%?
     python benchmarks/bench_bundled.py headline COMMIT... # one headline from committed rows
 
@@ -103,7 +103,7 @@ def run(out: Path, definitions: str | None, resume: bool, timeout: float) -> Non
     print(f"{len(result.traces)} triples in {result.seconds:.0f} s ({result.resumed} resumed)")
 
 
-def rows(out: Path) -> None:
+def rows(out: Path, name: str = "bundled_run") -> None:
     from common import RowWriter
 
     traces = _traces(out)
@@ -114,7 +114,7 @@ def rows(out: Path) -> None:
     def writer_for(env: dict[str, Any]) -> RowWriter:
         key = json.dumps([env.get("code"), env.get("run_started"), env.get("hardware")])
         if key not in writers:
-            writers[key] = RowWriter("bundled_run", environment=_row_environment(env))
+            writers[key] = RowWriter(name, environment=_row_environment(env))
         return writers[key]
 
     lat: dict[tuple[str, str], dict[str, tuple[float, str | None]]] = defaultdict(dict)
@@ -324,7 +324,7 @@ if __name__ == "__main__":
         defs = args[args.index("--definitions") + 1] if "--definitions" in args else None
         run(Path(args[0]), defs, "--resume" in args, 180.0)
     elif cmd == "rows":
-        rows(Path(sys.argv[2]))
+        rows(Path(sys.argv[2]), *sys.argv[3:4])
     elif cmd == "headline":
         headline(sys.argv[2:])
     elif cmd == "repeat":

@@ -3,8 +3,9 @@
 A row's "code.files" is `flashtune.platform.files_hash` of the flashtune sources that ran,
 computed on the GPU machine. This finds, among the last --depth commits, the one whose
 src/flashtune reproduces that hash, and writes it into the rows' "commit" and "code.commit"
-(with "code.source": "files-matched"); rows no commit reproduces are left as they are and
-listed. Nothing is typed by hand: the commit comes from the hash.
+(with "code.source": "files-matched"; the newest such commit: the sources are the same
+from the oldest to it). A row whose named commit reproduces its hash is kept; rows no
+commit reproduces are left as they are and counted. Nothing is typed by hand: the commit comes from the hash.
 
     python scripts/pin_rows_commit.py benchmarks/results/fi072_decode.jsonl [--depth 40]
 """
@@ -21,9 +22,10 @@ from pathlib import Path
 from flashtune.platform import files_hash
 
 
-def commit_hashes(depth: int) -> dict[str, str]:
-    """{files_hash of src/flashtune at commit: commit} for the last `depth` commits."""
-    found: dict[str, str] = {}
+def commit_hashes(depth: int) -> dict[str, list[str]]:
+    """{files_hash of src/flashtune at commit: its commits, newest first} for the last
+    `depth` commits."""
+    found: dict[str, list[str]] = {}
     revs = subprocess.check_output(["git", "rev-list", f"-{depth}", "HEAD"], text=True).split()
     for rev in revs:
         with tempfile.TemporaryDirectory() as tmp:
@@ -31,7 +33,7 @@ def commit_hashes(depth: int) -> dict[str, str]:
                 ["git", "archive", rev, "src/flashtune"], check=True, capture_output=True
             ).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-            found.setdefault(files_hash(Path(tmp) / "src" / "flashtune"), rev[:7])
+            found.setdefault(files_hash(Path(tmp) / "src" / "flashtune"), []).append(rev[:7])
     return found
 
 
@@ -45,10 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.files:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         for row in rows:
-            commit = by_hash.get((row.get("code") or {}).get("files", ""))
-            if commit is None:
+            commits = by_hash.get((row.get("code") or {}).get("files", ""), [])
+            if not commits:
                 unmatched += 1
                 continue
+            if any(str(row.get("commit", "")).startswith(c) for c in commits):
+                continue  # the commit named on the GPU machine reproduces the hash: kept
+            commit = commits[0]
             row["commit"] = commit
             row["code"].update(commit=commit, source="files-matched")
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
