@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from _serve_helpers import DEFINITION, HONEST, small_dataset, solution
 
-from flashtune.bench import sanitizer, tool_sandbox
+from flashtune.bench import confine, sanitizer, tool_sandbox
 from flashtune.bench.probe import PROBE_MARK
 from flashtune.data import Dataset
 
@@ -307,6 +307,9 @@ def test_under_the_launcher_the_probe_keeps_every_other_layer(target, fake_tool:
     assert honest.verdict == "pass", honest.to_json()
     assert honest.sandbox and "tool: inside the sandbox's" in honest.sandbox, honest.sandbox
     assert "network: the namespaces' loopback" in honest.sandbox, honest.sandbox
+    assert "seccomp + no capabilities" in honest.sandbox, honest.sandbox
+    if confine.landlock_abi():
+        assert "Landlock ABI" in honest.sandbox, honest.sandbox
 
     probed = _sanitize(target, fake_tool, "agent-prober", PROBER)
     assert probed.verdict == "error", probed.to_json()

@@ -707,8 +707,9 @@ def _harden_sandbox(
 
     `tool` (a CUDA tool's target in the tool's namespaces): Landlock leaves TCP alone (the
     namespaces' loopback is the tool's channel; nothing else is on it), CUDA initialises
-    after Landlock (its threads inherit it) and before seccomp (the injection library
-    connects as it loads), and seccomp then covers every thread (TSYNC)."""
+    after Landlock and the capability drop (its threads inherit both) and before seccomp
+    (the injection library connects as it loads), and seccomp then covers every thread
+    (TSYNC)."""
     confine.limit_file_size(FILE_SIZE_LIMIT)
     try:
         confine.set_no_new_privs()
@@ -725,6 +726,9 @@ def _harden_sandbox(
         except OSError as exc:
             report["errors"]["landlock"] = str(exc)
     if tool:
+        # Capabilities are per thread: gone before CUDA's threads exist (as root, the probe
+        # keeps the user namespace's across the tool's exec).
+        _drop_capabilities(report)
         _init_cuda(report)
     try:
         report["seccomp"] = confine.install_seccomp(
@@ -742,6 +746,11 @@ def _harden_sandbox(
         report["network"] = "ip sockets denied"
     elif report["landlock_abi"] >= 4:
         report["network"] = "tcp denied"
+    if not tool:
+        _drop_capabilities(report)
+
+
+def _drop_capabilities(report: dict[str, Any]) -> None:
     try:
         confine.drop_capabilities()
         report["capabilities"] = "dropped"
