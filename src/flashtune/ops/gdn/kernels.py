@@ -203,6 +203,23 @@ def _store_block_rows(
 
 
 @triton.jit
+def _store_lower_times(
+    ptr, t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, start, length, head,
+    NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """T X stored by blocks of SUB rows: T block lower triangular (4 x 4 blocks t_ij), X's
+    blocks x0..x3; block row i sums t_ij x_j over j <= i (W and U0 alike)."""
+    _store_block_rows(ptr, _mm(t00, x0, PRECISION), start, 0, length, head, NH, D, SUB)
+    y1 = _mm(t10, x0, PRECISION) + _mm(t11, x1, PRECISION)
+    _store_block_rows(ptr, y1, start, SUB, length, head, NH, D, SUB)
+    y2 = _mm(t20, x0, PRECISION) + _mm(t21, x1, PRECISION) + _mm(t22, x2, PRECISION)
+    _store_block_rows(ptr, y2, start, 2 * SUB, length, head, NH, D, SUB)
+    y3 = _mm(t30, x0, PRECISION) + _mm(t31, x1, PRECISION) + _mm(t32, x2, PRECISION)
+    y3 += _mm(t33, x3, PRECISION)
+    _store_block_rows(ptr, y3, start, 3 * SUB, length, head, NH, D, SUB)
+
+
+@triton.jit
 def _a_diag(k, G, beta, SUB: tl.constexpr, PRECISION: tl.constexpr):
     """A's diagonal block (strictly lower); the exponent is masked first: above the diagonal
     G_i - G_j > 0 could overflow, and inf * 0 is nan."""
@@ -325,20 +342,8 @@ def _chunk_prepare_kernel(
     x3 = (k3.to(tl.float32) * (b3 * tl.exp(G3))[:, None]).to(DT)
     t00, t11, t22, t33 = T00.to(DT), T11.to(DT), T22.to(DT), T33.to(DT)
     t10, t20, t21, t30, t31, t32 = T10.to(DT), T20.to(DT), T21.to(DT), T30.to(DT), T31.to(DT), T32.to(DT)  # fmt: skip
-    _store_block_rows(w_ptr, _mm(t00, x0, PRECISION), start, 0, length, i_h, HV, K, SUB)
-    _store_block_rows(w_ptr, _mm(t10, x0, PRECISION) + _mm(t11, x1, PRECISION), start, SUB,
-                      length, i_h, HV, K, SUB)  # fmt: skip
-    _store_block_rows(
-        w_ptr,
-        _mm(t20, x0, PRECISION) + _mm(t21, x1, PRECISION) + _mm(t22, x2, PRECISION),
-        start, 2 * SUB, length, i_h, HV, K, SUB,
-    )  # fmt: skip
-    _store_block_rows(
-        w_ptr,
-        _mm(t30, x0, PRECISION) + _mm(t31, x1, PRECISION) + _mm(t32, x2, PRECISION)
-        + _mm(t33, x3, PRECISION),
-        start, 3 * SUB, length, i_h, HV, K, SUB,
-    )  # fmt: skip
+    _store_lower_times(w_ptr, t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3,
+                       start, length, i_h, HV, K, SUB, PRECISION)  # fmt: skip
     v0 = _block_rows(v_ptr, start, 0, length, i_h, HV, V, SUB).to(tl.float32)
     v1 = _block_rows(v_ptr, start, SUB, length, i_h, HV, V, SUB).to(tl.float32)
     v2 = _block_rows(v_ptr, start, 2 * SUB, length, i_h, HV, V, SUB).to(tl.float32)
@@ -347,20 +352,8 @@ def _chunk_prepare_kernel(
     y1 = (v1 * b1[:, None]).to(DT)
     y2 = (v2 * b2[:, None]).to(DT)
     y3 = (v3 * b3[:, None]).to(DT)
-    _store_block_rows(u_ptr, _mm(t00, y0, PRECISION), start, 0, length, i_h, HV, V, SUB)
-    _store_block_rows(u_ptr, _mm(t10, y0, PRECISION) + _mm(t11, y1, PRECISION), start, SUB,
-                      length, i_h, HV, V, SUB)  # fmt: skip
-    _store_block_rows(
-        u_ptr,
-        _mm(t20, y0, PRECISION) + _mm(t21, y1, PRECISION) + _mm(t22, y2, PRECISION),
-        start, 2 * SUB, length, i_h, HV, V, SUB,
-    )  # fmt: skip
-    _store_block_rows(
-        u_ptr,
-        _mm(t30, y0, PRECISION) + _mm(t31, y1, PRECISION) + _mm(t32, y2, PRECISION)
-        + _mm(t33, y3, PRECISION),
-        start, 3 * SUB, length, i_h, HV, V, SUB,
-    )  # fmt: skip
+    _store_lower_times(u_ptr, t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, y0, y1, y2, y3,
+                       start, length, i_h, HV, V, SUB, PRECISION)  # fmt: skip
 
 
 @triton.jit
