@@ -289,6 +289,7 @@ def _sanitize(target, fake_tool: Path, name: str, source: str) -> sanitizer.Sani
     )
 
 
+@pytest.mark.slow  # a probe process under a stand-in tool: seconds
 def test_a_solution_printing_a_clean_summary_cannot_turn_a_fail_into_a_pass(
     target, fake_tool: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +302,7 @@ def test_a_solution_printing_a_clean_summary_cannot_turn_a_fail_into_a_pass(
     assert _sanitize(target, fake_tool, "agent-honest", HONEST).verdict == "pass"
 
 
+@pytest.mark.slow  # the launcher, its namespaces and a sandboxed probe: seconds
 @needs_userns
 def test_under_the_launcher_the_probe_keeps_every_other_layer(target, fake_tool: Path) -> None:
     honest = _sanitize(target, fake_tool, "agent-honest", HONEST)
