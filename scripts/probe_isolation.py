@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.bench import isolation
+from flashtune.bench import isolation, process_tree
 from flashtune.bench.messages import decode, encode
 
 
@@ -212,7 +212,7 @@ def run_probe(ctx: Any, variant: str, targets: dict[str, Any]) -> dict[str, Any]
     finally:
         process.join(30)
         if process.is_alive():
-            isolation.kill_tree(process.pid)
+            process_tree.kill_tree(process.pid)
     results["failed"] = failed
     return results
 
@@ -273,7 +273,7 @@ def main() -> int:
         with open(path, "w") as f:
             f.write("original")
     isolation.harden_harness()
-    isolation.become_reaper()
+    process_tree.become_reaper()
     _print(
         "INFO",
         "machine",

@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterator, Mapping
 from multiprocessing import forkserver
 from typing import Any
 
-from flashtune.bench import entry_points, isolation, sandbox_child
+from flashtune.bench import entry_points, isolation, process_tree, sandbox_child
 from flashtune.bench.messages import decode, loads
 from flashtune.bench.sandbox_child import (
     SandboxJob,
@@ -210,7 +210,7 @@ class Sandbox:
                     "; ".join(short)
                 )
         if self.broken is not None:
-            isolation.kill_tree(self.process.pid)
+            process_tree.kill_tree(self.process.pid)
 
     def start(self, job: SandboxJob) -> None:
         """Send the next workload. Only to a child that finished its last job ("done"): it
@@ -329,7 +329,7 @@ class Sandbox:
             os.unlink(self.spec.log_path)
         # What its processes left behind after it died (orphans the worker adopted), and
         # its scratch folder (builds, caches, temporary files).
-        isolation.reap_strays()
+        process_tree.reap_strays()
         if self.spec.scratch:
             _remove_tree(self.spec.scratch)
 

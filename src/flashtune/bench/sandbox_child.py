@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from flashtune.bench import isolation, messages
+from flashtune.bench import isolation, messages, process_tree
 from flashtune.bench.messages import encode
 from flashtune.bench.tamper import harness_spaces, snapshot, tampered
 
@@ -513,7 +513,7 @@ def descendants(pid: int) -> list[int]:
     (a child that left the tree with setsid() is still found while the sandbox lives)."""
     children: dict[int, list[int]] = {}
     members: list[int] = []
-    for entry, ppid, pgrp, session in isolation.process_table():
+    for entry, ppid, pgrp, session in process_tree.process_table():
         children.setdefault(ppid, []).append(entry)
         if (pgrp == pid or session == pid) and entry != pid:
             members.append(entry)

@@ -121,7 +121,7 @@ def _stay_with_runner(lifeline: Any) -> None:
 
 
 def _end_with_run(wake_r: int, lifeline: Any) -> None:
-    from flashtune.bench import isolation
+    from flashtune.bench import process_tree
 
     exit_code = 1  # the runner is gone: no one reads it
     watched: list[Any] = [wake_r] if lifeline is None else [wake_r, lifeline]
@@ -132,7 +132,7 @@ def _end_with_run(wake_r: int, lifeline: Any) -> None:
         stop = [n for n in os.read(wake_r, 64) if n in _STOP_SIGNALS]
         if stop:
             exit_code = 128 + stop[0]
-    isolation.kill_descendants(os.getpid())
+    process_tree.kill_descendants(os.getpid())
     os._exit(exit_code)
 
 
@@ -152,12 +152,12 @@ def _worker_main(conn: Any, device_str: str, options: dict[str, Any], lifeline: 
     # a user's own setting wins.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-    from flashtune.bench import isolation
+    from flashtune.bench import isolation, process_tree
 
     # Out of the solutions' reach: not dumpable (no ptrace, no /proc/<pid>/mem), and the
     # adopter of whatever a dead sandbox left running (killed as the sandboxes close).
     isolation.harden_harness()
-    isolation.become_reaper()
+    process_tree.become_reaper()
 
     import torch
 
@@ -326,7 +326,7 @@ class Worker:
 
     def kill(self) -> None:
         if self.process is not None and self.process.is_alive():
-            from flashtune.bench.isolation import kill_tree
+            from flashtune.bench.process_tree import kill_tree
 
             # SIGKILL (a hung kernel ignores politer signals) to the worker and, first,
             # everything below it: its sandboxes, and what they left behind (the worker
@@ -349,7 +349,7 @@ class Worker:
             process = self.process
         pid = process.pid if process is not None else None
         if pid is not None:
-            from flashtune.bench.isolation import kill_tree
+            from flashtune.bench.process_tree import kill_tree
 
             kill_tree(pid)
 

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import NoReturn
 
-from flashtune.bench.isolation import kill_descendants
+from flashtune.bench.process_tree import kill_descendants
 
 __all__ = ["STOP_SIGNALS", "Stopped", "install", "guarded", "set_last_words", "finish"]
 
