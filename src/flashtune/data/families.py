@@ -21,6 +21,7 @@ family that its seed chooses, per op type (docs/evaluation.md, "Input families")
 | rope | rows (token-heads) 10^[-2, 0.5] | the cos/sin cache in [-1, 1] |
 | attention (ATTENTION_OP_TYPES) | q, k: rows 10^[-0.3, 0.3] (logits stay moderate) | values: ATTENTION_VALUE_MEAN + entries, unscaled |
 | gdn | q, k: unit rows (`gdn_values`) | A_log, dt_bias: Qwen3-Next's initial ranges (`gdn_values`) |
+| moe | as drawn | a routed MoE's packed `topk_ids`: valid routings (`packed_topk_ids`) |
 | mamba_ssu (SSM_OP_TYPES) | as drawn (x, dt, B, C: N(0, 1)) | A: -[1, 16] log-uniform, dt_bias: softplus^-1 of [1e-3, 0.5] log-uniform, one value per head |
 | any other | N(0, 1), as before | N(0, 1) |
 
@@ -55,6 +56,7 @@ __all__ = [
     "profile_for",
     "is_attention_value",
     "gdn_values",
+    "packed_topk_ids",
 ]
 
 # Op types whose outputs are softmax-weighted means of value rows (plus a base-2 LSE).
@@ -225,6 +227,28 @@ def _ssm_weight(lname: str, shape: tuple[int, ...], gen: torch.Generator) -> tor
         per_head = dt0 + torch.log(-torch.expm1(-dt0))  # softplus^-1(dt0)
     view = per_head.float().reshape(-1, *([1] * (len(shape) - 1)))
     return view.expand(shape).contiguous()
+
+
+# A routed MoE's pre-computed routing (FlashInfer's trtllm_fp4_block_scale_routed_moe):
+# topk_ids [T, K] int32 packing each expert id (high 16 bits) with its routing weight's
+# bfloat16 bits (low 16). Random int32s would name experts far outside [0, E), repeat an
+# expert within a row and hold NaN or negative weights, none of which a router produces:
+# each row names K distinct experts with positive weights, a softmax over K draws (summing to
+# 1, as Renormalize's do) or, for K = 1, a sigmoid of one (Llama4's top-1 weight: a weight of
+# exactly 1 would hide whether a kernel applies it to the token or to the expert's output).
+MOE_PACKED_IDS: frozenset[str] = frozenset({"topk_ids"})
+
+
+def packed_topk_ids(shape: Sequence[int], num_experts: int, gen: torch.Generator) -> torch.Tensor:
+    """Valid packed routings [T, K] int32 over `num_experts` experts (see MOE_PACKED_IDS)."""
+    rows, k = shape
+    if not 1 <= k <= num_experts < 1 << 15:
+        raise ValueError(f"topk_ids [T, {k}] cannot route over {num_experts} experts")
+    ids = torch.rand(rows, num_experts, generator=gen).argsort(dim=1)[:, :k]
+    logits = torch.randn(rows, k, generator=gen)
+    weights = torch.sigmoid(logits) if k == 1 else torch.softmax(logits, dim=-1)
+    bits = weights.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    return (ids.to(torch.int32) << 16) | bits
 
 
 class ValueFamily:

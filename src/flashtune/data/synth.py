@@ -13,7 +13,8 @@
   satisfy the axes and constraints: `*indptr` non-decreasing from 0 and ending at the total a
   constraint names (`num_kv_indices == kv_indptr[-1].item()`), `*indices` within the page
   count, `*last_page_len` in 1..page_size, positions within the cos/sin cache, query
-  segments no longer than their KV segments (causal prefill).
+  segments no longer than their KV segments (causal prefill), a routed MoE's packed
+  `topk_ids` valid routings (distinct experts, positive weights: families.packed_topk_ids).
 Constraints are then evaluated on the result (by flashtune.data.constraints, never by
 `eval`); a failure names the constraint and values. A loaded blob whose shape or dtype
 disagrees with the workload's axes raises InputError naming the blob, input and axis.
@@ -38,8 +39,10 @@ from flashtune.data.constraints import (
 from flashtune.data.families import (
     ATTENTION_OP_TYPES,
     ATTENTION_VALUE_MEAN,
+    MOE_PACKED_IDS,
     Draws,
     ValueFamily,
+    packed_topk_ids,
 )
 from flashtune.data.models import (
     Definition,
@@ -257,6 +260,8 @@ class _Synth:
             return torch.randint(
                 1, min(vocab, 128) + 1, shape, generator=self.gen, dtype=torch.int64
             ).to(dtype)
+        if self.d.op_type == "moe" and lname in MOE_PACKED_IDS and len(shape) == 2:
+            return packed_topk_ids(shape, self.axes["num_experts"], self.gen).to(dtype)
         if lname.endswith("index_cache_fp8") and len(shape) == 4 and shape[2] == 1:
             return _packed_fp8_keys(shape, self.gen)
         if lname == "sparse_indices" and len(shape) == 2:

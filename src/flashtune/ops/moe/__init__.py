@@ -7,6 +7,10 @@ each token's top-k experts (SwiGLU MLPs) and their weighted sum, in one call.
 - `trtllm_fp8_per_tensor_scale_moe`: fp8 activations and weights with per-expert output
   scales (Llama 4, per-tensor quantized checkpoints);
 - `trtllm_bf16_moe`: bf16 activations and weights;
+- `moe_fp32_weights`, `routed_moe_fp32_weights`: bf16 activations and float32 weights, the
+  contract of FlashInfer-Trace's `trtllm_fp4_block_scale_moe` /
+  `trtllm_fp4_block_scale_routed_moe` Definitions (their references run float32 weights;
+  FlashInfer's kernel reads MxFP4), the routed one taking packed topk_ids;
 - `RoutingMethodType`: how experts are picked (routing.py's table: Default, Renormalize,
   DeepSeekV3, Llama4, RenormalizeNaive, TopK, ...).
 
@@ -34,9 +38,16 @@ from flashtune.ops.moe.reference import (
     moe_bf16_ref,
     moe_fp8_block_scale_ref,
     moe_fp8_per_tensor_scale_ref,
+    moe_fp32_weights_ref,
+    routed_moe_fp32_weights_ref,
     run_experts_ref,
 )
-from flashtune.ops.moe.routing import RoutingMethodType, routing_method, select_experts
+from flashtune.ops.moe.routing import (
+    RoutingMethodType,
+    routing_method,
+    select_experts,
+    unpack_topk_ids,
+)
 from flashtune.ops.moe.schema import VARIANT_SCHEMAS, schema_for_call, schema_for_definition
 from flashtune.schema import REGISTRY, ApiOp, OpSchema
 from flashtune.schema.dump import Example, meta_tensor, register_examples
@@ -46,6 +57,10 @@ __all__ = [
     "trtllm_fp8_block_scale_moe",
     "trtllm_fp8_per_tensor_scale_moe",
     "trtllm_bf16_moe",
+    "moe_fp32_weights",
+    "routed_moe_fp32_weights",
+    "moe_fp32_weights_ref",
+    "routed_moe_fp32_weights_ref",
     "select_experts",
     "moe_fp8_block_scale_ref",
     "moe_fp8_per_tensor_scale_ref",
@@ -492,6 +507,181 @@ def trtllm_bf16_moe(
     )  # fmt: skip
 
 
+def _used_experts_16bit(
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    ids: torch.Tensor,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The experts `ids` names, as `dtype` weights (the others are never read), and the ids
+    renumbered over them (ids outside [0, E): one past the last, which the experts skip).
+    None where no id names an expert. Costs a host sync (the count of used experts)."""
+    experts = gemm1_weights.shape[0]
+    flat = ids.reshape(-1).to(torch.int64)
+    valid = (flat >= 0) & (flat < experts)
+    used = torch.unique(flat[valid])
+    n = int(used.numel())
+    if n == 0:
+        return None
+    if n == experts:
+        return gemm1_weights.to(dtype), gemm2_weights.to(dtype), ids
+    # One expert at a time: an index_select of the float32 weights first would take a float32
+    # copy of every used expert (tens of GB at Llama 4 Maverick's sizes).
+    w13 = torch.empty((n, *gemm1_weights.shape[1:]), dtype=dtype, device=gemm1_weights.device)
+    w2 = torch.empty((n, *gemm2_weights.shape[1:]), dtype=dtype, device=gemm2_weights.device)
+    for j, e in enumerate(used.tolist()):
+        w13[j].copy_(gemm1_weights[e])
+        w2[j].copy_(gemm2_weights[e])
+    remap = torch.full((experts + 1,), n, dtype=torch.int32, device=ids.device)
+    remap[used] = torch.arange(n, dtype=torch.int32, device=ids.device)
+    renumbered = remap[torch.where(valid, flat, experts)].view(ids.shape)
+    return w13, w2, renumbered
+
+
+def _fp32_weight_experts(
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    on_input: bool,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """The experts of the fp4 Definitions' contract on flashtune's bf16 experts path."""
+    dtype = hidden_states.dtype
+    if dtype not in (torch.bfloat16, torch.float16):
+        dtype = torch.bfloat16
+    a = hidden_states
+    if on_input:
+        # The weight scales the token before GEMM1 (SwiGLU is not linear, so it cannot move
+        # to the output); with one expert a token (top-1) the scaled token can run the
+        # experts with weight 1, in float32 then rounded once to 16 bits.
+        a = hidden_states.float() * weights.float()
+        weights = torch.ones_like(weights, dtype=torch.float32)
+    a = a.to(dtype)
+    # Weights in the contract are float32; flashtune's experts kernels read 16-bit (or fp8)
+    # weights, so the used experts' weights are converted on every call: streaming float32
+    # weights this way costs a conversion per call (read 4 bytes, write 2, read 2 again). A
+    # kernel that loads float32 tiles and casts them in registers is the faster follow-up.
+    converted = _used_experts_16bit(gemm1_weights, gemm2_weights, ids, dtype)
+    if converted is None:  # no token reached an expert
+        zeros = torch.zeros(a.shape, dtype=torch.bfloat16, device=a.device)
+        return zeros if out is None else out.copy_(zeros)
+    w13, w2, local_ids = converted
+    return fused_experts(a, w13, w2, local_ids, weights.float(), quant=ExpertQuant("bf16"), out=out)
+
+
+def _check_fp32_weights(
+    hidden_states: Any, gemm1_weights: Any, gemm2_weights: Any
+) -> tuple[int, int, int, int]:
+    """(tokens, hidden, intermediate, experts) of an fp4-contract call, checked."""
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
+        raise ValueError("hidden_states must be a [seq_len, hidden_size] tensor")
+    if not isinstance(gemm2_weights, torch.Tensor) or gemm2_weights.dim() != 3:
+        raise ValueError("gemm2_weights must be a [num_experts, hidden, intermediate] tensor")
+    tokens, hidden = hidden_states.shape
+    experts, _, inter = gemm2_weights.shape
+    floats = (torch.float32, torch.bfloat16, torch.float16)
+    _tensor("hidden_states", hidden_states, (tokens, hidden), (torch.bfloat16, torch.float16))
+    _tensor("gemm1_weights", gemm1_weights, (experts, 2 * inter, hidden), floats)
+    _tensor("gemm2_weights", gemm2_weights, (experts, hidden, inter), floats)
+    for name, t in (("gemm1_weights", gemm1_weights), ("gemm2_weights", gemm2_weights)):
+        if t.device != hidden_states.device:
+            raise ValueError(f"{name} is on {t.device}, hidden_states on {hidden_states.device}")
+    return tokens, hidden, inter, experts
+
+
+def moe_fp32_weights(
+    routing_logits: torch.Tensor,
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    routing_bias: torch.Tensor | None = None,
+    *,
+    routing_method_type: int = 1,
+    top_k: int = 8,
+    output: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A MoE layer on float32 weights: the contract of FlashInfer-Trace's
+    `trtllm_fp4_block_scale_moe_*` Definitions (their references run float32 weights; the
+    FlashInfer kernel they name reads MxFP4 ones, which this op does not).
+
+    routing_logits [T, E] float32/bf16; hidden_states [T, H] bf16; gemm1_weights [E, 2I, H]
+    (up rows, then gate rows) and gemm2_weights [E, H, I], float32 (16-bit accepted), every
+    expert local. Renormalize routing (1: top-k logits, softmax over them, weights on the
+    outputs) or Llama4 (3: top-1, sigmoid, the weight on the token before GEMM1; routing_bias
+    accepted and unread, as FlashInfer's kernel). Runs flashtune's bf16 experts (the used
+    experts' weights converted to bf16 per call). Returns [T, H] bfloat16 (into `output`
+    when given).
+    """
+    tokens, hidden, _, experts = _check_fp32_weights(hidden_states, gemm1_weights, gemm2_weights)
+    method = routing_method(routing_method_type)
+    if method not in (RoutingMethodType.Renormalize, RoutingMethodType.Llama4):
+        raise ValueError(
+            f"routing_method_type={method!r} is not supported: Renormalize or Llama4 only"
+        )
+    llama4 = method == RoutingMethodType.Llama4
+    if routing_bias is not None and not llama4:
+        raise ValueError("routing_bias is not supported with Renormalize routing")
+    _check_routing(routing_logits, routing_bias, hidden_states, experts, top_k, 0, experts)
+    out = _output(output, tokens, hidden, hidden_states.device)
+    ids, weights = select_experts(routing_logits, None, int(method), top_k)
+    return _fp32_weight_experts(
+        hidden_states, gemm1_weights, gemm2_weights, ids, weights, llama4, out
+    )
+
+
+def routed_moe_fp32_weights(
+    topk_ids: torch.Tensor,
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    *,
+    routing_method_type: int = 1,
+    output: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """moe_fp32_weights with the routing done by the caller: the contract of
+    FlashInfer-Trace's `trtllm_fp4_block_scale_routed_moe_*` Definitions. topk_ids [T, K]
+    int32 packs each expert id (high 16 bits) with its weight's bfloat16 bits (low 16;
+    routing.unpack_topk_ids); ids outside [0, E) contribute nothing. routing_method_type
+    says where the weight applies: Llama4 (3, top-1 only) on the token before GEMM1,
+    Renormalize (1) on the expert's output. Returns [T, H] bfloat16.
+    """
+    tokens, hidden, _, _ = _check_fp32_weights(hidden_states, gemm1_weights, gemm2_weights)
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
+        raise ValueError("topk_ids must be a [seq_len, top_k] tensor")
+    _tensor("topk_ids", topk_ids, (tokens, topk_ids.shape[1]), (torch.int32,))
+    if topk_ids.device != hidden_states.device:
+        raise ValueError(
+            f"topk_ids is on {topk_ids.device}, hidden_states on {hidden_states.device}"
+        )
+    method = routing_method(routing_method_type)
+    if method not in (RoutingMethodType.Renormalize, RoutingMethodType.Llama4):
+        raise ValueError(
+            f"routing_method_type={method!r} is not supported: Renormalize or Llama4 only"
+        )
+    llama4 = method == RoutingMethodType.Llama4
+    if llama4 and topk_ids.shape[1] != 1:
+        raise ValueError(f"Llama4 routing is top-1; topk_ids has {topk_ids.shape[1]} columns")
+    out = _output(output, tokens, hidden, hidden_states.device)
+    ids, weights = unpack_topk_ids(topk_ids)
+    return _fp32_weight_experts(
+        hidden_states, gemm1_weights, gemm2_weights, ids, weights, llama4, out
+    )
+
+
+class _FP32WeightsOp(_MoEOp):
+    """The schema's view of moe_fp32_weights / routed_moe_fp32_weights calls (no groups,
+    offsets or scaling factors to normalize)."""
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        arguments = ApiOp.arguments(self, args, kwargs)
+        arguments["routing_method_type"] = int(arguments["routing_method_type"])
+        if "top_k" in arguments:
+            arguments["top_k"] = int(arguments["top_k"])
+        return arguments
+
+
 trtllm_fp8_block_scale_moe = _MoEOp(
     trtllm_fp8_block_scale_moe, "fp8_block", ("ds", "renorm", "standard")
 )
@@ -499,6 +689,8 @@ trtllm_fp8_per_tensor_scale_moe = _MoEOp(
     trtllm_fp8_per_tensor_scale_moe, "fp8_per_tensor", ("per_tensor",)
 )
 trtllm_bf16_moe = _MoEOp(trtllm_bf16_moe, "bf16", ("bf16",))
+moe_fp32_weights = _FP32WeightsOp(moe_fp32_weights, "fp32w", ("fp32w",))
+routed_moe_fp32_weights = _FP32WeightsOp(routed_moe_fp32_weights, "fp32w_routed", ("fp32w_routed",))
 
 # The schema'd ops of the family, registered by their qualname in flashtune.schema.REGISTRY
 # (the definition dump, apply's mirror and capture list them from there).
@@ -506,6 +698,8 @@ MOE_OPS: tuple[ApiOp, ...] = (
     trtllm_fp8_block_scale_moe,
     trtllm_fp8_per_tensor_scale_moe,
     trtllm_bf16_moe,
+    moe_fp32_weights,
+    routed_moe_fp32_weights,
 )
 for _op in MOE_OPS:
     REGISTRY[_op.qualname] = _op
@@ -584,12 +778,40 @@ def _bf16_call(model: ModelConfig, tokens: int) -> Example:
     return (trtllm_bf16_moe, args, kwargs)
 
 
+def _fp32_weights_calls(model: ModelConfig, tokens: int) -> list[Example]:
+    """The float32-weight calls (FlashInfer-Trace's fp4 Definitions' contract): routed by
+    the op, and routed by the caller (packed topk_ids)."""
+    moe = model.moe
+    assert moe is not None
+    h, i, e = model.hidden_size, moe.intermediate_size, moe.local_experts
+    llama4 = moe.routing == "Llama4"
+    f32, bf16 = torch.float32, torch.bfloat16
+    weights = (meta_tensor(e, 2 * i, h, dtype=f32), meta_tensor(e, h, i, dtype=f32))
+    method = int(RoutingMethodType[moe.routing])
+    routed = (
+        meta_tensor(tokens, moe.top_k, dtype=torch.int32),
+        meta_tensor(tokens, h, dtype=bf16),
+        *weights,
+    )
+    logits = (
+        meta_tensor(tokens, e, dtype=bf16),
+        meta_tensor(tokens, h, dtype=bf16),
+        *weights,
+        meta_tensor(e, dtype=bf16) if llama4 else None,
+    )
+    return [
+        (moe_fp32_weights, logits, {"routing_method_type": method, "top_k": moe.top_k}),
+        (routed_moe_fp32_weights, routed, {"routing_method_type": method}),
+    ]
+
+
 @register_examples
 def moe_examples(model: ModelConfig) -> list[Example]:
     """The MoE layer of a MoE model at its per-GPU shapes (experts split by expert
     parallelism) on the meta device: FlashInfer's fp8 block-scale call with the model's
     routing (DeepSeekV3, Renormalize), its per-tensor call (Renormalize, Llama4) where
-    FlashInfer-Trace has a Definition of it (all experts local), and the bf16 call."""
+    FlashInfer-Trace has a Definition of it (all experts local), the bf16 call, and the
+    float32-weight calls (the fp4 Definitions' contract: Renormalize, Llama4, EP 1)."""
     moe = model.moe
     if moe is None:
         return []
@@ -598,4 +820,5 @@ def moe_examples(model: ModelConfig) -> list[Example]:
         examples.append(_block_scale_call(model, EXAMPLE_TOKENS))
     if moe.routing in ("Renormalize", "Llama4") and moe.expert_parallel == 1:
         examples.append(_per_tensor_call(model, EXAMPLE_TOKENS))
+        examples.extend(_fp32_weights_calls(model, EXAMPLE_TOKENS))
     return examples

@@ -3,8 +3,10 @@
 as FlashInfer-Trace names them: the fp8 block-scale MoE with DeepSeek-V3's routing (64
 experts in 8 groups, top 8 of the 4 best groups, this rank's 8 of them: EP 8) and with
 Qwen3's Renormalize routing (32 experts, top 4), and the per-tensor fp8 MoE with Renormalize
-routing, and the bf16 MoE with Renormalize routing; flashtune's solutions and torch's (the
-ops' references).
+routing, and the bf16 MoE with Renormalize routing, and the float32-weight MoE (the contract
+of FlashInfer-Trace's `trtllm_fp4_block_scale_moe` / `..._routed_moe` Definitions, named as
+those are) with Renormalize routing, routed by the op and by the caller (packed topk_ids);
+flashtune's solutions and torch's (the ops' references).
 
 The routing constants are in each op's name (topk8_ng8_kg4), not among its inputs or shapes:
 each entry takes them as keywords (routing_method_type, top_k, and n_group / topk_group for
@@ -15,8 +17,8 @@ these entries with their constants passed (flashtune.ops.bundle.supply, through 
 `schema_for_definition`); expert counts, sizes, local_expert_offset and
 routed_scaling_factor come from the inputs. FlashInfer's MoE (trtllm-gen kernels) runs on
 Blackwell (SM100) only, so no op has a FlashInfer entry: neither the bundled Definitions nor
-FlashInfer-Trace's get a FlashInfer solution. Its fp4 MoE Definitions get none at all
-(flashtune has no fp4 kernels; `flashtune solutions coverage` says so).
+FlashInfer-Trace's get a FlashInfer solution. Its fp4 MoE Definitions (float32 weights in
+their contract) get the float32-weight entries, Llama4's told routing_method_type=3.
 """
 
 from __future__ import annotations
@@ -187,6 +189,54 @@ def torch_moe_bf16_renormalize(
     )  # fmt: skip
 
 
+@runs_the_op
+def flashtune_moe_fp32_weights(
+    routing_logits, hidden_states, gemm1_weights, gemm2_weights, routing_bias=None, *,
+    routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
+):  # fmt: skip
+    # Llama4's Definitions list its routing bias (last); the op reads it not (FlashInfer's).
+    from flashtune.ops.moe import moe_fp32_weights
+
+    return moe_fp32_weights(
+        routing_logits, hidden_states, gemm1_weights, gemm2_weights, routing_bias,
+        routing_method_type=routing_method_type, top_k=top_k,
+    )  # fmt: skip
+
+
+def torch_moe_fp32_weights(
+    routing_logits, hidden_states, gemm1_weights, gemm2_weights, routing_bias=None, *,
+    routing_method_type=_RENORMALIZE, top_k=RENORM_TOP_K,
+):  # fmt: skip
+    from flashtune.ops.moe.reference import moe_fp32_weights_ref
+
+    return moe_fp32_weights_ref(
+        routing_logits, hidden_states, gemm1_weights, gemm2_weights, routing_bias,
+        routing_method_type, top_k,
+    )  # fmt: skip
+
+
+@runs_the_op
+def flashtune_routed_moe_fp32_weights(
+    topk_ids, hidden_states, gemm1_weights, gemm2_weights, *, routing_method_type=_RENORMALIZE
+):
+    from flashtune.ops.moe import routed_moe_fp32_weights
+
+    return routed_moe_fp32_weights(
+        topk_ids, hidden_states, gemm1_weights, gemm2_weights,
+        routing_method_type=routing_method_type,
+    )  # fmt: skip
+
+
+def torch_routed_moe_fp32_weights(
+    topk_ids, hidden_states, gemm1_weights, gemm2_weights, *, routing_method_type=_RENORMALIZE
+):
+    from flashtune.ops.moe.reference import routed_moe_fp32_weights_ref
+
+    return routed_moe_fp32_weights_ref(
+        topk_ids, hidden_states, gemm1_weights, gemm2_weights, routing_method_type
+    )
+
+
 # --------------------------------------------------------------------------- declarations
 
 _FLASHTUNE = (
@@ -194,6 +244,13 @@ _FLASHTUNE = (
     "experts' grouped GEMMs (ops.moe.experts.fused_experts). " + NO_SETUP
 )
 _TORCH = f"{TORCH_EAGER} The op's reference (ops.moe.reference): a loop over experts, fp32."
+_FLASHTUNE_FP32W = (
+    "flashtune's fused MoE on float32 weights through its public API ({call}): routing in "
+    "PyTorch, then the used experts' float32 weights converted to bf16 inside the call (on "
+    "every call: streaming float32 weights converts per call, and the count of used experts "
+    "is a host sync; a kernel reading float32 weights directly is the faster follow-up), "
+    "then flashtune's bf16 experts' grouped GEMMs (ops.moe.experts.fused_experts). " + NO_SETUP
+)
 
 
 def _prefix(variant: str, method: int, top_k: int, n_group: int = 1, topk_group: int = 1) -> str:
@@ -209,13 +266,14 @@ def _op(
     flashtune: Callable[..., torch.Tensor],
     reference: Callable[..., torch.Tensor],
     call: str,
+    described: str = _FLASHTUNE,
 ) -> BundledOp:
     return BundledOp(
         prefix=prefix,
         workloads=_moe_sweep,
         models=models,
         entries=(
-            Entry("flashtune", flashtune, _FLASHTUNE.format(call=call)),
+            Entry("flashtune", flashtune, described.format(call=call)),
             Entry("torch", reference, _TORCH),
         ),
     )
@@ -249,5 +307,21 @@ BUNDLED = (
         flashtune_moe_bf16_renormalize,
         torch_moe_bf16_renormalize,
         "fused_moe.trtllm_bf16_moe, Renormalize routing",
+    ),
+    _op(
+        _prefix("fp32w", _RENORMALIZE, RENORM_TOP_K),
+        RENORM_MODELS,
+        flashtune_moe_fp32_weights,
+        torch_moe_fp32_weights,
+        "ops.moe.moe_fp32_weights, Renormalize routing",
+        _FLASHTUNE_FP32W,
+    ),
+    _op(
+        _prefix("fp32w_routed", _RENORMALIZE, RENORM_TOP_K),
+        RENORM_MODELS,
+        flashtune_routed_moe_fp32_weights,
+        torch_routed_moe_fp32_weights,
+        "ops.moe.routed_moe_fp32_weights, packed topk_ids",
+        _FLASHTUNE_FP32W,
     ),
 )

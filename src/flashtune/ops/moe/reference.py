@@ -14,7 +14,10 @@ weights), then for each of its experts e that is local to this rank (global id i
 Quantized forms: fp8 block scale (DeepSeek's: hidden_states [T, H] fp8 with hidden_states_scale
 [H/128, T], one scale per token and 128 channels, transposed; W13 and W2 fp8 with one scale per
 128 x 128 block), fp8 per tensor (fp8 everything, per-expert scales on GEMM1's up half, its
-gate half and GEMM2's output; the activation's own scale folded into them), bf16.
+gate half and GEMM2's output; the activation's own scale folded into them), bf16, and float32
+weights with bf16 activations (the contract FlashInfer-Trace's `trtllm_fp4_block_scale_moe` /
+`trtllm_fp4_block_scale_routed_moe` Definitions spell: their references run plain float32
+weights, though FlashInfer's kernel reads MxFP4 ones).
 
 Self-contained (only torch): each reference's source is emitted into its Definitions, with
 `select_experts` and `run_experts_ref` before it (schema.py).
@@ -24,13 +27,15 @@ from __future__ import annotations
 
 import torch
 
-from flashtune.ops.moe.routing import select_experts
+from flashtune.ops.moe.routing import select_experts, unpack_topk_ids
 
 __all__ = [
     "run_experts_ref",
     "moe_fp8_block_scale_ref",
     "moe_fp8_per_tensor_scale_ref",
     "moe_bf16_ref",
+    "moe_fp32_weights_ref",
+    "routed_moe_fp32_weights_ref",
 ]
 
 
@@ -149,4 +154,48 @@ def moe_bf16_ref(
 
     a = hidden_states.to(torch.float32)
     out = run_experts_ref(a, ids, weights, local_expert_offset, gemm1_weights.shape[0], expert)
+    return out.to(torch.bfloat16)
+
+
+@torch.no_grad()
+def moe_fp32_weights_ref(
+    routing_logits, hidden_states, gemm1_weights, gemm2_weights, routing_bias=None,
+    routing_method_type=1, top_k=8,
+):  # fmt: skip
+    """The fp4 MoE Definitions' contract (FlashInfer-Trace's trtllm_fp4_block_scale_moe):
+    bf16 hidden_states [T, H], float32 gemm1_weights [E, 2I, H] and gemm2_weights [E, H, I],
+    all experts local. Renormalize (1) or Llama4 (3) routing; Llama4 reads no bias (the
+    Definitions list one, FlashInfer's kernel ignores it) and its top-1 weight scales the
+    token before GEMM1. Returns [T, H] bfloat16."""
+    llama4 = int(routing_method_type) == 3
+    ids, weights = select_experts(
+        routing_logits, None, routing_method_type, top_k, None, None, None
+    )
+
+    def expert(e):
+        return gemm1_weights[e].to(torch.float32), gemm2_weights[e].to(torch.float32), 1.0, 1.0, 1.0
+
+    a = hidden_states.to(torch.float32)
+    out = run_experts_ref(a, ids, weights, 0, gemm1_weights.shape[0], expert,
+                          scales_on_input=llama4)  # fmt: skip
+    return out.to(torch.bfloat16)
+
+
+@torch.no_grad()
+def routed_moe_fp32_weights_ref(
+    topk_ids, hidden_states, gemm1_weights, gemm2_weights, routing_method_type=1
+):
+    """moe_fp32_weights_ref with the routing done by the caller (FlashInfer-Trace's
+    trtllm_fp4_block_scale_routed_moe): topk_ids [T, K] int32 packs each expert id (high 16
+    bits) with its weight's bfloat16 bits (low 16; unpack_topk_ids). routing_method_type
+    says only where the weight applies: Llama4 (3) on the token before GEMM1, else on the
+    expert's output. Ids outside [0, E) contribute nothing. Returns [T, H] bfloat16."""
+    ids, weights = unpack_topk_ids(topk_ids)
+
+    def expert(e):
+        return gemm1_weights[e].to(torch.float32), gemm2_weights[e].to(torch.float32), 1.0, 1.0, 1.0
+
+    a = hidden_states.to(torch.float32)
+    out = run_experts_ref(a, ids, weights, 0, gemm1_weights.shape[0], expert,
+                          scales_on_input=int(routing_method_type) == 3)  # fmt: skip
     return out.to(torch.bfloat16)

@@ -32,7 +32,10 @@ Unspecified to 10 (this enum is the later one; code names members, not numbers).
 follow FlashInfer's documentation of them; no FlashInfer-Trace reference covers them yet.
 
 `select_experts` is self-contained (only torch): its source is emitted into the MoE
-Definitions' references beside the reference function (schema.py).
+Definitions' references beside the reference function (schema.py). So is `unpack_topk_ids`,
+the routing a caller did itself (FlashInfer's routed MoE, `trtllm_fp4_block_scale_routed_moe`):
+each int32 of topk_ids packs the expert id (high 16 bits) and the weight's bfloat16 bits (low
+16 bits).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from enum import IntEnum
 
 import torch
 
-__all__ = ["RoutingMethodType", "select_experts", "routing_method"]
+__all__ = ["RoutingMethodType", "select_experts", "routing_method", "unpack_topk_ids"]
 
 
 class RoutingMethodType(IntEnum):
@@ -148,3 +151,16 @@ def select_experts(
         else:
             raise ValueError(f"routing_method_type {method} names no routing method (0-9)")
     return ids.to(torch.int32), (weights * scale).to(torch.float32)
+
+
+@torch.no_grad()
+def unpack_topk_ids(topk_ids):
+    """Pre-computed routing (FlashInfer's routed MoE): topk_ids [T, K] int32, each packing
+    the expert id in its high 16 bits and the routing weight's bfloat16 bits in its low 16.
+    Returns (ids [T, K] int32, weights [T, K] float32), as select_experts does."""
+    packed = topk_ids.to(torch.int32)
+    ids = packed >> 16  # arithmetic shift: the high half as a signed 16-bit id, as FlashInfer's
+    # the low half as int16 (a wrapping cast keeps the bits), then its bits as bfloat16
+    bits = (packed & 0xFFFF).to(torch.int16)
+    weights = bits.view(torch.bfloat16).to(torch.float32)
+    return ids, weights

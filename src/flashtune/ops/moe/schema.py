@@ -15,7 +15,13 @@ the name (topk8_ng8_kg4) though no axis holds them; so a call's schema is made f
 - `per_tensor`: trtllm_fp8_per_tensor_scale_moe with Renormalize or Llama4 routing (Llama4's
   bias and scaling factor unread, its weight on the input), all experts local;
 - `bf16`: trtllm_bf16_moe with any routing method (flashtune's own Definitions, named as
-  `trtllm_bf16_moe_<method>_routing_topk8[_ng8_kg4]_e.._h.._i..`: FlashInfer-Trace has none).
+  `trtllm_bf16_moe_<method>_routing_topk8[_ng8_kg4]_e.._h.._i..`: FlashInfer-Trace has none);
+- `fp32w` / `fp32w_routed`: FlashInfer-Trace's `trtllm_fp4_block_scale_moe` /
+  `trtllm_fp4_block_scale_routed_moe` Definitions, whose contract (despite the names) is bf16
+  hidden_states and float32 weights (their references' plain fp32 math; FlashInfer's kernel
+  reads MxFP4 weights), Renormalize or Llama4 routing, all experts local; the routed one takes
+  the routing as packed topk_ids (routing.unpack_topk_ids). flashtune's ops
+  `moe_fp32_weights` / `routed_moe_fp32_weights` are that contract.
 Other calls (per-tensor routings other than those, fused shared experts, SwiGLU variants)
 have no Definition:
 `schema_for_call` raises ValueError and capture, apply and the dump leave them to the op.
@@ -46,15 +52,19 @@ from flashtune.ops.moe.reference import (
     moe_bf16_ref,
     moe_fp8_block_scale_ref,
     moe_fp8_per_tensor_scale_ref,
+    moe_fp32_weights_ref,
+    routed_moe_fp32_weights_ref,
     run_experts_ref,
 )
-from flashtune.ops.moe.routing import RoutingMethodType, select_experts
+from flashtune.ops.moe.routing import RoutingMethodType, select_experts, unpack_topk_ids
 from flashtune.schema import Const, OpSchema, Scalar, Tensor, Var
 from flashtune.schema.core import BoundCall
 
 __all__ = [
     "BF16_FI_API",
     "BLOCK_FI_API",
+    "FP4_FI_API",
+    "FP4_ROUTED_FI_API",
     "PER_TENSOR_FI_API",
     "MoEKey",
     "MoESchema",
@@ -76,7 +86,12 @@ VARIANT_PREFIXES = {
     "per_tensor": "trtllm_fp8_per_tensor_scale_moe",
     "bf16": "trtllm_bf16_moe",
     "standard": "moe_fp8_block_scale",
+    "fp32w": "trtllm_fp4_block_scale_moe",
+    "fp32w_routed": "trtllm_fp4_block_scale_routed_moe",
 }
+FP4_FI_API = "fi_api:flashinfer.fused_moe.trtllm_fp4_block_scale_moe"
+FP4_ROUTED_FI_API = "fi_api:flashinfer.fused_moe.trtllm_fp4_block_scale_routed_moe"
+_FP4_QUANT_TAG = "quantization:float4_e2m1fn_mxfp4"
 BF16_FI_API = "fi_api:flashinfer.fused_moe.trtllm_bf16_moe"
 _BLOCK = 128
 # The bf16 Definitions' names of the routing methods (flashtune's own: FlashInfer-Trace has
@@ -135,7 +150,7 @@ class MoEKey:
     """What fixes a MoE call's schema: the variant (see the module docstring), the routing
     constants its name carries, and the expert counts and sizes its descriptions name."""
 
-    variant: str  # "ds" | "renorm" | "per_tensor" | "bf16" | "standard"
+    variant: str  # "ds" | "renorm" | "per_tensor" | "bf16" | "standard" | "fp32w[_routed]"
     routing_method_type: int
     top_k: int
     n_group: int
@@ -615,9 +630,121 @@ def _bf16_schema(key: MoEKey) -> MoESchema:
     )
 
 
+# The fp4 Definitions' models, by (routing, experts, hidden, intermediate, top_k): the model
+# and routing sentences of their descriptions, and the expert parallelism of the model's tags.
+_FP4_MODELS = {
+    (1, 128, 2048, 512, 10): (
+        "Qwen3 Next 80B A3B (EP=4, 512/4=128 local experts). Renormalize routing.",
+        4,
+    ),
+    (3, 128, 5120, 8192, 1): ("Llama 4 Maverick 17B-128E (EP=1). Llama4 routing.", 1),
+    (3, 16, 5120, 8192, 1): ("Llama 4 Scout 17B-16E. Llama4 routing (sigmoid+top-1).", 1),
+    (1, 128, 2048, 768, 8): ("Qwen3-30B-A3B (EP=1). Renormalize routing.", 1),
+    (1, 64, 4096, 1536, 8): (
+        "Qwen3-235B-A22B (EP=2, 128/2=64 local experts). Renormalize routing.",
+        2,
+    ),
+}
+
+
+def _fp32_weights_schema(key: MoEKey) -> MoESchema:
+    """FlashInfer-Trace's fp4 MoE Definitions (see the module docstring): float32 weights in
+    the contract, MxFP4 only in the descriptions (FlashInfer's kernel's)."""
+    routed = key.variant == "fp32w_routed"
+    llama4 = key.routing_method_type == RoutingMethodType.Llama4
+    inputs: dict[str, Tensor | Scalar] = {}
+    if routed:
+        inputs["topk_ids"] = Tensor(
+            ["seq_len", "top_k"],
+            dtype="int32",
+            description="Packed topk_ids: high 16 bits = expert_idx, low 16 bits = bfloat16 "
+            "weight.",
+        )
+    else:
+        inputs["routing_logits"] = Tensor(
+            ["seq_len", "num_experts"],
+            dtype_from="routing_logits",
+            description="Routing logits for expert selection.",
+        )
+    kernel = "" if routed else "; kernel uses MxFP4-quantized weights"
+    inputs.update(
+        hidden_states=Tensor(
+            ["seq_len", "hidden_size"],
+            dtype_from="hidden_states",
+            description="Input hidden states (bfloat16"
+            + (")." if routed else " for MxFP4+BF16 mode)."),
+        ),
+        gemm1_weights=Tensor(
+            ["num_experts", "gemm1_out_size", "hidden_size"],
+            dtype_from="gemm1_weights",
+            description=f"FC1 weights (gate+up). Float32 in definition{kernel}.",
+        ),
+        gemm2_weights=Tensor(
+            ["num_experts", "hidden_size", "intermediate_size"],
+            dtype_from="gemm2_weights",
+            description=f"FC2 weights (down). Float32 in definition{kernel}.",
+        ),
+    )
+    if llama4 and not routed:  # unread (see the reference); listed where the call has one
+        inputs["routing_bias"] = Tensor(
+            ["num_experts"],
+            dtype_from="routing_bias",
+            optional=True,
+            description="Routing bias added to logits before sigmoid (Llama4 routing).",
+        )
+    shape = (key.num_experts, key.hidden_size, key.intermediate_size, key.top_k)
+    model, ep = _FP4_MODELS.get((key.routing_method_type, *shape), ("", 0))
+    if routed:
+        head = "FP4 block scale routed MoE (MxFP4+BF16, TRT-LLM style)."
+        how = "Llama4" if llama4 else "Renormalize"
+        method = key.routing_method_type
+        routing = f"Routing: {how} (pre-computed topk_ids, routing_method_type={method})."
+        middle = f"{model} Pre-computed routing." if model else ""
+    else:
+        head = "FP4 block scale MoE (MxFP4+BF16, TRT-LLM style)."
+        routing, middle = _LLAMA4 if llama4 else _RENORM, model
+    description = " ".join(part for part in (head, middle, routing) if part)
+    tags = [_FP4_QUANT_TAG, FP4_ROUTED_FI_API if routed else FP4_FI_API]
+    if routed:
+        tags.append("routing:pre-computed")
+    if ep:  # the model's expert parallelism (these Definitions' experts are the local ones)
+        tags.append(f"ep:{ep}")
+    variant = VARIANT_PREFIXES[key.variant]
+    return MoESchema(
+        op_type="moe",
+        name_prefix=f"{variant}_topk{key.top_k}",
+        axes={
+            "seq_len": Var("Number of input tokens."),
+            "num_experts": Const("Total number of local experts.", abbrev="e"),
+            "hidden_size": Const("Hidden dimension size.", abbrev="h"),
+            "intermediate_size": Const("MoE expert intermediate size.", abbrev="i"),
+            "gemm1_out_size": Const("FC1 output size (2 * intermediate_size for SwiGLU)."),
+            # routed: topk_ids' width says it; else the call's top_k
+            "top_k": Const(
+                "Number of experts selected per token.", param=None if routed else "top_k"
+            ),
+        },
+        inputs=inputs,
+        outputs={
+            "output": Tensor(
+                ["seq_len", "hidden_size"], dtype="bfloat16", description="Final MoE output tensor."
+            )
+        },
+        reference=routed_moe_fp32_weights_ref if routed else moe_fp32_weights_ref,
+        constraints=_SHAPE_CONSTRAINTS,
+        tags=tags,
+        description=description,
+        bound=("routing_method_type",) if routed else ("routing_method_type", "top_k"),
+        helpers=(unpack_topk_ids, run_experts_ref) if routed else (select_experts, run_experts_ref),
+        key=key,
+    )
+
+
 @functools.lru_cache(maxsize=256)
 def schema_of(key: MoEKey) -> MoESchema:
     """The schema of calls with this key (made once per key)."""
+    if key.variant in ("fp32w", "fp32w_routed"):
+        return _fp32_weights_schema(key)
     if key.variant == "bf16":
         return _bf16_schema(key)
     if key.variant == "standard":
@@ -632,6 +759,8 @@ _REPRESENTATIVE = {
     "per_tensor": MoEKey("per_tensor", 1, 4, 1, 1, 32, 32, 256, 128),
     "bf16": MoEKey("bf16", 1, 4, 1, 1, 32, 32, 256, 128),
     "standard": MoEKey("standard", 0, 4, 1, 1, 32, 32, 256, 128),
+    "fp32w": MoEKey("fp32w", 1, 4, 1, 1, 32, 32, 256, 128),
+    "fp32w_routed": MoEKey("fp32w_routed", 1, 4, 1, 1, 32, 32, 256, 128),
 }
 VARIANT_SCHEMAS: dict[str, MoESchema] = {
     variant: dataclasses.replace(schema_of(key), name_prefix=VARIANT_PREFIXES[variant], key=None)
@@ -653,10 +782,44 @@ def _refuse(what: str) -> ValueError:
     return ValueError(f"no MoE Definition describes {what}")
 
 
+def _fp32_weights_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
+    """moe_key of moe_fp32_weights ("fp32w") and routed_moe_fp32_weights ("fp32w_routed")
+    calls: the fp4 Definitions' contract, whose bf16 activations and float32 weights are
+    fixed (a call of other dtypes runs, but no Definition describes it)."""
+    method = _int("routing_method_type", arguments["routing_method_type"])
+    gemm2, hidden = arguments["gemm2_weights"], arguments["hidden_states"]
+    if not isinstance(gemm2, torch.Tensor) or gemm2.dim() != 3:
+        raise ValueError("gemm2_weights must be a [num_experts, hidden, intermediate] tensor")
+    experts, hidden_size, inter = (int(s) for s in gemm2.shape)
+    routed = api == "fp32w_routed"
+    if routed:
+        ids = arguments["topk_ids"]
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            raise ValueError("topk_ids must be a [seq_len, top_k] tensor")
+        top_k = int(ids.shape[1])
+    else:
+        top_k = _int("top_k", arguments["top_k"])
+        if method != RoutingMethodType.Llama4 and arguments.get("routing_bias") is not None:
+            raise _refuse("fp4-contract MoE with a routing_bias and Renormalize routing")
+    if method not in (RoutingMethodType.Renormalize, RoutingMethodType.Llama4):
+        name = RoutingMethodType(method).name if method in set(RoutingMethodType) else method
+        raise _refuse(f"fp4-contract MoE with {name} routing (Renormalize or Llama4 only)")
+    weights = (arguments["gemm1_weights"], gemm2)
+    if any(w.dtype != torch.float32 for w in weights if isinstance(w, torch.Tensor)):
+        raise _refuse("fp4-contract MoE with weights other than float32")
+    if isinstance(hidden, torch.Tensor) and hidden.dtype != torch.bfloat16:
+        raise _refuse("fp4-contract MoE with hidden_states other than bfloat16")
+    variant = "fp32w_routed" if routed else "fp32w"
+    return MoEKey(variant, method, top_k, 1, 1, experts, experts, hidden_size, inter)
+
+
 def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
     """The key of a call's schema. api: "fp8_block" (trtllm_fp8_block_scale_moe),
-    "fp8_per_tensor" or "bf16"; arguments: the call's, by parameter name. Raises ValueError for a call
-    no Definition describes (see the module docstring), naming why."""
+    "fp8_per_tensor", "bf16", "fp32w" (moe_fp32_weights) or "fp32w_routed"
+    (routed_moe_fp32_weights); arguments: the call's, by parameter name. Raises ValueError
+    for a call no Definition describes (see the module docstring), naming why."""
+    if api in ("fp32w", "fp32w_routed"):
+        return _fp32_weights_key(api, arguments)
     method = _int("routing_method_type", arguments["routing_method_type"])
     top_k = _int("top_k", arguments["top_k"])
     gemm2 = arguments["gemm2_weights"]
@@ -743,14 +906,24 @@ _DEFINITION_NAME = re.compile(
     r"_e(?P<experts>\d+)_h(?P<hidden>\d+)_i(?P<inter>\d+)$"
 )
 _METHODS = {slug: method for method, slug in _SLUGS.items()}
-_FP4_HEADS = ("trtllm_fp4_block_scale_moe", "trtllm_fp4_block_scale_routed_moe")
 
 
 def _variant_of(head: str, definition: Definition) -> tuple[str, int] | None:
     """(variant, routing_method_type) of a Definition name's head, or None."""
     # Llama4's per-tensor Definitions list the (unread) routing bias; Renormalize's have none.
     llama4 = "routing_bias" in definition.inputs
-    fixed = {"ds": 2, "renorm": 1, "per_tensor": 3 if llama4 else 1}
+    # The routed fp4 Definitions list no bias: Llama4's say so in the description (and their
+    # reference applies the weight on the input).
+    routed_llama4 = "Llama4" in (definition.description or "") or (
+        "use_routing_scales_on_input=True" in definition.reference
+    )
+    fixed = {
+        "ds": 2,
+        "renorm": 1,
+        "per_tensor": 3 if llama4 else 1,
+        "fp32w": 3 if llama4 else 1,
+        "fp32w_routed": 3 if routed_llama4 else 1,
+    }
     for variant, method in fixed.items():
         if head == VARIANT_PREFIXES[variant]:
             return variant, method
@@ -766,13 +939,9 @@ def _variant_of(head: str, definition: Definition) -> tuple[str, int] | None:
 def definition_key(definition: Definition) -> MoEKey | None:
     """The key of the schema whose Definitions `definition` is one of, read from its name and
     its constants (the routing constants are in the name only), or None where it is no MoE
-    Definition flashtune has a variant of. An fp4 MoE Definition raises ValueError saying
-    why it has none (flashtune has no fp4 kernels)."""
+    Definition flashtune has a variant of."""
     match = _DEFINITION_NAME.match(definition.name)
     head = "" if match is None else match["head"]
-    if head in _FP4_HEADS:
-        why = "NvFP4 / MxFP4 weights; flashtune's: fp8 block-scale, fp8 per-tensor or bf16"
-        raise ValueError(f"{definition.name}: flashtune has no fp4 MoE kernels ({head}: {why})")
     found = None if match is None else _variant_of(head, definition)
     if match is None or found is None:
         return None
