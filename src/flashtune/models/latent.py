@@ -190,10 +190,18 @@ def _sdpa_latent(
     scale: float,
 ) -> torch.Tensor:
     """The absorbed form as one-KV-head attention: q [B, H, q, Dc + Dp] against k = [ckv |
-    kpe] [B, 1, L, Dc + Dp], v = ckv [B, 1, L, Dc]; mask [B, 1, q, L] (True: attend)."""
-    q = torch.cat((q_nope, q_pe), dim=-1)
-    k = torch.cat((ckv, kpe), dim=-1)
-    return F.scaled_dot_product_attention(q, k, ckv, attn_mask=mask, scale=scale, enable_gqa=True)
+    kpe] [B, 1, L, Dc + Dp], v = ckv [B, 1, L, Dc]; mask [B, 1, q, L] (True: attend).
+
+    Written out (two score matmuls, an fp32 softmax, one value matmul), as DeepSeek's own
+    inference code writes the absorbed form, not through SDPA: torch.compile lowered SDPA at
+    these head sizes (576 / 512) to the memory-efficient kernel, which has none for them
+    ("cutlassF: no kernel found to launch", H200, 2026-11-29), so the compiled torch peer of
+    the MoE decoder could not run at all."""
+    scores = torch.matmul(q_nope, ckv.transpose(-1, -2)) + torch.matmul(q_pe, kpe.transpose(-1, -2))
+    scores = scores.float() * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(ckv.dtype), ckv)
 
 
 # ---------------------------------------------------------------------------------- torch
