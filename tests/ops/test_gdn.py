@@ -170,6 +170,76 @@ def test_prefill_float32_tactics_keep_float32_accuracy(precision):
                 tactic=GDNTactic(32, 4, "fp8", 2))  # fmt: skip
 
 
+def _chunk_quantities(k, v, logg, beta, starts, lengths, group):
+    """T = (I + A)^-1, W = T diag(beta gamma) K, U0 = T diag(beta) V and G per (chunk, value
+    head), in float64 from the definitions (module docstring of kernels.py), scattered into
+    [T, HV, CHUNK], [T, HV, K], [T, HV, V] and [T, HV] (T's rows zero-padded past a chunk's
+    end)."""
+    from flashtune.ops.gdn.kernels import CHUNK
+
+    t, hv = v.shape[0], v.shape[1]
+    t_ref = torch.zeros(t, hv, CHUNK, dtype=torch.float64)
+    w_ref = torch.zeros(t, hv, k.shape[-1], dtype=torch.float64)
+    u_ref = torch.zeros(t, hv, v.shape[-1], dtype=torch.float64)
+    g_ref = torch.zeros(t, hv, dtype=torch.float64)
+    for s0, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+        rows = slice(s0, s0 + n)
+        for h in range(hv):
+            kk = k[rows, h // group].double()
+            big_g = logg[rows, h].double().cumsum(0)
+            bt = beta[rows, h].double()
+            a = bt[:, None] * torch.exp((big_g[:, None] - big_g[None, :]).tril(-1)) * (kk @ kk.T)
+            tt = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + a.tril(-1))
+            t_ref[rows, h, :n] = tt
+            w_ref[rows, h] = tt @ (kk * (bt * big_g.exp())[:, None])
+            u_ref[rows, h] = tt @ (v[rows, h].double() * bt[:, None])
+            g_ref[rows, h] = big_g
+    return t_ref, w_ref, u_ref, g_ref
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("precision", ["half", "ieee"])
+def test_chunk_solve_and_wu_kernels_match_torch(precision):
+    """The prefill's first two kernels alone, on chunks of 1, 17, 64, 65 and 130 tokens (a
+    partial one, a full one, one past, two and a bit; and unused slots), GVA group 2: T =
+    (I + A)^-1 (its block lower part: the blocks above are never written), G, W and U0
+    against float64. "half": T and the scaled rows rounded to float16 for the products
+    (~2^-11 each), "ieee": float32 throughout."""
+    from flashtune.ops.gdn.kernels import CHUNK, SUB, _chunk_solve_kernel, _chunk_wu_kernel
+    from flashtune.ops.gdn.launch import chunk_table
+
+    lengths, h, hv = (1, 17, 64, 65, 130), 1, 2
+    q, k, v, _, a_log, a, dt_bias, b, cu = _prefill_case(lengths, h, hv, seed=3)
+    total = int(cu[-1])
+    starts, lens, _ = chunk_table(cu, total)
+    assert int((lens == 0).sum()) > 0  # unused slots too: nothing written for them
+    g, beta = gdn_gates(a_log, a, dt_bias, b)
+    t_ref, w_ref, u_ref, g_ref = _chunk_quantities(k, v, torch.log(g), beta, starts, lens, 2)
+    dt = torch.float16 if precision == "half" else torch.float32
+    t_out = torch.zeros(total, hv, CHUNK, dtype=dt)
+    g_out = torch.zeros(total, hv)
+    w = torch.zeros(total, hv, D, dtype=dt)
+    u = torch.zeros(total, hv, D, dtype=dt)
+    prec = "ieee"  # "half" keeps T's own products in float32 too
+    _chunk_solve_kernel[(starts.numel(), hv)](
+        k, a, b, a_log, dt_bias, starts, lens, t_out, g_out,
+        HV=hv, GROUP=2, K=D, C=CHUNK, SUB=SUB, PRECISION=prec, RAW_GATES=True,
+    )  # fmt: skip
+    _chunk_wu_kernel[(starts.numel(), hv)](
+        k, v, b, t_out, g_out, starts, lens, w, u,
+        HV=hv, GROUP=2, K=D, V=D, C=CHUNK, SUB=SUB, BK=16, BV=D, PRECISION=prec, RAW_GATES=True,
+    )  # fmt: skip
+    bound = 1e-3 if precision == "half" else 1e-5  # measured: 3.6e-4, 1.8e-6
+    assert _rel(g_out, g_ref) < 1e-5
+    assert _rel(t_out, t_ref) < bound
+    assert _rel(w, w_ref) < bound and _rel(u, u_ref) < bound
+    for s0, n in zip(starts.tolist(), lens.tolist(), strict=True):  # every chunk alone
+        if n:
+            rows = slice(s0, s0 + n)
+            assert _rel(t_out[rows], t_ref[rows]) < bound, (s0, n)
+            assert _rel(w[rows], w_ref[rows]) < bound and _rel(u[rows], u_ref[rows]) < bound
+
+
 @pytest.mark.interpreter
 def test_chunk_gated_delta_rule_takes_g_and_beta_and_normalizes():
     dt = torch.float16

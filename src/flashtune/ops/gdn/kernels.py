@@ -11,16 +11,21 @@ U = U0 - W S0^T; the outputs are scale (gamma_i q_i S0^T + sum_{j<=i} (gamma_i /
 u_j k_j^T.
 
 The prefill splits this the way the fast published implementations do, so that only the
-part that must be sequential is:
-1. `_chunk_prepare_kernel`, per (chunk, value head), all chunks in parallel: G, A on tensor
-   cores, T blockwise (the four 16 x 16 diagonal blocks inverted, then merged: small float32
-   products), then W and U0 on tensor cores;
-2. `_chunk_state_kernel`, per (sequence, value head, V tile): the state in float32
+part that must be sequential is (four kernels, all but 3. parallel over chunks):
+1. `_chunk_solve_kernel`, per (chunk, value head): G, A on tensor cores, T = (I + A)^-1
+   blockwise (the four 16 x 16 diagonal blocks inverted, then merged: small float32
+   products), stored by rows [T, HV, C] in the intermediates' dtype (fla's solve_tril);
+2. `_chunk_wu_kernel`, per (chunk, value head): W and U0 as one [C, C] x [C, 64] tensor-core
+   product per 64 columns of K and V (T the A operand of every one);
+3. `_chunk_state_kernel`, per (sequence, value head, V tile): the state in float32
    registers (two K halves, k-major: both products then take it as a plain operand), per
    chunk only U = U0 - W S0^T (stored) and the state update; each chunk's entering state is
-   stored for 3.;
-3. `_chunk_output_kernel`, per (chunk, value head, V tile), all in parallel: the outputs from
+   stored for 4.;
+4. `_chunk_output_kernel`, per (chunk, value head, V tile), all in parallel: the outputs from
    the entering state, U and the chunk's q k^T.
+1. and 2. were one kernel that formed W and U0 block row by block row from T's ten blocks
+(twenty 16-row products, k and v held throughout: 255 registers and spills on sm_90); T's
+round trip (C values a row, 16 MB at 4096 tokens x 32 heads in bf16) buys one product each.
 Products take their operands in the intermediates' dtype (`w_ptr`'s): the input's half type
 (bf16/fp16, tensor cores, float32 accumulation: fla's choice) or float32 at PRECISION
 ("tf32", or "ieee" exact: the checking path). The state itself always accumulates in float32.
@@ -193,33 +198,6 @@ def _block_rows(ptr, start, r0, length, head, NH: tl.constexpr, D: tl.constexpr,
 
 
 @triton.jit
-def _store_block_rows(
-    ptr, x, start, r0, length, head, NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr
-):
-    offs = r0 + tl.arange(0, SUB)
-    rows = start + offs
-    ptrs = ptr + (rows[:, None] * NH + head) * D + tl.arange(0, D)[None, :]
-    tl.store(ptrs, x.to(ptr.dtype.element_ty), mask=(offs < length)[:, None])
-
-
-@triton.jit
-def _store_lower_times(
-    ptr, t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, start, length, head,
-    NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """T X stored by blocks of SUB rows: T block lower triangular (4 x 4 blocks t_ij), X's
-    blocks x0..x3; block row i sums t_ij x_j over j <= i (W and U0 alike)."""
-    _store_block_rows(ptr, _mm(t00, x0, PRECISION), start, 0, length, head, NH, D, SUB)
-    y1 = _mm(t10, x0, PRECISION) + _mm(t11, x1, PRECISION)
-    _store_block_rows(ptr, y1, start, SUB, length, head, NH, D, SUB)
-    y2 = _mm(t20, x0, PRECISION) + _mm(t21, x1, PRECISION) + _mm(t22, x2, PRECISION)
-    _store_block_rows(ptr, y2, start, 2 * SUB, length, head, NH, D, SUB)
-    y3 = _mm(t30, x0, PRECISION) + _mm(t31, x1, PRECISION) + _mm(t32, x2, PRECISION)
-    y3 += _mm(t33, x3, PRECISION)
-    _store_block_rows(ptr, y3, start, 3 * SUB, length, head, NH, D, SUB)
-
-
-@triton.jit
 def _a_diag(k, G, beta, SUB: tl.constexpr, PRECISION: tl.constexpr):
     """A's diagonal block (strictly lower); the exponent is masked first: above the diagonal
     G_i - G_j > 0 could overflow, and inf * 0 is nan."""
@@ -252,37 +230,50 @@ def _inv_unit_lower(A, eye, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _chunk_prepare_kernel(
+def _store_t_block(
+    ptr, x, start, r0, c0, length, head, HV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr
+):
+    """T's block of rows r0 .. r0 + SUB, columns c0 .. c0 + SUB into a [T, HV, C] tensor."""
+    offs = tl.arange(0, SUB)
+    rows = start + r0 + offs
+    ptrs = ptr + (rows[:, None] * HV + head) * C + (c0 + offs)[None, :]
+    tl.store(ptrs, x.to(ptr.dtype.element_ty), mask=(r0 + offs < length)[:, None])
+
+
+@triton.jit
+def _chunk_solve_kernel(
     k_ptr,  # [T, H, K]  contiguous
-    v_ptr,  # [T, HV, V] contiguous
     a_ptr,  # [T, HV] (RAW_GATES: a; else log g, float32)
     b_ptr,  # [T, HV] (RAW_GATES: b; else beta, float32)
     a_log_ptr,  # [HV] float32
     dt_bias_ptr,  # [HV]
     chunk_start_ptr,  # [NC] int32: first token of each chunk
     chunk_len_ptr,  # [NC] int32: its tokens (<= C; 0: an unused slot)
-    w_ptr,  # [T, HV, K] out: W rows (its dtype: the products' operands, module docstring)
-    u_ptr,  # [T, HV, V] out: U0 rows (same dtype)
+    t_ptr,  # [T, HV, C] out: T = (I + A)^-1 by rows, its block lower part (its dtype: DT)
     g_ptr,  # [T, HV] float32 out: cumulative log decay within the chunk
     HV: tl.constexpr,
     GROUP: tl.constexpr,
     K: tl.constexpr,
-    V: tl.constexpr,
     C: tl.constexpr,
     SUB: tl.constexpr,
     PRECISION: tl.constexpr,
     RAW_GATES: tl.constexpr,
 ):
     # Four row blocks of SUB tokens, written out: Triton cannot slice a register tile, and
-    # T's blocks are what the substitution and the merges work on.
+    # T's blocks are what the inversion and the merges work on. Only T leaves (rounded to
+    # DT, as fla's solve_tril output is); `_chunk_wu_kernel` forms W and U0 from it with
+    # one product each. Keeping the W / U0 products out of this kernel took k's blocks, v
+    # and twenty block products out of its registers (it spilled at 255 registers).
     tl.static_assert(C == 4 * SUB)
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     i_hq = i_h // GROUP
     H = HV // GROUP
-    DT = w_ptr.dtype.element_ty
+    DT = t_ptr.dtype.element_ty
     start = tl.load(chunk_start_ptr + i_c).to(tl.int64)
     length = tl.load(chunk_len_ptr + i_c)
+    if length == 0:  # an unused slot
+        return
     neg_a = -tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
     dtb = tl.load(dt_bias_ptr + i_h).to(tl.float32)
     g0, b0 = _block_gates(a_ptr, b_ptr, start, 0, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
@@ -322,38 +313,91 @@ def _chunk_prepare_kernel(
     T11 = _inv_unit_lower(A11, eye, PRECISION)
     T22 = _inv_unit_lower(A22, eye, PRECISION)
     T33 = _inv_unit_lower(A33, eye, PRECISION)
+    _store_t_block(t_ptr, T00, start, 0, 0, length, i_h, HV, C, SUB)
+    _store_t_block(t_ptr, T11, start, SUB, SUB, length, i_h, HV, C, SUB)
+    _store_t_block(t_ptr, T22, start, 2 * SUB, 2 * SUB, length, i_h, HV, C, SUB)
+    _store_t_block(t_ptr, T33, start, 3 * SUB, 3 * SUB, length, i_h, HV, C, SUB)
     # The blocks below: T_ab = -T_aa sum_{b <= c < a} A_ac T_cb (from (I + A) T = I), small
     # float32 products at PRECISION (T's accuracy feeds every W and U0 row).
     T10 = -_mm(T11, _mm(A10, T00, PRECISION), PRECISION)
     T21 = -_mm(T22, _mm(A21, T11, PRECISION), PRECISION)
     T32 = -_mm(T33, _mm(A32, T22, PRECISION), PRECISION)
+    _store_t_block(t_ptr, T10, start, SUB, 0, length, i_h, HV, C, SUB)
+    _store_t_block(t_ptr, T21, start, 2 * SUB, SUB, length, i_h, HV, C, SUB)
+    _store_t_block(t_ptr, T32, start, 3 * SUB, 2 * SUB, length, i_h, HV, C, SUB)
     T20 = -_mm(T22, _mm(A20, T00, PRECISION) + _mm(A21, T10, PRECISION), PRECISION)
     T31 = -_mm(T33, _mm(A31, T11, PRECISION) + _mm(A32, T21, PRECISION), PRECISION)
+    _store_t_block(t_ptr, T20, start, 2 * SUB, 0, length, i_h, HV, C, SUB)
+    _store_t_block(t_ptr, T31, start, 3 * SUB, SUB, length, i_h, HV, C, SUB)
     T30 = -_mm(
         T33,
         _mm(A30, T00, PRECISION) + _mm(A31, T10, PRECISION) + _mm(A32, T20, PRECISION),
         PRECISION,
     )
-    # W = T diag(beta gamma) K, U0 = T diag(beta) V on tensor cores: T and the scaled rows in
-    # DT (fla's rounding), float32 accumulation.
-    x0 = (k0.to(tl.float32) * (b0 * tl.exp(G0))[:, None]).to(DT)
-    x1 = (k1.to(tl.float32) * (b1 * tl.exp(G1))[:, None]).to(DT)
-    x2 = (k2.to(tl.float32) * (b2 * tl.exp(G2))[:, None]).to(DT)
-    x3 = (k3.to(tl.float32) * (b3 * tl.exp(G3))[:, None]).to(DT)
-    t00, t11, t22, t33 = T00.to(DT), T11.to(DT), T22.to(DT), T33.to(DT)
-    t10, t20, t21, t30, t31, t32 = T10.to(DT), T20.to(DT), T21.to(DT), T30.to(DT), T31.to(DT), T32.to(DT)  # fmt: skip
-    _store_lower_times(w_ptr, t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3,
-                       start, length, i_h, HV, K, SUB, PRECISION)  # fmt: skip
-    v0 = _block_rows(v_ptr, start, 0, length, i_h, HV, V, SUB).to(tl.float32)
-    v1 = _block_rows(v_ptr, start, SUB, length, i_h, HV, V, SUB).to(tl.float32)
-    v2 = _block_rows(v_ptr, start, 2 * SUB, length, i_h, HV, V, SUB).to(tl.float32)
-    v3 = _block_rows(v_ptr, start, 3 * SUB, length, i_h, HV, V, SUB).to(tl.float32)
-    y0 = (v0 * b0[:, None]).to(DT)
-    y1 = (v1 * b1[:, None]).to(DT)
-    y2 = (v2 * b2[:, None]).to(DT)
-    y3 = (v3 * b3[:, None]).to(DT)
-    _store_lower_times(u_ptr, t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, y0, y1, y2, y3,
-                       start, length, i_h, HV, V, SUB, PRECISION)  # fmt: skip
+    _store_t_block(t_ptr, T30, start, 3 * SUB, 0, length, i_h, HV, C, SUB)
+
+
+@triton.jit
+def _chunk_wu_kernel(
+    k_ptr,  # [T, H, K]  contiguous
+    v_ptr,  # [T, HV, V] contiguous
+    b_ptr,  # [T, HV] (RAW_GATES: b; else beta, float32)
+    t_ptr,  # [T, HV, C] DT: T's block lower rows (`_chunk_solve_kernel`'s)
+    g_ptr,  # [T, HV] float32: cumulative log decay within the chunk
+    chunk_start_ptr,  # [NC] int32
+    chunk_len_ptr,  # [NC] int32
+    w_ptr,  # [T, HV, K] out: W = T diag(beta gamma) K (DT)
+    u_ptr,  # [T, HV, V] out: U0 = T diag(beta) V (DT)
+    HV: tl.constexpr,
+    GROUP: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    C: tl.constexpr,
+    SUB: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    RAW_GATES: tl.constexpr,
+):
+    # One [C, C] x [C, BK] (and [C, BV]) tensor-core product per tile: T is the A operand of
+    # every one, loaded once; the scaled rows are formed in float32 and rounded to DT (fla's
+    # rounding), the products accumulate in float32.
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_hq = i_h // GROUP
+    H = HV // GROUP
+    DT = w_ptr.dtype.element_ty
+    start = tl.load(chunk_start_ptr + i_c).to(tl.int64)
+    length = tl.load(chunk_len_ptr + i_c)
+    if length == 0:  # an unused slot
+        return
+    offs_c = tl.arange(0, C)
+    m = offs_c < length
+    rows = start + offs_c
+    beta = tl.load(b_ptr + rows * HV + i_h, mask=m, other=0.0).to(tl.float32)
+    if RAW_GATES:
+        beta = tl.sigmoid(beta)
+    beta = tl.where(m, beta, 0.0)
+    G = tl.load(g_ptr + rows * HV + i_h, mask=m, other=0.0)
+    # Only T's block lower part was written (the blocks above the diagonal are zeros).
+    lower = (offs_c[None, :] // SUB) <= (offs_c[:, None] // SUB)
+    t_rows = t_ptr + (rows[:, None] * HV + i_h) * C + offs_c[None, :]
+    t = tl.load(t_rows, mask=m[:, None] & lower, other=0.0)
+    kscale = beta * tl.exp(G)  # G <= 0: gamma <= 1
+    for i in tl.static_range(K // BK):
+        offs_k = i * BK + tl.arange(0, BK)
+        kr = tl.load(k_ptr + (rows[:, None] * H + i_hq) * K + offs_k[None, :], mask=m[:, None],
+                     other=0.0)  # fmt: skip
+        x = (kr.to(tl.float32) * kscale[:, None]).to(DT)
+        w = _mm(t, x, PRECISION)
+        tl.store(w_ptr + (rows[:, None] * HV + i_h) * K + offs_k[None, :], w.to(DT),
+                 mask=m[:, None])  # fmt: skip
+    for i in tl.static_range(V // BV):
+        offs_v = i * BV + tl.arange(0, BV)
+        uv = (rows[:, None] * HV + i_h) * V + offs_v[None, :]
+        vr = tl.load(v_ptr + uv, mask=m[:, None], other=0.0)
+        y = (vr.to(tl.float32) * beta[:, None]).to(DT)
+        tl.store(u_ptr + uv, _mm(t, y, PRECISION).to(DT), mask=m[:, None])
 
 
 @triton.jit

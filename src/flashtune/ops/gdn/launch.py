@@ -20,8 +20,9 @@ from flashtune.ops.gdn.kernels import (
     CHUNK,
     SUB,
     _chunk_output_kernel,
-    _chunk_prepare_kernel,
+    _chunk_solve_kernel,
     _chunk_state_kernel,
+    _chunk_wu_kernel,
     _recurrent_kernel,
 )
 from flashtune.ops.gdn.reference import gdn_gates, recurrent_ref
@@ -91,10 +92,24 @@ CHUNKED_STAGES_SPACE = (1, 2, 3)
 # The output kernel's V tile and warps (parallel over chunks, heads and tiles: 2048 programs
 # for 4096 tokens of 32 heads at V 128, so no tuning of its parallelism). A tile of 128
 # computes q k^T once per chunk and head: 321 us in all against 326 at 64 (1 x 4096, H200);
-# 8 warps were slower (372 us). The prepare kernel: 4 warps (2: 334 us, 8: 499 us).
+# 8 warps were slower (372 us).
 OUTPUT_BLOCK_V = 128
 OUTPUT_WARPS = 4
-PREPARE_WARPS = 4
+# The solve kernel (T = (I + A)^-1 per chunk and head): its tiles are 16 x 16 float32 blocks
+# and [16, K] k blocks. Offline sm_90 compiles (ptxas -v, K 128, bf16): 255 registers at 4
+# and at 2 warps, no spills (1 warp spills 736 bytes): 2 CTAs (8 warps) an SM at 4 warps, 4
+# at 2 warps, 12 KiB of shared memory each. 4, as the one-kernel prepare measured best
+# (2 warps: 334 us in all against 325, when it spilled at 2); GPU speed of the split
+# unmeasured: 2 is the first alternative to time.
+SOLVE_WARPS = 4
+# The W / U0 kernel: one warpgroup (4 warps) issues each [64, 64] x [64, 64] product as one
+# wgmma (M 64); a 64-column tile keeps 88 registers and 16 KiB of shared memory (offline
+# compile): 5 CTAs an SM by registers (88 x 128 of 64K), 80 of 227 KiB, enough programs in
+# flight to cover the loads. 128-column tiles: 128 registers, 24 KiB, 4 CTAs. Two stages:
+# the tile loops are unrolled, so stages change little. Unmeasured on a GPU.
+WU_WARPS = 4
+WU_STAGES = 2
+WU_BLOCK = 64
 
 
 def check(name: str, t: Any, dims: int, dtypes: tuple[torch.dtype, ...] | None = None) -> None:
@@ -230,9 +245,9 @@ def _launch_chunked(
 ) -> None:
     """The chunked prefill over packed q, k [T, H, K], v [T, HV, V], a, b [T, HV] by
     cu_seqlens [N + 1], from `state` [N, HV, V, K] float32 (None: zeros) into `new_state`
-    [N, HV, V, K] and `output` [T, HV, V]. raw_gates as `recurrent`'s. Three kernels
-    (kernels.py): the chunks' W, U0 and decays in parallel, the state pass along each
-    sequence, the outputs in parallel."""
+    [N, HV, V, K] and `output` [T, HV, V]. raw_gates as `recurrent`'s. Four kernels
+    (kernels.py): the chunks' T = (I + A)^-1 and decays, then their W and U0, in parallel;
+    the state pass along each sequence; the outputs in parallel."""
     if tactic.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {tactic.precision!r}")
     total = q.shape[0]
@@ -255,12 +270,19 @@ def _launch_chunked(
     vn = torch.empty(total, hv, vdim, dtype=inter, device=dev)
     g = torch.empty(total, hv, dtype=torch.float32, device=dev)
     h = torch.empty(slots, hv, kdim, vdim, dtype=inter, device=dev)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    _chunk_prepare_kernel[(slots, hv)](
-        k, v, a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(),
-        starts, lengths, w, u, g,
-        HV=hv, GROUP=group, K=kdim, V=vdim, C=CHUNK, SUB=SUB, PRECISION=precision,
-        RAW_GATES=raw_gates, num_warps=PREPARE_WARPS,
+    t_inv = torch.empty(total, hv, CHUNK, dtype=inter, device=dev)
+    q, k, v, b = q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous()
+    _chunk_solve_kernel[(slots, hv)](
+        k, a.contiguous(), b, A_log.contiguous(), dt_bias.contiguous(), starts, lengths,
+        t_inv, g,
+        HV=hv, GROUP=group, K=kdim, C=CHUNK, SUB=SUB, PRECISION=precision,
+        RAW_GATES=raw_gates, num_warps=SOLVE_WARPS,
+    )  # fmt: skip
+    _chunk_wu_kernel[(slots, hv)](
+        k, v, b, t_inv, g, starts, lengths, w, u,
+        HV=hv, GROUP=group, K=kdim, V=vdim, C=CHUNK, SUB=SUB, BK=min(WU_BLOCK, kdim),
+        BV=min(WU_BLOCK, vdim), PRECISION=precision, RAW_GATES=raw_gates,
+        num_warps=WU_WARPS, num_stages=WU_STAGES,
     )  # fmt: skip
     block_v = min(tactic.block_v, vdim)
     s_strides = state.stride() if state is not None else (0, 0, 0, 0)
