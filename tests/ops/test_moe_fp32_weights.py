@@ -19,8 +19,9 @@ import torch
 from _ecafa9c import ecafa9c_files
 from flashtune.data import Definition, Workload, run_reference, synthesize_inputs
 from flashtune.ops.moe import moe_fp32_weights, routed_moe_fp32_weights
+from flashtune.ops.moe.keys import definition_key, schema_for_definition
 from flashtune.ops.moe.routing import unpack_topk_ids
-from flashtune.ops.moe.schema import MoEKey, definition_key, schema_for_definition
+from flashtune.ops.moe.schema import MoEKey
 from flashtune.schema.dump import meta_tensor
 
 FP4 = {

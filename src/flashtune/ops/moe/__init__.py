@@ -34,6 +34,7 @@ import torch
 from flashtune.data.models import Definition
 from flashtune.model_shapes import ModelConfig
 from flashtune.ops.moe.experts import ExpertQuant, fused_experts
+from flashtune.ops.moe.keys import schema_for_call, schema_for_definition
 from flashtune.ops.moe.reference import (
     moe_bf16_ref,
     moe_fp8_block_scale_ref,
@@ -48,7 +49,7 @@ from flashtune.ops.moe.routing import (
     select_experts,
     unpack_topk_ids,
 )
-from flashtune.ops.moe.schema import VARIANT_SCHEMAS, schema_for_call, schema_for_definition
+from flashtune.ops.moe.schema import VARIANT_SCHEMAS
 from flashtune.schema import REGISTRY, ApiOp, OpSchema
 from flashtune.schema.dump import Example, meta_tensor, register_examples
 
@@ -189,7 +190,7 @@ def _output(output: Any, tokens: int, hidden: int, device: torch.device) -> torc
 
 
 class _MoEOp(ApiOp):
-    """The schema's view of a MoE call: its key (schema.moe_key) picks the schema; routing
+    """The schema's view of a MoE call: its key (keys.moe_key) picks the schema; routing
     constants become plain ints, a routed_scaling_factor of None is 1. Calls no Definition
     describes raise ValueError there (capture, apply and the dump leave them to the op)."""
 
@@ -203,7 +204,7 @@ class _MoEOp(ApiOp):
 
     def schema_for_definition(self, definition: Definition) -> OpSchema | None:
         """The schema of a dataset's MoE Definition of this op's variants, made for the key
-        its name and constants give (schema.definition_key: the registered schemas are
+        its name and constants give (keys.definition_key: the registered schemas are
         templates, one per variant, that name none of them), or None where it is none of
         this op's. A Definition flashtune has no kernel for (fp4) raises ValueError, why."""
         return schema_for_definition(definition, self.variants)

@@ -6,7 +6,7 @@ emitted as their reference (after `routing.select_experts` and `reference.run_ex
 
 The corpus spells one contract per routing and layout, and bakes the routing constants into
 the name (topk8_ng8_kg4) though no axis holds them; so a call's schema is made for its key
-(variant, top_k, n_group, topk_group, expert counts and sizes; `schema_for_call`):
+(variant, top_k, n_group, topk_group, expert counts and sizes; keys.py's `schema_for_call`):
 - `ds`: trtllm_fp8_block_scale_moe with DeepSeekV3 routing (any expert parallelism);
 - `renorm`: trtllm_fp8_block_scale_moe with Renormalize routing, all experts local, no bias;
 - `standard`: trtllm_fp8_block_scale_moe with any other routing method (and Renormalize calls
@@ -24,14 +24,15 @@ the name (topk8_ng8_kg4) though no axis holds them; so a call's schema is made f
   `moe_fp32_weights` / `routed_moe_fp32_weights` are that contract.
 Other calls (per-tensor routings other than those, fused shared experts, SwiGLU variants)
 have no Definition:
-`schema_for_call` raises ValueError and capture, apply and the dump leave them to the op.
+keys.py's `schema_for_call` raises ValueError and capture, apply and the dump leave them to the op.
 
 Descriptions are the corpus's: verbatim for the shapes it has (DeepSeek-V3 at EP 8, Kimi K2
 at EP 1 and 8, Qwen3-30B-A3B / -235B-A22B / -Next-80B, Llama 4 Scout / Maverick), in its
 wording otherwise. `VARIANT_SCHEMAS` holds one schema per variant under the variant's short
 prefix (what apply's prefix match, the registry checks and the op's `schemas` list read):
 every Definition of a variant starts with it. A dataset's Definition gets its key back
-from its name and constants (`definition_key`; `schema_for_definition`, for supply.py).
+from its name and constants (keys.py: `definition_key`; `schema_for_definition`, for
+supply.py).
 """
 
 from __future__ import annotations
@@ -39,13 +40,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import re
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 from flashtune.data.models import Definition
 from flashtune.ops.moe.reference import (
@@ -70,10 +68,9 @@ __all__ = [
     "MoESchema",
     "VARIANT_PREFIXES",
     "VARIANT_SCHEMAS",
-    "definition_key",
-    "moe_key",
-    "schema_for_call",
-    "schema_for_definition",
+    "BIASED_METHODS",
+    "ROUTING_SLUGS",
+    "ROUTING_STEPS",
     "schema_of",
 ]
 
@@ -96,7 +93,7 @@ BF16_FI_API = "fi_api:flashinfer.fused_moe.trtllm_bf16_moe"
 _BLOCK = 128
 # The bf16 Definitions' names of the routing methods (flashtune's own: FlashInfer-Trace has
 # no bf16 MoE Definition; in the style of FlashInfer's trace templates' block-scale names).
-_SLUGS = {
+ROUTING_SLUGS = {
     0: "default",
     1: "renormalize",
     2: "ds",
@@ -108,7 +105,7 @@ _SLUGS = {
     8: "sigmoid",
     9: "topk_sigmoid",
 }
-_BIASED = (2, 7)  # the methods that add the bias to the sigmoid scores (its own input)
+BIASED_METHODS = (2, 7)  # the methods that add the bias to the sigmoid scores (its own input)
 
 
 @functools.cache
@@ -385,7 +382,7 @@ def _standard_schema(key: MoEKey) -> MoESchema:
     name = RoutingMethodType(method).name
     return MoESchema(
         op_type="moe",
-        name_prefix=f"{VARIANT_PREFIXES['standard']}_{_SLUGS[method]}_routing",
+        name_prefix=f"{VARIANT_PREFIXES['standard']}_{ROUTING_SLUGS[method]}_routing",
         axes={
             "seq_len": Var("Sequence length (number of tokens)"),
             "num_experts": Const("Total number of experts."),
@@ -459,7 +456,7 @@ def _standard_schema(key: MoEKey) -> MoESchema:
         },
         reference=moe_fp8_block_scale_ref,
         tags=[_QUANT_TAG, BLOCK_FI_API, f"ep:{key.expert_parallel}"],
-        description=f"FP8 block scale MoE with {name} routing ({_ROUTING_STEPS[method]}).",
+        description=f"FP8 block scale MoE with {name} routing ({ROUTING_STEPS[method]}).",
         bound=("routing_method_type",),
         helpers=(select_experts, run_experts_ref),
         key=key,
@@ -467,7 +464,7 @@ def _standard_schema(key: MoEKey) -> MoESchema:
 
 
 # FlashInfer's one-line account of each routing method (its trace templates' descriptions).
-_ROUTING_STEPS = {
+ROUTING_STEPS = {
     0: "Softmax → TopK",
     1: "TopK → Softmax",
     3: "Top1 → Sigmoid",
@@ -561,7 +558,7 @@ def _bf16_schema(key: MoEKey) -> MoESchema:
     """flashtune's bf16 MoE Definitions: one per routing method and its constants (a bias
     input for the methods that read one as their own input, DeepSeekV3 and MiniMax2)."""
     method = key.routing_method_type
-    prefix = f"{VARIANT_PREFIXES['bf16']}_{_SLUGS[method]}_routing_topk{key.top_k}"
+    prefix = f"{VARIANT_PREFIXES['bf16']}_{ROUTING_SLUGS[method]}_routing_topk{key.top_k}"
     bound: tuple[str, ...] = ("routing_method_type", "top_k")
     if method == RoutingMethodType.DeepSeekV3:
         prefix += f"_ng{key.n_group}_kg{key.topk_group}"
@@ -572,7 +569,7 @@ def _bf16_schema(key: MoEKey) -> MoESchema:
             ["seq_len", "num_experts"], dtype_from="routing_logits", description="Router logits."
         )
     }
-    if method in _BIASED:
+    if method in BIASED_METHODS:
         inputs["routing_bias"] = Tensor(
             ["num_experts"],
             dtype_from="routing_bias",
@@ -766,203 +763,3 @@ VARIANT_SCHEMAS: dict[str, MoESchema] = {
     variant: dataclasses.replace(schema_of(key), name_prefix=VARIANT_PREFIXES[variant], key=None)
     for variant, key in _REPRESENTATIVE.items()
 }
-
-
-# --------------------------------------------------------------------------- a call's key
-
-
-def _int(name: str, value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-
-
-def _refuse(what: str) -> ValueError:
-    return ValueError(f"no MoE Definition describes {what}")
-
-
-def _fp32_weights_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
-    """moe_key of moe_fp32_weights ("fp32w") and routed_moe_fp32_weights ("fp32w_routed")
-    calls: the fp4 Definitions' contract, whose bf16 activations and float32 weights are
-    fixed (a call of other dtypes runs, but no Definition describes it)."""
-    method = _int("routing_method_type", arguments["routing_method_type"])
-    gemm2, hidden = arguments["gemm2_weights"], arguments["hidden_states"]
-    if not isinstance(gemm2, torch.Tensor) or gemm2.dim() != 3:
-        raise ValueError("gemm2_weights must be a [num_experts, hidden, intermediate] tensor")
-    experts, hidden_size, inter = (int(s) for s in gemm2.shape)
-    routed = api == "fp32w_routed"
-    if routed:
-        ids = arguments["topk_ids"]
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-            raise ValueError("topk_ids must be a [seq_len, top_k] tensor")
-        top_k = int(ids.shape[1])
-    else:
-        top_k = _int("top_k", arguments["top_k"])
-        if method != RoutingMethodType.Llama4 and arguments.get("routing_bias") is not None:
-            raise _refuse("fp4-contract MoE with a routing_bias and Renormalize routing")
-    if method not in (RoutingMethodType.Renormalize, RoutingMethodType.Llama4):
-        name = RoutingMethodType(method).name if method in set(RoutingMethodType) else method
-        raise _refuse(f"fp4-contract MoE with {name} routing (Renormalize or Llama4 only)")
-    weights = (arguments["gemm1_weights"], gemm2)
-    if any(w.dtype != torch.float32 for w in weights if isinstance(w, torch.Tensor)):
-        raise _refuse("fp4-contract MoE with weights other than float32")
-    if isinstance(hidden, torch.Tensor) and hidden.dtype != torch.bfloat16:
-        raise _refuse("fp4-contract MoE with hidden_states other than bfloat16")
-    variant = "fp32w_routed" if routed else "fp32w"
-    return MoEKey(variant, method, top_k, 1, 1, experts, experts, hidden_size, inter)
-
-
-def moe_key(api: str, arguments: Mapping[str, Any]) -> MoEKey:
-    """The key of a call's schema. api: "fp8_block" (trtllm_fp8_block_scale_moe),
-    "fp8_per_tensor", "bf16", "fp32w" (moe_fp32_weights) or "fp32w_routed"
-    (routed_moe_fp32_weights); arguments: the call's, by parameter name. Raises ValueError
-    for a call no Definition describes (see the module docstring), naming why."""
-    if api in ("fp32w", "fp32w_routed"):
-        return _fp32_weights_key(api, arguments)
-    method = _int("routing_method_type", arguments["routing_method_type"])
-    top_k = _int("top_k", arguments["top_k"])
-    gemm2 = arguments["gemm2_weights"]
-    logits = arguments["routing_logits"]
-    if not isinstance(gemm2, torch.Tensor) or gemm2.dim() != 3:
-        raise ValueError("gemm2_weights must be a [num_local_experts, hidden, intermediate] tensor")
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError("routing_logits must be a [seq_len, num_experts] tensor")
-    num_local, hidden, inter = (int(s) for s in gemm2.shape)
-    num_experts = int(logits.shape[1])
-    for name, value in (
-        ("use_shuffled_weight", arguments.get("use_shuffled_weight")),
-        ("num_fused_shared_experts", arguments.get("num_fused_shared_experts")),
-        ("gemm1_alpha", arguments.get("gemm1_alpha")),
-        ("gemm1_beta", arguments.get("gemm1_beta")),
-        ("gemm1_clamp_limit", arguments.get("gemm1_clamp_limit")),
-        ("routing_replay_out", arguments.get("routing_replay_out")),  # an output none lists
-    ):
-        if value is not None and value is not False and not (isinstance(value, int) and value == 0):
-            raise _refuse(f"a call with {name}")
-    if _int("weight_layout", arguments.get("weight_layout") or 0) != 0:
-        raise _refuse("weights in a layout other than MajorK")
-    if arguments.get("do_finalize", True) is False:
-        raise _refuse("a call with do_finalize=False")
-    local_only = num_local == num_experts and not arguments.get("local_expert_offset")
-    plain = arguments.get("routing_bias") is None and arguments.get("routed_scaling_factor") in (
-        None,
-        1.0,
-    )
-    if api == "fp8_block" and method == RoutingMethodType.DeepSeekV3:
-        n_group = _int("n_group", arguments.get("n_group") or 1)
-        topk_group = _int("topk_group", arguments.get("topk_group") or 1)
-        return MoEKey(
-            "ds", method, top_k, n_group, topk_group, num_experts, num_local, hidden, inter
-        )
-    if api == "fp8_block" and method == RoutingMethodType.Renormalize and local_only and plain:
-        return MoEKey("renorm", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
-    if api == "fp8_block" and method in _ROUTING_STEPS:  # FlashInfer's template layout
-        return MoEKey("standard", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
-    if api == "fp8_per_tensor" and method in (
-        RoutingMethodType.Renormalize,
-        RoutingMethodType.Llama4,
-    ):
-        llama4 = method == RoutingMethodType.Llama4
-        if not local_only:
-            raise _refuse("per-tensor fp8 MoE with experts of other ranks")
-        if bool(arguments.get("use_routing_scales_on_input")) != llama4:
-            raise _refuse(
-                "per-tensor fp8 MoE with use_routing_scales_on_input="
-                f"{bool(arguments.get('use_routing_scales_on_input'))} and "
-                f"{RoutingMethodType(method).name} routing (its Definitions: True for Llama4, "
-                "False for Renormalize)"
-            )
-        if not llama4 and not plain:
-            raise _refuse("per-tensor Renormalize routing with a bias or a routed_scaling_factor")
-        return MoEKey("per_tensor", method, top_k, 1, 1, num_experts, num_local, hidden, inter)
-    if api == "bf16" and method in _SLUGS:
-        if method not in _BIASED and arguments.get("routing_bias") is not None:
-            raise _refuse(
-                f"bf16 MoE with a routing_bias and {RoutingMethodType(method).name} routing"
-            )
-        if method in _BIASED and arguments.get("routing_bias") is None:
-            raise _refuse(f"bf16 MoE with {RoutingMethodType(method).name} routing and no bias")
-        n_group = _int("n_group", arguments.get("n_group") or 1) if method == 2 else 1
-        topk_group = _int("topk_group", arguments.get("topk_group") or 1) if method == 2 else 1
-        return MoEKey(
-            "bf16", method, top_k, n_group, topk_group, num_experts, num_local, hidden, inter
-        )
-    known = method in set(RoutingMethodType)
-    name = RoutingMethodType(method).name if known else f"routing_method_type {method}"
-    raise _refuse(f"{api} MoE with {name} routing")
-
-
-def schema_for_call(api: str, arguments: Mapping[str, Any]) -> MoESchema:
-    """The schema of a call (see moe_key)."""
-    return schema_of(moe_key(api, arguments))
-
-
-# --------------------------------------------------------------------------- a Definition's key
-
-# Every MoE Definition's name, its head naming the variant and the routing method.
-_DEFINITION_NAME = re.compile(
-    r"^(?P<head>[a-z0-9_]+?)_topk(?P<top_k>\d+)(?:_ng(?P<n_group>\d+)_kg(?P<topk_group>\d+))?"
-    r"_e(?P<experts>\d+)_h(?P<hidden>\d+)_i(?P<inter>\d+)$"
-)
-_METHODS = {slug: method for method, slug in _SLUGS.items()}
-
-
-def _variant_of(head: str, definition: Definition) -> tuple[str, int] | None:
-    """(variant, routing_method_type) of a Definition name's head, or None."""
-    # Llama4's per-tensor Definitions list the (unread) routing bias; Renormalize's have none.
-    llama4 = "routing_bias" in definition.inputs
-    # The routed fp4 Definitions list no bias: Llama4's say so in the description (and their
-    # reference applies the weight on the input).
-    routed_llama4 = "Llama4" in (definition.description or "") or (
-        "use_routing_scales_on_input=True" in definition.reference
-    )
-    fixed = {
-        "ds": 2,
-        "renorm": 1,
-        "per_tensor": 3 if llama4 else 1,
-        "fp32w": 3 if llama4 else 1,
-        "fp32w_routed": 3 if routed_llama4 else 1,
-    }
-    for variant, method in fixed.items():
-        if head == VARIANT_PREFIXES[variant]:
-            return variant, method
-    for variant in ("bf16", "standard"):
-        start = f"{VARIANT_PREFIXES[variant]}_"
-        if head.startswith(start) and head.endswith("_routing"):
-            method_of = _METHODS.get(head[len(start) : -len("_routing")])
-            if method_of is not None:
-                return variant, method_of
-    return None
-
-
-def definition_key(definition: Definition) -> MoEKey | None:
-    """The key of the schema whose Definitions `definition` is one of, read from its name and
-    its constants (the routing constants are in the name only), or None where it is no MoE
-    Definition flashtune has a variant of."""
-    match = _DEFINITION_NAME.match(definition.name)
-    head = "" if match is None else match["head"]
-    found = None if match is None else _variant_of(head, definition)
-    if match is None or found is None:
-        return None
-    (variant, method), const = found, definition.const_axes
-    if variant not in ("ds", "bf16") and match["n_group"] is not None:
-        return None
-    # The e axis: the local experts (all of them at EP 1).
-    local = const.get("num_local_experts", int(match["experts"]))
-    groups = int(match["n_group"] or 1), int(match["topk_group"] or 1)
-    return MoEKey(
-        variant, method, int(match["top_k"]), *groups, const.get("num_experts", local), local,
-        int(match["hidden"]), int(match["inter"]),
-    )  # fmt: skip
-
-
-def schema_for_definition(
-    definition: Definition, variants: tuple[str, ...] | None = None
-) -> MoESchema | None:
-    """The schema made for `definition`'s key (definition_key), or None where it has none or
-    its variant is not among `variants` (whether the contracts agree is the caller's to check)."""
-    key = definition_key(definition)
-    if key is None or (variants is not None and key.variant not in variants):
-        return None
-    return schema_of(key)
