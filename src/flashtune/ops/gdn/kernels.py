@@ -12,7 +12,8 @@ u_j k_j^T.
 
 The prefill splits this the way the fast published implementations do, so that only the
 part that must be sequential is (four kernels, all but 3. parallel over chunks):
-1. `_chunk_solve_kernel`, per (chunk, value head): G, A on tensor cores, T = (I + A)^-1
+1. `_chunk_solve_kernel`, per (chunk, value head): G, A as one [C, K] x [K, C] tensor-core
+   product (its 16 x 16 blocks then split out of the register tile), T = (I + A)^-1
    blockwise (the four 16 x 16 diagonal blocks inverted, then merged: small float32
    products), stored by rows [T, HV, C] in the intermediates' dtype (fla's solve_tril);
 2. `_chunk_wu_kernel`, per (chunk, value head): W and U0 as one [C, C] x [C, 64] tensor-core
@@ -198,20 +199,12 @@ def _block_rows(ptr, start, r0, length, head, NH: tl.constexpr, D: tl.constexpr,
 
 
 @triton.jit
-def _a_diag(k, G, beta, SUB: tl.constexpr, PRECISION: tl.constexpr):
-    """A's diagonal block (strictly lower); the exponent is masked first: above the diagonal
-    G_i - G_j > 0 could overflow, and inf * 0 is nan."""
-    offs = tl.arange(0, SUB)
-    strict = offs[:, None] > offs[None, :]
-    ratio = tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0))
-    return tl.where(strict, _mm(k, tl.trans(k), PRECISION) * (beta[:, None] * ratio), 0.0)
-
-
-@triton.jit
-def _a_off(ka, kb, Ga, Gb, beta_a, PRECISION: tl.constexpr):
-    """A's block of row block a below column block b: every G_i - G_j <= 0 there."""
-    ratio = tl.exp(Ga[:, None] - Gb[None, :])
-    return _mm(ka, tl.trans(kb), PRECISION) * (beta_a[:, None] * ratio)
+def _split_rows(x):
+    """[i, j, a_hi, a_lo] -> the four [i, j] blocks of row block a = 2 a_hi + a_lo, a = 0..3."""
+    lo0, lo1 = tl.split(x)  # a_lo
+    r0, r2 = tl.split(lo0)  # a_hi
+    r1, r3 = tl.split(lo1)
+    return r0, r1, r2, r3
 
 
 @triton.jit
@@ -276,36 +269,32 @@ def _chunk_solve_kernel(
         return
     neg_a = -tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
     dtb = tl.load(dt_bias_ptr + i_h).to(tl.float32)
-    g0, b0 = _block_gates(a_ptr, b_ptr, start, 0, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
-    g1, b1 = _block_gates(a_ptr, b_ptr, start, SUB, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
-    g2, b2 = _block_gates(a_ptr, b_ptr, start, 2 * SUB, length, i_h, neg_a, dtb, HV, SUB,
-                          RAW_GATES)  # fmt: skip
-    g3, b3 = _block_gates(a_ptr, b_ptr, start, 3 * SUB, length, i_h, neg_a, dtb, HV, SUB,
-                          RAW_GATES)  # fmt: skip
-    G0 = tl.cumsum(g0, 0)
-    G1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
-    G2 = tl.cumsum(g2, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0))
-    G3 = tl.cumsum(g3, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0))
+    lg, beta = _block_gates(a_ptr, b_ptr, start, 0, length, i_h, neg_a, dtb, HV, C, RAW_GATES)
+    G = tl.cumsum(lg, 0)
+    offs_c = tl.arange(0, C)
+    tl.store(g_ptr + (start + offs_c) * HV + i_h, G, mask=offs_c < length)
+    # A in ONE [C, K] x [K, C] tensor-core product (one warpgroup MMA at 4 warps: each warp
+    # holds 16 rows of k and of A, where sixteen-row block products replicated their
+    # operands in every warp: ~230 registers for A alone), the decays and beta elementwise
+    # in float32; the exponent is masked first (above the diagonal G_i - G_j > 0 could
+    # overflow, and inf * 0 is nan).
+    kc = _block_rows(k_ptr, start, 0, length, i_hq, H, K, C).to(DT)
+    strict = offs_c[:, None] > offs_c[None, :]
+    ratio = tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0))
+    A = tl.where(strict, _mm(kc, tl.trans(kc), PRECISION) * (beta[:, None] * ratio), 0.0)
+    # Its 16 x 16 blocks: [C, C] -> [i, j, a, b] (row block a, column block b) -> split the
+    # block indices bit by bit (Triton cannot slice a register tile; this is one layout
+    # change through shared memory, then register moves).
+    A4 = tl.permute(tl.reshape(A, (4, SUB, 4, SUB)), (1, 3, 0, 2))  # [i, j, a, b]
+    A6 = tl.reshape(A4, (SUB, SUB, 2, 2, 2, 2))  # [i, j, a_hi, a_lo, b_hi, b_lo]
+    Ab0, Ab1 = tl.split(A6)  # b_lo
+    A_b0_0, A_b0_1 = tl.split(Ab0)  # b_hi: b = 0, 2
+    A_b1_0, A_b1_1 = tl.split(Ab1)  # b = 1, 3
+    A00, A10, A20, A30 = _split_rows(A_b0_0)  # column block 0
+    _, A11, A21, A31 = _split_rows(A_b1_0)
+    _, _, A22, A32 = _split_rows(A_b0_1)
+    _, _, _, A33 = _split_rows(A_b1_1)
     offs = tl.arange(0, SUB)
-    tl.store(g_ptr + (start + offs) * HV + i_h, G0, mask=offs < length)
-    tl.store(g_ptr + (start + SUB + offs) * HV + i_h, G1, mask=SUB + offs < length)
-    tl.store(g_ptr + (start + 2 * SUB + offs) * HV + i_h, G2, mask=2 * SUB + offs < length)
-    tl.store(g_ptr + (start + 3 * SUB + offs) * HV + i_h, G3, mask=3 * SUB + offs < length)
-    k0 = _block_rows(k_ptr, start, 0, length, i_hq, H, K, SUB).to(DT)
-    k1 = _block_rows(k_ptr, start, SUB, length, i_hq, H, K, SUB).to(DT)
-    k2 = _block_rows(k_ptr, start, 2 * SUB, length, i_hq, H, K, SUB).to(DT)
-    k3 = _block_rows(k_ptr, start, 3 * SUB, length, i_hq, H, K, SUB).to(DT)
-    # A (K K^T on tensor cores in DT, the decays and beta in float32), block by block.
-    A00 = _a_diag(k0, G0, b0, SUB, PRECISION)
-    A11 = _a_diag(k1, G1, b1, SUB, PRECISION)
-    A22 = _a_diag(k2, G2, b2, SUB, PRECISION)
-    A33 = _a_diag(k3, G3, b3, SUB, PRECISION)
-    A10 = _a_off(k1, k0, G1, G0, b1, PRECISION)
-    A20 = _a_off(k2, k0, G2, G0, b2, PRECISION)
-    A21 = _a_off(k2, k1, G2, G1, b2, PRECISION)
-    A30 = _a_off(k3, k0, G3, G0, b3, PRECISION)
-    A31 = _a_off(k3, k1, G3, G1, b3, PRECISION)
-    A32 = _a_off(k3, k2, G3, G2, b3, PRECISION)
     # The diagonal blocks' inverses in float32 at PRECISION (four independent chains).
     tl.static_assert(SUB == 16)
     eye = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0)

@@ -95,12 +95,12 @@ CHUNKED_STAGES_SPACE = (1, 2, 3)
 # 8 warps were slower (372 us).
 OUTPUT_BLOCK_V = 128
 OUTPUT_WARPS = 4
-# The solve kernel (T = (I + A)^-1 per chunk and head): its tiles are 16 x 16 float32 blocks
-# and [16, K] k blocks. Offline sm_90 compiles (ptxas -v, K 128, bf16): 255 registers at 4
-# and at 2 warps, no spills (1 warp spills 736 bytes): 2 CTAs (8 warps) an SM at 4 warps, 4
-# at 2 warps, 12 KiB of shared memory each. 4, as the one-kernel prepare measured best
-# (2 warps: 334 us in all against 325, when it spilled at 2); GPU speed of the split
-# unmeasured: 2 is the first alternative to time.
+# The solve kernel (T = (I + A)^-1 per chunk and head): A is one [64, K] x [K, 64] product,
+# a warpgroup MMA at 4 warps (at 2 it falls back to per-warp MMAs); the rest are 16 x 16
+# float32 blocks. Offline sm_90 compiles (ptxas -v, K 128, bf16, fresh cache): 206
+# registers at 4 warps, no spills, 16.3 KiB of shared memory (2 CTAs, 8 warps an SM; 168
+# registers would allow 3); 252 at 2 warps; "tf32" 174. The one-kernel prepare measured
+# best at 4 (2 warps: 334 us in all against 325). GPU speed of the split unmeasured.
 SOLVE_WARPS = 4
 # The W / U0 kernel: one warpgroup (4 warps) issues each [64, 64] x [64, 64] product as one
 # wgmma (M 64); a 64-column tile keeps 88 registers and 16 KiB of shared memory (offline
