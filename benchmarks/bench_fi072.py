@@ -448,45 +448,6 @@ def prefill_shapes(quick: bool) -> list[tuple[int, int]]:
     return [(b, s) for s in PREFILL_SEQS for b in PREFILL_BATCHES]
 
 
-def fi072_prefill(fi: Any, mode: str, x: dict[str, Any], backend: str, ws: torch.Tensor):
-    """(fn, args, resolved backend) of 0.7.2's batch prefill wrapper with `backend`."""
-    from bench_prefill import HKV, HQ, PAGE, D
-
-    bf16 = torch.bfloat16
-    if mode == "paged":
-        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
-        w.plan(
-            x["qo_indptr"].cuda(),
-            x["page_indptr"].cuda(),
-            x["page_indices"].cuda(),
-            x["last"].cuda(),
-            HQ,
-            HKV,
-            D,
-            PAGE,
-            causal=True,
-            q_data_type=bf16,
-            kv_data_type=bf16,
-        )
-        fn: Callable[..., Any] = lambda q, c: w.run(q, c)  # noqa: E731
-        args = [x["q"], x["cache"]]
-    else:
-        w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
-        w.plan(
-            x["qo_indptr"].cuda(),
-            x["kv_indptr"].cuda(),
-            HQ,
-            HKV,
-            D,
-            causal=True,
-            q_data_type=bf16,
-            kv_data_type=bf16,
-        )
-        fn = lambda q, k, v: w.run(q, k, v)  # noqa: E731
-        args = [x["q"], x["k"], x["v"]]
-    return fn, args, str(getattr(w, "_backend", backend))
-
-
 def _graph_ms(fn: Callable[..., Any], args: list[Any]) -> float:
     from bench_prefill import timeit
 
@@ -494,7 +455,17 @@ def _graph_ms(fn: Callable[..., Any], args: list[Any]) -> float:
 
 
 def bench_prefill_family(ctx: Ctx) -> None:
-    from bench_prefill import HKV, HQ, PAGE, D, causal_flops, make_batch, ours, plan_free_fn
+    from bench_prefill import (
+        HKV,
+        HQ,
+        PAGE,
+        D,
+        causal_flops,
+        flashinfer_prefill,
+        make_batch,
+        ours,
+        plan_free_fn,
+    )
 
     rows = PeerRows("prefill", ctx.fi)
     tallies = {m: Tally(f"prefill_{m}", 'backend="fa3"') for m in ("paged", "ragged")}
@@ -528,7 +499,7 @@ def bench_prefill_family(ctx: Ctx) -> None:
                 if not ctx.health.usable(name):
                     continue
                 try:
-                    pf, pa, res = fi072_prefill(ctx.fi, mode, x, backend, ws)
+                    pf, pa, res = flashinfer_prefill(ctx.fi, mode, x, ws, backend)
                     resolved[backend] = res
                     same = [k for k, r in resolved.items() if k != backend and r == res]
                     if same and f"flashinfer_{same[0]}" in peer_ms:

@@ -132,12 +132,14 @@ def plan_free_fn(mode: str, x: dict[str, Any]):
     return (lambda q, k, v: ragged_prefill(q, k, v, qo, kv, causal=True)), [x["q"], x["k"], x["v"]]
 
 
-def flashinfer_fn(mode: str, x: dict[str, Any]):
-    import flashinfer
-
-    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+def flashinfer_prefill(
+    fi: Any, mode: str, x: dict[str, Any], ws: torch.Tensor, backend: str = "auto"
+) -> tuple[Any, list[Any], str]:
+    """(fn, args, the backend the plan resolved) of FlashInfer's batch prefill wrapper `fi`
+    (the module: 0.2.14 or 0.7.2) planned once on `x`, as its users plan it."""
+    bf16 = torch.bfloat16
     if mode == "paged":
-        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
         w.plan(
             x["qo_indptr"].cuda(),
             x["page_indptr"].cuda(),
@@ -148,22 +150,34 @@ def flashinfer_fn(mode: str, x: dict[str, Any]):
             D,
             PAGE,
             causal=True,
-            q_data_type=torch.bfloat16,
-            kv_data_type=torch.bfloat16,
+            q_data_type=bf16,
+            kv_data_type=bf16,
         )
-        return (lambda q, c: w.run(q, c)), [x["q"], x["cache"]]
-    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
-    w.plan(
-        x["qo_indptr"].cuda(),
-        x["kv_indptr"].cuda(),
-        HQ,
-        HKV,
-        D,
-        causal=True,
-        q_data_type=torch.bfloat16,
-        kv_data_type=torch.bfloat16,
-    )
-    return (lambda q, k, v: w.run(q, k, v)), [x["q"], x["k"], x["v"]]
+        fn: Any = lambda q, c: w.run(q, c)  # noqa: E731
+        args = [x["q"], x["cache"]]
+    else:
+        w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+        w.plan(
+            x["qo_indptr"].cuda(),
+            x["kv_indptr"].cuda(),
+            HQ,
+            HKV,
+            D,
+            causal=True,
+            q_data_type=bf16,
+            kv_data_type=bf16,
+        )
+        fn = lambda q, k, v: w.run(q, k, v)  # noqa: E731
+        args = [x["q"], x["k"], x["v"]]
+    return fn, args, str(getattr(w, "_backend", backend))
+
+
+def flashinfer_fn(mode: str, x: dict[str, Any]):
+    import flashinfer
+
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    fn, args, _ = flashinfer_prefill(flashinfer, mode, x, ws)
+    return fn, args
 
 
 def _spin(fn, args, seconds: float = 0.05) -> None:
