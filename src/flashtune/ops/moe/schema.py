@@ -477,6 +477,19 @@ ROUTING_STEPS = {
 }
 
 
+def _local_expert_axes(top_k_param: str | None) -> dict[str, Var | Const]:
+    """The axes of the Definitions whose experts are all local (per-tensor fp8 and the
+    float32-weight ones), as the corpus spells them."""
+    return {
+        "seq_len": Var("Number of input tokens."),
+        "num_experts": Const("Total number of local experts.", abbrev="e"),
+        "hidden_size": Const("Hidden dimension size.", abbrev="h"),
+        "intermediate_size": Const("MoE expert intermediate size.", abbrev="i"),
+        "gemm1_out_size": Const("FC1 output size (2 * intermediate_size for SwiGLU)."),
+        "top_k": Const("Number of experts selected per token.", param=top_k_param),
+    }
+
+
 def _per_tensor_schema(key: MoEKey) -> MoESchema:
     llama4 = key.routing_method_type == RoutingMethodType.Llama4
     experts = ["num_experts"]
@@ -530,14 +543,7 @@ def _per_tensor_schema(key: MoEKey) -> MoESchema:
     return MoESchema(
         op_type="moe",
         name_prefix=f"{VARIANT_PREFIXES['per_tensor']}_topk{key.top_k}",
-        axes={
-            "seq_len": Var("Number of input tokens."),
-            "num_experts": Const("Total number of local experts.", abbrev="e"),
-            "hidden_size": Const("Hidden dimension size.", abbrev="h"),
-            "intermediate_size": Const("MoE expert intermediate size.", abbrev="i"),
-            "gemm1_out_size": Const("FC1 output size (2 * intermediate_size for SwiGLU)."),
-            "top_k": Const("Number of experts selected per token.", param="top_k"),
-        },
+        axes=_local_expert_axes("top_k"),
         inputs=inputs,
         outputs={
             "output": Tensor(
@@ -710,17 +716,8 @@ def _fp32_weights_schema(key: MoEKey) -> MoESchema:
     return MoESchema(
         op_type="moe",
         name_prefix=f"{variant}_topk{key.top_k}",
-        axes={
-            "seq_len": Var("Number of input tokens."),
-            "num_experts": Const("Total number of local experts.", abbrev="e"),
-            "hidden_size": Const("Hidden dimension size.", abbrev="h"),
-            "intermediate_size": Const("MoE expert intermediate size.", abbrev="i"),
-            "gemm1_out_size": Const("FC1 output size (2 * intermediate_size for SwiGLU)."),
-            # routed: topk_ids' width says it; else the call's top_k
-            "top_k": Const(
-                "Number of experts selected per token.", param=None if routed else "top_k"
-            ),
-        },
+        # routed: topk_ids' width says top_k; else the call's top_k
+        axes=_local_expert_axes(None if routed else "top_k"),
         inputs=inputs,
         outputs={
             "output": Tensor(
