@@ -190,6 +190,7 @@ def test_out_of_scope_lists_reasons():
     assert not set(run.OUT_OF_SCOPE) & set(run.FILES)
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_runner_runs_a_flashinfer_style_file_against_the_standin(tmp_path):
     """The whole path on CPU: a test file written as FlashInfer's are (import flashinfer, the
     JIT warm-up fixture, jit_utils and rope_reference), one process per file, the sample,

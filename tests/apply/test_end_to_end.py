@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from _apply_helpers import NORM_SRC, calls_of, plant
 
@@ -24,6 +25,7 @@ SLOW_SRC = NORM_SRC.replace("import torch\n", "import time\nimport torch\n").rep
 WRONG_SRC = "def run(hidden_states, weight):\n    return hidden_states * 0 + 1\n"
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_capture_bench_apply_loop(tmp_path: Path) -> None:
     root = tmp_path / "dataset"
     model = ToyModel(hidden=16, layers=2)

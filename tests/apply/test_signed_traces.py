@@ -233,6 +233,7 @@ def test_later_time_wins_whatever_order_the_lines_are_in(ds: Dataset) -> None:
 # --------------------------------------------------------------------------- --resume
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_resume_does_not_skip_a_triple_for_a_forged_trace(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from _bench_helpers import make_dataset, python_solution

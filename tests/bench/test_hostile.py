@@ -184,6 +184,7 @@ def test_fork_then_exit_fails_at_once(tmp_path):
     assert "exited with code 0" in reason, reason
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_forked_copy_cannot_speak_for_the_solution(tmp_path):
     # The forked copy returns honest-looking results while the original hangs: only the
     # process the harness started may answer.

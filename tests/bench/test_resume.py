@@ -51,6 +51,7 @@ def _opts(root: Path, out: Path, **kw) -> RunOptions:
     )
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_resume_skips_finished_triples_and_reports_corrupt_lines(tmp_path):
     root = tmp_path / "ds"
     make_dataset(root, {"a": GOOD, "b": GOOD}, sizes=[1, 2, 3])

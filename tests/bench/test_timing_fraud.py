@@ -158,6 +158,7 @@ def test_the_run_seed_is_drawn_per_run_and_recorded(fraud_run, tmp_path):
     assert other != next(iter(seeds))  # 62 bits from the OS: equal once in 4e18
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_a_named_seed_reproduces_the_inputs(tmp_path):
     # The same seed gives the same inputs, so the same reference figures and checks.
     body = "def run(x, w):\n    print('sum', float(x.sum()))\n    return x * w\n"

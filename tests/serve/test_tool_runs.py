@@ -70,6 +70,7 @@ def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return ds.definition(DEFINITION), ds.workloads_for(DEFINITION)[0].workload, dataset
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_sanitize_runs_the_probe_under_the_tool_and_passes_a_clean_run(
     target, fake_tool: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -451,6 +451,7 @@ def test_incremental_merge_with_another_process_writing_in_between(tmp_path: Pat
     }
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_four_processes_save_to_one_file_at_once(tmp_path: Path) -> None:
     path = tmp_path / "shared.json"
     ctx = mp.get_context("spawn")

@@ -171,6 +171,7 @@ def test_sigterm_writes_the_summary_of_what_ran(tmp_path):
     assert summary["files"][0]["file"] == "test_first"
 
 
+@pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)
 def test_workers_split_a_files_sample_and_merge_the_counts(tmp_path):
     """--workers 3: every sampled test runs once, in one of three processes, and the file's
     counts add up as one process would report them."""
