@@ -9,7 +9,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from flashtune.data import Dataset, Solution
+from flashtune.data import Dataset, Definition, Solution, Workload
 from flashtune.data.dataset import bundled_root
 
 DEFINITION = "rmsnorm_h4096"
@@ -118,3 +118,11 @@ def report_of(log: str) -> dict:
     )
     start = log.rindex(marker) + len(marker)
     return json.loads(log[start : log.index(" END-REPORT", start)])
+
+
+def tool_target(root: Path) -> tuple[Definition, Workload, Path]:
+    """(definition, workload, dataset root) of small_dataset's first workload under `root`:
+    what the sanitizer and Nsight tests run a solution on."""
+    dataset = small_dataset(root)
+    ds = Dataset(dataset)
+    return ds.definition(DEFINITION), ds.workloads_for(DEFINITION)[0].workload, dataset

@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _serve_helpers import DEFINITION, HONEST, small_dataset, solution
+from _serve_helpers import HONEST, solution, tool_target
 
 from flashtune.bench import nsight, sanitizer
-from flashtune.data import Dataset
 
 # Runs the target (everything from the Python interpreter on), passing its output through,
 # and writes a summary to its --log-file as the tool would; FAKE_TOOL_MODE picks the answer.
@@ -65,9 +64,7 @@ def fake_tool(tmp_path: Path) -> Path:
 def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # The CPU stands in for the GPU here: the functions refuse a CPU device otherwise.
     monkeypatch.setattr(sanitizer, "unavailable_reason", lambda device, executable: None)
-    dataset = small_dataset(tmp_path / "dataset")
-    ds = Dataset(dataset)
-    return ds.definition(DEFINITION), ds.workloads_for(DEFINITION)[0].workload, dataset
+    return tool_target(tmp_path / "dataset")
 
 
 @pytest.mark.slow  # processes for seconds (the main suite stays under 10 minutes)

@@ -16,11 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _serve_helpers import DEFINITION, HONEST, small_dataset, solution
+from _serve_helpers import HONEST, solution, tool_target
 
 from flashtune.bench import confine, sanitizer, tool_sandbox
 from flashtune.bench.probe import PROBE_MARK
-from flashtune.data import Dataset
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux only")
 
@@ -271,9 +270,7 @@ def fake_tool(tmp_path: Path) -> Path:
 @pytest.fixture
 def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(sanitizer, "unavailable_reason", lambda device, executable: None)
-    dataset = small_dataset(tmp_path / "dataset")
-    ds = Dataset(dataset)
-    return ds.definition(DEFINITION), ds.workloads_for(DEFINITION)[0].workload, dataset
+    return tool_target(tmp_path / "dataset")
 
 
 def _sanitize(target, fake_tool: Path, name: str, source: str) -> sanitizer.SanitizeResult:
