@@ -37,12 +37,13 @@ def _case(batch: int, length: int, topk: int, seed: int = 0):
     """Scores [batch, length] (past seq_len -inf, as the indexer writes them, except in one
     row where they are +inf: never read), seq_lens, and a shuffled block table."""
     gen = torch.Generator().manual_seed(seed * 1000 + batch * 7 + length + topk)
-    lens = [length, max(length // 3, 1), 0, min(topk - 1, length), min(topk + 1, length),
-            length + 5, max(length - 1, 0), min(topk, length)][:batch]  # fmt: skip
+    pattern = [length, max(length // 3, 1), 0, min(topk - 1, length), min(topk + 1, length),
+               length + 5, max(length - 1, 0), min(topk, length)]  # fmt: skip
+    lens = [pattern[b % len(pattern)] for b in range(batch)]  # batches over 8 repeat it
     shift = {1: 0, 64: 3, 2048: 1}.get(topk, 2)  # batch 1 sees several kinds over topk
     logits = torch.empty(batch, length)
     for b, n in enumerate(lens):
-        logits[b] = _scores((_KINDS[b] + shift) % 4, length, gen)
+        logits[b] = _scores((_KINDS[b % len(_KINDS)] + shift) % 4, length, gen)
         logits[b, n:] = float("inf") if b == 1 else -float("inf")
     pages = -(-length // PAGE_SIZE)
     table = torch.randperm(batch * pages + 3, generator=gen)[: batch * pages]

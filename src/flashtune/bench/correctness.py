@@ -146,7 +146,7 @@ top-(k-1), a top-(p - 0.1) and an argmax sampler is stated in docs/evaluation.md
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -167,6 +167,7 @@ __all__ = [
     "is_stochastic",
     "tolerance_for",
     "compare_outputs",
+    "destination_inputs_definition",
     "inputs_modified",
     "distribution_check",
     "shape_dtype_verdict",
@@ -505,6 +506,12 @@ def _worst_row(
     worst = int(errors.argmax())
     index = [int(i) for i in torch.unravel_index(torch.tensor(worst), o.shape[:-1])]
     return RowError(float(errors[worst]), index, float(ref_rows[worst]), floor)
+
+
+def destination_inputs_definition(definition: Definition, names: Sequence[str]) -> Definition:
+    """`definition` with the named inputs as its outputs: the destination buffers its
+    reference writes into, judged as outputs are (same dtype rules and tolerances)."""
+    return definition.model_copy(update={"outputs": {n: definition.inputs[n] for n in names}})
 
 
 def inputs_modified(pristine: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

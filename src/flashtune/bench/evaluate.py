@@ -44,6 +44,7 @@ from flashtune.bench.config import BenchConfig, cpu_threads
 from flashtune.bench.correctness import (
     Verdict,
     compare_outputs,
+    destination_inputs_definition,
     distribution_check,
     inputs_modified,
     is_stochastic,
@@ -131,6 +132,15 @@ def _tensor_bytes(inputs: Mapping[str, Any]) -> int:
     return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
 
 
+class _Reference(dict):
+    """The reference's outputs by name; `inputs_after`: what it left in the inputs it writes
+    into (the workload's destination buffers)."""
+
+    def __init__(self, outputs: Mapping[str, Any], inputs_after: dict[str, Any]):
+        super().__init__(outputs)
+        self.inputs_after = inputs_after
+
+
 def _clone(inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
@@ -191,7 +201,15 @@ class _Workload:
         n = sets_that_fit(_tensor_bytes(first), device, max(1, cfg.input_sets or 1))
         self.sets = [first] + [self.synth(derive_seed(self.seed, i)) for i in range(1, n)]
         self.floats = float_input_names(self.sets[0])
-        self.first_ref = self.run_reference(self.sets[0])
+        # Inputs the reference itself writes into are destination buffers (GDN MTP's
+        # intermediate_states_buffer): a solution must leave in them what the reference
+        # leaves, and every other input unchanged.
+        self.written: tuple[str, ...] = ()
+        copy = _clone(self.sets[0])
+        self.first_ref = self._call_reference(copy)
+        self.written = tuple(inputs_modified(self.sets[0], copy))
+        self.first_ref.inputs_after = {k: copy[k] for k in self.written}
+        self.written_definition = destination_inputs_definition(definition, self.written)
         self.stochastic = is_stochastic(definition)
         self._reference_draws: list[dict[str, Any]] = []
         self._index_inputs: dict[int, dict[str, Any]] = {}
@@ -217,11 +235,14 @@ class _Workload:
         inputs.update({k: fresh[k] for k in self.floats})
         return inputs, self.run_reference(inputs)
 
-    def run_reference(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    def run_reference(self, inputs: Mapping[str, Any]) -> _Reference:
+        return self._call_reference(_clone(inputs))
+
+    def _call_reference(self, copy: dict[str, Any]) -> _Reference:
         with torch.no_grad():
-            out = outputs_as_dict(self.definition, self.reference(**_clone(inputs)))
+            out = outputs_as_dict(self.definition, self.reference(**copy))
         _sync(self.device)
-        return out
+        return _Reference(out, {k: copy[k] for k in self.written})
 
     def reference_draws(self, count: int) -> list[dict[str, Any]]:
         """`count` draws of a stochastic reference on set 0, drawn once per workload and
@@ -640,8 +661,8 @@ def _check_sample(
         raise ValueError(f"sample {k}: expected the outputs of {samples.sets} calls, in order")
     verdict: Verdict | None = None
     if samples.shared is not None:  # shared sets cost nothing to read: inputs first
-        for target, (pristine, _) in zip(samples.shared, samples.cases, strict=False):
-            _inputs_unchanged(pristine, target, f"in timed sample {k + 1}: ")
+        for target, (pristine, expected) in zip(samples.shared, samples.cases, strict=False):
+            _inputs_unchanged(wl, cfg, pristine, expected, target, f"in timed sample {k + 1}: ")
     for entry, (inputs, expected) in zip(entries, samples.cases, strict=True):
         where = f"timed call {entry['index'] + 1} of {samples.sets} in sample {k + 1}"
         got = entry.get("outputs")
@@ -698,17 +719,44 @@ def _judge(
     return v
 
 
-def _inputs_unchanged(pristine: Mapping[str, Any], got: Any, when: str) -> None:
+def _inputs_unchanged(
+    wl: _Workload,
+    cfg: BenchConfig,
+    pristine: Mapping[str, Any],
+    expected: Mapping[str, Any],
+    got: Any,
+    when: str,
+) -> None:
+    """The inputs after the solution's calls: unchanged, except the destination buffers the
+    reference writes into, which must hold what the reference left there."""
     if not isinstance(got, dict) or set(got) != set(pristine):
         raise ValueError("the inputs sent back do not name the definition's inputs")
     got = {
         k: v.to(pristine[k].device) if isinstance(v, torch.Tensor) else v for k, v in got.items()
     }
-    changed = inputs_modified(pristine, got)
+    changed = [name for name in inputs_modified(pristine, got) if name not in wl.written]
     if changed:
         raise _Failed(
             EvaluationStatus.INCORRECT_NUMERICAL,
             f"{when}wrote into its input(s) {', '.join(changed)}: inputs must stay unchanged",
+        )
+    if not wl.written:
+        return
+    assert isinstance(expected, _Reference), "the reference's results come from run_reference"
+    v = compare_outputs(
+        wl.written_definition,
+        expected.inputs_after,
+        {k: got[k] for k in wl.written},
+        cfg.atol,
+        cfg.rtol,
+        max_rel_norm=cfg.max_rel_norm,
+        max_abs=cfg.max_abs,
+    )
+    if v.status is not EvaluationStatus.PASSED:
+        raise _Failed(
+            v.status,
+            f"{when}the reference writes into {', '.join(wl.written)}; the solution left "
+            f"other values there: {v.reason}",
         )
 
 
@@ -744,15 +792,15 @@ def _check_phase(
         got = entries[0].get("inputs")
         if got is None and samples.shared is not None:
             got = samples.shared[0]
-        _inputs_unchanged(wl.sets[0], got, "")
+        _inputs_unchanged(wl, cfg, wl.sets[0], wl.first_ref, got, "")
         return _judge(definition, wl, cfg, wl.first_ref, entries[0].get("outputs"), "", wl.sets[0])
     if phase == "inputs":
         if [e.get("index") for e in entries] != list(range(len(samples.cases))):
             raise ValueError("the inputs after the last sample, for every set")
-        for entry, (pristine, _) in zip(entries, samples.cases, strict=True):
+        for entry, (pristine, expected) in zip(entries, samples.cases, strict=True):
             got = entry.get("inputs")
             if got is None and samples.shared is not None:  # the worker reads them itself
                 got = samples.shared[entry["index"]]
-            _inputs_unchanged(pristine, got, "in the timed calls: ")
+            _inputs_unchanged(wl, cfg, pristine, expected, got, "in the timed calls: ")
         return None
     raise ValueError(f"unknown phase {phase!r}")
