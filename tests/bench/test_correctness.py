@@ -263,6 +263,18 @@ def test_inputs_modified_names_the_input():
     assert inputs_modified({"x": x, "w": torch.zeros(2)}, after) == ["x"]
 
 
+@pytest.mark.parametrize("where", [0, 6, 7, 49])  # first, last of a chunk, next, last
+def test_inputs_modified_in_chunks_sees_every_element(monkeypatch, where):
+    import flashtune.bench.correctness as correctness
+
+    monkeypatch.setattr(correctness, "_EQUAL_CHUNK", 7)  # 50 elements: 8 chunks, one short
+    x = torch.randn(10, 5)
+    assert inputs_modified({"x": x}, {"x": x.clone()}) == []
+    after = x.clone()
+    after.view(-1)[where] += 1
+    assert inputs_modified({"x": x}, {"x": after}) == ["x"]
+
+
 def test_stochastic_is_chosen_by_op_type_not_name():
     assert is_stochastic(_definition("sampling", name="anything"))
     assert not is_stochastic(_definition("toy", name="top_p_sampling_from_probs"))

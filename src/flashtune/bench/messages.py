@@ -111,16 +111,18 @@ def _ints(values: Any, what: str) -> list[int]:
     return values
 
 
-def decode(value: Any) -> Any:
+def decode(value: Any, borrow: bool = False) -> Any:
     """Inverse of `_encode`, in the worker; CUDA tensors are copied into the worker's memory
-    at once (the child's allocation goes away with the child)."""
+    at once (the child's allocation goes away with the child). With `borrow`, they are not:
+    the worker reads the child's memory in place, and must be done with it before it
+    answers (the harness waits for that answer)."""
     if not isinstance(value, dict):
         return value
     kind = value.get("__kind__")
     if kind == "dict":
-        return {k: decode(v) for k, v in value["items"].items()}
+        return {k: decode(v, borrow) for k, v in value["items"].items()}
     if kind == "list":
-        return [decode(v) for v in value["items"]]
+        return [decode(v, borrow) for v in value["items"]]
     if kind == "unsupported":
         return _Unsupported(str(value.get("type")))
     dtype = _DTYPES.get(value.get("dtype"))  # type: ignore[arg-type]
@@ -162,11 +164,34 @@ def decode(value: Any) -> Any:
             value["ev_handle"],
             bool(value.get("ev_sync")),
         )
+        if borrow:
+            return shared
         copy = shared.clone()
         torch.cuda.synchronize(copy.device)
         del shared
         return copy
     raise ValueError(f"malformed message: unknown kind {kind!r}")
+
+
+def decode_outputs(payload: Any) -> Any:
+    """A sandbox's "outputs" message: as `decode`, except that the inputs it sends back (the
+    `inputs` of each entry of `sets`, read once for the unchanged check before the worker
+    answers) are borrowed, not copied. A set of MoE weights can be 60 GB: a copy of it in
+    the worker, beside the worker's own set and the child's, ran an H200 out of memory."""
+    if not (isinstance(payload, dict) and payload.get("__kind__") == "dict"):
+        return decode(payload)
+    items = payload["items"]
+    sets = items.get("sets") if isinstance(items, dict) else None
+    if not (isinstance(sets, dict) and sets.get("__kind__") == "list"):
+        return decode(payload)
+    out = {k: decode(v) for k, v in items.items() if k != "sets"}
+    out["sets"] = [
+        {k: decode(v, borrow=k == "inputs") for k, v in entry["items"].items()}
+        if isinstance(entry, dict) and entry.get("__kind__") == "dict"
+        else decode(entry)
+        for entry in sets["items"]
+    ]
+    return out
 
 
 class _SafeUnpickler(pickle.Unpickler):

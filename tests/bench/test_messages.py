@@ -1,0 +1,35 @@
+"""The sandbox's messages, decoded in the worker: an "outputs" message keeps its shape
+whether or not the inputs it sends back are borrowed."""
+
+from __future__ import annotations
+
+import torch
+
+from flashtune.bench.messages import decode, decode_outputs, encode
+
+
+def test_outputs_message_round_trips_with_inputs_and_without():
+    x, y = torch.randn(3, 4), torch.randn(3)
+    payload = {
+        "phase": "first",
+        "sets": [{"index": 0, "outputs": {"y": y}, "inputs": {"x": x, "scale": 0.5}}],
+        "call_s": 0.25,
+    }
+    for message in (payload, {"phase": "inputs", "sets": [{"index": 0, "inputs": None}]}):
+        got = decode_outputs(encode(message))
+        assert got.keys() == message.keys()
+        assert got["phase"] == message["phase"]
+        assert [e.keys() for e in got["sets"]] == [e.keys() for e in message["sets"]]
+    got = decode_outputs(encode(payload))
+    assert torch.equal(got["sets"][0]["outputs"]["y"], y)
+    assert (
+        torch.equal(got["sets"][0]["inputs"]["x"], x) and got["sets"][0]["inputs"]["scale"] == 0.5
+    )
+    assert got["call_s"] == 0.25
+
+
+def test_messages_without_sets_decode_as_before():
+    message = {"phase": "draws", "stacked": torch.arange(6).view(2, 3), "count": 2}
+    got, plain = decode_outputs(encode(message)), decode(encode(message))
+    assert got.keys() == plain.keys() and torch.equal(got["stacked"], plain["stacked"])
+    assert decode_outputs(encode([1, 2])) == [1, 2]
