@@ -201,6 +201,8 @@ class _Workload:
         n = sets_that_fit(_tensor_bytes(first), device, max(1, cfg.input_sets or 1))
         self.sets = [first] + [self.synth(derive_seed(self.seed, i)) for i in range(1, n)]
         self.floats = float_input_names(self.sets[0])
+        if device.type == "cuda":  # synthesis temporaries, before the reference needs room
+            torch.cuda.empty_cache()
         # Inputs the reference itself writes into are destination buffers (GDN MTP's
         # intermediate_states_buffer): a solution must leave in them what the reference
         # leaves, and every other input unchanged.

@@ -431,7 +431,10 @@ def _warm_up(
 
 def _free_device_memory(device: torch.device) -> None:
     """Return the cached blocks; collect reference cycles (a graph or an exception's frames
-    holding tensors) only when that did not free them: a collection costs tens of ms."""
+    holding tensors) only when that did not free them: a collection costs tens of ms.
+    Blocks sent to the worker (CUDA IPC) are freed only once the worker let go of them and
+    ipc_collect runs: without it an idle sandbox kept the inputs it sent back (GBs)."""
+    torch.cuda.ipc_collect()
     torch.cuda.empty_cache()
     if torch.cuda.memory_reserved(device) > _IDLE_RESERVE_LIMIT:
         gc.collect()
