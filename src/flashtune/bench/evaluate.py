@@ -50,6 +50,7 @@ from flashtune.bench.correctness import (
     is_stochastic,
     shape_dtype_verdict,
 )
+from flashtune.bench.fixed_inputs import checksum, weights_to_fix
 from flashtune.bench.interpreter import draws_for, interpreted, interpreted_outcome
 from flashtune.bench.sampling_support import outputs_outside_support
 from flashtune.bench.sandbox import (
@@ -141,8 +142,12 @@ class _Reference(dict):
         self.inputs_after = inputs_after
 
 
-def _clone(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+def _clone_except(inputs: Mapping[str, Any], keep: Sequence[str] = ()) -> dict[str, Any]:
+    """A copy of the tensors among `inputs`, but for those named in `keep` (themselves)."""
+    return {
+        k: v.clone() if isinstance(v, torch.Tensor) and k not in keep else v
+        for k, v in inputs.items()
+    }
 
 
 def _sync(device: torch.device) -> None:
@@ -198,17 +203,23 @@ class _Workload:
         self.reference = compile_reference(definition)
         self.seed = derive_seed(cfg.seed, "workload", definition.name, workload.uuid)
         first = self.synth(derive_seed(self.seed, 0))
+        # Weights too large for per-sample values stay fixed (bench/fixed_inputs.py).
+        self.fixed = weights_to_fix(definition, first, device)
         n = sets_that_fit(_tensor_bytes(first), device, max(1, cfg.input_sets or 1))
         self.sets = [first] + [self.synth(derive_seed(self.seed, i)) for i in range(1, n)]
-        self.floats = float_input_names(self.sets[0])
+        self.floats = [k for k in float_input_names(self.sets[0]) if k not in self.fixed]
         if device.type == "cuda":  # synthesis temporaries, before the reference needs room
             torch.cuda.empty_cache()
         # Inputs the reference itself writes into are destination buffers (GDN MTP's
         # intermediate_states_buffer): a solution must leave in them what the reference
-        # leaves, and every other input unchanged.
+        # leaves, and every other input unchanged. Fixed weights are too large to copy:
+        # a checksum says the reference left them alone.
         self.written: tuple[str, ...] = ()
-        copy = _clone(self.sets[0])
+        copy = _clone_except(first, self.fixed)
+        sums = {k: checksum(first[k]) for k in self.fixed}
         self.first_ref = self._call_reference(copy)
+        if any(checksum(first[k]) != sums[k] for k in self.fixed):
+            raise RuntimeError(f"the reference wrote into its weight inputs {self.fixed}")
         self.written = tuple(inputs_modified(self.sets[0], copy))
         self.first_ref.inputs_after = {k: copy[k] for k in self.written}
         self.written_definition = destination_inputs_definition(definition, self.written)
@@ -216,9 +227,14 @@ class _Workload:
         self._reference_draws: list[dict[str, Any]] = []
         self._index_inputs: dict[int, dict[str, Any]] = {}
 
-    def synth(self, seed: int) -> dict[str, Any]:
+    def synth(self, seed: int, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return synthesize_inputs(
-            self.definition, self.workload, device=self.device, seed=seed, blob_root=self.blob_root
+            self.definition,
+            self.workload,
+            device=self.device,
+            seed=seed,
+            blob_root=self.blob_root,
+            fixed=fixed,
         )
 
     def sample_seed(self, solution: str, k: int) -> int:
@@ -227,15 +243,22 @@ class _Workload:
         )
 
     def case(self, sample_seed: int, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The inputs of set `index` in the sample of `sample_seed` (its index tensors, new
-        float values) and the reference's outputs on them."""
+        """The inputs of set `index` in the sample of `sample_seed` (its index tensors and
+        fixed weights, new float values) and the reference's outputs on them."""
+        base = self._first_values(index)
+        fresh = self.synth(derive_seed(sample_seed, index), fixed={k: base[k] for k in self.fixed})
+        inputs = {k: fresh[k] if k in self.floats else base[k] for k in fresh}
+        return inputs, self.run_reference(inputs)
+
+    def _first_values(self, index: int) -> Mapping[str, Any]:
+        """Set `index` as first drawn (the sets the worker holds; past them, a set drawn
+        once and kept without its float values)."""
+        if index < len(self.sets):
+            return self.sets[index]
         if index not in self._index_inputs:
             initial = self.synth(derive_seed(self.seed, index))
             self._index_inputs[index] = {k: v for k, v in initial.items() if k not in self.floats}
-        fresh = self.synth(derive_seed(sample_seed, index))
-        inputs = dict(self._index_inputs[index])
-        inputs.update({k: fresh[k] for k in self.floats})
-        return inputs, self.run_reference(inputs)
+        return self._index_inputs[index]
 
     def run_reference(self, inputs: Mapping[str, Any]) -> _Reference:
         return self._call_reference(self._reference_inputs(inputs))
@@ -456,7 +479,14 @@ def _evaluate_one(
         seed=wl.seed,
         stochastic=wl.stochastic,
         shared_sets=shared,
+        fixed=wl.fixed,
     )
+    if wl.fixed:
+        log.write(
+            f"inputs {', '.join(wl.fixed)} ({_tensor_bytes(wl.sets[0]) / 1e9:.0f} GB a set) keep "
+            "their first values in every sample: per-sample values do not fit the device "
+            "(flashtune.bench.fixed_inputs)\n"
+        )
     failure: tuple[EvaluationStatus, str, Verdict | None] | None = None
     sandbox = pool.get(spec)
     if sandbox.jobs:

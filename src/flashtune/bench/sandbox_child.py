@@ -69,6 +69,8 @@ class SandboxJob:
     # these very tensors, and the worker writes each sample's values into them before it
     # lets the sample run: the child synthesizes nothing and sends no input back.
     shared_sets: list[dict[str, Any]] | None = None
+    # Weights that keep their first values in every sample (bench/fixed_inputs.py).
+    fixed: tuple[str, ...] = ()
 
 
 def float_input_names(inputs: Mapping[str, Any]) -> list[str]:
@@ -246,10 +248,11 @@ class _Child:
         names = list(definition.inputs)
         out_names = list(definition.outputs)
 
-        def synth(seed: int) -> dict[str, Any]:
+        def synth(seed: int, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
             return synthesize_inputs(
-                definition, workload, device=device, seed=seed, blob_root=self.blob_root
-            )
+                definition, workload, device=device, seed=seed, blob_root=self.blob_root,
+                fixed=fixed,
+            )  # fmt: skip
 
         def args_of(inputs: Mapping[str, Any]) -> list[Any]:
             args = [inputs[n] for n in names]
@@ -358,7 +361,10 @@ class _Child:
         with torch.no_grad():
             sampler = CheckedSampler(calls, device, cfg.method())
         self.check_tamper("capture")
-        floats = float_input_names(dict(zip(names, args0, strict=False)))
+        floats = [
+            k for k in float_input_names(dict(zip(names, args0, strict=False)))
+            if k not in job.fixed
+        ]  # fmt: skip
 
         # 3. Samples: fresh values, same poison, cold L2, timed, every call checked.
         seed = self.send_and_wait(
@@ -374,7 +380,8 @@ class _Child:
         while isinstance(seed, int):
             for i, args in enumerate(arg_sets):
                 if shared is None:  # on the CPU the worker has written the values
-                    fresh = synth(derive_seed(seed, i))
+                    fixed = {k: args[names.index(k)] for k in job.fixed}
+                    fresh = synth(derive_seed(seed, i), fixed)
                     for name in floats:
                         _copy(args[names.index(name)], fresh[name])
                     del fresh

@@ -489,10 +489,13 @@ def synthesize_inputs(
     device: torch.device | str = "cpu",
     seed: int = 0,
     blob_root: Path | Any = None,
+    fixed: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Inputs for `definition` at `workload`, keyed by input name, in definition order.
 
     blob_root: a Dataset or a folder that the workload's safetensors paths are relative to.
+    fixed: inputs taken as they are, not drawn (the evaluator's fixed weights); the others
+    are drawn from a generator stream that skips them.
     """
     axes = resolve_axes(definition, workload)
     gen = torch.Generator().manual_seed(seed)
@@ -500,6 +503,9 @@ def synthesize_inputs(
     values: dict[str, Any] = {}
     for name in _input_order(definition):
         spec = definition.inputs[name]
+        if fixed is not None and name in fixed:
+            values[name] = fixed[name]
+            continue
         given = workload.inputs.get(name)
         if spec.shape is None:
             values[name] = (

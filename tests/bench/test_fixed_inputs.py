@@ -1,0 +1,96 @@
+"""Weights drawn once per workload (bench/fixed_inputs.py): on a GPU only when per-sample
+values do not fit; forced here on the CPU to check the worker and the sandbox agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _bench_helpers import python_solution, toy_definition
+
+from flashtune import platform
+from flashtune.bench import evaluate
+from flashtune.bench.evaluate import BenchConfig, evaluate_workload
+from flashtune.bench.fixed_inputs import checksum, constant_weights, weights_to_fix
+from flashtune.data import Workload
+from flashtune.data.synth import synthesize_inputs
+
+CFG = BenchConfig(warmup=1, iterations=3, trials=1)
+
+HONEST = "def run(x, w):\n    return x * w\n"
+# Keeps the first output: stale once the activations change, fixed weights or not.
+CACHES_OUTPUT = (
+    "_seen = {}\n\ndef run(x, w):\n"
+    "    key = (x.data_ptr(), w.data_ptr())\n"
+    "    if key not in _seen:\n        _seen[key] = x * w\n"
+    "    return _seen[key]\n"
+)
+# Caches work derived from the weights by address: what fixed weights let through.
+CACHES_WEIGHTS = (
+    "_prepared = {}\n\ndef run(x, w):\n"
+    "    if w.data_ptr() not in _prepared:\n        _prepared[w.data_ptr()] = w.clone()\n"
+    "    return x * _prepared[w.data_ptr()]\n"
+)
+
+
+@pytest.fixture
+def fixed_weights(monkeypatch):
+    monkeypatch.setattr(evaluate, "weights_to_fix", lambda definition, inputs, device: ("w",))
+
+
+def _traces(solutions: dict[str, str]):
+    definition = toy_definition()
+    events = evaluate_workload(
+        definition,
+        Workload(uuid="w", axes={"n": 5}),
+        [python_solution(name, body) for name, body in solutions.items()],
+        CFG,
+        torch.device("cpu"),
+        platform.snapshot("cpu"),
+    )
+    return {t.solution: t.evaluation for kind, t in events if kind == "trace"}
+
+
+def test_fixed_weights_worker_and_sandbox_draw_the_same_values(fixed_weights):
+    got = _traces({"honest": HONEST, "caches_output": CACHES_OUTPUT})
+    assert got["honest"].status.value == "PASSED", got["honest"].reason
+    assert "keep their first values in every sample" in got["honest"].log
+    assert got["caches_output"].status.value == "INCORRECT_NUMERICAL"
+
+
+def test_without_fixed_weights_a_weight_cache_is_stale():
+    got = _traces({"caches_weights": CACHES_WEIGHTS})
+    assert got["caches_weights"].status.value == "INCORRECT_NUMERICAL"
+
+
+def test_fixed_weights_let_a_weight_cache_through(fixed_weights):
+    """The documented cost (bench/fixed_inputs.py): work derived from fixed weights may be
+    cached across samples."""
+    got = _traces({"caches_weights": CACHES_WEIGHTS})
+    assert got["caches_weights"].status.value == "PASSED"
+
+
+def test_only_const_shaped_float_inputs_are_weights():
+    definition = toy_definition()
+    inputs = synthesize_inputs(definition, Workload(uuid="w", axes={"n": 3}), seed=1)
+    assert constant_weights(definition, inputs) == ("w",)
+    assert weights_to_fix(definition, inputs, torch.device("cpu")) == ()
+
+
+def test_given_inputs_are_kept_and_the_rest_drawn_alike():
+    definition = toy_definition()
+    workload = Workload(uuid="w", axes={"n": 3})
+    w = torch.full((8,), 2.0)
+    a = synthesize_inputs(definition, workload, seed=7, fixed={"w": w})
+    b = synthesize_inputs(definition, workload, seed=7, fixed={"w": w.clone()})
+    assert a["w"] is w and torch.equal(a["x"], b["x"])
+
+
+def test_checksum_sees_a_moved_byte(monkeypatch):
+    import flashtune.bench.fixed_inputs as fixed_inputs
+
+    monkeypatch.setattr(fixed_inputs, "_CHUNK", 24)  # 40 bytes: two chunks
+    t = torch.randn(10)
+    swapped = t.clone()
+    swapped[[0, 9]] = swapped[[9, 0]]
+    assert checksum(t) == checksum(t.clone())
+    assert checksum(swapped) != checksum(t)
