@@ -522,7 +522,10 @@ def _evaluate_one(
         if interpret:  # a failure there may be the interpreter's: say where it ran
             failure = (failure[0], f"in Triton's interpreter (CPU): {failure[1]}", failure[2])
         return trace(*failure)
-    pool.release(sandbox)
+    if wl.fixed:  # it held a set too large to idle beside the next workload's
+        pool.discard(sandbox)
+    else:
+        pool.release(sandbox)
     if marks:
         log.write("sandbox: " + ", ".join(f"{k} by {v:.3f} s" for k, v in marks.items()) + "\n")
     if interpret:  # SKIPPED with a correctness: "correct, not timed" (bench/interpreter.py)
