@@ -483,7 +483,8 @@ class SandboxPool:
         sandbox.pause()
 
     def discard(self, sandbox: Sandbox) -> None:
-        """End a sandbox whose last job did not finish cleanly."""
+        """End a sandbox: its last job did not finish cleanly, or held too much memory to
+        idle beside the next one."""
         for key, live in list(self._live.items()):
             if live is sandbox:
                 del self._live[key]
