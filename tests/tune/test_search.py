@@ -320,6 +320,9 @@ def test_tile_cost_sees_padding_loads_and_idle_sms() -> None:
     assert tile_cost(4096, 4096, 4096, 16, 16, 64) > 5 * tile_cost(4096, 4096, 4096, 128, 128, 64)
     # Split-K fills the SMs of a tiny grid: 32 tiles on 132 SMs, split 4 -> 128 CTAs.
     assert tile_cost(16, 4096, 4096, 16, 128, 64, 4) < tile_cost(16, 4096, 4096, 16, 128, 64) / 3
+    # Splits that fill the SMs alike differ by their fp32 partials: the smaller is cheaper
+    # (64 tiles: split 2 -> 128 CTAs, split 4 -> 256, both about whole waves).
+    assert tile_cost(8, 4096, 4096, 16, 64, 128, 2) < tile_cost(8, 4096, 4096, 16, 64, 128, 4)
     with pytest.raises(ValueError, match="must be > 0"):
         padding_waste((0,), (16,))
 

@@ -67,11 +67,16 @@ def tile_cost(
     flops_per_byte: the machine balance (H100 bf16 dense: ~990 TFLOP/s / 3.35 TB/s ~ 300),
     so a decode GEMM (M=1) is priced by its loads and a 16-row tile is not penalised for
     the 15 padded rows it computes for free, while a large GEMM is priced by its padded
-    FLOPs. split_k multiplies the CTAs (parallelism for small M x N) and pads K per split."""
+    FLOPs. split_k multiplies the CTAs (parallelism for small M x N), pads K per split, and
+    costs its fp32 partials (each split writes its padded output tile, the fixup reads them
+    all): among splits that fill the SMs alike the smallest is cheapest (H200, M=8 N=K=4096:
+    split 2 ran 7% faster than split 4, which the model had priced the same)."""
     tiles_m, tiles_n = math.ceil(m / block_m), math.ceil(n / block_n)
     k_per_split = math.ceil(k / max(split_k, 1))
     k_padded = math.ceil(k_per_split / block_k) * block_k * max(split_k, 1)
     flops = 2.0 * tiles_m * block_m * tiles_n * block_n * k_padded
     loaded = elem_bytes * (m * k * tiles_n + n * k * tiles_m + m * n)
+    if split_k > 1:
+        loaded += 2 * 4 * split_k * (tiles_m * block_m) * (tiles_n * block_n)
     ctas = tiles_m * tiles_n * max(split_k, 1)
     return max(flops / flops_per_byte, loaded) / wave_efficiency(ctas, sm_count, ctas_per_sm)
