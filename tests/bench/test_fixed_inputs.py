@@ -8,7 +8,7 @@ import torch
 from _bench_helpers import python_solution, toy_definition
 
 from flashtune import platform
-from flashtune.bench import evaluate
+from flashtune.bench import workload_inputs
 from flashtune.bench.evaluate import BenchConfig, evaluate_workload
 from flashtune.bench.fixed_inputs import checksum, constant_weights, weights_to_fix
 from flashtune.data import Workload
@@ -34,7 +34,9 @@ CACHES_WEIGHTS = (
 
 @pytest.fixture
 def fixed_weights(monkeypatch):
-    monkeypatch.setattr(evaluate, "weights_to_fix", lambda definition, inputs, device: ("w",))
+    monkeypatch.setattr(
+        workload_inputs, "weights_to_fix", lambda definition, inputs, device: ("w",)
+    )
 
 
 def _traces(solutions: dict[str, str]):

@@ -217,7 +217,7 @@ def timing_from_samples(
 
 
 class SampledWorkload(Protocol):
-    """What `WorkerSamples` needs of the worker's workload (bench/evaluate.py)."""
+    """What `WorkerSamples` needs of the worker's workload (bench/workload_inputs.py)."""
 
     floats: list[str]
 
