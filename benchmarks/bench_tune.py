@@ -21,8 +21,9 @@ Regret of the search against exhaustive search (issue 38), rows to the same file
   (today's search: every candidate the runners offer, no pruning, no early stop, no guard;
   --exhaustive-space: every tile of TiledSpace), each re-timed independently with
   timing.measure_robust (CUDA graph, cold L2), regret = pruned / exhaustive - 1, the
-  tuning seconds of each and their ratio (speedup), and each pick against the default
-  (cuBLAS) re-timed the same way;
+  tuning seconds of each and their ratio (speedup; each search runs in a process of its
+  own with an empty Triton cache, so both pay their compiles), and each pick against the
+  default (cuBLAS) re-timed the same way;
 - op=regret_summary: max and mean regret, geomean tuning speedup, worst pick vs cuBLAS.
 The GEMM cost model (tune/search.py tile_cost) is attached to the GEMM runners in this
 process only, as `estimate_cost`, until ops/gemm adopts it.
@@ -180,11 +181,17 @@ def retime(runner, tactic, A, B) -> float:
     return timing.measure_robust(call, [A, B], timing.TimingPolicy(cold_l2=True)).median_ms
 
 
-def regret(args) -> int:
-    """Pruned search vs exhaustive search on held-out shapes (see the module docstring)."""
-    import dataclasses
+def _regret_shapes(args) -> tuple[list, list]:
+    plan = shape_plan()
+    held_out = plan[1::4][: args.held_out]
+    train = [s for s in plan if s not in held_out][: args.train]
+    return train, held_out
 
-    from common import RowWriter
+
+def _tune_phase(args) -> int:
+    """One side of --regret in a process of its own (`--phase search|exhaustive`): tune the
+    held-out shapes and write {"M,N,K": [runner, tactic, seconds]} to --phase-out."""
+    import dataclasses
 
     from flashtune.ops.gemm.launch import (
         GEMM_RUNNERS,
@@ -195,49 +202,82 @@ def regret(args) -> int:
     )
 
     attach_gemm_cost_model()
-    rows = RowWriter("tune")
-    plan = shape_plan()
-    held_out = plan[1::4][: args.held_out]
-    train = [s for s in plan if s not in held_out][: args.train]
+    train, held_out = _regret_shapes(args)
     tuner = AutoTuner.get()
     tuner.show_progress = False
-    # "Exhaustive": today's search (every candidate the runners offer, no pruning, no early
-    # stop, no guard), or with --exhaustive-space every tile of TiledSpace.
-    exhaustive_runners = (
-        (CublasRunner(), TritonSmallMRunner(), TritonTiledRunner(exhaustive=True))
-        if args.exhaustive_space
-        else GEMM_RUNNERS
-    )
-    exhaustive_cfg = dataclasses.replace(
-        GEMM_TUNING, prune_slack=None, patience=None, guard_rounds=0
-    )
 
-    def tune(shape, runners, cfg):
+    def tune(shape, runners, cfg) -> list:
         m, n, k = shape
         A = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         B = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         t0 = time.perf_counter()
         runner, tactic = choose_one("gemm", runners, cfg, [A, B, None])
         torch.cuda.synchronize()
-        return runner, tactic, time.perf_counter() - t0, A, B
+        return [runner.name, tactic, time.perf_counter() - t0]
 
-    # Priors: the pruned search sees the training shapes' winners (its neighbours).
-    with autotune(True, budget_s=args.shape_budget_s):
-        for shape in train:
-            tune(shape, GEMM_RUNNERS, GEMM_TUNING)
-        pruned = {s: tune(s, GEMM_RUNNERS, GEMM_TUNING) for s in held_out}
-    tuner.clear()
-    # Second, so it finds the pruned run's kernels compiled in Triton's disk cache: the
-    # tuning-time ratio is, if anything, understated.
-    with autotune(True):
-        exhaustive = {s: tune(s, exhaustive_runners, exhaustive_cfg) for s in held_out}
-    tuner.clear()
+    picks = {}
+    if args.phase == "search":
+        # Priors: the pruned search sees the training shapes' winners (its neighbours).
+        with autotune(True, budget_s=args.shape_budget_s):
+            for shape in train:
+                tune(shape, GEMM_RUNNERS, GEMM_TUNING)
+            picks = {s: tune(s, GEMM_RUNNERS, GEMM_TUNING) for s in held_out}
+    else:
+        # "Exhaustive": today's search (every candidate the runners offer, no pruning, no
+        # early stop, no guard), or with --exhaustive-space every tile of TiledSpace.
+        runners = (
+            (CublasRunner(), TritonSmallMRunner(), TritonTiledRunner(exhaustive=True))
+            if args.exhaustive_space
+            else GEMM_RUNNERS
+        )
+        cfg = dataclasses.replace(GEMM_TUNING, prune_slack=None, patience=None, guard_rounds=0)
+        with autotune(True):
+            picks = {s: tune(s, runners, cfg) for s in held_out}
+    out = {",".join(map(str, s)): v for s, v in picks.items()}
+    Path(args.phase_out).write_text(json.dumps(out))
+    return 0
 
+
+def _as_tactic(value: Any) -> Any:
+    return tuple(_as_tactic(v) for v in value) if isinstance(value, list) else value
+
+
+def regret(args) -> int:
+    """Pruned search vs exhaustive search on held-out shapes (see the module docstring).
+
+    Each search runs in a process of its own with an empty Triton cache, so both pay their
+    compiles (before, the exhaustive search ran second in the same process and found the
+    pruned search's kernels compiled: its tuning time was understated)."""
+    from common import RowWriter
+
+    from flashtune.ops.gemm.launch import GEMM_RUNNERS, CublasRunner, TritonTiledRunner
+
+    picks: dict[str, dict[str, list]] = {}
+    for phase in ("search", "exhaustive"):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "picks.json"
+            cmd = [sys.executable, __file__, "--regret", "--phase", phase, "--phase-out", str(out)]
+            cmd += ["--held-out", str(args.held_out), "--train", str(args.train)]
+            cmd += ["--shape-budget-s", str(args.shape_budget_s)]
+            cmd += ["--exhaustive-space"] if args.exhaustive_space else []
+            env = dict(os.environ, TRITON_CACHE_DIR=str(Path(tmp) / "triton"))
+            subprocess.run(cmd, check=True, env=env)
+            picks[phase] = json.loads(out.read_text())
+
+    attach_gemm_cost_model()
+    runners = {r.name: r for r in (*GEMM_RUNNERS, CublasRunner(), TritonTiledRunner(True))}
+    rows = RowWriter("tune")
+    _, held_out = _regret_shapes(args)
     regrets, speedups, vs_cublas = [], [], []
-    for (m, n, k), (p_runner, p_tactic, p_s, A, B) in pruned.items():
-        e_runner, e_tactic, e_s, _, _ = exhaustive[(m, n, k)]
-        p_ms = retime(p_runner, p_tactic, A, B)
-        e_ms = retime(e_runner, e_tactic, A, B)
+    for m, n, k in held_out:
+        key = f"{m},{n},{k}"
+        p_name, p_tactic, p_s = picks["search"][key]
+        e_name, e_tactic, e_s = picks["exhaustive"][key]
+        p_tactic, e_tactic = _as_tactic(p_tactic), _as_tactic(e_tactic)
+        A = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        B = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        p_ms = retime(runners[p_name], p_tactic, A, B)
+        e_ms = retime(runners[e_name], e_tactic, A, B)
         c_ms = retime(GEMM_RUNNERS[0], -1, A, B)
         regrets.append(p_ms / e_ms - 1)
         speedups.append(e_s / p_s)
@@ -245,9 +285,9 @@ def regret(args) -> int:
         rows.write(
             "regret",
             {"M": m, "N": n, "K": k},
-            f"{p_runner.name}:{p_tactic}",
+            f"{p_name}:{p_tactic}",
             p_ms,
-            exhaustive_pick=f"{e_runner.name}:{e_tactic}",
+            exhaustive_pick=f"{e_name}:{e_tactic}",
             exhaustive_ms=e_ms,
             regret=regrets[-1],
             tune_s=p_s,
@@ -255,6 +295,7 @@ def regret(args) -> int:
             tune_speedup=speedups[-1],
             cublas_ms=c_ms,
             ratio_vs_cublas=vs_cublas[-1],
+            cold_triton_cache=True,
         )
         print(
             f"{m:5d} {n:6d} {k:6d} pruned {p_ms:.4f} ms ({p_s:.1f} s)  exhaustive {e_ms:.4f} ms "
@@ -265,9 +306,10 @@ def regret(args) -> int:
         "max_regret": max(regrets),
         "mean_regret": statistics.mean(regrets),
         "geomean_tune_speedup": statistics.geometric_mean(speedups),
+        "min_tune_speedup": min(speedups),
         "min_ratio_vs_cublas": min(vs_cublas),
         "geomean_ratio_vs_cublas": statistics.geometric_mean(vs_cublas),
-        "train_shapes": len(train),
+        "train_shapes": args.train,
     }
     rows.write(
         "regret_summary", {"held_out": len(regrets)}, "pruned-vs-exhaustive", None, **summary
@@ -294,9 +336,13 @@ def main() -> int:
         action="store_true",
         help="--regret against every tile of TiledSpace, not today's candidate lists",
     )
+    parser.add_argument("--phase", choices=("search", "exhaustive"), help=argparse.SUPPRESS)
+    parser.add_argument("--phase-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.verify:
         return verify(*args.verify)
+    if args.regret and args.phase:
+        return _tune_phase(args)
     if args.regret:
         return regret(args)
 
