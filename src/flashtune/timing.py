@@ -26,7 +26,7 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -44,6 +44,7 @@ __all__ = [
     "TimingPolicy",
     "l2_bytes",
     "clone_inputs",
+    "tensor_bytes",
     "copies_for_cold_l2",
     "cold_l2_sets",
     "median_ci",
@@ -165,8 +166,10 @@ def l2_bytes(device: torch.device) -> int:
     return int(getattr(props, "L2_cache_size", 0) or _DEFAULT_L2_BYTES)
 
 
-def _tensor_bytes(args: Sequence[Any]) -> int:
-    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+def tensor_bytes(values: Iterable[Any]) -> int:
+    """Bytes held by the tensors among `values` (an input set's arguments, or its values by
+    name); other values count nothing."""
+    return sum(a.numel() * a.element_size() for a in values if isinstance(a, torch.Tensor))
 
 
 def clone_inputs(args: Sequence[Any]) -> list[Any]:
@@ -176,7 +179,7 @@ def clone_inputs(args: Sequence[Any]) -> list[Any]:
 
 def copies_for_cold_l2(args: Sequence[Any], device: torch.device, max_copies: int = 64) -> int:
     """How many input copies to rotate through so that each timed call misses the L2."""
-    nbytes = max(_tensor_bytes(args), 1)
+    nbytes = max(tensor_bytes(args), 1)
     # Twice the L2: LRU-ish replacement keeps some of the last sets resident.
     return max(1, min(max_copies, math.ceil(2 * l2_bytes(device) / nbytes)))
 

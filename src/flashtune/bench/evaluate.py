@@ -53,7 +53,7 @@ from flashtune.bench.sandbox import (
     SandboxPool,
     SandboxTimeout,
 )
-from flashtune.bench.workload_inputs import ReferenceResult, WorkloadInputs, tensor_bytes
+from flashtune.bench.workload_inputs import ReferenceResult, WorkloadInputs
 from flashtune.data.models import (
     Definition,
     Evaluation,
@@ -66,7 +66,7 @@ from flashtune.data.models import (
 )
 from flashtune.data.reference import outputs_as_dict
 from flashtune.data.synth import InputError
-from flashtune.timing import Timing
+from flashtune.timing import Timing, tensor_bytes
 
 __all__ = ["BenchConfig", "Event", "evaluate_workload", "make_trace", "LOG_LIMIT"]
 
@@ -293,8 +293,9 @@ def _evaluate_one(
         fixed=wl.fixed,
     )
     if wl.fixed:
+        gb = tensor_bytes(wl.sets[0].values()) / 1e9
         log.write(
-            f"inputs {', '.join(wl.fixed)} ({tensor_bytes(wl.sets[0]) / 1e9:.0f} GB a set) keep "
+            f"inputs {', '.join(wl.fixed)} ({gb:.0f} GB a set) keep "
             "their first values in every sample: per-sample values do not fit the device "
             "(flashtune.bench.fixed_inputs)\n"
         )

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from flashtune.data.models import Definition
+from flashtune.timing import tensor_bytes
 
 # Per-sample values cost about four input sets at once (worker: its set and the sample's
 # values; sandbox: the same). Weights are fixed when that exceeds this share of the device.
@@ -35,9 +36,7 @@ def weights_to_fix(
     values fit."""
     if device.type != "cuda":
         return ()
-    set_bytes = sum(
-        v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor)
-    )
+    set_bytes = tensor_bytes(inputs.values())
     total = torch.cuda.get_device_properties(device).total_memory
     if 4 * set_bytes <= _DEVICE_SHARE * total:
         return ()

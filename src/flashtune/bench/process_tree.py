@@ -22,6 +22,7 @@ __all__ = [
     "kill_tree",
     "process_table",
     "reap_strays",
+    "stat_fields",
 ]
 
 _REAPER = False
@@ -49,15 +50,23 @@ def process_table() -> list[tuple[int, int, int, int]]:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                text = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2 :].split()
-        if len(fields) >= 4:
+        fields = stat_fields(entry)
+        if fields is not None and len(fields) >= 4:
             table.append((int(entry), int(fields[1]), int(fields[2]), int(fields[3])))
     return table
+
+
+def stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name: the state first, then ppid,
+    process group, session, ... (proc(5)'s fields 3 on); None when it cannot be read (the
+    process is gone, or there is no /proc). The name may hold spaces and parentheses: the
+    fields start after its last ')'."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
 
 
 def _below(table: list[tuple[int, int, int, int]], roots: Iterable[int]) -> set[int]:

@@ -289,13 +289,8 @@ class Sandbox:
         cpu, running = 0.0, 0
         own = _cmdline(pid)
         for p in [pid, *descendants(pid)]:
-            try:
-                with open(f"/proc/{p}/stat", "rb") as f:
-                    text = f.read().decode(errors="replace")
-            except OSError:
-                continue
-            fields = text[text.rfind(")") + 2 :].split()
-            if len(fields) < 15 or fields[0] in ("Z", "X"):  # dead, not yet reaped
+            fields = process_tree.stat_fields(p)
+            if fields is None or len(fields) < 15 or fields[0] in ("Z", "X"):  # dead, unreaped
                 continue
             cpu += sum(int(x) for x in fields[11:15]) / _CLOCK_TICKS  # utime .. cstime
             # Not a fork of itself: the interpreter's sandbox runs in one (sandbox_child.py).

@@ -239,6 +239,7 @@ class _Child:
         )
         from flashtune.data.models import Definition, Workload
         from flashtune.data.synth import resolve_axes, synthesize_inputs, torch_dtype
+        from flashtune.timing import tensor_bytes
 
         definition = Definition.model_validate_json(job.definition)
         device, cfg, fn = self.device, self.cfg, self.fn
@@ -348,7 +349,7 @@ class _Child:
                     cfg.max_seconds,
                     sync,
                 )
-        set_bytes = sum(a.numel() * a.element_size() for a in args0 if isinstance(a, torch.Tensor))
+        set_bytes = tensor_bytes(args0)
         n = sets_per_sample(per_call_ms, set_bytes, device, cfg.target_sample_ms, budget.input_sets)
         while len(arg_sets) < n:
             add_set()

@@ -29,18 +29,13 @@ from flashtune.bench.sandbox_child import float_input_names
 from flashtune.data.models import Definition, Workload
 from flashtune.data.reference import compile_reference, outputs_as_dict
 from flashtune.data.synth import resolve_axes, synthesize_inputs
-from flashtune.timing import Timing, TimingPolicy, cold_l2_sets, measure_robust
+from flashtune.timing import Timing, TimingPolicy, cold_l2_sets, measure_robust, tensor_bytes
 
-__all__ = ["ReferenceResult", "WorkloadInputs", "tensor_bytes"]
+__all__ = ["ReferenceResult", "WorkloadInputs"]
 
 
 def _args(definition: Definition, inputs: Mapping[str, Any]) -> list[Any]:
     return [inputs[name] for name in definition.inputs]
-
-
-def tensor_bytes(inputs: Mapping[str, Any]) -> int:
-    """Bytes held by the tensors among `inputs` (an input set)."""
-    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
 
 
 class ReferenceResult(dict):
@@ -115,7 +110,7 @@ class WorkloadInputs:
         first = self.synth(derive_seed(self.seed, 0))
         # Weights too large for per-sample values stay fixed (bench/fixed_inputs.py).
         self.fixed = weights_to_fix(definition, first, device)
-        n = sets_that_fit(tensor_bytes(first), device, max(1, cfg.input_sets or 1))
+        n = sets_that_fit(tensor_bytes(first.values()), device, max(1, cfg.input_sets or 1))
         self.sets = [first] + [self.synth(derive_seed(self.seed, i)) for i in range(1, n)]
         self.floats = [k for k in float_input_names(self.sets[0]) if k not in self.fixed]
         if device.type == "cuda":  # synthesis temporaries, before the reference needs room
