@@ -22,7 +22,8 @@ sums only their contributions.
 
 Layout: routing.py (the enum and the routing, PyTorch), reference.py (the contract),
 schema.py (the FlashInfer-Trace Definitions), experts.py (the expert computation: grouped
-GEMMs, Triton). docs/moe.md: semantics, API, examples.
+GEMMs, Triton), checks.py (the entry points' argument checks), fp32_weights.py (the
+float32-weight entry points, wrapped and public here). docs/moe.md: semantics, API, examples.
 """
 
 from __future__ import annotations
@@ -33,7 +34,17 @@ import torch
 
 from flashtune.data.models import Definition
 from flashtune.model_shapes import ModelConfig
+from flashtune.ops.moe.checks import (
+    SWIGLU,
+    check_output,
+    check_routing,
+    check_tensor,
+    check_unsupported,
+    route,
+)
 from flashtune.ops.moe.experts import ExpertQuant, fused_experts
+from flashtune.ops.moe.fp32_weights import moe_fp32_weights as _moe_fp32_weights
+from flashtune.ops.moe.fp32_weights import routed_moe_fp32_weights as _routed_moe_fp32_weights
 from flashtune.ops.moe.keys import schema_for_call, schema_for_definition
 from flashtune.ops.moe.reference import (
     moe_bf16_ref,
@@ -47,7 +58,6 @@ from flashtune.ops.moe.routing import (
     RoutingMethodType,
     routing_method,
     select_experts,
-    unpack_topk_ids,
 )
 from flashtune.ops.moe.schema import VARIANT_SCHEMAS
 from flashtune.schema import REGISTRY, ApiOp, OpSchema
@@ -71,119 +81,8 @@ __all__ = [
 ]
 
 _FP8 = torch.float8_e4m3fn
-_SWIGLU = 3  # FlashInfer's ActivationType.Swiglu
 _DEEPSEEK_FP8 = 1  # FlashInfer's Fp8QuantizationType.DeepSeekFp8
 _BLOCK = 128
-
-
-# --------------------------------------------------------------------------- checks
-
-
-def _tensor(name: str, t: Any, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    if t.dtype not in dtypes:
-        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{name} must be {names}, got {str(t.dtype).removeprefix('torch.')}")
-
-
-def _unsupported(**options: Any) -> None:
-    """Refuse what flashtune does not implement, by name (FlashInfer's defaults pass)."""
-    defaults = {
-        "use_shuffled_weight": False,
-        "weight_layout": 0,
-        "do_finalize": True,
-        "activation_type": _SWIGLU,
-        "norm_topk_prob": True,
-        "num_fused_shared_experts": 0,
-        "gemm1_alpha": None,
-        "gemm1_beta": None,
-        "gemm1_clamp_limit": None,
-    }
-    why = {
-        "use_shuffled_weight": "flashtune reads plain row-major (MajorK) weights: pass "
-        "use_shuffled_weight=False and weight_layout=0 with unshuffled weights",
-        "weight_layout": "flashtune reads MajorK weights ([E, 2I, H], [E, H, I]); pass "
-        "weight_layout=0 (WeightLayout.MajorK)",
-        "do_finalize": "flashtune always finalizes (returns the [T, H] output)",
-        "activation_type": "flashtune's experts are SwiGLU (ActivationType.Swiglu = 3) only",
-        "norm_topk_prob": "flashtune normalizes as the routing method defines",
-        "num_fused_shared_experts": "fused shared experts are not implemented",
-        "gemm1_alpha": "SwiGLU alpha/beta/clamp variants are not implemented",
-        "gemm1_beta": "SwiGLU alpha/beta/clamp variants are not implemented",
-        "gemm1_clamp_limit": "SwiGLU alpha/beta/clamp variants are not implemented",
-    }
-    for name, value in options.items():
-        default = defaults[name]
-        same = value is None if default is None else (value or 0) == default
-        if not same:
-            raise ValueError(f"{name}={value!r} is not supported: {why[name]}")
-
-
-def _check_routing(
-    routing_logits: Any,
-    routing_bias: Any,
-    hidden_states: Any,
-    num_experts: int,
-    top_k: int,
-    local_expert_offset: int,
-    local_num_experts: int,
-) -> int:
-    """Checks shared by the MoE calls; returns the token count."""
-    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
-        raise ValueError("hidden_states must be a [seq_len, hidden_size] tensor")
-    tokens = hidden_states.shape[0]
-    _tensor(
-        "routing_logits", routing_logits, (tokens, num_experts), (torch.float32, torch.bfloat16)
-    )
-    if routing_bias is not None:
-        _tensor("routing_bias", routing_bias, (num_experts,), (torch.float32, torch.bfloat16))
-    if not 1 <= top_k <= num_experts:
-        raise ValueError(f"top_k must be in 1..num_experts={num_experts}, got {top_k}")
-    if local_num_experts < 1 or not 0 <= local_expert_offset <= num_experts - local_num_experts:
-        raise ValueError(
-            f"local experts [{local_expert_offset}, {local_expert_offset + local_num_experts}) "
-            f"must lie within the {num_experts} experts"
-        )
-    for name, t in (("routing_logits", routing_logits), ("routing_bias", routing_bias)):
-        if t is not None and t.device != hidden_states.device:
-            raise ValueError(f"{name} is on {t.device}, hidden_states on {hidden_states.device}")
-    return tokens
-
-
-def _route(
-    routing_logits: torch.Tensor,
-    routing_bias: torch.Tensor | None,
-    routing_method_type: int,
-    top_k: int,
-    n_group: int | None,
-    topk_group: int | None,
-    routed_scaling_factor: float | None,
-    routing_replay_out: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    method = routing_method(routing_method_type)
-    ids, weights = select_experts(
-        routing_logits, routing_bias, int(method), top_k, n_group, topk_group,
-        routed_scaling_factor,
-    )  # fmt: skip
-    if routing_replay_out is not None:  # FlashInfer's: the selected ids, int16, rows [0, T)
-        if routing_replay_out.dim() != 2 or routing_replay_out.shape[0] < ids.shape[0]:
-            raise ValueError(
-                f"routing_replay_out must be [>= {ids.shape[0]}, {top_k}], got "
-                f"{tuple(routing_replay_out.shape)}"
-            )
-        routing_replay_out[: ids.shape[0], :top_k].copy_(ids)
-    return ids, weights
-
-
-def _output(output: Any, tokens: int, hidden: int, device: torch.device) -> torch.Tensor | None:
-    if output is not None:
-        _tensor("output", output, (tokens, hidden), (torch.bfloat16,))
-        if output.device != device:
-            raise ValueError(f"output is on {output.device}, hidden_states on {device}")
-    return output
 
 
 # --------------------------------------------------------------------------- the schema's view
@@ -251,7 +150,7 @@ def trtllm_fp8_block_scale_moe(
     tune_max_num_tokens: int = 8192,
     fp8_quantization_type: int | None = None,
     num_fused_shared_experts: int | None = None,
-    activation_type: int = _SWIGLU,
+    activation_type: int = SWIGLU,
     norm_topk_prob: bool = True,
     routing_replay_out: torch.Tensor | None = None,
     gemm1_alpha: torch.Tensor | None = None,
@@ -276,7 +175,7 @@ def trtllm_fp8_block_scale_moe(
     Refused by name: shuffled or block-major weights, do_finalize=False, activations other
     than SwiGLU, fused shared experts, SwiGLU alpha/beta/clamp, MxFp8.
     """
-    _unsupported(
+    check_unsupported(
         use_shuffled_weight=use_shuffled_weight,
         weight_layout=weight_layout,
         do_finalize=do_finalize,
@@ -292,7 +191,7 @@ def trtllm_fp8_block_scale_moe(
             f"fp8_quantization_type={fp8_quantization_type!r} is not supported: flashtune's "
             "block-scale MoE is DeepSeek's fp8 (Fp8QuantizationType.DeepSeekFp8)"
         )
-    tokens = _check_routing(
+    tokens = check_routing(
         routing_logits, routing_bias, hidden_states, num_experts, top_k, local_expert_offset,
         local_num_experts,
     )  # fmt: skip
@@ -303,16 +202,18 @@ def trtllm_fp8_block_scale_moe(
             "(the fp8 block size)"
         )
     e, b = local_num_experts, _BLOCK
-    _tensor("hidden_states", hidden_states, (tokens, hidden), (_FP8,))
-    _tensor("hidden_states_scale", hidden_states_scale, (hidden // b, tokens), (torch.float32,))
-    _tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (_FP8,))
-    _tensor("gemm1_weights_scale", gemm1_weights_scale, (e, 2 * inter // b, hidden // b),
-            (torch.float32,))  # fmt: skip
-    _tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (_FP8,))
-    _tensor("gemm2_weights_scale", gemm2_weights_scale, (e, hidden // b, inter // b),
-            (torch.float32,))  # fmt: skip
-    out = _output(output, tokens, hidden, hidden_states.device)
-    ids, weights = _route(
+    check_tensor("hidden_states", hidden_states, (tokens, hidden), (_FP8,))
+    check_tensor(
+        "hidden_states_scale", hidden_states_scale, (hidden // b, tokens), (torch.float32,)
+    )
+    check_tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (_FP8,))
+    check_tensor("gemm1_weights_scale", gemm1_weights_scale, (e, 2 * inter // b, hidden // b),
+                 (torch.float32,))  # fmt: skip
+    check_tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (_FP8,))
+    check_tensor("gemm2_weights_scale", gemm2_weights_scale, (e, hidden // b, inter // b),
+                 (torch.float32,))  # fmt: skip
+    out = check_output(output, tokens, hidden, hidden_states.device)
+    ids, weights = route(
         routing_logits, routing_bias, routing_method_type, top_k, n_group, topk_group,
         routed_scaling_factor, routing_replay_out,
     )  # fmt: skip
@@ -352,7 +253,7 @@ def trtllm_fp8_per_tensor_scale_moe(
     *,
     do_finalize: bool = True,
     tune_max_num_tokens: int = 8192,
-    activation_type: int = _SWIGLU,
+    activation_type: int = SWIGLU,
     norm_topk_prob: bool = True,
     routing_replay_out: torch.Tensor | None = None,
     output: torch.Tensor | None = None,
@@ -370,29 +271,29 @@ def trtllm_fp8_per_tensor_scale_moe(
 
     Accepted and unused: tile_tokens_dim, enable_pdl, tune_max_num_tokens.
     """
-    _unsupported(do_finalize=do_finalize, activation_type=activation_type,
-                 norm_topk_prob=norm_topk_prob)  # fmt: skip
-    tokens = _check_routing(
+    check_unsupported(do_finalize=do_finalize, activation_type=activation_type,
+                      norm_topk_prob=norm_topk_prob)  # fmt: skip
+    tokens = check_routing(
         routing_logits, routing_bias, hidden_states, num_experts, top_k, local_expert_offset,
         local_num_experts,
     )  # fmt: skip
     hidden, inter, e = hidden_states.shape[1], intermediate_size, local_num_experts
-    _tensor("hidden_states", hidden_states, (tokens, hidden), (_FP8,))
-    _tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (_FP8,))
-    _tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (_FP8,))
+    check_tensor("hidden_states", hidden_states, (tokens, hidden), (_FP8,))
+    check_tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (_FP8,))
+    check_tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (_FP8,))
     for name, t in (
         ("output1_scales_scalar", output1_scales_scalar),
         ("output1_scales_gate_scalar", output1_scales_gate_scalar),
         ("output2_scales_scalar", output2_scales_scalar),
     ):
-        _tensor(name, t, (e,), (torch.float32,))
-    out = _output(output, tokens, hidden, hidden_states.device)
+        check_tensor(name, t, (e,), (torch.float32,))
+    out = check_output(output, tokens, hidden, hidden_states.device)
     llama4 = routing_method(routing_method_type) == RoutingMethodType.Llama4
     if use_routing_scales_on_input and top_k != 1:
         raise ValueError(
             f"use_routing_scales_on_input needs top_k == 1 (one weight per token), got {top_k}"
         )
-    ids, weights = _route(
+    ids, weights = route(
         routing_logits, None if llama4 else routing_bias, routing_method_type, top_k, n_group,
         topk_group, None if llama4 else routed_scaling_factor, routing_replay_out,
     )  # fmt: skip
@@ -462,7 +363,7 @@ def trtllm_bf16_moe(
     do_finalize: bool = True,
     enable_pdl: bool = True,
     tune_max_num_tokens: int = 8192,
-    activation_type: int = _SWIGLU,
+    activation_type: int = SWIGLU,
     norm_topk_prob: bool = True,
     routing_replay_out: torch.Tensor | None = None,
     gemm1_alpha: torch.Tensor | None = None,
@@ -479,7 +380,7 @@ def trtllm_bf16_moe(
     ValueError). Returns [T, H] bfloat16. Accepted and unused: enable_pdl,
     tune_max_num_tokens.
     """
-    _unsupported(
+    check_unsupported(
         use_shuffled_weight=use_shuffled_weight,
         weight_layout=weight_layout,
         do_finalize=do_finalize,
@@ -489,16 +390,16 @@ def trtllm_bf16_moe(
         gemm1_beta=gemm1_beta,
         gemm1_clamp_limit=gemm1_clamp_limit,
     )
-    tokens = _check_routing(
+    tokens = check_routing(
         routing_logits, routing_bias, hidden_states, num_experts, top_k, local_expert_offset,
         local_num_experts,
     )  # fmt: skip
     hidden, inter, e = hidden_states.shape[1], intermediate_size, local_num_experts
-    _tensor("hidden_states", hidden_states, (tokens, hidden), (torch.bfloat16,))
-    _tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (torch.bfloat16,))
-    _tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (torch.bfloat16,))
-    out = _output(output, tokens, hidden, hidden_states.device)
-    ids, weights = _route(
+    check_tensor("hidden_states", hidden_states, (tokens, hidden), (torch.bfloat16,))
+    check_tensor("gemm1_weights", gemm1_weights, (e, 2 * inter, hidden), (torch.bfloat16,))
+    check_tensor("gemm2_weights", gemm2_weights, (e, hidden, inter), (torch.bfloat16,))
+    out = check_output(output, tokens, hidden, hidden_states.device)
+    ids, weights = route(
         routing_logits, routing_bias, routing_method_type, top_k, n_group, topk_group,
         routed_scaling_factor, routing_replay_out,
     )  # fmt: skip
@@ -506,169 +407,6 @@ def trtllm_bf16_moe(
         hidden_states, gemm1_weights, gemm2_weights, ids, weights,
         quant=ExpertQuant("bf16"), local_expert_offset=local_expert_offset, out=out,
     )  # fmt: skip
-
-
-def _used_experts_16bit(
-    gemm1_weights: torch.Tensor,
-    gemm2_weights: torch.Tensor,
-    ids: torch.Tensor,
-    dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The experts `ids` names, as `dtype` weights (the others are never read), and the ids
-    renumbered over them (ids outside [0, E): one past the last, which the experts skip).
-    None where no id names an expert. Costs a host sync (the count of used experts)."""
-    experts = gemm1_weights.shape[0]
-    flat = ids.reshape(-1).to(torch.int64)
-    valid = (flat >= 0) & (flat < experts)
-    used = torch.unique(flat[valid])
-    n = int(used.numel())
-    if n == 0:
-        return None
-    if n == experts:
-        return gemm1_weights.to(dtype), gemm2_weights.to(dtype), ids
-    # One expert at a time: an index_select of the float32 weights first would take a float32
-    # copy of every used expert (tens of GB at Llama 4 Maverick's sizes).
-    w13 = torch.empty((n, *gemm1_weights.shape[1:]), dtype=dtype, device=gemm1_weights.device)
-    w2 = torch.empty((n, *gemm2_weights.shape[1:]), dtype=dtype, device=gemm2_weights.device)
-    for j, e in enumerate(used.tolist()):
-        w13[j].copy_(gemm1_weights[e])
-        w2[j].copy_(gemm2_weights[e])
-    remap = torch.full((experts + 1,), n, dtype=torch.int32, device=ids.device)
-    remap[used] = torch.arange(n, dtype=torch.int32, device=ids.device)
-    renumbered = remap[torch.where(valid, flat, experts)].view(ids.shape)
-    return w13, w2, renumbered
-
-
-def _fp32_weight_experts(
-    hidden_states: torch.Tensor,
-    gemm1_weights: torch.Tensor,
-    gemm2_weights: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
-    on_input: bool,
-    out: torch.Tensor | None,
-) -> torch.Tensor:
-    """The experts of the fp4 Definitions' contract on flashtune's bf16 experts path."""
-    dtype = hidden_states.dtype
-    if dtype not in (torch.bfloat16, torch.float16):
-        dtype = torch.bfloat16
-    a = hidden_states
-    if on_input:
-        # The weight scales the token before GEMM1 (SwiGLU is not linear, so it cannot move
-        # to the output); with one expert a token (top-1) the scaled token can run the
-        # experts with weight 1, in float32 then rounded once to 16 bits.
-        a = hidden_states.float() * weights.float()
-        weights = torch.ones_like(weights, dtype=torch.float32)
-    a = a.to(dtype)
-    # Weights in the contract are float32; flashtune's experts kernels read 16-bit (or fp8)
-    # weights, so the used experts' weights are converted on every call: streaming float32
-    # weights this way costs a conversion per call (read 4 bytes, write 2, read 2 again). A
-    # kernel that loads float32 tiles and casts them in registers is the faster follow-up.
-    converted = _used_experts_16bit(gemm1_weights, gemm2_weights, ids, dtype)
-    if converted is None:  # no token reached an expert
-        zeros = torch.zeros(a.shape, dtype=torch.bfloat16, device=a.device)
-        return zeros if out is None else out.copy_(zeros)
-    w13, w2, local_ids = converted
-    return fused_experts(a, w13, w2, local_ids, weights.float(), quant=ExpertQuant("bf16"), out=out)
-
-
-def _check_fp32_weights(
-    hidden_states: Any, gemm1_weights: Any, gemm2_weights: Any
-) -> tuple[int, int, int, int]:
-    """(tokens, hidden, intermediate, experts) of an fp4-contract call, checked."""
-    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
-        raise ValueError("hidden_states must be a [seq_len, hidden_size] tensor")
-    if not isinstance(gemm2_weights, torch.Tensor) or gemm2_weights.dim() != 3:
-        raise ValueError("gemm2_weights must be a [num_experts, hidden, intermediate] tensor")
-    tokens, hidden = hidden_states.shape
-    experts, _, inter = gemm2_weights.shape
-    floats = (torch.float32, torch.bfloat16, torch.float16)
-    _tensor("hidden_states", hidden_states, (tokens, hidden), (torch.bfloat16, torch.float16))
-    _tensor("gemm1_weights", gemm1_weights, (experts, 2 * inter, hidden), floats)
-    _tensor("gemm2_weights", gemm2_weights, (experts, hidden, inter), floats)
-    for name, t in (("gemm1_weights", gemm1_weights), ("gemm2_weights", gemm2_weights)):
-        if t.device != hidden_states.device:
-            raise ValueError(f"{name} is on {t.device}, hidden_states on {hidden_states.device}")
-    return tokens, hidden, inter, experts
-
-
-def moe_fp32_weights(
-    routing_logits: torch.Tensor,
-    hidden_states: torch.Tensor,
-    gemm1_weights: torch.Tensor,
-    gemm2_weights: torch.Tensor,
-    routing_bias: torch.Tensor | None = None,
-    *,
-    routing_method_type: int = 1,
-    top_k: int = 8,
-    output: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """A MoE layer on float32 weights: the contract of FlashInfer-Trace's
-    `trtllm_fp4_block_scale_moe_*` Definitions (their references run float32 weights; the
-    FlashInfer kernel they name reads MxFP4 ones, which this op does not).
-
-    routing_logits [T, E] float32/bf16; hidden_states [T, H] bf16; gemm1_weights [E, 2I, H]
-    (up rows, then gate rows) and gemm2_weights [E, H, I], float32 (16-bit accepted), every
-    expert local. Renormalize routing (1: top-k logits, softmax over them, weights on the
-    outputs) or Llama4 (3: top-1, sigmoid, the weight on the token before GEMM1; routing_bias
-    accepted and unread, as FlashInfer's kernel). Runs flashtune's bf16 experts (the used
-    experts' weights converted to bf16 per call). Returns [T, H] bfloat16 (into `output`
-    when given).
-    """
-    tokens, hidden, _, experts = _check_fp32_weights(hidden_states, gemm1_weights, gemm2_weights)
-    method = routing_method(routing_method_type)
-    if method not in (RoutingMethodType.Renormalize, RoutingMethodType.Llama4):
-        raise ValueError(
-            f"routing_method_type={method!r} is not supported: Renormalize or Llama4 only"
-        )
-    llama4 = method == RoutingMethodType.Llama4
-    if routing_bias is not None and not llama4:
-        raise ValueError("routing_bias is not supported with Renormalize routing")
-    _check_routing(routing_logits, routing_bias, hidden_states, experts, top_k, 0, experts)
-    out = _output(output, tokens, hidden, hidden_states.device)
-    ids, weights = select_experts(routing_logits, None, int(method), top_k)
-    return _fp32_weight_experts(
-        hidden_states, gemm1_weights, gemm2_weights, ids, weights, llama4, out
-    )
-
-
-def routed_moe_fp32_weights(
-    topk_ids: torch.Tensor,
-    hidden_states: torch.Tensor,
-    gemm1_weights: torch.Tensor,
-    gemm2_weights: torch.Tensor,
-    *,
-    routing_method_type: int = 1,
-    output: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """moe_fp32_weights with the routing done by the caller: the contract of
-    FlashInfer-Trace's `trtllm_fp4_block_scale_routed_moe_*` Definitions. topk_ids [T, K]
-    int32 packs each expert id (high 16 bits) with its weight's bfloat16 bits (low 16;
-    routing.unpack_topk_ids); ids outside [0, E) contribute nothing. routing_method_type
-    says where the weight applies: Llama4 (3, top-1 only) on the token before GEMM1,
-    Renormalize (1) on the expert's output. Returns [T, H] bfloat16.
-    """
-    tokens, hidden, _, _ = _check_fp32_weights(hidden_states, gemm1_weights, gemm2_weights)
-    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
-        raise ValueError("topk_ids must be a [seq_len, top_k] tensor")
-    _tensor("topk_ids", topk_ids, (tokens, topk_ids.shape[1]), (torch.int32,))
-    if topk_ids.device != hidden_states.device:
-        raise ValueError(
-            f"topk_ids is on {topk_ids.device}, hidden_states on {hidden_states.device}"
-        )
-    method = routing_method(routing_method_type)
-    if method not in (RoutingMethodType.Renormalize, RoutingMethodType.Llama4):
-        raise ValueError(
-            f"routing_method_type={method!r} is not supported: Renormalize or Llama4 only"
-        )
-    llama4 = method == RoutingMethodType.Llama4
-    if llama4 and topk_ids.shape[1] != 1:
-        raise ValueError(f"Llama4 routing is top-1; topk_ids has {topk_ids.shape[1]} columns")
-    out = _output(output, tokens, hidden, hidden_states.device)
-    ids, weights = unpack_topk_ids(topk_ids)
-    return _fp32_weight_experts(
-        hidden_states, gemm1_weights, gemm2_weights, ids, weights, llama4, out
-    )
 
 
 class _FP32WeightsOp(_MoEOp):
@@ -690,8 +428,13 @@ trtllm_fp8_per_tensor_scale_moe = _MoEOp(
     trtllm_fp8_per_tensor_scale_moe, "fp8_per_tensor", ("per_tensor",)
 )
 trtllm_bf16_moe = _MoEOp(trtllm_bf16_moe, "bf16", ("bf16",))
-moe_fp32_weights = _FP32WeightsOp(moe_fp32_weights, "fp32w", ("fp32w",))
-routed_moe_fp32_weights = _FP32WeightsOp(routed_moe_fp32_weights, "fp32w_routed", ("fp32w_routed",))
+moe_fp32_weights = _FP32WeightsOp(_moe_fp32_weights, "fp32w", ("fp32w",))
+routed_moe_fp32_weights = _FP32WeightsOp(
+    _routed_moe_fp32_weights, "fp32w_routed", ("fp32w_routed",)
+)
+# The public names, not fp32_weights.py's (flashtune.schema.family_op looks them up by them).
+moe_fp32_weights.qualname = f"{__name__}.moe_fp32_weights"
+routed_moe_fp32_weights.qualname = f"{__name__}.routed_moe_fp32_weights"
 
 # The schema'd ops of the family, registered by their qualname in flashtune.schema.REGISTRY
 # (the definition dump, apply's mirror and capture list them from there).
