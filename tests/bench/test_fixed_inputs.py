@@ -39,21 +39,31 @@ def fixed_weights(monkeypatch):
     )
 
 
-def _traces(solutions: dict[str, str]):
+def _traces(solutions: dict[str, str], device: str = "cpu"):
     definition = toy_definition()
     events = evaluate_workload(
         definition,
         Workload(uuid="w", axes={"n": 5}),
         [python_solution(name, body) for name, body in solutions.items()],
         CFG,
-        torch.device("cpu"),
-        platform.snapshot("cpu"),
+        torch.device(device),
+        platform.snapshot(device),
     )
     return {t.solution: t.evaluation for kind, t in events if kind == "trace"}
 
 
 def test_fixed_weights_worker_and_sandbox_draw_the_same_values(fixed_weights):
     got = _traces({"honest": HONEST, "caches_output": CACHES_OUTPUT})
+    assert got["honest"].status.value == "PASSED", got["honest"].reason
+    assert "keep their first values in every sample" in got["honest"].log
+    assert got["caches_output"].status.value == "INCORRECT_NUMERICAL"
+
+
+@pytest.mark.cuda
+def test_fixed_weights_on_the_gpu(fixed_weights):
+    """On a GPU the sandbox draws its own sets from the seeds (no shared memory): it must
+    skip the fixed weights exactly as the worker does, and send its inputs back borrowed."""
+    got = _traces({"honest": HONEST, "caches_output": CACHES_OUTPUT}, "cuda")
     assert got["honest"].status.value == "PASSED", got["honest"].reason
     assert "keep their first values in every sample" in got["honest"].log
     assert got["caches_output"].status.value == "INCORRECT_NUMERICAL"
