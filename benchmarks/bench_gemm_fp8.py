@@ -11,7 +11,9 @@ the picks are timed again in a fresh process on fresh inputs, beside cuBLAS and 
 tactic timed the same way, and those are the published figures.
 
 Rows go to benchmarks/results/gemm_fp8.jsonl (and $OUT): per shape cuBLAS, Triton's default
-tactic and its best (re-measured); a geomean of cuBLAS / Triton-best is printed per scale kind.
+tactic and its best over both Triton runners (the tiled kernel and, with per-tensor scales at
+M <= 64, the decode kernel: the row's `runner`), re-measured; a geomean of cuBLAS /
+Triton-best is printed per scale kind.
 Usage: python benchmarks/bench_gemm_fp8.py [--quick] [--budget-s 500]
 """
 
@@ -22,6 +24,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -68,8 +71,19 @@ def _cublas(A, B, sa, sb, out):
     )
 
 
-def _triton(mode: str, tactic):
-    runner = L.TritonFp8Runner()
+_RUNNERS = {"tiled": L.TritonFp8Runner(), "small_m": L.TritonFp8SmallMRunner()}
+
+
+def _candidates(a: L.Fp8Inputs) -> list[tuple[str, Any]]:
+    """(runner, tactic) pairs: the tiled kernel's default first, then every Triton tactic
+    of both runners (the decode kernel's where it applies: per-tensor scales, M <= 64)."""
+    return [("tiled", -1)] + [
+        (name, t) for name, runner in _RUNNERS.items() for t in runner.get_valid_tactics(a, None)
+    ]
+
+
+def _triton(mode: str, pick: tuple[str, Any]):
+    runner, tactic = _RUNNERS[pick[0]], pick[1]
 
     def run(A, B, sa, sb, out):
         return runner.forward(L.Fp8Inputs(A, B, sa, sb, torch.bfloat16, mode=mode, out=out), tactic)
@@ -101,7 +115,7 @@ def select_shape(M: int, N: int, K: int, block: bool, selection: Selection) -> N
     a = _operands(M, N, K, block, seed=0)
     expected = _expected(a)
     timed = []
-    for tactic in [-1, *L.TritonFp8Runner().get_valid_tactics(a, None)]:
+    for tactic in _candidates(a):
         fn = _triton(a.mode, tactic)
         try:
             if not _ok(_call(fn, a)[0], expected):
@@ -121,12 +135,9 @@ def measure_shape(
     """The measuring process: the pick, the default tactic and cuBLAS on inputs the pick was
     not chosen on. Returns (cuBLAS or nan, the pick) in ms."""
     a = _operands(M, N, K, block, seed=1)
-    runner = L.TritonFp8Runner()
-    tactic, selection_ms = selection.lookup(
-        _key(M, N, K, block), [-1, *runner.get_valid_tactics(a, None)]
-    )
+    tactic, selection_ms = selection.lookup(_key(M, N, K, block), _candidates(a))
     best_ms = _time(_triton(a.mode, tactic), a)
-    default_ms = _time(_triton(a.mode, -1), a)
+    default_ms = _time(_triton(a.mode, ("tiled", -1)), a)
     peer_ms = float("nan") if block else _time(_cublas, a)
     shape = {"M": M, "N": N, "K": K, "scales": "block_1x128_128x128" if block else "tensor"}
     flops = 2 * M * N * K
@@ -138,7 +149,8 @@ def measure_shape(
         shape,
         "triton_best_remeasured",
         best_ms,
-        tactic=list(tactic) if tactic != -1 else -1,
+        runner=tactic[0],
+        tactic=list(tactic[1]) if tactic[1] != -1 else -1,
         tflops=flops / best_ms / 1e9,
         selection_ms=selection_ms,
     )

@@ -236,6 +236,54 @@ def test_triton_runner_tactics_interpreter(tactic, block):
     _close(C, expected, scale=expected.abs().max().item())
 
 
+# The decode kernel's tactics (block_m, block_n, block_k, split_k, warps, stages): FMA tiles
+# of 1 and 4 rows, a 16-row swap-AB dot, split K of 3 ending inside a tile (K = 200).
+SMALL_M_TACTICS = [-1, (1, 16, 64, 1, 4, 1), (4, 16, 64, 3, 4, 1), (16, 32, 64, 2, 4, 1)]
+
+
+# An FMA tile holds the whole M (the runner offers no other): those pairs only.
+SMALL_M_CASES = [
+    (t, m) for t in SMALL_M_TACTICS for m in (1, 3, 16) if t == -1 or t[0] >= 16 or t[0] >= m
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("tactic,m", SMALL_M_CASES, ids=str)
+@pytest.mark.parametrize("formats", [(E4M3, E4M3), (E5M2, E5M2)], ids=["e4m3", "e5m2"])
+def test_small_m_runner_interpreter(tactic, m, formats):
+    n, k = 40, 200
+    A, B_nk = _fp8((1, m, k), formats[0]), _fp8((1, n, k), formats[1])
+    sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16)
+    assert L.small_m_applies(inputs)
+    C = L.TritonFp8SmallMRunner().forward(inputs, tactic)
+    expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+def test_small_m_runner_offers_tactics_only_where_it_applies():
+    runner = L.TritonFp8SmallMRunner()
+    A, B = _fp8((1, 8, 256)), _fp8((1, 64, 256))
+    one = torch.ones(1)
+    assert runner.get_valid_tactics(L.Fp8Inputs(A, B, one, one, torch.float16), None)
+    others = [
+        L.Fp8Inputs(A.expand(2, -1, -1), B.expand(2, -1, -1), one, one, torch.float16),  # batch
+        L.Fp8Inputs(_fp8((1, 65, 256)), B, one, one, torch.float16),  # M over 64
+        L.Fp8Inputs(A, B.to(E5M2), one, one, torch.float16),  # two formats
+        L.Fp8Inputs(
+            A,
+            B,
+            _block_scales(8, 256, 1, lead=(1,)),
+            _block_scales(64, 256, 128, lead=(1,)),
+            torch.float16,
+            mode="block",
+        ),  # fmt: skip
+    ]
+    for inputs in others:
+        assert not L.small_m_applies(inputs)
+        assert runner.get_valid_tactics(inputs, None) == []
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("tactic", [(16, 32, 64, 8, 3, 4, 2), (16, 16, 128, 1, 2, 4, 2)], ids=str)
 def test_split_k_with_row_groups_and_masked_rows(tactic):
@@ -494,6 +542,22 @@ def test_every_candidate_tactic_cuda(b, m, n, k, block):
         expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.bfloat16)
     inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.bfloat16, mode="block" if block else "tensor")
     runner = L.TritonFp8Runner()
+    tactics = runner.get_valid_tactics(inputs, None)
+    assert tactics
+    for tactic in [-1, *tactics]:
+        _close(runner.forward(inputs, tactic), expected, scale=expected.float().abs().max().item())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 7168, 2048), (5, 576, 7168), (16, 1536, 7168), (33, 72, 200)]
+)
+def test_every_small_m_tactic_cuda(m, n, k):
+    A, B_nk = _fp8((1, m, k), device="cuda"), _fp8((1, n, k), device="cuda")
+    sa, sb = torch.rand(1, device="cuda") + 0.5, torch.rand(1, device="cuda") + 0.5
+    expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.bfloat16)
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.bfloat16)
+    runner = L.TritonFp8SmallMRunner()
     tactics = runner.get_valid_tactics(inputs, None)
     assert tactics
     for tactic in [-1, *tactics]:

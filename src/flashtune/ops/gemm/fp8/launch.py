@@ -20,6 +20,12 @@ import triton
 
 from flashtune import platform
 from flashtune.ops.call import KernelOp, named
+from flashtune.ops.gemm.config import (
+    SmallMTactic,
+    small_m_candidates,
+    small_m_default_tactic,
+    split_k_ok,
+)
 from flashtune.ops.gemm.fp8.config import (
     Fp8Space,
     Fp8Tactic,
@@ -29,18 +35,20 @@ from flashtune.ops.gemm.fp8.config import (
 )
 from flashtune.ops.gemm.fp8.kernels import _fp8_gemm_kernel
 from flashtune.ops.gemm.fp8.reference import expand_scale
-from flashtune.ops.gemm.launch import split_k_counters
+from flashtune.ops.gemm.launch import launch_small_m, split_k_counters
 from flashtune.tune import DEFAULT_TACTIC, DynamicDim, Tactic, TunableRunner, TuningConfig
 
 __all__ = [
     "Fp8Inputs",
     "MODES",
     "TritonFp8Runner",
+    "TritonFp8SmallMRunner",
     "CublasFp8Runner",
     "launch_fp8",
     "b_nk",
     "b_logical",
     "cublas_applies",
+    "small_m_applies",
     "run_fp8",
     "reference_fp8",
 ]
@@ -210,6 +218,71 @@ class TritonFp8Runner(TunableRunner):
         return launch_fp8(a, _alloc_out(a), t)
 
 
+class TritonFp8SmallMRunner(TunableRunner):
+    """The GEMM family's decode kernel (ops/gemm `_gemm_small_m_kernel`: swap-AB dots from 16
+    rows, an FMA reduction below, K split over CTAs) on fp8 operands with per-tensor scales.
+    A decode-sized fp8 GEMM is bound by reading B once; this kernel reads it in its [N, K]
+    rows with 16-byte loads over many CTAs, where the tiled fp8 kernel pads M to its tile.
+    Tactics only for `small_m_applies` products (one batch entry, M <= 64, per-tensor
+    scales, B as [N, K] rows, one fp8 format); any other product runs the tiled kernel."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        a = named(Fp8Inputs, inputs)
+        if not small_m_applies(a):
+            return []
+        _, M, K = a.A.shape
+        N = b_nk(a)[0]
+        sms = platform.device_limits(a.A.device).sm_count
+        return [
+            t.as_tactic()
+            for t in small_m_candidates(M, N, K, sms)
+            if t.stream_k == 0
+            and split_k_ok(M, N, K, t.block_k, t.split_k)
+            and (t.block_m >= M if t.block_m < 16 else t.block_k % 32 == 0)
+        ]
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
+        a = named(Fp8Inputs, inputs)
+        if not small_m_applies(a):
+            return TritonFp8Runner().forward(inputs)
+        _, M, K = a.A.shape
+        N = b_nk(a)[0]
+        C = _alloc_out(a)
+        if M == 0 or N == 0:
+            return C
+        if tactic == DEFAULT_TACTIC:
+            t = small_m_default_tactic(M, N, K, platform.device_limits(a.A.device).sm_count)
+        else:
+            t = SmallMTactic.from_tactic(tactic)
+        launch_small_m(
+            a.A[0],
+            a.B[0],
+            C[0],
+            None,
+            (a.A_scale, a.B_scale),
+            block_m=t.block_m,
+            block_n=t.block_n,
+            block_k=t.block_k,
+            split_k=t.split_k,
+            num_warps=t.num_warps,
+            num_stages=t.num_stages,
+        )
+        return C
+
+
+def small_m_applies(a: Fp8Inputs) -> bool:
+    """Whether TritonFp8SmallMRunner takes the product (see the class)."""
+    return (
+        a.mode == "tensor"
+        and not a.b_kblock
+        and a.A.shape[0] == 1
+        and a.A.shape[1] <= 64
+        and a.A.dtype == a.B.dtype
+        and a.A_scale.numel() == 1
+        and a.B_scale.numel() == 1
+    )
+
+
 @functools.cache
 def _capability(index: int | None) -> tuple[int, int]:
     # Read once per device: a call pays a dict lookup, not a driver query.
@@ -321,7 +394,7 @@ ROWWISE_TUNING = TuningConfig(
 # index tensors cannot be made up at another size).
 EXACT_TUNING = TuningConfig(key_dtypes=True, use_cuda_graph=True)
 
-_TRITON = (TritonFp8Runner(),)
+_TRITON = (TritonFp8Runner(), TritonFp8SmallMRunner())
 # cuBLAS first where it is a candidate: the default until the tuner has measured Triton.
 _BACKEND_RUNNERS: dict[str, tuple[TunableRunner, ...]] = {
     "cublas": (CublasFp8Runner(),),
