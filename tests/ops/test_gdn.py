@@ -334,6 +334,26 @@ def test_flashinfer_decode_updates_in_place_both_layouts_and_pools():
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("zero_padding", [False, True])
+def test_padding_rows_zeroed_only_in_the_calls_own_output(zero_padding):
+    """A padding request (slot -1): its output rows are zeros when the call allocated the
+    output (the kernel writes them: no memset first), a given output's are left alone."""
+    from flashtune.ops.gdn import launch
+
+    q, k, v, a_log, a, dt_bias, b = _step_inputs(3, 2)
+    pool = torch.randn(4, HV, D, D)
+    idx = torch.tensor([3, -1, 0], dtype=torch.int32)
+    out = torch.full((3, 2, HV, D), float("nan"), dtype=q.dtype)
+    launch.recurrent(q, k, v, a_log, a, dt_bias, b, pool, None, out, D**-0.5,
+                     read_indices=idx, zero_padding=zero_padding)  # fmt: skip
+    assert not out[[0, 2]].isnan().any()
+    if zero_padding:
+        assert torch.count_nonzero(out[1]) == 0
+    else:
+        assert out[1].isnan().all()
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("with_buffer", [False, True])
 def test_mtp_matches_the_reference(with_buffer):
     q, k, v, a_log, a, dt_bias, b = _step_inputs(3, 4)

@@ -203,18 +203,18 @@ def _recurrent_call(
                 f"intermediate_states_buffer must be a contiguous [*, {steps}, {hv}, {vdim}, "
                 f"{kdim}] tensor, got {tuple(intermediate.shape)}"
             )
-    padded = read is not None or write is not None
-    out = output
-    if out is None:
-        make = torch.zeros if padded else torch.empty
-        out = make(batch, steps, hv, vdim, dtype=q.dtype, device=q.device)
+    own_output = output is None
+    if own_output:
+        # Padding requests' rows (negative slots) are written as zeros by the kernel itself.
+        out = torch.empty(batch, steps, hv, vdim, dtype=q.dtype, device=q.device)
     else:
-        out = _out(out, (batch, steps, hv, vdim), q)
+        out = _out(output, (batch, steps, hv, vdim), q)
     target = new_state if new_state is not None else (pool if update else None)
     launch.recurrent(
         q, k, v, A_log, a, dt_bias, b, pool, target, out, default_scale(scale, kdim),
         read_indices=read, write_indices=write, intermediate=intermediate,
         intermediate_by_slot=intermediate_by_slot, use_qk_l2norm=use_qk_l2norm,
+        zero_padding=own_output and (read is not None or write is not None),
     )  # fmt: skip
     return out
 

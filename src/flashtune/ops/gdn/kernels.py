@@ -99,6 +99,7 @@ def _recurrent_kernel(
     WRITE_STATE: tl.constexpr,
     HAS_INTER: tl.constexpr,
     INTER_BY_SLOT: tl.constexpr,
+    ZERO_PAD: tl.constexpr,  # padding requests' output rows written as zeros (else left alone)
     L2NORM: tl.constexpr,
     RAW_GATES: tl.constexpr,
 ):
@@ -151,11 +152,18 @@ def _recurrent_kernel(
         u = beta * (v - tl.sum(s * k[None, :], 1))
         s = s + u[:, None] * k[None, :]
         o = tl.sum(s * q[None, :], 1) * scale
-        tl.store(
-            out_ptr + (row * HV + i_h) * V + offs_v,
-            o.to(out_ptr.dtype.element_ty),
-            mask=mask_v & valid,
-        )
+        if ZERO_PAD:  # the output is the call's own: zeros for padding, no memset before
+            tl.store(
+                out_ptr + (row * HV + i_h) * V + offs_v,
+                tl.where(valid, o, 0.0).to(out_ptr.dtype.element_ty),
+                mask=mask_v,
+            )
+        else:
+            tl.store(
+                out_ptr + (row * HV + i_h) * V + offs_v,
+                o.to(out_ptr.dtype.element_ty),
+                mask=mask_v & valid,
+            )
         if HAS_INTER:
             if INTER_BY_SLOT:
                 which = slot

@@ -167,6 +167,7 @@ def _launch_recurrent(
     intermediate_by_slot: bool = True,
     use_qk_l2norm: bool = False,
     raw_gates: bool = True,
+    zero_padding: bool = False,
     tactic: GDNTactic = DEFAULT_RECURRENT,
 ) -> None:
     """The recurrence over q, k [B, T, H, K], v [B, T, HV, V], a, b [B, T, HV], from `state`
@@ -197,6 +198,7 @@ def _launch_recurrent(
         HAS_STATE=state is not None, HAS_READ_IDX=read_indices is not None,
         HAS_WRITE_IDX=write_indices is not None, WRITE_STATE=new_state is not None,
         HAS_INTER=intermediate is not None, INTER_BY_SLOT=intermediate_by_slot,
+        ZERO_PAD=zero_padding,
         L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, num_warps=tactic.num_warps,
     )  # fmt: skip
 
@@ -325,6 +327,9 @@ class RecurrentInputs(NamedTuple):
     intermediate_by_slot: bool
     use_qk_l2norm: bool
     raw_gates: bool
+    # Padding requests' output rows written as zeros (the output is the call's own; a given
+    # one keeps its values there, as FlashInfer's).
+    zero_padding: bool = False
 
 
 class ChunkedInputs(NamedTuple):
@@ -364,7 +369,7 @@ class RecurrentRunner(TunableRunner):
             x.q, x.k, x.v, x.A_log, x.a, x.dt_bias, x.b, x.state, x.new_state, x.output,
             x.scale, read_indices=x.read_indices, write_indices=x.write_indices,
             intermediate=x.intermediate, intermediate_by_slot=x.intermediate_by_slot,
-            use_qk_l2norm=x.use_qk_l2norm, raw_gates=x.raw_gates,
+            use_qk_l2norm=x.use_qk_l2norm, raw_gates=x.raw_gates, zero_padding=x.zero_padding,
             tactic=_tactic(tactic, DEFAULT_MTP if x.q.shape[1] > 1 else DEFAULT_RECURRENT),
         )  # fmt: skip
         return x.output
@@ -421,6 +426,8 @@ def _recurrent_reference(inputs: Sequence[Any]) -> None:
     steps = x.q.shape[1]
     out, final = recurrent_ref(x.q, x.k, x.v, g, beta, start, x.scale, x.use_qk_l2norm)
     x.output[valid] = out[valid].to(x.output.dtype)
+    if x.zero_padding:
+        x.output[~valid] = 0
     if x.intermediate is not None:  # each token's state: run the prefixes (a CPU path)
         for t in range(steps):
             _, s_t = recurrent_ref(x.q[:, : t + 1], x.k[:, : t + 1], x.v[:, : t + 1],
@@ -474,13 +481,15 @@ def recurrent(
     intermediate_by_slot: bool = True,
     use_qk_l2norm: bool = False,
     raw_gates: bool = True,
+    zero_padding: bool = False,
     tactic: GDNTactic | None = None,
 ) -> None:
     """`_launch_recurrent` through the autotuner's dispatch (its tactic per bucket of
     requests; the reference where no kernel runs), or with `tactic` when given."""
     inputs = RecurrentInputs(q, k, v, A_log, a, dt_bias, b, state, new_state, output,
                              read_indices, write_indices, intermediate, scale,
-                             intermediate_by_slot, use_qk_l2norm, raw_gates)  # fmt: skip
+                             intermediate_by_slot, use_qk_l2norm, raw_gates,
+                             zero_padding)  # fmt: skip
     if tactic is not None:
         RecurrentRunner().forward(inputs, tactic)
     else:
