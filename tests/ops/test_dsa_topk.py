@@ -103,6 +103,7 @@ def test_radix_select_matches_torch_topk(batch, length, topk):
         SelectTactic(chunk=256, tile=256, reps=1),  # many programs, one histogram
         SelectTactic(chunk=512, tile=256, reps=4),  # copies of the histogram, small tiles
         SelectTactic(chunk=8192, tile=2048),  # one program a row
+        SelectTactic(tile=256, resolve_tile=1024, resolve_warps=8),  # its own resolve step
     ],
 )
 def test_radix_select_tactics(tactic):
@@ -151,3 +152,11 @@ def test_radix_select_cuda_graph(batch, length):
         graph.replay()
         torch.cuda.synchronize()
         _check(out.cpu(), logits.cpu(), seq_lens.cpu(), table.cpu(), topk)
+
+
+@pytest.mark.parametrize("bad", [dict(tile=100), dict(resolve_tile=128), dict(resolve_tile=3000)])
+def test_radix_select_refuses_bad_tiles_by_name(bad):
+    logits, seq_lens, table = _case(2, 600, 64, seed=4)
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=f"SelectTactic.{name} must be a power of two"):
+        radix_topk_slots(logits, seq_lens, table, PAGE_SIZE, 64, SelectTactic(**bad))
