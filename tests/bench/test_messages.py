@@ -3,6 +3,7 @@ whether or not the inputs it sends back are borrowed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from flashtune.bench.messages import decode, decode_outputs, encode
@@ -33,3 +34,36 @@ def test_messages_without_sets_decode_as_before():
     got, plain = decode_outputs(encode(message)), decode(encode(message))
     assert got.keys() == plain.keys() and torch.equal(got["stacked"], plain["stacked"])
     assert decode_outputs(encode([1, 2])) == [1, 2]
+
+
+def _cuda_description(size, stride, offset, nbytes):
+    return {
+        "__kind__": "cuda",
+        "dtype": "float32",
+        "size": size,
+        "stride": stride,
+        "offset": offset,
+        "device": 0,
+        "nbytes": nbytes,
+        "offset_bytes": 0,
+        "rc_offset": 0,
+        "handle": b"x" * 64,
+        "rc_handle": b"y",
+        "ev_handle": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "size,stride,offset,nbytes",
+    [
+        ([4, 4], [4, 1], 0, 60),  # one element past a 16-float storage's 15
+        ([4, 4], [4, 1], 1, 64),  # the offset pushes the last element out
+        ([2, 8], [16, 1], 0, 64),  # a stride that skips past the end
+        ([4], [-1], 3, 64),  # negative strides are never sent
+        ([4], [1], -1, 64),
+        ([4, 4], [1], 0, 64),  # a stride missing
+    ],
+)
+def test_a_cuda_view_outside_its_storage_is_refused_before_mapping(size, stride, offset, nbytes):
+    with pytest.raises(ValueError, match="leaves its storage"):
+        decode(_cuda_description(size, stride, offset, nbytes))

@@ -147,6 +147,19 @@ def decode(value: Any, borrow: bool = False) -> Any:
         for f in ("handle", "rc_handle", "ev_handle"):
             if value.get(f) is not None and not isinstance(value.get(f), bytes):
                 raise ValueError(f"malformed tensor description: {f}")
+        numel = math.prod(size)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if numel and (
+            len(stride) != len(size)
+            or min(stride) < 0
+            or value["offset"] < 0
+            or (value["offset"] + sum((n - 1) * st for n, st in zip(size, stride, strict=True)) + 1)
+            * itemsize
+            > value["nbytes"]
+        ):
+            # A view past its storage would read another allocation of the child's, or
+            # fault the worker's CUDA context: refused before anything is mapped.
+            raise ValueError("malformed tensor description: the view leaves its storage")
         shared = _reductions.rebuild_cuda_tensor(
             torch.Tensor,
             torch.Size(size),
