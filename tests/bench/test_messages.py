@@ -67,3 +67,10 @@ def _cuda_description(size, stride, offset, nbytes):
 def test_a_cuda_view_outside_its_storage_is_refused_before_mapping(size, stride, offset, nbytes):
     with pytest.raises(ValueError, match="leaves its storage"):
         decode(_cuda_description(size, stride, offset, nbytes))
+
+
+def test_a_handle_that_does_not_open_is_the_sandboxs_fault():
+    """A forged handle (here on a machine without CUDA, or on a GPU: the driver refuses it)
+    is a malformed message, never an error of the worker's."""
+    with pytest.raises(ValueError, match="malformed tensor description"):
+        decode(_cuda_description([4, 4], [4, 1], 0, 64))

@@ -160,23 +160,27 @@ def decode(value: Any, borrow: bool = False) -> Any:
             # A view past its storage would read another allocation of the child's, or
             # fault the worker's CUDA context: refused before anything is mapped.
             raise ValueError("malformed tensor description: the view leaves its storage")
-        shared = _reductions.rebuild_cuda_tensor(
-            torch.Tensor,
-            torch.Size(size),
-            tuple(stride),
-            value["offset"],
-            torch.storage.TypedStorage,
-            dtype,
-            value["device"],
-            value["handle"],
-            value["nbytes"],
-            value["offset_bytes"],
-            False,
-            value["rc_handle"],
-            value["rc_offset"],
-            value["ev_handle"],
-            bool(value.get("ev_sync")),
-        )
+        try:
+            shared = _reductions.rebuild_cuda_tensor(
+                torch.Tensor,
+                torch.Size(size),
+                tuple(stride),
+                value["offset"],
+                torch.storage.TypedStorage,
+                dtype,
+                value["device"],
+                value["handle"],
+                value["nbytes"],
+                value["offset_bytes"],
+                False,
+                value["rc_handle"],
+                value["rc_offset"],
+                value["ev_handle"],
+                bool(value.get("ev_sync")),
+            )
+        except Exception as exc:  # noqa: BLE001 - whatever the driver says of a bad handle
+            # A forged or stale handle: the sandbox's fault, never the worker's.
+            raise ValueError(f"malformed tensor description: {exc}") from None
         if borrow:
             return shared
         copy = shared.clone()
