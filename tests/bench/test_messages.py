@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashtune.bench.messages import decode, decode_outputs, encode
+from flashtune.bench.messages import decode, decode_message, decode_outputs, encode
 
 
 def test_outputs_message_round_trips_with_inputs_and_without():
@@ -74,3 +74,11 @@ def test_a_handle_that_does_not_open_is_the_sandboxs_fault():
     is a malformed message, never an error of the worker's."""
     with pytest.raises(ValueError, match="malformed tensor description"):
         decode(_cuda_description([4, 4], [4, 1], 0, 64))
+
+
+def test_a_message_nested_too_deeply_is_refused():
+    payload: dict = {"__kind__": "list", "items": []}
+    for _ in range(100_000):
+        payload = {"__kind__": "list", "items": [payload]}
+    with pytest.raises(ValueError, match="nested too deeply"):
+        decode_message("outputs", payload)

@@ -190,6 +190,15 @@ def decode(value: Any, borrow: bool = False) -> Any:
     raise ValueError(f"malformed message: unknown kind {kind!r}")
 
 
+def decode_message(kind: str, payload: Any) -> Any:
+    """A sandbox message's payload, decoded (`decode_outputs` for "outputs"). Anything the
+    decoding cannot take is a ValueError: the sandbox's fault, never the worker's."""
+    try:
+        return decode_outputs(payload) if kind == "outputs" else decode(payload)
+    except RecursionError:
+        raise ValueError("malformed message: nested too deeply") from None
+
+
 def decode_outputs(payload: Any) -> Any:
     """A sandbox's "outputs" message: as `decode`, except that the inputs it sends back (the
     `inputs` of each entry of `sets`, read once for the unchanged check before the worker

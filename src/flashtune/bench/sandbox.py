@@ -64,7 +64,7 @@ from multiprocessing import forkserver
 from typing import Any
 
 from flashtune.bench import entry_points, isolation, process_tree, sandbox_child
-from flashtune.bench.messages import decode, decode_outputs, loads
+from flashtune.bench.messages import decode_message, loads
 from flashtune.bench.sandbox_child import (
     SandboxJob,
     SandboxSpec,
@@ -242,7 +242,7 @@ class Sandbox:
                 kind, payload = loads(data)
                 if not isinstance(kind, str):
                     raise ValueError("malformed message from the sandbox")
-                return kind, decode_outputs(payload) if kind == "outputs" else decode(payload)
+                return kind, decode_message(kind, payload)
             if self.process.sentinel in ready:
                 # Messages sent just before exiting are still in the pipe.
                 if self.conn.poll(0):
