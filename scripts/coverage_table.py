@@ -13,10 +13,12 @@ see (the corpus at FLASHTUNE_TRACE_CORPUS) and all 156 of flashinfer-bench at ec
   at their constants;
 - solutions: definitions `flashtune run --with flashtune,flashinfer,torch` supplies
   flashtune's solution for (flashtune.ops.bundle.supply: the contract matches);
-- PASS on GPU, ratio vs FlashInfer: from the traces of `--traces` folders (flashtune run
-  outputs): definitions whose flashtune solution PASSED on a GPU on every workload traced
-  there, and the geometric mean of FlashInfer's latency over flashtune's on the workloads
-  both PASSED (same hardware). Without traces these columns say "not measured".
+- PASS on GPU, ratio vs FlashInfer: from the committed result rows (benchmarks/results/
+  corpus_run.jsonl, bundled_run.jsonl: the newest GPU run of each definition) and the traces
+  of `--traces` folders (flashtune run outputs), which override them: definitions whose
+  flashtune solution PASSED on a GPU on every workload measured, and the geometric mean of
+  FlashInfer's latency over flashtune's on the workloads both PASSED (same hardware). A
+  family nothing measured says "not measured".
 Nothing in the table is typed by hand.
 """
 
@@ -85,6 +87,46 @@ def measured(roots: list[Path]) -> tuple[dict[str, bool], dict[str, list[float]]
     return passed, ratios
 
 
+RESULT_ROWS = tuple(
+    REPO / "benchmarks" / "results" / name for name in ("corpus_run.jsonl", "bundled_run.jsonl")
+)
+
+
+def measured_rows(paths: tuple[Path, ...]) -> tuple[dict[str, bool], dict[str, list[float]]]:
+    """As `measured`, from committed result rows (`benchmarks/bench_bundled.py rows`: one
+    per definition, shape and solution, with its status and GPU): per definition the newest
+    GPU run that measured flashtune's solution, PASSED when every flashtune row of that run
+    did; FlashInfer's latency over flashtune's per shape both PASSED in that run."""
+    runs: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for path in paths:
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            gpu = str(row.get("gpu") or "")
+            if row.get("status") and gpu and gpu.lower() != "cpu":
+                runs[row["op"]][str(row.get("run_started") or row.get("date"))].append(row)
+    passed: dict[str, bool] = {}
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for name, by_run in runs.items():
+        for run in sorted(by_run, reverse=True):
+            rows = by_run[run]
+            ours = [r for r in rows if r.get("solution") == "flashtune"]
+            if not ours:
+                continue
+            passed[name] = all(r["status"] == "PASSED" for r in ours)
+            latency = {
+                (r.get("solution"), json.dumps(r.get("shape"), sort_keys=True)): r["latency_ms"]
+                for r in rows
+                if r["status"] == "PASSED" and r.get("latency_ms")
+            }
+            for (solution, shape), ms in latency.items():
+                if solution == "flashtune" and ("flashinfer", shape) in latency:
+                    ratios[name].append(latency["flashinfer", shape] / ms)
+            break
+    return passed, ratios
+
+
 def table(corpus: Path, trace_roots: list[Path]) -> str:
     load_all()
     schemas = schemas_by_prefix()
@@ -97,7 +139,11 @@ def table(corpus: Path, trace_roots: list[Path]) -> str:
         for s in supply_all(union.values())
         if any(sol.name.startswith("flashtune@") for sol in s.solutions)
     }
-    passed, ratios = measured(trace_roots)
+    # Traces given on the command line override the committed rows' figures.
+    passed, ratios = measured_rows(RESULT_ROWS)
+    traced_passed, traced_ratios = measured(trace_roots)
+    passed.update(traced_passed)
+    ratios.update(traced_ratios)
     families = sorted({d.op_type for d in union.values()})
     header = (
         "| family | definitions (visible / ecafa9c / union) | ops | kernels | flashtune solutions "
@@ -105,6 +151,7 @@ def table(corpus: Path, trace_roots: list[Path]) -> str:
     )
     rows = []
     totals = [0, 0, 0, 0, 0, 0]
+    gpu_passed = gpu_measured = 0
     for family in families:
         names = [n for n, d in union.items() if d.op_type == family]
         n_visible = "unknown" if visible is None else str(sum(d.op_type == family for d in visible))
@@ -113,8 +160,12 @@ def table(corpus: Path, trace_roots: list[Path]) -> str:
         kernels = sum(schema_names(union[n], schemas) for n in names)
         solutions = sum(n in supplied for n in names)
         traced = [n for n in names if n in passed]
+        gpu_measured += len(traced)
+        gpu_passed += sum(passed[n] for n in traced)
         gpu = (
-            f"{sum(passed[n] for n in traced)} of {len(traced)} traced" if traced else NOT_MEASURED
+            f"{sum(passed[n] for n in traced)} of {len(traced)} measured"
+            if traced
+            else NOT_MEASURED
         )
         family_ratios = [r for n in names for r in ratios.get(n, [])]
         ratio = (
@@ -134,13 +185,13 @@ def table(corpus: Path, trace_roots: list[Path]) -> str:
     visible_total = "unknown" if visible is None else str(totals[0])
     rows.append(
         f"| **all** | {visible_total} / {totals[1]} / {totals[2]} | {totals[3]} | {totals[4]} "
-        f"| {totals[5]} | | |"
+        f"| {totals[5]} | {gpu_passed} of {gpu_measured} measured | |"
     )
-    sources = (
-        f"traces of {', '.join(str(r) for r in trace_roots)}"
-        if trace_roots
-        else "no GPU traces were given: PASS on GPU and the ratio are not measured here"
+    sources = "the newest GPU run of each definition in the committed rows of " + ", ".join(
+        f"`benchmarks/results/{p.name}`" for p in RESULT_ROWS
     )
+    if trace_roots:
+        sources += f", then the traces of {', '.join(str(r) for r in trace_roots)}"
     return (
         "# FlashInfer-Trace coverage\n\n"
         "Generated by `python scripts/coverage_table.py` (do not edit by hand; "

@@ -11,6 +11,7 @@ solutions, whatever layout the dataset gives it.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,29 @@ def test_coverage_columns_from_gpu_traces(tmp_path: Path) -> None:
     passed, ratios = _coverage_script().measured([tmp_path])
     assert passed == {"rmsnorm_h128": True}
     assert sorted(ratios["rmsnorm_h128"]) == [0.5, 2.0]
+
+
+def test_coverage_columns_from_committed_rows(tmp_path: Path) -> None:
+    """The newest GPU run of a definition in the result rows decides its PASS column; CPU
+    rows and older runs do not; the ratio pairs FlashInfer and flashtune per shape."""
+
+    def row(op: str, solution: str, status: str, run: str, gpu: str = "NVIDIA H200", ms=1.0):
+        return {"op": op, "shape": {"n": 1}, "solution": solution, "status": status,
+                "gpu": gpu, "run_started": run, "latency_ms": ms}  # fmt: skip
+
+    rows = [
+        row("a", "flashtune", "RUNTIME_ERROR", "2026-01-01"),  # older: superseded
+        row("a", "flashtune", "PASSED", "2026-02-01", ms=2.0),
+        row("a", "flashinfer", "PASSED", "2026-02-01", ms=3.0),
+        row("b", "flashtune", "INCORRECT_NUMERICAL", "2026-02-01"),
+        row("c", "flashtune", "PASSED", "2026-03-01", gpu="cpu"),  # not a GPU row
+        row("d", "torch", "PASSED", "2026-03-01"),  # no flashtune row
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    passed, ratios = _coverage_script().measured_rows((path, tmp_path / "absent.jsonl"))
+    assert passed == {"a": True, "b": False}
+    assert ratios == {"a": [1.5]}
 
 
 def test_solutions_coverage_command(tmp_path: Path) -> None:
