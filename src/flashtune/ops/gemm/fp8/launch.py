@@ -20,12 +20,7 @@ import triton
 
 from flashtune import platform
 from flashtune.ops.call import KernelOp, named
-from flashtune.ops.gemm.config import (
-    SmallMTactic,
-    small_m_candidates,
-    small_m_default_tactic,
-    split_k_ok,
-)
+from flashtune.ops.gemm.config import small_m_candidates, split_k_ok
 from flashtune.ops.gemm.fp8.config import (
     Fp8Space,
     Fp8Tactic,
@@ -35,7 +30,7 @@ from flashtune.ops.gemm.fp8.config import (
 )
 from flashtune.ops.gemm.fp8.kernels import _fp8_gemm_kernel
 from flashtune.ops.gemm.fp8.reference import expand_scale
-from flashtune.ops.gemm.launch import launch_small_m, split_k_counters
+from flashtune.ops.gemm.launch import TritonSmallMRunner, split_k_counters
 from flashtune.tune import DEFAULT_TACTIC, DynamicDim, Tactic, TunableRunner, TuningConfig
 
 __all__ = [
@@ -245,28 +240,9 @@ class TritonFp8SmallMRunner(TunableRunner):
         a = named(Fp8Inputs, inputs)
         if not small_m_applies(a):
             return TritonFp8Runner().forward(inputs)
-        _, M, K = a.A.shape
-        N = b_nk(a)[0]
         C = _alloc_out(a)
-        if M == 0 or N == 0:
-            return C
-        if tactic == DEFAULT_TACTIC:
-            t = small_m_default_tactic(M, N, K, platform.device_limits(a.A.device).sm_count)
-        else:
-            t = SmallMTactic.from_tactic(tactic)
-        launch_small_m(
-            a.A[0],
-            a.B[0],
-            C[0],
-            None,
-            (a.A_scale, a.B_scale),
-            block_m=t.block_m,
-            block_n=t.block_n,
-            block_k=t.block_k,
-            split_k=t.split_k,
-            num_warps=t.num_warps,
-            num_stages=t.num_stages,
-        )
+        # The GEMM family's runner itself, on this batch entry (its default tactic too).
+        TritonSmallMRunner().forward([a.A[0], a.B[0], None, C[0], (a.A_scale, a.B_scale)], tactic)
         return C
 
 
