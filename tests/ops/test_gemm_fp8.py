@@ -375,7 +375,7 @@ def test_autotune_auto_backend_saves_flashinfer_cache_on_cpu(tmp_path):
     (key,) = [k for k in keys if k[0] == "bmm_fp8"]
     op, runner, _profile = key
     assert entries[str(key)][0] == runner
-    assert runner in ("CublasFp8Runner", "TritonFp8Runner")
+    assert runner in ("CublasFp8Runner", "TritonFp8Runner", "TritonFp8SmallMRunner")
 
 
 # ------------------------------------------------------------------ errors (CPU, no kernel)
@@ -637,4 +637,8 @@ def test_autotune_example_cuda(tmp_path):
         _close(C, expected, scale=expected.float().abs().max().item())
     entries = json.loads(cache.read_text())
     runners = [v[0] for k, v in entries.items() if k != "_metadata" and "bmm_fp8" in k]
-    assert runners and set(runners) <= {"CublasFp8Runner", "TritonFp8Runner"}
+    assert runners and set(runners) <= {
+        "CublasFp8Runner",
+        "TritonFp8Runner",
+        "TritonFp8SmallMRunner",
+    }
