@@ -152,18 +152,16 @@ def _recurrent_kernel(
         u = beta * (v - tl.sum(s * k[None, :], 1))
         s = s + u[:, None] * k[None, :]
         o = tl.sum(s * q[None, :], 1) * scale
-        if ZERO_PAD:  # the output is the call's own: zeros for padding, no memset before
-            tl.store(
-                out_ptr + (row * HV + i_h) * V + offs_v,
-                tl.where(valid, o, 0.0).to(out_ptr.dtype.element_ty),
-                mask=mask_v,
-            )
-        else:
-            tl.store(
-                out_ptr + (row * HV + i_h) * V + offs_v,
-                o.to(out_ptr.dtype.element_ty),
-                mask=mask_v & valid,
-            )
+        # Padding rows: zeros where the output is the call's own (no memset before), else
+        # left alone.
+        out_mask = mask_v & valid
+        if ZERO_PAD:
+            out_mask = mask_v
+        tl.store(
+            out_ptr + (row * HV + i_h) * V + offs_v,
+            tl.where(valid, o, 0.0).to(out_ptr.dtype.element_ty),
+            mask=out_mask,
+        )
         if HAS_INTER:
             if INTER_BY_SLOT:
                 which = slot
