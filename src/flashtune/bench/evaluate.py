@@ -562,19 +562,31 @@ def _judge(
         if problem is not None:
             v = Verdict(EvaluationStatus.INCORRECT_NUMERICAL, problem)
     else:
-        v = compare_outputs(
-            definition,
-            expected,
-            outputs,
-            cfg.atol,
-            cfg.rtol,
-            max_rel_norm=cfg.max_rel_norm,
-            max_abs=cfg.max_abs,
-            inputs=inputs,
-        )
+        v = _compare(definition, expected, outputs, cfg, inputs)
     if v.status is not EvaluationStatus.PASSED:
         raise _Failed(v.status, f"{prefix}{v.reason}", v)
     return v
+
+
+def _compare(
+    definition: Definition,
+    expected: Mapping[str, Any],
+    got: Mapping[str, Any],
+    cfg: BenchConfig,
+    inputs: Mapping[str, Any] | None = None,
+) -> Verdict:
+    """compare_outputs under the run's tolerances: one place for the outputs and the
+    destination buffers alike."""
+    return compare_outputs(
+        definition,
+        expected,
+        got,
+        cfg.atol,
+        cfg.rtol,
+        max_rel_norm=cfg.max_rel_norm,
+        max_abs=cfg.max_abs,
+        inputs=inputs,
+    )
 
 
 def _inputs_unchanged(
@@ -601,15 +613,7 @@ def _inputs_unchanged(
     if not wl.written:
         return
     assert isinstance(expected, ReferenceResult), "the reference's results come from run_reference"
-    v = compare_outputs(
-        wl.written_definition,
-        expected.inputs_after,
-        {k: got[k] for k in wl.written},
-        cfg.atol,
-        cfg.rtol,
-        max_rel_norm=cfg.max_rel_norm,
-        max_abs=cfg.max_abs,
-    )
+    v = _compare(wl.written_definition, expected.inputs_after, {k: got[k] for k in wl.written}, cfg)
     if v.status is not EvaluationStatus.PASSED:
         raise _Failed(
             v.status,
