@@ -20,7 +20,7 @@ import triton
 
 from flashtune import platform
 from flashtune.ops.call import KernelOp, named
-from flashtune.ops.gemm.config import small_m_candidates, split_k_ok
+from flashtune.ops.gemm.config import SmallMTactic
 from flashtune.ops.gemm.fp8.config import (
     Fp8Space,
     Fp8Tactic,
@@ -225,15 +225,14 @@ class TritonFp8SmallMRunner(TunableRunner):
         a = named(Fp8Inputs, inputs)
         if not small_m_applies(a):
             return []
-        _, M, K = a.A.shape
-        N = b_nk(a)[0]
-        sms = platform.device_limits(a.A.device).sm_count
+        # The GEMM family's tactics for this batch entry; of those the split-K ones (stream-K
+        # is not offered on fp8), with K tiles of 32 for the fp8 dots from 16 rows.
+        tactics = TritonSmallMRunner().get_valid_tactics([a.A[0], a.B[0]], profile)
+        picked = (SmallMTactic.from_tactic(t) for t in tactics)
         return [
             t.as_tactic()
-            for t in small_m_candidates(M, N, K, sms)
-            if t.stream_k == 0
-            and split_k_ok(M, N, K, t.block_k, t.split_k)
-            and (t.block_m >= M if t.block_m < 16 else t.block_k % 32 == 0)
+            for t in picked
+            if t.stream_k == 0 and (t.block_m < 16 or t.block_k % 32 == 0)
         ]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
