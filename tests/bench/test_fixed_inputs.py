@@ -17,12 +17,13 @@ from flashtune.data.synth import synthesize_inputs
 CFG = BenchConfig(warmup=1, iterations=3, trials=1)
 
 HONEST = "def run(x, w):\n    return x * w\n"
-# Keeps the first output: stale once the activations change, fixed weights or not.
+# Keeps the first output: stale once the activations change, fixed weights or not. It copies
+# the kept value, so the call does GPU work (one doing none is refused before any check).
 CACHES_OUTPUT = (
     "_seen = {}\n\ndef run(x, w):\n"
     "    key = (x.data_ptr(), w.data_ptr())\n"
     "    if key not in _seen:\n        _seen[key] = x * w\n"
-    "    return _seen[key]\n"
+    "    return _seen[key].clone()\n"
 )
 # Caches work derived from the weights by address: what fixed weights let through.
 CACHES_WEIGHTS = (
@@ -56,7 +57,8 @@ def test_fixed_weights_worker_and_sandbox_draw_the_same_values(fixed_weights):
     got = _traces({"honest": HONEST, "caches_output": CACHES_OUTPUT})
     assert got["honest"].status.value == "PASSED", got["honest"].reason
     assert "keep their first values in every sample" in got["honest"].log
-    assert got["caches_output"].status.value == "INCORRECT_NUMERICAL"
+    stale = got["caches_output"]
+    assert stale.status.value == "INCORRECT_NUMERICAL", (stale.reason, stale.log)
 
 
 @pytest.mark.cuda
@@ -66,7 +68,8 @@ def test_fixed_weights_on_the_gpu(fixed_weights):
     got = _traces({"honest": HONEST, "caches_output": CACHES_OUTPUT}, "cuda")
     assert got["honest"].status.value == "PASSED", got["honest"].reason
     assert "keep their first values in every sample" in got["honest"].log
-    assert got["caches_output"].status.value == "INCORRECT_NUMERICAL"
+    stale = got["caches_output"]
+    assert stale.status.value == "INCORRECT_NUMERICAL", (stale.reason, stale.log)
 
 
 def test_without_fixed_weights_a_weight_cache_is_stale():

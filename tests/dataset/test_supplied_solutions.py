@@ -11,6 +11,7 @@ solutions, whatever layout the dataset gives it.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter
 from pathlib import Path
@@ -68,7 +69,10 @@ def _check_coverage(found: list[Supply]) -> Counter[str]:
         assert {"flashtune", "torch"} <= kinds, (item.definition.name, item.problems)
         for solution in item.solutions:
             assert solution.definition == item.definition.name
-            build_solution(solution)  # its source imports and binds `run` (no kernel runs)
+            # Its source imports and binds `run` (no kernel runs), which takes the
+            # definition's inputs in order (a missing one is a TypeError at the first call).
+            run = build_solution(solution)
+            inspect.signature(run).bind(*item.definition.inputs)
     return Counter(s.definition.op_type for s in found if s.supplied)
 
 
@@ -129,6 +133,7 @@ def _by_name(tmp_path: Path, name: str) -> Definition:
     [
         "gqa_paged_decode_h32_kv8_d128_ps1",  # page size 1, no kv_last_page_len
         "gqa_paged_prefill_causal_h32_kv8_d128_ps64",  # kv_last_page_len of len_indptr entries
+        "gqa_paged_prefill_causal_h32_kv8_d128_ps1",  # page size 1: the schema has none either
         "rmsnorm_h128",  # eps 1e-6 (the bundled entries' default is 1e-5)
     ],
 )

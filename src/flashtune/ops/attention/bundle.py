@@ -27,7 +27,12 @@ from flashtune.ops.bundle import (
     with_description,
 )
 from flashtune.ops.bundle import workloads as wl
-from flashtune.ops.bundle.planned import flashinfer_workspace, on_device_of, with_setup
+from flashtune.ops.bundle.planned import (
+    flashinfer_workspace,
+    last_page_len_and_scale,
+    on_device_of,
+    with_setup,
+)
 
 PAGE_SIZE = 16  # the serving default (the corpus also has 1)
 DECODE = [(1, 128), (1, 32768), (16, 4096), (64, 2048), (256, 1024)]  # (batch, kv_len)
@@ -72,13 +77,13 @@ def flashtune_gqa_paged_decode(
 
 
 @runs_the_op
-def flashtune_gqa_paged_prefill(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
-):
+def flashtune_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *tail):
     # The plan-free path: work items are found on the device from the indptr arrays, so a
-    # call never syncs (the planned wrapper's plan() reads them on the host).
+    # call never syncs (the planned wrapper's plan() reads them on the host). `tail` is
+    # (kv_last_page_len, sm_scale), or (sm_scale,) at page size 1 (last_page_len_and_scale).
     from flashtune.ops.attention.prefill.plan_free import paged_prefill
 
+    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, tail)
     qo_indptr, kv_indptr, kv_indices, kv_last_page_len = on_device_of(
         q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len
     )
@@ -172,11 +177,10 @@ flashinfer_gqa_paged_decode_cuda_cores = with_setup(
 )
 
 
-def _paged_prefill_plan(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
-):
+def _paged_prefill_plan(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *tail):
     import flashinfer
 
+    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, tail)
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(flashinfer_workspace(q.device), "NHD")
     wrapper.plan(
         qo_indptr,
@@ -270,9 +274,8 @@ def torch_gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_p
     )
 
 
-def torch_gqa_paged_prefill(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
-):
+def torch_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *tail):
+    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, tail)
     return _paged_requests(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
     )

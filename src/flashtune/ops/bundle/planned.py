@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["flashinfer_workspace", "on_device_of", "with_setup"]
+__all__ = ["flashinfer_workspace", "last_page_len_and_scale", "on_device_of", "with_setup"]
 
 _WORKSPACE_BYTES = 128 * 2**20
 _workspaces: dict[torch.device, torch.Tensor] = {}
@@ -43,6 +43,24 @@ def on_device_of(q: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
             "solution cannot copy it to the device there"
         )
     return [t.to(q.device, non_blocking=True) for t in tensors]
+
+
+def last_page_len_and_scale(
+    kv_indptr: torch.Tensor, tail: tuple[Any, ...]
+) -> tuple[torch.Tensor, Any]:
+    """(kv_last_page_len, sm_scale) from a paged entry's inputs after kv_indices: both, or
+    sm_scale alone where the definition is at page size 1 and lists no kv_last_page_len
+    (FlashInfer-Trace's ps1 definitions): every page is full, so each last page holds one
+    token (the same fill as supply's page-size-1 layout)."""
+    if len(tail) == 2:
+        return tail[0], tail[1]
+    if len(tail) != 1:
+        raise TypeError(
+            f"expected (kv_last_page_len, sm_scale) or (sm_scale,) after kv_indices, got "
+            f"{len(tail)} arguments"
+        )
+    ones = torch.ones(kv_indptr.shape[0] - 1, dtype=torch.int32, device=kv_indptr.device)
+    return ones, tail[0]
 
 
 # FlashInfer's attention wrappers split a call into plan() (host work from the index inputs:
