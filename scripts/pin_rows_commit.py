@@ -53,9 +53,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if any(str(row.get("commit", "")).startswith(c) for c in commits):
                 continue  # the commit named on the GPU machine reproduces the hash: kept
-            commit = commits[0]
+            commit, named = commits[0], str(row.get("commit", ""))
             row["commit"] = commit
             row["code"].update(commit=commit, source="files-matched")
+            # A headline lists the runs it summarises by the commit they named: the same fix.
+            for run in row.get("runs") or ():
+                if named and str(run.get("commit", "")) == named:
+                    run["commit"] = commit
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{unmatched} row(s) matched no commit of the last {args.depth}")
     return 1 if unmatched else 0
