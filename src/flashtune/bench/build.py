@@ -1,8 +1,9 @@
 """Build a Solution into a callable, by language.
 
-- python / torch / triton: the sources are written under
+- python / torch / triton / tilelang: the sources are written under
   ``FLASHTUNE_CACHE_DIR/solutions/<content hash>/`` as a package and the entry file is
-  imported (Triton kernels compile lazily, on first launch); an importable entry point
+  imported (Triton and TileLang kernels compile lazily, on first call: TileLang code is
+  Python, built as FlashInfer-Bench's TileLangBuilder builds it); an importable entry point
   ("package.module:function") is imported directly.
 - cuda / cpp bound with TVM-FFI (FlashInfer-Bench's default binding: `binding` "tvm-ffi", or
   absent with sources that use TVM-FFI): ``tvm_ffi.cpp.build`` (build_tvm_ffi.py);
@@ -10,7 +11,7 @@
   ``FLASHTUNE_CACHE_DIR/build/<content hash>/`` so an unchanged solution is not rebuilt.
 
 `check_requirements` says why a solution cannot run here (no GPU for a Triton/CUDA solution,
-a dependency not installed, a language flashtune does not build such as tilelang): the
+a dependency not installed, a tilelang solution without the tilelang package): the
 runner records SKIPPED with that reason. A build failure raises `BuildError` with the
 compiler's (or the import's) log: COMPILE_ERROR.
 """
@@ -53,9 +54,12 @@ __all__ = [
     "build_solution",
 ]
 
-_GPU_LANGUAGES = {"triton", "cuda"}
-# What _build knows how to build; any other language in the format (tilelang) is SKIPPED.
-BUILDABLE_LANGUAGES = frozenset({"python", "torch", "triton", "cuda", "cpp"})
+_GPU_LANGUAGES = {"triton", "cuda", "tilelang"}
+# What _build knows how to build; any other language is SKIPPED with the reason.
+BUILDABLE_LANGUAGES = frozenset({"python", "torch", "triton", "tilelang", "cuda", "cpp"})
+# Languages whose sources are Python importing a compiler package: (language, module, what
+# pip installs). Their solutions are SKIPPED, saying what to install, where it is missing.
+_PYTHON_DSLS = {"tilelang": ("tilelang", "tilelang")}
 _CPU_HARDWARE = {"cpu", "any", "*"}
 
 
@@ -165,6 +169,12 @@ def check_requirements(solution: Solution, device: torch.device, interpret: bool
         if hardware and not hardware & _CPU_HARDWARE:
             raise MissingRequirement(
                 f"targets {', '.join(spec.target_hardware)}, not the CPU (no CUDA device here)"
+            )
+    if spec.language in _PYTHON_DSLS:
+        module, package = _PYTHON_DSLS[spec.language]
+        if not _importable(module):
+            raise MissingRequirement(
+                f"a {spec.language} solution needs the {module} package (`pip install {package}`)"
             )
     if uses_tvm_ffi(solution) and not tvm_ffi_available():
         raise MissingRequirement(
