@@ -97,3 +97,56 @@ def test_tvm_ffi_solutions_are_built_and_judged() -> None:
     assert got["broken"].status.value == "COMPILE_ERROR" and "error" in got["broken"].log.lower()
     assert got["unexported"].status.value == "COMPILE_ERROR"
     assert "'scale'" in got["unexported"].log or "scale" in (got["unexported"].reason or "")
+
+
+# The CUDA form FlashInfer-Bench's TVM-FFI solutions take: a kernel launched on the stream the
+# caller's framework has current (TVMFFIEnvGetStream), in destination-passing style.
+CUDA_SOURCE = """
+#include <cuda_runtime.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+
+__global__ void scale_kernel(const float* x, const float* w, float* y, int64_t n, int64_t h) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n * h) y[i] = x[i] * w[i % h]{wrong};
+}
+
+void scale(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) {
+  TVM_FFI_ICHECK(x.ndim() == 2 && w.ndim() == 1 && y.ndim() == 2) << "ranks";
+  const int64_t n = x.size(0), h = x.size(1);
+  cudaStream_t stream = static_cast<cudaStream_t>(
+      TVMFFIEnvGetStream(x.device().device_type, x.device().device_id));
+  const int threads = 256;
+  const int64_t blocks = (n * h + threads - 1) / threads;
+  if (blocks > 0)
+    scale_kernel<<<blocks, threads, 0, stream>>>(
+        static_cast<const float*>(x.data_ptr()), static_cast<const float*>(w.data_ptr()),
+        static_cast<float*>(y.data_ptr()), n, h);
+}
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(scale, scale);
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not tvm_ffi_available(), reason="needs apache-tvm-ffi (pip install)")
+def test_tvm_ffi_cuda_solutions_are_built_and_judged_on_the_gpu() -> None:
+    def cuda(name: str, wrong: str) -> Solution:
+        raw = _solution(name, CUDA_SOURCE.replace("{wrong}", wrong)).model_dump(mode="json")
+        raw["spec"].update(language="cuda", target_hardware=["cuda"], entry_point="k.cu::scale")
+        raw["sources"][0]["path"] = "k.cu"
+        return Solution.model_validate(raw)
+
+    events = evaluate_workload(
+        toy_definition(),
+        Workload(uuid="w", axes={"n": 1031}),
+        [cuda("right", ""), cuda("wrong", " + 0.5f")],
+        BenchConfig(warmup=1, iterations=3, trials=1),
+        torch.device("cuda"),
+        platform.snapshot("cuda"),
+    )
+    got = {t.solution: t.evaluation for kind, t in events if kind == "trace"}
+    assert got["right"].status.value == "PASSED", (got["right"].reason, got["right"].log)
+    assert got["wrong"].status.value == "INCORRECT_NUMERICAL", got["wrong"].reason
