@@ -11,7 +11,8 @@ the picks are timed again in a fresh process on fresh inputs, beside cuBLAS and 
 tactic timed the same way, and those are the published figures.
 
 Rows go to benchmarks/results/gemm_fp8.jsonl (and $OUT): per shape cuBLAS, Triton's default
-tactic and its best over both Triton runners (the tiled kernel and, with per-tensor scales at
+tactic (and the same tactic with TMA loads, "triton_tma_default") and its best over the
+Triton runners (the tiled kernel with pointer or TMA loads and, with per-tensor scales at
 M <= 64, the decode kernel: the row's `runner`), re-measured; a geomean of cuBLAS /
 Triton-best is printed per scale kind.
 Usage: python benchmarks/bench_gemm_fp8.py [--quick] [--budget-s 500]
@@ -71,13 +72,19 @@ def _cublas(A, B, sa, sb, out):
     )
 
 
-_RUNNERS = {"tiled": L.TritonFp8Runner(), "small_m": L.TritonFp8SmallMRunner()}
+_RUNNERS = {
+    "tiled": L.TritonFp8Runner(),
+    "tma": L.TritonFp8TmaRunner(),
+    "small_m": L.TritonFp8SmallMRunner(),
+}
 
 
 def _candidates(a: L.Fp8Inputs) -> list[tuple[str, Any]]:
-    """(runner, tactic) pairs: the tiled kernel's default first, then every Triton tactic
-    of both runners (the decode kernel's where it applies: per-tensor scales, M <= 64)."""
-    return [("tiled", -1)] + [
+    """(runner, tactic) pairs: the tiled kernel's default first (with TMA loads too, where
+    they apply), then every Triton tactic of the runners (the TMA kernel's on Hopper, the
+    decode kernel's where it applies: per-tensor scales, M <= 64)."""
+    tma_default = [("tma", -1)] if L.tma_applies(a) else []
+    return [("tiled", -1), *tma_default] + [
         (name, t) for name, runner in _RUNNERS.items() for t in runner.get_valid_tactics(a, None)
     ]
 
@@ -144,6 +151,9 @@ def measure_shape(
     if not block:
         rows.write("gemm_fp8", shape, "cublas_scaled_mm", peer_ms, tflops=flops / peer_ms / 1e9)
     rows.write("gemm_fp8", shape, "triton_default", default_ms, tactic=-1)
+    if L.tma_applies(a):  # the same default tactic with TMA loads: what TMA alone changes
+        tma_ms = _time(_triton(a.mode, ("tma", -1)), a)
+        rows.write("gemm_fp8", shape, "triton_tma_default", tma_ms, tactic=-1)
     rows.write(
         "gemm_fp8",
         shape,

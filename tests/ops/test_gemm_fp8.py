@@ -236,6 +236,54 @@ def test_triton_runner_tactics_interpreter(tactic, block):
     _close(C, expected, scale=expected.abs().max().item())
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("tactic", CPU_TACTICS, ids=str)
+@pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
+def test_tma_runner_tactics_interpreter(tactic, block):
+    """The TMA loads (tensor descriptors, zero fill past M, N and K): M and N off the tiles,
+    K = 208 (16-byte rows, a partial last K tile and scale block)."""
+    m, n, k = 33, 40, 208
+    A, B_nk = _fp8((1, m, k)), _fp8((1, n, k))
+    if block:
+        sa, sb = _block_scales(m, k, 1, lead=(1,)), _block_scales(n, k, 128, lead=(1,))
+        expected = block_scaled_mm_ref(A, B_nk, sa, sb, (1, 128, 128), torch.float16)
+    else:
+        sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
+        expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16, mode="block" if block else "tensor")
+    assert L.tma_applies(inputs)
+    C = L.TritonFp8TmaRunner().forward(inputs, tactic)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+def test_tma_runner_offers_tactics_only_where_it_applies():
+    runner = L.TritonFp8TmaRunner()
+    A, B_nk, s = _fp8((1, 8, 256)), _fp8((1, 64, 256)), torch.ones(1)
+    plain = L.Fp8Inputs(A, B_nk, s, s, torch.float16)
+    assert L.tma_applies(plain) and runner.get_valid_tactics(plain, None)
+    others = {
+        "two batch entries": plain._replace(A=_fp8((2, 8, 256)), B=_fp8((2, 64, 256))),
+        "rows of 200 bytes": plain._replace(A=_fp8((1, 8, 200)), B=_fp8((1, 64, 200))),
+        "B not K-contiguous": plain._replace(B=_fp8((1, 256, 64)).transpose(1, 2)),
+        "two fp8 formats": plain._replace(B=_fp8((1, 64, 256), E5M2)),
+        "row groups": plain._replace(mode="row_groups", rows=torch.zeros(8, dtype=torch.int32)),
+    }
+    for why, inputs in others.items():
+        assert not L.tma_applies(inputs), why
+        assert runner.get_valid_tactics(inputs, None) == [], why
+
+
+@pytest.mark.interpreter
+def test_tma_runner_runs_what_it_does_not_take_on_the_pointer_kernel():
+    A, B_nk = _fp8((2, 5, 200)), _fp8((2, 24, 200))
+    sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16)
+    assert not L.tma_applies(inputs)
+    C = L.TritonFp8TmaRunner().forward(inputs)
+    expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
 # The decode kernel's tactics (block_m, block_n, block_k, split_k, warps, stages): FMA tiles
 # of 1 and 4 rows, a 16-row swap-AB dot, split K of 3 ending inside a tile (K = 200).
 SMALL_M_TACTICS = [-1, (1, 16, 64, 1, 4, 1), (4, 16, 64, 3, 4, 1), (16, 32, 64, 2, 4, 1)]
@@ -375,7 +423,12 @@ def test_autotune_auto_backend_saves_flashinfer_cache_on_cpu(tmp_path):
     (key,) = [k for k in keys if k[0] == "bmm_fp8"]
     op, runner, _profile = key
     assert entries[str(key)][0] == runner
-    assert runner in ("CublasFp8Runner", "TritonFp8Runner", "TritonFp8SmallMRunner")
+    assert runner in (
+        "CublasFp8Runner",
+        "TritonFp8Runner",
+        "TritonFp8TmaRunner",
+        "TritonFp8SmallMRunner",
+    )
 
 
 # ------------------------------------------------------------------ errors (CPU, no kernel)
@@ -528,10 +581,23 @@ def test_bmm_fp8_cuda(b, m, n, k, formats, backend, out_dtype):
     _close(C, expected, scale=expected.float().abs().max().item())
 
 
+# The tiled kernel's runners and shapes: pointer loads (any batch, K off 16-byte rows) and TMA
+# loads (one batch entry, 16-byte rows; M = 128 x N 4608 the medium-M tile's shape).
+CANDIDATE_CASES = [
+    ("pointer", (2, 1, 4096, 7168)),
+    ("pointer", (3, 77, 200, 1000)),
+    ("pointer", (1, 1024, 512, 384)),
+    ("tma", (1, 1, 4096, 7168)),
+    ("tma", (1, 77, 200, 1008)),
+    ("tma", (1, 128, 4608, 7168)),
+]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("b,m,n,k", [(2, 1, 4096, 7168), (3, 77, 200, 1000), (1, 1024, 512, 384)])
+@pytest.mark.parametrize("loads,shape", CANDIDATE_CASES, ids=str)
 @pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
-def test_every_candidate_tactic_cuda(b, m, n, k, block):
+def test_every_candidate_tactic_cuda(loads, shape, block):
+    b, m, n, k = shape
     A, B_nk = _fp8((b, m, k), device="cuda"), _fp8((b, n, k), device="cuda")
     if block:
         sa = _block_scales(m, k, 1, "cuda", lead=(b,))
@@ -541,7 +607,8 @@ def test_every_candidate_tactic_cuda(b, m, n, k, block):
         sa, sb = torch.rand(1, device="cuda") + 0.5, torch.rand(1, device="cuda") + 0.5
         expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.bfloat16)
     inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.bfloat16, mode="block" if block else "tensor")
-    runner = L.TritonFp8Runner()
+    runner = L.TritonFp8TmaRunner() if loads == "tma" else L.TritonFp8Runner()
+    assert loads == "pointer" or L.tma_applies(inputs)
     tactics = runner.get_valid_tactics(inputs, None)
     assert tactics
     for tactic in [-1, *tactics]:

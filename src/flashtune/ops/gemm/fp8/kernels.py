@@ -15,8 +15,11 @@ One kernel serves every fp8 op of the package, chosen by compile-time flags:
 - SPLIT_K > 1 (a runtime argument): K is split over the grid's third axis, each split owning
   whole K tiles; the last split of a tile to arrive sums the partials (the GEMM family's
   `_split_k_fixup`), so decode-sized GEMMs (a handful of output tiles) fill the SMs.
-Everything is read through strides (B column-major or row-major, scales K-major or MN-major
-views), so no layout costs a copy. fp8 operands of two different formats (e4m3 x e5m2) are
+- TMA: A and B are 2-D tensor descriptors ([M, K] and [N, K], K contiguous, one batch entry,
+  per-tensor or block scales): each K step's tiles arrive by the Hopper TMA engine, zero
+  filled past M, N and K, instead of pointer loads (launch.py's TritonFp8TmaRunner).
+Otherwise everything is read through strides (B column-major or row-major, scales K-major or
+MN-major views), so no layout costs a copy. fp8 operands of two different formats (e4m3 x e5m2) are
 widened to fp16 first (exact), since not every target has a mixed fp8 MMA.
 """
 
@@ -33,12 +36,14 @@ __all__: list[str] = []
 
 @triton.jit
 def _k_loop(
-    a_ptr,  # [M, K] of this batch, through strides
-    b_ptr,  # [N, K] of this batch / group, through strides
+    a_ptr,  # [M, K] of this batch, through strides (TMA: a descriptor, block [BM, BK])
+    b_ptr,  # [N, K] of this batch / group, through strides (TMA: a descriptor, [BN, BK])
     sa_ptr,  # block scales of A [M/GM, K/GK] (through strides) or a dummy
     sb_ptr,  # block scales of B [N/GN, K/GK] (through strides) or a dummy
     offs_am,  # [BLOCK_M] rows, wrapped into [0, M)
     offs_bn,  # [BLOCK_N] columns, wrapped into [0, N)
+    m0,  # TMA: the tile's first row and column (loads past the ends read zeros)
+    n0,
     K,
     k_start,  # this split's K range [k_start, k_stop), k_start a multiple of BLOCK_K
     k_stop,
@@ -61,29 +66,37 @@ def _k_loop(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_start + offs_k[None, :]) * stride_ak
-    b_ptrs = b_ptr + offs_bn[None, :] * stride_bn + (k_start + offs_k[:, None]) * stride_bk
+    if not TMA:
+        a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_start + offs_k[None, :]) * stride_ak
+        b_ptrs = b_ptr + offs_bn[None, :] * stride_bn + (k_start + offs_k[:, None]) * stride_bk
     if BLOCK_SCALE:
         sa_ptrs = sa_ptr + (offs_am // GM) * stride_sam
         sb_ptrs = sb_ptr + (offs_bn // GN) * stride_sbn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_stop, BLOCK_K):
-        if B_KBLOCK > 0:
-            # B stored in K blocks: k lies in block k // B_KBLOCK at offset k % B_KBLOCK.
-            kk = k0 + offs_k
-            b_ptrs = (
-                b_ptr
-                + offs_bn[None, :] * stride_bn
-                + ((kk // B_KBLOCK) * stride_bkb + (kk % B_KBLOCK) * stride_bk)[:, None]
-            )
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
+        if TMA:
+            a = a_ptr.load([m0, k0])
+            b = b_ptr.load([n0, k0]).T  # loaded [BLOCK_N, BLOCK_K]: K-major, as fp8 MMAs take B
         else:
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k0, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k0, other=0.0)
+            if B_KBLOCK > 0:
+                # B stored in K blocks: k lies in block k // B_KBLOCK at offset k % B_KBLOCK.
+                kk = k0 + offs_k
+                b_ptrs = (
+                    b_ptr
+                    + offs_bn[None, :] * stride_bn
+                    + ((kk // B_KBLOCK) * stride_bkb + (kk % B_KBLOCK) * stride_bk)[:, None]
+                )
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k0, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k0, other=0.0)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
         if UPCAST:
             a = a.to(tl.float16)
             b = b.to(tl.float16)
@@ -94,8 +107,6 @@ def _k_loop(
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
         else:
             acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
     return acc
 
 
@@ -142,6 +153,7 @@ def _fp8_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    TMA: tl.constexpr = False,  # a_ptr / b_ptr are tensor descriptors (one batch entry)
 ):
     pid = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -168,11 +180,11 @@ def _fp8_gemm_kernel(
     tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_start = pid_k * tiles_per_split * BLOCK_K
     k_stop = min(K, k_start + tiles_per_split * BLOCK_K)
-    a_base = a_ptr + pid_b * stride_ab
     sa_base = sa_ptr + pid_b * stride_sab
     row_ok = offs_m < M
 
     if ROW_GROUPS:
+        a_base = a_ptr + pid_b * stride_ab
         groups = tl.load(rows_ptr + offs_m, mask=row_ok, other=-1)
         # The groups this tile's rows name, lowest to highest; padding rows (-1) none.
         # int64: group offsets into B pass 2**31 elements (256 experts of 7168 x 2048).
@@ -187,6 +199,8 @@ def _fp8_gemm_kernel(
                 sb_ptr + g * stride_sbb,
                 offs_am,
                 offs_bn,
+                0,
+                0,
                 K,
                 k_start,
                 k_stop,
@@ -209,9 +223,16 @@ def _fp8_gemm_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
+                False,
             )
             acc = tl.where((groups == g)[:, None], part, acc)
     else:
+        if TMA:  # descriptors of the one batch entry
+            a_base = a_ptr
+            b_base = b_ptr
+        else:
+            a_base = a_ptr + pid_b * stride_ab
+            b_base = b_ptr + pid_b * stride_bb
         if MASKED_M:
             m_valid = tl.load(rows_ptr + pid_b)
             # A tile past the batch's valid rows reads nothing (an empty K range) and writes
@@ -219,11 +240,13 @@ def _fp8_gemm_kernel(
             k_stop = tl.where(pid_m * BLOCK_M < m_valid, k_stop, k_start)
         acc = _k_loop(
             a_base,
-            b_ptr + pid_b * stride_bb,
+            b_base,
             sa_base,
             sb_ptr + pid_b * stride_sbb,
             offs_am,
             offs_bn,
+            pid_m * BLOCK_M,
+            pid_n * BLOCK_N,
             K,
             k_start,
             k_stop,
@@ -246,6 +269,7 @@ def _fp8_gemm_kernel(
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
+            TMA,
         )
         if MASKED_M:
             acc = tl.where((offs_m < m_valid)[:, None], acc, 0.0)

@@ -38,12 +38,14 @@ __all__ = [
     "MODES",
     "TritonFp8Runner",
     "TritonFp8SmallMRunner",
+    "TritonFp8TmaRunner",
     "CublasFp8Runner",
     "launch_fp8",
     "b_nk",
     "b_logical",
     "cublas_applies",
     "small_m_applies",
+    "tma_applies",
     "run_fp8",
     "reference_fp8",
 ]
@@ -94,8 +96,9 @@ def b_logical(a: Fp8Inputs) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 
-def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
-    """C = the fp8 product of `a` (see MODES) with tactic `t`; returns C [batch, M, N]."""
+def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -> torch.Tensor:
+    """C = the fp8 product of `a` (see MODES) with tactic `t`; returns C [batch, M, N].
+    tma: A and B reach the kernel as TMA tensor descriptors (`tma_applies(a)` must hold)."""
     A, B, sa, sb = a.A, a.B, a.A_scale, a.B_scale
     batch, M, K = A.shape
     N = b_nk(a)[0]
@@ -118,9 +121,16 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
     else:
         ws = locks = C  # never read with SPLIT_K == 1
     grid = (num_tiles, batch, t.split_k)
+    a_arg: Any = A
+    b_arg: Any = B
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_arg = TensorDescriptor(A[0], [M, K], [A.stride(1), 1], [t.block_m, block_k])
+        b_arg = TensorDescriptor(B[0], [N, K], [B.stride(1), 1], [t.block_n, block_k])
     _fp8_gemm_kernel[grid](
-        A,
-        B,
+        a_arg,
+        b_arg,
         C,
         sa,
         sb,
@@ -149,6 +159,7 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic) -> torch.Tensor:
         BLOCK_N=t.block_n,
         BLOCK_K=block_k,
         GROUP_M=t.group_m,
+        TMA=tma,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )
@@ -193,24 +204,65 @@ class TritonFp8Runner(TunableRunner):
         space = iter(Fp8Space()) if self.exhaustive else fp8_candidates(M, N, K, sms, batch)
         return [t.as_tactic() for t in space if tactic_fits(t, scale_k, smem, batch * M, N, K)]
 
+    def tactic_for(self, a: Fp8Inputs, tactic: Tactic) -> Fp8Tactic:
+        """`tactic` as an Fp8Tactic; the default one (fp8_default_tactic) for -1."""
+        if tactic != DEFAULT_TACTIC:
+            return Fp8Tactic.from_tactic(tactic)
+        batch, M, K = a.A.shape
+        limits = platform.device_limits(a.A.device)
+        return fp8_default_tactic(
+            M,
+            b_nk(a)[0],
+            K,
+            limits.sm_count,
+            batch,
+            block_scaled=a.mode != "tensor",
+            smem=limits.shared_memory_per_block,
+        )
+
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
         a = named(Fp8Inputs, inputs)
-        batch, M, K = a.A.shape
-        N = b_nk(a)[0]
-        if tactic == DEFAULT_TACTIC:
-            limits = platform.device_limits(a.A.device)
-            t = fp8_default_tactic(
-                M,
-                N,
-                K,
-                limits.sm_count,
-                batch,
-                block_scaled=a.mode != "tensor",
-                smem=limits.shared_memory_per_block,
-            )
-        else:
-            t = Fp8Tactic.from_tactic(tactic)
-        return launch_fp8(a, _alloc_out(a), t)
+        return launch_fp8(a, _alloc_out(a), self.tactic_for(a, tactic))
+
+
+class TritonFp8TmaRunner(TritonFp8Runner):
+    """The Triton fp8 GEMM with its operand tiles loaded by the TMA engine (kernels.py's TMA
+    flag): the same tactics as TritonFp8Runner, for `tma_applies` products (one batch entry,
+    per-tensor or block scales, A and B K-contiguous with 16-byte aligned rows, one fp8
+    format, a Hopper-class GPU or the interpreter); any other product runs the pointer-load
+    kernel. A runner of its own, not a tactic field, so the tuner's cache keeps one tactic
+    format for both and picks between them per shape bucket."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        if not tma_applies(named(Fp8Inputs, inputs)):
+            return []
+        return super().get_valid_tactics(inputs, profile)
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
+        a = named(Fp8Inputs, inputs)
+        if not tma_applies(a):
+            return TritonFp8Runner().forward(inputs)
+        return launch_fp8(a, _alloc_out(a), self.tactic_for(a, tactic), tma=True)
+
+
+def _tma_rows_ok(x: torch.Tensor) -> bool:
+    # A TMA descriptor: the last dimension contiguous, the base and the row stride 16-byte
+    # aligned (fp8: one byte an element).
+    return (
+        x.stride(-1) == 1 and (x.stride(-2) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
+    )
+
+
+def tma_applies(a: Fp8Inputs) -> bool:
+    """Whether TritonFp8TmaRunner takes the product (see the class)."""
+    if a.mode not in ("tensor", "block") or a.b_kblock or a.A.dtype != a.B.dtype:
+        return False
+    if a.A.shape[0] != 1 or a.B.shape[0] != 1:
+        return False
+    device = a.A.device
+    if device.type == "cuda" and _capability(device.index) < (9, 0):
+        return False
+    return _tma_rows_ok(a.A[0]) and _tma_rows_ok(a.B[0])
 
 
 class TritonFp8SmallMRunner(TunableRunner):
@@ -369,7 +421,7 @@ ROWWISE_TUNING = TuningConfig(
 # index tensors cannot be made up at another size).
 EXACT_TUNING = TuningConfig(key_dtypes=True, use_cuda_graph=True)
 
-_TRITON = (TritonFp8Runner(), TritonFp8SmallMRunner())
+_TRITON = (TritonFp8Runner(), TritonFp8TmaRunner(), TritonFp8SmallMRunner())
 # cuBLAS first where it is a candidate: the default until the tuner has measured Triton.
 _BACKEND_RUNNERS: dict[str, tuple[TunableRunner, ...]] = {
     "cublas": (CublasFp8Runner(),),
