@@ -119,3 +119,19 @@ def test_every_test_can_fail():
             if node.name.startswith("test") and not (_checks_directly(node) or calls & checking):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert offenders == []
+
+
+def test_ci_runs_the_readme_test_command_last():
+    """.ci/run runs the README's test command exactly, as its last command: under `set -e` a
+    failure inside an && list does not stop the script, so a command after the list would
+    decide CI's status and let a failing test land."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    test_command = [line for line in block.splitlines() if "pytest" in line]
+    assert len(test_command) == 1, test_command
+    ci = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert ci[-1] == test_command[0]

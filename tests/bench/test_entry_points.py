@@ -160,6 +160,28 @@ def test_direct_call_still_plans_and_runs_every_call(fake_flashinfer, entry):
     assert len(planned._plans) == 0  # a direct call leaves no plan behind
 
 
+@pytest.mark.parametrize("entry", ["torch_gqa_paged_prefill", "flashinfer_gqa_paged_prefill"])
+def test_page_size_one_prefill_without_kv_last_page_len(fake_flashinfer, entry):
+    """FlashInfer-Trace's ps1 paged prefill definitions list no kv_last_page_len (every page
+    is full): by position (sm_scale in its place) or by keyword, the entries run as with a
+    last page of one token each."""
+    fn = getattr(ep, entry)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(7, 4, 8, generator=gen)
+    k_cache, v_cache = torch.randn(2, 20, 1, 2, 8, generator=gen).unbind(0)
+    qo_indptr = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
+    kv_indices = torch.randperm(20, generator=gen)[:13].to(torch.int32)
+    scale = 0.3
+    table = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices)
+    want = ep.torch_gqa_paged_prefill(*table, torch.ones(3, dtype=torch.int32), scale)
+    names = ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices")
+    _same(fn(*table, scale), want)
+    _same(fn(**dict(zip(names, table, strict=True)), sm_scale=scale), want)
+    with pytest.raises(TypeError, match="sm_scale"):
+        fn(*table)
+
+
 def test_identical_index_sets_share_one_plan_and_distinct_ones_do_not(fake_flashinfer):
     fn = ep.flashinfer_gqa_paged_decode
     a = _args(DECODE, seed=1)

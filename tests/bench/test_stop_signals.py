@@ -193,8 +193,8 @@ from flashtune.cli import stopping
 stopping.STOP_GRACE_S = 1.0
 stopping.install()
 with stopping.guarded():
-    print("ready", flush=True)
-    try:
+    try:  # "ready" inside: the signal may land while print returns (a loaded machine)
+        print("ready", flush=True)
         time.sleep(60)
     except stopping.Stopped:
         pass  # swallowed, as a weakref callback or __del__ would: the program must end anyway

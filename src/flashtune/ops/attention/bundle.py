@@ -77,13 +77,15 @@ def flashtune_gqa_paged_decode(
 
 
 @runs_the_op
-def flashtune_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *tail):
+def flashtune_gqa_paged_prefill(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len=None, sm_scale=None
+):
     # The plan-free path: work items are found on the device from the indptr arrays, so a
-    # call never syncs (the planned wrapper's plan() reads them on the host). `tail` is
-    # (kv_last_page_len, sm_scale), or (sm_scale,) at page size 1 (last_page_len_and_scale).
+    # call never syncs (the planned wrapper's plan() reads them on the host). Page-size-1
+    # definitions list no kv_last_page_len (last_page_len_and_scale).
     from flashtune.ops.attention.prefill.plan_free import paged_prefill
 
-    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, tail)
+    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, kv_last_page_len, sm_scale)
     qo_indptr, kv_indptr, kv_indices, kv_last_page_len = on_device_of(
         q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len
     )
@@ -177,10 +179,12 @@ flashinfer_gqa_paged_decode_cuda_cores = with_setup(
 )
 
 
-def _paged_prefill_plan(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *tail):
+def _paged_prefill_plan(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len=None, sm_scale=None
+):
     import flashinfer
 
-    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, tail)
+    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, kv_last_page_len, sm_scale)
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(flashinfer_workspace(q.device), "NHD")
     wrapper.plan(
         qo_indptr,
@@ -274,8 +278,10 @@ def torch_gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_p
     )
 
 
-def torch_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *tail):
-    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, tail)
+def torch_gqa_paged_prefill(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len=None, sm_scale=None
+):
+    kv_last_page_len, sm_scale = last_page_len_and_scale(kv_indptr, kv_last_page_len, sm_scale)
     return _paged_requests(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
     )

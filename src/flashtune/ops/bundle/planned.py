@@ -46,21 +46,21 @@ def on_device_of(q: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 def last_page_len_and_scale(
-    kv_indptr: torch.Tensor, tail: tuple[Any, ...]
+    kv_indptr: torch.Tensor, kv_last_page_len: Any, sm_scale: Any
 ) -> tuple[torch.Tensor, Any]:
-    """(kv_last_page_len, sm_scale) from a paged entry's inputs after kv_indices: both, or
-    sm_scale alone where the definition is at page size 1 and lists no kv_last_page_len
-    (FlashInfer-Trace's ps1 definitions): every page is full, so each last page holds one
-    token (the same fill as supply's page-size-1 layout)."""
-    if len(tail) == 2:
-        return tail[0], tail[1]
-    if len(tail) != 1:
-        raise TypeError(
-            f"expected (kv_last_page_len, sm_scale) or (sm_scale,) after kv_indices, got "
-            f"{len(tail)} arguments"
-        )
-    ones = torch.ones(kv_indptr.shape[0] - 1, dtype=torch.int32, device=kv_indptr.device)
-    return ones, tail[0]
+    """(kv_last_page_len, sm_scale) of a paged entry called with both, or with sm_scale alone
+    where the definition is at page size 1 and lists no kv_last_page_len (FlashInfer-Trace's
+    ps1 definitions): called by position, that sm_scale arrives in kv_last_page_len's place.
+    Every page of size 1 is full, so each last page holds one token (the fill of supply's
+    page-size-1 layout)."""
+    if sm_scale is None:
+        kv_last_page_len, sm_scale = None, kv_last_page_len
+    if sm_scale is None:
+        raise TypeError("sm_scale is required")
+    if kv_last_page_len is None:
+        n = kv_indptr.shape[0] - 1
+        kv_last_page_len = torch.ones(n, dtype=torch.int32, device=kv_indptr.device)
+    return kv_last_page_len, sm_scale
 
 
 # FlashInfer's attention wrappers split a call into plan() (host work from the index inputs:
@@ -118,7 +118,11 @@ def with_setup(name: str, doc: str, plan: Callable[..., Any], run: Callable[...,
     signature = inspect.signature(plan)
 
     def positional(args: tuple, kwargs: dict) -> tuple:
-        return signature.bind(*args, **kwargs).args if kwargs else args
+        if not kwargs:
+            return args
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()  # a keyword after a defaulted parameter left out stays in place
+        return bound.args
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         args = positional(args, kwargs)
