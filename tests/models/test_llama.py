@@ -77,6 +77,7 @@ def test_flashtune_backend_matches_torch() -> None:
     _assert_same_generation(TINY)
 
 
+@pytest.mark.slow  # ~5 s on 2 cores: the main suite stays under its 10 minutes
 def test_qwen3_qk_norm_and_llama31_rope_match_torch() -> None:
     config = replace(TINY, qk_norm=True, rope_scaling=Llama31RopeScaling(original_max_position=64))
     _assert_same_generation(config)

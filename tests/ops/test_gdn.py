@@ -147,7 +147,10 @@ def test_prefill_strong_decay_stays_finite(with_state):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+@pytest.mark.parametrize(
+    "precision",
+    [pytest.param("ieee", marks=pytest.mark.slow), "tf32"],  # ieee: ~4 s
+)
 def test_prefill_float32_tactics_keep_float32_accuracy(precision):
     """The float32 intermediates (the interpreter computes tf32 as float32: on a GPU tf32
     rounds its operands to 10 bits) hold the bound the float32 kernels met; strided state

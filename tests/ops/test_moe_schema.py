@@ -232,6 +232,7 @@ def test_calls_no_definition_describes_are_refused():
         op.definition(*args, routing_method_type=0)
 
 
+@pytest.mark.slow  # ~4 s on 2 cores: the main suite stays under its 10 minutes
 def test_other_block_scale_routings_are_flashinfers_template_definitions():
     """Block-scale calls of the other routing methods (and Renormalize calls the renorm
     Definitions do not describe: a bias, experts of other ranks) are named and laid out as

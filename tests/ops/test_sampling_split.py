@@ -88,7 +88,11 @@ def test_split_fp16_draws_within_the_support():
     assert bool((kept(probs.float(), top_k=20, top_p=0.7)[samples.long()] > 0).all())
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize(
+    "op",
+    # top_k_first: ~6 s on 2 cores, in the slow step (the main suite stays under 10 minutes)
+    [pytest.param(op, marks=pytest.mark.slow) if op == "top_k_first" else op for op in sorted(OPS)],
+)
 @pytest.mark.interpreter
 def test_split_draws_the_same_tokens_as_one_program(op):
     # Rows of several shapes (flat to peaked), per-row parameters, outputs gathered from
