@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from flashtune.platform import files_hash
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +24,9 @@ def _load_script():
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+script = _load_script()
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -44,11 +49,17 @@ def _commit(repo: Path, text: str) -> tuple[str, str]:
     return _git(repo, "rev-parse", "--short=7", "HEAD"), files_hash(source)
 
 
-def test_rows_are_pinned_to_the_commit_their_sources_hash_to(tmp_path, monkeypatch) -> None:
-    script = _load_script()
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty git repository, the current folder (the script runs git there)."""
+    path = tmp_path / "repo"
+    path.mkdir()
+    _git(path, "init", "-q")
+    monkeypatch.chdir(path)
+    return path
+
+
+def test_rows_are_pinned_to_the_commit_their_sources_hash_to(repo: Path, tmp_path: Path) -> None:
     first, first_hash = _commit(repo, "x = 1\n")
     second, second_hash = _commit(repo, "x = 2\n")
     assert first_hash != second_hash
@@ -67,7 +78,6 @@ def test_rows_are_pinned_to_the_commit_their_sources_hash_to(tmp_path, monkeypat
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    monkeypatch.chdir(repo)
     assert script.main([str(path), "--depth", "5"]) == 1  # one row matched no commit
     pinned, kept, unmatched = [json.loads(line) for line in path.read_text().splitlines()]
     assert pinned["commit"].startswith(second) and pinned["code"]["source"] == "files-matched"
@@ -78,16 +88,11 @@ def test_rows_are_pinned_to_the_commit_their_sources_hash_to(tmp_path, monkeypat
     assert unmatched == rows[2]
 
 
-def test_a_commit_beyond_the_depth_is_not_searched(tmp_path, monkeypatch) -> None:
-    script = _load_script()
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
+def test_a_commit_beyond_the_depth_is_not_searched(repo: Path, tmp_path: Path) -> None:
     _, old_hash = _commit(repo, "x = 1\n")
     _commit(repo, "x = 2\n")
     path = tmp_path / "rows.jsonl"
     row = {"op": "a", "commit": "f" * 7, "code": {"files": old_hash, "commit": "f" * 7}}
     path.write_text(json.dumps(row) + "\n")
-    monkeypatch.chdir(repo)
     assert script.main([str(path), "--depth", "1"]) == 1  # the newest commit only
     assert json.loads(path.read_text()) == row
