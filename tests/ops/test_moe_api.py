@@ -362,6 +362,7 @@ def test_capture_records_a_moe_call_under_its_definition(tmp_path):
     assert record.workload.inputs["routed_scaling_factor"].value == 2.5
 
 
+@pytest.mark.slow  # ~4-5 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
 def test_moe_calls_are_tune_targets():
     """`flashtune tune --ops trtllm_bf16_moe,...`: the MoE examples are re-made at any token
     count (their constraints read shapes only), fp8 operands kept fp8."""
