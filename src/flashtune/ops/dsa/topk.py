@@ -52,11 +52,13 @@ class SelectTactic:
     (torch.topk: best first). chunk: scores per program of the row-wide passes; tile: scores
     per step; reps: histogram copies per row (None: one per 8192 scores of the row, at most
     8 and at most one per chunk). resolve_tile / resolve_warps: the per-row resolve pass's
-    step and warps (None: tile and num_warps). That pass walks the candidates (the scores
-    in the k-th score's top-12-bit bin) in one program: a few hundred typically, the whole
-    row when the scores crowd one bin (1x65536 within 1e-3 of each other: 447 us against
-    torch.topk's 86 on an H200), where a longer step over more warps does fewer, fuller
-    steps (not yet measured)."""
+    step (None: tile) and warps. That pass walks the candidates (the scores in the k-th
+    score's top-12-bit bin) in one program: a few hundred typically, the whole row when the
+    scores crowd one bin. 8 warps: on an H200 (session 20's sweep, .gpujobs/dsa_topk_check)
+    they beat 4 on crowded rows (1x65536 within 1e-3: 448 -> 364 us; 8x32768: 243 -> 199)
+    and match them on random rows (19-30 us either way). Longer steps help crowded rows
+    further (8192 x 16 warps: 254 us) but cost random rows 1.5-2x, so they stay a tactic;
+    torch.topk takes 85-100 us on all of them."""
 
     method: Literal["radix", "torch"] = "radix"
     chunk: int = 2048
@@ -64,7 +66,7 @@ class SelectTactic:
     reps: int | None = None
     num_warps: int = 4
     resolve_tile: int | None = None
-    resolve_warps: int | None = None
+    resolve_warps: int = 8
 
 
 DEFAULT_SELECT = SelectTactic()
@@ -340,7 +342,7 @@ def radix_topk_slots(
             logits.stride(0), block_table.stride(0), ws.stride(0), out.stride(0),
             cand_pos.stride(0), CHUNK=chunk, TILE=tactic.tile, **common,
         )  # fmt: skip
-    common["num_warps"] = tactic.resolve_warps or tactic.num_warps
+    common["num_warps"] = tactic.resolve_warps
     _resolve_kernel[(batch,)](
         logits, seq_lens, block_table, ws, out, cand_pos, cand_key, n_cols, topk,
         logits.stride(0), block_table.stride(0), ws.stride(0), out.stride(0),
