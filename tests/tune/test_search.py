@@ -185,16 +185,40 @@ def test_the_cost_model_prunes_before_anything_is_compiled_or_timed(
 
 class Flat(H.FakeRunner):
     """30 tactics: 0 is the best, the rest are all alike; the cost model ranks them as
-    listed (tactic t estimated 1 + t / 100)."""
+    listed, 10% apart (tactic t estimated 1 + t / 10)."""
 
     COSTS = {DEFAULT: 9.0, 0: 1.0, **{t: 5.0 for t in range(1, 30)}}
 
     def estimate_cost(self, inputs: Sequence[Any], profile: Any, tactic: Any) -> float | None:
-        return 1.0 + tactic / 100
+        return 1.0 + tactic / 10
 
 
 class Unranked(H.FakeRunner):
     COSTS = Flat.COSTS
+
+
+class Tied(H.FakeRunner):
+    """The cost model cannot tell the tactics apart (all estimated within 3% of each other,
+    as the GEMM model prices every M=1 tactic), and the fastest is listed 20th."""
+
+    COSTS = {DEFAULT: 9.0, **{t: 5.0 for t in range(30)}, 20: 1.0}
+
+    def estimate_cost(self, inputs: Sequence[Any], profile: Any, tactic: Any) -> float | None:
+        return 1.0 + tactic / 1000
+
+
+def test_patience_does_not_cut_the_tactics_the_cost_model_ties(
+    tuner: AutoTuner, calls: Calls
+) -> None:
+    with autotune():
+        assert choose_one("op", [Tied()], unguarded(patience=4), [x(8)])[1] == 20
+        assert len(calls.tactics()) == 31  # every tie timed
+        calls.log.clear()
+        # A band narrower than the ties' spread: patience cuts after 4 that do not improve
+        # (another op: "op"'s winner would be a prior).
+        cfg = unguarded(patience=4, patience_band=0.001)
+        assert choose_one("other", [Tied()], cfg, [x(8)])[1] != 20
+        assert len(calls.tactics()) < 31
 
 
 def test_patience_stops_the_search_and_priors_go_first(tuner: AutoTuner, calls: Calls) -> None:
@@ -208,10 +232,14 @@ def test_patience_stops_the_search_and_priors_go_first(tuner: AutoTuner, calls: 
         assert choose_one("op", [Flat()], cfg, [x(16)])[1] == 0
         assert calls.tactics()[:2] == [DEFAULT, 0]
         calls.log.clear()
+        # Another fixed dimension (a layer of another width) is a neighbour too.
+        assert choose_one("op", [Flat()], cfg, [torch.randn(8, 6)])[1] == 0
+        assert calls.tactics()[:2] == [DEFAULT, 0]
+        calls.log.clear()
         # Without a cost model nothing ranks the tail: every tactic is timed.
         choose_one("op", [Unranked()], cfg, [x(8)])
         assert len(calls.tactics()) == 31
-    assert tuner.stats.stopped_early == 2
+    assert tuner.stats.stopped_early == 3
 
 
 class Slow(H.FakeRunner):

@@ -122,9 +122,11 @@ class Profiler:
         if only is not None:
             keep = set(only) | set(defaults)
             candidates = [c for c in candidates if c in keep]
-        candidates, pruned, estimated = order_candidates(
+        candidates, pruned, relative = order_candidates(
             runners, candidates, tuning_inputs, profile, config, defaults, priors
         )
+        estimated = set(relative)
+        cuttable = {c for c, r in relative.items() if r > 1.0 + config.patience_band}
         self.stats.tactics_pruned += pruned
 
         # Timing a tactic that writes in place (fused add + RMSNorm updates its residual)
@@ -158,12 +160,13 @@ class Profiler:
                         if deadline is not None and time.perf_counter() >= deadline:
                             stopped = "budget"
                             break
-                        # Patience only cuts what the cost model ranked: the tail of a
-                        # ranked list is predicted worse, a tactic nobody estimated is not.
+                        # Patience only cuts what the cost model ranked clearly worse than
+                        # its best: a tactic nobody estimated, or one the model prices
+                        # within patience_band of the best (a tie), is not predicted worse.
                         if (
                             config.patience is not None
                             and stale >= config.patience
-                            and (index, tactic) in estimated
+                            and (index, tactic) in cuttable
                         ):
                             stopped = "patience"
                             advance()
@@ -207,7 +210,7 @@ class Profiler:
                         stopped == "patience"
                         or (config.patience is not None and stale >= config.patience)
                     )
-                    and all(c in estimated for c in rest)
+                    and all(c in cuttable for c in rest)
                 ):
                     stopped = "patience"  # nothing left that patience does not cut
                     break
@@ -560,8 +563,9 @@ def order_candidates(
     config: TuningConfig,
     defaults: Sequence[tuple[int, Tactic]],
     priors: Sequence[tuple[int, Tactic]],
-) -> tuple[list[tuple[int, Tactic]], int, set[tuple[int, Tactic]]]:
-    """(the candidates in timing order, how many were pruned, those the cost model ranked).
+) -> tuple[list[tuple[int, Tactic]], int, dict[tuple[int, Tactic], float]]:
+    """(the candidates in timing order, how many were pruned, {each candidate the cost
+    model ranked: its estimate relative to its runner's best estimate}).
 
     Order: the defaults, then the priors (winners at neighbouring buckets), then the rest
     by the runner's `estimate_cost` relative to its best estimate (no estimate: as listed).
@@ -601,4 +605,5 @@ def order_candidates(
         rest.append((relative, position, c))
     rest.sort()
     ordered = keep_first + [c for _, _, c in rest]
-    return ordered, pruned, {c for c in ordered if c in estimates and c not in keep_first}
+    ranked = {c: estimates[c] / best_of[c[0]] for c in ordered if c in estimates}
+    return ordered, pruned, {c: r for c, r in ranked.items() if c not in keep_first}
