@@ -25,8 +25,9 @@ Regret of the search against exhaustive search (issue 38), rows to the same file
   own with an empty Triton cache, so both pay their compiles), and each pick against the
   default (cuBLAS) re-timed the same way;
 - op=regret_summary: max and mean regret, geomean tuning speedup, worst pick vs cuBLAS.
-The GEMM cost model (tune/search.py tile_cost) is attached to the GEMM runners in this
-process only, as `estimate_cost`, until ops/gemm adopts it.
+The GEMM runners' cost model (`estimate_cost`: tune/search.py's tile_cost with the
+device's L2, ops/gemm/launch.py) orders and prunes the search on both sides' runners; the
+exhaustive side turns pruning and patience off.
 """
 
 from __future__ import annotations
@@ -150,27 +151,6 @@ def dispatch_cost_us(runners, cfg) -> float:
     return statistics.median(samples)
 
 
-def attach_gemm_cost_model() -> None:
-    """TunableRunner.estimate_cost for the GEMM's Triton runners from tune/search.py's
-    tile_cost (padding x waves), in this process only."""
-    from flashtune import platform
-    from flashtune.ops.gemm import launch
-    from flashtune.tune.search import tile_cost
-
-    def tiled(self, inputs, profile, tactic):  # (bm, bn, bk, group_m, split_k, warps, stages)
-        (m, k), n = inputs[0].shape, inputs[1].shape[0]
-        sms = platform.device_limits(inputs[0].device).sm_count
-        return tile_cost(m, n, k, tactic[0], tactic[1], tactic[2], tactic[4], sms)
-
-    def small_m(self, inputs, profile, tactic):  # (bm, bn, bk, split_k, warps, stages[, sk])
-        (m, k), n = inputs[0].shape, inputs[1].shape[0]
-        sms = platform.device_limits(inputs[0].device).sm_count
-        return tile_cost(m, n, k, tactic[0], tactic[1], tactic[2], tactic[3], sms)
-
-    launch.TritonTiledRunner.estimate_cost = tiled
-    launch.TritonSmallMRunner.estimate_cost = small_m
-
-
 def retime(runner, tactic, A, B) -> float:
     """One pick's latency, timed like the benchmark times solutions (graph, cold L2)."""
     from flashtune import timing
@@ -201,7 +181,6 @@ def _tune_phase(args) -> int:
         TritonTiledRunner,
     )
 
-    attach_gemm_cost_model()
     train, held_out = _regret_shapes(args)
     tuner = AutoTuner.get()
     tuner.show_progress = False
@@ -264,7 +243,6 @@ def regret(args) -> int:
             subprocess.run(cmd, check=True, env=env)
             picks[phase] = json.loads(out.read_text())
 
-    attach_gemm_cost_model()
     runners = {r.name: r for r in (*GEMM_RUNNERS, CublasRunner(), TritonTiledRunner(True))}
     rows = RowWriter("tune")
     _, held_out = _regret_shapes(args)

@@ -5,6 +5,7 @@ under other versions is re-validated, and the cache's metadata says where it was
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -353,6 +354,45 @@ def test_tile_cost_sees_padding_loads_and_idle_sms() -> None:
     assert tile_cost(8, 4096, 4096, 16, 64, 128, 2) < tile_cost(8, 4096, 4096, 16, 64, 128, 4)
     with pytest.raises(ValueError, match="must be > 0"):
         padding_waste((0,), (16,))
+
+
+def test_tile_cost_with_the_l2_stream_k_and_bandwidth_waves_off() -> None:
+    from flashtune.tune.search import tile_cost, wave_efficiency
+
+    l2 = 50 * 2**20
+    # 64 x 14336 bf16 activations (1.8 MB) re-read by 64 CTA columns: from L2, at a quarter.
+    hbm = tile_cost(64, 4096, 14336, 64, 64, 128, 2)
+    with_l2 = tile_cost(64, 4096, 14336, 64, 64, 128, 2, l2_bytes=l2)
+    a_rereads = 2 * 64 * 14336 * 63  # bytes; the grid: 64 tiles x split 2 on 132 SMs
+    assert hbm - with_l2 == pytest.approx(0.75 * a_rereads / wave_efficiency(128, 132))
+    # An operand larger than half the L2 (4096 x 4096 bf16, 32 MB) is re-read from HBM.
+    big = tile_cost(4096, 4096, 4096, 128, 128, 64)
+    assert tile_cost(4096, 4096, 4096, 128, 128, 64, l2_bytes=l2) == big
+    # Stream-K keeps every SM busy: a 48-tile grid (M=1, N=3072, 64-wide tiles) on 132 SMs
+    # costs far less than the same tiles run as a bare grid.
+    bare = tile_cost(1, 3072, 4096, 16, 64, 128)
+    assert tile_cost(1, 3072, 4096, 16, 64, 128, stream_k=1) < bare / 2
+    # Without waves on the bytes, a memory-bound grid smaller than the SMs is not penalised:
+    # 96 CTAs at M=16 N=6144 cost their bytes, like 384 CTAs of split 8 (plus partials).
+    few = tile_cost(16, 6144, 4096, 16, 64, 256, l2_bytes=l2, bandwidth_waves=False)
+    split = tile_cost(16, 6144, 4096, 16, 128, 128, 8, l2_bytes=l2, bandwidth_waves=False)
+    assert few < split
+    assert tile_cost(16, 6144, 4096, 16, 64, 256) > split  # with waves on the bytes: worse
+
+
+def test_the_gemm_runners_estimate_their_tactics() -> None:
+    from flashtune.ops.gemm.launch import GEMM_RUNNERS, GEMM_TUNING
+    from flashtune.tune.runner import make_profile
+
+    A, B = torch.randn(16, 4096, dtype=torch.float16), torch.randn(6144, 4096, dtype=torch.float16)
+    profile = make_profile([A, B, None], GEMM_TUNING)
+    ranked = 0
+    for runner in GEMM_RUNNERS:
+        for tactic in runner.get_valid_tactics([A, B, None], profile):
+            estimate = runner.estimate_cost([A, B, None], profile, tactic)
+            assert estimate is not None and math.isfinite(estimate) and estimate > 0
+            ranked += 1
+    assert ranked > 10  # the Triton runners offer tactics at M=16, and each is priced
 
 
 def test_layouts_are_part_of_the_key_and_tuned_as_called(tuner: AutoTuner, calls: Calls) -> None:

@@ -45,6 +45,7 @@ from flashtune.tune import (
     TunableRunner,
     TuningConfig,
 )
+from flashtune.tune.search import tile_cost
 
 __all__ = [
     "GemmInputs",
@@ -348,6 +349,22 @@ def _scaled_mm(A, B, bias, out, scales) -> torch.Tensor:
     return C
 
 
+def _tile_estimate(
+    inputs: Sequence[Any], block_m: int, block_n: int, block_k: int, split_k: int, stream_k: int = 0
+) -> float:
+    """The cost model's estimate of a tile configuration at these inputs (tune/search.py's
+    tile_cost with the device's SMs and L2, waves priced on the FLOPs only): the tuner times
+    the best estimates first and lets patience cut the tail (docs/autotune.md)."""
+    A, B = inputs[0], inputs[1]
+    (M, K), N = A.shape, B.shape[0]
+    limits = platform.device_limits(A.device)
+    return tile_cost(
+        M, N, K, block_m, block_n, block_k, split_k, limits.sm_count,
+        elem_bytes=A.element_size(), stream_k=stream_k, l2_bytes=limits.l2_bytes,
+        bandwidth_waves=False,
+    )  # fmt: skip
+
+
 class TritonTiledRunner(TunableRunner):
     """Tiled Triton GEMM. get_valid_tactics hands out a pruned list per shape (about a dozen
     configurations known to be good on Hopper); exhaustive=True hands out all of TiledSpace
@@ -371,6 +388,10 @@ class TritonTiledRunner(TunableRunner):
             for t in space
             if t.smem_bytes(elem) <= smem and split_k_ok(M, N, K, t.block_k, t.split_k)
         ]
+
+    def estimate_cost(self, inputs: Sequence[Any], profile: Any, tactic: Tactic) -> float | None:
+        t = TiledTactic.from_tactic(tactic)
+        return _tile_estimate(inputs, t.block_m, t.block_n, t.block_k, t.split_k)
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
         A, B, bias, out, scales = named(GemmInputs, inputs)
@@ -426,6 +447,10 @@ class TritonSmallMRunner(TunableRunner):
             and (t.block_m >= 16 or t.block_m >= M)  # FMA tiles only when one tile holds M
             and (t.stream_k == 0 or t.block_m >= M)
         ]
+
+    def estimate_cost(self, inputs: Sequence[Any], profile: Any, tactic: Tactic) -> float | None:
+        t = SmallMTactic.from_tactic(tactic)
+        return _tile_estimate(inputs, t.block_m, t.block_n, t.block_k, t.split_k, t.stream_k)
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> torch.Tensor:
         A, B, bias, out, scales = named(GemmInputs, inputs)
