@@ -1,0 +1,56 @@
+"""The tuner's GEMM search, replayed on the picks of the newest recorded H200 sweep
+(benchmarks/replay_search.py): with today's cost model, priors, prune_slack, patience and
+patience_band, every shape's winner would still be timed."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = ROOT / "benchmarks" / "results" / "tune.jsonl"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location(
+        "replay_search", ROOT / "benchmarks" / "replay_search.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tuner():
+    from flashtune.tune import AutoTuner
+
+    AutoTuner.get().clear()
+    yield
+    AutoTuner.get().clear()
+
+
+def test_every_recorded_winner_is_still_timed() -> None:
+    from flashtune.ops.gemm.launch import GEMM_TUNING
+
+    replay = _load()
+    run, picks = replay.sweep_picks(ROWS, None)
+    out = replay.replay(picks, GEMM_TUNING)
+    assert out["shapes"] >= 60 and out["triton_winners"] >= 30, run
+    assert out["missed"] == [], f"sweep {run}: winners the search would not time"
+    # Pruning still pays: fewer candidates timed than offered (about 47 a shape).
+    assert out["mean_timed"] < 40
+
+
+def test_a_narrow_band_misses_winners_the_cost_model_ties() -> None:
+    import dataclasses
+
+    from flashtune.ops.gemm.launch import GEMM_TUNING
+
+    replay = _load()
+    _, picks = replay.sweep_picks(ROWS, None)
+    narrow = replay.replay(picks, dataclasses.replace(GEMM_TUNING, patience_band=0.0))
+    assert (
+        narrow["missed"] and narrow["mean_timed"] < replay.replay(picks, GEMM_TUNING)["mean_timed"]
+    )
