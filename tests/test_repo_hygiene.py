@@ -135,3 +135,15 @@ def test_ci_runs_the_readme_test_command_last():
         if line.strip() and not line.lstrip().startswith("#")
     ]
     assert ci[-1] == test_command[0]
+
+
+def test_no_result_row_is_recorded_twice():
+    """A row copied into a results file twice (a GPU call's $OUT copy appended beside the
+    original) would count twice in every geomean read from the file."""
+    twice = {}
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.jsonl")):
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        repeated = len(lines) - len(set(lines))
+        if repeated:
+            twice[path.name] = repeated
+    assert not twice, f"identical rows recorded more than once: {twice}"

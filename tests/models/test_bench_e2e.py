@@ -114,6 +114,10 @@ def test_jsonl_rows_carry_the_environment(tmp_path: Path) -> None:
     for key in ("gpu", "versions", "commit", "code", "run_started", "date"):
         assert key in written[0], key
     assert copy.read_text() == path.read_text()  # each row in both, as it is written
+    # --out already under $OUT: the copy is the file itself, and each row is written once.
+    same = JsonlRows(copy, "cpu", [tmp_path / "out" / ".." / "out" / "e2e.jsonl"])
+    same.write("e2e_decode", {"batch": 2}, "flashtune", 2.5)
+    assert len(copy.read_text().splitlines()) == 3
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a GPU-less machine")

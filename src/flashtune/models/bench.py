@@ -187,8 +187,12 @@ class JsonlRows:
 
     def __init__(self, path: Path, device: str | None = None, also: Sequence[Path] = ()) -> None:
         self.path = path
-        # Copies (a lent machine's $OUT): a run killed midway still hands back its rows.
-        self.paths = [path, *also]
+        # Copies (a lent machine's $OUT): a run killed midway still hands back its rows. A
+        # copy that is the file itself (--out already under $OUT) is written once.
+        self.paths: list[Path] = []
+        for p in (path, *also):
+            if all(p.resolve() != q.resolve() for q in self.paths):
+                self.paths.append(p)
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         env = platform.snapshot(device, run_started=started)
         code = env["code"]
