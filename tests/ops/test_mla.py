@@ -136,6 +136,35 @@ def test_causal_prefill_with_prefix_in_tiles():
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("split", [None, 32], ids=["auto", "split32"])
+@pytest.mark.parametrize("case", CASES[1:], ids=["mtp", "qo_gt_kv", "noncausal"])
+def test_output_columns_split_over_two_programs(case, split):
+    # dv_split=2: each program accumulates 256 of the 512 output columns; with a forced KV
+    # split, both parts write their columns of the same partial rows and the merge reads them.
+    qo_lens, kv_lens, causal = case
+    launch = MLALaunch(tactic=MLATactic(32, 4, 2, dv_split=2))
+    _, out, lse, (ref_out, ref_lse) = _run_wrapper(
+        qo_lens, kv_lens, 64, causal, torch.float16, CPU, split=split, launch=launch
+    )
+    _check(out, lse, ref_out, ref_lse, torch.float16)
+
+
+def test_output_column_split_is_offered_for_tall_bf16_tiles_only():
+    tall = MLATactic.space(64, 2)
+    assert any(t.dv_split == 2 for t in tall)
+    assert all(t.dv_split == 1 for t in MLATactic.space(16, 2))  # decode: one token a tile
+    assert all(t.dv_split == 1 for t in MLATactic.space(64, 1))  # fp8: its scales per group
+    with pytest.raises(ValueError, match="planned calls only"):
+        mla_paged_decode(
+            *_inputs(2, 4, 1, 16, torch.float16, torch.float16, CPU),
+            torch.tensor([0, 2, 4], dtype=torch.int32),
+            torch.arange(4, dtype=torch.int32),
+            SCALE,
+            options=MLAOptions(launch=MLALaunch(tactic=MLATactic(32, 4, 2, dv_split=2))),
+        )
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("heads,d_kpe", [(128, DP), (8, 0)], ids=["h128", "h8_nope"])
 def test_other_head_counts(heads, d_kpe):
     # 128 heads: one token's rows span two 64-row tiles; no rotary part (head_dim_kpe 0).
@@ -363,6 +392,17 @@ def test_gpu_bf16(qo_lens, kv_lens, causal, page_size):
     _, out, lse, (ref_out, ref_lse) = _run_wrapper(
         qo_lens, kv_lens, page_size, causal, torch.bfloat16, torch.device("cuda")
     )
+    _check(out, lse, ref_out, ref_lse, torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("reload_q", [False, True])
+def test_gpu_prefill_with_the_output_columns_split(reload_q):
+    launch = MLALaunch(tactic=MLATactic(64, 8, 2, reload_q, dv_split=2))
+    _, out, lse, (ref_out, ref_lse) = _run_wrapper(
+        [300, 64, 1], [1324, 64, 5000], 64, True, torch.bfloat16, torch.device("cuda"),
+        launch=launch,
+    )  # fmt: skip
     _check(out, lse, ref_out, ref_lse, torch.bfloat16)
 
 

@@ -56,6 +56,10 @@ class MLATactic:
     # Load q for every KV tile instead of keeping the [block_m, 576] tile live across the
     # loop: registers for tall tiles, at the price of L2 reads.
     reload_q: bool = False
+    # Programs sharing each work item, each accumulating 512 / dv_split output columns (the
+    # scores computed by each): a [64, 512] fp32 accumulator is 128 registers a thread at 8
+    # warps, which Triton spills. Planned calls only; not with per-group fp8 scales.
+    dv_split: int = 1
 
     @staticmethod
     def space(
@@ -65,12 +69,22 @@ class MLATactic:
         smem_limit: int = 227 * 1024,
     ) -> list[MLATactic]:
         """The tactics whose tiles fit one program's shared memory (`smem_bytes`); with
-        32 rows and more, each also with q reloaded for every KV tile."""
+        32 rows and more, each also with q reloaded for every KV tile, and (a bf16 cache)
+        the 32- and 64-token tiles at 4 and 8 warps with the output columns split in two."""
         reload = (False, True) if block_m >= 32 else (False,)
+        tactics = [
+            MLATactic(t.block_n, t.num_warps, t.num_stages, r) for t in TACTICS for r in reload
+        ]
+        if block_m >= 32 and kv_itemsize == 2 and head_dims[0] % 2 == 0:
+            tactics += [
+                MLATactic(t.block_n, t.num_warps, t.num_stages, r, dv_split=2)
+                for t in TACTICS
+                if t.block_n <= 64 and t.num_warps <= 8
+                for r in reload
+            ]
         return [
-            MLATactic(t.block_n, t.num_warps, t.num_stages, r)
-            for t in TACTICS
-            for r in reload
+            t
+            for t in tactics
             if smem_bytes(t, block_m, head_dims[0], head_dims[1], kv_itemsize) <= smem_limit
         ]
 
@@ -186,7 +200,10 @@ def smem_bytes(
     (stages - 1 copies, in the cache's dtype), the q tiles (twice from 32 rows up: the MMA
     operand and its staging) and the probability tile (q's dtype, 2 bytes)."""
     width = head_dim_ckv + head_dim_kpe
-    q_tiles = block_m * width * 2 * (2 if block_m >= 32 else 1)
+    if tactic.dv_split > 1:
+        # The program's own output columns are loaded again for the second MMA: buffered too.
+        width += head_dim_ckv // tactic.dv_split
+    q_tiles = block_m * (head_dim_ckv + head_dim_kpe) * 2 * (2 if block_m >= 32 else 1)
     rest = q_tiles + block_m * tactic.block_n * 2 + 2048
     if kv_itemsize == 1:
         # An fp8 tile is loaded to registers, converted, and staged once in q's dtype for the

@@ -77,11 +77,21 @@ def mla_item(
     CAUSAL: tl.constexpr,
     SCALE_MODE: tl.constexpr,
     RELOAD_Q: tl.constexpr,  # load q for every KV tile (L2 hits) instead of keeping it live
+    DV_SPLIT: tl.constexpr = 1,  # programs sharing the item, each its D_CKV // DV_SPLIT columns
+    part=0,  # this program's share of the output columns (0 .. DV_SPLIT - 1)
 ):
-    """One work item: a tile of packed rows of one request against KV [kv_start, kv_end)."""
+    """One work item: a tile of packed rows of one request against KV [kv_start, kv_end).
+
+    DV_SPLIT > 1: the item's output columns are dealt to DV_SPLIT programs; each computes the
+    scores in full (all D_CKV + D_KPE dims) and accumulates only its columns of p . ckv,
+    reading them again from the tile just loaded (L1/L2 hits). The accumulator shrinks by
+    DV_SPLIT (64 rows x 512 fp32 is 128 registers a thread at 8 warps: Triton spills), for
+    DV_SPLIT - 1 more score MMAs. Every part writes the same LSE."""
+    DV: tl.constexpr = D_CKV // DV_SPLIT
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_c = tl.arange(0, D_CKV)
+    offs_v = part * DV + tl.arange(0, DV)  # the output columns of this program
     p = row_start + offs_m
     rows = qo_len * num_heads
     row_ok = p < rows
@@ -111,7 +121,7 @@ def mla_item(
 
     m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_CKV], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
     # Page ids are loaded one block ahead (loop-carried), so a block's cache loads need not
     # wait for its index load (as in the GQA decode kernel).
     t_next = kv_start + offs_n
@@ -183,7 +193,23 @@ def mla_item(
         if CAUSAL:
             valid = valid & (t[None, :] <= q_pos[:, None])
         prob, alpha, m_i, l_i = softmax_step(s, valid, m_i, l_i)
-        acc = acc * alpha[:, None] + tl.dot(prob.to(q_dtype), c)
+        if DV_SPLIT == 1:
+            cv = c
+        else:
+            # This program's columns of the same rows (no scales: DV_SPLIT > 1 takes
+            # SCALE_MODE 0 or 1, whose ckv scale applies to the output).
+            cv = as_q_dtype(
+                tl.load(
+                    ckv_ptr
+                    + page[:, None] * stride_cp
+                    + slot[:, None] * stride_ct
+                    + offs_v[None, :],
+                    mask=t_ok[:, None],
+                    other=0.0,
+                ),
+                q_dtype,
+            )
+        acc = acc * alpha[:, None] + tl.dot(prob.to(q_dtype), cv)
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -192,14 +218,14 @@ def mla_item(
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), -float("inf"))
     if out_row < 0:
         tl.store(
-            o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_c[None, :],
+            o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_v[None, :],
             out.to(o_ptr.dtype.element_ty),
             mask=row_ok[:, None],
         )
         tl.store(lse_ptr + tok * num_heads + head, lse, mask=row_ok)
     else:
         prow = (out_row + qi).to(tl.int64) * num_heads + head
-        tl.store(po_ptr + prow[:, None] * D_CKV + offs_c[None, :], out, mask=row_ok[:, None])
+        tl.store(po_ptr + prow[:, None] * D_CKV + offs_v[None, :], out, mask=row_ok[:, None])
         tl.store(plse_ptr + prow, lse, mask=row_ok)
 
 
@@ -241,8 +267,10 @@ def mla_paged_kernel(
     CAUSAL: tl.constexpr,
     SCALE_MODE: tl.constexpr,
     RELOAD_Q: tl.constexpr = False,
+    DV_SPLIT: tl.constexpr = 1,  # the grid's second dimension: parts of the output columns
 ):
     cta = tl.program_id(0)
+    part = tl.program_id(1)
     w_begin = tl.load(work_indptr_ptr + cta)
     w_end = tl.load(work_indptr_ptr + cta + 1)
     for w in range(w_begin, w_end):
@@ -290,6 +318,8 @@ def mla_paged_kernel(
             CAUSAL,
             SCALE_MODE,
             RELOAD_Q,
+            DV_SPLIT,
+            part,
         )
 
 

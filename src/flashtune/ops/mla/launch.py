@@ -179,7 +179,12 @@ def launch_kernels(
     """Launch the attention kernel and, where the plan split KV, the merge kernel."""
     p = plan.params
     arr = scales.ckv_arr
-    mla_paged_kernel[(plan.grid_ctas,)](
+    if tactic.dv_split > 1 and (scales.mode == SCALE_GROUPS or p.head_dim_ckv % tactic.dv_split):
+        raise ValueError(
+            f"MLATactic.dv_split={tactic.dv_split} needs head_dim_ckv divisible by it and no "
+            "per-group fp8 scales"
+        )
+    mla_paged_kernel[(plan.grid_ctas, tactic.dv_split)](
         inputs.q_nope,
         inputs.q_pe,
         inputs.ckv_cache,
@@ -207,6 +212,7 @@ def launch_kernels(
         num_warps=tactic.num_warps,
         num_stages=tactic.num_stages,
         **({"RELOAD_Q": True} if tactic.reload_q else {}),
+        **({"DV_SPLIT": tactic.dv_split} if tactic.dv_split > 1 else {}),
     )
     if plan.always_merge or plan.host.has_split:
         # Rows past the merge info (a CUDA-graph wrapper's padding) are left alone.
@@ -321,6 +327,8 @@ def launch_planless(
     limits = platform.device_limits(dev)
     dims = (d_ckv, inputs.q_pe.shape[-1])
     tactic = how.tactic or default_tactic(block_m, itemsize, dims, limits.shared_memory_per_block)
+    if tactic.dv_split > 1:
+        raise ValueError("MLATactic.dv_split > 1 runs in planned calls only (the MLA wrapper)")
     sm_count = plan_sm_count(limits, options.launch)
     if decode:
         tiles = -(-h // block_m)
