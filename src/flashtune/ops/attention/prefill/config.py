@@ -20,7 +20,11 @@ Tuning notes (H200, FlashInfer 0.2.14 = its FA3 backend in the same run; causal,
   Hence tactic -1 on Hopper.
 - Ragged stays at 0.69-0.81x of FlashInfer's TMA, warp-specialized FA3 kernel for L >= 2048
   at batch >= 4: what remains is FA3's pipeline (a producer warp, two consumer warp groups
-  in ping-pong) that Triton 3.6 does not generate on Hopper. Paged is faster than
+  in ping-pong) that Triton 3.6 does not generate on Hopper. (Compiled for sm_90 without a
+  GPU, session 20: `tl.range(..., warp_specialize=True)` on the unmasked KV loop stops Triton
+  3.6's Hopper warp-specialization pass with an assertion at 4 warps, as it does on a plain
+  matmul loop, and leaves the SASS unchanged at 8 warps: no producer warp, no register
+  reallocation.) Paged is faster than
   FlashInfer's paged kernel (which gathers pages with cp.async) at b1 L1024/L2048, b4 L8192.
 """
 
