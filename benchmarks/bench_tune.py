@@ -19,8 +19,9 @@ Regret of the search against exhaustive search (issue 38), rows to the same file
 - op=regret: one row per held-out shape: the pruned search's pick (cost model, priors from
   the training shapes tuned first, patience, the guard) and the exhaustive search's pick
   (today's search: every candidate the runners offer, no pruning, no early stop, no guard;
-  --exhaustive-space: every tile of TiledSpace), each re-timed independently with
-  timing.measure_robust (CUDA graph, cold L2), regret = pruned / exhaustive - 1, the
+  --exhaustive-space: every tile of TiledSpace), re-timed with timing.measure_robust (CUDA
+  graph, cold L2) in --rounds paired rounds beside cuBLAS (one pick named by both searches
+  is one kernel, timed once a round), regret = the median per-round pruned / exhaustive - 1, the
   tuning seconds of each and their ratio (speedup; each search runs in a process of its
   own with an empty Triton cache, so both pay their compiles), and each pick against the
   default (cuBLAS) re-timed the same way;
@@ -161,6 +162,23 @@ def retime(runner, tactic, A, B) -> float:
     return timing.measure_robust(call, [A, B], timing.TimingPolicy(cold_l2=True)).median_ms
 
 
+def paired_retimes(picks: list[tuple[str, Any]], runners: dict, A, B, rounds: int) -> dict:
+    """{(runner name, tactic): its `retime` in each of `rounds` rounds}: the distinct picks
+    timed in turns, round after round, so that a drift of the machine falls on all of them
+    alike. The same pick named twice (the pruned and the exhaustive search agree) is one
+    kernel, timed once a round: its regret is 0, not the noise between two timings."""
+    times: dict[tuple[str, Any], list[float]] = {p: [] for p in picks}
+    for _ in range(rounds):
+        for name, tactic in times:
+            times[(name, tactic)].append(retime(runners[name], tactic, A, B))
+    return times
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """The median over rounds of a's time over b's (1.0 when a and b are the same pick)."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
 def _regret_shapes(args) -> tuple[list, list]:
     plan = shape_plan()
     held_out = plan[1::4][: args.held_out]
@@ -254,12 +272,13 @@ def regret(args) -> int:
         p_tactic, e_tactic = _as_tactic(p_tactic), _as_tactic(e_tactic)
         A = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         B = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        p_ms = retime(runners[p_name], p_tactic, A, B)
-        e_ms = retime(runners[e_name], e_tactic, A, B)
-        c_ms = retime(GEMM_RUNNERS[0], -1, A, B)
-        regrets.append(p_ms / e_ms - 1)
+        pruned, exhaustive = (p_name, p_tactic), (e_name, e_tactic)
+        cublas = (GEMM_RUNNERS[0].name, -1)
+        times = paired_retimes([pruned, exhaustive, cublas], runners, A, B, args.rounds)
+        p_ms, e_ms, c_ms = (statistics.median(times[c]) for c in (pruned, exhaustive, cublas))
+        regrets.append(paired_ratio(times[pruned], times[exhaustive]) - 1)
         speedups.append(e_s / p_s)
-        vs_cublas.append(c_ms / p_ms)
+        vs_cublas.append(1 / paired_ratio(times[pruned], times[cublas]))
         rows.write(
             "regret",
             {"M": m, "N": n, "K": k},
@@ -313,6 +332,9 @@ def main() -> int:
         "--exhaustive-space",
         action="store_true",
         help="--regret against every tile of TiledSpace, not today's candidate lists",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="paired re-timing rounds per shape (--regret)"
     )
     parser.add_argument("--phase", choices=("search", "exhaustive"), help=argparse.SUPPRESS)
     parser.add_argument("--phase-out", help=argparse.SUPPRESS)

@@ -54,3 +54,26 @@ def test_a_narrow_band_misses_winners_the_cost_model_ties() -> None:
     assert (
         narrow["missed"] and narrow["mean_timed"] < replay.replay(picks, GEMM_TUNING)["mean_timed"]
     )
+
+
+def test_regret_is_timed_in_paired_rounds_and_one_pick_is_one_kernel(monkeypatch) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "bench_tune", ROOT / "benchmarks" / "bench_tune.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    drift = iter(range(100))
+    timed: list[str] = []
+
+    def fake_retime(runner, tactic, A, B) -> float:
+        # The machine slows down over the rounds; the slow pick costs 10% more throughout.
+        timed.append(runner)
+        return (1.0 + next(drift) / 10) * (1.1 if runner == "slow" else 1.0)
+
+    monkeypatch.setattr(bench, "retime", fake_retime)
+    runners = {"slow": "slow", "fast": "fast"}
+    times = bench.paired_retimes([("slow", 1), ("fast", 2), ("fast", 2)], runners, None, None, 3)
+    assert timed == ["slow", "fast"] * 3  # the shared pick timed once a round
+    assert bench.paired_ratio(times[("fast", 2)], times[("fast", 2)]) == 1.0
+    # Paired by round the drift cancels mostly: close to the 10% the slow pick costs.
+    assert 1.0 < bench.paired_ratio(times[("slow", 1)], times[("fast", 2)]) < 1.15
