@@ -162,8 +162,9 @@ class Bench:
         results.sort(key=lambda r: r[0])
         print(f"sweep b{batch} kv{kv_len} ps{page_size} qo{qo_len} (block_m {block_m}, default "
               f"{base}): best " +  # fmt: skip
-              ", ".join(f"{t.block_n}/{t.num_warps}/{t.num_stages}x{c} {ms * 1e3:.1f}"
-                        for ms, t, c in results[:5]),  # fmt: skip
+              ", ".join(f"{t.block_n}/{t.num_warps}/{t.num_stages}"
+                        f"{'r' if t.reload_q else ''}{'/dv' + str(t.dv_split) if t.dv_split > 1 else ''}"
+                        f"x{c} {ms * 1e3:.1f}" for ms, t, c in results[:5]),  # fmt: skip
               flush=True)  # fmt: skip
 
 
@@ -214,6 +215,18 @@ def main() -> None:
             elif part == "sweep-prefill":
                 few = [MLATactic(bn, nw, ns) for bn in (32, 64) for nw in (8, 16) for ns in (2, 3)]
                 bench.sweep(4, 4096, 64, qo_len=1024, tactics=few, block_m=64)
+            elif part == "sweep-split":
+                # The output columns over one or two programs (MLATactic.dv_split), prefill
+                # and MTP at 64 rows, q kept or reloaded.
+                few = [
+                    MLATactic(bn, 8, ns, rq, dv)
+                    for bn, ns in ((32, 3), (64, 2))
+                    for rq in (False, True)
+                    for dv in (1, 2)
+                ]
+                bench.sweep(4, 4096, 64, qo_len=1024, tactics=few, block_m=64)
+                bench.sweep(1, 8192, 64, qo_len=4096, tactics=few, block_m=64)
+                bench.sweep(32, 4096, 64, qo_len=4, tactics=few, block_m=64)
             elif part == "sweep-fp8":
                 few = [MLATactic(bn, nw, ns) for bn in (64, 128) for nw in (8, 16) for ns in (2, 3)]
                 bench.sweep(128, 8192, 64, tactics=few, kv_dtype=torch.float8_e4m3fn)
