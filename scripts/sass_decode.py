@@ -3,6 +3,7 @@ SASS instructions by class: what a change to the kernel costs, before any GPU ti
 
     env -u TRITON_INTERPRET python scripts/sass_decode.py --kv-dtype float8_e4m3fn
     env -u TRITON_INTERPRET python scripts/sass_decode.py --block-n 128 --warps 8 --stages 2
+    env -u TRITON_INTERPRET python scripts/sass_decode.py --mla 32,8,3,0,2   # MLA prefill tile
 
 The decode wrapper is planned and run on CPU tensors as usual; the kernel's launch is
 replaced by Triton's own binding of the arguments (the specialization a GPU launch would
@@ -136,6 +137,54 @@ def decode_sass(
     return sass[0]
 
 
+def mla_prefill_sass(tactic: Any) -> str:
+    """The resources line and SASS of the MLA kernel as a planned causal prefill of 64-row
+    tiles launches it (16 heads, 512 + 64 dims, bf16, page 64; two requests of 256 queries
+    over 2048 and 1024 keys), with `tactic` (an MLATactic)."""
+    from flashtune.ops.mla import BatchMLAPagedAttentionWrapper, MLALaunch
+    from flashtune.ops.mla import kernels as mla_kernels
+
+    if platform.triton_interpret():
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
+    platform.kernels_available = lambda device: True
+    kernel = mla_kernels.mla_paged_kernel
+    sass: list[str] = []
+
+    def capture(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        sass.append(sass_of_launch(kernel, args, kwargs))
+        raise _Captured
+
+    heads, page, qo, kv = 16, 64, [256, 256], [2048, 1024]
+    pages = [-(-n // page) for n in kv]
+    kv_indptr = torch.tensor([0, pages[0], sum(pages)], dtype=torch.int32)
+    qo_indptr = torch.tensor([0, qo[0], sum(qo)], dtype=torch.int32)
+    wrapper = BatchMLAPagedAttentionWrapper(torch.empty(1 << 24, dtype=torch.uint8))
+    wrapper.plan(
+        qo_indptr, kv_indptr, torch.arange(sum(pages), dtype=torch.int32),
+        torch.tensor(kv, dtype=torch.int32), heads, 512, 64, page, True, 0.07,
+        torch.bfloat16, torch.bfloat16, launch=MLALaunch(tactic=tactic, block_m=64),
+    )  # fmt: skip
+    kernel.run = capture  # type: ignore[method-assign]
+    try:
+        wrapper.run(
+            torch.randn(sum(qo), heads, 512, dtype=torch.bfloat16),
+            torch.randn(sum(qo), heads, 64, dtype=torch.bfloat16),
+            torch.randn(sum(pages), page, 512, dtype=torch.bfloat16),
+            torch.randn(sum(pages), page, 64, dtype=torch.bfloat16),
+        )
+    except _Captured:
+        pass
+    finally:
+        del kernel.run
+    if not sass:
+        raise SystemExit("the MLA kernel was not launched")
+    return sass[0]
+
+
+class _Captured(Exception):
+    """Raised by a captured launch: nothing after it needs to run."""
+
+
 def registers(sass: str) -> int:
     """Registers a thread, from `decode_sass`'s resources line."""
     m = re.search(r"REG:(\d+)", sass.splitlines()[0])
@@ -158,14 +207,25 @@ def main() -> None:
     ap.add_argument("--maxnreg", type=int, help="cap the registers a thread (ptxas)")
     ap.add_argument("--loop", action="store_true", help="count the KV loop's body only")
     ap.add_argument("--dump", help="write the whole SASS to this file")
+    ap.add_argument(
+        "--mla",
+        metavar="BN,WARPS,STAGES,RELOAD_Q,DV_SPLIT",
+        help="the MLA kernel as a 64-row causal prefill launches it, with this MLATactic",
+    )
     opts = ap.parse_args()
     q_dtype = getattr(torch, opts.q_dtype)
     kv_dtype = getattr(torch, opts.kv_dtype) if opts.kv_dtype else q_dtype
     hq, hk, d = (int(x) for x in opts.heads.split(","))
     tactic = DecodeTactic(opts.block_n, opts.warps, opts.stages) if opts.block_n else None
-    sass = decode_sass(
-        q_dtype, kv_dtype, (hq, hk, d), opts.page_size, tactic, opts.rope, opts.maxnreg
-    )
+    if opts.mla:
+        from flashtune.ops.mla import MLATactic
+
+        bn, warps, stages, reload_q, dv = (int(x) for x in opts.mla.split(","))
+        sass = mla_prefill_sass(MLATactic(bn, warps, stages, bool(reload_q), dv))
+    else:
+        sass = decode_sass(
+            q_dtype, kv_dtype, (hq, hk, d), opts.page_size, tactic, opts.rope, opts.maxnreg
+        )
     print(sass.splitlines()[0])
     if opts.dump:
         with open(opts.dump, "w") as f:

@@ -61,3 +61,11 @@ def test_fp8_decode_avoids_the_slow_bf16_conversion():
     counts = _counts("--kv-dtype", "float8_e4m3fn")
     assert counts.get("F2FP.F16.E4M3.UNPACK_B", 0) > 0  # the fp8 tiles are converted...
     assert counts.get("F2F.BF16.F16", 0) == 0  # ...without one F2F per element
+
+
+def test_mla_prefill_tile_split_over_two_programs_does_not_spill():
+    """A 64-row MLA prefill tile keeps a [64, 512] fp32 accumulator: at 32/8/3 Triton spills
+    (26 spill stores a thread at e2220d9); with the output columns split over two programs
+    (MLATactic.dv_split=2) each keeps [64, 256] and nothing spills."""
+    assert _local_memory(_counts("--mla", "32,8,3,0,1")) > 0
+    assert _local_memory(_counts("--mla", "32,8,3,0,2")) == 0
