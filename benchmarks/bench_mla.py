@@ -164,6 +164,7 @@ class Bench:
               f"{base}): best " +  # fmt: skip
               ", ".join(f"{t.block_n}/{t.num_warps}/{t.num_stages}"
                         f"{'r' if t.reload_q else ''}{'/dv' + str(t.dv_split) if t.dv_split > 1 else ''}"
+                        f"{'/fm' if t.fused_merge else ''}"
                         f"x{c} {ms * 1e3:.1f}" for ms, t, c in results[:5]),  # fmt: skip
               flush=True)  # fmt: skip
 
@@ -227,6 +228,14 @@ def main() -> None:
                 bench.sweep(4, 4096, 64, qo_len=1024, tactics=few, block_m=64)
                 bench.sweep(1, 8192, 64, qo_len=4096, tactics=few, block_m=64)
                 bench.sweep(32, 4096, 64, qo_len=4, tactics=few, block_m=64)
+            elif part == "sweep-merge":
+                # Split tiles merged in the attention kernel (MLATactic.fused_merge) or by the
+                # merge kernel, where the merge launch weighs most: small batch, short KV.
+                few = [
+                    MLATactic(64, 8, ns, fused_merge=fm) for ns in (2, 3) for fm in (False, True)
+                ]
+                for b, n in ((16, 1024), (64, 1024), (16, 4096), (1, 16384)):
+                    bench.sweep(b, n, 64, tactics=few)
             elif part == "sweep-fp8":
                 few = [MLATactic(bn, nw, ns) for bn in (64, 128) for nw in (8, 16) for ns in (2, 3)]
                 bench.sweep(128, 8192, 64, tactics=few, kv_dtype=torch.float8_e4m3fn)

@@ -149,6 +149,34 @@ def test_output_columns_split_over_two_programs(case, split):
     _check(out, lse, ref_out, ref_lse, torch.float16)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dv_split", [1, 2])
+@pytest.mark.parametrize("case", CASES, ids=["decode", "mtp", "qo_gt_kv", "noncausal"])
+def test_fused_merge_matches_reference(case, dv_split):
+    # Every case split in 32-token chunks: the last chunk of each tile merges its partials in
+    # the attention kernel (no merge kernel); its counters are back at zero afterwards, and a
+    # second run (the counters reused) gives the same output.
+    qo_lens, kv_lens, causal = case
+    page_size, dtype = 64, torch.float16
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table(kv_lens, page_size, CPU)
+    qo_indptr = _cumsum(qo_lens)
+    inputs = _inputs(sum(qo_lens), num_pages, page_size, 16, dtype, dtype, CPU)
+    w = BatchMLAPagedAttentionWrapper(torch.empty(WS_BYTES, dtype=torch.uint8))
+    launch = MLALaunch(tactic=MLATactic(32, 4, 2, dv_split=dv_split, fused_merge=True))
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_len, 16, DC, DP, page_size, causal, SCALE,
+           dtype, dtype, fixed_split_size=32, launch=launch)  # fmt: skip
+    plan = w._planner.plan
+    assert plan.host.has_split and plan.counters is not None
+    ref = mla_paged_ref(*inputs, kv_indptr, kv_indices, SCALE, qo_indptr=qo_indptr,
+                        kv_len_arr=kv_len, causal=causal)  # fmt: skip
+    out, lse = w.run(*inputs, return_lse=True)
+    _check(out, lse, *ref, dtype)
+    assert int(plan.counters.abs().sum()) == 0  # each last arrival reset its counter
+    plan.partial_o.fill_(float("nan"))  # a second run: stale partials must not leak in
+    out, lse = w.run(*inputs, return_lse=True)
+    _check(out, lse, *ref, dtype)
+
+
 def test_output_column_split_is_offered_for_tall_bf16_tiles_only():
     tall = MLATactic.space(64, 2)
     assert any(t.dv_split == 2 for t in tall)
@@ -404,6 +432,25 @@ def test_gpu_prefill_with_the_output_columns_split(reload_q):
         launch=launch,
     )  # fmt: skip
     _check(out, lse, ref_out, ref_lse, torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "qo_lens,kv_lens",
+    [([1] * 33, [0, 1, 17, 4000, 999] + [300] * 28), ([2, 3, 4, 1], [129, 2048, 7, 0])],
+    ids=["decode", "mtp"],
+)
+def test_gpu_fused_merge(qo_lens, kv_lens):
+    # The last chunk of each split tile merges in the attention kernel; run twice (the
+    # counters each last arrival reset serve the second launch).
+    launch = MLALaunch(tactic=MLATactic(64, 8, 3, fused_merge=True))
+    for _ in range(2):
+        w, out, lse, (ref_out, ref_lse) = _run_wrapper(
+            qo_lens, kv_lens, 64, True, torch.bfloat16, torch.device("cuda"), split=64,
+            launch=launch,
+        )  # fmt: skip
+        _check(out, lse, ref_out, ref_lse, torch.bfloat16)
+        assert int(w._planner.plan.counters.abs().sum()) == 0
 
 
 @pytest.mark.cuda

@@ -60,6 +60,10 @@ class MLATactic:
     # scores computed by each): a [64, 512] fp32 accumulator is 128 registers a thread at 8
     # warps, which Triton spills. Planned calls only; not with per-group fp8 scales.
     dv_split: int = 1
+    # Split tiles merged by the last of their chunks to finish, inside the attention kernel
+    # (arrival counters, as the GEMM's split-K fixup), instead of a second kernel: at small
+    # batch the merge launch is a good part of a decode step. Planned calls only.
+    fused_merge: bool = False
 
     @staticmethod
     def space(
@@ -74,6 +78,13 @@ class MLATactic:
         reload = (False, True) if block_m >= 32 else (False,)
         tactics = [
             MLATactic(t.block_n, t.num_warps, t.num_stages, r) for t in TACTICS for r in reload
+        ]
+        # The fused merge with the 8-warp tactics (the measured defaults' family).
+        tactics += [
+            MLATactic(t.block_n, t.num_warps, t.num_stages, r, fused_merge=True)
+            for t in TACTICS
+            if t.num_warps == 8
+            for r in reload
         ]
         if block_m >= 32 and kv_itemsize == 2 and head_dims[0] % 2 == 0:
             tactics += [

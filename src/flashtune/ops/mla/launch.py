@@ -213,7 +213,14 @@ def launch_kernels(
         num_stages=tactic.num_stages,
         **({"RELOAD_Q": True} if tactic.reload_q else {}),
         **({"DV_SPLIT": tactic.dv_split} if tactic.dv_split > 1 else {}),
+        **(
+            {"FUSED_MERGE": True, "merge_info_ptr": plan.merge_info, "counter_ptr": plan.counters}
+            if tactic.fused_merge
+            else {}
+        ),
     )
+    if tactic.fused_merge:
+        return  # the kernel merged its split tiles
     if plan.always_merge or plan.host.has_split:
         # Rows past the merge info (a CUDA-graph wrapper's padding) are left alone.
         n = min(out.shape[0], plan.merge_info.shape[0])
@@ -327,8 +334,10 @@ def launch_planless(
     limits = platform.device_limits(dev)
     dims = (d_ckv, inputs.q_pe.shape[-1])
     tactic = how.tactic or default_tactic(block_m, itemsize, dims, limits.shared_memory_per_block)
-    if tactic.dv_split > 1:
-        raise ValueError("MLATactic.dv_split > 1 runs in planned calls only (the MLA wrapper)")
+    if tactic.dv_split > 1 or tactic.fused_merge:
+        raise ValueError(
+            "MLATactic.dv_split > 1 and fused_merge run in planned calls only (the MLA wrapper)"
+        )
     sm_count = plan_sm_count(limits, options.launch)
     if decode:
         tiles = -(-h // block_m)

@@ -203,6 +203,9 @@ class MLAPlan:
     tables: MLATables
     default_tactic: MLATactic  # what sized the grid and the chunks (tactic -1)
     launch: MLALaunch | None = None
+    # Arrival counters of the fused merge (MLATactic.fused_merge): one per (partial row,
+    # head, output part), zero between launches (the kernel resets what it counts).
+    counters: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,7 @@ class MLAPlanner:
         # The plan's integer arrays live in a buffer of this planner, not in the (possibly
         # shared) workspace, so one wrapper's plan never overwrites another's work list.
         self._ints_buf: torch.Tensor | None = None
+        self._counters: torch.Tensor | None = None
 
     def make(
         self,
@@ -432,9 +436,17 @@ class MLAPlanner:
             tables=tables,
             default_tactic=tactic,
             launch=launch,
+            counters=self._counters_for(layout.max_partial * h * 2),
         )
         self.plan = plan
         return plan
+
+    def _counters_for(self, n: int) -> torch.Tensor:
+        """The fused merge's counters, zeroed once: the same buffer for every plan that fits
+        it (a captured graph keeps its address)."""
+        if self._counters is None or self._counters.numel() < max(n, 1):
+            self._counters = torch.zeros(max(n, 1), dtype=torch.int32, device=self.device)
+        return self._counters
 
     def _write_ints(self, layout: _Layout, host: WorkPlan) -> torch.Tensor:
         """Upload the work list and merge info into this planner's integer buffer: one
