@@ -132,3 +132,37 @@ def test_a_file_written_before_the_family_packages_keeps_its_tactics(tmp_path, t
     read = read_cache_file(path)
     assert read.status == "ok", read.reason
     assert read.entries[key][1] == stored_form(tactic)
+
+
+@dataclass(frozen=True)
+class GrownTile:
+    """Tile after its class gained a field: a file written before names it without `split`."""
+
+    block: int
+    warps: int
+    split: int = 1
+
+
+class GrownRunner(TileRunner):
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Any]:
+        return [GrownTile(64, 4), GrownTile(128, 8), GrownTile(128, 8, split=2)]
+
+
+@pytest.mark.parametrize(
+    "doc,expected",
+    [
+        ({"block": 128, "warps": 8}, GrownTile(128, 8)),  # the new field at its default
+        ({"block": 128, "warps": 8, "split": 2}, GrownTile(128, 8, split=2)),
+    ],
+    ids=["written-before", "written-after"],
+)
+def test_a_file_written_before_a_tactic_gained_a_field_keeps_its_entry(tmp_path, doc, expected):
+    path = tmp_path / "cfg.json"
+    key = ("tile", "GrownRunner", ((4, 4),))
+    write_cache_file(path, {key: ("GrownRunner", GrownTile(64, 4))}, current_metadata())
+    file = json.loads(path.read_text())
+    file[str(key)][1] = {"__tactic__": f"{__name__}:GrownTile", **doc}
+    path.write_text(json.dumps(file))
+    with autotune(False, cache=path):
+        runner, tactic = choose_one("tile", [GrownRunner()], CFG, [torch.randn(4, 4)])
+    assert tactic == expected and type(tactic) is GrownTile

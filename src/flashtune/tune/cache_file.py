@@ -50,6 +50,7 @@ __all__ = [
     "current_metadata",
     "metadata_mismatch",
     "merge_files",
+    "matches_stored",
     "read_cache_file",
     "write_cache_file",
     "backup_file",
@@ -164,6 +165,36 @@ def stored_form(tactic: Any) -> Any:
     if isinstance(tactic, tuple):
         return tuple(stored_form(v) for v in tactic)
     return tactic
+
+
+def matches_stored(candidate: Any, stored: Any) -> bool:
+    """Whether a runner's own tactic is the one a file holds in its stored form. A dataclass
+    tactic also matches an entry written before its class gained fields, when those fields
+    keep their defaults (MLATactic gained dv_split and fused_merge in session 20: a file
+    tuned before still names the same kernels); a field the file has and the class lost
+    never matches."""
+    form = stored_form(candidate)
+    if form == stored:
+        return True
+    if not (isinstance(form, StoredTactic) and isinstance(stored, StoredTactic)):
+        return False
+    if form.type_name != stored.type_name:
+        return False
+    held, own = dict(stored.fields), dict(form.fields)
+    if not held.keys() <= own.keys():
+        return False
+    defaults = {
+        f.name: stored_form(f.default)
+        for f in dataclasses.fields(candidate)
+        if f.default is not dataclasses.MISSING
+    }
+    return all(
+        held[name] == value if name in held else defaults.get(name, _NO_DEFAULT) == value
+        for name, value in own.items()
+    )
+
+
+_NO_DEFAULT = object()
 
 
 # Tactic classes whose module moved when the op families became packages (issue 32): a file

@@ -14,7 +14,7 @@ from typing import Any, cast
 import torch
 
 from flashtune import env
-from flashtune.tune.cache_file import CacheKey, Entry, stored_form
+from flashtune.tune.cache_file import CacheKey, Entry, matches_stored, stored_form
 from flashtune.tune.notices import Notices
 from flashtune.tune.profiling import Profiler
 from flashtune.tune.runner import (
@@ -323,7 +323,7 @@ class Lookup:
             except Exception:
                 continue
             for candidate in offered:
-                if candidate == tactic or stored_form(candidate) == wanted:
+                if candidate == tactic or matches_stored(candidate, wanted):
                     return candidate
         return None
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from flashtune import timing
-from flashtune.tune.cache_file import stored_form
+from flashtune.tune.cache_file import matches_stored, stored_form
 from flashtune.tune.checks import device_of, result_difference, tensors_of
 from flashtune.tune.notices import AutotuneWarning, Notices
 from flashtune.tune.runner import (
@@ -576,7 +576,12 @@ def order_candidates(
     # Priors from files hold dataclass tactics in their stored form: match by that form.
     by_form = {(i, stored_form(t)): (i, t) for i, t in candidates}
     for index, tactic in priors:
-        own = by_form.get((index, stored_form(tactic)))
+        form = stored_form(tactic)
+        own = by_form.get((index, form))
+        if own is None:  # written before the class gained fields (cache_file.matches_stored)
+            own = next(
+                (c for c in candidates if c[0] == index and matches_stored(c[1], form)), None
+            )
         if own is not None and own not in keep_first:
             keep_first.append(own)
     estimates: dict[tuple[int, Tactic], float] = {}
