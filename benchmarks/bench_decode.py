@@ -232,6 +232,37 @@ def bench_sweep(ws, rows, bw):
         del cache
 
 
+def bench_merge_sweep(ws, rows, bw):
+    """The fused merge (DecodeTactic.fused_merge: split tiles merged by their last chunk in
+    the attention kernel, no merge kernel) against the merge kernel, where the merge launch
+    weighs most: small batches of short requests, where XQA leads."""
+    from flashtune.ops.attention.decode.config import DecodeLaunch, DecodeTactic
+
+    for b, kv in ((1, 1024), (16, 1024), (16, 4096), (64, 1024), (1, 16384)):
+        indptr, indices, last, cache, q = _setup([kv] * b, 16)
+        table = (indptr, indices, last)
+        nbytes = 2 * b * kv * HK * D * cache.element_size()
+        shape = dict(batch=b, kv_len=kv, page_size=16, hq=HQ, hk=HK, d=D)
+        line = []
+        for bn, nw, ns in ((64, 4, 2), (64, 4, 3), (32, 4, 3)):
+            for fused in (False, True):
+                launch = DecodeLaunch(DecodeTactic(bn, nw, ns, fused_merge=fused))
+                try:
+                    w = _ours(ws, table, 16, launch=launch)
+                    ms = _time(lambda q_, c_, w=w: w.run(q_, c_), [q, cache])
+                except Exception as exc:
+                    line.append(f"{bn}/{nw}/{ns}{'/fm' if fused else ''}: {type(exc).__name__}")
+                    continue
+                g = nbytes / (ms * 1e-3) / 1e9
+                tag = f"bn{bn}_w{nw}_s{ns}" + ("_fused_merge" if fused else "")
+                split = w._planner.plan.host.has_split
+                rows.write("batch_decode_merge_sweep", shape, f"flashtune_{tag}", ms, gbs=g,
+                           bw_frac=g / bw, split=split)  # fmt: skip
+                line.append(f"{bn}/{nw}/{ns}{'/fm' if fused else ''}: {ms * 1e3:.1f}")
+        print(f"merge-sweep b={b} kv={kv} (us): " + "  ".join(line), flush=True)
+        del cache
+
+
 def bench_skewed(ws, rows, bw):
     lens = [32768] + [512] * 63
     indptr, indices, last, cache, q = _setup(lens, 16)
@@ -587,7 +618,7 @@ def main() -> None:
     global ws_fi
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    parts = ["grid", "skewed", "cascade", "sweep", "variants", "variant-sweep"]
+    parts = ["grid", "skewed", "cascade", "sweep", "variants", "variant-sweep", "merge-sweep"]
     ap.add_argument("--only", choices=parts, default=None)
     ap.add_argument("--skip", choices=parts, nargs="*", default=[])
     args = ap.parse_args()
@@ -605,6 +636,7 @@ def main() -> None:
         ("sweep", lambda: bench_sweep(ws, rows, bw)),
         ("variants", lambda: bench_variants(fi, rows, bw)),
         ("variant-sweep", lambda: bench_variant_sweep(rows, bw)),
+        ("merge-sweep", lambda: bench_merge_sweep(ws, rows, bw)),
     ):
         if (args.only and args.only != part) or part in args.skip:
             continue

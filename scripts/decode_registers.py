@@ -32,7 +32,8 @@ HEADER = '''"""Registers a thread of `decode.kernels.paged_attn_kernel` takes, m
 Triton's bundled ptxas by scripts/decode_registers.py (generated: rerun it, do not edit).
 
 Keys: (variant, head_dim, block_n, num_warps, num_stages), variant "plain" (bf16), "rope"
-(ROPE_LLAMA, bf16) or "fp8" (e4m3 cache, bf16 queries); one query token of a 4-head group
+(ROPE_LLAMA, bf16) or "fp8" (e4m3 cache, bf16 queries), each with "+fused_merge" for the
+tactics that merge their split tiles in the kernel; one query token of a 4-head group
 (BLOCK_M 16), page size 16.
 """
 
@@ -48,7 +49,8 @@ def main() -> None:
         for d in HEAD_DIMS:
             for t in DecodeTactic.space(d):
                 sass = decode_sass(torch.bfloat16, kw["kv_dtype"], (32, 8, d), 16, t, kw["rope"])
-                rows.append(((kind, d, t.block_n, t.num_warps, t.num_stages), registers(sass)))
+                variant = kind + ("+fused_merge" if t.fused_merge else "")
+                rows.append(((variant, d, t.block_n, t.num_warps, t.num_stages), registers(sass)))
                 print(f"{rows[-1]}  ({time.time() - start:.0f} s)", flush=True)
     body = "".join(
         f'    ("{key[0]}", {", ".join(map(str, key[1:]))}): {regs},\n' for key, regs in rows

@@ -48,6 +48,7 @@ def _check(
     soft_cap=None,
     sm_scale=None,
     wrapper=None,
+    launch=None,
 ):
     indptr, indices, last, num_pages = build_page_table(lens, page_size, extra_pages=2)
     cache = _cache(num_pages, page_size, hk, d, layout, dtype, device, five_d)
@@ -70,6 +71,7 @@ def _check(
         q_data_type=dtype,
         sm_scale=sm_scale,
         fixed_split_size=split,
+        launch=launch,
     )
     out, lse = wrapper.run(q, cache, return_lse=True)
     k, v = split_kv_cache(cache, layout)
@@ -124,6 +126,26 @@ def test_batch_decode_matches_reference(lens, hq, hk, d, page_size, layout, spli
 )
 def test_batch_decode_variants(variant, device):
     _check([70, 1, 33], 8, 2, 64, 16, "NHD", torch.float16, device, **variant)
+
+
+@pytest.mark.parametrize(
+    "lens,hq,hk,d,page_size,layout,split",
+    [c for c in CASES if c[-1] is not None] + [([70, 1, 33, 0], 8, 2, 64, 16, "NHD", 16)],
+)
+def test_fused_merge_matches_reference(lens, hq, hk, d, page_size, layout, split, device):
+    # Split tiles merged by their last chunk in the attention kernel (no merge kernel); the
+    # counters are back at zero after the run, for the next launch.
+    from flashtune.ops.attention.decode.config import DecodeLaunch, DecodeTactic
+
+    launch = DecodeLaunch(tactic=DecodeTactic(16, 4, 2, fused_merge=True))
+    w = _check(lens, hq, hk, d, page_size, layout, torch.float16, device, split=split,
+               launch=launch)  # fmt: skip
+    plan = w._planner.plan
+    assert plan.host.has_split and int(plan.counters.abs().sum()) == 0
+    # A second run over stale partials, with a window and a soft cap as well.
+    plan.partial_o.fill_(float("nan"))
+    _check(lens, hq, hk, d, page_size, layout, torch.float16, device, split=split,
+           launch=launch, wrapper=w, window_left=20, soft_cap=5.0)  # fmt: skip
 
 
 def test_decode_is_deterministic_and_replans(device):
@@ -320,6 +342,21 @@ def test_batch_decode_gpu_grid(layout, hq, hk, d, page_size):
     lens = torch.randint(0, 3000, (257,), generator=g).tolist()
     lens[0], lens[1], lens[2] = 0, 1, 20000
     _check(lens, hq, hk, d, page_size, layout, torch.bfloat16, "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hq,hk,d", [(32, 8, 128), (64, 8, 128), (32, 4, 64)])
+def test_batch_decode_gpu_fused_merge(hq, hk, d):
+    from flashtune.ops.attention.decode.config import DecodeLaunch, DecodeTactic
+
+    g = torch.Generator().manual_seed(hq + d)
+    lens = torch.randint(0, 3000, (33,), generator=g).tolist()
+    lens[0], lens[1], lens[2] = 0, 1, 20000
+    launch = DecodeLaunch(tactic=DecodeTactic(64, 4, 2, fused_merge=True))
+    for _ in range(2):  # the counters each last arrival reset serve the second launch
+        w = _check(lens, hq, hk, d, 16, "NHD", torch.bfloat16, "cuda", split=256, launch=launch)
+        assert w._planner.plan.host.has_split
+        assert int(w._planner.plan.counters.abs().sum()) == 0
 
 
 @pytest.mark.cuda

@@ -17,6 +17,7 @@ from flashtune import platform
 from flashtune.ops.attention.reference import merge_state_ref, merge_states_ref
 
 __all__ = [
+    "merge_split_tile",
     "merge_state",
     "merge_state_in_place",
     "merge_states",
@@ -27,6 +28,68 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def merge_split_tile(o_ptr, lse_ptr, po_ptr, plse_ptr, merge_info_ptr, counter_ptr, tok0,
+                     head0, tokens, heads, tok, st_mask, offs_c, stride_ot, stride_oh,
+                     num_heads, ROW: tl.constexpr, COLS: tl.constexpr, PARTS: tl.constexpr,
+                     part, BLOCK_M: tl.constexpr):  # fmt: skip
+    """The fused merge of an attention kernel's split tile, called by each chunk after its
+    partial rows are written: count the chunk in, and if it is the last of the tile's chunks
+    to arrive, merge the tile's partials (in chunk order: the result does not depend on the
+    arrival order) into the output, as `merge_partials` would, and reset the counter for the
+    next launch. The GEMM split-K fixup's pattern (ops/gemm/kernels._split_k_fixup): partials
+    published, a CTA barrier, an acq_rel arrival at GPU scope, the last arrival reads the
+    others from L2. No program waits for another: a persistent grid cannot deadlock.
+
+    merge_info: [tokens, 3] int32 (first partial row, count, stride), the plan's; tok0/head0:
+    the tile's first token (a merge_info row) and first head; tokens, heads: each row's
+    merge_info row and head; tok: its output row; st_mask [BLOCK_M, COLS]: rows and columns to
+    write; offs_c: this program's COLS columns of a partial row of ROW floats; PARTS/part:
+    programs sharing the tile's columns (each counts and merges its own). The counter: the
+    first token's first partial row (unique to the token), the first head, the part."""
+    info0 = merge_info_ptr + tok0.to(tl.int64) * 3
+    count = tl.load(info0 + 1)
+    tile_id = (tl.load(info0) * num_heads + head0) * PARTS + part
+    # Every thread's partial must be written before one thread announces the chunk.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+    if arrived == count - 1:
+        row_ok = tl.max(st_mask.to(tl.int32), 1) > 0
+        info = merge_info_ptr + tokens.to(tl.int64) * 3
+        first = tl.load(info, mask=row_ok, other=0)
+        stride = tl.load(info + 2, mask=row_ok, other=0)
+        m = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+        total = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, COLS], dtype=tl.float32)
+        for i in range(0, count):
+            prow = (first + i * stride).to(tl.int64) * num_heads + heads
+            # .cg reads from L2: L1 is not coherent with the other SMs' stores.
+            s_i = tl.load(plse_ptr + prow, mask=row_ok, other=-float("inf"), cache_modifier=".cg")
+            v_i = tl.load(
+                po_ptr + prow[:, None] * ROW + offs_c[None, :],
+                mask=st_mask,
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            m_new = tl.maximum(m, s_i)
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_safe)
+            w = tl.exp2(s_i - m_safe)
+            acc = acc * alpha[:, None] + w[:, None] * v_i
+            total = total * alpha + w
+            m = m_new
+        has = total > 0
+        out = acc / tl.where(has, total, 1.0)[:, None]
+        tl.store(
+            o_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_c[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=st_mask,
+        )
+        lse = tl.where(has, m + tl.log2(tl.where(has, total, 1.0)), -float("inf"))
+        tl.store(lse_ptr + tok * num_heads + heads, lse, mask=row_ok)
+        tl.store(counter_ptr + tile_id, 0)  # ready for the next launch
 
 
 @triton.jit

@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashtune.ops.attention.merge import merge_split_tile
 from flashtune.ops.attention.tile_dtype import as_q_dtype
 from flashtune.ops.mla.softmax import softmax_step
 
@@ -231,65 +232,12 @@ def mla_item(
         tl.store(po_ptr + prow[:, None] * D_CKV + offs_v[None, :], out, mask=row_ok[:, None])
         tl.store(plse_ptr + prow, lse, mask=row_ok)
         if FUSED_MERGE:
-            _merge_tile(
-                o_ptr, lse_ptr, po_ptr, plse_ptr, merge_info_ptr, counter_ptr, qo_start,
-                row_start, qi, head, tok, row_ok, offs_v, stride_ot, stride_oh, num_heads,
-                D_CKV, DV_SPLIT, part, BLOCK_M,
+            merge_split_tile(
+                o_ptr, lse_ptr, po_ptr, plse_ptr, merge_info_ptr, counter_ptr,
+                qo_start + row_start // num_heads, row_start % num_heads, qo_start + qi, head,
+                tok, row_ok[:, None], offs_v, stride_ot, stride_oh, num_heads,
+                D_CKV, D_CKV // DV_SPLIT, DV_SPLIT, part, BLOCK_M,
             )  # fmt: skip
-
-
-@triton.jit
-def _merge_tile(o_ptr, lse_ptr, po_ptr, plse_ptr, merge_info_ptr, counter_ptr, qo_start,
-                row_start, qi, head, tok, row_ok, offs_v, stride_ot, stride_oh, num_heads,
-                D_CKV: tl.constexpr, DV_SPLIT: tl.constexpr, part,
-                BLOCK_M: tl.constexpr):  # fmt: skip
-    """After a chunk's partial rows are written: count this chunk in, and if it is the last
-    of its tile's chunks to arrive, merge the tile's partials into the output (the split-K
-    fixup of the GEMM kernels, ops/gemm/kernels._split_k_fixup: partials published, a CTA
-    barrier, an acq_rel arrival at GPU scope, the last arrival reads the others from L2 and
-    resets its counter for the next launch). No program waits for another, so a persistent
-    grid cannot deadlock whatever order its items run in. The tile's counter: its first
-    token's first partial row (unique to the token), its first head, its output part."""
-    info0 = merge_info_ptr + (qo_start + row_start // num_heads).to(tl.int64) * 3
-    count = tl.load(info0 + 1)
-    tile_id = (tl.load(info0) * num_heads + row_start % num_heads) * DV_SPLIT + part
-    # Every thread's partial must be written before one thread announces the chunk.
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
-    if arrived == count - 1:
-        info = merge_info_ptr + (qo_start + qi).to(tl.int64) * 3
-        first = tl.load(info, mask=row_ok, other=0)
-        stride = tl.load(info + 2, mask=row_ok, other=0)
-        m = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
-        total = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D_CKV // DV_SPLIT], dtype=tl.float32)
-        for i in range(0, count):  # chunk order: the result does not depend on arrival order
-            prow = (first + i * stride).to(tl.int64) * num_heads + head
-            # .cg reads from L2: L1 is not coherent with the other SMs' stores.
-            s_i = tl.load(plse_ptr + prow, mask=row_ok, other=-float("inf"), cache_modifier=".cg")
-            v_i = tl.load(
-                po_ptr + prow[:, None] * D_CKV + offs_v[None, :],
-                mask=row_ok[:, None],
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            m_new = tl.maximum(m, s_i)
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_safe)
-            w = tl.exp2(s_i - m_safe)
-            acc = acc * alpha[:, None] + w[:, None] * v_i
-            total = total * alpha + w
-            m = m_new
-        has = total > 0
-        out = acc / tl.where(has, total, 1.0)[:, None]
-        tl.store(
-            o_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_v[None, :],
-            out.to(o_ptr.dtype.element_ty),
-            mask=row_ok[:, None],
-        )
-        lse = tl.where(has, m + tl.log2(tl.where(has, total, 1.0)), -float("inf"))
-        tl.store(lse_ptr + tok * num_heads + head, lse, mask=row_ok)
-        tl.store(counter_ptr + tile_id, 0)  # ready for the next launch
 
 
 @triton.jit

@@ -43,11 +43,21 @@ class DecodeTactic:
     block_n: int
     num_warps: int
     num_stages: int
+    # Split tiles merged by the last of their chunks inside the attention kernel (arrival
+    # counters, as the GEMM's split-K fixup) instead of a second kernel: at small batch and
+    # short KV the merge launch is a good part of a decode step. Planned calls only.
+    fused_merge: bool = False
 
     @staticmethod
     def space(head_dim: int) -> list[DecodeTactic]:
-        """The tactics worth trying at this head_dim (d256 keeps the K/V tiles <= 64 rows)."""
-        return [t for t in TACTICS if head_dim <= 128 or t.block_n <= 64]
+        """The tactics worth trying at this head_dim (d256 keeps the K/V tiles <= 64 rows),
+        each 4-warp one also with the fused merge."""
+        plain = [t for t in TACTICS if head_dim <= 128 or t.block_n <= 64]
+        return plain + [
+            DecodeTactic(t.block_n, t.num_warps, t.num_stages, fused_merge=True)
+            for t in plain
+            if t.num_warps == 4
+        ]
 
 
 TACTICS: tuple[DecodeTactic, ...] = tuple(
@@ -163,6 +173,7 @@ def kernel_registers(
     """Registers a thread of the decode kernel takes with this tactic and variant, as
     measured for sm_90 (decode/registers.py); None where nothing was measured."""
     variant = "rope" if rope else "fp8" if kv_itemsize == 1 else "plain"
+    variant += "+fused_merge" if tactic.fused_merge else ""  # its merge code takes registers
     key = (variant, next_pow2(head_dim), tactic.block_n, tactic.num_warps, tactic.num_stages)
     return REGISTERS_SM90.get(key)
 

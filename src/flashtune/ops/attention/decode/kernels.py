@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashtune.ops.attention.merge import merge_split_tile
 from flashtune.ops.attention.rotary import (
     ROPE_TABLE_ROWS,
     load_rotated,
@@ -83,6 +84,9 @@ def decode_item(
     in_block_sin,
     block_cos,
     block_sin,
+    FUSED_MERGE: tl.constexpr = False,  # the last chunk of a split tile merges its partials
+    merge_info_ptr=None,  # FUSED_MERGE: [total_qo, 3] int32 (first partial row, count, stride)
+    counter_ptr=None,  # FUSED_MERGE: int32 arrival counters, zero between launches
 ):
     """One work item: a query tile of one request against KV [kv_start, kv_end)."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -221,6 +225,13 @@ def decode_item(
         prow = (out_row + qi).to(tl.int64) * num_qo_heads + head
         tl.store(po_ptr + prow[:, None] * HEAD_DIM + offs_d[None, :], out, mask=st_mask)
         tl.store(plse_ptr + prow, lse, mask=row_ok)
+        if FUSED_MERGE:
+            merge_split_tile(
+                o_ptr, lse_ptr, po_ptr, plse_ptr, merge_info_ptr, counter_ptr,
+                qo_start + row_start // GROUP, kvh * GROUP + row_start % GROUP, qo_start + qi,
+                head, tok, st_mask, offs_d, stride_ot, stride_oh, num_qo_heads,
+                HEAD_DIM, BLOCK_D, 1, 0, BLOCK_M,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -264,6 +275,9 @@ def paged_attn_kernel(
     rope_log2_theta=13.287712379549449,
     rope_rows_ptr=None,  # ROPE: rotary.rope_table in q's dtype
     rope_block_ptr=None,  # ROPE: rotary.rope_table in fp32
+    FUSED_MERGE: tl.constexpr = False,  # split tiles merged by their last chunk (no merge kernel)
+    merge_info_ptr=None,  # FUSED_MERGE: [total_qo, 3] int32
+    counter_ptr=None,  # FUSED_MERGE: int32 arrival counters, zero between launches
 ):
     cta = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -336,4 +350,7 @@ def paged_attn_kernel(
             in_block_sin,
             block_cos,
             block_sin,
+            FUSED_MERGE,
+            merge_info_ptr,
+            counter_ptr,
         )

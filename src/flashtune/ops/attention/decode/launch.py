@@ -148,7 +148,14 @@ def launch_kernels(
         num_warps=tactic.num_warps,
         num_stages=tactic.num_stages,
         **rope,
+        **(
+            {"FUSED_MERGE": True, "merge_info_ptr": plan.merge_info, "counter_ptr": plan.counters}
+            if tactic.fused_merge
+            else {}
+        ),
     )
+    if tactic.fused_merge:
+        return  # the kernel merged its split tiles
     if plan.always_merge or plan.host.has_split:
         merge_partials(
             plan.partial_o,

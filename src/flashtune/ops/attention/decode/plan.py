@@ -97,6 +97,9 @@ class DevicePlan:
     rope: tuple[float, float] | None = None  # ROPE_LLAMA's (rope_scale, rope_theta)
     # With rope: rotary.rope_table in q's dtype (K's rotation in a block) and in fp32 (q's).
     rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Arrival counters of the fused merge (DecodeTactic.fused_merge): one per (partial row,
+    # query head), zero between launches (the kernel resets what it counts).
+    counters: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -368,6 +371,7 @@ class Planner:
         # wrapper's plan() never overwrites another's work list.
         self._ints_buf: torch.Tensor | None = None
         self._int_views: tuple[_Layout, dict[str, torch.Tensor]] | None = None
+        self._counters: torch.Tensor | None = None
 
     def make(
         self,
@@ -599,7 +603,15 @@ class Planner:
                 rope_table(head_dim, rope, self.device),
             ),
             default_tactic=shape.tactic,
+            counters=self._counters_for(layout.max_partial * spec.num_qo_heads),
         )
+
+    def _counters_for(self, n: int) -> torch.Tensor:
+        """The fused merge's counters, zeroed once: the same buffer for every plan that fits
+        it (a captured graph keeps its address)."""
+        if self._counters is None or self._counters.numel() < max(n, 1):
+            self._counters = torch.zeros(max(n, 1), dtype=torch.int32, device=self.device)
+        return self._counters
 
     def _int_regions(self, layout: _Layout) -> dict[str, torch.Tensor]:
         """Views of this planner's integer buffer for `layout` (grown when too small; in

@@ -445,6 +445,8 @@ def paged_decode(
     block_m = block_m_for(group)
     how = launch if launch is not None else DEFAULT_LAUNCH
     tactic = how.tactic_for(head_dim, page_size, block_m)
+    if tactic.fused_merge:
+        raise ValueError("DecodeTactic.fused_merge runs in planned calls only (the decode wrapper)")
     if logits_soft_cap:
         qk_scale, cap_arg = scale / logits_soft_cap, logits_soft_cap * LOG2E
     else:
