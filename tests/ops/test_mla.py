@@ -136,7 +136,10 @@ def test_causal_prefill_with_prefix_in_tiles():
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("split", [None, 32], ids=["auto", "split32"])
+# Unsplit runs in the slow step CI also runs (the main suite is near its 10 minutes).
+@pytest.mark.parametrize(
+    "split", [pytest.param(None, marks=pytest.mark.slow), 32], ids=["auto", "split32"]
+)
 @pytest.mark.parametrize("case", CASES[1:], ids=["mtp", "qo_gt_kv", "noncausal"])
 def test_output_columns_split_over_two_programs(case, split):
     # dv_split=2: each program accumulates 256 of the 512 output columns; with a forced KV
@@ -150,7 +153,8 @@ def test_output_columns_split_over_two_programs(case, split):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("dv_split", [1, 2])
+# Two output parts in the slow step CI also runs (the main suite is near its 10 minutes).
+@pytest.mark.parametrize("dv_split", [1, pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("case", CASES, ids=["decode", "mtp", "qo_gt_kv", "noncausal"])
 def test_fused_merge_matches_reference(case, dv_split):
     # Every case split in 32-token chunks: the last chunk of each tile merges its partials in
