@@ -31,6 +31,15 @@ __all__ = [
 
 
 @triton.jit
+def _rescale(m, m_new, s):
+    """(alpha, w): the factors that bring a running state of max m and a new state s to the
+    common max m_new. A max still -inf (no state with weight yet) is shifted by 0, so that
+    exp2 gives 0, not NaN."""
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+    return tl.exp2(m - m_safe), tl.exp2(s - m_safe)
+
+
+@triton.jit
 def merge_split_tile(o_ptr, lse_ptr, po_ptr, plse_ptr, merge_info_ptr, counter_ptr, tok0,
                      head0, tokens, heads, tok, st_mask, offs_c, stride_ot, stride_oh,
                      num_heads, ROW: tl.constexpr, COLS: tl.constexpr, PARTS: tl.constexpr,
@@ -74,9 +83,7 @@ def merge_split_tile(o_ptr, lse_ptr, po_ptr, plse_ptr, merge_info_ptr, counter_p
                 cache_modifier=".cg",
             )
             m_new = tl.maximum(m, s_i)
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_safe)
-            w = tl.exp2(s_i - m_safe)
+            alpha, w = _rescale(m, m_new, s_i)
             acc = acc * alpha[:, None] + w[:, None] * v_i
             total = total * alpha + w
             m = m_new
@@ -122,9 +129,7 @@ def _merge_states_kernel(
         s_i = tl.load(s_ptr + t * stride_st + i * stride_sn + h).to(tl.float32)
         v_i = tl.load(v_ptr + t * stride_vt + i * stride_vn + h * stride_vh + d, mask=dmask)
         m_new = tl.maximum(m, s_i)
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        w = tl.exp2(s_i - m_safe)
+        alpha, w = _rescale(m, m_new, s_i)
         acc = acc * alpha + w * v_i.to(tl.float32)
         total = total * alpha + w
         m = m_new
@@ -224,9 +229,7 @@ def _merge_partials_kernel(
                 other=0.0,
             )
             m_new = tl.maximum(m, tl.max(s_i, 0))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_safe)
-            w = tl.exp2(s_i - m_safe)
+            alpha, w = _rescale(m, m_new, s_i)
             acc = acc * alpha + tl.sum(w[:, None] * v_i, 0)
             total = total * alpha + tl.sum(w, 0)
             m = m_new
