@@ -9,6 +9,8 @@ order; states with s = -inf (empty subsets) carry no weight.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -17,6 +19,7 @@ from flashtune import platform
 from flashtune.ops.attention.reference import merge_state_ref, merge_states_ref
 
 __all__ = [
+    "ArrivalCounters",
     "merge_split_tile",
     "merge_state",
     "merge_state_in_place",
@@ -25,6 +28,28 @@ __all__ = [
     "merge_state_ref",
     "merge_states_ref",
 ]
+
+
+class ArrivalCounters:
+    """The arrival counters of a planner's fused merge (`merge_split_tile`): int32, zeroed
+    once, the same buffer for every plan that fits it (a captured CUDA graph keeps its
+    address); the kernel resets each counter it completes, so they are zero between
+    launches."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buf: torch.Tensor | None = None
+
+    def at_least(self, n: int) -> torch.Tensor:
+        """The buffer, grown (a new zeroed one) when it holds fewer than `n` counters."""
+        if self._buf is None or self._buf.numel() < max(n, 1):
+            self._buf = torch.zeros(max(n, 1), dtype=torch.int32, device=self.device)
+        return self._buf
+
+    @staticmethod
+    def launch_args(merge_info: torch.Tensor, counters: torch.Tensor | None) -> dict[str, Any]:
+        """The attention kernels' arguments that turn the fused merge on."""
+        return {"FUSED_MERGE": True, "merge_info_ptr": merge_info, "counter_ptr": counters}
 
 
 # --------------------------------------------------------------------------- kernels

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from flashtune import env, platform
-from flashtune.ops.attention.merge import merge_partials
+from flashtune.ops.attention.merge import ArrivalCounters, merge_partials
 from flashtune.ops.mla.config import (
     DEFAULT_LAUNCH,
     MLALaunch,
@@ -214,7 +214,7 @@ def launch_kernels(
         **({"RELOAD_Q": True} if tactic.reload_q else {}),
         **({"DV_SPLIT": tactic.dv_split} if tactic.dv_split > 1 else {}),
         **(
-            {"FUSED_MERGE": True, "merge_info_ptr": plan.merge_info, "counter_ptr": plan.counters}
+            ArrivalCounters.launch_args(plan.merge_info, plan.counters)
             if tactic.fused_merge
             else {}
         ),

@@ -26,6 +26,7 @@ import torch
 
 from flashtune import env, platform
 from flashtune.ops.attention.decode.plan import partial_capacity
+from flashtune.ops.attention.merge import ArrivalCounters
 from flashtune.ops.attention.scheduler import (
     NUM_WORK_FIELDS,
     SplitRules,
@@ -284,7 +285,7 @@ class MLAPlanner:
         # The plan's integer arrays live in a buffer of this planner, not in the (possibly
         # shared) workspace, so one wrapper's plan never overwrites another's work list.
         self._ints_buf: torch.Tensor | None = None
-        self._counters: torch.Tensor | None = None
+        self._counters = ArrivalCounters(self.device)
 
     def make(
         self,
@@ -436,17 +437,10 @@ class MLAPlanner:
             tables=tables,
             default_tactic=tactic,
             launch=launch,
-            counters=self._counters_for(layout.max_partial * h * 2),
+            counters=self._counters.at_least(layout.max_partial * h * 2),
         )
         self.plan = plan
         return plan
-
-    def _counters_for(self, n: int) -> torch.Tensor:
-        """The fused merge's counters, zeroed once: the same buffer for every plan that fits
-        it (a captured graph keeps its address)."""
-        if self._counters is None or self._counters.numel() < max(n, 1):
-            self._counters = torch.zeros(max(n, 1), dtype=torch.int32, device=self.device)
-        return self._counters
 
     def _write_ints(self, layout: _Layout, host: WorkPlan) -> torch.Tensor:
         """Upload the work list and merge info into this planner's integer buffer: one

@@ -15,7 +15,7 @@ from flashtune import env, platform
 from flashtune.ops.attention.decode.config import DecodeTactic
 from flashtune.ops.attention.decode.kernels import LOG2E, paged_attn_kernel
 from flashtune.ops.attention.decode.plan import DevicePlan
-from flashtune.ops.attention.merge import merge_partials
+from flashtune.ops.attention.merge import ArrivalCounters, merge_partials
 from flashtune.ops.attention.reference import paged_attention_ref
 from flashtune.ops.attention.rotary import rope_arguments
 from flashtune.ops.attention.variant import AttentionVariant
@@ -149,7 +149,7 @@ def launch_kernels(
         num_stages=tactic.num_stages,
         **rope,
         **(
-            {"FUSED_MERGE": True, "merge_info_ptr": plan.merge_info, "counter_ptr": plan.counters}
+            ArrivalCounters.launch_args(plan.merge_info, plan.counters)
             if tactic.fused_merge
             else {}
         ),

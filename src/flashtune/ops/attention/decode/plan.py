@@ -31,6 +31,7 @@ from flashtune.ops.attention.decode.config import (
     plan_sm_count,
     short_requests,
 )
+from flashtune.ops.attention.merge import ArrivalCounters
 from flashtune.ops.attention.page import check_kv_dtype, validate_page_table
 from flashtune.ops.attention.rotary import rope_table
 from flashtune.ops.attention.scheduler import (
@@ -371,7 +372,7 @@ class Planner:
         # wrapper's plan() never overwrites another's work list.
         self._ints_buf: torch.Tensor | None = None
         self._int_views: tuple[_Layout, dict[str, torch.Tensor]] | None = None
-        self._counters: torch.Tensor | None = None
+        self._counters = ArrivalCounters(self.device)
 
     def make(
         self,
@@ -603,15 +604,8 @@ class Planner:
                 rope_table(head_dim, rope, self.device),
             ),
             default_tactic=shape.tactic,
-            counters=self._counters_for(layout.max_partial * spec.num_qo_heads),
+            counters=self._counters.at_least(layout.max_partial * spec.num_qo_heads),
         )
-
-    def _counters_for(self, n: int) -> torch.Tensor:
-        """The fused merge's counters, zeroed once: the same buffer for every plan that fits
-        it (a captured graph keeps its address)."""
-        if self._counters is None or self._counters.numel() < max(n, 1):
-            self._counters = torch.zeros(max(n, 1), dtype=torch.int32, device=self.device)
-        return self._counters
 
     def _int_regions(self, layout: _Layout) -> dict[str, torch.Tensor]:
         """Views of this planner's integer buffer for `layout` (grown when too small; in
