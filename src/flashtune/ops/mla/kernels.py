@@ -35,6 +35,14 @@ SCALE_GROUPS = 2
 
 
 @triton.jit
+def _cache_rows(ptr, page, slot, stride_page, stride_slot, cols, t_ok):
+    """The `cols` of the cache rows at (page, slot) of a KV tile, [BLOCK_N, len(cols)].
+    Masked rows read as 0: a page's unused slots may hold anything (NaN included)."""
+    rows = ptr + page[:, None] * stride_page + slot[:, None] * stride_slot
+    return tl.load(rows + cols[None, :], mask=t_ok[:, None], other=0.0)
+
+
+@triton.jit
 def mla_item(
     q_nope_ptr,  # [total_q, H, D_CKV]
     q_pe_ptr,  # [total_q, H, D_KPE]
@@ -141,20 +149,11 @@ def mla_item(
             kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_hi, other=0
         )
         slot = (t % PAGE_SIZE).to(tl.int64)
-        # Masked rows read as 0: a page's unused slots may hold anything (NaN included).
-        c = tl.load(
-            ckv_ptr + page[:, None] * stride_cp + slot[:, None] * stride_ct + offs_c[None, :],
-            mask=t_ok[:, None],
-            other=0.0,
-        )
+        c = _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_c, t_ok)
         if SCALE_MODE == 2:
             GROUPS: tl.constexpr = D_CKV // 128
             offs_g = tl.arange(0, GROUPS)
-            sc = tl.load(
-                scale_ptr + page[:, None] * stride_sp + slot[:, None] * stride_st + offs_g[None, :],
-                mask=t_ok[:, None],
-                other=0.0,
-            )
+            sc = _cache_rows(scale_ptr, page, slot, stride_sp, stride_st, offs_g, t_ok)
             c3 = tl.reshape(c.to(tl.float32), (BLOCK_N, GROUPS, 128)) * sc[:, :, None]
             c = tl.reshape(c3, (BLOCK_N, D_CKV)).to(q_dtype)
         else:
@@ -173,11 +172,7 @@ def mla_item(
         if SCALE_MODE == 1:
             s = s * ckv_scale
         if D_KPE > 0:
-            kp = tl.load(
-                kpe_ptr + page[:, None] * stride_kp + slot[:, None] * stride_kt + offs_k[None, :],
-                mask=t_ok[:, None],
-                other=0.0,
-            )
+            kp = _cache_rows(kpe_ptr, page, slot, stride_kp, stride_kt, offs_k, t_ok)
             kp = as_q_dtype(kp, q_dtype)
             if RELOAD_Q:
                 qp = tl.load(
@@ -203,15 +198,7 @@ def mla_item(
             # This program's columns of the same rows (no scales: DV_SPLIT > 1 takes
             # SCALE_MODE 0 or 1, whose ckv scale applies to the output).
             cv = as_q_dtype(
-                tl.load(
-                    ckv_ptr
-                    + page[:, None] * stride_cp
-                    + slot[:, None] * stride_ct
-                    + offs_v[None, :],
-                    mask=t_ok[:, None],
-                    other=0.0,
-                ),
-                q_dtype,
+                _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_v, t_ok), q_dtype
             )
         acc = acc * alpha[:, None] + tl.dot(prob.to(q_dtype), cv)
 
