@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,6 +83,46 @@ def kv_loop_body(sass: str) -> str:
     return min(loops, key=len)
 
 
+def first_launch_sass(kernel: Any, call: Callable[[], Any], **options: Any) -> str:
+    """The resources line and SASS of the first launch of `kernel` that `call()` makes, as
+    that launch binds its arguments, compiled for sm_90 (options: more compile options, e.g.
+    maxnreg). Nothing runs: CPU tensors pass the kernels' device check, and the call stops
+    at that launch."""
+    if platform.triton_interpret():
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
+    platform.kernels_available = lambda device: True  # CPU tensors: only the launch is bound
+    sass: list[str] = []
+    failed: list[Exception] = []
+
+    def capture(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        try:
+            sass.append(sass_of_launch(kernel, args, {**kwargs, **options}))
+        except Exception as exc:  # a compile error: raised below, whatever call() catches
+            failed.append(exc)
+            raise
+        raise _Captured
+
+    kernel.run = capture
+    try:
+        call()
+    except _Captured:
+        pass
+    except Exception:  # past the launch nothing ran: the call may fail on its outputs
+        if not (sass or failed):
+            raise
+    finally:
+        del kernel.run  # the class's own run again
+    if failed:
+        raise failed[0]
+    if not sass:
+        raise SystemExit(f"{kernel.fn.__name__} was not launched")
+    return sass[0]
+
+
+class _Captured(Exception):
+    """Raised by a captured launch: nothing after it needs to run."""
+
+
 def decode_sass(
     q_dtype: torch.dtype,
     kv_dtype: torch.dtype,
@@ -93,48 +134,22 @@ def decode_sass(
 ) -> str:
     """The resources line and SASS of the decode kernel as a 16 x 4096-token batch of these
     heads (query heads, KV heads, head_dim) would launch it; tactic None: the default."""
-    if platform.triton_interpret():
-        raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
-    platform.kernels_available = lambda device: True  # CPU tensors: only the launch is bound
     hq, hk, d = heads
     launch = None if tactic is None else DecodeLaunch(tactic=tactic)
-    sass: list[str] = []
-    kernel = decode_kernels.paged_attn_kernel
-
-    failed: list[Exception] = []
-
-    def capture(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        if maxnreg:
-            kwargs["maxnreg"] = maxnreg
-        try:
-            sass.append(sass_of_launch(kernel, args, kwargs))
-        except Exception as exc:  # a compile error: raised below, not taken for a run's
-            failed.append(exc)
-            raise
-
-    kernel.run = capture  # type: ignore[method-assign]
-    try:
-        indptr, indices, last, pages = build_page_table([4096] * 16, page_size)
-        ws = torch.empty(64 << 20, dtype=torch.uint8)
-        wrapper = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-        wrapper.plan(
-            indptr, indices, last, hq, hk, d, page_size,
-            q_data_type=q_dtype, kv_data_type=kv_dtype, launch=launch,
-            pos_encoding_mode="ROPE_LLAMA" if rope else "NONE",
-        )  # fmt: skip
-        q = torch.randn(16, hq, d).to(q_dtype)
-        cache = torch.randn(pages, 2, page_size, hk, d).to(kv_dtype)
-        try:
-            wrapper.run(q, cache)
-        except Exception:  # past the launch nothing ran: outputs are not there to merge
-            pass
-    finally:
-        del kernel.run  # the class's own run again
-    if failed:
-        raise failed[0]
-    if not sass:
-        raise SystemExit("the decode kernel was not launched")
-    return sass[0]
+    indptr, indices, last, pages = build_page_table([4096] * 16, page_size)
+    ws = torch.empty(64 << 20, dtype=torch.uint8)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    wrapper.plan(
+        indptr, indices, last, hq, hk, d, page_size,
+        q_data_type=q_dtype, kv_data_type=kv_dtype, launch=launch,
+        pos_encoding_mode="ROPE_LLAMA" if rope else "NONE",
+    )  # fmt: skip
+    q = torch.randn(16, hq, d).to(q_dtype)
+    cache = torch.randn(pages, 2, page_size, hk, d).to(kv_dtype)
+    options = {"maxnreg": maxnreg} if maxnreg else {}
+    return first_launch_sass(
+        decode_kernels.paged_attn_kernel, lambda: wrapper.run(q, cache), **options
+    )
 
 
 def mla_prefill_sass(tactic: Any) -> str:
@@ -143,16 +158,6 @@ def mla_prefill_sass(tactic: Any) -> str:
     over 2048 and 1024 keys), with `tactic` (an MLATactic)."""
     from flashtune.ops.mla import BatchMLAPagedAttentionWrapper, MLALaunch
     from flashtune.ops.mla import kernels as mla_kernels
-
-    if platform.triton_interpret():
-        raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
-    platform.kernels_available = lambda device: True
-    kernel = mla_kernels.mla_paged_kernel
-    sass: list[str] = []
-
-    def capture(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        sass.append(sass_of_launch(kernel, args, kwargs))
-        raise _Captured
 
     heads, page, qo, kv = 16, 64, [256, 256], [2048, 1024]
     pages = [-(-n // page) for n in kv]
@@ -164,25 +169,13 @@ def mla_prefill_sass(tactic: Any) -> str:
         torch.tensor(kv, dtype=torch.int32), heads, 512, 64, page, True, 0.07,
         torch.bfloat16, torch.bfloat16, launch=MLALaunch(tactic=tactic, block_m=64),
     )  # fmt: skip
-    kernel.run = capture  # type: ignore[method-assign]
-    try:
-        wrapper.run(
-            torch.randn(sum(qo), heads, 512, dtype=torch.bfloat16),
-            torch.randn(sum(qo), heads, 64, dtype=torch.bfloat16),
-            torch.randn(sum(pages), page, 512, dtype=torch.bfloat16),
-            torch.randn(sum(pages), page, 64, dtype=torch.bfloat16),
-        )
-    except _Captured:
-        pass
-    finally:
-        del kernel.run
-    if not sass:
-        raise SystemExit("the MLA kernel was not launched")
-    return sass[0]
-
-
-class _Captured(Exception):
-    """Raised by a captured launch: nothing after it needs to run."""
+    inputs = (
+        torch.randn(sum(qo), heads, 512, dtype=torch.bfloat16),
+        torch.randn(sum(qo), heads, 64, dtype=torch.bfloat16),
+        torch.randn(sum(pages), page, 512, dtype=torch.bfloat16),
+        torch.randn(sum(pages), page, 64, dtype=torch.bfloat16),
+    )
+    return first_launch_sass(mla_kernels.mla_paged_kernel, lambda: wrapper.run(*inputs))
 
 
 def registers(sass: str) -> int:
