@@ -59,7 +59,8 @@ def sass_of_launch(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
             capture_output=True,
             text=True,
         ).stdout
-        resources = " ".join(RESOURCE.findall(usage))
+        # Triton's shared memory is dynamic: cuobjdump's SHARED counts the static part only.
+        resources = " ".join(RESOURCE.findall(usage)) + f" DYN_SHARED:{compiled.metadata.shared}"
         sass = subprocess.run(
             [os.path.join(tools, "nvdisasm"), "-c", f.name], capture_output=True, text=True
         ).stdout
@@ -152,14 +153,20 @@ def decode_sass(
     )
 
 
-def mla_prefill_sass(tactic: Any) -> str:
-    """The resources line and SASS of the MLA kernel as a planned causal prefill of 64-row
-    tiles launches it (16 heads, 512 + 64 dims, bf16, page 64; two requests of 256 queries
-    over 2048 and 1024 keys), with `tactic` (an MLATactic)."""
+# Query tokens of the two requests `mla_sass` plans, by rows per program (16 heads): decode,
+# MTP, and a causal prefill of 64-row tiles.
+MLA_QUERIES = {16: [1, 1], 32: [2, 2], 64: [256, 256]}
+
+
+def mla_sass(tactic: Any, block_m: int = 64, kv_dtype: torch.dtype = torch.bfloat16) -> str:
+    """The resources line and SASS of the MLA kernel as a planned causal call launches it
+    with `block_m` rows a program (16 heads, 512 + 64 dims, bf16 queries, a `kv_dtype`
+    cache, page 64; two requests over 2048 and 1024 keys, `MLA_QUERIES[block_m]` queries
+    each), with `tactic` (an MLATactic)."""
     from flashtune.ops.mla import BatchMLAPagedAttentionWrapper, MLALaunch
     from flashtune.ops.mla import kernels as mla_kernels
 
-    heads, page, qo, kv = 16, 64, [256, 256], [2048, 1024]
+    heads, page, qo, kv = 16, 64, MLA_QUERIES[block_m], [2048, 1024]
     pages = [-(-n // page) for n in kv]
     kv_indptr = torch.tensor([0, pages[0], sum(pages)], dtype=torch.int32)
     qo_indptr = torch.tensor([0, qo[0], sum(qo)], dtype=torch.int32)
@@ -167,15 +174,23 @@ def mla_prefill_sass(tactic: Any) -> str:
     wrapper.plan(
         qo_indptr, kv_indptr, torch.arange(sum(pages), dtype=torch.int32),
         torch.tensor(kv, dtype=torch.int32), heads, 512, 64, page, True, 0.07,
-        torch.bfloat16, torch.bfloat16, launch=MLALaunch(tactic=tactic, block_m=64),
+        torch.bfloat16, kv_dtype, launch=MLALaunch(tactic=tactic, block_m=block_m),
     )  # fmt: skip
     inputs = (
         torch.randn(sum(qo), heads, 512, dtype=torch.bfloat16),
         torch.randn(sum(qo), heads, 64, dtype=torch.bfloat16),
-        torch.randn(sum(pages), page, 512, dtype=torch.bfloat16),
-        torch.randn(sum(pages), page, 64, dtype=torch.bfloat16),
+        torch.randn(sum(pages), page, 512).to(kv_dtype),
+        torch.randn(sum(pages), page, 64).to(kv_dtype),
     )
     return first_launch_sass(mla_kernels.mla_paged_kernel, lambda: wrapper.run(*inputs))
+
+
+def dynamic_shared(sass: str) -> int:
+    """Bytes of dynamic shared memory a program takes, from the resources line."""
+    m = re.search(r"DYN_SHARED:(\d+)", sass.splitlines()[0])
+    if m is None:
+        raise ValueError("no DYN_SHARED in the resources line")
+    return int(m.group(1))
 
 
 def registers(sass: str) -> int:
@@ -202,9 +217,13 @@ def main() -> None:
     ap.add_argument("--dump", help="write the whole SASS to this file")
     ap.add_argument(
         "--mla",
-        metavar="BN,WARPS,STAGES,RELOAD_Q,DV_SPLIT",
-        help="the MLA kernel as a 64-row causal prefill launches it, with this MLATactic",
+        metavar="BN,WARPS,STAGES,RELOAD_Q,DV_SPLIT[,FUSED_MERGE]",
+        help="the MLA kernel as a causal call launches it, with this MLATactic",
     )
+    ap.add_argument(
+        "--mla-rows", type=int, default=64, choices=sorted(MLA_QUERIES),
+        help="--mla: rows a program (16 decode, 32 MTP, 64 prefill)",
+    )  # fmt: skip
     opts = ap.parse_args()
     q_dtype = getattr(torch, opts.q_dtype)
     kv_dtype = getattr(torch, opts.kv_dtype) if opts.kv_dtype else q_dtype
@@ -213,8 +232,9 @@ def main() -> None:
     if opts.mla:
         from flashtune.ops.mla import MLATactic
 
-        bn, warps, stages, reload_q, dv = (int(x) for x in opts.mla.split(","))
-        sass = mla_prefill_sass(MLATactic(bn, warps, stages, bool(reload_q), dv))
+        bn, warps, stages, reload_q, dv, *fused = (int(x) for x in opts.mla.split(","))
+        tactic = MLATactic(bn, warps, stages, bool(reload_q), dv, bool(fused and fused[0]))
+        sass = mla_sass(tactic, opts.mla_rows, kv_dtype)
     else:
         sass = decode_sass(
             q_dtype, kv_dtype, (hq, hk, d), opts.page_size, tactic, opts.rope, opts.maxnreg

@@ -430,7 +430,9 @@ def test_gpu_bf16(qo_lens, kv_lens, causal, page_size):
 @pytest.mark.cuda
 @pytest.mark.parametrize("reload_q", [False, True])
 def test_gpu_prefill_with_the_output_columns_split(reload_q):
-    launch = MLALaunch(tactic=MLATactic(64, 8, 2, reload_q, dv_split=2))
+    # 32/8/2: the split 64-row tile that fits (tests/ops/test_mla_smem.py), spill-free with q
+    # reloaded.
+    launch = MLALaunch(tactic=MLATactic(32, 8, 2, reload_q, dv_split=2))
     _, out, lse, (ref_out, ref_lse) = _run_wrapper(
         [300, 64, 1], [1324, 64, 5000], 64, True, torch.bfloat16, torch.device("cuda"),
         launch=launch,
@@ -440,14 +442,17 @@ def test_gpu_prefill_with_the_output_columns_split(reload_q):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "qo_lens,kv_lens",
-    [([1] * 33, [0, 1, 17, 4000, 999] + [300] * 28), ([2, 3, 4, 1], [129, 2048, 7, 0])],
+    "qo_lens,kv_lens,tactic",
+    [
+        ([1] * 33, [0, 1, 17, 4000, 999] + [300] * 28, MLATactic(64, 8, 3, fused_merge=True)),
+        ([2, 3, 4, 1], [129, 2048, 7, 0], MLATactic(32, 8, 3, fused_merge=True)),  # 64 rows
+    ],
     ids=["decode", "mtp"],
 )
-def test_gpu_fused_merge(qo_lens, kv_lens):
+def test_gpu_fused_merge(qo_lens, kv_lens, tactic):
     # The last chunk of each split tile merges in the attention kernel; run twice (the
     # counters each last arrival reset serve the second launch).
-    launch = MLALaunch(tactic=MLATactic(64, 8, 3, fused_merge=True))
+    launch = MLALaunch(tactic=tactic)
     for _ in range(2):
         w, out, lse, (ref_out, ref_lse) = _run_wrapper(
             qo_lens, kv_lens, 64, True, torch.bfloat16, torch.device("cuda"), split=64,
@@ -518,3 +523,19 @@ def test_gpu_cuda_graph_replay_after_replan():
         graph.replay()
         ref = mla_paged_ref(q_nope, q_pe, ckv, kpe, kv_indptr, pages, SCALE, kv_len_arr=kv_len)
         _check(out, lse, *ref, torch.bfloat16)
+
+
+def test_a_fixed_tactic_too_large_for_the_device_is_refused_at_plan(monkeypatch):
+    """A caller's tactic whose tiles exceed the device's shared memory fails at plan with the
+    tactic named, not at the first launch with Triton's OutOfResources."""
+    import dataclasses
+
+    from flashtune import platform
+
+    real = platform.STAND_IN_LIMITS
+    monkeypatch.setattr(
+        platform, "device_limits", lambda device=None: dataclasses.replace(real, stand_in=False)
+    )
+    with pytest.raises(ValueError, match=r"needs 288 KB of shared memory at 64 rows"):
+        _run_wrapper([2, 3, 4, 1], [129, 2048, 7, 0], 64, True, torch.float16, CPU,
+                     launch=MLALaunch(tactic=MLATactic(64, 8, 3)))  # fmt: skip

@@ -206,20 +206,26 @@ def plan_sm_count(limits: DeviceLimits, launch: MLALaunch | None = None) -> int:
 def smem_bytes(
     tactic: MLATactic, block_m: int, head_dim_ckv: int, head_dim_kpe: int, kv_itemsize: int
 ) -> int:
-    """Shared memory of one program as Triton 3.6 allocates it on sm_90 (measured: 16 rows
-    64/8/3 168 KB, 32/4/2 55 KB; 64 rows 64/8/3 288 KB): the buffered ckv + kpe tiles
-    (stages - 1 copies, in the cache's dtype), the q tiles (twice from 32 rows up: the MMA
-    operand and its staging) and the probability tile (q's dtype, 2 bytes)."""
-    width = head_dim_ckv + head_dim_kpe
-    if tactic.dv_split > 1:
-        # The program's own output columns are loaded again for the second MMA: buffered too.
-        width += head_dim_ckv // tactic.dv_split
-    q_tiles = block_m * (head_dim_ckv + head_dim_kpe) * 2 * (2 if block_m >= 32 else 1)
-    rest = q_tiles + block_m * tactic.block_n * 2 + 2048
+    """Shared memory of one program as Triton 3.6 allocates it on sm_90: the buffered ckv +
+    kpe tiles (stages - 1 copies, in the cache's dtype), the q tile and the probability tile
+    (q's dtype, 2 bytes), and at 64 rows one more copy of the ckv columns the output MMA
+    reads (Triton stages that operand for the taller tile). Exact for bf16 at 16, 32 and 64
+    rows, with and without the output columns split; an upper bound with an fp8 cache
+    (tests/ops/test_mla_smem.py compiles the kernel for sm_90 and compares; e.g. 16 rows 64/8/3 164 KB, 64 rows 64/8/3 288 KB,
+    64 rows 32/8/3 split in two 228 KB: 1 KB over an H100's 227 KB)."""
+    ckv_width = head_dim_ckv + (head_dim_ckv // tactic.dv_split if tactic.dv_split > 1 else 0)
+    # The program's own output columns are loaded again for the second MMA: buffered too.
+    width = ckv_width + head_dim_kpe
+    rest = block_m * (head_dim_ckv + head_dim_kpe) * 2 + block_m * tactic.block_n * 2
     if kv_itemsize == 1:
         # An fp8 tile is loaded to registers, converted, and staged once in q's dtype for the
-        # MMAs (16 rows: 64/8/2 86 KB, 64/8/3 90 KB, 128/8/2 122 KB measured).
-        return tactic.block_n * width * 2 + rest
+        # MMAs; at 64 rows the fp8 tiles are buffered in shared memory as well. Triton's
+        # allocator reuses some of these buffers, so this is an upper bound (16 rows: 64/8/2
+        # 86 KB, 128/16/2 154 KB; 64 rows: 64/8/3 216 KB, compiled), not the exact size.
+        fp8_stages = max(tactic.num_stages - 1, 1) if block_m >= 64 else 0
+        return tactic.block_n * width * (2 + fp8_stages) + rest + 2048
+    if block_m >= 64:
+        rest += tactic.block_n * ckv_width * kv_itemsize
     return max(tactic.num_stages - 1, 1) * tactic.block_n * width * kv_itemsize + rest
 
 

@@ -41,6 +41,7 @@ from flashtune.ops.mla.config import (
     MLALaunch,
     MLATactic,
     block_m_for,
+    smem_bytes,
     ctas_per_sm,
     default_tactic,
     min_chunk,
@@ -329,6 +330,15 @@ class MLAPlanner:
             tactic = how.tactic or default_tactic(
                 block_m, itemsize, dims, smem, long_queries=long_queries
             )
+            need = smem_bytes(tactic, block_m, *dims, itemsize)
+            if how.tactic is not None and not limits.stand_in and need > smem:
+                # Triton would fail at the first launch, with no word of the tactic.
+                raise ValueError(
+                    f"launch.tactic {tactic} needs {need // 1024} KB of shared memory at "
+                    f"{block_m} rows a program; {limits.name} gives a program "
+                    f"{smem // 1024} KB: fewer stages or a smaller block_n (MLATactic.space "
+                    "lists the tactics that fit)"
+                )
         per_sm = ctas_per_sm(
             tactic,
             block_m,
