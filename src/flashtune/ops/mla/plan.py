@@ -41,11 +41,11 @@ from flashtune.ops.mla.config import (
     MLALaunch,
     MLATactic,
     block_m_for,
-    smem_bytes,
     ctas_per_sm,
     default_tactic,
     min_chunk,
     plan_sm_count,
+    smem_bytes,
 )
 
 __all__ = [
