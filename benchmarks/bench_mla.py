@@ -219,11 +219,13 @@ def main() -> None:
             elif part == "sweep-split":
                 # The output columns over one or two programs (MLATactic.dv_split), prefill
                 # and MTP at 64 rows, q kept or reloaded.
+                fits = MLATactic.space(64)  # 32/8/3 and 64/8/2 split in two do not
                 few = [
-                    MLATactic(bn, 8, ns, rq, dv)
-                    for bn, ns in ((32, 3), (64, 2))
+                    t
+                    for bn, ns in ((32, 2), (32, 3), (64, 2))
                     for rq in (False, True)
                     for dv in (1, 2)
+                    if (t := MLATactic(bn, 8, ns, rq, dv)) in fits
                 ]
                 bench.sweep(4, 4096, 64, qo_len=1024, tactics=few, block_m=64)
                 bench.sweep(1, 8192, 64, qo_len=4096, tactics=few, block_m=64)
