@@ -137,3 +137,29 @@ def test_merge_partials_head_dim_split(sm_count, d, device):
             torch.testing.assert_close(out[t], ref_v[0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(lse[t], ref_s[0], atol=1e-5, rtol=1e-5)
         first += c
+
+
+def test_the_fused_merge_is_tried_only_over_a_few_chunks_a_tile():
+    """The fused merge's last arrival merges every chunk of its tile alone: the tuner times
+    it where some tile is split into at most ArrivalCounters.MAX_SPLITS chunks, not where
+    nothing is split (it would be the plain kernel again) nor where one long request is cut
+    over all SMs (91 us against 20 for MLA at b1 x 16k on an H200)."""
+    import numpy as np
+
+    from flashtune.ops.attention.merge import ArrivalCounters
+    from flashtune.ops.attention.scheduler import plan_work
+
+    def merge_info(kv_lens: list[int], ctas: int) -> np.ndarray:
+        pages = np.concatenate([[0], np.cumsum([-(-n // 64) for n in kv_lens])])
+        qo = np.arange(len(kv_lens) + 1)
+        return plan_work(qo, kv_lens, pages, ctas, block_m=16).merge_info
+
+    one_long = merge_info([16384], 132)
+    assert one_long[:, 1].max() > ArrivalCounters.MAX_SPLITS
+    assert not ArrivalCounters.worth_trying(one_long)
+    few = merge_info([1024 + 7 * i for i in range(64)], 132)  # b64 x ~1k: 2-3 chunks a tile
+    assert 1 < few[:, 1].max() <= ArrivalCounters.MAX_SPLITS
+    assert ArrivalCounters.worth_trying(few)
+    unsplit = merge_info([300] * 200, 132)
+    assert unsplit[:, 1].max() <= 1 and not ArrivalCounters.worth_trying(unsplit)
+    assert not ArrivalCounters.worth_trying(np.zeros((0, 3), dtype=np.int32))

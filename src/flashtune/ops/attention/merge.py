@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -45,6 +46,19 @@ class ArrivalCounters:
         if self._buf is None or self._buf.numel() < max(n, 1):
             self._buf = torch.zeros(max(n, 1), dtype=torch.int32, device=self.device)
         return self._buf
+
+    # The most chunks a split tile may have for the fused merge to be worth timing: the last
+    # chunk to arrive merges all of them alone (H200, MLA at 16 heads: b64 x 1k 40.0 us fused
+    # against 42.1, b1 x 16k with one tile over all SMs 91 us against 20).
+    MAX_SPLITS = 8
+
+    @staticmethod
+    def worth_trying(host_merge_info: np.ndarray) -> bool:
+        """Whether a plan's fused-merge tactics are worth timing: some tile was split (else
+        they are the plain kernel again), none into more than `MAX_SPLITS` chunks.
+        host_merge_info: the plan's [rows, 3] (first partial row, count, stride)."""
+        counts = host_merge_info[:, 1] if host_merge_info.size else host_merge_info
+        return bool(counts.size) and 1 < int(counts.max()) <= ArrivalCounters.MAX_SPLITS
 
     @staticmethod
     def launch_args(merge_info: torch.Tensor, counters: torch.Tensor | None) -> dict[str, Any]:

@@ -252,7 +252,9 @@ class MLAPagedRunner(TunableRunner):
         p = plan.params
         smem = platform.device_limits(inputs[0].device).shared_memory_per_block
         dims = (p.head_dim_ckv, p.head_dim_kpe)
-        return list(MLATactic.space(plan.block_m, p.kv_dtype.itemsize, dims, smem))
+        space = MLATactic.space(plan.block_m, p.kv_dtype.itemsize, dims, smem)
+        fused_ok = ArrivalCounters.worth_trying(plan.host.merge_info)
+        return [t for t in space if fused_ok or not t.fused_merge]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         q_nope, q_pe, ckv, kpe, plan, out, lse = inputs[:7]

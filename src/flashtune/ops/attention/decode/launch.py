@@ -191,7 +191,8 @@ class PagedAttentionRunner(TunableRunner):
         q = inputs[0]
         if q.device.type != "cuda":
             return []
-        return list(DecodeTactic.space(inputs[1].shape[-1]))
+        fused_ok = ArrivalCounters.worth_trying(inputs[3].host.merge_info)
+        return [t for t in DecodeTactic.space(inputs[1].shape[-1]) if fused_ok or not t.fused_merge]
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         q, k, v, dplan, out, lse = inputs
