@@ -255,10 +255,11 @@ def bench_merge_sweep(ws, rows, bw):
                     continue
                 g = nbytes / (ms * 1e-3) / 1e9
                 tag = f"bn{bn}_w{nw}_s{ns}" + ("_fused_merge" if fused else "")
-                split = w._planner.plan.host.has_split
+                host = w._planner.plan.host
+                chunks = int(host.merge_info[:, 1].max()) if host.merge_info.size else 0
                 rows.write("batch_decode_merge_sweep", shape, f"flashtune_{tag}", ms, gbs=g,
-                           bw_frac=g / bw, split=split)  # fmt: skip
-                line.append(f"{bn}/{nw}/{ns}{'/fm' if fused else ''}: {ms * 1e3:.1f}")
+                           bw_frac=g / bw, split=host.has_split, max_chunks=chunks)  # fmt: skip
+                line.append(f"{bn}/{nw}/{ns}{'/fm' if fused else ''}: {ms * 1e3:.1f} ({chunks})")
         print(f"merge-sweep b={b} kv={kv} (us): " + "  ".join(line), flush=True)
         del cache
 
