@@ -117,6 +117,27 @@ class Bench:
             line += f"  flashinfer {peer * 1e3:8.1f} us  speedup {peer / ours:5.2f}x"
         print(line, flush=True)
 
+    def chunks(self, batch, kv_len, page_size, splits) -> None:
+        """Decode at one shape with each forced KV chunk (None: the plan's own), the default
+        tactic: the time, the grid and the most chunks a tile."""
+        table, args = _case(batch, kv_len, 1, page_size)
+        shape = dict(batch=batch, kv_len=kv_len, qo_len=1, page_size=page_size, heads=H,
+                     kv_dtype=str(DT))  # fmt: skip
+        line = []
+        for split in splits:
+            w = _plan(BatchMLAPagedAttentionWrapper(self.ws), table, page_size, True,
+                      fixed_split_size=split)  # fmt: skip
+            ms = _time(lambda a, b, c, d, w=w: w.run(a, b, c, d), args)
+            plan = w._planner.plan
+            info = plan.host.merge_info
+            chunks = int(info[:, 1].max()) if info.size else 0
+            label = f"flashtune_chunk{split or 'auto'}"
+            self.writer.write("mla_sweep_chunk", shape, label, ms, grid=plan.grid_ctas,
+                              max_chunks=chunks, kv_chunk=plan.host.kv_chunk_size)  # fmt: skip
+            line.append(f"{split or 'auto'}({plan.host.kv_chunk_size}, {chunks}x, "
+                        f"{plan.grid_ctas} ctas): {ms * 1e3:.1f}")  # fmt: skip
+        print(f"sweep-chunk b{batch} kv{kv_len} (us): " + "  ".join(line), flush=True)
+
     def sweep(self, batch, kv_len, page_size, qo_len=1, tactics=None, block_m=None,
               kv_dtype=DT):  # fmt: skip
         """Every tactic (and 1 or 2 CTAs an SM) at one shape, with what each compiled to
@@ -238,6 +259,11 @@ def main() -> None:
                 ]
                 for b, n in ((16, 1024), (64, 1024), (16, 4096), (1, 16384)):
                     bench.sweep(b, n, 64, tactics=few)
+            elif part == "sweep-chunk":
+                # The plan's KV chunk (fixed_split_size) against its own choice, at the
+                # batches between the latency regime (fine chunks) and a full grid.
+                for b, n in ((8, 1024), (16, 1024), (16, 4096), (32, 1024), (64, 1024), (64, 4096)):
+                    bench.chunks(b, n, 64, (None, 64, 128, 256, 512))
             elif part == "sweep-fp8":
                 few = [MLATactic(bn, nw, ns) for bn in (64, 128) for nw in (8, 16) for ns in (2, 3)]
                 bench.sweep(128, 8192, 64, tactics=few, kv_dtype=torch.float8_e4m3fn)
