@@ -107,3 +107,23 @@ def test_planless_chunk_spreads_long_requests():
     # Many short requests: one chunk each.
     chunk, _ = planless_chunk(256, 256 * 512, 1, 264, 64, 256)
     assert chunk >= 512
+
+
+@pytest.mark.parametrize(
+    "batch,kv_len,chunk",
+    [(8, 1024, 64), (16, 1024, 128), (16, 4096, 512), (32, 1024, 256), (64, 1024, 512)],
+)
+def test_the_chunk_fills_the_sms_at_16_tiles(batch, kv_len, chunk):
+    """16 heads on 132 SMs, measured on an H200 (bench_mla.py --only sweep-chunk): b16 x 1k
+    in 128-token chunks (20.7 us; 24.1 in 256-token chunks that fill 64 of the SMs); the
+    plan's own choice was already the fastest at the other shapes."""
+    from flashtune.ops.mla import BatchMLAPagedAttentionWrapper
+
+    pages = -(-kv_len // 64)
+    w = BatchMLAPagedAttentionWrapper(torch.empty(128 << 20, dtype=torch.uint8))
+    w.plan(torch.arange(batch + 1, dtype=torch.int32),
+           torch.arange(batch + 1, dtype=torch.int32) * pages,
+           torch.arange(batch * pages, dtype=torch.int32),
+           torch.full((batch,), kv_len, dtype=torch.int32), 16, 512, 64, 64, True, 0.1,
+           torch.bfloat16, torch.bfloat16, launch=MLALaunch(sm_count=132, max_ctas_per_sm=1))  # fmt: skip
+    assert w._planner.plan.host.kv_chunk_size == chunk
