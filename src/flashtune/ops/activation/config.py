@@ -4,7 +4,7 @@ search space and the default (tactic -1)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 
@@ -18,6 +18,10 @@ class ActivationTactic:
     block_d: int
     rows: int
     num_warps: int
+    # Launch the column blocks of a row band one after another (grid axis 0) instead of one
+    # column block of many rows: the programs running at once then read one sequential
+    # stream. Falls back to rows first past CUDA's 65535 row blocks on the grid's y axis.
+    cols_fastest: bool = False
 
     @staticmethod
     def space(d: int) -> list[ActivationTactic]:
@@ -36,7 +40,7 @@ class ActivationTactic:
                     values = rows * block_d / (32 * warps)
                     if 8 <= values <= 32 and rows * block_d <= 16384:
                         out.append(ActivationTactic(block_d, rows, warps))
-        return out
+        return out + [replace(t, cols_fastest=True) for t in out]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -23,9 +23,16 @@ def _gated_act_kernel(
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/pdl.py)
+    COLS_FASTEST: tl.constexpr = False,  # grid axis 0 walks the columns, axis 1 the rows
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if COLS_FASTEST:
+        # Programs launched one after another read one row band left to right: one
+        # sequential stream, not a column block of many rows 2d elements apart.
+        row_block, col_block = tl.program_id(1), tl.program_id(0)
+    else:
+        row_block, col_block = tl.program_id(0), tl.program_id(1)
+    rows = row_block * ROWS + tl.arange(0, ROWS)
+    cols = col_block * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
     r64 = rows.to(tl.int64)[:, None]
     x_ptr = X + r64 * stride_x + cols[None, :]

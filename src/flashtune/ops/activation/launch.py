@@ -40,6 +40,8 @@ from flashtune.tune import (
 __all__ = ["ActivationInputs", "GatedActivationRunner", "ACTIVATION_TUNING"]
 
 _SILU, _GELU, _GELU_TANH = 0, 1, 2
+# CUDA's limit on a grid's y dimension: past it the row blocks stay on axis 0.
+MAX_GRID_Y = 65535
 _ACT_NAMES = {_SILU: "silu", _GELU: "gelu", _GELU_TANH: "gelu_tanh"}
 _REFS = {_SILU: silu_and_mul_ref, _GELU: gelu_and_mul_ref, _GELU_TANH: gelu_tanh_and_mul_ref}
 
@@ -55,7 +57,9 @@ def _launch(x: torch.Tensor, y: torch.Tensor, act: int, tactic: Tactic, pdl: boo
         return
     cfg = default_tactic(d, n_rows) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, ActivationTactic)
-    grid = (triton.cdiv(n_rows, cfg.rows), triton.cdiv(d, cfg.block_d))
+    row_blocks, col_blocks = triton.cdiv(n_rows, cfg.rows), triton.cdiv(d, cfg.block_d)
+    cols_fastest = cfg.cols_fastest and row_blocks <= MAX_GRID_Y
+    grid = (col_blocks, row_blocks) if cols_fastest else (row_blocks, col_blocks)
     _gated_act_kernel[grid](
         x,
         y,
@@ -67,6 +71,7 @@ def _launch(x: torch.Tensor, y: torch.Tensor, act: int, tactic: Tactic, pdl: boo
         ROWS=cfg.rows,
         BLOCK_D=cfg.block_d,
         USE_PDL=pdl,
+        **({"COLS_FASTEST": True} if cols_fastest else {}),
         num_warps=cfg.num_warps,
         **launch_options(pdl),
     )
