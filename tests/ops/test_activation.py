@@ -175,3 +175,12 @@ def test_cuda_back_to_back_with_pdl():
             y = op(torch.cat([y, y], dim=-1), enable_pdl=pdl)
         outs.append(y)
     torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0)
+
+
+def test_the_many_rows_default_matches_the_reference(device):
+    """From 1024 rows the default launches column blocks first (cols_fastest); an odd width
+    leaves a partial last block in every row band."""
+    x = torch.randn(1030, 2 * 600, device=device)
+    assert default_tactic(600, 1030).cols_fastest
+    _close(GatedActivationRunner().forward([x, torch.empty(1030, 600, device=device), 0], -1),
+           silu_and_mul_ref(x))  # fmt: skip
