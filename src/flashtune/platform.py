@@ -28,6 +28,7 @@ import torch
 from flashtune import env
 
 __all__ = [
+    "MAX_GRID_YZ",
     "cuda_homes",
     "has_cuda",
     "default_device",
@@ -112,6 +113,10 @@ class DeviceLimits:
 
 
 # H100 SXM: 132 SMs, 228 KB shared memory per SM of which one CTA may use 227 KB, 50 MB L2.
+# CUDA's limit on a grid's y and z dimensions (x goes to 2**31 - 1): kernels that put a count
+# on those axes check it against this.
+MAX_GRID_YZ = 65535
+
 STAND_IN_LIMITS = DeviceLimits(
     name="H100 (stand-in)",
     sm_count=132,

@@ -77,14 +77,14 @@ def test_every_tactic_is_correct(device, d):
 def test_columns_first_falls_back_past_the_grids_y_limit(device, monkeypatch):
     """A cols_fastest tactic puts the row blocks on the grid's y axis (at most 65535);
     past that it launches rows first, with the same result."""
-    from flashtune.ops.activation import launch
+    from flashtune import platform
 
     x = torch.randn(7, 2 * 300, device=device)
     tactic = ActivationTactic(256, 1, 4, cols_fastest=True)
     runner = GatedActivationRunner()
     want = silu_and_mul_ref(x)
     _close(runner.forward([x, torch.empty(7, 300, device=device), 0], tactic), want)
-    monkeypatch.setattr(launch, "MAX_GRID_Y", 3)  # 7 row blocks: over the limit
+    monkeypatch.setattr(platform, "MAX_GRID_YZ", 3)  # 7 row blocks: over the limit
     _close(runner.forward([x, torch.empty(7, 300, device=device), 0], tactic), want)
 
 

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import torch
 import triton
 
+from flashtune import platform
 from flashtune.ops.activation.config import ActivationTactic, default_tactic
 from flashtune.ops.activation.kernels import _gated_act_kernel
 from flashtune.ops.activation.reference import (
@@ -40,8 +41,6 @@ from flashtune.tune import (
 __all__ = ["ActivationInputs", "GatedActivationRunner", "ACTIVATION_TUNING"]
 
 _SILU, _GELU, _GELU_TANH = 0, 1, 2
-# CUDA's limit on a grid's y dimension: past it the row blocks stay on axis 0.
-MAX_GRID_Y = 65535
 _ACT_NAMES = {_SILU: "silu", _GELU: "gelu", _GELU_TANH: "gelu_tanh"}
 _REFS = {_SILU: silu_and_mul_ref, _GELU: gelu_and_mul_ref, _GELU_TANH: gelu_tanh_and_mul_ref}
 
@@ -58,7 +57,7 @@ def _launch(x: torch.Tensor, y: torch.Tensor, act: int, tactic: Tactic, pdl: boo
     cfg = default_tactic(d, n_rows) if tactic == DEFAULT_TACTIC else tactic
     assert isinstance(cfg, ActivationTactic)
     row_blocks, col_blocks = triton.cdiv(n_rows, cfg.rows), triton.cdiv(d, cfg.block_d)
-    cols_fastest = cfg.cols_fastest and row_blocks <= MAX_GRID_Y
+    cols_fastest = cfg.cols_fastest and row_blocks <= platform.MAX_GRID_YZ
     grid = (col_blocks, row_blocks) if cols_fastest else (row_blocks, col_blocks)
     _gated_act_kernel[grid](
         x,

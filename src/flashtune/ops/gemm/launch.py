@@ -425,9 +425,6 @@ class TritonSmallMRunner(TunableRunner):
     """The decode GEMM (M <= 16, any M correct): N and split K spread over many CTAs, B read
     once with 16-byte loads. Tactics are offered for M <= 4 * SMALL_M."""
 
-    # The CUDA grid's y/z dimensions hold split-K and the M tiles.
-    _MAX_GRID_YZ = 65535
-
     def __init__(self, exhaustive: bool = False) -> None:
         self.exhaustive = exhaustive
 
@@ -443,7 +440,8 @@ class TritonSmallMRunner(TunableRunner):
             t.as_tactic()
             for t in space
             if split_k_ok(M, N, K, t.block_k, t.split_k)
-            and math.ceil(M / t.block_m) <= self._MAX_GRID_YZ
+            # The grid's y/z dimensions hold split-K and the M tiles.
+            and math.ceil(M / t.block_m) <= platform.MAX_GRID_YZ
             and (t.block_m >= 16 or t.block_m >= M)  # FMA tiles only when one tile holds M
             and (t.stream_k == 0 or t.block_m >= M)
         ]
@@ -460,7 +458,7 @@ class TritonSmallMRunner(TunableRunner):
         if M == 0 or N == 0:
             return C
         if tactic == DEFAULT_TACTIC:
-            if math.ceil(M / 16) > self._MAX_GRID_YZ:  # past the grid: the tiled kernel
+            if math.ceil(M / 16) > platform.MAX_GRID_YZ:  # past the grid: the tiled kernel
                 return TritonTiledRunner().forward([A, B, bias, C, scales])
             t = small_m_default_tactic(M, N, K, platform.device_limits(A.device).sm_count)
         else:

@@ -211,8 +211,9 @@ def smem_bytes(
     (q's dtype, 2 bytes), and at 64 rows one more copy of the ckv columns the output MMA
     reads (Triton stages that operand for the taller tile). Exact for bf16 at 16, 32 and 64
     rows, with and without the output columns split; an upper bound with an fp8 cache
-    (tests/ops/test_mla_smem.py compiles the kernel for sm_90 and compares; e.g. 16 rows 64/8/3 164 KB, 64 rows 64/8/3 288 KB,
-    64 rows 32/8/3 split in two 228 KB: 1 KB over an H100's 227 KB)."""
+    (tests/ops/test_mla_smem.py compiles the kernel for sm_90 and compares; e.g. 16 rows
+    64/8/3 164 KB, 64 rows 64/8/3 288 KB, 64 rows 32/8/3 split in two 228 KB: 1 KB over an
+    H100's 227 KB)."""
     ckv_width = head_dim_ckv + (head_dim_ckv // tactic.dv_split if tactic.dv_split > 1 else 0)
     # The program's own output columns are loaded again for the second MMA: buffered too.
     width = ckv_width + head_dim_kpe
