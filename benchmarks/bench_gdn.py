@@ -206,7 +206,11 @@ class Bench:
         if self.args.sweep:
             self.sweep_recurrent(results, sets, op)
         if self.fla is not None:
-            self.fla_steps(results, sets, op, ref)
+            # The in-place timings above rewrote the states: fla is checked against a
+            # reference of the states it reads now (not `ref`, taken before them).
+            now = (gdn_decode_ref(*[s0[n] for n in names]) if op == "decode"
+                   else gdn_mtp_ref(*args(s0)))  # fmt: skip
+            self.fla_steps(results, sets, op, now)
         torch_args = (
             [[s[n] for n in names] for s in sets] if op == "decode" else [args(s) for s in sets]
         )
@@ -275,6 +279,9 @@ class Bench:
         names = ["q", "k", "v", "state", "A_log", "a", "dt_bias", "b"]
         args = lambda s: [*(s[n] for n in names), cu]  # noqa: E731
         out, st = gdn_prefill(*args(sets[0]))
+        if self.args.profile:
+            print(f"prefill tp {tp}, {seqs} x {tokens} tokens:", flush=True)
+            profile_kernels("flashtune", gdn_prefill, args(sets[0]))
         results: dict[str, dict] = {}
         ms, graph = timed(gdn_prefill, [args(s) for s in sets], calls=2)
         results["flashtune"] = {"ms": ms, "graph": graph}
@@ -335,9 +342,29 @@ class Bench:
         if not try_peer("fla", lambda: run(*f_sets[0])):
             return
         out, st = run(*f_sets[0])
+        if self.args.profile:
+            profile_kernels("fla", run, f_sets[0])
         ms, graph = timed(run, f_sets, calls=2)
         results["fla"] = {"ms": ms, "graph": graph, "err": rel(out[0], base[0]),
                           "state_err": rel(st, base[1])}  # fmt: skip
+
+
+def profile_kernels(label: str, fn: Any, args: list[Any], reps: int = 5) -> None:
+    """Each kernel's GPU time per call of `fn` (torch.profiler, eager, after a warm-up
+    call): where a solution's time goes, beside the graph-timed total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn(*args)
+        torch.cuda.synchronize()
+    rows = [(e.device_time_total / reps, e.count / reps, e.key) for e in prof.key_averages()
+            if e.device_time_total > 0]  # fmt: skip
+    for us, count, name in sorted(rows, reverse=True):
+        print(f"  {label:10s} {us:9.1f} us  x{count:g}  {name[:90]}", flush=True)
+    print(f"  {label:10s} {sum(r[0] for r in rows):9.1f} us  in all", flush=True)
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:
@@ -352,6 +379,8 @@ def main() -> None:
     ap.add_argument("--prefill", default=None, help="sequences x tokens, e.g. 1x8192,8x1024")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="prefill: each kernel's GPU time, flashtune's and fla's")  # fmt: skip
     ap.add_argument("--torch-max-tokens", type=int, default=2048)
     ap.add_argument("--budget-s", type=float, default=480.0)
     args = ap.parse_args()
