@@ -38,7 +38,8 @@ fla is imported from its wheels: scripts/fetch_gpu_deps.sh puts fla-core's into
 
 Writes benchmarks/results/gdn.jsonl (and $OUT/gdn.jsonl).
 Usage: python benchmarks/bench_gdn.py [--tp 1,4] [--decode 1,64,256] [--mtp 64x4]
-       [--prefill 1x8192,8x1024] [--quick] [--sweep] [--budget-s 480]
+       [--prefill 1x8192,8x1024] [--quick] [--sweep] [--solve-sweep] [--profile]
+       [--budget-s 480]
 --sweep also times flashtune's tactic candidates (a few of the tuner's, launch.py) as
 "flashtune_sweep" rows with their tactic: selection figures, not a tuned measurement.
 """
@@ -78,6 +79,16 @@ MTP = [(1, 2), (8, 4), (64, 4), (256, 2), (256, 4)]
 PREFILL = [(1, 512), (1, 4096), (1, 16384), (4, 2048), (16, 512), (64, 128)]
 QUICK = {"decode": [1, 64, 512], "mtp": [(64, 4)], "prefill": [(1, 4096), (16, 512)]}
 SETS = 4
+# --solve-sweep: (blockwise, warps, column step, small products' precision) of the solve
+SOLVE_SWEEP = [
+    (False, 4, 64, "ieee"),
+    (False, 4, 64, "tf32"),
+    (True, 2, 32, "tf32"),
+    (True, 2, 64, "tf32"),
+    (True, 4, 64, "tf32"),
+    (True, 4, 32, "tf32"),
+    (True, 4, 64, "ieee"),
+]
 # (block_v, num_warps) of the decode / MTP sweep
 SWEEP_RECURRENT = [
     (8, 1),
@@ -308,6 +319,8 @@ class Bench:
                         results[f"flashtune_sweep_bv{bv}_w{warps}_{precision}"] = {
                             "ms": ms, "graph": graph, "tactic": [bv, warps, precision],
                             "err": rel(o, base[0]), "state_err": rel(ns, base[1])}  # fmt: skip
+        if self.args.solve_sweep:
+            self.sweep_solve(results, sets, args, base)
         if self.fla is not None:
             self.fla_prefill(results, sets, cu, base)
         if ref is not None:
@@ -319,6 +332,26 @@ class Bench:
         shape = {"tp": tp, "num_seqs": seqs, "total_seq_len": total, "num_q_heads": h,
                  "num_v_heads": hv, "head_size": D}  # fmt: skip
         self.emit("prefill", shape, results, nbytes, flops)
+
+    def sweep_solve(self, results: dict, sets: list[dict], args: Any, base: Any) -> None:
+        # The solve kernel's forms (launch.SOLVE_*: A by one product or by blocks, its
+        # warps and column step, the small products' precision), the whole prefill timed
+        # with each; the module's settings restored after.
+        saved = (launch.SOLVE_BLOCKWISE, launch.SOLVE_WARPS, launch.SOLVE_BK,
+                 launch.SOLVE_HALF_PRECISION)  # fmt: skip
+        try:
+            for blockwise, warps, bk, precision in SOLVE_SWEEP:
+                launch.SOLVE_BLOCKWISE, launch.SOLVE_WARPS = blockwise, warps
+                launch.SOLVE_BK, launch.SOLVE_HALF_PRECISION = bk, precision
+                o, ns = gdn_prefill(*args(sets[0]))
+                ms, graph = timed(gdn_prefill, [args(s) for s in sets], calls=2)
+                name = f"{'blocks' if blockwise else 'one'}_w{warps}_bk{bk}_{precision}"
+                results[f"flashtune_solve_{name}"] = {
+                    "ms": ms, "graph": graph, "tactic": [blockwise, warps, bk, precision],
+                    "err": rel(o, base[0]), "state_err": rel(ns, base[1])}  # fmt: skip
+        finally:
+            (launch.SOLVE_BLOCKWISE, launch.SOLVE_WARPS, launch.SOLVE_BK,
+             launch.SOLVE_HALF_PRECISION) = saved  # fmt: skip
 
     def fla_prefill(self, results: dict, sets: list[dict], cu: torch.Tensor, base: Any) -> None:
         chunk = self.fla.chunk_gated_delta_rule
@@ -379,6 +412,8 @@ def main() -> None:
     ap.add_argument("--prefill", default=None, help="sequences x tokens, e.g. 1x8192,8x1024")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--solve-sweep", action="store_true",
+                    help="prefill: the whole call with each form of the solve kernel")  # fmt: skip
     ap.add_argument("--profile", action="store_true",
                     help="prefill: each kernel's GPU time, flashtune's and fla's")  # fmt: skip
     ap.add_argument("--torch-max-tokens", type=int, default=2048)

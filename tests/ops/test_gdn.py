@@ -201,8 +201,33 @@ def _chunk_quantities(k, v, logg, beta, starts, lengths, group):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize(
+    "lengths",
+    [(4096,), (1, 17, 64, 65, 130), (0, 5, 0, 64, 0), tuple((i * 37) % 150 for i in range(70))],
+    ids=["one-long", "odd", "empty-seqs", "70-seqs"],
+)
+def test_chunk_table_kernel_matches_torch(lengths):
+    """The prefill's chunk table from its one Triton kernel equals the torch form: every
+    slot's length, the first slot of each sequence, the start of every used slot (unused
+    slots are only ever read for their length 0); 70 sequences walk the kernel's sequence
+    loop more than once, empty ones own no slot."""
+    from flashtune.ops.gdn.launch import chunk_table, chunk_table_device
+
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    total = int(cu[-1])
+    starts, lens, first = chunk_table(cu, total)
+    d_starts, d_lens, d_first = chunk_table_device(cu, total)
+    assert torch.equal(d_lens, lens)
+    assert torch.equal(d_first, first)
+    used = lens > 0
+    assert torch.equal(d_starts[used], starts[used])
+    assert int(lens.sum()) == total
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("blockwise", [False, True], ids=["one-product", "blockwise"])
 @pytest.mark.parametrize("precision", ["half", "ieee"])
-def test_chunk_solve_and_wu_kernels_match_torch(precision):
+def test_chunk_solve_and_wu_kernels_match_torch(precision, blockwise):
     """The prefill's first two kernels alone, on chunks of 1, 17, 64, 65 and 130 tokens (a
     partial one, a full one, one past, two and a bit; and unused slots), GVA group 2: T =
     (I + A)^-1 (its block lower part: the blocks above are never written), G, W and U0
@@ -227,6 +252,7 @@ def test_chunk_solve_and_wu_kernels_match_torch(precision):
     _chunk_solve_kernel[(starts.numel(), hv)](
         k, a, b, a_log, dt_bias, starts, lens, t_out, g_out,
         HV=hv, GROUP=2, K=D, C=CHUNK, SUB=SUB, PRECISION=prec, RAW_GATES=True,
+        BLOCKWISE=blockwise, BK=16,  # two column steps of the blockwise products at D 32
     )  # fmt: skip
     _chunk_wu_kernel[(starts.numel(), hv)](
         k, v, b, t_out, g_out, starts, lens, w, u,

@@ -178,6 +178,48 @@ def _recurrent_kernel(
 
 
 @triton.jit
+def _chunk_table_kernel(
+    cu_ptr,  # [N + 1] int: cu_seqlens
+    start_ptr,  # [SLOTS] int32 out: each chunk slot's first token
+    len_ptr,  # [SLOTS] int32 out: its tokens (0: an unused slot)
+    first_ptr,  # [N] int32 out: each sequence's first slot (written by program 0)
+    N,
+    SLOTS,
+    C: tl.constexpr,
+    BS: tl.constexpr,
+    BN: tl.constexpr,
+):
+    # launch.chunk_table's table in one launch (it was ~15 small torch kernels, ~30 us a
+    # call on an H200): a program owns BS slots and walks the sequences BN at a time,
+    # carrying the slots used so far; slot s belongs to the sequence whose slot range
+    # [first, first + chunks) holds it, at most one, so sums over the block select it
+    # (int32: token counts below 2^31).
+    pid = tl.program_id(0)
+    s = pid * BS + tl.arange(0, BS)
+    start = tl.zeros([BS], dtype=tl.int32)
+    length = tl.zeros([BS], dtype=tl.int32)
+    base = tl.zeros([], dtype=tl.int32)
+    for n0 in range(0, N, BN):
+        i = n0 + tl.arange(0, BN)
+        mi = i < N
+        lo = tl.load(cu_ptr + i, mask=mi, other=0).to(tl.int32)
+        hi = tl.load(cu_ptr + i + 1, mask=mi, other=0).to(tl.int32)
+        chunks = (hi - lo + C - 1) // C
+        ends = tl.cumsum(chunks, 0) + base
+        first = ends - chunks
+        if pid == 0:
+            tl.store(first_ptr + i, first.to(tl.int32), mask=mi)
+        hit = (s[:, None] >= first[None, :]) & (s[:, None] < ends[None, :])
+        at = lo[None, :] + (s[:, None] - first[None, :]) * C
+        start += tl.sum(tl.where(hit, at, 0), 1)
+        length += tl.sum(tl.where(hit, tl.minimum(hi[None, :] - at, C), 0), 1)
+        base += tl.sum(chunks, 0)
+    m = s < SLOTS
+    tl.store(start_ptr + s, start.to(tl.int32), mask=m)
+    tl.store(len_ptr + s, length.to(tl.int32), mask=m)
+
+
+@triton.jit
 def _block_gates(
     a_ptr, b_ptr, start, r0, length, i_h, neg_a, dtb,
     HV: tl.constexpr, SUB: tl.constexpr, RAW_GATES: tl.constexpr,
@@ -202,6 +244,61 @@ def _block_rows(ptr, start, r0, length, head, NH: tl.constexpr, D: tl.constexpr,
     rows = start + offs
     ptrs = ptr + (rows[:, None] * NH + head) * D + tl.arange(0, D)[None, :]
     return tl.load(ptrs, mask=(offs < length)[:, None], other=0.0)
+
+
+@triton.jit
+def _block_cols(
+    ptr, start, r0, length, head, c0,
+    NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Columns c0 .. c0 + BC of a chunk's rows r0 .. r0 + SUB of a [T, NH, D] tensor at
+    `head` (zeros past its end)."""
+    offs = r0 + tl.arange(0, SUB)
+    cols = c0 + tl.arange(0, BC)
+    ptrs = ptr + ((start + offs)[:, None] * NH + head) * D + cols[None, :]
+    return tl.load(ptrs, mask=(offs < length)[:, None], other=0.0)
+
+
+@triton.jit
+def _kkt_blocks(k_ptr, start, length, head, DT, NH: tl.constexpr, K: tl.constexpr,
+                SUB: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """The ten lower blocks k_a . k_b (b <= a, SUB rows each) of a chunk's [4 SUB, K] keys,
+    as SUB x SUB products over BK columns at a time: small per-warp MMAs that need no
+    split of a big register tile (the one-product form's layout change)."""
+    z = tl.zeros([SUB, SUB], dtype=tl.float32)
+    a00, a10, a11, a20, a21, a22, a30, a31, a32, a33 = z, z, z, z, z, z, z, z, z, z
+    for i in tl.static_range(K // BK):
+        c0 = i * BK
+        k0 = _block_cols(k_ptr, start, 0, length, head, c0, NH, K, SUB, BK).to(DT)
+        k1 = _block_cols(k_ptr, start, SUB, length, head, c0, NH, K, SUB, BK).to(DT)
+        k2 = _block_cols(k_ptr, start, 2 * SUB, length, head, c0, NH, K, SUB, BK).to(DT)
+        k3 = _block_cols(k_ptr, start, 3 * SUB, length, head, c0, NH, K, SUB, BK).to(DT)
+        t0, t1, t2 = tl.trans(k0), tl.trans(k1), tl.trans(k2)
+        a00 += _mm(k0, t0, PRECISION)
+        a10 += _mm(k1, t0, PRECISION)
+        a11 += _mm(k1, t1, PRECISION)
+        a20 += _mm(k2, t0, PRECISION)
+        a21 += _mm(k2, t1, PRECISION)
+        a22 += _mm(k2, t2, PRECISION)
+        a30 += _mm(k3, t0, PRECISION)
+        a31 += _mm(k3, t1, PRECISION)
+        a32 += _mm(k3, t2, PRECISION)
+        a33 += _mm(k3, tl.trans(k3), PRECISION)
+    return a00, a10, a11, a20, a21, a22, a30, a31, a32, a33
+
+
+@triton.jit
+def _scale_block(x, beta_a, g_a, g_b, DIAGONAL: tl.constexpr):
+    """beta_i (gamma_i / gamma_j) x_ij of a block of A (rows a, columns b); a diagonal
+    block keeps its strictly lower part (the exponent masked first: above the diagonal it
+    could overflow, and inf * 0 is nan)."""
+    if DIAGONAL:
+        offs = tl.arange(0, x.shape[0])
+        strict = offs[:, None] > offs[None, :]
+        ratio = tl.exp(tl.where(strict, g_a[:, None] - g_b[None, :], 0.0))
+        return tl.where(strict, x * (beta_a[:, None] * ratio), 0.0)
+    # b < a: G only decreases along the chunk (padding rows hold it), so the ratio is <= 1
+    return x * (beta_a[:, None] * tl.exp(g_a[:, None] - g_b[None, :]))
 
 
 @triton.jit
@@ -240,6 +337,81 @@ def _store_t_block(
 
 
 @triton.jit
+def _one_product_a(
+    k_ptr, a_ptr, b_ptr, g_ptr, start, length, i_h, i_hq, neg_a, dtb, DT,
+    HV: tl.constexpr, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr,
+    PRECISION: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """G stored, and A's ten lower SUB x SUB blocks from ONE [C, K] x [K, C] tensor-core
+    product (one warpgroup MMA at 4 warps: each warp holds 16 rows of k and of A), the
+    decays and beta elementwise in float32, the exponent masked first (above the diagonal
+    G_i - G_j > 0 could overflow, and inf * 0 is nan), then split into blocks."""
+    lg, beta = _block_gates(a_ptr, b_ptr, start, 0, length, i_h, neg_a, dtb, HV, C, RAW_GATES)
+    G = tl.cumsum(lg, 0)
+    offs_c = tl.arange(0, C)
+    tl.store(g_ptr + (start + offs_c) * HV + i_h, G, mask=offs_c < length)
+    kc = _block_rows(k_ptr, start, 0, length, i_hq, H, K, C).to(DT)
+    strict = offs_c[:, None] > offs_c[None, :]
+    ratio = tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0))
+    A = tl.where(strict, _mm(kc, tl.trans(kc), PRECISION) * (beta[:, None] * ratio), 0.0)
+    # Its 16 x 16 blocks: [C, C] -> [i, j, a, b] (row block a, column block b) -> split the
+    # block indices bit by bit (Triton cannot slice a register tile; this is one layout
+    # change through shared memory, then register moves).
+    A4 = tl.permute(tl.reshape(A, (4, SUB, 4, SUB)), (1, 3, 0, 2))  # [i, j, a, b]
+    A6 = tl.reshape(A4, (SUB, SUB, 2, 2, 2, 2))  # [i, j, a_hi, a_lo, b_hi, b_lo]
+    Ab0, Ab1 = tl.split(A6)  # b_lo
+    A_b0_0, A_b0_1 = tl.split(Ab0)  # b_hi: b = 0, 2
+    A_b1_0, A_b1_1 = tl.split(Ab1)  # b = 1, 3
+    A00, A10, A20, A30 = _split_rows(A_b0_0)  # column block 0
+    _, A11, A21, A31 = _split_rows(A_b1_0)
+    _, _, A22, A32 = _split_rows(A_b0_1)
+    _, _, _, A33 = _split_rows(A_b1_1)
+    return A00, A10, A11, A20, A21, A22, A30, A31, A32, A33
+
+
+@triton.jit
+def _blockwise_a(
+    k_ptr, a_ptr, b_ptr, g_ptr, start, length, i_h, i_hq, neg_a, dtb, DT,
+    HV: tl.constexpr, H: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr,
+    PRECISION: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """`_one_product_a`'s G and blocks, each block its own SUB x SUB products
+    (`_kkt_blocks`), the gates per row block (G carried across them)."""
+    lg0, be0 = _block_gates(a_ptr, b_ptr, start, 0, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
+    lg1, be1 = _block_gates(a_ptr, b_ptr, start, SUB, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
+    lg2, be2 = _block_gates(
+        a_ptr, b_ptr, start, 2 * SUB, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES
+    )
+    lg3, be3 = _block_gates(
+        a_ptr, b_ptr, start, 3 * SUB, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES
+    )
+    G0 = tl.cumsum(lg0, 0)
+    G1 = tl.cumsum(lg1, 0) + tl.sum(lg0, 0)
+    G2 = tl.cumsum(lg2, 0) + (tl.sum(lg0, 0) + tl.sum(lg1, 0))
+    G3 = tl.cumsum(lg3, 0) + (tl.sum(lg0, 0) + tl.sum(lg1, 0) + tl.sum(lg2, 0))
+    offs = tl.arange(0, SUB)
+    tl.store(g_ptr + (start + offs) * HV + i_h, G0, mask=offs < length)
+    tl.store(g_ptr + (start + SUB + offs) * HV + i_h, G1, mask=SUB + offs < length)
+    tl.store(g_ptr + (start + 2 * SUB + offs) * HV + i_h, G2, mask=2 * SUB + offs < length)
+    tl.store(g_ptr + (start + 3 * SUB + offs) * HV + i_h, G3, mask=3 * SUB + offs < length)
+    a00, a10, a11, a20, a21, a22, a30, a31, a32, a33 = _kkt_blocks(
+        k_ptr, start, length, i_hq, DT, H, K, SUB, BK, PRECISION
+    )
+    return (
+        _scale_block(a00, be0, G0, G0, True),
+        _scale_block(a10, be1, G1, G0, False),
+        _scale_block(a11, be1, G1, G1, True),
+        _scale_block(a20, be2, G2, G0, False),
+        _scale_block(a21, be2, G2, G1, False),
+        _scale_block(a22, be2, G2, G2, True),
+        _scale_block(a30, be3, G3, G0, False),
+        _scale_block(a31, be3, G3, G1, False),
+        _scale_block(a32, be3, G3, G2, False),
+        _scale_block(a33, be3, G3, G3, True),
+    )
+
+
+@triton.jit
 def _chunk_solve_kernel(
     k_ptr,  # [T, H, K]  contiguous
     a_ptr,  # [T, HV] (RAW_GATES: a; else log g, float32)
@@ -257,6 +429,8 @@ def _chunk_solve_kernel(
     SUB: tl.constexpr,
     PRECISION: tl.constexpr,
     RAW_GATES: tl.constexpr,
+    BLOCKWISE: tl.constexpr = False,  # A's blocks by `_blockwise_a` (else `_one_product_a`)
+    BK: tl.constexpr = 64,  # BLOCKWISE's columns of k a step
 ):
     # Four row blocks of SUB tokens, written out: Triton cannot slice a register tile, and
     # T's blocks are what the inversion and the merges work on. Only T leaves (rounded to
@@ -275,31 +449,16 @@ def _chunk_solve_kernel(
         return
     neg_a = -tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
     dtb = tl.load(dt_bias_ptr + i_h).to(tl.float32)
-    lg, beta = _block_gates(a_ptr, b_ptr, start, 0, length, i_h, neg_a, dtb, HV, C, RAW_GATES)
-    G = tl.cumsum(lg, 0)
-    offs_c = tl.arange(0, C)
-    tl.store(g_ptr + (start + offs_c) * HV + i_h, G, mask=offs_c < length)
-    # A in ONE [C, K] x [K, C] tensor-core product (one warpgroup MMA at 4 warps: each warp
-    # holds 16 rows of k and of A, where sixteen-row block products replicated their
-    # operands in every warp: ~230 registers for A alone), the decays and beta elementwise
-    # in float32; the exponent is masked first (above the diagonal G_i - G_j > 0 could
-    # overflow, and inf * 0 is nan).
-    kc = _block_rows(k_ptr, start, 0, length, i_hq, H, K, C).to(DT)
-    strict = offs_c[:, None] > offs_c[None, :]
-    ratio = tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0))
-    A = tl.where(strict, _mm(kc, tl.trans(kc), PRECISION) * (beta[:, None] * ratio), 0.0)
-    # Its 16 x 16 blocks: [C, C] -> [i, j, a, b] (row block a, column block b) -> split the
-    # block indices bit by bit (Triton cannot slice a register tile; this is one layout
-    # change through shared memory, then register moves).
-    A4 = tl.permute(tl.reshape(A, (4, SUB, 4, SUB)), (1, 3, 0, 2))  # [i, j, a, b]
-    A6 = tl.reshape(A4, (SUB, SUB, 2, 2, 2, 2))  # [i, j, a_hi, a_lo, b_hi, b_lo]
-    Ab0, Ab1 = tl.split(A6)  # b_lo
-    A_b0_0, A_b0_1 = tl.split(Ab0)  # b_hi: b = 0, 2
-    A_b1_0, A_b1_1 = tl.split(Ab1)  # b = 1, 3
-    A00, A10, A20, A30 = _split_rows(A_b0_0)  # column block 0
-    _, A11, A21, A31 = _split_rows(A_b1_0)
-    _, _, A22, A32 = _split_rows(A_b0_1)
-    _, _, _, A33 = _split_rows(A_b1_1)
+    if BLOCKWISE:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _blockwise_a(
+            k_ptr, a_ptr, b_ptr, g_ptr, start, length, i_h, i_hq, neg_a, dtb, DT,
+            HV, H, K, SUB, BK, PRECISION, RAW_GATES,
+        )  # fmt: skip
+    else:
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = _one_product_a(
+            k_ptr, a_ptr, b_ptr, g_ptr, start, length, i_h, i_hq, neg_a, dtb, DT,
+            HV, H, K, C, SUB, PRECISION, RAW_GATES,
+        )  # fmt: skip
     offs = tl.arange(0, SUB)
     # The diagonal blocks' inverses in float32 at PRECISION (four independent chains).
     tl.static_assert(SUB == 16)
@@ -510,7 +669,9 @@ def _chunk_output_kernel(
     H = HV // GROUP
     DT = vn_ptr.dtype.element_ty
     start = tl.load(chunk_start_ptr + i_c).to(tl.int64)
-    length = tl.load(chunk_len_ptr + i_c)  # 0 in an unused slot: everything masked
+    length = tl.load(chunk_len_ptr + i_c)
+    if length == 0:  # an unused slot
+        return
     offs_c = tl.arange(0, C)
     offs_k = tl.arange(0, K)
     offs_v = i_v * BV + tl.arange(0, BV)

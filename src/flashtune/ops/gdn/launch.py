@@ -22,6 +22,7 @@ from flashtune.ops.gdn.kernels import (
     _chunk_output_kernel,
     _chunk_solve_kernel,
     _chunk_state_kernel,
+    _chunk_table_kernel,
     _chunk_wu_kernel,
     _recurrent_kernel,
 )
@@ -67,9 +68,16 @@ class GDNTactic:
 # is 16 KB of registers, 32 per thread at 4 warps; benchmarks/bench_gdn.py --sweep measures.
 # The prefill's state pass is the only sequential part: a V tile of 32 gives 4 programs per
 # value head (128 for one sequence of 32 heads, about one per SM of an H200).
-DEFAULT_RECURRENT = GDNTactic(block_v=32, num_warps=4)
+# Decode (one token): fla-core's [8, K] tiles on one warp up to 64 requests of 32 value
+# heads, [16, K] beyond (H200, session 22, bench_gdn.py --sweep, one flat grid: batch 1
+# 2.7 us against 3.3 for the [32, K] / 4-warp tile it replaced; 64: 68.0 / 68.1 against 70.7;
+# 512: 519.4 / 513.8 against 531.3).
+DEFAULT_RECURRENT = GDNTactic(block_v=8, num_warps=1)
+DEFAULT_RECURRENT_WIDE = GDNTactic(block_v=16, num_warps=1)
+# (requests x value heads) above which a decode takes DEFAULT_RECURRENT_WIDE
+WIDE_FROM_ROWS = 64 * 32
 # A few tokens a request (MTP): [8, K] tiles on one warp, fla-core's choice, measured best of
-# the sweep at 64 requests x 4 tokens (93.7 us against 139.5 us for DEFAULT_RECURRENT, H200,
+# the sweep at 64 requests x 4 tokens (93.7 us against 139.5 us for a [32, K] 4-warp tile, H200,
 # 2026-11-29, before the flat grid): many small programs hide the token loop's latency.
 DEFAULT_MTP = GDNTactic(block_v=8, num_warps=1)
 # The prefill's (H200, HV 32, D 128, bf16; .gpujobs timing): the state pass is the only
@@ -102,6 +110,13 @@ OUTPUT_WARPS = 4
 # registers would allow 3); 252 at 2 warps; "tf32" 174. The one-kernel prepare measured
 # best at 4 (2 warps: 334 us in all against 325). GPU speed of the split unmeasured.
 SOLVE_WARPS = 4
+# A's blocks as ten 16 x 16 products over SOLVE_BK columns a step (`_blockwise_a`) instead
+# of the one [64, K] x [K, 64] product and its split (`_one_product_a`).
+SOLVE_BLOCKWISE = False
+SOLVE_BK = 64
+# The "half" precision's small float32 products (T's block inverses and merges): exact
+# ("ieee", CUDA cores) or "tf32" (tensor cores, fla's solve_tril choice).
+SOLVE_HALF_PRECISION = "ieee"
 # The W / U0 kernel: one warpgroup (4 warps) issues each [64, 64] x [64, 64] product as one
 # wgmma (M 64); a 64-column tile keeps 88 registers and 16 KiB of shared memory (offline
 # compile): 5 CTAs an SM by registers (88 x 128 of 64K), 80 of 227 KiB, enough programs in
@@ -228,6 +243,25 @@ def chunk_table(
     return start.to(torch.int32), length.to(torch.int32), (ends - chunks).to(torch.int32)
 
 
+def chunk_table_device(
+    cu_seqlens: torch.Tensor, total: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`chunk_table`'s three tensors from one Triton kernel (`_chunk_table_kernel`): what
+    the prefill launches (the torch form costs ~15 small kernels a call)."""
+    n = cu_seqlens.shape[0] - 1
+    slots = total // CHUNK + n
+    dev = cu_seqlens.device
+    starts = torch.empty(slots, dtype=torch.int32, device=dev)
+    lengths = torch.empty(slots, dtype=torch.int32, device=dev)
+    first = torch.empty(n, dtype=torch.int32, device=dev)
+    block_s = 64
+    _chunk_table_kernel[(triton_cdiv(slots, block_s),)](
+        cu_seqlens, starts, lengths, first, n, slots,
+        C=CHUNK, BS=block_s, BN=min(64, max(16, 1 << (n - 1).bit_length())),
+    )  # fmt: skip
+    return starts, lengths, first
+
+
 def _launch_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -259,7 +293,7 @@ def _launch_chunked(
     num_seqs = cu_seqlens.shape[0] - 1
     if num_seqs == 0:
         return
-    starts, lengths, first = chunk_table(cu_seqlens, total)
+    starts, lengths, first = chunk_table_device(cu_seqlens, total)
     slots = starts.numel()
     dev = q.device
     # "half": the intermediates in v's dtype (q, k may come float32, l2-normalized, and are
@@ -277,8 +311,10 @@ def _launch_chunked(
     _chunk_solve_kernel[(slots, hv)](
         k, a.contiguous(), b, A_log.contiguous(), dt_bias.contiguous(), starts, lengths,
         t_inv, g,
-        HV=hv, GROUP=group, K=kdim, C=CHUNK, SUB=SUB, PRECISION=precision,
-        RAW_GATES=raw_gates, num_warps=SOLVE_WARPS,
+        HV=hv, GROUP=group, K=kdim, C=CHUNK, SUB=SUB,
+        PRECISION=SOLVE_HALF_PRECISION if tactic.precision == "half" else precision,
+        RAW_GATES=raw_gates, BLOCKWISE=SOLVE_BLOCKWISE, BK=min(SOLVE_BK, kdim),
+        num_warps=SOLVE_WARPS,
     )  # fmt: skip
     _chunk_wu_kernel[(slots, hv)](
         k, v, b, t_inv, g, starts, lengths, w, u,
@@ -370,9 +406,18 @@ class RecurrentRunner(TunableRunner):
             x.scale, read_indices=x.read_indices, write_indices=x.write_indices,
             intermediate=x.intermediate, intermediate_by_slot=x.intermediate_by_slot,
             use_qk_l2norm=x.use_qk_l2norm, raw_gates=x.raw_gates, zero_padding=x.zero_padding,
-            tactic=_tactic(tactic, DEFAULT_MTP if x.q.shape[1] > 1 else DEFAULT_RECURRENT),
+            tactic=_tactic(tactic, _recurrent_default(x)),
         )  # fmt: skip
         return x.output
+
+
+def _recurrent_default(x: RecurrentInputs) -> GDNTactic:
+    """DEFAULT_MTP for several tokens a request; for one, DEFAULT_RECURRENT or its wider
+    tile from WIDE_FROM_ROWS (requests x value heads)."""
+    if x.q.shape[1] > 1:
+        return DEFAULT_MTP
+    rows = x.q.shape[0] * x.v.shape[2]
+    return DEFAULT_RECURRENT_WIDE if rows > WIDE_FROM_ROWS else DEFAULT_RECURRENT
 
 
 class ChunkedRunner(TunableRunner):
