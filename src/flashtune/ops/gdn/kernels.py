@@ -431,6 +431,7 @@ def _chunk_solve_kernel(
     RAW_GATES: tl.constexpr,
     BLOCKWISE: tl.constexpr = False,  # A's blocks by `_blockwise_a` (else `_one_product_a`)
     BK: tl.constexpr = 64,  # BLOCKWISE's columns of k a step
+    INV_PRECISION: tl.constexpr = "ieee",  # the diagonal blocks' inverses (PRECISION: merges)
 ):
     # Four row blocks of SUB tokens, written out: Triton cannot slice a register tile, and
     # T's blocks are what the inversion and the merges work on. Only T leaves (rounded to
@@ -460,13 +461,13 @@ def _chunk_solve_kernel(
             HV, H, K, C, SUB, PRECISION, RAW_GATES,
         )  # fmt: skip
     offs = tl.arange(0, SUB)
-    # The diagonal blocks' inverses in float32 at PRECISION (four independent chains).
+    # The diagonal blocks' inverses in float32 at INV_PRECISION (four independent chains).
     tl.static_assert(SUB == 16)
     eye = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0)
-    T00 = _inv_unit_lower(A00, eye, PRECISION)
-    T11 = _inv_unit_lower(A11, eye, PRECISION)
-    T22 = _inv_unit_lower(A22, eye, PRECISION)
-    T33 = _inv_unit_lower(A33, eye, PRECISION)
+    T00 = _inv_unit_lower(A00, eye, INV_PRECISION)
+    T11 = _inv_unit_lower(A11, eye, INV_PRECISION)
+    T22 = _inv_unit_lower(A22, eye, INV_PRECISION)
+    T33 = _inv_unit_lower(A33, eye, INV_PRECISION)
     _store_t_block(t_ptr, T00, start, 0, 0, length, i_h, HV, C, SUB)
     _store_t_block(t_ptr, T11, start, SUB, SUB, length, i_h, HV, C, SUB)
     _store_t_block(t_ptr, T22, start, 2 * SUB, 2 * SUB, length, i_h, HV, C, SUB)

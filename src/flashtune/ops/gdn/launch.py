@@ -109,14 +109,19 @@ OUTPUT_WARPS = 4
 # registers at 4 warps, no spills, 16.3 KiB of shared memory (2 CTAs, 8 warps an SM; 168
 # registers would allow 3); 252 at 2 warps; "tf32" 174. The one-kernel prepare measured
 # best at 4 (2 warps: 334 us in all against 325). GPU speed of the split unmeasured.
-SOLVE_WARPS = 4
-# A's blocks as ten 16 x 16 products over SOLVE_BK columns a step (`_blockwise_a`) instead
-# of the one [64, K] x [K, 64] product and its split (`_one_product_a`).
-SOLVE_BLOCKWISE = False
+# Session 22 (H200, bench_gdn.py --solve-sweep, whole prefill, HV 32): A's blocks as ten
+# 16 x 16 products over 64 columns a step (`_blockwise_a`) on 2 warps, the small products in
+# tf32: 244.8 us at 1 x 4096 tokens and 462.5 at 16 x 477, against 270.3 / 514.3 for the
+# one [64, K] x [K, 64] product and its split (`_one_product_a`) on 4 warps with exact small
+# products; 4 warps blockwise 297.6 / 558.1 (255 registers), a 32-column step 263.1 / 496.5.
+SOLVE_WARPS = 2
+SOLVE_BLOCKWISE = True
 SOLVE_BK = 64
 # The "half" precision's small float32 products (T's block inverses and merges): exact
-# ("ieee", CUDA cores) or "tf32" (tensor cores, fla's solve_tril choice).
-SOLVE_HALF_PRECISION = "ieee"
+# ("ieee", CUDA cores), "tf32" (tensor cores, fla's solve_tril choice for its merges) or
+# "mixed" (the inverses exact, the merges tf32).
+SOLVE_HALF_PRECISION = "tf32"
+SOLVE_HALF_FORMS = {"ieee": ("ieee", "ieee"), "tf32": ("tf32", "tf32"), "mixed": ("ieee", "tf32")}
 # The W / U0 kernel: one warpgroup (4 warps) issues each [64, 64] x [64, 64] product as one
 # wgmma (M 64); a 64-column tile keeps 88 registers and 16 KiB of shared memory (offline
 # compile): 5 CTAs an SM by registers (88 x 128 of 64K), 80 of 227 KiB, enough programs in
@@ -308,13 +313,16 @@ def _launch_chunked(
     h = torch.empty(slots, hv, kdim, vdim, dtype=inter, device=dev)
     t_inv = torch.empty(total, hv, CHUNK, dtype=inter, device=dev)
     q, k, v, b = q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous()
+    inv_precision, merge_precision = (
+        SOLVE_HALF_FORMS[SOLVE_HALF_PRECISION] if tactic.precision == "half"
+        else (precision, precision)
+    )  # fmt: skip
     _chunk_solve_kernel[(slots, hv)](
         k, a.contiguous(), b, A_log.contiguous(), dt_bias.contiguous(), starts, lengths,
         t_inv, g,
-        HV=hv, GROUP=group, K=kdim, C=CHUNK, SUB=SUB,
-        PRECISION=SOLVE_HALF_PRECISION if tactic.precision == "half" else precision,
-        RAW_GATES=raw_gates, BLOCKWISE=SOLVE_BLOCKWISE, BK=min(SOLVE_BK, kdim),
-        num_warps=SOLVE_WARPS,
+        HV=hv, GROUP=group, K=kdim, C=CHUNK, SUB=SUB, PRECISION=merge_precision,
+        INV_PRECISION=inv_precision, RAW_GATES=raw_gates, BLOCKWISE=SOLVE_BLOCKWISE,
+        BK=min(SOLVE_BK, kdim), num_warps=SOLVE_WARPS,
     )  # fmt: skip
     _chunk_wu_kernel[(slots, hv)](
         k, v, b, t_inv, g, starts, lengths, w, u,
