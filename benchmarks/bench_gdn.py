@@ -91,6 +91,7 @@ SOLVE_SWEEP = [
 ]
 # (block_v, num_warps) of the decode / MTP sweep
 SWEEP_RECURRENT = [
+    (4, 1),
     (8, 1),
     (8, 2),
     (16, 1),
@@ -238,8 +239,11 @@ class Bench:
     def sweep_recurrent(self, results: dict, sets: list[dict], op: str) -> None:
         # fla-core's fused_recurrent runs [8, K] tiles on one warp each (many small programs):
         # those corners beside the tuner's space.
-        for bv, warps in SWEEP_RECURRENT:
-            tactic = launch.GDNTactic(block_v=bv, num_warps=warps)
+        cases = [(bv, warps, launch.RECURRENT_STAGES) for bv, warps in SWEEP_RECURRENT]
+        if op == "mtp":  # the token loop: its pipeline stages, and a narrower tile
+            cases += [(8, 1, 1), (8, 1, 2), (8, 1, 4), (4, 1, 3), (4, 1, 1)]
+        for bv, warps, stages in cases:
+            tactic = launch.GDNTactic(block_v=bv, num_warps=warps, num_stages=stages)
 
             def run(q, k, v, state, A_log, a, dt_bias, b, tactic=tactic):  # noqa: N803
                 out = torch.empty(*v.shape, dtype=q.dtype, device=q.device)
@@ -250,8 +254,8 @@ class Bench:
             s_sets = [[s["q"], s["k"], s["v"], s["state"][: s["q"].shape[0]], s["A_log"],
                        s["a"], s["dt_bias"], s["b"]] for s in sets]  # fmt: skip
             ms, graph = timed(run, s_sets)
-            results[f"flashtune_sweep_bv{bv}_w{warps}"] = {
-                "ms": ms, "graph": graph, "tactic": [bv, warps]}  # fmt: skip
+            results[f"flashtune_sweep_bv{bv}_w{warps}_s{stages}"] = {
+                "ms": ms, "graph": graph, "tactic": [bv, warps, stages]}  # fmt: skip
 
     def fla_steps(self, results: dict, sets: list[dict], op: str, ref: Any) -> None:
         fused = self.fla.fused_recurrent_gated_delta_rule
@@ -415,15 +419,17 @@ def profile_kernels(label: str, fn: Any, args: list[Any], reps: int = 5) -> None
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:
+    if text == "none":
+        return []
     return [tuple(int(x) for x in p.split("x")) for p in text.split(",") if p]  # type: ignore[misc]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--tp", default="1,4", help="tensor parallel degrees (1, 2, 4)")
-    ap.add_argument("--decode", default=None, help="batch sizes, e.g. 1,64,256")
-    ap.add_argument("--mtp", default=None, help="requests x tokens, e.g. 64x4,256x2")
-    ap.add_argument("--prefill", default=None, help="sequences x tokens, e.g. 1x8192,8x1024")
+    ap.add_argument("--decode", default=None, help="batch sizes, e.g. 1,64,256 (none: no decode)")
+    ap.add_argument("--mtp", default=None, help="requests x tokens, e.g. 64x4,256x2 (or none)")
+    ap.add_argument("--prefill", default=None, help="sequences x tokens, e.g. 1x8192 (or none)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--solve-sweep", action="store_true",
@@ -433,7 +439,7 @@ def main() -> None:
     ap.add_argument("--torch-max-tokens", type=int, default=2048)
     ap.add_argument("--budget-s", type=float, default=480.0)
     args = ap.parse_args()
-    decode = [int(x) for x in args.decode.split(",")] if args.decode else (
+    decode = [int(x) for x in args.decode.split(",") if x != "none"] if args.decode else (
         QUICK["decode"] if args.quick else DECODE)  # fmt: skip
     mtp = _pairs(args.mtp) if args.mtp else (QUICK["mtp"] if args.quick else MTP)
     prefill = _pairs(args.prefill) if args.prefill else (

@@ -72,14 +72,17 @@ class GDNTactic:
 # heads, [16, K] beyond (H200, session 22, bench_gdn.py --sweep, one flat grid: batch 1
 # 2.7 us against 3.3 for the [32, K] / 4-warp tile it replaced; 64: 68.0 / 68.1 against 70.7;
 # 512: 519.4 / 513.8 against 531.3).
-DEFAULT_RECURRENT = GDNTactic(block_v=8, num_warps=1)
-DEFAULT_RECURRENT_WIDE = GDNTactic(block_v=16, num_warps=1)
+# The token loop's pipeline stages: Triton's default (3), which the recurrence always ran at
+# (GDNTactic's own default, 2, is the prefill state pass's).
+RECURRENT_STAGES = 3
+DEFAULT_RECURRENT = GDNTactic(block_v=8, num_warps=1, num_stages=RECURRENT_STAGES)
+DEFAULT_RECURRENT_WIDE = GDNTactic(block_v=16, num_warps=1, num_stages=RECURRENT_STAGES)
 # (requests x value heads) above which a decode takes DEFAULT_RECURRENT_WIDE
 WIDE_FROM_ROWS = 64 * 32
 # A few tokens a request (MTP): [8, K] tiles on one warp, fla-core's choice, measured best of
 # the sweep at 64 requests x 4 tokens (93.7 us against 139.5 us for a [32, K] 4-warp tile, H200,
 # 2026-11-29, before the flat grid): many small programs hide the token loop's latency.
-DEFAULT_MTP = GDNTactic(block_v=8, num_warps=1)
+DEFAULT_MTP = GDNTactic(block_v=8, num_warps=1, num_stages=RECURRENT_STAGES)
 # The prefill's (H200, HV 32, D 128, bf16; .gpujobs timing): the state pass is the only
 # sequential part, and a V tile of 32 gives 4 programs per value head (128 for one sequence,
 # about one per SM): best for 1 x 4096 tokens (V tile 32, 4 warps, 3 stages: 345 us in all
@@ -220,6 +223,7 @@ def _launch_recurrent(
         HAS_INTER=intermediate is not None, INTER_BY_SLOT=intermediate_by_slot,
         ZERO_PAD=zero_padding,
         L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, num_warps=tactic.num_warps,
+        num_stages=tactic.num_stages,
     )  # fmt: skip
 
 
@@ -405,7 +409,8 @@ class RecurrentRunner(TunableRunner):
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         vdim = inputs[2].shape[-1]
-        return [GDNTactic(bv, w) for bv in BLOCK_V_SPACE if bv <= vdim for w in WARPS_SPACE]
+        return [GDNTactic(bv, w, num_stages=RECURRENT_STAGES) for bv in BLOCK_V_SPACE
+                if bv <= vdim for w in WARPS_SPACE]  # fmt: skip
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         x = RecurrentInputs(*inputs)
