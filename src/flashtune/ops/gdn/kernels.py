@@ -64,6 +64,21 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _token_inputs(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, row, i_h, i_hq, offs_k, offs_v, mask_v, present,
+    H, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
+    """Token `row`'s q, k, v rows and gate inputs of this program's heads, as stored
+    (zeros where not `present`: the token past a request's last)."""
+    q = tl.load(q_ptr + (row * H + i_hq) * K + offs_k, mask=present, other=0.0)
+    k = tl.load(k_ptr + (row * H + i_hq) * K + offs_k, mask=present, other=0.0)
+    v = tl.load(v_ptr + (row * HV + i_h) * V + offs_v, mask=mask_v & present, other=0.0)
+    a = tl.load(a_ptr + row * HV + i_h, mask=present, other=0.0)
+    b = tl.load(b_ptr + row * HV + i_h, mask=present, other=0.0)
+    return q, k, v, a, b
+
+
+@triton.jit
 def _recurrent_kernel(
     q_ptr,  # [B, T, H, K]  contiguous
     k_ptr,  # [B, T, H, K]  contiguous
@@ -102,6 +117,7 @@ def _recurrent_kernel(
     ZERO_PAD: tl.constexpr,  # padding requests' output rows written as zeros (else left alone)
     L2NORM: tl.constexpr,
     RAW_GATES: tl.constexpr,
+    PREFETCH: tl.constexpr = False,  # load token t + 1 during token t (several tokens)
 ):
     # One flat grid, V tiles fastest, then heads, then requests: programs that run together
     # stream neighbouring rows of one state (a request's heads are contiguous), which the
@@ -135,16 +151,37 @@ def _recurrent_kernel(
         s = tl.zeros([BV, K], dtype=tl.float32)
     neg_a = -tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
     dtb = tl.load(dt_bias_ptr + i_h).to(tl.float32)
+    # Each token's inputs are loaded one token ahead (the loads of token t + 1 issued
+    # before token t's arithmetic): a program is one serial chain over its tokens, and at
+    # several tokens (MTP) the chain's load latency, not the bandwidth, bounded it.
+    # (PREFETCH: several tokens; one token keeps the registers the next would take.)
+    row0 = i_b.to(tl.int64) * T
+    if PREFETCH:
+        q_n, k_n, v_n, a_n, b_n = _token_inputs(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, row0, i_h, i_hq, offs_k, offs_v, mask_v, True,
+            H, HV, K, V,
+        )  # fmt: skip
     for t in range(T):
-        row = i_b.to(tl.int64) * T + t
-        q = tl.load(q_ptr + (row * H + i_hq) * K + offs_k).to(tl.float32)
-        k = tl.load(k_ptr + (row * H + i_hq) * K + offs_k).to(tl.float32)
+        row = row0 + t
+        if PREFETCH:
+            q, k, v, a, beta = q_n, k_n, v_n, a_n, b_n
+            q_n, k_n, v_n, a_n, b_n = _token_inputs(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, row + 1, i_h, i_hq, offs_k, offs_v, mask_v,
+                t + 1 < T, H, HV, K, V,
+            )  # fmt: skip
+        else:
+            q, k, v, a, beta = _token_inputs(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, row, i_h, i_hq, offs_k, offs_v, mask_v,
+                True, H, HV, K, V,
+            )  # fmt: skip
+        q = q.to(tl.float32)
+        k = k.to(tl.float32)
         if L2NORM:
             q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6)
             k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
-        v = tl.load(v_ptr + (row * HV + i_h) * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        a = tl.load(a_ptr + row * HV + i_h).to(tl.float32)
-        beta = tl.load(b_ptr + row * HV + i_h).to(tl.float32)
+        v = v.to(tl.float32)
+        a = a.to(tl.float32)
+        beta = beta.to(tl.float32)
         if RAW_GATES:
             a = _log_decay(a, dtb, neg_a)
             beta = tl.sigmoid(beta)

@@ -222,8 +222,8 @@ def _launch_recurrent(
         HAS_WRITE_IDX=write_indices is not None, WRITE_STATE=new_state is not None,
         HAS_INTER=intermediate is not None, INTER_BY_SLOT=intermediate_by_slot,
         ZERO_PAD=zero_padding,
-        L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, num_warps=tactic.num_warps,
-        num_stages=tactic.num_stages,
+        L2NORM=use_qk_l2norm, RAW_GATES=raw_gates, PREFETCH=steps > 1,
+        num_warps=tactic.num_warps, num_stages=tactic.num_stages,
     )  # fmt: skip
 
 
