@@ -83,6 +83,14 @@ WIDE_FROM_ROWS = 64 * 32
 # the sweep at 64 requests x 4 tokens (93.7 us against 139.5 us for a [32, K] 4-warp tile, H200,
 # 2026-11-29, before the flat grid): many small programs hide the token loop's latency.
 DEFAULT_MTP = GDNTactic(block_v=8, num_warps=1, num_stages=RECURRENT_STAGES)
+# Few rows (requests x value heads, up to MTP_NARROW_TO_ROWS): [4, K] tiles, twice the
+# programs (session 22, H200, before the one-token-ahead loads: 1 x 2 tokens of 32 heads
+# 3.4 us against 4.2, 64 x 4 of 8 heads 30.1 against 31.1); many rows (past
+# MTP_WIDE_FROM_ROWS): [16, K] (256 x 2 of 32 heads: 282.8 against 287.5).
+DEFAULT_MTP_NARROW = GDNTactic(block_v=4, num_warps=1, num_stages=RECURRENT_STAGES)
+DEFAULT_MTP_WIDE = GDNTactic(block_v=16, num_warps=1, num_stages=RECURRENT_STAGES)
+MTP_NARROW_TO_ROWS = 512
+MTP_WIDE_FROM_ROWS = 4096
 # The prefill's (H200, HV 32, D 128, bf16; .gpujobs timing): the state pass is the only
 # sequential part, and a V tile of 32 gives 4 programs per value head (128 for one sequence,
 # about one per SM): best for 1 x 4096 tokens (V tile 32, 4 warps, 3 stages: 345 us in all
@@ -95,7 +103,7 @@ DEFAULT_CHUNKED_WIDE = GDNTactic(block_v=64, num_warps=4, precision="half", num_
 WIDE_FROM_PROGRAMS = 4 * 132
 # The candidates the autotuner times. The prefill's stay at "half": precision changes the
 # error, which is not the tuner's to accept; "tf32" and "ieee" are manual tactics.
-BLOCK_V_SPACE = (8, 16, 32, 64, 128)
+BLOCK_V_SPACE = (4, 8, 16, 32, 64, 128)
 WARPS_SPACE = (1, 2, 4, 8)
 CHUNKED_BLOCK_V_SPACE = (16, 32, 64)
 CHUNKED_WARPS_SPACE = (2, 4)
@@ -425,11 +433,13 @@ class RecurrentRunner(TunableRunner):
 
 
 def _recurrent_default(x: RecurrentInputs) -> GDNTactic:
-    """DEFAULT_MTP for several tokens a request; for one, DEFAULT_RECURRENT or its wider
-    tile from WIDE_FROM_ROWS (requests x value heads)."""
-    if x.q.shape[1] > 1:
-        return DEFAULT_MTP
+    """Several tokens a request: DEFAULT_MTP, narrower or wider by the rows (requests x
+    value heads); one: DEFAULT_RECURRENT, or its wider tile past WIDE_FROM_ROWS."""
     rows = x.q.shape[0] * x.v.shape[2]
+    if x.q.shape[1] > 1:
+        if rows <= MTP_NARROW_TO_ROWS:
+            return DEFAULT_MTP_NARROW
+        return DEFAULT_MTP_WIDE if rows > MTP_WIDE_FROM_ROWS else DEFAULT_MTP
     return DEFAULT_RECURRENT_WIDE if rows > WIDE_FROM_ROWS else DEFAULT_RECURRENT
 
 
