@@ -237,6 +237,19 @@ def test_triton_runner_tactics_interpreter(tactic, block):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("tactic", [(16, 32, 256, 1, 1, 4, 2), (32, 16, 256, 8, 2, 4, 2)], ids=str)
+def test_triton_runner_wide_k_steps_interpreter(tactic):
+    """256-wide K steps (per-tensor scales only): K = 600, a partial last step; split in two."""
+    m, n, k = 33, 40, 600
+    A, B_nk = _fp8((1, m, k)), _fp8((1, n, k))
+    sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
+    expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16, mode="tensor")
+    C = L.TritonFp8Runner().forward(inputs, tactic)
+    _close(C, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("tactic", CPU_TACTICS, ids=str)
 @pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
 def test_tma_runner_tactics_interpreter(tactic, block):
@@ -530,6 +543,12 @@ def test_tactic_space_and_candidates():
             cands = cfg.fp8_candidates(M, N, K, sms)
             assert cands and all(cfg.tactic_fits(t, 128, smem, M, N, K) for t in cands)
             assert cfg.fp8_default_tactic(M, N, K, sms) in cands
+            # Per-tensor scales: also 256-wide K steps, which block scales cannot take.
+            wide = cfg.fp8_candidates(M, N, K, sms, per_tensor=True)
+            assert set(cands) < set(wide)
+            assert any(t.block_k == 256 for t in wide)
+            assert all(cfg.tactic_fits(t, None, smem, M, N, K) for t in wide)
+            assert not any(t.block_k == 256 for t in cands)
     decode = cfg.fp8_default_tactic(1, 576, 7168, sms)  # 9 output tiles on 132 SMs
     assert decode.split_k > 1
     assert cfg.fp8_default_tactic(1, 576, 7168, sms, batch=128).split_k == 1

@@ -138,10 +138,38 @@ def _split_to_waves(
     return replace(t, split_k=wave_split(ctas, batch * M, N, K, t.block_k, sms, waves))
 
 
-def fp8_candidates(M: int, N: int, K: int, sms: int, batch: int = 1) -> list[Fp8Tactic]:
+def fp8_candidates(
+    M: int, N: int, K: int, sms: int, batch: int = 1, *, per_tensor: bool = False
+) -> list[Fp8Tactic]:
     """The tactics the tuner tries at (M, N, K) on `sms` SMs: tiles known to suit fp8 MMAs
     on Hopper (128-wide K steps; narrower N tiles at small M, where B's bytes bound the
-    time), each with the split-K factors that bring the output tiles to one or two waves."""
+    time), each with the split-K factors that bring the output tiles to one or two waves.
+    `per_tensor` (no scale blocks along K): also 256-wide K steps (half the loop trips and
+    barriers a tile, the gap at M = 128 where loads and MMAs must overlap; unmeasured)."""
+    shapes = _candidate_shapes(M)
+    if per_tensor:
+        shapes += _wide_k_shapes(M)
+    out = [fp8_default_tactic(M, N, K, sms, batch)]
+    out += [
+        Fp8Tactic(bm, bn, bk, 8, split, warps, stages)
+        for bm, bn, bk, split, warps, stages in wave_splits(shapes, M, N, K, sms, batch)
+    ]
+    return list(dict.fromkeys(out))
+
+
+def _wide_k_shapes(M: int) -> list[tuple[int, int, int, int, int]]:
+    """fp8_candidates' tiles with 256-wide K steps (per-tensor scales only: a step must not
+    straddle a 128-wide scale block)."""
+    if M >= 256:
+        return [(128, 128, 256, 8, 3)]
+    if M > 64:
+        return [(64, 64, 256, 4, 4), (64, 128, 256, 4, 3), (128, 64, 256, 8, 3)]
+    bm = _block_m_for(M)
+    return [(bm, 64, 256, 4, 4), (bm, 128, 256, 4, 3)]
+
+
+def _candidate_shapes(M: int) -> list[tuple[int, int, int, int, int]]:
+    """fp8_candidates' tiles for M (block_m, block_n, block_k, num_warps, num_stages)."""
     if M >= 256:
         shapes = [
             (128, 128, 128, 8, 3),
@@ -158,6 +186,8 @@ def fp8_candidates(M: int, N: int, K: int, sms: int, batch: int = 1) -> list[Fp8
             (64, 256, 128, 8, 3),
             (128, 64, 128, 4, 4),
             (64, 64, 128, 4, 5),
+            # every row in one tile: A's rows are read from L2 once per N tile, not twice
+            (128, 32, 128, 4, 4),
         ]
     else:
         bm = _block_m_for(M)
@@ -168,9 +198,4 @@ def fp8_candidates(M: int, N: int, K: int, sms: int, batch: int = 1) -> list[Fp8
             (bm, 128, 64, 4, 4),
             (bm, 256, 128, 8, 3),
         ]
-    out = [fp8_default_tactic(M, N, K, sms, batch)]
-    out += [
-        Fp8Tactic(bm, bn, bk, 8, split, warps, stages)
-        for bm, bn, bk, split, warps, stages in wave_splits(shapes, M, N, K, sms, batch)
-    ]
-    return list(dict.fromkeys(out))
+    return shapes

@@ -201,7 +201,11 @@ class TritonFp8Runner(TunableRunner):
         limits = platform.device_limits(a.A.device)
         smem, sms = limits.shared_memory_per_block, limits.sm_count
         scale_k = None if a.mode == "tensor" else a.granularity[2]
-        space = iter(Fp8Space()) if self.exhaustive else fp8_candidates(M, N, K, sms, batch)
+        space = (
+            iter(Fp8Space())
+            if self.exhaustive
+            else fp8_candidates(M, N, K, sms, batch, per_tensor=a.mode == "tensor")
+        )
         return [t.as_tactic() for t in space if tactic_fits(t, scale_k, smem, batch * M, N, K)]
 
     def tactic_for(self, a: Fp8Inputs, tactic: Tactic) -> Fp8Tactic:
