@@ -5,7 +5,9 @@
   {1, 64, 1024, 8192, 32768}, (Hq, Hk, D, rotary_dim) in {(32, 8, 128, 128) Llama-3.1-8B,
   (48, 8, 128, 64) MiniMax-M2}, bf16, fp32 cos/sin cache of 131072 positions.
 Timed like bench_norm.py (cold L2, CUDA graphs); flashtune with its default tactic and the
-best of its tactics ("tuned"). Bytes count what must move: input read + output written (the
+best of its tactics ("tuned"),
+silu_and_mul launched with programmatic dependent launch as its callers get it (ops/pdl.py:
+on from Hopper since session 22), as FlashInfer's calls get their own default. Bytes count what must move: input read + output written (the
 rotary part only for in-place rope) + positions + the cos/sin rows read.
 Writes benchmarks/results/activation.jsonl and rope.jsonl (and $OUT); prints tables.
 Usage: python benchmarks/bench_elementwise.py [--quick] [--no-sweep]
@@ -42,6 +44,7 @@ from flashtune.ops import activation as A  # noqa: E402
 from flashtune.ops.activation import config as activation_config  # noqa: E402
 from flashtune.ops.activation.launch import GatedActivationRunner  # noqa: E402
 from flashtune.ops.activation.reference import silu_and_mul_ref  # noqa: E402
+from flashtune.ops.pdl import use_pdl  # noqa: E402
 from flashtune.ops.rope import config as rope_config  # noqa: E402
 from flashtune.ops.rope.launch import RopeArgs, RopeRunner  # noqa: E402
 from flashtune.ops.rope.reference import rope_with_cos_sin_cache_ref  # noqa: E402
@@ -154,7 +157,9 @@ def _silu_shape(writer, bw, fi, sel: Selection, t: int, d: int) -> dict[str, Any
         torch.testing.assert_close(o, ref, atol=3e-2, rtol=3e-2)
 
     def make(tactic):
-        return lambda xx, oo: runner.forward([xx, oo, 0], tactic)
+        # PDL as flashtune's callers get it (ops/pdl.py's default), as FlashInfer's calls
+        # below get theirs.
+        return lambda xx, oo: runner.forward([xx, oo, 0, use_pdl(xx.device, None)], tactic)
 
     args = [x, torch.empty(t, d, dtype=x.dtype, device="cuda")]
     tactics = runner.get_valid_tactics(args, None)

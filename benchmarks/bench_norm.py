@@ -3,7 +3,9 @@
 Shapes: hidden {2048, 4096, 5120, 8192} x batch {1, 8, 64, 256, 1024, 4096, 16384}, bf16.
 Each candidate is checked against the reference, then timed with flashtune.timing.measure
 (cold L2 by rotating input copies, CUDA graphs of 20 calls so microsecond kernels are not
-timed as launch overhead). flashtune is measured with its default tactic and with every
+timed as launch overhead; flashtune's launches use programmatic dependent launch as its
+callers get it, ops/pdl.py, FlashInfer's their own default). flashtune is measured with its
+default tactic and with every
 tactic of its runner ("tuned": the pick of a sweep in one process, what the autotuner would
 pick, timed on fresh inputs in a fresh process: common.Selection).
 
@@ -48,6 +50,7 @@ from flashtune.ops import norm as N  # noqa: E402
 from flashtune.ops.norm import launch as NL  # noqa: E402
 from flashtune.ops.norm.config import default_tactic  # noqa: E402
 from flashtune.ops.norm.reference import fused_add_rmsnorm_ref, rmsnorm_ref  # noqa: E402
+from flashtune.ops.pdl import use_pdl  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 EPS = 1e-6
@@ -186,7 +189,9 @@ def bench_shape(op: str, b: int, h: int, fi: Any, sel: Selection) -> list[dict[s
             torch.testing.assert_close(rc, ref_res, atol=3e-2, rtol=3e-2)
 
         def ft(tactic: Any) -> Callable[..., Any]:
-            return lambda xx, rr, ww: runner.forward([xx, ww, xx, rr, EPS, 0.0], tactic)
+            return lambda xx, rr, ww: runner.forward(
+                [xx, ww, xx, rr, EPS, 0.0, use_pdl(xx.device, None)], tactic
+            )
 
         def torch_eager(xx, rr, ww):
             rr.add_(xx)
@@ -203,7 +208,9 @@ def bench_shape(op: str, b: int, h: int, fi: Any, sel: Selection) -> list[dict[s
             torch.testing.assert_close(o, ref_out, atol=3e-2, rtol=3e-2)
 
         def ft(tactic: Any) -> Callable[..., Any]:
-            return lambda xx, ww, oo: runner.forward([xx, ww, oo, None, EPS, 0.0], tactic)
+            return lambda xx, ww, oo: runner.forward(
+                [xx, ww, oo, None, EPS, 0.0, use_pdl(xx.device, None)], tactic
+            )
 
         def torch_eager(xx, ww, oo):
             return F.rms_norm(xx, (h,), ww, EPS)
