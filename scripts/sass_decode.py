@@ -37,7 +37,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 RESOURCE = re.compile(r"\b(?:REG|STACK|SHARED|LOCAL):\d+")
-INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+# (nvdisasm writes an instruction's address in at least four hex digits: more past 64 KiB of code)
+INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
 
 
 def sass_of_launch(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
