@@ -185,7 +185,7 @@ class Bench:
               f"{base}): best " +  # fmt: skip
               ", ".join(f"{t.block_n}/{t.num_warps}/{t.num_stages}"
                         f"{'r' if t.reload_q else ''}{'/dv' + str(t.dv_split) if t.dv_split > 1 else ''}"
-                        f"{'/fm' if t.fused_merge else ''}"
+                        f"{'/fm' if t.fused_merge else ''}{'/ps' if t.p_scratch else ''}"
                         f"x{c} {ms * 1e3:.1f}" for ms, t, c in results[:5]),  # fmt: skip
               flush=True)  # fmt: skip
 
@@ -247,6 +247,19 @@ def main() -> None:
                     for rq in (False, True)
                     for dv in (1, 2)
                     if (t := MLATactic(bn, 8, ns, rq, dv)) in fits
+                ]
+                bench.sweep(4, 4096, 64, qo_len=1024, tactics=few, block_m=64)
+                bench.sweep(1, 8192, 64, qo_len=4096, tactics=few, block_m=64)
+                bench.sweep(32, 4096, 64, qo_len=4, tactics=few, block_m=64)
+            elif part == "sweep-scratch":
+                # P through a scratch tile (MLATactic.p_scratch: the score MMA once a KV
+                # tile, not once a warpgroup, but the KV loads unpipelined) against the
+                # prefill and MTP defaults' family, at 64 rows.
+                few = [
+                    MLATactic(bn, 8, 2, rq, p_scratch=ps)
+                    for bn in (32, 64)
+                    for rq in (False, True)
+                    for ps in (False, True)
                 ]
                 bench.sweep(4, 4096, 64, qo_len=1024, tactics=few, block_m=64)
                 bench.sweep(1, 8192, 64, qo_len=4096, tactics=few, block_m=64)

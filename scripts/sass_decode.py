@@ -218,7 +218,7 @@ def main() -> None:
     ap.add_argument("--dump", help="write the whole SASS to this file")
     ap.add_argument(
         "--mla",
-        metavar="BN,WARPS,STAGES,RELOAD_Q,DV_SPLIT[,FUSED_MERGE]",
+        metavar="BN,WARPS,STAGES,RELOAD_Q,DV_SPLIT[,FUSED_MERGE[,P_SCRATCH]]",
         help="the MLA kernel as a causal call launches it, with this MLATactic",
     )
     ap.add_argument(
@@ -233,8 +233,9 @@ def main() -> None:
     if opts.mla:
         from flashtune.ops.mla import MLATactic
 
-        bn, warps, stages, reload_q, dv, *fused = (int(x) for x in opts.mla.split(","))
-        tactic = MLATactic(bn, warps, stages, bool(reload_q), dv, bool(fused and fused[0]))
+        bn, warps, stages, reload_q, dv, *flags = (int(x) for x in opts.mla.split(","))
+        fused, p_scratch = (bool(f) for f in [*flags, 0, 0][:2])
+        tactic = MLATactic(bn, warps, stages, bool(reload_q), dv, fused, p_scratch)
         sass = mla_sass(tactic, opts.mla_rows, kv_dtype)
     else:
         sass = decode_sass(

@@ -181,6 +181,34 @@ def test_fused_merge_matches_reference(case, dv_split):
     _check(out, lse, *ref, dtype)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", CASES[1:], ids=["mtp", "qo_gt_kv", "noncausal"])
+def test_probabilities_through_scratch_match_reference(case):
+    # MLATactic.p_scratch: P and the rescale factors reach the output MMA through the plan's
+    # scratch tile a program; with a forced KV split the merge reads the partials as usual.
+    qo_lens, kv_lens, causal = case
+    launch = MLALaunch(tactic=MLATactic(32, 8, 2, True, p_scratch=True))
+    w, out, lse, (ref_out, ref_lse) = _run_wrapper(
+        qo_lens, kv_lens, 64, causal, torch.float16, CPU, split=32, launch=launch
+    )
+    plan = w._planner.plan
+    assert plan.p_scratch is not None and plan.p_scratch.dtype == torch.float16
+    _check(out, lse, ref_out, ref_lse, torch.float16)
+
+
+def test_probabilities_through_scratch_are_offered_for_tall_tiles_in_planned_calls():
+    assert any(t.p_scratch for t in MLATactic.space(64, 2))
+    assert not any(t.p_scratch for t in MLATactic.space(16, 2))  # decode tiles: none
+    with pytest.raises(ValueError, match="planned calls only"):
+        mla_paged_decode(
+            *_inputs(2, 4, 1, 16, torch.float16, torch.float16, CPU),
+            torch.tensor([0, 2, 4], dtype=torch.int32),
+            torch.arange(4, dtype=torch.int32),
+            SCALE,
+            options=MLAOptions(launch=MLALaunch(tactic=MLATactic(32, 8, 2, p_scratch=True))),
+        )
+
+
 def test_output_column_split_is_offered_for_tall_bf16_tiles_only():
     tall = MLATactic.space(64, 2)
     assert any(t.dv_split == 2 for t in tall)
@@ -433,6 +461,18 @@ def test_gpu_prefill_with_the_output_columns_split(reload_q):
     # 32/8/2: the split 64-row tile that fits (tests/ops/test_mla_smem.py), spill-free with q
     # reloaded.
     launch = MLALaunch(tactic=MLATactic(32, 8, 2, reload_q, dv_split=2))
+    _, out, lse, (ref_out, ref_lse) = _run_wrapper(
+        [300, 64, 1], [1324, 64, 5000], 64, True, torch.bfloat16, torch.device("cuda"),
+        launch=launch,
+    )  # fmt: skip
+    _check(out, lse, ref_out, ref_lse, torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("block_n,reload_q", [(64, True), (32, False)])
+def test_gpu_prefill_with_probabilities_through_scratch(block_n, reload_q):
+    # The CTA barriers order the scratch tile between the warpgroups: a race would show.
+    launch = MLALaunch(tactic=MLATactic(block_n, 8, 2, reload_q, p_scratch=True))
     _, out, lse, (ref_out, ref_lse) = _run_wrapper(
         [300, 64, 1], [1324, 64, 5000], 64, True, torch.bfloat16, torch.device("cuda"),
         launch=launch,

@@ -91,6 +91,9 @@ def mla_item(
     FUSED_MERGE: tl.constexpr = False,  # the last chunk of a split tile merges its partials
     merge_info_ptr=None,  # FUSED_MERGE: [total_q, 3] int32 (first partial row, count, stride)
     counter_ptr=None,  # FUSED_MERGE: int32 arrival counters, zero between launches
+    P_SCRATCH: tl.constexpr = False,  # probabilities reach the output MMA through memory
+    p_scratch_ptr=None,  # P_SCRATCH: this program's [BLOCK_M, BLOCK_N] tile in q's dtype
+    a_scratch_ptr=None,  # P_SCRATCH: this program's [BLOCK_M] fp32 rescale factors
 ):
     """One work item: a tile of packed rows of one request against KV [kv_start, kv_end).
 
@@ -98,7 +101,16 @@ def mla_item(
     scores in full (all D_CKV + D_KPE dims) and accumulates only its columns of p . ckv,
     reading them again from the tile just loaded (L1/L2 hits). The accumulator shrinks by
     DV_SPLIT (64 rows x 512 fp32 is 128 registers a thread at 8 warps: Triton spills), for
-    DV_SPLIT - 1 more score MMAs. Every part writes the same LSE."""
+    DV_SPLIT - 1 more score MMAs. Every part writes the same LSE.
+
+    P_SCRATCH: the scores' MMAs are not chained to the output's, so Triton spreads their
+    [BLOCK_M, BLOCK_N] over the warpgroups instead of giving each warpgroup all of it. A
+    result feeding another dot makes Triton place all warps along M (its flash-attention
+    layout); at 64 rows and 8 warps that is two warpgroups each forming the whole score
+    tile, the score MMA (576 deep) done twice at N = 32. Here the q_pe product is added
+    after scaling (not accumulated into the q_nope one), and P and the rescale factors reach
+    the output MMA through a per-program scratch tile in global memory (L1/L2), between
+    CTA barriers."""
     DV: tl.constexpr = D_CKV // DV_SPLIT
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -171,6 +183,8 @@ def mla_item(
         s = tl.dot(qn, tl.trans(c))  # [BLOCK_M, BLOCK_N] fp32
         if SCALE_MODE == 1:
             s = s * ckv_scale
+        if P_SCRATCH:
+            s = s * qk_scale
         if D_KPE > 0:
             kp = _cache_rows(kpe_ptr, page, slot, stride_kp, stride_kt, offs_k, t_ok)
             kp = as_q_dtype(kp, q_dtype)
@@ -183,11 +197,17 @@ def mla_item(
                     mask=row_ok[:, None],
                     other=0.0,
                 )
-            if SCALE_MODE == 0:
+            if P_SCRATCH:
+                # scaled before the add: an add of a plain dot would be folded back into
+                # the dot's accumulator (chaining the two products again)
+                pe_scale = qk_scale * kpe_scale if SCALE_MODE != 0 else qk_scale
+                s = s + tl.dot(qp, tl.trans(kp)) * pe_scale
+            elif SCALE_MODE == 0:
                 s = tl.dot(qp, tl.trans(kp), s)
             else:
                 s = s + tl.dot(qp, tl.trans(kp)) * kpe_scale
-        s = s * qk_scale
+        if not P_SCRATCH:
+            s = s * qk_scale
         valid = t_ok[None, :]
         if CAUSAL:
             valid = valid & (t[None, :] <= q_pos[:, None])
@@ -200,7 +220,17 @@ def mla_item(
             cv = as_q_dtype(
                 _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_v, t_ok), q_dtype
             )
-        acc = acc * alpha[:, None] + tl.dot(prob.to(q_dtype), cv)
+        if P_SCRATCH:
+            tile = offs_m[:, None] * BLOCK_N + offs_n[None, :]
+            tl.store(p_scratch_ptr + tile, prob.to(q_dtype))
+            tl.store(a_scratch_ptr + offs_m, alpha)
+            tl.debug_barrier()  # every warp's part written (a CTA barrier orders memory)
+            prob = tl.load(p_scratch_ptr + tile, cache_modifier=".cg")
+            alpha = tl.load(a_scratch_ptr + offs_m, cache_modifier=".cg")
+            acc = acc * alpha[:, None] + tl.dot(prob, cv)
+            tl.debug_barrier()  # read by every warp before the next tile overwrites it
+        else:
+            acc = acc * alpha[:, None] + tl.dot(prob.to(q_dtype), cv)
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -269,9 +299,16 @@ def mla_paged_kernel(
     FUSED_MERGE: tl.constexpr = False,  # split tiles merged by their last chunk (no merge kernel)
     merge_info_ptr=None,  # FUSED_MERGE: [total_q, 3] int32
     counter_ptr=None,  # FUSED_MERGE: int32 arrival counters, zero between launches
+    P_SCRATCH: tl.constexpr = False,  # mla_item's: P through a scratch tile a program
+    p_scratch_ptr=None,  # P_SCRATCH: [grid programs, BLOCK_M * BLOCK_N] in q's dtype
+    a_scratch_ptr=None,  # P_SCRATCH: [grid programs, BLOCK_M] fp32
 ):
     cta = tl.program_id(0)
     part = tl.program_id(1)
+    if P_SCRATCH:
+        program = (cta * tl.num_programs(1) + part).to(tl.int64)
+        p_scratch_ptr += program * (BLOCK_M * BLOCK_N)
+        a_scratch_ptr += program * BLOCK_M
     w_begin = tl.load(work_indptr_ptr + cta)
     w_end = tl.load(work_indptr_ptr + cta + 1)
     for w in range(w_begin, w_end):
@@ -324,6 +361,9 @@ def mla_paged_kernel(
             FUSED_MERGE,
             merge_info_ptr,
             counter_ptr,
+            P_SCRATCH,
+            p_scratch_ptr,
+            a_scratch_ptr,
         )
 
 

@@ -32,7 +32,7 @@ from flashtune.ops.mla.kernels import (
     mla_paged_kernel,
     mla_planless_kernel,
 )
-from flashtune.ops.mla.plan import MLAPlan
+from flashtune.ops.mla.plan import MAX_P_SCRATCH_N, MLAPlan
 from flashtune.ops.mla.reference import mla_paged_ref
 from flashtune.tune import DEFAULT_TACTIC, Tactic, TunableRunner, TuningConfig, choose_one
 
@@ -184,6 +184,13 @@ def launch_kernels(
             f"MLATactic.dv_split={tactic.dv_split} needs head_dim_ckv divisible by it and no "
             "per-group fp8 scales"
         )
+    if tactic.p_scratch and (
+        plan.p_scratch is None or tactic.dv_split > 1 or tactic.block_n > MAX_P_SCRATCH_N
+    ):
+        raise ValueError(
+            f"MLATactic.p_scratch needs a plan of 32 rows or more (this one: {plan.block_m}), "
+            f"dv_split 1 and block_n <= {MAX_P_SCRATCH_N}"
+        )
     mla_paged_kernel[(plan.grid_ctas, tactic.dv_split)](
         inputs.q_nope,
         inputs.q_pe,
@@ -216,6 +223,11 @@ def launch_kernels(
         **(
             ArrivalCounters.launch_args(plan.merge_info, plan.counters)
             if tactic.fused_merge
+            else {}
+        ),
+        **(
+            {"P_SCRATCH": True, "p_scratch_ptr": plan.p_scratch, "a_scratch_ptr": plan.a_scratch}
+            if tactic.p_scratch
             else {}
         ),
     )
@@ -336,9 +348,10 @@ def launch_planless(
     limits = platform.device_limits(dev)
     dims = (d_ckv, inputs.q_pe.shape[-1])
     tactic = how.tactic or default_tactic(block_m, itemsize, dims, limits.shared_memory_per_block)
-    if tactic.dv_split > 1 or tactic.fused_merge:
+    if tactic.dv_split > 1 or tactic.fused_merge or tactic.p_scratch:
         raise ValueError(
-            "MLATactic.dv_split > 1 and fused_merge run in planned calls only (the MLA wrapper)"
+            "MLATactic.dv_split > 1, fused_merge and p_scratch run in planned calls only (the "
+            "MLA wrapper)"
         )
     sm_count = plan_sm_count(limits, options.launch)
     if decode:

@@ -208,6 +208,14 @@ class MLAPlan:
     # Arrival counters of the fused merge (MLATactic.fused_merge): one per (partial row,
     # head, output part), zero between launches (the kernel resets what it counts).
     counters: torch.Tensor | None = None
+    # MLATactic.p_scratch's tiles: [grid_ctas, block_m * MAX_P_SCRATCH_N] in q's dtype and
+    # [grid_ctas, block_m] fp32, the planner's (a captured graph keeps their addresses).
+    p_scratch: torch.Tensor | None = None
+    a_scratch: torch.Tensor | None = None
+
+
+# The widest KV tile (MLATactic.block_n) MLATactic.p_scratch's buffers hold.
+MAX_P_SCRATCH_N = 128
 
 
 @dataclass(frozen=True)
@@ -287,6 +295,7 @@ class MLAPlanner:
         # shared) workspace, so one wrapper's plan never overwrites another's work list.
         self._ints_buf: torch.Tensor | None = None
         self._counters = ArrivalCounters(self.device)
+        self._p_scratch: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def make(
         self,
@@ -448,9 +457,25 @@ class MLAPlanner:
             default_tactic=tactic,
             launch=launch,
             counters=self._counters.at_least(layout.max_partial * h * 2),
+            **self._scratch_for(layout.max_ctas, block_m, params.q_dtype),
         )
         self.plan = plan
         return plan
+
+    def _scratch_for(self, ctas: int, block_m: int, dtype: torch.dtype) -> dict[str, Any]:
+        """MLATactic.p_scratch's buffers for `ctas` programs of `block_m` rows, grown (never
+        shrunk) with the plans; none under 32 rows (no such tactic there)."""
+        if block_m < 32:
+            return {}
+        p_n, a_n = ctas * block_m * MAX_P_SCRATCH_N, ctas * block_m
+        cur = self._p_scratch
+        if cur is None or cur[0].dtype != dtype or cur[0].numel() < p_n or cur[1].numel() < a_n:
+            cur = (
+                torch.empty(p_n, dtype=dtype, device=self.device),
+                torch.empty(a_n, dtype=torch.float32, device=self.device),
+            )
+            self._p_scratch = cur
+        return {"p_scratch": cur[0], "a_scratch": cur[1]}
 
     def _write_ints(self, layout: _Layout, host: WorkPlan) -> torch.Tensor:
         """Upload the work list and merge info into this planner's integer buffer: one
