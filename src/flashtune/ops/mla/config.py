@@ -68,8 +68,9 @@ class MLATactic:
     # MMAs are spread over the warpgroups instead of repeated in each (kernels.mla_item's
     # P_SCRATCH; sm_90 SASS at 64 rows, 8 warps, 64-token tiles, q reloaded: 36 score MMAs a
     # KV tile instead of 72, 1359 instructions instead of 1553, 2 spill stores instead of
-    # 21, but the KV loads no longer software-pipelined). Planned calls only; in the
-    # tuner's space at 32 rows and more, unmeasured on a GPU.
+    # 21, but the KV loads no longer software-pipelined). Planned calls only, 32 rows and
+    # more; a manual tactic (MLALaunch), not in the tuner's space until a GPU has run its
+    # cuda test and timed it (benchmarks/bench_mla.py --only sweep-scratch).
     p_scratch: bool = False
 
     @staticmethod
@@ -80,9 +81,9 @@ class MLATactic:
         smem_limit: int = 227 * 1024,
     ) -> list[MLATactic]:
         """The tactics whose tiles fit one program's shared memory (`smem_bytes`); with
-        32 rows and more, each also with q reloaded for every KV tile, the 8-warp ones with
-        P through scratch, and (a bf16 cache) the 32- and 64-token tiles at 4 and 8 warps
-        with the output columns split in two."""
+        32 rows and more, each also with q reloaded for every KV tile, and (a bf16 cache)
+        the 32- and 64-token tiles at 4 and 8 warps with the output columns split in two.
+        Not p_scratch: a manual tactic until a GPU has checked and timed it."""
         reload = (False, True) if block_m >= 32 else (False,)
         tactics = [
             MLATactic(t.block_n, t.num_warps, t.num_stages, r) for t in TACTICS for r in reload
@@ -94,10 +95,6 @@ class MLATactic:
             if t.num_warps == 8
             for r in reload
         ]
-        if block_m >= 32:
-            # The CTA barriers around the scratch tile stop Triton's software pipelining of
-            # the KV loads (stages change nothing): 32- and 64-token tiles, 2 stages.
-            tactics += [MLATactic(bn, 8, 2, r, p_scratch=True) for bn in (32, 64) for r in reload]
         if block_m >= 32 and kv_itemsize == 2 and head_dims[0] % 2 == 0:
             tactics += [
                 MLATactic(t.block_n, t.num_warps, t.num_stages, r, dv_split=2)
