@@ -238,14 +238,17 @@ def test_triton_runner_tactics_interpreter(tactic, block):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("tactic", [(16, 32, 256, 1, 1, 4, 2), (32, 16, 256, 8, 2, 4, 2)], ids=str)
-def test_triton_runner_wide_k_steps_interpreter(tactic):
-    """256-wide K steps (per-tensor scales only): K = 600, a partial last step; split in two."""
-    m, n, k = 33, 40, 600
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_triton_runner_wide_k_steps_interpreter(tactic, tma):
+    """256-wide K steps (per-tensor scales only): K = 608, a partial last step (16-byte rows
+    for the TMA descriptors); split in two."""
+    m, n, k = 33, 40, 608
     A, B_nk = _fp8((1, m, k)), _fp8((1, n, k))
     sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
     expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
     inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16, mode="tensor")
-    C = L.TritonFp8Runner().forward(inputs, tactic)
+    runner = L.TritonFp8TmaRunner() if tma else L.TritonFp8Runner()
+    C = runner.forward(inputs, tactic)
     _close(C, expected, scale=expected.abs().max().item())
 
 
