@@ -100,8 +100,13 @@ def test_radix_select_matches_torch_topk(batch, length, topk):
 @pytest.mark.parametrize(
     "tactic",
     [
-        SelectTactic(chunk=256, tile=256, reps=1),  # many programs, one histogram
-        SelectTactic(chunk=512, tile=256, reps=4),  # copies of the histogram, small tiles
+        # the first two (3-4 s each on 2 cores) in the slow step CI also runs
+        pytest.param(
+            SelectTactic(chunk=256, tile=256, reps=1), marks=pytest.mark.slow
+        ),  # many programs, one histogram
+        pytest.param(
+            SelectTactic(chunk=512, tile=256, reps=4), marks=pytest.mark.slow
+        ),  # histogram copies
         SelectTactic(chunk=8192, tile=2048),  # one program a row
         SelectTactic(tile=256, resolve_tile=1024, resolve_warps=8),  # its own resolve step
     ],

@@ -225,8 +225,17 @@ def test_chunk_table_kernel_matches_torch(lengths):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("blockwise", [False, True], ids=["one-product", "blockwise"])
-@pytest.mark.parametrize("precision", ["half", "ieee"])
+@pytest.mark.parametrize(
+    "precision,blockwise",
+    [
+        ("half", True),  # the default
+        ("ieee", False),
+        # the other two in the slow step CI also runs (the main suite stays under 10 minutes)
+        pytest.param("half", False, marks=pytest.mark.slow),
+        pytest.param("ieee", True, marks=pytest.mark.slow),
+    ],
+    ids=["half-blockwise", "ieee-one-product", "half-one-product", "ieee-blockwise"],
+)
 def test_chunk_solve_and_wu_kernels_match_torch(precision, blockwise):
     """The prefill's first two kernels alone, on chunks of 1, 17, 64, 65 and 130 tokens (a
     partial one, a full one, one past, two and a bit; and unused slots), GVA group 2: T =
@@ -482,6 +491,7 @@ def test_decode_and_mtp_bf16_at_qwen3_next_shapes(batch):
 
 
 @pytest.mark.interpreter
+@pytest.mark.slow  # 24 tactics, ~4.5 s on 2 cores: in the slow step CI also runs
 def test_every_recurrent_tactic_computes_the_same():
     from flashtune.ops.gdn.launch import RecurrentInputs, RecurrentRunner
 

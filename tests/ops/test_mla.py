@@ -182,7 +182,12 @@ def test_fused_merge_matches_reference(case, dv_split):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("case", CASES[1:], ids=["mtp", "qo_gt_kv", "noncausal"])
+@pytest.mark.parametrize(
+    "case",
+    # two of them in the slow step CI also runs (the main suite stays under 10 minutes)
+    [CASES[1], *(pytest.param(c, marks=pytest.mark.slow) for c in CASES[2:])],
+    ids=["mtp", "qo_gt_kv", "noncausal"],
+)
 def test_probabilities_through_scratch_match_reference(case):
     # MLATactic.p_scratch: P and the rescale factors reach the output MMA through the plan's
     # scratch tile a program; with a forced KV split the merge reads the partials as usual.

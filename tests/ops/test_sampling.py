@@ -65,14 +65,16 @@ def test_sampling_from_logits_distribution():
     check_draws(samples, kept(torch.softmax(logits, dim=-1)))
 
 
-@pytest.mark.parametrize("top_p", [0.4, 0.9])
+# The heavier draws (3-4 s each on 2 cores) in the slow step CI also runs: the main suite
+# stays under 10 minutes.
+@pytest.mark.parametrize("top_p", [pytest.param(0.4, marks=pytest.mark.slow), 0.9])
 def test_top_p_sampling_distribution(top_p):
     probs = row(256, scale=1.5)
     samples = top_p_sampling_from_probs(probs, top_p, indices=_zeros(DRAWS))
     check_draws(samples, kept(probs, top_p=top_p))
 
 
-@pytest.mark.parametrize("top_k", [10, 100, 256])
+@pytest.mark.parametrize("top_k", [pytest.param(10, marks=pytest.mark.slow), 100, 256])
 def test_top_k_sampling_distribution(top_k):
     probs = row(200)
     samples = top_k_sampling_from_probs(probs, top_k, indices=_zeros(DRAWS))
@@ -91,7 +93,7 @@ def test_min_p_sampling_distribution(min_p):
     [
         # ~4-5 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
         pytest.param("top_k_first", 30, 0.6, marks=pytest.mark.slow),
-        ("joint", 30, 0.6),
+        pytest.param("joint", 30, 0.6, marks=pytest.mark.slow),
         ("top_k_first", 8, 0.95),
         ("joint", 0, 0.5),
     ],
