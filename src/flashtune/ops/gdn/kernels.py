@@ -245,15 +245,15 @@ def _chunk_table_kernel(
         ends = tl.cumsum(chunks, 0) + base
         first = ends - chunks
         if pid == 0:
-            tl.store(first_ptr + i, first.to(tl.int32), mask=mi)
+            tl.store(first_ptr + i, first, mask=mi)
         hit = (s[:, None] >= first[None, :]) & (s[:, None] < ends[None, :])
         at = lo[None, :] + (s[:, None] - first[None, :]) * C
         start += tl.sum(tl.where(hit, at, 0), 1)
         length += tl.sum(tl.where(hit, tl.minimum(hi[None, :] - at, C), 0), 1)
         base += tl.sum(chunks, 0)
     m = s < SLOTS
-    tl.store(start_ptr + s, start.to(tl.int32), mask=m)
-    tl.store(len_ptr + s, length.to(tl.int32), mask=m)
+    tl.store(start_ptr + s, start, mask=m)
+    tl.store(len_ptr + s, length, mask=m)
 
 
 @triton.jit
@@ -275,15 +275,6 @@ def _block_gates(
 
 
 @triton.jit
-def _block_rows(ptr, start, r0, length, head, NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr):
-    """A chunk's rows r0 .. r0 + SUB of a [T, NH, D] tensor at `head` (zeros past its end)."""
-    offs = r0 + tl.arange(0, SUB)
-    rows = start + offs
-    ptrs = ptr + (rows[:, None] * NH + head) * D + tl.arange(0, D)[None, :]
-    return tl.load(ptrs, mask=(offs < length)[:, None], other=0.0)
-
-
-@triton.jit
 def _block_cols(
     ptr, start, r0, length, head, c0,
     NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
@@ -294,6 +285,12 @@ def _block_cols(
     cols = c0 + tl.arange(0, BC)
     ptrs = ptr + ((start + offs)[:, None] * NH + head) * D + cols[None, :]
     return tl.load(ptrs, mask=(offs < length)[:, None], other=0.0)
+
+
+@triton.jit
+def _block_rows(ptr, start, r0, length, head, NH: tl.constexpr, D: tl.constexpr, SUB: tl.constexpr):
+    """A chunk's rows r0 .. r0 + SUB of a [T, NH, D] tensor at `head` (zeros past its end)."""
+    return _block_cols(ptr, start, r0, length, head, 0, NH, D, SUB, D)
 
 
 @triton.jit
@@ -407,6 +404,20 @@ def _one_product_a(
 
 
 @triton.jit
+def _block_decay(
+    a_ptr, b_ptr, g_ptr, start, r0, length, i_h, neg_a, dtb, carry,
+    HV: tl.constexpr, SUB: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """Rows r0 .. r0 + SUB of a chunk: their cumulative log decay G (from `carry`, the log
+    decay of the rows before them), stored, their beta, and the carry past them."""
+    lg, beta = _block_gates(a_ptr, b_ptr, start, r0, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
+    G = tl.cumsum(lg, 0) + carry
+    offs = r0 + tl.arange(0, SUB)
+    tl.store(g_ptr + (start + offs) * HV + i_h, G, mask=offs < length)
+    return G, beta, carry + tl.sum(lg, 0)
+
+
+@triton.jit
 def _blockwise_a(
     k_ptr, a_ptr, b_ptr, g_ptr, start, length, i_h, i_hq, neg_a, dtb, DT,
     HV: tl.constexpr, H: tl.constexpr, K: tl.constexpr, SUB: tl.constexpr, BK: tl.constexpr,
@@ -414,23 +425,18 @@ def _blockwise_a(
 ):  # fmt: skip
     """`_one_product_a`'s G and blocks, each block its own SUB x SUB products
     (`_kkt_blocks`), the gates per row block (G carried across them)."""
-    lg0, be0 = _block_gates(a_ptr, b_ptr, start, 0, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
-    lg1, be1 = _block_gates(a_ptr, b_ptr, start, SUB, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES)
-    lg2, be2 = _block_gates(
-        a_ptr, b_ptr, start, 2 * SUB, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES
+    G0, be0, c0 = _block_decay(
+        a_ptr, b_ptr, g_ptr, start, 0, length, i_h, neg_a, dtb, 0.0, HV, SUB, RAW_GATES
     )
-    lg3, be3 = _block_gates(
-        a_ptr, b_ptr, start, 3 * SUB, length, i_h, neg_a, dtb, HV, SUB, RAW_GATES
+    G1, be1, c1 = _block_decay(
+        a_ptr, b_ptr, g_ptr, start, SUB, length, i_h, neg_a, dtb, c0, HV, SUB, RAW_GATES
     )
-    G0 = tl.cumsum(lg0, 0)
-    G1 = tl.cumsum(lg1, 0) + tl.sum(lg0, 0)
-    G2 = tl.cumsum(lg2, 0) + (tl.sum(lg0, 0) + tl.sum(lg1, 0))
-    G3 = tl.cumsum(lg3, 0) + (tl.sum(lg0, 0) + tl.sum(lg1, 0) + tl.sum(lg2, 0))
-    offs = tl.arange(0, SUB)
-    tl.store(g_ptr + (start + offs) * HV + i_h, G0, mask=offs < length)
-    tl.store(g_ptr + (start + SUB + offs) * HV + i_h, G1, mask=SUB + offs < length)
-    tl.store(g_ptr + (start + 2 * SUB + offs) * HV + i_h, G2, mask=2 * SUB + offs < length)
-    tl.store(g_ptr + (start + 3 * SUB + offs) * HV + i_h, G3, mask=3 * SUB + offs < length)
+    G2, be2, c2 = _block_decay(
+        a_ptr, b_ptr, g_ptr, start, 2 * SUB, length, i_h, neg_a, dtb, c1, HV, SUB, RAW_GATES
+    )
+    G3, be3, _ = _block_decay(
+        a_ptr, b_ptr, g_ptr, start, 3 * SUB, length, i_h, neg_a, dtb, c2, HV, SUB, RAW_GATES
+    )
     a00, a10, a11, a20, a21, a22, a30, a31, a32, a33 = _kkt_blocks(
         k_ptr, start, length, i_hq, DT, H, K, SUB, BK, PRECISION
     )
