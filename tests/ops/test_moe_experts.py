@@ -308,6 +308,52 @@ def test_tactics_agree(tactic, mode, device):
     _assert_close(out, ref)
 
 
+# Decode tactics that cut tiles over K (max_split) in each orientation: swapped both GEMMs,
+# GEMM2 only, neither.
+SPLIT_TACTICS = [
+    cfg.MoETactic(16, cfg.StageTile(32, 64, 1, 4, 2), cfg.StageTile(64, 64, 1, 4, 2), 1, 4),
+    cfg.MoETactic(16, cfg.StageTile(32, 64, 1, 4, 2), cfg.StageTile(32, 64, 1, 4, 2), 2, 8),
+    cfg.MoETactic(32, cfg.StageTile(64, 32, 1, 4, 2), cfg.StageTile(64, 64, 1, 4, 2), 0, 3),
+]
+
+
+# The main suite runs every tactic with fp8 block scales and one per other mode at T=1;
+# the rest of the grid runs in the slow step (each case is seconds in the interpreter).
+SPLIT_CASES = [
+    pytest.param(
+        T,
+        t,
+        mode,
+        id=f"{T}-{'-'.join(map(str, t.as_tactic()))}-{mode}",
+        marks=() if T == 1 and (mode == "fp8_block" or t is SPLIT_TACTICS[0]) else pytest.mark.slow,
+    )
+    for T in (1, 3)
+    for t in SPLIT_TACTICS
+    for mode in ("fp8_block", "fp8_per_tensor", "bf16")
+]
+
+
+@pytest.mark.parametrize("T,tactic,mode", SPLIT_CASES)
+def test_split_k_parts_agree_and_repeat(T, tactic, mode, device, monkeypatch):
+    """Few tiles for many programs: each tile's K steps are cut into parts whose partials
+    the last part to arrive sums (in part order: the same bits on every run). On CPU the
+    interpreter gets 40 programs so that both GEMMs split; H 384 with 64-deep steps (6 steps,
+    uneven parts) and odd H with 32-deep steps in the unquantized mode."""
+    _cpu_kernels(device)
+    monkeypatch.setattr(experts_module, "_INTERPRETER_PROGRAMS", 40)
+    H = 384 if mode != "bf16" else 200
+    x, w1, w2, q = _make(mode, T, H, 128, 4, device, torch.float16)
+    ids, w = _routes(T, 2, 4, device)
+    ref = fused_experts_torch(x, w1, w2, ids, w, quant=q)
+    out = fused_experts(x, w1, w2, ids, w, quant=q, tactic=tactic)
+    _assert_close(out, ref)
+    again = fused_experts(x, w1, w2, ids, w, quant=q, tactic=tactic)
+    assert torch.equal(out, again)
+    # The counters are left at zero for the next launch.
+    locks = experts_module.split_k_counters(x.device, 1)
+    assert int(locks[:64].abs().sum()) == 0
+
+
 def test_deterministic_and_out(device):
     _cpu_kernels(device)
     x, w1, w2, q = _make("fp8_per_tensor", 9, 256, 128, 4, device)
@@ -326,7 +372,7 @@ def test_runner_and_tuning_inputs(device):
     inputs = ExpertsInputs.of(x, w1, w2, ids, w, q, 1)
     assert inputs.quant == q
     tactics = runner.get_valid_tactics(inputs, None)
-    assert tactics and all(len(t) == 12 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
+    assert tactics and all(len(t) == 13 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=1)
     _assert_close(runner.forward(inputs, tactics[0]), ref)
     _assert_close(runner.forward(inputs), ref)
@@ -421,7 +467,7 @@ def test_bad_tactic(device):
             ),
             tactic=t,
         )
-    with pytest.raises(ValueError, match="12 ints"):
+    with pytest.raises(ValueError, match="13 ints"):
         cfg.MoETactic.from_tactic((16, 32))
 
 
@@ -577,14 +623,15 @@ def compile_one(fn, ptrs, consts, warps, stages):
 results = []
 for q, t in json.loads(sys.argv[1]):
     a, w = PTRS[f"q{q}"]
-    bm, bn1, bk1, g1, w1, s1, bn2, bk2, g2, w2, s2, swap = t
-    common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, BLOCK_M=bm, SWAP_AB=bool(swap))
+    bm, bn1, bk1, g1, w1, s1, bn2, bk2, g2, w2, s2, swap, split = t
+    common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, BLOCK_M=bm, MAX_SPLIT=split)
     p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
-          "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32"}
-    c1 = dict(common, HAS_A_SCALE=q == 1, BLOCK_N=bn1, BLOCK_K=bk1, GROUP_M=g1)
+          "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
+    c1 = dict(common, HAS_A_SCALE=q == 1, BLOCK_N=bn1, BLOCK_K=bk1, GROUP_M=g1,
+              SWAP_AB=swap == 1)
     p2 = {"c_ptr": "*bf16", "w_ptr": w, "o_ptr": "*fp32", "sorted_ids_ptr": "*i32",
-          "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32"}
-    c2 = dict(common, BLOCK_N=bn2, BLOCK_K=bk2, GROUP_M=g2)
+          "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
+    c2 = dict(common, BLOCK_N=bn2, BLOCK_K=bk2, GROUP_M=g2, SWAP_AB=swap in (1, 2))
     results.append([q, t, compile_one(K._moe_gemm1_swiglu_kernel, p1, c1, w1, s1),
                     compile_one(K._moe_gemm2_kernel, p2, c2, w2, s2)])
 ids = {"topk_ids_ptr": "*i32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",

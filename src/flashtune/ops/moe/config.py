@@ -39,11 +39,16 @@ __all__ = [
     "default_tactic",
     "candidates",
     "tactic_ok",
+    "MAX_SPLIT",
 ]
 
 # The fp8 block-scale format's block (DeepSeek-V3's 128x128 weight blocks, 1x128
 # activation groups): with fp8_block, BLOCK_K must divide it (one scale per K step).
 QUANT_BLOCK = 128
+
+# The most K parts a tile is cut into (the workspace holds one partial per program, so this
+# only bounds the sum each split tile's last part reads).
+MAX_SPLIT = 8
 
 # One CTA's shared memory on Hopper (227 KB opt-in), the bound tactic_ok checks against.
 _SMEM_LIMIT = 227 * 1024
@@ -69,24 +74,47 @@ class MoETactic:
     gemm1: StageTile = StageTile()
     gemm2: StageTile = StageTile()
     # 1: both GEMMs form W @ A^T ("swap-AB", kernels._mma): the weight tile takes the MMA's
-    # M side, for M-blocks of 16 rows (decode).
+    # M side, for M-blocks of 16 rows (decode). 2: GEMM2 only (its fp8 weight tile, upcast
+    # in registers, is then the MMA's register operand instead of going back to shared
+    # memory).
     swap_ab: int = 0
+    # K parts a GEMM tile may be cut into when its tiles leave programs idle (kernels
+    # `_split_of`, decided on the device from the M-blocks in use): 1 never splits.
+    max_split: int = 1
+
+    @property
+    def swap1(self) -> bool:
+        """GEMM1 swapped."""
+        return self.swap_ab == 1
+
+    @property
+    def swap2(self) -> bool:
+        """GEMM2 swapped."""
+        return self.swap_ab in (1, 2)
 
     def as_tactic(self) -> tuple[int, ...]:
-        return (self.block_m, *astuple(self.gemm1), *astuple(self.gemm2), self.swap_ab)
+        return (
+            self.block_m,
+            *astuple(self.gemm1),
+            *astuple(self.gemm2),
+            self.swap_ab,
+            self.max_split,
+        )
 
     @classmethod
     def from_tactic(cls, tactic: Tactic) -> MoETactic:
         if isinstance(tactic, cls):
             return tactic
         values: tuple[int, ...] = tuple(tactic)  # type: ignore[arg-type]
-        if len(values) not in (11, 12):
+        if len(values) not in (11, 12, 13):
             raise ValueError(
-                f"a MoE tactic is a MoETactic or 12 ints (block_m, 5 for GEMM1, 5 for "
-                f"GEMM2, swap_ab; 11 without swap_ab), got {tactic!r}"
+                f"a MoE tactic is a MoETactic or 13 ints (block_m, 5 for GEMM1, 5 for "
+                f"GEMM2, swap_ab, max_split; 12 without max_split, 11 without swap_ab "
+                f"either), got {tactic!r}"
             )
-        swap = values[11] if len(values) == 12 else 0
-        return cls(values[0], StageTile(*values[1:6]), StageTile(*values[6:11]), swap)
+        swap = values[11] if len(values) > 11 else 0
+        split = values[12] if len(values) > 12 else 1
+        return cls(values[0], StageTile(*values[1:6]), StageTile(*values[6:11]), swap, split)
 
     def smem_bytes(self, a_itemsize: int, w_itemsize: int) -> int:
         """Shared memory of the larger stage's pipeline (GEMM1: A tile plus two B tiles)."""
@@ -148,10 +176,13 @@ def bucket_of(num_tokens: int, top_k: int, num_local_experts: int) -> str:
 # SMs (`_fill_sms`). fp8 operands take 128-deep K steps (the scale block; half the loop
 # iterations of 64 at the same bytes per stage as 16-bit 64-deep steps).
 _DEFAULTS: dict[str, tuple[MoETactic, ...]] = {
+    # Decode splits tiles over K where they leave programs idle (max_split 8; session 23,
+    # H200, kernel times: DeepSeek-V3 EP8 at T=1 with one local route, GEMM1 22.9 -> 12.8 us
+    # and GEMM2 13.8 -> 11.4; where the touched experts' tiles fill the grid nothing splits).
     "decode": (
-        MoETactic(16, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4), 1),
-        MoETactic(16, StageTile(32, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4), 1),
-        MoETactic(16, StageTile(32, 64, 1, 4, 2), StageTile(32, 64, 1, 4, 2), 1),
+        MoETactic(16, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4), 1, 8),
+        MoETactic(16, StageTile(32, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4), 1, 8),
+        MoETactic(16, StageTile(32, 64, 1, 4, 2), StageTile(32, 64, 1, 4, 2), 1, 8),
     ),
     "small": (
         # Measured best (H200, bench_moe --sweep, re-timed in a fresh process): Qwen3-30B bf16
@@ -189,10 +220,13 @@ _DEFAULTS_FP8: dict[str, tuple[MoETactic, ...]] = {
         *_DEFAULTS["large"][1:],
     ),
 }
-# fp8 block scales (DeepSeek-V3 EP8, 32 local experts): one measured best for both regimes,
-# T=512 (903 us against 1014) and T=4096 (1876 against 2345; all routes local: 10355
-# against 11189), ahead of the register-chosen tiles.
-_BLOCK_BEST = MoETactic(64, StageTile(128, 128, 8, 8, 3), StageTile(128, 64, 8, 8, 3))
+# fp8 block scales (DeepSeek-V3 EP8, 32 local experts): one measured best for both regimes
+# (session 21: T=512 903 us against 1014, T=4096 1876 against 2345; all routes local: 10355
+# against 11189), ahead of the register-chosen tiles. Session 23 (H200, kernel times) swapped
+# GEMM2 (swap_ab 2: the upcast, block-scaled W2 tile is the MMA's register operand) on
+# 128x128 tiles: GEMM2 5083 -> 3679 us at T=4096 with every route local, 813 -> 564 at
+# T=4096 uniform, 811 -> 561 at T=512; unswapped 128x128 gave 4590 / 700 / 698.
+_BLOCK_BEST = MoETactic(64, StageTile(128, 128, 8, 8, 3), StageTile(128, 128, 8, 8, 3), 2)
 # Defaults kept although ptxas reports a register spill for them (_BLOCK_BEST's GEMM1: 32 B at
 # sm_90a): measured faster than every spill-free tile tried. The AOT spill test allows these.
 MEASURED_SPILLING: frozenset[tuple[int, ...]] = frozenset({_BLOCK_BEST.as_tactic()})
@@ -244,7 +278,9 @@ def tactic_ok(
             return False
         if tile.group_m < 1 or tile.num_warps not in (1, 2, 4, 8, 16):
             return False
-    if tactic.block_m < 16:
+    if tactic.block_m < 16 or tactic.swap_ab not in (0, 1, 2):
+        return False
+    if not 1 <= tactic.max_split <= MAX_SPLIT:
         return False
     return tactic.smem_bytes(a_itemsize, w_itemsize) <= smem_limit
 
@@ -328,15 +364,17 @@ def candidates(
                 (64, 128, 8, 4, 4),
             )
         ]
-    swaps = (1, 0) if m < 16 else (0,)
+    # GEMM2 swapped alone pays where its weights are upcast from fp8 (swap_ab 2).
+    swaps = (1, 0) if m < 16 else (0, 2) if w_itemsize == 1 else (0,)
+    split = MAX_SPLIT if m < 16 else 1
     out = [
-        MoETactic(bm, g1, g2, swap)
+        MoETactic(bm, g1, g2, swap, split)
         for bm in block_ms
         for swap in swaps
         for g1 in tiles
         for g2 in tiles
         if tactic_ok(
-            MoETactic(bm, g1, g2, swap),
+            MoETactic(bm, g1, g2, swap, split),
             fp8_block=fp8_block,
             a_itemsize=a_itemsize,
             w_itemsize=w_itemsize,

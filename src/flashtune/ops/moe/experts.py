@@ -26,6 +26,7 @@ import torch
 
 from flashtune import platform
 from flashtune.ops.call import field_index
+from flashtune.ops.gemm.launch import split_k_counters
 from flashtune.ops.moe.align import align_routes
 from flashtune.ops.moe.config import (
     QUANT_BLOCK,
@@ -406,9 +407,30 @@ def fused_experts_triton(
     def strides2(x: torch.Tensor) -> tuple[int, int]:
         return tuple(x.stride()) if x.dim() == 2 else (0, 0)  # type: ignore[return-value]
 
-    g1 = t.gemm1
+    g1, g2 = t.gemm1, t.gemm2
     a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
-    grid1 = (_programs(al.num_blocks * _cdiv(inter, g1.block_n), t, a_size, w_size, device),)
+    # Split tiles (max_split > 1): the grid is the host's bound on the tiles as without
+    # splits, but at least one program an SM, so that when fewer tiles are in use than the
+    # bound says (an EP rank's decode touches one expert of the eight routed) the idle
+    # programs take K parts. One fp32 partial a program in the workspace; counters shared
+    # with the GEMM family's split-K (left zero by every launch).
+    floor = 0
+    if t.max_split > 1:
+        floor = (
+            _INTERPRETER_PROGRAMS
+            if device.type == "cpu"
+            else platform.device_limits(device).sm_count
+        )
+    tiles1 = max(al.num_blocks * _cdiv(inter, g1.block_n), floor)
+    tiles2 = max(al.num_blocks * _cdiv(H, g2.block_n), floor)
+    grid1 = (_programs(tiles1, t, a_size, w_size, device),)
+    grid2 = (_programs(tiles2, t, a_size, w_size, device),)
+    if t.max_split > 1:
+        ws1 = torch.empty(grid1[0] * 2 * t.block_m * g1.block_n, dtype=torch.float32, device=device)
+        ws2 = torch.empty(grid2[0] * t.block_m * g2.block_n, dtype=torch.float32, device=device)
+        locks = split_k_counters(device, max(grid1[0], grid2[0]))
+    else:
+        ws1 = ws2 = locks = dummy
     _moe_gemm1_swiglu_kernel[grid1](
         hidden_states,
         gemm1_weights,
@@ -420,6 +442,8 @@ def fused_experts_triton(
         w1_scale,
         up_s,
         gate_s,
+        ws1,
+        locks,
         num_routes,
         H,
         inter,
@@ -437,12 +461,11 @@ def fused_experts_triton(
         BLOCK_N=g1.block_n,
         BLOCK_K=g1.block_k,
         GROUP_M=g1.group_m,
-        SWAP_AB=bool(t.swap_ab),
+        SWAP_AB=t.swap1,
+        MAX_SPLIT=t.max_split,
         num_warps=g1.num_warps,
         num_stages=g1.num_stages,
     )
-    g2 = t.gemm2
-    grid2 = (_programs(al.num_blocks * _cdiv(H, g2.block_n), t, a_size, w_size, device),)
     _moe_gemm2_kernel[grid2](
         c,
         gemm2_weights,
@@ -452,6 +475,8 @@ def fused_experts_triton(
         al.used_blocks,
         w2_scale,
         out_s,
+        ws2,
+        locks,
         num_routes,
         H,
         inter,
@@ -466,7 +491,8 @@ def fused_experts_triton(
         BLOCK_N=g2.block_n,
         BLOCK_K=g2.block_k,
         GROUP_M=g2.group_m,
-        SWAP_AB=bool(t.swap_ab),
+        SWAP_AB=t.swap2,
+        MAX_SPLIT=t.max_split,
         num_warps=g2.num_warps,
         num_stages=g2.num_stages,
     )

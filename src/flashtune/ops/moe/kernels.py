@@ -18,16 +18,26 @@ BLOCK_M-row blocks of one expert each):
 The GEMM programs are persistent: a grid sized to the SMs strides over the tiles of the
 M-blocks that hold routes (their count is read on the device), so neither a host sync nor
 programs that find no rows are needed, and the launch can be captured in a CUDA graph.
+With MAX_SPLIT > 1 (decode) a tile's K steps are cut into parts when the tiles in use leave
+programs idle (an expert-parallel rank's decode step touches one or two experts, whose
+tiles would keep a fifth of the SMs streaming weights): each part writes its fp32 partial
+to a workspace slot and the last to arrive at the tile's counter sums them in part order
+(deterministic) and runs the epilogue, the GEMM family's split-K fixup.
+
+Orientation (SWAP_AB, per GEMM): swapped, a GEMM forms W @ A^T, so the weight tile takes
+the MMA's M side: for 16-row decode blocks, and for GEMM2 with fp8 weights at any size,
+where the upcast (block-scaled) W2 tile is then the MMA's register operand.
 
 Quantization (QUANT): 0 none (bf16/fp16 operands); 1 fp8 block scales: every K step is one
-128-wide scale block (BLOCK_K divides 128), so the step's fp32 partial product is scaled
-by a_scale[token, kb] x w_scale[e, n // 128, kb] before it is accumulated; 2 fp8 per-tensor:
+128-wide scale block (BLOCK_K divides 128), so GEMM1's fp32 partial product of a step is
+scaled by a_scale[token, kb] x w_scale[e, n // 128, kb] before it is accumulated; 2 fp8 per-tensor:
 fp8 x fp8 products, per-expert scales applied in the epilogues. The intermediate C is
 stored in bf16 (16-bit, not re-quantized to fp8): FlashInfer's references keep C in fp32,
 and re-quantizing C to fp8 (1x128 group scales) costs 2.3e-2 of the output's norm (CPU
 emulation, H=2048, I=768), above the evaluator's 1e-2 bound for a bf16 output; bf16 C
 costs 1.7e-3. GEMM2 then multiplies bf16 C by the fp8 W2 tile upcast to bf16 in registers
-(weight streaming is the same; the MMA runs at bf16 rate).
+(weight streaming is the same; the MMA runs at bf16 rate), its 128x128 block scale
+folded into the upcast tile so the K steps chain on one accumulator.
 
 DOT_F32 (the Triton interpreter only): tl.dot on bf16 operands is wrong there, so the
 operands are upcast to fp32 first; every other step is the same code.
@@ -92,13 +102,77 @@ def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
-def _mma_col_scaled(acc, a, w, w_s, SWAP_AB: tl.constexpr):
-    """acc + (a @ w^T) x w_s[n]: GEMM2's K step (C carries no scale)."""
-    if SWAP_AB:
-        acc += tl.dot(w, tl.trans(a)) * w_s[:, None]
+def _split_of(num_tiles, k_steps, MAX_SPLIT: tl.constexpr):
+    """(split, steps_per_split) of a launch: with MAX_SPLIT > 1, the K steps of each tile are
+    cut into as many parts as idle programs allow (read on the device: at decode the tiles
+    of the few touched experts leave most of the persistent grid idle), each part at least
+    one step; with MAX_SPLIT 1, one part."""
+    if MAX_SPLIT > 1:
+        split = tl.num_programs(0) // tl.maximum(num_tiles, 1)
+        split = tl.maximum(tl.minimum(split, MAX_SPLIT), 1)
+        steps = tl.cdiv(k_steps, split)
+        split = tl.cdiv(k_steps, steps)
     else:
-        acc += tl.dot(a, tl.trans(w)) * w_s[None, :]
-    return acc
+        split = 1
+        steps = k_steps
+    return split, steps
+
+
+@triton.jit
+def _part_of(work, split, steps, K, BLOCK_K: tl.constexpr):
+    """(tile, first K, end K) of a work item: consecutive items are one tile's K parts."""
+    tile = work // split
+    k_lo = (work - tile * split) * steps * BLOCK_K
+    return tile, k_lo, tl.minimum(K, k_lo + steps * BLOCK_K)
+
+
+@triton.jit
+def _acc_offsets(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """Row-major offsets of an accumulator in the program's orientation ([N, M] swapped)."""
+    if SWAP_AB:
+        offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    else:
+        offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    return offs
+
+
+@triton.jit
+def _stash(acc, ws_ptr, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """Write one K part's fp32 partial to its workspace slot."""
+    offs = _acc_offsets(BLOCK_M, BLOCK_N, SWAP_AB)
+    # slot < 2 x programs: the offsets fit int32.
+    tl.store(ws_ptr + slot * (BLOCK_M * BLOCK_N) + offs, acc)
+
+
+@triton.jit
+def _arrive(lock_ptr, tile, split):
+    """Count this part's arrival at its tile; True for the last of the tile's parts. The
+    partials must all be written (barrier) before the counter is released (acq_rel at GPU
+    scope, as the GEMM family's split-K fixup)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    return arrived == split - 1
+
+
+@triton.jit
+def _sum_parts(
+    ws_ptr,
+    first_slot,
+    split,
+    STEP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+):
+    """The tile's partials (slots first_slot + STEP * part) summed in part order: the same
+    sum whichever part arrives last, so the output is deterministic. .cg loads read L2,
+    which the other SMs' stores reached."""
+    offs = _acc_offsets(BLOCK_M, BLOCK_N, SWAP_AB)
+    total = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    for s in range(0, split):
+        slot = first_slot + STEP * s
+        total += tl.load(ws_ptr + slot * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+    return total
 
 
 @triton.jit
@@ -121,6 +195,8 @@ def _moe_gemm1_swiglu_kernel(
     w_scale_ptr,  # QUANT 1: [E, 2I/128, H/128] fp32; else dummy
     up_scale_ptr,  # QUANT 2: [E] fp32 (output1_scales_scalar); else dummy
     gate_scale_ptr,  # QUANT 2: [E] fp32 (output1_scales_gate_scalar); else dummy
+    ws_ptr,  # MAX_SPLIT > 1: [programs, 2, tile] fp32 K-part partials; else dummy
+    lock_ptr,  # MAX_SPLIT > 1: int32 arrival counters, zero between launches; else dummy
     num_routes,  # T * K
     H,
     INTER,
@@ -146,13 +222,18 @@ def _moe_gemm1_swiglu_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    MAX_SPLIT: tl.constexpr,
 ):
     # Persistent: the programs stride over the tiles of the M-blocks that hold routes
     # (used_blocks, from the alignment on the device), so the grid is sized to the SMs, not
     # to the host's bound on the blocks, and no program is launched only to find no rows.
+    # With MAX_SPLIT > 1 a work item is one K part of a tile (_split_of).
     num_pid_m = tl.load(used_blocks_ptr)
     num_pid_n = tl.cdiv(INTER, BLOCK_N)
-    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+    num_tiles = num_pid_m * num_pid_n
+    split, steps = _split_of(num_tiles, tl.cdiv(H, BLOCK_K), MAX_SPLIT)
+    for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
+        tile, k_lo, k_hi = _part_of(work, split, steps, H, BLOCK_K)
         pid_m, pid_n = _swizzle(tile, num_pid_m, num_pid_n, GROUP_M)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
 
@@ -164,11 +245,12 @@ def _moe_gemm1_swiglu_kernel(
         offs_nw = offs_n % INTER  # tail columns wrap: in-bounds loads, masked store
         offs_k = tl.arange(0, BLOCK_K)
 
-        a_ptrs = a_ptr + token[:, None] * stride_at + offs_k[None, :] * stride_ah
+        offs_kl = k_lo + offs_k
+        a_ptrs = a_ptr + token[:, None] * stride_at + offs_kl[None, :] * stride_ah
         w_base = w_ptr + expert * stride_we
         # Weight tiles [BLOCK_N, BLOCK_K] in their stored orientation (K contiguous).
-        up_ptrs = w_base + offs_nw[:, None] * stride_wn + offs_k[None, :] * stride_wk
-        gate_ptrs = w_base + (offs_nw + INTER)[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        up_ptrs = w_base + offs_nw[:, None] * stride_wn + offs_kl[None, :] * stride_wk
+        gate_ptrs = w_base + (offs_nw + INTER)[:, None] * stride_wn + offs_kl[None, :] * stride_wk
         if QUANT == 1:
             # Per-column weight scale rows: the up and gate columns of this tile.
             ws_up = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
@@ -177,7 +259,7 @@ def _moe_gemm1_swiglu_kernel(
 
         acc_up = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
         acc_gate = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-        for k0 in range(0, H, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             if EVEN_K:
                 a = tl.load(a_ptrs)
                 w_up = tl.load(up_ptrs)
@@ -205,6 +287,21 @@ def _moe_gemm1_swiglu_kernel(
             up_ptrs += BLOCK_K * stride_wk
             gate_ptrs += BLOCK_K * stride_wk
 
+        # Split tiles: the last K part to arrive sums the parts and runs the epilogue.
+        finish = num_tiles >= 0  # a runtime True
+        if MAX_SPLIT > 1:
+            if split > 1:
+                _stash(acc_up, ws_ptr, 2 * work, BLOCK_M, BLOCK_N, SWAP_AB)
+                _stash(acc_gate, ws_ptr, 2 * work + 1, BLOCK_M, BLOCK_N, SWAP_AB)
+                finish = _arrive(lock_ptr, tile, split)
+                if finish:
+                    first = tile * split
+                    acc_up = _sum_parts(ws_ptr, 2 * first, split, 2, BLOCK_M, BLOCK_N, SWAP_AB)
+                    acc_gate = _sum_parts(
+                        ws_ptr, 2 * first + 1, split, 2, BLOCK_M, BLOCK_N, SWAP_AB
+                    )
+                    tl.store(lock_ptr + tile, 0)  # ready for the next launch
+
         acc_up = _unswap(acc_up, SWAP_AB)
         acc_gate = _unswap(acc_gate, SWAP_AB)
         if QUANT == 2:
@@ -217,9 +314,8 @@ def _moe_gemm1_swiglu_kernel(
         # SwiGLU as the Definitions write it: silu on the second half (gate), times the first.
         c = acc_up * (acc_gate * tl.sigmoid(acc_gate))
         c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(
-            c_ptrs, c.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < INTER)[None, :]
-        )
+        c_ok = row_ok[:, None] & (offs_n < INTER)[None, :] & finish
+        tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=c_ok)
 
 
 @triton.jit(do_not_specialize=["num_routes"])
@@ -232,6 +328,8 @@ def _moe_gemm2_kernel(
     used_blocks_ptr,  # [1] int32 M-blocks holding routes
     w_scale_ptr,  # QUANT 1: [E, H/128, I/128] fp32; else dummy
     out_scale_ptr,  # QUANT 2: [E] fp32 (output2_scales_scalar); else dummy
+    ws_ptr,  # MAX_SPLIT > 1: [programs, tile] fp32 K-part partials; else dummy
+    lock_ptr,  # MAX_SPLIT > 1: int32 arrival counters, zero between launches; else dummy
     num_routes,
     H,
     INTER,
@@ -253,13 +351,15 @@ def _moe_gemm2_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    MAX_SPLIT: tl.constexpr,
 ):
-    # Persistent: the programs stride over the tiles of the M-blocks that hold routes
-    # (used_blocks, from the alignment on the device), so the grid is sized to the SMs, not
-    # to the host's bound on the blocks, and no program is launched only to find no rows.
+    # Persistent, and split over K at decode, as GEMM1.
     num_pid_m = tl.load(used_blocks_ptr)
     num_pid_n = tl.cdiv(H, BLOCK_N)
-    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+    num_tiles = num_pid_m * num_pid_n
+    split, steps = _split_of(num_tiles, tl.cdiv(INTER, BLOCK_K), MAX_SPLIT)
+    for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
+        tile, k_lo, k_hi = _part_of(work, split, steps, INTER, BLOCK_K)
         pid_m, pid_n = _swizzle(tile, num_pid_m, num_pid_n, GROUP_M)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
 
@@ -271,15 +371,16 @@ def _moe_gemm2_kernel(
         offs_k = tl.arange(0, BLOCK_K)
 
         # Padding rows of C were never written: mask them to zeros (no NaN from stale memory).
-        c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_k[None, :] * stride_ck
+        offs_kl = k_lo + offs_k
+        c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_kl[None, :] * stride_ck
         w_ptrs = (
-            w_ptr + expert * stride_we + offs_nw[:, None] * stride_wn + offs_k[None, :] * stride_wk
+            w_ptr + expert * stride_we + offs_nw[:, None] * stride_wn + offs_kl[None, :] * stride_wk
         )
         if QUANT == 1:
             ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
 
         acc = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-        for k0 in range(0, INTER, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             if EVEN_K:
                 c = tl.load(c_ptrs, mask=row_ok[:, None], other=0.0)
                 w = tl.load(w_ptrs)
@@ -289,23 +390,31 @@ def _moe_gemm2_kernel(
                 w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
             if DOT_F32:
                 c = c.to(tl.float32)
-                w = w.to(tl.float32)
-            else:
-                w = w.to(c.dtype)  # fp8 W2 upcast to C's 16-bit type; a no-op otherwise
             if QUANT == 1:
+                # The block scale goes into the upcast weight (the dequantized W2 tile, as a
+                # bf16 copy of the weights would hold it), so the K steps chain on one
+                # accumulator instead of scaling each step's product apart.
                 s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk)  # [BLOCK_N]
-                acc = _mma_col_scaled(acc, c, w, s, SWAP_AB)
-            else:
-                acc = _mma(acc, c, w, SWAP_AB)
+                w = w.to(tl.float32) * s[:, None]
+            w = w.to(c.dtype)  # fp8 W2 upcast to C's type (16-bit; fp32 under DOT_F32)
+            acc = _mma(acc, c, w, SWAP_AB)
             c_ptrs += BLOCK_K * stride_ck
             w_ptrs += BLOCK_K * stride_wk
 
+        finish = num_tiles >= 0  # a runtime True
+        if MAX_SPLIT > 1:
+            if split > 1:
+                _stash(acc, ws_ptr, work, BLOCK_M, BLOCK_N, SWAP_AB)
+                finish = _arrive(lock_ptr, tile, split)
+                if finish:
+                    acc = _sum_parts(ws_ptr, tile * split, split, 1, BLOCK_M, BLOCK_N, SWAP_AB)
+                    tl.store(lock_ptr + tile, 0)  # ready for the next launch
         acc = _unswap(acc, SWAP_AB)
 
         if QUANT == 2:
             acc = acc * tl.load(out_scale_ptr + expert)
         o_ptrs = o_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
-        tl.store(o_ptrs, acc, mask=row_ok[:, None] & (offs_n < H)[None, :])
+        tl.store(o_ptrs, acc, mask=row_ok[:, None] & (offs_n < H)[None, :] & finish)
 
 
 @triton.jit
