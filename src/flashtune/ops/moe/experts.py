@@ -410,19 +410,22 @@ def fused_experts_triton(
     g1, g2 = t.gemm1, t.gemm2
     a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
     # Split tiles (max_split > 1): the grid is the host's bound on the tiles as without
-    # splits, but at least one program an SM, so that when fewer tiles are in use than the
-    # bound says (an EP rank's decode touches one expert of the eight routed) the idle
-    # programs take K parts. One fp32 partial a program in the workspace; counters shared
-    # with the GEMM family's split-K (left zero by every launch).
+    # splits, but at least two programs an SM (and at most max_split a tile), so that when
+    # fewer tiles are in use than fill the SMs (an EP rank's decode touches one expert of
+    # the eight routed; wide tiles over few experts) the idle programs take K parts. One
+    # fp32 partial a program in the workspace; counters shared with the GEMM family's
+    # split-K (left zero by every launch).
     floor = 0
     if t.max_split > 1:
         floor = (
             _INTERPRETER_PROGRAMS
             if device.type == "cpu"
-            else platform.device_limits(device).sm_count
+            else _SPLIT_PROGRAMS_PER_SM * platform.device_limits(device).sm_count
         )
-    tiles1 = max(al.num_blocks * _cdiv(inter, g1.block_n), floor)
-    tiles2 = max(al.num_blocks * _cdiv(H, g2.block_n), floor)
+    host1 = al.num_blocks * _cdiv(inter, g1.block_n)
+    host2 = al.num_blocks * _cdiv(H, g2.block_n)
+    tiles1 = max(host1, min(floor, host1 * t.max_split))
+    tiles2 = max(host2, min(floor, host2 * t.max_split))
     grid1 = (_programs(tiles1, t, a_size, w_size, device),)
     grid2 = (_programs(tiles2, t, a_size, w_size, device),)
     if t.max_split > 1:
@@ -513,6 +516,8 @@ def fused_experts_triton(
     return out
 
 
+# Programs an SM a split launch's grid has at least (when the tiles allow that many parts).
+_SPLIT_PROGRAMS_PER_SM = 2
 # Persistent programs per SM at most: enough to hide a program's pipeline ramp behind
 # another's; shared memory may allow fewer (`_programs`).
 _MAX_PROGRAMS_PER_SM = 4
