@@ -241,19 +241,27 @@ _DEFAULTS_FP8_BLOCK: dict[str, tuple[MoETactic, ...]] = {
 _DECODE_PROGRAMS_PER_SM = 1
 
 
-def _fill_sms(tactic: MoETactic, touched: int, inter: int, hidden: int, sm_count: int) -> MoETactic:
+def _fill_sms(
+    tactic: MoETactic, touched: int, inter: int, hidden: int, sm_count: int, w_itemsize: int
+) -> MoETactic:
     """Decode: each touched expert is one M-block, so a GEMM has touched x N/block_n
     programs; halve block_n (down to 16) until they fill the SMs (Qwen3-30B at T=1: 8
-    experts x 768/64 = 96 programs of GEMM1 on 132 SMs; 32-wide tiles give 192)."""
+    experts x 768/64 = 96 programs of GEMM1 on 132 SMs; 32-wide tiles give 192). GEMM1 on
+    fp8 weights with split tiles stays at 64 or more and fills the SMs with K parts instead
+    (session 23, H200, kernel times, Qwen3-30B fp8 at T=1: GEMM1 14.3 us at 32 wide, 10.4 at
+    64 split in two; with bf16 weights 19.4 and 18.7: narrowing kept there)."""
     want = _DECODE_PROGRAMS_PER_SM * sm_count
 
-    def narrow(tile: StageTile, n: int) -> StageTile:
+    def narrow(tile: StageTile, n: int, floor: int = 16) -> StageTile:
         bn = tile.block_n
-        while bn > 16 and touched * -(-n // bn) < want:
+        while bn > floor and touched * -(-n // bn) < want:
             bn //= 2
         return replace(tile, block_n=bn)
 
-    return replace(tactic, gemm1=narrow(tactic.gemm1, inter), gemm2=narrow(tactic.gemm2, hidden))
+    floor1 = 64 if w_itemsize == 1 and tactic.max_split > 1 else 16
+    return replace(
+        tactic, gemm1=narrow(tactic.gemm1, inter, floor1), gemm2=narrow(tactic.gemm2, hidden)
+    )
 
 
 # Small enough for any shared memory and any legal shape (interpreter, odd tests).
@@ -309,7 +317,7 @@ def default_tactic(
     for t in table[bucket]:
         if bucket == "decode" and inter is not None and hidden is not None:
             touched = min(num_local_experts, num_tokens * top_k)
-            t = _fill_sms(t, touched, inter, hidden, sm_count)
+            t = _fill_sms(t, touched, inter, hidden, sm_count, w_itemsize)
         if tactic_ok(t, fp8_block=fp8_block, a_itemsize=a_itemsize, w_itemsize=w_itemsize):
             return t
     return _FALLBACK
