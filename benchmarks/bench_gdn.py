@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RowWriter, copy_bandwidth_gbs, try_peer  # noqa: E402
+from common import RowWriter, copy_bandwidth_gbs, profile_kernels, try_peer  # noqa: E402
 
 from flashtune.ops.gdn import (  # noqa: E402
     gated_delta_rule_decode_pretranspose,
@@ -398,24 +398,6 @@ class Bench:
         ms, graph = timed(run, f_sets, calls=2)
         results["fla"] = {"ms": ms, "graph": graph, "err": rel(out[0], base[0]),
                           "state_err": rel(st, base[1])}  # fmt: skip
-
-
-def profile_kernels(label: str, fn: Any, args: list[Any], reps: int = 5) -> None:
-    """Each kernel's GPU time per call of `fn` (torch.profiler, eager, after a warm-up
-    call): where a solution's time goes, beside the graph-timed total."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn(*args)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn(*args)
-        torch.cuda.synchronize()
-    rows = [(e.device_time_total / reps, e.count / reps, e.key) for e in prof.key_averages()
-            if e.device_time_total > 0]  # fmt: skip
-    for us, count, name in sorted(rows, reverse=True):
-        print(f"  {label:10s} {us:9.1f} us  x{count:g}  {name[:90]}", flush=True)
-    print(f"  {label:10s} {sum(r[0] for r in rows):9.1f} us  in all", flush=True)
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:

@@ -33,7 +33,9 @@ the torch path of flashtune (fp32 dequantized reference).
 
 Writes benchmarks/results/moe.jsonl (and $OUT/moe.jsonl).
 Usage: python benchmarks/bench_moe.py [--models deepseek-v3,qwen3-30b-a3b] [--tokens 1,16,512]
-       [--sweep] [--quick] [--budget-s 480]
+       [--sweep] [--quick] [--budget-s 480] [--profile]
+--profile prints each kernel's GPU time of the default tactic (torch.profiler, eager) beside
+the rows: how a call splits between alignment, the two GEMMs and the combine.
 Each process stops starting new cases after --budget-s seconds (rows already written stay):
 480 fits one 10-minute device call; with --sweep two processes run (selection, then
 measurement), so give each about half, or sweep a few models/tokens at a time.
@@ -51,7 +53,13 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RowWriter, Selection, copy_bandwidth_gbs, try_peer  # noqa: E402
+from common import (  # noqa: E402
+    RowWriter,
+    Selection,
+    copy_bandwidth_gbs,
+    profile_kernels,
+    try_peer,
+)
 
 from flashtune.ops.moe import config as cfg  # noqa: E402
 from flashtune.ops.moe.experts import (  # noqa: E402
@@ -241,7 +249,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-12)).item()
 
 
-def run_case(case, T, dev, weights, sel: Selection, writer: RowWriter | None, tactic_sweep):
+def run_case(
+    case, T, dev, weights, sel: Selection, writer: RowWriter | None, tactic_sweep, profile=False
+):
     q1, q2, scales, (d1, d2) = weights
     elem = q1.element_size()
     expert_bytes = 3 * case.H * case.I * elem
@@ -296,6 +306,8 @@ def run_case(case, T, dev, weights, sel: Selection, writer: RowWriter | None, ta
     results: dict[str, tuple[float, float, Any, float | None]] = {}
     out = ours(-1)(*ours_sets[0])
     results["flashtune"] = (timed(ours(-1), ours_sets, calls), rel_err(out, ref), -1, None)
+    if profile:  # where the default's time goes: alignment, the two GEMMs, the combine
+        profile_kernels(f"T={T}", ours(-1), ours_sets[0])
     if key in sel.picks:
         t, sel_ms = sel.lookup(
             key,
@@ -362,6 +374,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also select and re-time the best tactic")
     ap.add_argument("--max-tactics", type=int, default=64, help="tactics timed per case (sweep)")
     ap.add_argument("--budget-s", type=float, default=480.0)  # one 10-minute device call
+    ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the default")
     ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     args = ap.parse_args()
     sel = Selection(args.picks, sweep=args.sweep)
@@ -389,7 +402,7 @@ def main() -> None:
             if time.perf_counter() - start > args.budget_s:
                 print(f"budget reached: stopping before {case.key(T)}")
                 break
-            run_case(case, T, dev, weights_of[wkey], sel, writer, args.max_tactics)
+            run_case(case, T, dev, weights_of[wkey], sel, writer, args.max_tactics, args.profile)
     if sel.selecting:
         weights_of.clear()  # the measuring process needs the device memory
         sel.measure_in_fresh_process(__file__)

@@ -260,3 +260,21 @@ GEMM_CORPUS_NK = [
 ]
 GEMM_CORPUS_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 GEMM_EXTRA_MNK = [(m, 11008, 4096) for m in (1, 17, 32, 256, 512)] + [(1, 1024, 8192)]
+
+
+def profile_kernels(label: str, fn: Any, args: list[Any], reps: int = 5) -> None:
+    """Each kernel's GPU time per call of `fn` (torch.profiler, eager, after a warm-up
+    call): where a solution's time goes, beside the graph-timed total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn(*args)
+        torch.cuda.synchronize()
+    rows = [(e.device_time_total / reps, e.count / reps, e.key) for e in prof.key_averages()
+            if e.device_time_total > 0]  # fmt: skip
+    for us, count, name in sorted(rows, reverse=True):
+        print(f"  {label:10s} {us:9.1f} us  x{count:g}  {name[:90]}", flush=True)
+    print(f"  {label:10s} {sum(r[0] for r in rows):9.1f} us  in all", flush=True)
