@@ -9,9 +9,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+# ~4 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_selection_hands_its_picks_to_a_fresh_process(tmp_path):
     script = tmp_path / "bench_toy.py"
     report = tmp_path / "report.json"

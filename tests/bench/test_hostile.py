@@ -165,6 +165,8 @@ def test_children_in_new_sessions_are_killed(tmp_path):
     assert processes_running(marker) == []
 
 
+# ~3 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_fork_then_exit_fails_at_once(tmp_path):
     forker = (
         "import os, time\n"

@@ -208,6 +208,8 @@ def test_sampling_rows_put_real_mass_at_the_filters_edges():
     assert bool(((p > 0) & (p < 1)).all())
 
 
+# ~4 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_top_k_is_drawn_with_small_values_and_stays_valid():
     d = _definition("top_k_sampling_from_probs_v128256")
     for seed in range(5):

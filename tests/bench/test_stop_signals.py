@@ -203,6 +203,8 @@ with stopping.guarded():
 """
 
 
+# ~3 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_a_swallowed_stop_still_ends_the_program() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", SWALLOWING], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -150,6 +150,8 @@ def test_honest_solution_keeps_status_and_time(fraud_run):
     assert honest.performance.timing_calls_per_sample == CFG.input_sets
 
 
+# ~4 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_the_run_seed_is_drawn_per_run_and_recorded(fraud_run, tmp_path):
     seeds = {t.evaluation.environment.get("input_seed") for t in fraud_run.traces}
     assert len(seeds) == 1 and isinstance(next(iter(seeds)), int)

@@ -443,6 +443,8 @@ def test_matching_blob_validates_clean(ds_root: Path) -> None:
     assert _errors(ds_root) == []
 
 
+# ~3 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_flashtune_run_reports_a_blob_that_does_not_fit_as_an_input_error(
     ds_root: Path, tmp_path: Path
 ) -> None:

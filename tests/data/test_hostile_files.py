@@ -75,6 +75,8 @@ def test_each_hostile_definition_is_one_error(hostile: tuple[Path, dict[str, str
         assert str(root / "definitions" / "toy" / name) in line and cause in line
 
 
+# ~4 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_run_skips_the_hostile_definitions_and_runs_the_rest(
     hostile: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:

@@ -283,6 +283,8 @@ TACTICS = [
     cfg.MoETactic(16, cfg.StageTile(16, 128, 2, 4, 2), cfg.StageTile(16, 128, 2, 4, 2), 1),
     (16, 32, 64, 1, 4, 2, 64, 128, 1, 4, 2, 1),
     (32, 32, 64, 1, 4, 2, 32, 64, 1, 4, 2, 1),
+    # 32-row blocks, GEMM1 on 16-row tiles (the second often only padding: skipped)
+    cfg.MoETactic(32, cfg.StageTile(32, 64, 1, 4, 2), cfg.StageTile(64, 64, 1, 4, 2), 2, 1, 2),
 ]
 
 
@@ -319,6 +321,7 @@ SPLIT_TACTICS = [
     cfg.MoETactic(16, cfg.StageTile(32, 64, 1, 4, 2), cfg.StageTile(64, 64, 1, 4, 2), 1, 4),
     cfg.MoETactic(16, cfg.StageTile(32, 64, 1, 4, 2), cfg.StageTile(32, 64, 1, 4, 2), 2, 8),
     cfg.MoETactic(32, cfg.StageTile(64, 32, 1, 4, 2), cfg.StageTile(64, 64, 1, 4, 2), 0, 3),
+    cfg.MoETactic(32, cfg.StageTile(32, 64, 1, 4, 2), cfg.StageTile(64, 64, 1, 4, 2), 2, 4, 2),
 ]
 
 
@@ -370,6 +373,8 @@ def test_deterministic_and_out(device):
     assert b is out and torch.equal(a, b)
 
 
+# ~3 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_runner_and_tuning_inputs(device):
     _cpu_kernels(device)
     x, w1, w2, q = _make("fp8_block", 3, 256, 128, 4, device)
@@ -378,7 +383,7 @@ def test_runner_and_tuning_inputs(device):
     inputs = ExpertsInputs.of(x, w1, w2, ids, w, q, 1)
     assert inputs.quant == q
     tactics = runner.get_valid_tactics(inputs, None)
-    assert tactics and all(len(t) == 13 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
+    assert tactics and all(len(t) == 14 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=1)
     _assert_close(runner.forward(inputs, tactics[0]), ref)
     _assert_close(runner.forward(inputs), ref)
@@ -473,7 +478,7 @@ def test_bad_tactic(device):
             ),
             tactic=t,
         )
-    with pytest.raises(ValueError, match="13 ints"):
+    with pytest.raises(ValueError, match="14 ints"):
         cfg.MoETactic.from_tactic((16, 32))
 
 
@@ -629,15 +634,15 @@ def compile_one(fn, ptrs, consts, warps, stages):
 results = []
 for q, t in json.loads(sys.argv[1]):
     a, w = PTRS[f"q{q}"]
-    bm, bn1, bk1, g1, w1, s1, bn2, bk2, g2, w2, s2, swap, split = t
-    common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, BLOCK_M=bm, MAX_SPLIT=split)
+    bm, bn1, bk1, g1, w1, s1, bn2, bk2, g2, w2, s2, swap, split, sub = t
+    common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=split)
     p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
     c1 = dict(common, HAS_A_SCALE=q == 1, BLOCK_N=bn1, BLOCK_K=bk1, GROUP_M=g1,
-              SWAP_AB=swap == 1)
+              SWAP_AB=swap == 1, BLOCK_M=bm // sub, SUB=sub)
     p2 = {"c_ptr": "*bf16", "w_ptr": w, "o_ptr": "*fp32", "sorted_ids_ptr": "*i32",
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
-    c2 = dict(common, BLOCK_N=bn2, BLOCK_K=bk2, GROUP_M=g2, SWAP_AB=swap in (1, 2))
+    c2 = dict(common, BLOCK_N=bn2, BLOCK_K=bk2, GROUP_M=g2, SWAP_AB=swap in (1, 2), BLOCK_M=bm)
     results.append([q, t, compile_one(K._moe_gemm1_swiglu_kernel, p1, c1, w1, s1),
                     compile_one(K._moe_gemm2_kernel, p2, c2, w2, s2)])
 ids = {"topk_ids_ptr": "*i32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",

@@ -94,7 +94,7 @@ def test_min_p_sampling_distribution(min_p):
         # ~4-5 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
         pytest.param("top_k_first", 30, 0.6, marks=pytest.mark.slow),
         pytest.param("joint", 30, 0.6, marks=pytest.mark.slow),
-        ("top_k_first", 8, 0.95),
+        pytest.param("top_k_first", 8, 0.95, marks=pytest.mark.slow),  # ~4 s, as above
         ("joint", 0, 0.5),
     ],
 )

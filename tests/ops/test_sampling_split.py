@@ -200,6 +200,8 @@ def test_split_tactics_are_offered_to_the_tuner_for_sampling_only():
     assert all(t.split == 1 for t in SamplingRunner().get_valid_tactics([probs, huge], None))
 
 
+# ~4 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 @pytest.mark.interpreter
 def test_public_calls_accept_a_split_tactic_draw():
     # The split path behind the public API: the tactic the tuner would pick, same tokens;

@@ -196,6 +196,8 @@ def test_workers_split_a_files_sample_and_merge_the_counts(tmp_path):
     assert len({pid for _, pid in names}) == 3  # in three processes
 
 
+# ~4 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_retry_failed_reruns_only_the_failures(tmp_path):
     """--resume S --retry-failed: the tests that failed in S (device out of memory with many
     processes side by side) run again, alone; the ones that passed do not."""

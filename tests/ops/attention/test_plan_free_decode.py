@@ -63,6 +63,8 @@ def test_paged_decode_variants(kw, device):
     _check([0, 90, 7, 130], 8, 2, 64, 16, "NHD", device, five_d=False, **kw)
 
 
+# ~3 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
+@pytest.mark.slow
 def test_request_search_spans_several_steps(device, monkeypatch):
     # More requests than one step of the in-kernel search scans (BLOCK_B set to 16).
     monkeypatch.setattr(decode_plan_free, "_SEARCH_BLOCKS", (16, 16))

@@ -81,6 +81,16 @@ class MoETactic:
     # K parts a GEMM tile may be cut into when its tiles leave programs idle (kernels
     # `_split_of`, decided on the device from the M-blocks in use): 1 never splits.
     max_split: int = 1
+    # GEMM1 row tiles per M-block: GEMM1 runs on block_m / gemm1_sub rows and skips a row
+    # tile that holds only padding, while GEMM2 keeps block_m rows. With fp8 W2 upcast in
+    # registers GEMM2 gains from many rows an upcast tile, GEMM1 (fp8 MMAs) loses to the
+    # padding of large blocks: 128-row blocks with 64-row GEMM1 tiles take both sides.
+    gemm1_sub: int = 1
+
+    @property
+    def gemm1_rows(self) -> int:
+        """GEMM1's row tile."""
+        return self.block_m // self.gemm1_sub
 
     @property
     def swap1(self) -> bool:
@@ -99,6 +109,7 @@ class MoETactic:
             *astuple(self.gemm2),
             self.swap_ab,
             self.max_split,
+            self.gemm1_sub,
         )
 
     @classmethod
@@ -106,20 +117,21 @@ class MoETactic:
         if isinstance(tactic, cls):
             return tactic
         values: tuple[int, ...] = tuple(tactic)  # type: ignore[arg-type]
-        if len(values) not in (11, 12, 13):
+        if len(values) not in (11, 12, 13, 14):
             raise ValueError(
-                f"a MoE tactic is a MoETactic or 13 ints (block_m, 5 for GEMM1, 5 for "
-                f"GEMM2, swap_ab, max_split; 12 without max_split, 11 without swap_ab "
-                f"either), got {tactic!r}"
+                f"a MoE tactic is a MoETactic or 14 ints (block_m, 5 for GEMM1, 5 for "
+                f"GEMM2, swap_ab, max_split, gemm1_sub; older caches' 13, 12 or 11 leave "
+                f"out the last ones), got {tactic!r}"
             )
         swap = values[11] if len(values) > 11 else 0
         split = values[12] if len(values) > 12 else 1
-        return cls(values[0], StageTile(*values[1:6]), StageTile(*values[6:11]), swap, split)
+        sub = values[13] if len(values) > 13 else 1
+        return cls(values[0], StageTile(*values[1:6]), StageTile(*values[6:11]), swap, split, sub)
 
     def smem_bytes(self, a_itemsize: int, w_itemsize: int) -> int:
         """Shared memory of the larger stage's pipeline (GEMM1: A tile plus two B tiles)."""
         g1, g2 = self.gemm1, self.gemm2
-        s1 = (self.block_m * a_itemsize + 2 * g1.block_n * w_itemsize) * g1.block_k
+        s1 = (self.gemm1_rows * a_itemsize + 2 * g1.block_n * w_itemsize) * g1.block_k
         # GEMM2's A is the 16-bit intermediate; its fp8 B tile is upcast in registers.
         s2 = (self.block_m * 2 + g2.block_n * w_itemsize) * g2.block_k
         return max(s1 * g1.num_stages, s2 * g2.num_stages)
@@ -288,6 +300,8 @@ def tactic_ok(
             return False
     if tactic.block_m < 16 or tactic.swap_ab not in (0, 1, 2):
         return False
+    if tactic.gemm1_sub not in (1, 2, 4) or tactic.gemm1_rows < 16:
+        return False
     if not 1 <= tactic.max_split <= MAX_SPLIT:
         return False
     return tactic.smem_bytes(a_itemsize, w_itemsize) <= smem_limit
@@ -375,14 +389,17 @@ def candidates(
     # GEMM2 swapped alone pays where its weights are upcast from fp8 (swap_ab 2).
     swaps = (1, 0) if m < 16 else (0, 2) if w_itemsize == 1 else (0,)
     split = MAX_SPLIT if m < 16 else 1
+    # 128-row blocks with 64-row GEMM1 tiles where fp8 W2 is upcast (gemm1_sub; unmeasured).
+    subs = {bm: (1, 2) if bm == 128 and w_itemsize == 1 else (1,) for bm in block_ms}
     out = [
-        MoETactic(bm, g1, g2, swap, split)
+        MoETactic(bm, g1, g2, swap, split, sub)
         for bm in block_ms
+        for sub in subs[bm]
         for swap in swaps
         for g1 in tiles
         for g2 in tiles
         if tactic_ok(
-            MoETactic(bm, g1, g2, swap, split),
+            MoETactic(bm, g1, g2, swap, split, sub),
             fp8_block=fp8_block,
             a_itemsize=a_itemsize,
             w_itemsize=w_itemsize,

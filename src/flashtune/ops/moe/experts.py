@@ -422,14 +422,16 @@ def fused_experts_triton(
             if device.type == "cpu"
             else _SPLIT_PROGRAMS_PER_SM * platform.device_limits(device).sm_count
         )
-    host1 = al.num_blocks * _cdiv(inter, g1.block_n)
+    host1 = al.num_blocks * t.gemm1_sub * _cdiv(inter, g1.block_n)
     host2 = al.num_blocks * _cdiv(H, g2.block_n)
     tiles1 = max(host1, min(floor, host1 * t.max_split))
     tiles2 = max(host2, min(floor, host2 * t.max_split))
     grid1 = (_programs(tiles1, t, a_size, w_size, device),)
     grid2 = (_programs(tiles2, t, a_size, w_size, device),)
     if t.max_split > 1:
-        ws1 = torch.empty(grid1[0] * 2 * t.block_m * g1.block_n, dtype=torch.float32, device=device)
+        ws1 = torch.empty(
+            grid1[0] * 2 * t.gemm1_rows * g1.block_n, dtype=torch.float32, device=device
+        )
         ws2 = torch.empty(grid2[0] * t.block_m * g2.block_n, dtype=torch.float32, device=device)
         locks = split_k_counters(device, max(grid1[0], grid2[0]))
     else:
@@ -460,12 +462,13 @@ def fused_experts_triton(
         HAS_A_SCALE=has_a_scale,
         DOT_F32=dot_f32,
         EVEN_K=H % g1.block_k == 0,
-        BLOCK_M=t.block_m,
+        BLOCK_M=t.gemm1_rows,
         BLOCK_N=g1.block_n,
         BLOCK_K=g1.block_k,
         GROUP_M=g1.group_m,
         SWAP_AB=t.swap1,
         MAX_SPLIT=t.max_split,
+        SUB=t.gemm1_sub,
         num_warps=g1.num_warps,
         num_stages=g1.num_stages,
     )

@@ -223,24 +223,29 @@ def _moe_gemm1_swiglu_kernel(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
     MAX_SPLIT: tl.constexpr,
+    SUB: tl.constexpr,  # row tiles (of BLOCK_M rows) per M-block of the alignment
 ):
     # Persistent: the programs stride over the tiles of the M-blocks that hold routes
     # (used_blocks, from the alignment on the device), so the grid is sized to the SMs, not
     # to the host's bound on the blocks, and no program is launched only to find no rows.
     # With MAX_SPLIT > 1 a work item is one K part of a tile (_split_of).
-    num_pid_m = tl.load(used_blocks_ptr)
+    num_pid_m = tl.load(used_blocks_ptr) * SUB
     num_pid_n = tl.cdiv(INTER, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     split, steps = _split_of(num_tiles, tl.cdiv(H, BLOCK_K), MAX_SPLIT)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
         tile, k_lo, k_hi = _part_of(work, split, steps, H, BLOCK_K)
         pid_m, pid_n = _swizzle(tile, num_pid_m, num_pid_n, GROUP_M)
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        expert = tl.load(block_expert_ptr + pid_m // SUB).to(tl.int64)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         route = tl.load(sorted_ids_ptr + offs_m)
         row_ok = route < num_routes
         token = tl.where(row_ok, route // TOP_K, 0).to(tl.int64)
+        if SUB > 1:
+            # A row tile past its expert's last row holds only padding: no K steps for it
+            # (its stores are masked; GEMM2 reads its rows of C as zeros).
+            k_hi = tl.where(tl.max(row_ok.to(tl.int32), axis=0) > 0, k_hi, k_lo)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_nw = offs_n % INTER  # tail columns wrap: in-bounds loads, masked store
         offs_k = tl.arange(0, BLOCK_K)
