@@ -598,6 +598,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flashtune.ops.moe import kernels as K
+from flashtune.ops.moe.config import MoETactic
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 # Arguments a real launch specializes to 1 (unit strides) and those left unaligned.
@@ -634,17 +635,20 @@ def compile_one(fn, ptrs, consts, warps, stages):
 results = []
 for q, t in json.loads(sys.argv[1]):
     a, w = PTRS[f"q{q}"]
-    bm, bn1, bk1, g1, w1, s1, bn2, bk2, g2, w2, s2, swap, split, sub = t
-    common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=split)
+    m = MoETactic.from_tactic(t)
+    t1, t2 = m.gemm1, m.gemm2
+    common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=m.max_split)
     p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
-    c1 = dict(common, HAS_A_SCALE=q == 1, BLOCK_N=bn1, BLOCK_K=bk1, GROUP_M=g1,
-              SWAP_AB=swap == 1, BLOCK_M=bm // sub, SUB=sub)
+    c1 = dict(common, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k,
+              GROUP_M=t1.group_m, SWAP_AB=m.swap1, BLOCK_M=m.gemm1_rows, SUB=m.gemm1_sub)
     p2 = {"c_ptr": "*bf16", "w_ptr": w, "o_ptr": "*fp32", "sorted_ids_ptr": "*i32",
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
-    c2 = dict(common, BLOCK_N=bn2, BLOCK_K=bk2, GROUP_M=g2, SWAP_AB=swap in (1, 2), BLOCK_M=bm)
-    results.append([q, t, compile_one(K._moe_gemm1_swiglu_kernel, p1, c1, w1, s1),
-                    compile_one(K._moe_gemm2_kernel, p2, c2, w2, s2)])
+    c2 = dict(common, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k, GROUP_M=t2.group_m,
+              SWAP_AB=m.swap2, BLOCK_M=m.block_m)
+    results.append([q, t,
+                    compile_one(K._moe_gemm1_swiglu_kernel, p1, c1, t1.num_warps, t1.num_stages),
+                    compile_one(K._moe_gemm2_kernel, p2, c2, t2.num_warps, t2.num_stages)])
 ids = {"topk_ids_ptr": "*i32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
        "route_pos_ptr": "*i32", "used_ptr": "*i32"}
 compile_one(K._moe_align_kernel, ids, dict(BLOCK_M=16, NBINS=32, BLOCK=128), 8, 1)

@@ -316,7 +316,7 @@ def resolve_tactic(
     top_k: int,
     quant: ExpertQuant,
 ) -> MoETactic:
-    """The MoETactic of a call: `tactic` itself (a MoETactic or its 13-int tuple), or the
+    """The MoETactic of a call: `tactic` itself (a MoETactic or its 14-int tuple), or the
     default of the call's regime for None / -1; ValueError for a tactic that cannot run."""
     fp8_block = quant.mode == "fp8_block"
     a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
@@ -568,7 +568,7 @@ def fused_experts(
     GLOBAL expert ids, of which only [local_expert_offset, local_expert_offset + E_local) are
     computed here; topk_weights [T, K] float32. Returns out ([T, H] bfloat16, allocated if
     not given). `tactic` picks the kernels' tile configs (None / -1: the default of the
-    call's regime; a `config.MoETactic` or its 13-int tuple otherwise).
+    call's regime; a `config.MoETactic` or its 14-int tuple otherwise).
 
     The Triton kernels run where Triton can launch (a GPU, or the interpreter on CPU) for
     16-bit or fp8 operands; anything else takes `fused_experts_torch`.
