@@ -9,12 +9,14 @@ cuBLAS runner and FlashInfer 0.2.14's test shapes on the GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 import flashtune
+from flashtune import platform
 from flashtune.ops.gemm.fp8 import config as cfg
 from flashtune.ops.gemm.fp8 import launch as L
 from flashtune.ops.gemm.fp8.reference import block_scaled_mm_ref, bmm_fp8_ref
@@ -270,6 +272,57 @@ def test_tma_runner_tactics_interpreter(tactic, block):
     assert L.tma_applies(inputs)
     C = L.TritonFp8TmaRunner().forward(inputs, tactic)
     _close(C, expected, scale=expected.abs().max().item())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
+def test_tail_split_interpreter(tma, block, monkeypatch):
+    """A tail split on 4 SMs: 9 output tiles of 16x16, the first 8 (two full waves) whole,
+    the last in 3 parts (K = 208: 4 K tiles of 64, the last part's range ends inside a
+    tile); TMA and pointer loads, per-tensor and block scales."""
+    few = dataclasses.replace(platform.STAND_IN_LIMITS, sm_count=4)
+    monkeypatch.setattr(platform, "device_limits", lambda device=None: few)
+    assert cfg.tail_layout(9, 4, 3) == (8, 11)
+    m, n, k = 33, 40, 208
+    A, B_nk = _fp8((1, m, k)), _fp8((1, n, k))
+    if block:
+        sa, sb = _block_scales(m, k, 1, lead=(1,)), _block_scales(n, k, 128, lead=(1,))
+        expected = block_scaled_mm_ref(A, B_nk, sa, sb, (1, 128, 128), torch.float16)
+    else:
+        sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
+        expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16, mode="block" if block else "tensor")
+    runner = L.TritonFp8TmaRunner() if tma else L.TritonFp8Runner()
+    tactic = (16, 16, 64, 8, 3, 4, 2, 1)
+    C = runner.forward(inputs, tactic)
+    _close(C, expected, scale=expected.abs().max().item())
+    # The counters are left at zero: the same call again gives the same product.
+    assert torch.equal(runner.forward(inputs, tactic), C)
+
+
+def test_tail_split_candidates_where_the_last_wave_is_short():
+    """M=4096, N=576 on 132 SMs: 160 tiles of 128x128 leave a 28-tile last wave, so the
+    candidates split those tiles (K 7168: 56 K steps) in even parts; a shape whose tiles
+    divide into the SMs, or one under a wave, gets no tail split."""
+    tails = [t for t in cfg.fp8_candidates(4096, 576, 7168, 132) if t.tail]
+    big = [t for t in tails if (t.block_m, t.block_n) == (128, 128)]
+    # Even parts: no split leaves a part with nothing to do.
+    assert big and all(t.split_k > 1 and -(-56 // -(-56 // t.split_k)) == t.split_k for t in big)
+    assert {t.split_k for t in big} & {4, 5}
+    assert not [
+        t
+        for t in cfg.fp8_candidates(4096, 4224, 4096, 132)
+        if t.tail and (t.block_m, t.block_n) == (128, 128)
+    ]  # 32 x 33 = 8 x 132 tiles: no tail
+    assert not [t for t in cfg.fp8_candidates(1, 576, 7168, 132) if t.tail]
+    # Seven ints without the flag (the cache's older form), eight with it; both parse back.
+    t = big[0]
+    assert len(t.as_tactic()) == 8 and cfg.Fp8Tactic.from_tactic(t.as_tactic()) == t
+    plain = dataclasses.replace(t, tail=0)
+    assert len(plain.as_tactic()) == 7 and cfg.Fp8Tactic.from_tactic(plain.as_tactic()) == plain
+    with pytest.raises(ValueError, match="7 ints"):
+        cfg.Fp8Tactic.from_tactic((1, 2, 3))
 
 
 def test_tma_runner_offers_tactics_only_where_it_applies():

@@ -170,17 +170,27 @@ def test_matches_the_family_reference(device):
 # ------------------------------------------------------------------------------ alignment
 
 
-ALIGN_CASES = [(1, 8, 32, 0, 16), (17, 3, 4, 2, 16), (9, 2, 6, 0, 32), (40, 8, 128, 0, 16)]
+ALIGN_CASES = [
+    (1, 8, 32, 0, 16),
+    (17, 3, 4, 2, 16),
+    (9, 2, 6, 0, 32),
+    (40, 8, 128, 0, 16),
+    (130, 8, 33, 5, 64),
+]
 
 
 @pytest.mark.parametrize("T,K,E,off,block_m", ALIGN_CASES)
-@pytest.mark.parametrize("use_kernel", [False, True], ids=["torch", "kernel"])
-def test_alignment(T, K, E, off, block_m, use_kernel, device):
+@pytest.mark.parametrize("method", ["torch", "kernel", "chunked"])
+def test_alignment(T, K, E, off, block_m, method, device):
+    use_kernel = method != "torch"
     if use_kernel:
         _cpu_kernels(device)
     ids, _ = _routes(T, K, E + off + 3, device)
-    al = align_routes(ids, E, off, block_m, use_kernel=use_kernel)
-    if use_kernel:  # the one-program kernel gives the PyTorch ops' tensors, row for row
+    # chunked: the two-launch kernels at chunks of 16 routes (several chunks, a last one
+    # part full), as they run past ONE_PROGRAM_MAX_ROUTES routes.
+    chunk = 16 if method == "chunked" else None
+    al = align_routes(ids, E, off, block_m, use_kernel=use_kernel, chunk_routes=chunk)
+    if use_kernel:  # the kernels give the PyTorch ops' tensors, row for row
         ref = align_routes(ids, E, off, block_m, use_kernel=False)
         for got, want in zip(al[:4], ref[:4], strict=True):
             assert torch.equal(got, want)

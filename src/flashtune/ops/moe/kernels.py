@@ -3,15 +3,18 @@
 Four launches over the alignment of align.py (routes sorted by local expert, padded to
 BLOCK_M-row blocks of one expert each):
 
-0. `_moe_align_kernel` (up to align.ONE_PROGRAM_MAX_ROUTES routes; PyTorch ops beyond):
-   the alignment itself, one program.
+0. `_moe_align_kernel` (up to align.ONE_PROGRAM_MAX_ROUTES routes): the alignment itself,
+   one program; beyond, `_moe_align_count_kernel` (each program counts a chunk of routes
+   per expert) then `_moe_align_scatter_kernel` (each program places its chunk's routes
+   after the earlier chunks' and fills a share of the padding rows and block owners).
 1. `_moe_gemm1_swiglu_kernel`: per (M-block, N tile), the block's token rows (gathered
    from hidden_states through sorted_ids) times the expert's W13 up rows [n] and gate rows
    [I + n], two accumulators in one program so SwiGLU (silu(gate) * up) runs in the
    epilogue; writes the intermediate C [P, I] in sorted-row order (16-bit).
 2. `_moe_gemm2_kernel`: C's rows of the block times the expert's W2 [H, I]; writes fp32
    rows [P, H], still in sorted order (dense: only routed rows are written).
-3. `_moe_combine_kernel`: per token, the weighted sum of its K rows (found through
+3. `_moe_combine_kernel`: per token, the weighted sum of its K rows (16-bit: GEMM2 writes them
+   in bf16, half the bytes of fp32 through GEMM2's stores and the combine's loads) (found through
    route_pos, -1 for non-local routes) in a fixed order: deterministic, unlike an atomic
    scatter-add from GEMM2, and it writes every output row, so `out` needs no memset.
 
@@ -419,12 +422,16 @@ def _moe_gemm2_kernel(
         if QUANT == 2:
             acc = acc * tl.load(out_scale_ptr + expert)
         o_ptrs = o_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
-        tl.store(o_ptrs, acc, mask=row_ok[:, None] & (offs_n < H)[None, :] & finish)
+        tl.store(
+            o_ptrs,
+            acc.to(o_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & (offs_n < H)[None, :] & finish,
+        )
 
 
 @triton.jit
 def _moe_combine_kernel(
-    o_ptr,  # [P, H] fp32 per-route rows, sorted-row order
+    o_ptr,  # [P, H] bf16 per-route rows, sorted-row order
     route_pos_ptr,  # [T * K] int32 row of each route, -1 when not local
     weights_ptr,  # [T, K] routing weights
     out_ptr,  # [T, H] bf16
@@ -446,7 +453,7 @@ def _moe_combine_kernel(
         if pos >= 0:
             w = tl.load(weights_ptr + t * stride_wt + k * stride_wk).to(tl.float32)
             row = tl.load(o_ptr + pos.to(tl.int64) * stride_om + offs_h, mask=h_ok, other=0.0)
-            acc += w * row
+            acc += w * row.to(tl.float32)
     tl.store(
         out_ptr + t.to(tl.int64) * stride_ot + offs_h, acc.to(out_ptr.dtype.element_ty), mask=h_ok
     )
@@ -511,3 +518,99 @@ def _moe_align_kernel(
         tl.store(sorted_ids_ptr + dest, offs, mask=local)
         tl.store(route_pos_ptr + offs, tl.where(local, dest, -1), mask=in_range)
         running += tl.sum(onehot, axis=0)
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_experts", "offset"])
+def _moe_align_count_kernel(
+    topk_ids_ptr,  # [T * K] int32 global expert ids
+    counts_ptr,  # [num_chunks, NBINS] int32 out: each chunk's routes per local expert
+    num_routes,
+    num_experts,
+    offset,
+    CHUNK: tl.constexpr,  # routes per program (a multiple of BLOCK)
+    NBINS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The first of the two launches that align many routes: chunk c's count per expert."""
+    c = tl.program_id(0)
+    bins = tl.arange(0, NBINS)
+    counts = tl.zeros((NBINS,), dtype=tl.int32)
+    for start in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        in_range = offs < num_routes
+        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
+        e = tl.where(in_range & (e >= 0) & (e < num_experts), e, -1)
+        counts += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    tl.store(counts_ptr + c * NBINS + bins, counts)
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_experts", "offset", "num_blocks", "num_chunks"])
+def _moe_align_scatter_kernel(
+    topk_ids_ptr,  # [T * K] int32 global expert ids
+    counts_ptr,  # [num_chunks, NBINS] int32: _moe_align_count_kernel's counts
+    sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 out (as _moe_align_kernel's)
+    block_expert_ptr,  # [num_blocks] int32 out
+    route_pos_ptr,  # [T * K] int32 out
+    used_ptr,  # [1] int32 out
+    num_routes,
+    num_experts,
+    offset,
+    num_blocks,
+    num_chunks,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NBINS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCKS_STEP: tl.constexpr,  # M-blocks per step of the padding fill
+):
+    """The second launch: program c places chunk c's routes (after every earlier chunk's
+    routes of the same expert, so each expert's rows stay in route order, as the one-program
+    kernel and a stable sort give) and writes the sentinel rows and block owners of its
+    share of the M-blocks. The routes' rows and the padding rows are disjoint, so the
+    programs need no order between them."""
+    c = tl.program_id(0)
+    bins = tl.arange(0, NBINS)
+    totals = tl.zeros((NBINS,), dtype=tl.int32)
+    before = tl.zeros((NBINS,), dtype=tl.int32)
+    for j in range(0, num_chunks):
+        cj = tl.load(counts_ptr + j * NBINS + bins)
+        totals += cj
+        before += tl.where(j < c, cj, 0)
+    padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, axis=0)
+    pad_start = pad_end - padded
+    if c == 0:
+        tl.store(used_ptr, tl.sum(padded, axis=0) // BLOCK_M)
+
+    running = pad_start + before
+    for start in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        in_range = offs < num_routes
+        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
+        local = in_range & (e >= 0) & (e < num_experts)
+        e = tl.where(local, e, -1)
+        onehot = (e[:, None] == bins[None, :]).to(tl.int32)  # [BLOCK, NBINS]
+        earlier = tl.cumsum(onehot, axis=0) - onehot
+        dest = tl.sum(onehot * (earlier + running[None, :]), axis=1)
+        tl.store(sorted_ids_ptr + dest, offs, mask=local)
+        tl.store(route_pos_ptr + offs, tl.where(local, dest, -1), mask=in_range)
+        running += tl.sum(onehot, axis=0)
+
+    # This program's M-blocks: owner (as in _moe_align_kernel) and the rows past the
+    # owner's routes, which hold the sentinel.
+    per_program = tl.cdiv(num_blocks, num_chunks)
+    cols = tl.arange(0, BLOCK_M)
+    for b0 in range(c * per_program, c * per_program + per_program, BLOCKS_STEP):
+        b = b0 + tl.arange(0, BLOCKS_STEP)
+        b_ok = (b < num_blocks) & (b < c * per_program + per_program)
+        row = b * BLOCK_M
+        owner = tl.sum((pad_end[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        mine = (bins[None, :] == owner[:, None]).to(tl.int32)  # [BLOCKS_STEP, NBINS]
+        routes_in = tl.sum(mine * totals[None, :], axis=1) - (
+            row - tl.sum(mine * pad_start[None, :], axis=1)
+        )
+        valid = tl.minimum(tl.maximum(routes_in, 0), BLOCK_M)
+        tl.store(block_expert_ptr + b, tl.where(owner < num_experts, owner, -1), mask=b_ok)
+        pad = b_ok[:, None] & (cols[None, :] >= valid[:, None])
+        rows = row[:, None] + cols[None, :]
+        tl.store(sorted_ids_ptr + rows, tl.zeros_like(rows) + num_routes, mask=pad)

@@ -21,6 +21,8 @@ __all__ = [
     "fp8_default_tactic",
     "fp8_candidates",
     "tactic_fits",
+    "tail_layout",
+    "tail_splits",
 ]
 
 
@@ -35,17 +37,31 @@ class Fp8Tactic:
     split_k: int = 1
     num_warps: int = 8
     num_stages: int = 3
+    # 1: split_k applies to the tail tiles only (the last, partial wave of output tiles on
+    # the SMs: kernels.py's TAIL); the full waves compute whole tiles.
+    tail: int = 0
 
     def smem_bytes(self) -> int:
         # fp8 operands: one byte an element, both tiles per pipeline stage.
         return (self.block_m + self.block_n) * self.block_k * self.num_stages
 
     def as_tactic(self) -> tuple[int, ...]:
-        return astuple(self)
+        # Seven ints without a tail split: the form caches written before it hold.
+        values = astuple(self)
+        return values if self.tail else values[:7]
 
     @classmethod
     def from_tactic(cls, tactic: Tactic) -> Fp8Tactic:
-        return tactic if isinstance(tactic, cls) else cls(*tactic)  # type: ignore[misc]
+        if isinstance(tactic, cls):
+            return tactic
+        values = tuple(tactic)  # type: ignore[arg-type]
+        if len(values) not in (7, 8):
+            raise ValueError(
+                "an fp8 tactic is an Fp8Tactic or 7 ints (block_m, block_n, block_k, "
+                f"group_m, split_k, num_warps, num_stages) and an optional tail flag, got "
+                f"{tactic!r}"
+            )
+        return cls(*values)
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,7 @@ class Fp8Space:
     split_k: tuple[int, ...] = (1, 2, 4, 8, 16)
     num_warps: tuple[int, ...] = (4, 8)
     num_stages: tuple[int, ...] = (2, 3, 4, 5)
+    tail: tuple[int, ...] = (0, 1)
 
     def __iter__(self) -> Iterator[Fp8Tactic]:
         for values in itertools.product(
@@ -69,7 +86,10 @@ class Fp8Space:
             self.split_k,
             self.num_warps,
             self.num_stages,
+            self.tail,
         ):
+            if values[-1] and values[4] == 1:
+                continue  # a tail split of one part is the plain tactic
             yield Fp8Tactic(*values)
 
 
@@ -154,7 +174,42 @@ def fp8_candidates(
         Fp8Tactic(bm, bn, bk, 8, split, warps, stages)
         for bm, bn, bk, split, warps, stages in wave_splits(shapes, M, N, K, sms, batch)
     ]
+    out += [
+        Fp8Tactic(bm, bn, bk, 8, split, warps, stages, tail=1)
+        for bm, bn, bk, split, warps, stages in tail_splits(shapes, M, N, K, sms, batch)
+    ]
     return list(dict.fromkeys(out))
+
+
+def tail_layout(num_tiles: int, sms: int, split: int) -> tuple[int, int]:
+    """(whole tiles, programs) of a tail-split launch: the full waves of `num_tiles` output
+    tiles on `sms` SMs are computed whole, the last partial wave's tiles in `split` parts."""
+    whole = num_tiles // sms * sms
+    return whole, whole + (num_tiles - whole) * split
+
+
+def tail_splits(
+    shapes: list[tuple[int, int, int, int, int]], M: int, N: int, K: int, sms: int, batch: int
+) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(block_m, block_n, block_k, split, num_warps, num_stages) with a tail split for each
+    of `shapes` whose output tiles fill at least one wave and leave a last wave under
+    three-quarters full (its SMs then idle for a quarter of a tile or more): splits that
+    spread the tail's K steps over about all the SMs, or half of them, in even parts."""
+    if batch != 1:
+        return
+    for bm, bn, bk, warps, stages in shapes:
+        tiles = math.ceil(M / bm) * math.ceil(N / bn)
+        tail = tiles % sms
+        if tiles < sms or not tail or tail * 4 > sms * 3:
+            continue
+        k_tiles = math.ceil(K / bk)
+        seen = set()
+        for target in (sms / tail, sms / (2 * tail)):
+            split = max(2, min(round(target), k_tiles // 2))
+            split = math.ceil(k_tiles / math.ceil(k_tiles / split))  # even parts
+            if split >= 2 and split not in seen and split_k_ok(M, N, K, bk, split):
+                seen.add(split)
+                yield bm, bn, bk, split, warps, stages
 
 
 def _wide_k_shapes(M: int) -> list[tuple[int, int, int, int, int]]:

@@ -15,6 +15,11 @@ One kernel serves every fp8 op of the package, chosen by compile-time flags:
 - SPLIT_K > 1 (a runtime argument): K is split over the grid's third axis, each split owning
   whole K tiles; the last split of a tile to arrive sums the partials (the GEMM family's
   `_split_k_fixup`), so decode-sized GEMMs (a handful of output tiles) fill the SMs.
+- TAIL: only the output tiles past DP_TILES (the last, partial wave of a launch whose tiles
+  do not divide into the SMs) are split SPLIT_K ways, on a 1-D grid: programs [0, DP_TILES)
+  compute whole tiles, each later one a K part of a tail tile. One 128x128 tile a program
+  on 132 SMs, M=4096 x N=576 has 160 tiles: two waves of 56 K steps where 1.2 would do;
+  with the 28 tail tiles in 4 parts the SMs run 56 + 14 steps.
 - TMA: A and B are 2-D tensor descriptors ([M, K] and [N, K], K contiguous, one batch entry,
   per-tensor or block scales): each K step's tiles arrive by the Hopper TMA engine, zero
   filled past M, N and K, instead of pointer loads (launch.py's TritonFp8TmaRunner).
@@ -110,7 +115,7 @@ def _k_loop(
     return acc
 
 
-@triton.jit(do_not_specialize=["M", "SPLIT_K"])
+@triton.jit(do_not_specialize=["M", "SPLIT_K", "DP_TILES"])
 def _fp8_gemm_kernel(
     a_ptr,  # [batch, M, K] fp8
     b_ptr,  # [batch or groups, N, K] fp8 through strides
@@ -124,6 +129,7 @@ def _fp8_gemm_kernel(
     N,
     K,
     SPLIT_K,
+    DP_TILES,  # TAIL: the tiles computed whole (the rest split SPLIT_K ways); else unused
     stride_ab,
     stride_am,
     stride_ak,
@@ -154,10 +160,20 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     TMA: tl.constexpr = False,  # a_ptr / b_ptr are tensor descriptors (one batch entry)
+    TAIL: tl.constexpr = False,  # only the tiles past DP_TILES split (1-D grid)
 ):
     pid = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
-    pid_k = tl.program_id(2)
+    if TAIL:
+        # Programs past DP_TILES: consecutive ones are one tail tile's K parts.
+        q = pid - DP_TILES
+        in_tail = q >= 0
+        pid_k = tl.where(in_tail, q % SPLIT_K, 0)
+        pid = tl.where(in_tail, DP_TILES + q // SPLIT_K, pid)
+        split = tl.where(in_tail, SPLIT_K, 1)
+    else:
+        pid_k = tl.program_id(2)
+        split = SPLIT_K
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Group-M swizzle: GROUP_M row tiles walk the N tiles together, so the B tiles they
@@ -177,7 +193,7 @@ def _fp8_gemm_kernel(
     offs_bn = offs_n % N
     # Split-K: each split owns whole K tiles (which lie in one scale block each).
     k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    tiles_per_split = tl.cdiv(k_tiles, split)
     k_start = pid_k * tiles_per_split * BLOCK_K
     k_stop = min(K, k_start + tiles_per_split * BLOCK_K)
     sa_base = sa_ptr + pid_b * stride_sab
@@ -275,7 +291,7 @@ def _fp8_gemm_kernel(
             acc = tl.where((offs_m < m_valid)[:, None], acc, 0.0)
 
     c_base = c_ptr + pid_b * stride_cb
-    if SPLIT_K == 1:
+    if split == 1:
         _store(acc, c_base, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, BLOCK_SCALE)
     else:
         # The last split of this tile to arrive sums the partials and stores (the GEMM
@@ -286,11 +302,11 @@ def _fp8_gemm_kernel(
             offs_n,
             pid_k,
             pid_b * (num_pid_m * num_pid_n) + pid_m * num_pid_n + pid_n,
-            ws_ptr + pid_b * SPLIT_K * M * N,
+            ws_ptr + pid_b * split * M * N,
             lock_ptr,
             M,
             N,
-            SPLIT_K,
+            split,
         )
         if is_last:
             _store(

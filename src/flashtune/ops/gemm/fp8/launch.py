@@ -27,6 +27,7 @@ from flashtune.ops.gemm.fp8.config import (
     fp8_candidates,
     fp8_default_tactic,
     tactic_fits,
+    tail_layout,
 )
 from flashtune.ops.gemm.fp8.kernels import _fp8_gemm_kernel
 from flashtune.ops.gemm.fp8.reference import expand_scale
@@ -115,12 +116,20 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -
     sa_strides = sa.stride() if block else (0, 0, 0)
     sb_strides = sb.stride() if block else (0, 0, 0)
     num_tiles = triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n)
-    if t.split_k > 1:
-        ws = torch.empty((batch, t.split_k, M, N), dtype=torch.float32, device=A.device)
+    # A tail split (t.tail) splits only the last partial wave's tiles, on one batch entry;
+    # elsewhere that tactic splits nothing.
+    tail = bool(t.tail) and t.split_k > 1 and batch == 1
+    split_k = 1 if t.tail and not tail else t.split_k
+    whole = 0
+    grid = (num_tiles, batch, split_k)
+    if tail:
+        whole, programs = tail_layout(num_tiles, platform.device_limits(A.device).sm_count, split_k)
+        grid = (programs, 1, 1)
+    if split_k > 1 and whole < num_tiles:
+        ws = torch.empty((batch, split_k, M, N), dtype=torch.float32, device=A.device)
         locks = split_k_counters(A.device, batch * num_tiles)
     else:
-        ws = locks = C  # never read with SPLIT_K == 1
-    grid = (num_tiles, batch, t.split_k)
+        ws = locks = C  # never read: no tile splits
     a_arg: Any = A
     b_arg: Any = B
     if tma:
@@ -140,7 +149,8 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -
         M,
         N,
         K,
-        t.split_k,
+        split_k,
+        whole,
         *A.stride(),
         *_b_strides(a),
         *C.stride(),
@@ -160,6 +170,7 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -
         BLOCK_K=block_k,
         GROUP_M=t.group_m,
         TMA=tma,
+        TAIL=tail,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )
