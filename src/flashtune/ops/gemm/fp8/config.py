@@ -54,7 +54,7 @@ class Fp8Tactic:
     def from_tactic(cls, tactic: Tactic) -> Fp8Tactic:
         if isinstance(tactic, cls):
             return tactic
-        values = tuple(tactic)  # type: ignore[arg-type]
+        values: tuple[int, ...] = tuple(tactic)  # type: ignore[arg-type]
         if len(values) not in (7, 8):
             raise ValueError(
                 "an fp8 tactic is an Fp8Tactic or 7 ints (block_m, block_n, block_k, "
