@@ -136,3 +136,17 @@ def test_the_pool_keys_by_code_and_bounds_its_size():
         pool.discard(boxes[2])
         boxes[2].process.join(10)
         assert boxes[2].process.exitcode is not None
+
+
+def test_close_idle_ends_every_sandbox_but_the_one_kept():
+    """Before a workload whose inputs need most of the device, the idle processes go (each
+    holds a CUDA context and what its last job left); the workload's own stays."""
+    with SandboxPool() as pool:
+        boxes = [pool.get(_spec(f"s{i}")) for i in range(3)]
+        assert pool.close_idle(keep=_spec("s1")) == 2
+        for gone in (boxes[0], boxes[2]):
+            gone.process.join(10)
+            assert gone.process.exitcode is not None
+        assert boxes[1].process.is_alive()
+        assert pool.get(_spec("s1")) is boxes[1]
+        assert pool.close_idle() == 1

@@ -220,6 +220,20 @@ class _Failed(Exception):
         self.status, self.reason, self.verdict = status, reason, verdict
 
 
+# A workload needs the device to itself when the worker's input set and the sandbox's own
+# copy would take more than this share of the free memory.
+_ROOM_SHARE = 0.5
+
+
+def _needs_the_device(wl: WorkloadInputs) -> bool:
+    """Whether `wl`'s inputs (one set in the worker, one drawn by the sandbox) take most of
+    the device's free memory, so idle sandboxes must give theirs back first."""
+    if wl.device.type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(wl.device)
+    return 2 * tensor_bytes(wl.sets[0].values()) > _ROOM_SHARE * free
+
+
 def _device_memory_note(device: torch.device) -> str:
     """One line on the worker's CUDA memory when a reference runs out of it: whether the
     allocator cache (reserved but unallocated) or live tensors hold it, and its settings."""
@@ -300,6 +314,10 @@ def _evaluate_one(
             "(flashtune.bench.fixed_inputs)\n"
         )
     failure: tuple[EvaluationStatus, str, Verdict | None] | None = None
+    if _needs_the_device(wl):
+        ended = pool.close_idle(keep=spec)
+        if ended:
+            log.write(f"sandbox: {ended} idle sandbox(es) ended to make room for its inputs\n")
     sandbox = pool.get(spec)
     if sandbox.jobs:
         log.write(f"sandbox: reused (job {sandbox.jobs + 1} of this process)\n")

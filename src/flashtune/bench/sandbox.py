@@ -485,6 +485,18 @@ class SandboxPool:
                 del self._live[key]
         sandbox.close()
 
+    def close_idle(self, keep: Mapping[str, Any] | None = None) -> int:
+        """End every idle sandbox but the one for `keep` (a spec, as `get` takes): before a
+        workload whose input sets need most of the device, since each idle process holds a
+        CUDA context and what its last job left (one kept 16 GB beside a 61 GB MoE set, and
+        the next sandbox's set no longer fit a 141 GB H200). Returns how many ended."""
+        spare = self.key(keep) if keep is not None else None
+        ended = 0
+        for key in [k for k in self._live if k != spare]:
+            self._live.pop(key).close()
+            ended += 1
+        return ended
+
     def close(self) -> None:
         for live in self._live.values():
             live.close()

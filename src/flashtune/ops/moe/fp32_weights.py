@@ -1,8 +1,8 @@
 """MoE layers on float32 weights: the contract of FlashInfer-Trace's
 `trtllm_fp4_block_scale_moe` / `trtllm_fp4_block_scale_routed_moe` Definitions (their
 references run float32 weights; FlashInfer's kernel reads MxFP4). `moe_fp32_weights` routes
-by itself; `routed_moe_fp32_weights` takes packed topk_ids. Both run flashtune's bf16 experts
-on the used experts' weights, converted per call.
+by itself; `routed_moe_fp32_weights` takes packed topk_ids. Both run flashtune's bf16 experts,
+whose kernels read the float32 weights and cast each tile in registers.
 
 These are the plain functions: the package (flashtune.ops.moe) wraps them in their ApiOps
 (schema, capture, apply, the definition dump) under its own names, and callers use those.
@@ -80,16 +80,20 @@ def _fp32_weight_experts(
         a = hidden_states.float() * weights.float()
         weights = torch.ones_like(weights, dtype=torch.float32)
     a = a.to(dtype)
-    # Weights in the contract are float32; flashtune's experts kernels read 16-bit (or fp8)
-    # weights, so the used experts' weights are converted on every call: streaming float32
-    # weights this way costs a conversion per call (read 4 bytes, write 2, read 2 again). A
-    # kernel that loads float32 tiles and casts them in registers is the faster follow-up.
+    weights = weights.float()
+    if gemm1_weights.dtype in (torch.float32, dtype) and gemm2_weights.dtype == (
+        gemm1_weights.dtype
+    ):
+        # The experts kernels load float32 weight tiles and cast them in registers: each
+        # weight is read once, nothing is copied, no host sync (CUDA-graph safe).
+        return fused_experts(a, gemm1_weights, gemm2_weights, ids, weights, out=out)
+    # 16-bit weights of the other type: the used experts converted.
     converted = _used_experts_16bit(gemm1_weights, gemm2_weights, ids, dtype)
     if converted is None:  # no token reached an expert
         zeros = torch.zeros(a.shape, dtype=torch.bfloat16, device=a.device)
         return zeros if out is None else out.copy_(zeros)
     w13, w2, local_ids = converted
-    return fused_experts(a, w13, w2, local_ids, weights.float(), quant=ExpertQuant("bf16"), out=out)
+    return fused_experts(a, w13, w2, local_ids, weights, quant=ExpertQuant("bf16"), out=out)
 
 
 def _check_fp32_weights(
@@ -131,8 +135,8 @@ def moe_fp32_weights(
     (up rows, then gate rows) and gemm2_weights [E, H, I], float32 (16-bit accepted), every
     expert local. Renormalize routing (1: top-k logits, softmax over them, weights on the
     outputs) or Llama4 (3: top-1, sigmoid, the weight on the token before GEMM1; routing_bias
-    accepted and unread, as FlashInfer's kernel). Runs flashtune's bf16 experts (the used
-    experts' weights converted to bf16 per call). Returns [T, H] bfloat16 (into `output`
+    accepted and unread, as FlashInfer's kernel). Runs flashtune's bf16 experts on the
+    float32 weights (each tile cast in registers). Returns [T, H] bfloat16 (into `output`
     when given).
     """
     tokens, hidden, _, experts = _check_fp32_weights(hidden_states, gemm1_weights, gemm2_weights)

@@ -281,6 +281,11 @@ def _moe_gemm1_swiglu_kernel(
                 a = a.to(tl.float32)
                 w_up = w_up.to(tl.float32)
                 w_gate = w_gate.to(tl.float32)
+            else:
+                # float32 weights (the fp4 Definitions' contract) meet 16-bit activations
+                # here; in the other modes both sides share a type and this is no op.
+                w_up = w_up.to(a.dtype)
+                w_gate = w_gate.to(a.dtype)
             if QUANT == 1:
                 kb = k0 // 128
                 a_s = tl.load(as_ptrs + kb * stride_ask)  # [BLOCK_M]
@@ -330,7 +335,7 @@ def _moe_gemm1_swiglu_kernel(
 def _moe_gemm2_kernel(
     c_ptr,  # [P, I] intermediate (16-bit), sorted-row order
     w_ptr,  # [E, H, I] W2
-    o_ptr,  # [P, H] fp32 per-route rows, sorted-row order
+    o_ptr,  # [P, H] bf16 per-route rows (fp32 under the interpreter), sorted-row order
     sorted_ids_ptr,  # [P] int32
     block_expert_ptr,  # [P / BLOCK_M] int32
     used_blocks_ptr,  # [1] int32 M-blocks holding routes
@@ -404,7 +409,8 @@ def _moe_gemm2_kernel(
                 # accumulator instead of scaling each step's product apart.
                 s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk)  # [BLOCK_N]
                 w = w.to(tl.float32) * s[:, None]
-            w = w.to(c.dtype)  # fp8 W2 upcast to C's type (16-bit; fp32 under DOT_F32)
+            # fp8 W2 upcast (float32 W2 cast) to C's type (16-bit; fp32 under DOT_F32)
+            w = w.to(c.dtype)
             acc = _mma(acc, c, w, SWAP_AB)
             c_ptrs += BLOCK_K * stride_ck
             w_ptrs += BLOCK_K * stride_wk
@@ -431,7 +437,7 @@ def _moe_gemm2_kernel(
 
 @triton.jit
 def _moe_combine_kernel(
-    o_ptr,  # [P, H] bf16 per-route rows, sorted-row order
+    o_ptr,  # [P, H] bf16 per-route rows (fp32 under the interpreter), sorted-row order
     route_pos_ptr,  # [T * K] int32 row of each route, -1 when not local
     weights_ptr,  # [T, K] routing weights
     out_ptr,  # [T, H] bf16
