@@ -555,7 +555,34 @@ def test_real_shapes_cuda(model, T):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("T", [4, 200])  # 200 x top-8 routes: the PyTorch alignment path
+@pytest.mark.parametrize("T,E,block_m", [(4096, 32, 64), (3000, 256, 16), (129, 8, 128)])
+def test_chunked_alignment_matches_torch_cuda(T, E, block_m):
+    """The two-launch alignment at sizes past one program (DeepSeek-V3 EP8 at T=4096, 256
+    local experts) gives the PyTorch ops' tensors, row for row."""
+    device = torch.device("cuda")
+    ids, _ = _routes(T, 8, E + 40, device)
+    got = align_routes(ids, E, 20, block_m, use_kernel=True)
+    want = align_routes(ids, E, 20, block_m, use_kernel=False)
+    for g, w in zip(got[:4], want[:4], strict=True):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.cuda
+def test_float32_weights_cuda():
+    """16-bit activations with float32 weights (the fp4 Definitions' contract): the kernels
+    cast each weight tile in registers; the same output as the float32 PyTorch path."""
+    device = torch.device("cuda")
+    T, H, I, E, K = 37, 512, 256, 16, 4  # noqa: E741
+    x = torch.randn(T, H, device=device).bfloat16()
+    w1 = torch.randn(E, 2 * I, H, device=device) / H**0.5
+    w2 = torch.randn(E, H, I, device=device) / I**0.5
+    ids, w = _routes(T, K, E, device)
+    out = fused_experts(x, w1, w2, ids, w)
+    _assert_close(out, fused_experts_torch(x, w1, w2, ids, w))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [4, 200])  # 200 x top-8 routes: the chunked alignment kernels
 def test_cuda_graph_capture(T):
     device = torch.device("cuda")
     mode, H, I, E, E_global, K = MODELS["deepseek-v3"]  # noqa: E741
