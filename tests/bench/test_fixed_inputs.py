@@ -10,7 +10,12 @@ from _bench_helpers import python_solution, toy_definition
 from flashtune import platform
 from flashtune.bench import workload_inputs
 from flashtune.bench.evaluate import BenchConfig, evaluate_workload
-from flashtune.bench.fixed_inputs import checksum, constant_weights, weights_to_fix
+from flashtune.bench.fixed_inputs import (
+    checksum,
+    constant_weights,
+    reference_temporaries,
+    weights_to_fix,
+)
 from flashtune.data import Workload
 from flashtune.data.synth import synthesize_inputs
 
@@ -89,6 +94,9 @@ def test_only_const_shaped_float_inputs_are_weights():
     inputs = synthesize_inputs(definition, Workload(uuid="w", axes={"n": 3}), seed=1)
     assert constant_weights(definition, inputs) == ("w",)
     assert weights_to_fix(definition, inputs, torch.device("cpu")) == ()
+    # The budget counts a float32 copy of every weight for the reference's temporaries
+    # (dequantizing MoE references), and nothing for the activations.
+    assert reference_temporaries(definition, inputs) == 4 * inputs["w"].numel()
 
 
 def test_given_inputs_are_kept_and_the_rest_drawn_alike():

@@ -2,8 +2,10 @@
 
 Every timed sample normally gets new values for every float input (bench/checked_timing.py).
 That costs the worker two copies of an input set (its set and the sample's values) and the
-sandbox two more. A FlashInfer-Trace MoE workload at 128 experts x 5120 x 8192 with float32
-weights has a 60 GB set: four copies do not fit a 141 GB H200. For such a workload the
+sandbox two more, and the worker runs the reference on each sample, whose temporaries come
+on top (`reference_temporaries`). A FlashInfer-Trace MoE workload at 128 experts x 5120 x
+8192 with float32 weights has a 60 GB set: four copies do not fit a 141 GB H200; with fp8
+weights the set is 16 GB, but the reference's float32 copy of the experts takes 64 GB. For such a workload the
 *weights* (float inputs whose shape has only const axes: they do not grow with tokens or
 batch) keep their first values; activations, and everything else, still change every sample.
 The trace's log says so.
@@ -25,8 +27,17 @@ from flashtune.data.models import Definition
 from flashtune.timing import tensor_bytes
 
 # Per-sample values cost about four input sets at once (worker: its set and the sample's
-# values; sandbox: the same). Weights are fixed when that exceeds this share of the device.
+# values; sandbox: the same), beside the reference's temporaries on the sample. Weights are
+# fixed when that exceeds this share of the device.
 _DEVICE_SHARE = 0.8
+
+
+def reference_temporaries(definition: Definition, inputs: Mapping[str, Any]) -> int:
+    """Bytes a reference may hold beside its inputs: a float32 copy of every weight (the
+    dataset's MoE references dequantize all experts to float32 before they route: 64 GB for
+    128 experts of 5120 x 8192, where the fp8 weights take 16)."""
+    names = constant_weights(definition, inputs)
+    return sum(4 * inputs[name].numel() for name in names)
 
 
 def weights_to_fix(
@@ -38,7 +49,8 @@ def weights_to_fix(
         return ()
     set_bytes = tensor_bytes(inputs.values())
     total = torch.cuda.get_device_properties(device).total_memory
-    if 4 * set_bytes <= _DEVICE_SHARE * total:
+    need = 4 * set_bytes + reference_temporaries(definition, inputs)
+    if need <= _DEVICE_SHARE * total:
         return ()
     return constant_weights(definition, inputs)
 

@@ -122,7 +122,15 @@ class WorkloadInputs:
         self.written: tuple[str, ...] = ()
         copy = _clone_except(first, self.fixed)
         sums = {k: checksum(first[k]) for k in self.fixed}
+        # The reference's own peak (its temporaries, beyond its inputs): what the worker
+        # needs again on every sample, while a sandbox holds its inputs too.
+        self.reference_peak = 0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
         self.first_ref = self._call_reference(copy)
+        if device.type == "cuda":
+            self.reference_peak = max(0, torch.cuda.max_memory_allocated(device) - before)
         if any(checksum(first[k]) != sums[k] for k in self.fixed):
             raise RuntimeError(f"the reference wrote into its weight inputs {self.fixed}")
         self.written = tuple(inputs_modified(self.sets[0], copy))
