@@ -191,7 +191,16 @@ def _check(
                 raise TypeError(f'{name} must be bfloat16 for quant mode "bf16", got {t.dtype}')
         return
     for name, t in operands:
-        if t.dtype != _FP8:
+        # fp8_per_tensor also takes 16-bit activations without an activation scale (already
+        # dequantized: Llama 4's routing weight applied on the input), upcasting the fp8
+        # weight tiles in registers.
+        dequantized = (
+            name == "hidden_states"
+            and mode == "fp8_per_tensor"
+            and t.dtype in (torch.bfloat16, torch.float16)
+            and quant.hidden_states_scale is None
+        )
+        if t.dtype != _FP8 and not dequantized:
             raise TypeError(f'{name} must be float8_e4m3fn for quant mode "{mode}", got {t.dtype}')
     if mode == "fp8_block":
         b = QUANT_BLOCK
