@@ -168,9 +168,10 @@ def trtllm_fp8_block_scale_moe(
     RoutingMethodType; DeepSeekV3 reads n_group, topk_group and routed_scaling_factor).
     Returns [T, H] bfloat16 (written into `output` when given).
 
-    Accepted and unused (FlashInfer's tuning and launch knobs): tile_tokens_dim, enable_pdl,
-    tune_max_num_tokens (flashtune's experts pick their tiles per shape through its
-    autotuner). `routing_replay_out` ([>= T, top_k] int16) receives the selected expert ids.
+    enable_pdl: the expert kernels chain with programmatic dependent launch (None: on where
+    the GPU has it, ops/pdl.py). Accepted and unused (FlashInfer's tuning knobs):
+    tile_tokens_dim, tune_max_num_tokens (flashtune's experts pick their tiles per shape
+    through its autotuner). `routing_replay_out` ([>= T, top_k] int16) receives the selected expert ids.
     Refused by name: shuffled or block-major weights, do_finalize=False, activations other
     than SwiGLU, fused shared experts, SwiGLU alpha/beta/clamp, MxFp8.
     """
@@ -224,7 +225,7 @@ def trtllm_fp8_block_scale_moe(
     )
     return fused_experts(
         hidden_states, gemm1_weights, gemm2_weights, ids, weights, quant=quant,
-        local_expert_offset=local_expert_offset, out=out,
+        local_expert_offset=local_expert_offset, out=out, enable_pdl=enable_pdl,
     )  # fmt: skip
 
 
@@ -268,7 +269,8 @@ def trtllm_fp8_per_tensor_scale_moe(
     expert's output. Llama4 routing reads neither routing_bias nor routed_scaling_factor (as
     FlashInfer's kernel; FlashInfer-Trace's Definitions say so). Returns [T, H] bfloat16.
 
-    Accepted and unused: tile_tokens_dim, enable_pdl, tune_max_num_tokens.
+    enable_pdl as trtllm_fp8_block_scale_moe's. Accepted and unused: tile_tokens_dim,
+    tune_max_num_tokens.
     """
     check_unsupported(do_finalize=do_finalize, activation_type=activation_type,
                       norm_topk_prob=norm_topk_prob)  # fmt: skip
@@ -312,7 +314,7 @@ def trtllm_fp8_per_tensor_scale_moe(
         weights = torch.ones_like(weights, dtype=torch.float32)
     return fused_experts(
         hidden_states, gemm1_weights, gemm2_weights, ids, weights, quant=quant,
-        local_expert_offset=local_expert_offset, out=out,
+        local_expert_offset=local_expert_offset, out=out, enable_pdl=enable_pdl,
     )  # fmt: skip
 
 
@@ -350,8 +352,8 @@ def trtllm_bf16_moe(
     [E_local, H, I] bf16, row-major. FlashInfer's defaults (use_shuffled_weight=True,
     weight_layout=BlockMajorK) describe its own shuffled layout, which flashtune does not
     read: pass use_shuffled_weight=False, weight_layout=0 (MajorK) with plain weights (else
-    ValueError). Returns [T, H] bfloat16. Accepted and unused: enable_pdl,
-    tune_max_num_tokens.
+    ValueError). Returns [T, H] bfloat16. enable_pdl as trtllm_fp8_block_scale_moe's.
+    Accepted and unused: tune_max_num_tokens.
     """
     check_unsupported(
         use_shuffled_weight=use_shuffled_weight,
@@ -379,6 +381,7 @@ def trtllm_bf16_moe(
     return fused_experts(
         hidden_states, gemm1_weights, gemm2_weights, ids, weights,
         quant=ExpertQuant("bf16"), local_expert_offset=local_expert_offset, out=out,
+        enable_pdl=enable_pdl,
     )  # fmt: skip
 
 

@@ -36,6 +36,7 @@ from flashtune.ops.moe.kernels import (
     _moe_align_kernel,
     _moe_align_scatter_kernel,
 )
+from flashtune.ops.pdl import launch_options
 
 __all__ = ["Alignment", "max_blocks", "align_routes", "ONE_PROGRAM_MAX_ROUTES", "CHUNK_ROUTES"]
 
@@ -74,25 +75,30 @@ def align_routes(
     *,
     use_kernel: bool | None = None,
     chunk_routes: int | None = None,
+    pdl: bool = False,
 ) -> Alignment:
     """Sort the routes of topk_ids [T, K] by local expert into BLOCK_M-padded groups (see
     the module docstring). use_kernel: the Triton kernels (None: where Triton runs) or the
     PyTorch ops; all give the same tensors, and none syncs with the host. The kernels are
     one program up to ONE_PROGRAM_MAX_ROUTES routes, else a program per `chunk_routes`
-    (None: CHUNK_ROUTES; a value forces the chunked launches, for tests)."""
+    (None: CHUNK_ROUTES; a value forces the chunked launches, for tests). pdl: the kernels
+    launch with programmatic dependent launch (ops/pdl.py; the caller decides)."""
     if use_kernel is None:
         use_kernel = platform.kernels_available(topk_ids.device)
     if not use_kernel:
         return _align_torch(topk_ids, num_local_experts, local_expert_offset, block_m)
     if chunk_routes is None and topk_ids.numel() <= ONE_PROGRAM_MAX_ROUTES:
-        return _align_kernel(topk_ids, num_local_experts, local_expert_offset, block_m)
-    return _align_chunked(
-        topk_ids, num_local_experts, local_expert_offset, block_m, chunk_routes or CHUNK_ROUTES
-    )
+        return _align_kernel(topk_ids, num_local_experts, local_expert_offset, block_m, pdl)
+    chunk = chunk_routes or CHUNK_ROUTES
+    return _align_chunked(topk_ids, num_local_experts, local_expert_offset, block_m, chunk, pdl)
 
 
 def _align_kernel(
-    topk_ids: torch.Tensor, num_local_experts: int, local_expert_offset: int, block_m: int
+    topk_ids: torch.Tensor,
+    num_local_experts: int,
+    local_expert_offset: int,
+    block_m: int,
+    pdl: bool,
 ) -> Alignment:
     device = topk_ids.device
     num_routes = topk_ids.numel()
@@ -120,7 +126,9 @@ def _align_kernel(
         BLOCK_M=block_m,
         NBINS=nbins,
         BLOCK=max(16, min(1024, _ONE_HOT_CELLS // nbins)),
+        USE_PDL=pdl,
         num_warps=8,
+        **launch_options(pdl),
     )
     return Alignment(sorted_ids, block_expert, route_pos, used, block_m, nb)
 
@@ -131,6 +139,7 @@ def _align_chunked(
     local_expert_offset: int,
     block_m: int,
     chunk_routes: int,
+    pdl: bool,
 ) -> Alignment:
     device = topk_ids.device
     num_routes = topk_ids.numel()
@@ -149,7 +158,14 @@ def _align_chunked(
     route_pos = torch.empty(num_routes, dtype=torch.int32, device=device)
     used = torch.empty(1, dtype=torch.int32, device=device)
     counts = torch.empty(chunks, nbins, dtype=torch.int32, device=device)
-    common = dict(CHUNK=chunk_routes, NBINS=nbins, BLOCK=step, num_warps=8)
+    common = dict(
+        CHUNK=chunk_routes,
+        NBINS=nbins,
+        BLOCK=step,
+        USE_PDL=pdl,
+        num_warps=8,
+        **launch_options(pdl),
+    )
     offset = int(local_expert_offset)
     _moe_align_count_kernel[(chunks,)](ids, counts, num_routes, num_local_experts, offset, **common)
     _moe_align_scatter_kernel[(chunks,)](

@@ -40,6 +40,7 @@ from flashtune.ops.moe.kernels import (
     _moe_gemm1_swiglu_kernel,
     _moe_gemm2_kernel,
 )
+from flashtune.ops.pdl import launch_options, use_pdl
 from flashtune.tune import (
     DEFAULT_TACTIC,
     DynamicDim,
@@ -362,6 +363,7 @@ def fused_experts_triton(
     local_expert_offset: int = 0,
     out: torch.Tensor | None = None,
     tactic: Tactic | MoETactic | None = None,
+    enable_pdl: bool | None = None,
 ) -> torch.Tensor:
     """The Triton path (inputs already checked): align, GEMM1 + SwiGLU, GEMM2, combine.
 
@@ -377,7 +379,9 @@ def fused_experts_triton(
     if T == 0:
         return out
     t = resolve_tactic(tactic, hidden_states, gemm1_weights, top_k, quant)
-    al = align_routes(topk_ids, E, local_expert_offset, t.block_m)
+    # The four launches (alignment, GEMM1, GEMM2, combine) chain with PDL where it is on.
+    pdl = use_pdl(device, enable_pdl)
+    al = align_routes(topk_ids, E, local_expert_offset, t.block_m, pdl=pdl)
     num_routes = topk_ids.numel()
     P = al.num_blocks * t.block_m
 
@@ -485,8 +489,10 @@ def fused_experts_triton(
         SWAP_AB=t.swap1,
         MAX_SPLIT=t.max_split,
         SUB=t.gemm1_sub,
+        USE_PDL=pdl,
         num_warps=g1.num_warps,
         num_stages=g1.num_stages,
+        **launch_options(pdl),
     )
     _moe_gemm2_kernel[grid2](
         c,
@@ -515,8 +521,10 @@ def fused_experts_triton(
         GROUP_M=g2.group_m,
         SWAP_AB=t.swap2,
         MAX_SPLIT=t.max_split,
+        USE_PDL=pdl,
         num_warps=g2.num_warps,
         num_stages=g2.num_stages,
+        **launch_options(pdl),
     )
     block_h = min(_COMBINE_BLOCK_H, _next_pow2(H))
     _moe_combine_kernel[(T, _cdiv(H, block_h))](
@@ -530,7 +538,9 @@ def fused_experts_triton(
         *topk_weights.stride(),
         out.stride(0),
         BLOCK_H=block_h,
+        USE_PDL=pdl,
         num_warps=4,
+        **launch_options(pdl),
     )
     return out
 
@@ -576,6 +586,7 @@ def fused_experts(
     local_expert_offset: int = 0,
     out: torch.Tensor | None = None,
     tactic: Tactic | MoETactic | None = None,
+    enable_pdl: bool | None = None,
 ) -> torch.Tensor:
     """Run each token's local top-k experts (SwiGLU MLPs) and sum them, weighted.
 
@@ -584,7 +595,9 @@ def fused_experts(
     GLOBAL expert ids, of which only [local_expert_offset, local_expert_offset + E_local) are
     computed here; topk_weights [T, K] float32. Returns out ([T, H] bfloat16, allocated if
     not given). `tactic` picks the kernels' tile configs (None / -1: the default of the
-    call's regime; a `config.MoETactic` or its 14-int tuple otherwise).
+    call's regime; a `config.MoETactic` or its 14-int tuple otherwise). `enable_pdl`: the
+    kernels chain with programmatic dependent launch (None: `ops.pdl.PDL_BY_DEFAULT`, on
+    Hopper and later).
 
     The Triton kernels run where Triton can launch (a GPU, or the interpreter on CPU) for
     16-bit or fp8 operands; anything else takes `fused_experts_torch`.
@@ -617,6 +630,7 @@ def fused_experts(
             local_expert_offset=local_expert_offset,
             out=out,
             tactic=tactic,
+            enable_pdl=enable_pdl,
         )
     result = fused_experts_torch(
         hidden_states,

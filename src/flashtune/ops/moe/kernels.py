@@ -73,6 +73,17 @@ def _swizzle(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _pdl_start(USE_PDL: tl.constexpr):
+    """With programmatic dependent launch (ops/pdl.py): wait for the previous kernel's writes
+    (every load here may read them), then let the next kernel of the chain (align, GEMM1,
+    GEMM2, combine) launch: its programs wait the same way, so they overlap only this
+    kernel's tail with their launch."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _zeros_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     """An fp32 accumulator in the program's orientation: [N, M] when swapped."""
     if SWAP_AB:
@@ -227,7 +238,9 @@ def _moe_gemm1_swiglu_kernel(
     SWAP_AB: tl.constexpr,
     MAX_SPLIT: tl.constexpr,
     SUB: tl.constexpr,  # row tiles (of BLOCK_M rows) per M-block of the alignment
+    USE_PDL: tl.constexpr = False,  # launched with PDL (ops/pdl.py)
 ):
+    _pdl_start(USE_PDL)
     # Persistent: the programs stride over the tiles of the M-blocks that hold routes
     # (used_blocks, from the alignment on the device), so the grid is sized to the SMs, not
     # to the host's bound on the blocks, and no program is launched only to find no rows.
@@ -365,7 +378,9 @@ def _moe_gemm2_kernel(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
     MAX_SPLIT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched with PDL (ops/pdl.py)
 ):
+    _pdl_start(USE_PDL)
     # Persistent, and split over K at decode, as GEMM1.
     num_pid_m = tl.load(used_blocks_ptr)
     num_pid_n = tl.cdiv(H, BLOCK_N)
@@ -448,7 +463,9 @@ def _moe_combine_kernel(
     stride_wk,
     stride_ot,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched with PDL (ops/pdl.py)
 ):
+    _pdl_start(USE_PDL)
     t = tl.program_id(0)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
@@ -480,10 +497,12 @@ def _moe_align_kernel(
     BLOCK_M: tl.constexpr,
     NBINS: tl.constexpr,  # power of two >= num_experts
     BLOCK: tl.constexpr,  # routes per step (BLOCK x NBINS one-hot fits registers)
+    USE_PDL: tl.constexpr = False,  # launched with PDL (ops/pdl.py)
 ):
     """align.align_routes in one program (decode and small batches: one launch where the
     PyTorch version takes a dozen). Same output, row for row: routes are visited in
     ascending index, so each expert's rows are in route order, as a stable sort gives."""
+    _pdl_start(USE_PDL)
     bins = tl.arange(0, NBINS)
     counts = tl.zeros((NBINS,), dtype=tl.int32)
     for start in range(0, num_routes, BLOCK):
@@ -536,8 +555,10 @@ def _moe_align_count_kernel(
     CHUNK: tl.constexpr,  # routes per program (a multiple of BLOCK)
     NBINS: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched with PDL (ops/pdl.py)
 ):
     """The first of the two launches that align many routes: chunk c's count per expert."""
+    _pdl_start(USE_PDL)
     c = tl.program_id(0)
     bins = tl.arange(0, NBINS)
     counts = tl.zeros((NBINS,), dtype=tl.int32)
@@ -568,12 +589,14 @@ def _moe_align_scatter_kernel(
     NBINS: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCKS_STEP: tl.constexpr,  # M-blocks per step of the padding fill
+    USE_PDL: tl.constexpr = False,  # launched with PDL (ops/pdl.py)
 ):
     """The second launch: program c places chunk c's routes (after every earlier chunk's
     routes of the same expert, so each expert's rows stay in route order, as the one-program
     kernel and a stable sort give) and writes the sentinel rows and block owners of its
     share of the M-blocks. The routes' rows and the padding rows are disjoint, so the
     programs need no order between them."""
+    _pdl_start(USE_PDL)
     c = tl.program_id(0)
     bins = tl.arange(0, NBINS)
     totals = tl.zeros((NBINS,), dtype=tl.int32)
