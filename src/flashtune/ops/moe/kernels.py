@@ -75,11 +75,18 @@ def _swizzle(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _pdl_start(USE_PDL: tl.constexpr):
     """With programmatic dependent launch (ops/pdl.py): wait for the previous kernel's writes
-    (every load here may read them), then let the next kernel of the chain (align, GEMM1,
-    GEMM2, combine) launch: its programs wait the same way, so they overlap only this
-    kernel's tail with their launch."""
+    (every load here may read them)."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _pdl_end(USE_PDL: tl.constexpr):
+    """This program's work is done: the next kernel of the chain (align, GEMM1, GEMM2,
+    combine) may launch once every program got here (its programs wait for this kernel's
+    writes). Earlier, at the start, the next kernel's waiting programs took SM slots from
+    the running ones (H200: Qwen3-30B fp8 at T=16, 149 -> 167 us)."""
+    if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -342,6 +349,7 @@ def _moe_gemm1_swiglu_kernel(
         c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
         c_ok = row_ok[:, None] & (offs_n < INTER)[None, :] & finish
         tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=c_ok)
+    _pdl_end(USE_PDL)
 
 
 @triton.jit(do_not_specialize=["num_routes"])
@@ -448,6 +456,7 @@ def _moe_gemm2_kernel(
             acc.to(o_ptr.dtype.element_ty),
             mask=row_ok[:, None] & (offs_n < H)[None, :] & finish,
         )
+    _pdl_end(USE_PDL)
 
 
 @triton.jit
@@ -480,6 +489,7 @@ def _moe_combine_kernel(
     tl.store(
         out_ptr + t.to(tl.int64) * stride_ot + offs_h, acc.to(out_ptr.dtype.element_ty), mask=h_ok
     )
+    _pdl_end(USE_PDL)
 
 
 @triton.jit(do_not_specialize=["num_routes", "num_experts", "offset", "num_rows", "num_blocks"])
@@ -543,6 +553,7 @@ def _moe_align_kernel(
         tl.store(sorted_ids_ptr + dest, offs, mask=local)
         tl.store(route_pos_ptr + offs, tl.where(local, dest, -1), mask=in_range)
         running += tl.sum(onehot, axis=0)
+    _pdl_end(USE_PDL)
 
 
 @triton.jit(do_not_specialize=["num_routes", "num_experts", "offset"])
@@ -569,6 +580,7 @@ def _moe_align_count_kernel(
         e = tl.where(in_range & (e >= 0) & (e < num_experts), e, -1)
         counts += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
     tl.store(counts_ptr + c * NBINS + bins, counts)
+    _pdl_end(USE_PDL)
 
 
 @triton.jit(do_not_specialize=["num_routes", "num_experts", "offset", "num_blocks", "num_chunks"])
@@ -643,3 +655,4 @@ def _moe_align_scatter_kernel(
         pad = b_ok[:, None] & (cols[None, :] >= valid[:, None])
         rows = row[:, None] + cols[None, :]
         tl.store(sorted_ids_ptr + rows, tl.zeros_like(rows) + num_routes, mask=pad)
+    _pdl_end(USE_PDL)
