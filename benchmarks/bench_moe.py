@@ -10,6 +10,8 @@ At T in 1, 2, 4, ..., 4096 (--tokens).
 
 Solutions:
 - flashtune: `fused_experts` with its default tactic (tactic -1 of config.py's regime);
+- flashtune_no_pdl (--pdl-ab): the default without programmatic dependent launch between
+  the four kernels (flashtune's default chains them with it on Hopper);
 - flashtune_tuned (--sweep): the fastest of config.candidates, selected in one process and
   re-timed on fresh inputs in a second one (common.Selection: selection is not measurement);
 - torch: per-expert bf16 matmuls (gate/up GEMM, SwiGLU, down GEMM, index_add_) over the
@@ -33,7 +35,7 @@ the torch path of flashtune (fp32 dequantized reference).
 
 Writes benchmarks/results/moe.jsonl (and $OUT/moe.jsonl).
 Usage: python benchmarks/bench_moe.py [--models deepseek-v3,qwen3-30b-a3b] [--tokens 1,16,512]
-       [--sweep] [--quick] [--budget-s 480] [--profile]
+       [--sweep] [--quick] [--budget-s 480] [--profile] [--pdl-ab]
 --profile prints each kernel's GPU time of the default tactic (torch.profiler, eager) beside
 the rows: how a call splits between alignment, the two GEMMs and the combine.
 Each process stops starting new cases after --budget-s seconds (rows already written stay):
@@ -250,7 +252,15 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def run_case(
-    case, T, dev, weights, sel: Selection, writer: RowWriter | None, tactic_sweep, profile=False
+    case,
+    T,
+    dev,
+    weights,
+    sel: Selection,
+    writer: RowWriter | None,
+    tactic_sweep,
+    profile=False,
+    pdl_ab=False,
 ):
     q1, q2, scales, (d1, d2) = weights
     elem = q1.element_size()
@@ -263,10 +273,18 @@ def run_case(
     flops = routes * 2 * 3 * case.H * case.I
     ours_sets = [[s["x"], s["ids"], s["w"], s["quant"]] for s in sets]
 
-    def ours(tactic):
+    def ours(tactic, enable_pdl=None):
         def fn(x, ids, w, quant):
             return fused_experts(
-                x, q1, q2, ids, w, quant=quant, local_expert_offset=case.offset, tactic=tactic
+                x,
+                q1,
+                q2,
+                ids,
+                w,
+                quant=quant,
+                local_expert_offset=case.offset,
+                tactic=tactic,
+                enable_pdl=enable_pdl,
             )
 
         return fn
@@ -306,6 +324,14 @@ def run_case(
     results: dict[str, tuple[float, float, Any, float | None]] = {}
     out = ours(-1)(*ours_sets[0])
     results["flashtune"] = (timed(ours(-1), ours_sets, calls), rel_err(out, ref), -1, None)
+    if pdl_ab:  # the same default without PDL's chained launches (ops/pdl.py)
+        out = ours(-1, False)(*ours_sets[0])
+        results["flashtune_no_pdl"] = (
+            timed(ours(-1, False), ours_sets, calls),
+            rel_err(out, ref),
+            -1,
+            None,
+        )
     if profile:  # where the default's time goes: alignment, the two GEMMs, the combine
         profile_kernels(f"T={T}", ours(-1), ours_sets[0])
     if key in sel.picks:
@@ -375,6 +401,7 @@ def main() -> None:
     ap.add_argument("--max-tactics", type=int, default=64, help="tactics timed per case (sweep)")
     ap.add_argument("--budget-s", type=float, default=480.0)  # one 10-minute device call
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the default")
+    ap.add_argument("--pdl-ab", action="store_true", help="also the default with enable_pdl=False")
     ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     args = ap.parse_args()
     sel = Selection(args.picks, sweep=args.sweep)
@@ -402,7 +429,17 @@ def main() -> None:
             if time.perf_counter() - start > args.budget_s:
                 print(f"budget reached: stopping before {case.key(T)}")
                 break
-            run_case(case, T, dev, weights_of[wkey], sel, writer, args.max_tactics, args.profile)
+            run_case(
+                case,
+                T,
+                dev,
+                weights_of[wkey],
+                sel,
+                writer,
+                args.max_tactics,
+                args.profile,
+                args.pdl_ab,
+            )
     if sel.selecting:
         weights_of.clear()  # the measuring process needs the device memory
         sel.measure_in_fresh_process(__file__)
