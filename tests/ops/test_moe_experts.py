@@ -679,7 +679,7 @@ for q, t in json.loads(sys.argv[1]):
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
     c1 = dict(common, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k,
               GROUP_M=t1.group_m, SWAP_AB=m.swap1, BLOCK_M=m.gemm1_rows, SUB=m.gemm1_sub)
-    p2 = {"c_ptr": "*bf16", "w_ptr": w, "o_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+    p2 = {"c_ptr": "*bf16", "w_ptr": w, "o_ptr": "*bf16", "sorted_ids_ptr": "*i32",
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
     c2 = dict(common, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k, GROUP_M=t2.group_m,
               SWAP_AB=m.swap2, BLOCK_M=m.block_m)
