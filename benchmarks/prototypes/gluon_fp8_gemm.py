@@ -83,10 +83,11 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, scale_ptr, M, N, K, stride_cm
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     step = 0
+    prev = 0  # the stage of the previous K step's MMA
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-        for _k in range(0, K, BLOCK_K):
+        for kk in range(0, gl.cdiv(K, BLOCK_K)):
             s = step % STAGES
             mbarrier.wait(ready.index(s), (step // STAGES) & 1)
             # B's tile is [BLOCK_N, BLOCK_K] (K-major): its transposed view is the K x N
@@ -94,9 +95,14 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, scale_ptr, M, N, K, stride_cm
             acc = warpgroup_mma(
                 a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True
             )
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(empty.index(s), count=1)
+            # One MMA stays in flight: once at most one is outstanding, the previous step's
+            # is done and its stage goes back to the producer.
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(empty.index(prev), count=1, pred=kk > 0)
+            prev = s
             step += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(prev), count=1)
         offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
         ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
