@@ -254,12 +254,10 @@ def test_triton_runner_wide_k_steps_interpreter(tactic, tma):
     _close(C, expected, scale=expected.abs().max().item())
 
 
-@pytest.mark.interpreter
-@pytest.mark.parametrize("tactic", CPU_TACTICS, ids=str)
-@pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
-def test_tma_runner_tactics_interpreter(tactic, block):
-    """The TMA loads (tensor descriptors, zero fill past M, N and K): M and N off the tiles,
-    K = 208 (16-byte rows, a partial last K tile and scale block)."""
+def _one_entry_case(block: bool) -> tuple[L.Fp8Inputs, torch.Tensor]:
+    """One batch entry, M = 33 and N = 40 off the tiles, K = 208 (16-byte rows for the TMA
+    descriptors, a partial last K tile and scale block): the inputs and the expected product,
+    per-tensor or block scales."""
     m, n, k = 33, 40, 208
     A, B_nk = _fp8((1, m, k)), _fp8((1, n, k))
     if block:
@@ -269,6 +267,15 @@ def test_tma_runner_tactics_interpreter(tactic, block):
         sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
         expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
     inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16, mode="block" if block else "tensor")
+    return inputs, expected
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("tactic", CPU_TACTICS, ids=str)
+@pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
+def test_tma_runner_tactics_interpreter(tactic, block):
+    """The TMA loads (tensor descriptors, zero fill past M, N and K) on `_one_entry_case`."""
+    inputs, expected = _one_entry_case(block)
     assert L.tma_applies(inputs)
     C = L.TritonFp8TmaRunner().forward(inputs, tactic)
     _close(C, expected, scale=expected.abs().max().item())
@@ -284,15 +291,7 @@ def test_tail_split_interpreter(tma, block, monkeypatch):
     few = dataclasses.replace(platform.STAND_IN_LIMITS, sm_count=4)
     monkeypatch.setattr(platform, "device_limits", lambda device=None: few)
     assert cfg.tail_layout(9, 4, 3) == (8, 11)
-    m, n, k = 33, 40, 208
-    A, B_nk = _fp8((1, m, k)), _fp8((1, n, k))
-    if block:
-        sa, sb = _block_scales(m, k, 1, lead=(1,)), _block_scales(n, k, 128, lead=(1,))
-        expected = block_scaled_mm_ref(A, B_nk, sa, sb, (1, 128, 128), torch.float16)
-    else:
-        sa, sb = torch.rand(1) + 0.5, torch.rand(1) + 0.5
-        expected = bmm_fp8_ref(A, B_nk.transpose(1, 2), sa, sb, torch.float16)
-    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.float16, mode="block" if block else "tensor")
+    inputs, expected = _one_entry_case(block)
     runner = L.TritonFp8TmaRunner() if tma else L.TritonFp8Runner()
     tactic = (16, 16, 64, 8, 3, 4, 2, 1)
     C = runner.forward(inputs, tactic)

@@ -233,7 +233,7 @@ def _needs_the_device(wl: WorkloadInputs) -> bool:
     if wl.device.type != "cuda":
         return False
     free, _ = torch.cuda.mem_get_info(wl.device)
-    need = 3 * tensor_bytes(wl.sets[0].values()) + getattr(wl, "reference_peak", 0)
+    need = 3 * tensor_bytes(wl.sets[0].values()) + wl.reference_peak
     return need > _ROOM_SHARE * free
 
 

@@ -5,10 +5,10 @@ That costs the worker two copies of an input set (its set and the sample's value
 sandbox two more, and the worker runs the reference on each sample, whose temporaries come
 on top (`reference_temporaries`). A FlashInfer-Trace MoE workload at 128 experts x 5120 x
 8192 with float32 weights has a 60 GB set: four copies do not fit a 141 GB H200; with fp8
-weights the set is 16 GB, but the reference's float32 copy of the experts takes 64 GB. For such a workload the
-*weights* (float inputs whose shape has only const axes: they do not grow with tokens or
-batch) keep their first values; activations, and everything else, still change every sample.
-The trace's log says so.
+weights the set is 16 GB, but the reference's float32 copy of the experts takes 64 GB. For
+such a workload the *weights* (float inputs whose shape has only const axes: they do not
+grow with tokens or batch) keep their first values; activations, and everything else, still
+change every sample. The trace's log says so.
 
 What it gives up: a solution may cache work derived from the weights (a re-layout, a
 quantization) across samples and leave it out of the timed region, as a serving engine

@@ -93,6 +93,31 @@ def align_routes(
     return _align_chunked(topk_ids, num_local_experts, local_expert_offset, block_m, chunk, pdl)
 
 
+def _kernel_operands(
+    topk_ids: torch.Tensor, num_local_experts: int, block_m: int
+) -> tuple[torch.Tensor, int, int, Alignment]:
+    """What both kernel paths start from: the ids as flat int32, the one-hot's bins (a power
+    of two >= the experts), the routes a step of the one-hot takes (bins x routes within
+    _ONE_HOT_CELLS) and the Alignment's tensors, allocated for the kernels to fill."""
+    device = topk_ids.device
+    num_routes = topk_ids.numel()
+    nb = max_blocks(num_routes, num_local_experts, block_m)
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32:
+        ids = ids.to(torch.int32)
+    nbins = 1 << max(0, (num_local_experts - 1).bit_length())
+    out = Alignment(
+        torch.empty(nb * block_m, dtype=torch.int32, device=device),
+        torch.empty(nb, dtype=torch.int32, device=device),
+        torch.empty(num_routes, dtype=torch.int32, device=device),
+        torch.empty(1, dtype=torch.int32, device=device),
+        block_m,
+        nb,
+    )
+    step = max(16, min(1024, _ONE_HOT_CELLS // nbins))
+    return ids, nbins, step, out
+
+
 def _align_kernel(
     topk_ids: torch.Tensor,
     num_local_experts: int,
@@ -100,37 +125,26 @@ def _align_kernel(
     block_m: int,
     pdl: bool,
 ) -> Alignment:
-    device = topk_ids.device
-    num_routes = topk_ids.numel()
-    nb = max_blocks(num_routes, num_local_experts, block_m)
-    P = nb * block_m
-    ids = topk_ids.reshape(-1)
-    if ids.dtype != torch.int32:
-        ids = ids.to(torch.int32)
-    sorted_ids = torch.empty(P, dtype=torch.int32, device=device)
-    block_expert = torch.empty(nb, dtype=torch.int32, device=device)
-    route_pos = torch.empty(num_routes, dtype=torch.int32, device=device)
-    used = torch.empty(1, dtype=torch.int32, device=device)
-    nbins = 1 << max(0, (num_local_experts - 1).bit_length())
+    ids, nbins, step, al = _kernel_operands(topk_ids, num_local_experts, block_m)
     _moe_align_kernel[(1,)](
         ids,
-        sorted_ids,
-        block_expert,
-        route_pos,
-        used,
-        num_routes,
+        al.sorted_ids,
+        al.block_expert,
+        al.route_pos,
+        al.used_blocks,
+        ids.numel(),
         num_local_experts,
         int(local_expert_offset),
-        P,
-        nb,
+        al.num_blocks * block_m,
+        al.num_blocks,
         BLOCK_M=block_m,
         NBINS=nbins,
-        BLOCK=max(16, min(1024, _ONE_HOT_CELLS // nbins)),
+        BLOCK=step,
         USE_PDL=pdl,
         num_warps=8,
         **launch_options(pdl),
     )
-    return Alignment(sorted_ids, block_expert, route_pos, used, block_m, nb)
+    return al
 
 
 def _align_chunked(
@@ -141,27 +155,16 @@ def _align_chunked(
     chunk_routes: int,
     pdl: bool,
 ) -> Alignment:
-    device = topk_ids.device
-    num_routes = topk_ids.numel()
-    nb = max_blocks(num_routes, num_local_experts, block_m)
-    ids = topk_ids.reshape(-1)
-    if ids.dtype != torch.int32:
-        ids = ids.to(torch.int32)
-    nbins = 1 << max(0, (num_local_experts - 1).bit_length())
-    step = max(16, min(1024, _ONE_HOT_CELLS // nbins))
     if chunk_routes < 1 or chunk_routes & (chunk_routes - 1):
         raise ValueError(f"chunk_routes must be a power of two, got {chunk_routes}")
-    step = min(step, chunk_routes)
+    ids, nbins, step, al = _kernel_operands(topk_ids, num_local_experts, block_m)
+    num_routes = ids.numel()
     chunks = max(1, -(-num_routes // chunk_routes))
-    sorted_ids = torch.empty(nb * block_m, dtype=torch.int32, device=device)
-    block_expert = torch.empty(nb, dtype=torch.int32, device=device)
-    route_pos = torch.empty(num_routes, dtype=torch.int32, device=device)
-    used = torch.empty(1, dtype=torch.int32, device=device)
-    counts = torch.empty(chunks, nbins, dtype=torch.int32, device=device)
+    counts = torch.empty(chunks, nbins, dtype=torch.int32, device=ids.device)
     common = dict(
         CHUNK=chunk_routes,
         NBINS=nbins,
-        BLOCK=step,
+        BLOCK=min(step, chunk_routes),
         USE_PDL=pdl,
         num_warps=8,
         **launch_options(pdl),
@@ -171,20 +174,20 @@ def _align_chunked(
     _moe_align_scatter_kernel[(chunks,)](
         ids,
         counts,
-        sorted_ids,
-        block_expert,
-        route_pos,
-        used,
+        al.sorted_ids,
+        al.block_expert,
+        al.route_pos,
+        al.used_blocks,
         num_routes,
         num_local_experts,
         offset,
-        nb,
+        al.num_blocks,
         chunks,
         BLOCK_M=block_m,
         BLOCKS_STEP=max(1, min(_ONE_HOT_CELLS // nbins, _ONE_HOT_CELLS // block_m)),
         **common,
     )
-    return Alignment(sorted_ids, block_expert, route_pos, used, block_m, nb)
+    return al
 
 
 def _align_torch(

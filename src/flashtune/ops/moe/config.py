@@ -389,7 +389,9 @@ def candidates(
     # GEMM2 swapped alone pays where its weights are upcast from fp8 (swap_ab 2).
     swaps = (1, 0) if m < 16 else (0, 2) if w_itemsize == 1 else (0,)
     split = MAX_SPLIT if m < 16 else 1
-    # 128-row blocks with 64-row GEMM1 tiles where fp8 W2 is upcast (gemm1_sub; unmeasured).
+    # 128-row blocks with 64-row GEMM1 tiles where fp8 W2 is upcast (gemm1_sub): a candidate,
+    # not a default (session 24, H200: it wins with many rows an expert, loses where the
+    # routes spread; the host cannot tell the two apart).
     subs = {bm: (1, 2) if bm == 128 and w_itemsize == 1 else (1,) for bm in block_ms}
     out = [
         MoETactic(bm, g1, g2, swap, split, sub)

@@ -492,6 +492,55 @@ def _moe_combine_kernel(
     _pdl_end(USE_PDL)
 
 
+@triton.jit
+def _count_routes(
+    topk_ids_ptr, start, stop, num_routes, num_experts, offset, NBINS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Routes [start, stop) per local expert ([NBINS]; non-local ones counted nowhere)."""
+    bins = tl.arange(0, NBINS)
+    counts = tl.zeros((NBINS,), dtype=tl.int32)
+    for first in range(start, stop, BLOCK):
+        offs = first + tl.arange(0, BLOCK)
+        in_range = offs < num_routes
+        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
+        e = tl.where(in_range & (e >= 0) & (e < num_experts), e, -1)
+        counts += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    return counts
+
+
+@triton.jit
+def _padded_layout(counts, BLOCK_M: tl.constexpr):
+    """(padded, pad_end, pad_start) per expert: each expert's rows rounded up to M-blocks,
+    laid out one expert after another."""
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, axis=0)
+    return padded, pad_end, pad_end - padded
+
+
+@triton.jit
+def _place_routes(
+    topk_ids_ptr, sorted_ids_ptr, route_pos_ptr, start, stop, running, num_routes,
+    num_experts, offset, NBINS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Write routes [start, stop) to their rows: expert e's next row is running[e], taken in
+    route order (so each expert's rows are in route order, as a stable sort gives); each
+    route's row goes to route_pos (-1 for a non-local route)."""
+    bins = tl.arange(0, NBINS)
+    for first in range(start, stop, BLOCK):
+        offs = first + tl.arange(0, BLOCK)
+        in_range = offs < num_routes
+        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
+        local = in_range & (e >= 0) & (e < num_experts)
+        e = tl.where(local, e, -1)
+        onehot = (e[:, None] == bins[None, :]).to(tl.int32)  # [BLOCK, NBINS]
+        earlier = tl.cumsum(onehot, axis=0) - onehot  # same-expert routes earlier in the step
+        dest = tl.sum(onehot * (earlier + running[None, :]), axis=1)
+        tl.store(sorted_ids_ptr + dest, offs, mask=local)
+        tl.store(route_pos_ptr + offs, tl.where(local, dest, -1), mask=in_range)
+        running += tl.sum(onehot, axis=0)
+
+
 @triton.jit(do_not_specialize=["num_routes", "num_experts", "offset", "num_rows", "num_blocks"])
 def _moe_align_kernel(
     topk_ids_ptr,  # [T * K] int32 global expert ids
@@ -513,17 +562,10 @@ def _moe_align_kernel(
     PyTorch version takes a dozen). Same output, row for row: routes are visited in
     ascending index, so each expert's rows are in route order, as a stable sort gives."""
     _pdl_start(USE_PDL)
-    bins = tl.arange(0, NBINS)
-    counts = tl.zeros((NBINS,), dtype=tl.int32)
-    for start in range(0, num_routes, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        in_range = offs < num_routes
-        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
-        e = tl.where(in_range & (e >= 0) & (e < num_experts), e, -1)
-        counts += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    pad_end = tl.cumsum(padded, axis=0)
-    pad_start = pad_end - padded
+    counts = _count_routes(
+        topk_ids_ptr, 0, num_routes, num_routes, num_experts, offset, NBINS, BLOCK
+    )
+    padded, pad_end, pad_start = _padded_layout(counts, BLOCK_M)
     tl.store(used_ptr, tl.sum(padded, axis=0) // BLOCK_M)
 
     for start in range(0, num_rows, BLOCK * 4):
@@ -540,19 +582,10 @@ def _moe_align_kernel(
     # The padding stores above must land before the scatter below overwrites some of them.
     tl.debug_barrier()
 
-    running = pad_start
-    for start in range(0, num_routes, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        in_range = offs < num_routes
-        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
-        local = in_range & (e >= 0) & (e < num_experts)
-        e = tl.where(local, e, -1)
-        onehot = (e[:, None] == bins[None, :]).to(tl.int32)  # [BLOCK, NBINS]
-        before = tl.cumsum(onehot, axis=0) - onehot  # same-expert routes earlier in the step
-        dest = tl.sum(onehot * (before + running[None, :]), axis=1)
-        tl.store(sorted_ids_ptr + dest, offs, mask=local)
-        tl.store(route_pos_ptr + offs, tl.where(local, dest, -1), mask=in_range)
-        running += tl.sum(onehot, axis=0)
+    _place_routes(
+        topk_ids_ptr, sorted_ids_ptr, route_pos_ptr, 0, num_routes, pad_start, num_routes,
+        num_experts, offset, NBINS, BLOCK,
+    )  # fmt: skip
     _pdl_end(USE_PDL)
 
 
@@ -571,15 +604,10 @@ def _moe_align_count_kernel(
     """The first of the two launches that align many routes: chunk c's count per expert."""
     _pdl_start(USE_PDL)
     c = tl.program_id(0)
-    bins = tl.arange(0, NBINS)
-    counts = tl.zeros((NBINS,), dtype=tl.int32)
-    for start in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        in_range = offs < num_routes
-        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
-        e = tl.where(in_range & (e >= 0) & (e < num_experts), e, -1)
-        counts += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
-    tl.store(counts_ptr + c * NBINS + bins, counts)
+    counts = _count_routes(
+        topk_ids_ptr, c * CHUNK, c * CHUNK + CHUNK, num_routes, num_experts, offset, NBINS, BLOCK
+    )
+    tl.store(counts_ptr + c * NBINS + tl.arange(0, NBINS), counts)
     _pdl_end(USE_PDL)
 
 
@@ -617,25 +645,14 @@ def _moe_align_scatter_kernel(
         cj = tl.load(counts_ptr + j * NBINS + bins)
         totals += cj
         before += tl.where(j < c, cj, 0)
-    padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    pad_end = tl.cumsum(padded, axis=0)
-    pad_start = pad_end - padded
+    padded, pad_end, pad_start = _padded_layout(totals, BLOCK_M)
     if c == 0:
         tl.store(used_ptr, tl.sum(padded, axis=0) // BLOCK_M)
 
-    running = pad_start + before
-    for start in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        in_range = offs < num_routes
-        e = tl.load(topk_ids_ptr + offs, mask=in_range, other=0) - offset
-        local = in_range & (e >= 0) & (e < num_experts)
-        e = tl.where(local, e, -1)
-        onehot = (e[:, None] == bins[None, :]).to(tl.int32)  # [BLOCK, NBINS]
-        earlier = tl.cumsum(onehot, axis=0) - onehot
-        dest = tl.sum(onehot * (earlier + running[None, :]), axis=1)
-        tl.store(sorted_ids_ptr + dest, offs, mask=local)
-        tl.store(route_pos_ptr + offs, tl.where(local, dest, -1), mask=in_range)
-        running += tl.sum(onehot, axis=0)
+    _place_routes(
+        topk_ids_ptr, sorted_ids_ptr, route_pos_ptr, c * CHUNK, c * CHUNK + CHUNK,
+        pad_start + before, num_routes, num_experts, offset, NBINS, BLOCK,
+    )  # fmt: skip
 
     # This program's M-blocks: owner (as in _moe_align_kernel) and the rows past the
     # owner's routes, which hold the sentinel.
