@@ -237,14 +237,16 @@ def main() -> None:
             a = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
             b = (torch.randn(N, K, device="cuda") / 4).to(torch.float8_e4m3fn)
             scales = torch.rand(2, device="cuda") + 0.5
+            # cuBLASLt wants each scale's address 16-byte aligned: its own tensors.
+            sa, sb = scales[0].clone(), scales[1].clone()
             out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 
             def cublas(a, b, scales, out):
-                return torch._scaled_mm(a, b.T, scale_a=scales[0], scale_b=scales[1],
+                return torch._scaled_mm(a, b.T, scale_a=sa, scale_b=sb,
                                         out_dtype=torch.bfloat16)  # fmt: skip
 
             def default(a, b, scales, out):  # flashtune's Triton kernel at its default tile
-                inputs = L.Fp8Inputs(a[None], b[None], scales[:1], scales[1:], torch.bfloat16,
+                inputs = L.Fp8Inputs(a[None], b[None], sa[None], sb[None], torch.bfloat16,
                                      mode="tensor", out=out[None])  # fmt: skip
                 return L.TritonFp8Runner().forward(inputs, -1)
 
