@@ -12,6 +12,9 @@ Solutions:
 - flashtune: `fused_experts` with its default tactic (tactic -1 of config.py's regime);
 - flashtune_no_pdl (--pdl-ab): the default without programmatic dependent launch between
   the four kernels (flashtune's default chains them with it on Hopper);
+- flashtune_direct (--direct): each of the tuner's direct-path candidates (config.py's
+  MoETactic.direct: no alignment or combine launch) at decode sizes, one row per tactic
+  (a comparison of tactics, not a selection);
 - flashtune_tuned (--sweep): the fastest of config.candidates, selected in one process and
   re-timed on fresh inputs in a second one (common.Selection: selection is not measurement);
 - torch: per-expert bf16 matmuls (gate/up GEMM, SwiGLU, down GEMM, index_add_) over the
@@ -35,7 +38,7 @@ the torch path of flashtune (fp32 dequantized reference).
 
 Writes benchmarks/results/moe.jsonl (and $OUT/moe.jsonl).
 Usage: python benchmarks/bench_moe.py [--models deepseek-v3,qwen3-30b-a3b] [--tokens 1,16,512]
-       [--sweep] [--quick] [--budget-s 480] [--profile] [--pdl-ab]
+       [--sweep] [--quick] [--budget-s 480] [--profile] [--pdl-ab] [--direct]
 --profile prints each kernel's GPU time of the default tactic (torch.profiler, eager) beside
 the rows: how a call splits between alignment, the two GEMMs and the combine.
 Each process stops starting new cases after --budget-s seconds (rows already written stay):
@@ -261,6 +264,7 @@ def run_case(
     tactic_sweep,
     profile=False,
     pdl_ab=False,
+    direct=False,
 ):
     q1, q2, scales, (d1, d2) = weights
     elem = q1.element_size()
@@ -332,6 +336,15 @@ def run_case(
             -1,
             None,
         )
+    if direct:  # the direct decode path's candidates (no alignment, no combine launch)
+        for i, t in enumerate(t for t in tactics_of() if len(t) == 15 and t[14]):
+            out = ours(t)(*ours_sets[0])
+            results[f"flashtune_direct#{i}"] = (
+                timed(ours(t), ours_sets, calls),
+                rel_err(out, ref),
+                t,
+                None,
+            )
     if profile:  # where the default's time goes: alignment, the two GEMMs, the combine
         profile_kernels(f"T={T}", ours(-1), ours_sets[0])
     if key in sel.picks:
@@ -376,7 +389,7 @@ def run_case(
         writer.write(
             OP,
             case.shape(T),
-            name,
+            name.split("#")[0],
             ms,
             bandwidth_gbs=nbytes / (ms * 1e-3) / 1e9,
             tflops=flops / (ms * 1e-3) / 1e12,
@@ -402,6 +415,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480.0)  # one 10-minute device call
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time of the default")
     ap.add_argument("--pdl-ab", action="store_true", help="also the default with enable_pdl=False")
+    ap.add_argument("--direct", action="store_true", help="also the direct-path candidates")
     ap.add_argument("--picks", help=argparse.SUPPRESS)  # set by Selection's second process
     args = ap.parse_args()
     sel = Selection(args.picks, sweep=args.sweep)
@@ -439,6 +453,7 @@ def main() -> None:
                 args.max_tactics,
                 args.profile,
                 args.pdl_ab,
+                args.direct,
             )
     if sel.selecting:
         weights_of.clear()  # the measuring process needs the device memory

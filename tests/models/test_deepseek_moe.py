@@ -149,9 +149,14 @@ def test_gpu_moe_decoder_flashtune_matches_torch_at_deepseek_v3_ep8_shapes() -> 
         decode = model.decode_graph(len(prompts), max_kv_len=128)
         second = decode.step(next_tokens, table.step(requests, [1] * 3)).clone()
         outs.append((first.float(), second.float()))
+    # Per request row: both models route with the same PyTorch code, but on random weights a
+    # token's 8th and 9th expert scores can be near-tied, and the attention's rounding (7e-3
+    # of the logits' norm) flips the pick; one flipped expert moves that row's logits by
+    # ~5-10% (H200, session 25: 0.067 on one draw, 7e-3 on others). A wrong kernel moves
+    # every row: at most one row of a step may be off, by at most 0.2.
     for want, got in zip(outs[0], outs[1], strict=True):
-        rel = float((got - want).norm() / want.norm())
-        assert rel < 2e-2, rel
+        rels = ((got - want).norm(dim=-1) / want.norm(dim=-1)).tolist()
+        assert sorted(rels)[-2] < 2e-2 and max(rels) < 0.2, rels
 
 
 @pytest.mark.slow

@@ -15,8 +15,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _moe_inputs import (
+    FP8,
+    MODELS,
+    assert_close_to_ref,
+    draw_routes,
+    make_inputs,
+    need_kernels,
+)
 
-from flashtune import platform
 from flashtune.ops.moe import config as cfg
 from flashtune.ops.moe import experts as experts_module
 from flashtune.ops.moe.align import align_routes, max_blocks
@@ -31,84 +38,6 @@ from flashtune.ops.moe.experts import (
 )
 from flashtune.tune import autotune
 from flashtune.tune.runner import make_profile
-
-FP8 = torch.float8_e4m3fn
-REL_NORM = 1e-2
-ROW_REL_NORM = 2.5e-2
-
-
-def _cpu_kernels(device: torch.device) -> None:
-    if device.type == "cpu" and not platform.kernels_available(device):
-        pytest.skip("Triton interpreter not available")
-
-
-def _routes(T: int, K: int, num_ids: int, device, *, local: tuple[int, int] | None = None):
-    """topk_ids [T, K] int32, distinct ids per token drawn from [0, num_ids); with
-    local=(offset, E) every token gets at least one local expert (its first)."""
-    scores = torch.rand(T, num_ids, device=device)
-    if local is not None:
-        off, E = local
-        pick = off + torch.randint(0, E, (T,), device=device)
-        scores[torch.arange(T, device=device), pick] = 2.0  # wins the top-k
-    ids = scores.topk(K, dim=1).indices.to(torch.int32)
-    weights = torch.rand(T, K, device=device) + 0.1
-    return ids, weights / weights.sum(1, keepdim=True)
-
-
-def _make(
-    mode: str,
-    T: int,
-    H: int,
-    I: int,  # noqa: E741
-    E: int,
-    device,
-    dtype=torch.bfloat16,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ExpertQuant]:
-    """Random inputs of unit-scale outputs (weights scaled by 1/sqrt(fan-in))."""
-    x = torch.randn(T, H, device=device)
-    w1 = torch.randn(E, 2 * I, H, device=device) / H**0.5
-    w2 = torch.randn(E, H, I, device=device) / I**0.5
-    if mode == "bf16":
-        return x.to(dtype), w1.to(dtype), w2.to(dtype), ExpertQuant()
-    if mode == "fp8_block":
-        b = cfg.QUANT_BLOCK
-        a_s = torch.rand(H // b, T, device=device) + 0.5
-        w1_s = (torch.rand(E, 2 * I // b, H // b, device=device) + 0.5) / 64
-        w2_s = (torch.rand(E, H // b, I // b, device=device) + 0.5) / 64
-        # Store values that the scales bring back to the unit-scale weights.
-        w1_q = (w1 / w1_s.repeat_interleave(b, 1).repeat_interleave(b, 2)).to(FP8)
-        w2_q = (w2 / w2_s.repeat_interleave(b, 1).repeat_interleave(b, 2)).to(FP8)
-        x_q = (x / a_s.t().repeat_interleave(b, 1)).to(FP8)
-        return x_q, w1_q, w2_q, ExpertQuant("fp8_block", a_s, w1_s, w2_s)
-    assert mode == "fp8_per_tensor"
-    s1 = (torch.rand(E, device=device) + 0.5) / 64
-    s1g = (torch.rand(E, device=device) + 0.5) / 64
-    s2 = (torch.rand(E, device=device) + 0.5) / 64
-    q = ExpertQuant(
-        "fp8_per_tensor",
-        output1_scales_scalar=s1,
-        output1_scales_gate_scalar=s1g,
-        output2_scales_scalar=s2,
-    )
-    # Up rows with the up scale, gate rows with the gate scale (as the Definition applies).
-    w1_q = torch.cat([w1[:, :I] / s1[:, None, None], w1[:, I:] / s1g[:, None, None]], dim=1).to(FP8)
-    w2_q = (w2 / s2[:, None, None]).to(FP8)
-    return x.to(FP8), w1_q, w2_q, q
-
-
-def _assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
-    assert out.dtype == torch.bfloat16 and out.shape == ref.shape
-    diff = out.float() - ref
-    assert torch.isfinite(out.float()).all()
-    rel = (diff.norm() / ref.norm().clamp_min(1e-12)).item()
-    assert rel < REL_NORM, f"relative norm error {rel:.2e}"
-    # Per row, rows with no local route must be exact zeros.
-    floor = 1e-3 * ref.norm().item() / max(ref.shape[0], 1) ** 0.5
-    row = diff.norm(dim=1) / ref.norm(dim=1).clamp_min(floor)
-    assert row.max().item() < ROW_REL_NORM, f"worst row error {row.max().item():.2e}"
-    empty = ref.abs().sum(1) == 0
-    assert (out[empty] == 0).all()
-
 
 # ------------------------------------------------------------------------ the PyTorch path
 
@@ -131,16 +60,16 @@ def _naive(x, w1, w2, ids, weights, offset):
 
 def test_torch_path_matches_the_contract():
     T, H, I, E, K, off = 5, 64, 32, 4, 3, 2  # noqa: E741
-    x, w1, w2, _ = _make("bf16", T, H, I, E, "cpu", torch.float32)
-    ids, w = _routes(T, K, E + 4, "cpu")
+    x, w1, w2, _ = make_inputs("bf16", T, H, I, E, "cpu", torch.float32)
+    ids, w = draw_routes(T, K, E + 4, "cpu")
     got = fused_experts_torch(x, w1, w2, ids, w, local_expert_offset=off)
     torch.testing.assert_close(got, _naive(x, w1, w2, ids, w, off), atol=1e-5, rtol=1e-5)
 
 
 def test_torch_path_fp8_block_dequantizes_like_the_definition():
     T, H, I, E, K = 3, 256, 128, 2, 2  # noqa: E741
-    x, w1, w2, q = _make("fp8_block", T, H, I, E, "cpu")
-    ids, w = _routes(T, K, E, "cpu")
+    x, w1, w2, q = make_inputs("fp8_block", T, H, I, E, "cpu")
+    ids, w = draw_routes(T, K, E, "cpu")
     b = cfg.QUANT_BLOCK
     xd = x.float() * q.hidden_states_scale.t().repeat_interleave(b, 1)
     w1d = w1.float() * q.gemm1_weights_scale.repeat_interleave(b, 1).repeat_interleave(b, 2)
@@ -152,19 +81,19 @@ def test_torch_path_fp8_block_dequantizes_like_the_definition():
 def test_matches_the_family_reference(device):
     # The MoE family's reference (ops/moe/reference.py, the Definitions' code) computes the
     # experts its own way: the Triton path must agree with it too, not only with ours.
-    _cpu_kernels(device)
+    need_kernels(device)
     from flashtune.ops.moe.reference import run_experts_ref
 
     T, H, I, E, K, off = 9, 256, 128, 4, 3, 2  # noqa: E741
-    x, w1, w2, q = _make("fp8_per_tensor", T, H, I, E, device)
-    ids, w = _routes(T, K, E + 4, device)
+    x, w1, w2, q = make_inputs("fp8_per_tensor", T, H, I, E, device)
+    ids, w = draw_routes(T, K, E + 4, device)
 
     def expert(e):
         s = q.output1_scales_scalar[e], q.output1_scales_gate_scalar[e]
         return w1[e].float(), w2[e].float(), *s, q.output2_scales_scalar[e]
 
     ref = run_experts_ref(x.float(), ids, w, off, E, expert)
-    _assert_close(fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off), ref)
+    assert_close_to_ref(fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off), ref)
 
 
 # ------------------------------------------------------------------------------ alignment
@@ -184,8 +113,8 @@ ALIGN_CASES = [
 def test_alignment(T, K, E, off, block_m, method, device):
     use_kernel = method != "torch"
     if use_kernel:
-        _cpu_kernels(device)
-    ids, _ = _routes(T, K, E + off + 3, device)
+        need_kernels(device)
+    ids, _ = draw_routes(T, K, E + off + 3, device)
     # chunked: the two-launch kernels at chunks of 16 routes (several chunks, a last one
     # part full), as they run past ONE_PROGRAM_MAX_ROUTES routes.
     chunk = 16 if method == "chunked" else None
@@ -222,7 +151,7 @@ def test_alignment(T, K, E, off, block_m, method, device):
 
 def test_alignment_decode_touches_only_routed_experts():
     # T=1, K=8 over 256 experts: 8 blocks at most, whatever the expert count.
-    ids, _ = _routes(1, 8, 256, "cpu")
+    ids, _ = draw_routes(1, 8, 256, "cpu")
     al = align_routes(ids, 256, 0, 16)
     assert al.num_blocks == 8
     assert sorted(al.block_expert.tolist()) == sorted(ids.flatten().tolist())
@@ -252,20 +181,22 @@ CASES = [
     ids=[f"{c[0]}-{c[1]}-T{c[2]}" for c in CASES],
 )
 def test_matches_torch(mode, dtype, T, H, I, E, K, off, num_ids, device):  # noqa: E741
-    _cpu_kernels(device)
-    x, w1, w2, q = _make(mode, T, H, I, E, device, dtype if mode == "bf16" else torch.bfloat16)
-    ids, w = _routes(T, K, num_ids, device)
+    need_kernels(device)
+    x, w1, w2, q = make_inputs(
+        mode, T, H, I, E, device, dtype if mode == "bf16" else torch.bfloat16
+    )
+    ids, w = draw_routes(T, K, num_ids, device)
     out = fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
-    _assert_close(out, ref)
+    assert_close_to_ref(out, ref)
 
 
 def test_empty_experts_and_nonlocal_routes(device):
     # 8 local experts of which only 1 and 5 have tokens; the rest of the routes go to
     # experts of other ranks, and token 0 has no local route at all (an exact zero row).
-    _cpu_kernels(device)
+    need_kernels(device)
     T, H, I, E, K, off = 6, 256, 128, 8, 3, 8  # noqa: E741
-    x, w1, w2, q = _make("fp8_block", T, H, I, E, device)
+    x, w1, w2, q = make_inputs("fp8_block", T, H, I, E, device)
     ids = torch.tensor(
         [[0, 1, 2], [9, 30, 31], [13, 9, 3], [13, 20, 0], [9, 13, 7], [17, 18, 19]],
         dtype=torch.int32,
@@ -274,13 +205,13 @@ def test_empty_experts_and_nonlocal_routes(device):
     w = torch.rand(T, K, device=device) + 0.1
     out = fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
-    _assert_close(out, ref)
+    assert_close_to_ref(out, ref)
     assert (out[0] == 0).all() and (out[5] == 0).all()
 
 
 def test_no_local_route_gives_zeros(device):
-    _cpu_kernels(device)
-    x, w1, w2, q = _make("bf16", 3, 256, 128, 4, device, torch.float16)
+    need_kernels(device)
+    x, w1, w2, q = make_inputs("bf16", 3, 256, 128, 4, device, torch.float16)
     ids = torch.tensor([[4, 5], [6, 7], [100, 9]], dtype=torch.int32, device=device)
     out = torch.full((3, 256), 7.0, dtype=torch.bfloat16, device=device)
     got = fused_experts(x, w1, w2, ids, torch.rand(3, 2, device=device), quant=q, out=out)
@@ -316,13 +247,13 @@ TACTIC_CASES = [
 
 @pytest.mark.parametrize("tactic,mode", TACTIC_CASES)
 def test_tactics_agree(tactic, mode, device):
-    _cpu_kernels(device)
+    need_kernels(device)
     T, H, I, E, K = 17, 256, 256, 4, 2  # noqa: E741
-    x, w1, w2, q = _make(mode, T, H, I, E, device, torch.float16)
-    ids, w = _routes(T, K, E, device)
+    x, w1, w2, q = make_inputs(mode, T, H, I, E, device, torch.float16)
+    ids, w = draw_routes(T, K, E, device)
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q)
     out = fused_experts(x, w1, w2, ids, w, quant=q, tactic=tactic)
-    _assert_close(out, ref)
+    assert_close_to_ref(out, ref)
 
 
 # Decode tactics that cut tiles over K (max_split) in each orientation: swapped both GEMMs,
@@ -358,14 +289,14 @@ def test_split_k_parts_agree_and_repeat(T, tactic, mode, device, monkeypatch):
     the last part to arrive sums (in part order: the same bits on every run). On CPU the
     interpreter gets 40 programs so that both GEMMs split; H 384 with 64-deep steps (6 steps,
     uneven parts) and odd H with 32-deep steps in the unquantized mode."""
-    _cpu_kernels(device)
+    need_kernels(device)
     monkeypatch.setattr(experts_module, "_INTERPRETER_PROGRAMS", 40)
     H = 384 if mode != "bf16" else 200
-    x, w1, w2, q = _make(mode, T, H, 128, 4, device, torch.float16)
-    ids, w = _routes(T, 2, 4, device)
+    x, w1, w2, q = make_inputs(mode, T, H, 128, 4, device, torch.float16)
+    ids, w = draw_routes(T, 2, 4, device)
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q)
     out = fused_experts(x, w1, w2, ids, w, quant=q, tactic=tactic)
-    _assert_close(out, ref)
+    assert_close_to_ref(out, ref)
     again = fused_experts(x, w1, w2, ids, w, quant=q, tactic=tactic)
     assert torch.equal(out, again)
     # The counters are left at zero for the next launch.
@@ -374,9 +305,9 @@ def test_split_k_parts_agree_and_repeat(T, tactic, mode, device, monkeypatch):
 
 
 def test_deterministic_and_out(device):
-    _cpu_kernels(device)
-    x, w1, w2, q = _make("fp8_per_tensor", 9, 256, 128, 4, device)
-    ids, w = _routes(9, 3, 4, device)
+    need_kernels(device)
+    x, w1, w2, q = make_inputs("fp8_per_tensor", 9, 256, 128, 4, device)
+    ids, w = draw_routes(9, 3, 4, device)
     a = fused_experts(x, w1, w2, ids, w, quant=q)
     out = torch.empty(9, 256, dtype=torch.bfloat16, device=device)
     b = fused_experts(x, w1, w2, ids, w, quant=q, out=out)
@@ -386,17 +317,17 @@ def test_deterministic_and_out(device):
 # ~3 s on 2 cores: in the slow step (the main suite stays under 10 minutes)
 @pytest.mark.slow
 def test_runner_and_tuning_inputs(device):
-    _cpu_kernels(device)
-    x, w1, w2, q = _make("fp8_block", 3, 256, 128, 4, device)
-    ids, w = _routes(3, 2, 6, device)
+    need_kernels(device)
+    x, w1, w2, q = make_inputs("fp8_block", 3, 256, 128, 4, device)
+    ids, w = draw_routes(3, 2, 6, device)
     runner = FusedExpertsRunner()
     inputs = ExpertsInputs.of(x, w1, w2, ids, w, q, 1)
     assert inputs.quant == q
     tactics = runner.get_valid_tactics(inputs, None)
     assert tactics and all(len(t) == 14 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=1)
-    _assert_close(runner.forward(inputs, tactics[0]), ref)
-    _assert_close(runner.forward(inputs), ref)
+    assert_close_to_ref(runner.forward(inputs, tactics[0]), ref)
+    assert_close_to_ref(runner.forward(inputs), ref)
     # The tuner's inputs at the profile's bucket (T=3 -> 4): valid, and the kernels run.
     profile = make_profile(inputs, EXPERTS_TUNING)
     assert profile[0] == (4, 256) and profile[5] == (2, 4)
@@ -407,7 +338,7 @@ def test_runner_and_tuning_inputs(device):
     assert ((local >= 0) & (local < 4)).all()
     got = runner.forward(tuned)
     a = tuned
-    _assert_close(
+    assert_close_to_ref(
         got,
         fused_experts_torch(
             a.hidden_states,
@@ -425,7 +356,7 @@ def test_runner_and_tuning_inputs(device):
 
 
 def _ok(mode="bf16"):
-    x, w1, w2, q = _make(mode, 3, 256, 128, 2, "cpu")
+    x, w1, w2, q = make_inputs(mode, 3, 256, 128, 2, "cpu")
     ids = torch.zeros(3, 2, dtype=torch.int32)
     return x, w1, w2, ids, torch.rand(3, 2), q
 
@@ -464,7 +395,7 @@ def test_bad_input():
 
 
 def test_bad_tactic(device):
-    _cpu_kernels(device)
+    need_kernels(device)
     xq, w1q, w2q, ids, w, qq = _ok("fp8_block")
     # fp8 block scales need BLOCK_K dividing 128.
     t = cfg.MoETactic(16, cfg.StageTile(32, 256, 1, 4, 2), cfg.StageTile(32, 64, 1, 4, 2))
@@ -512,12 +443,6 @@ def test_config():
 # ------------------------------------------------------------------------ GPU, real shapes
 
 # (name, mode, H, I, E_local, E_global, K)
-MODELS = {
-    "deepseek-v3": ("fp8_block", 7168, 2048, 32, 256, 8),
-    "qwen3-30b-a3b": ("fp8_per_tensor", 2048, 768, 128, 128, 8),
-    "qwen3-30b-a3b-bf16": ("bf16", 2048, 768, 128, 128, 8),
-    "gpt-oss-like": ("bf16", 2880, 2880, 32, 128, 4),
-}
 GPU_CASES = [
     ("deepseek-v3", 1),
     ("deepseek-v3", 16),
@@ -536,20 +461,20 @@ GPU_CASES = [
 def test_real_shapes_cuda(model, T):
     mode, H, I, E, E_global, K = MODELS[model]  # noqa: E741
     device = torch.device("cuda")
-    x, w1, w2, q = _make(mode, T, H, I, E, device)
+    x, w1, w2, q = make_inputs(mode, T, H, I, E, device)
     # This rank holds experts [off, off + E) of E_global; every token routes here at least once.
     off = E_global - E if E < E_global else 0
-    ids, w = _routes(T, K, E_global, device, local=(off, E))
+    ids, w = draw_routes(T, K, E_global, device, local=(off, E))
     out = fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=off)
-    _assert_close(out, ref)
+    assert_close_to_ref(out, ref)
     # Candidate tactics of the regime agree too: four spread over the list (each one
     # compiles two kernels; the whole file must fit one 10-minute GPU call).
     tactics = FusedExpertsRunner().get_valid_tactics(
         ExpertsInputs.of(x, w1, w2, ids, w, q, off), None
     )
     for t in tactics[:: max(1, -(-len(tactics) // 4))]:
-        _assert_close(
+        assert_close_to_ref(
             fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off, tactic=t), ref
         )
 
@@ -560,7 +485,7 @@ def test_chunked_alignment_matches_torch_cuda(T, E, block_m):
     """The two-launch alignment at sizes past one program (DeepSeek-V3 EP8 at T=4096, 256
     local experts) gives the PyTorch ops' tensors, row for row."""
     device = torch.device("cuda")
-    ids, _ = _routes(T, 8, E + 40, device)
+    ids, _ = draw_routes(T, 8, E + 40, device)
     got = align_routes(ids, E, 20, block_m, use_kernel=True)
     want = align_routes(ids, E, 20, block_m, use_kernel=False)
     for g, w in zip(got[:4], want[:4], strict=True):
@@ -576,9 +501,9 @@ def test_float32_weights_cuda():
     x = torch.randn(T, H, device=device).bfloat16()
     w1 = torch.randn(E, 2 * I, H, device=device) / H**0.5
     w2 = torch.randn(E, H, I, device=device) / I**0.5
-    ids, w = _routes(T, K, E, device)
+    ids, w = draw_routes(T, K, E, device)
     out = fused_experts(x, w1, w2, ids, w)
-    _assert_close(out, fused_experts_torch(x, w1, w2, ids, w))
+    assert_close_to_ref(out, fused_experts_torch(x, w1, w2, ids, w))
 
 
 @pytest.mark.cuda
@@ -586,8 +511,8 @@ def test_float32_weights_cuda():
 def test_cuda_graph_capture(T):
     device = torch.device("cuda")
     mode, H, I, E, E_global, K = MODELS["deepseek-v3"]  # noqa: E741
-    x, w1, w2, q = _make(mode, T, H, I, E, device)
-    ids, w = _routes(T, K, E_global, device, local=(0, E))
+    x, w1, w2, q = make_inputs(mode, T, H, I, E, device)
+    ids, w = draw_routes(T, K, E_global, device, local=(0, E))
     out = torch.empty(T, H, dtype=torch.bfloat16, device=device)
     fused_experts(x, w1, w2, ids, w, quant=q, out=out)  # compile outside the capture
     torch.cuda.synchronize()
@@ -595,13 +520,13 @@ def test_cuda_graph_capture(T):
     with torch.cuda.graph(graph):
         fused_experts(x, w1, w2, ids, w, quant=q, out=out)
     # New routes and activations in place: the replay must follow them.
-    ids2, w_new = _routes(T, K, E_global, device, local=(0, E))
+    ids2, w_new = draw_routes(T, K, E_global, device, local=(0, E))
     ids.copy_(ids2)
     w.copy_(w_new)
     x.copy_(torch.randn(T, H, device=device).to(x.dtype))
     graph.replay()
     torch.cuda.synchronize()
-    _assert_close(out, fused_experts_torch(x, w1, w2, ids, w, quant=q))
+    assert_close_to_ref(out, fused_experts_torch(x, w1, w2, ids, w, quant=q))
 
 
 @pytest.mark.cuda
@@ -610,8 +535,8 @@ def test_autotune_cuda(monkeypatch):
     # the pick; the result must still match.
     device = torch.device("cuda")
     mode, H, I, E, E_global, K = MODELS["qwen3-30b-a3b"]  # noqa: E741
-    x, w1, w2, q = _make(mode, 16, H, I, E, device)
-    ids, w = _routes(16, K, E_global, device)
+    x, w1, w2, q = make_inputs(mode, 16, H, I, E, device)
+    ids, w = draw_routes(16, K, E_global, device)
     # Four candidates keep the profiling short (the full list compiles 100+ kernels).
     few = experts_module.candidates
     monkeypatch.setattr(experts_module, "candidates", lambda *a, **k: few(*a, **k)[:4])
@@ -619,8 +544,8 @@ def test_autotune_cuda(monkeypatch):
         tuned_before = tuner.stats.shapes_tuned
         out = fused_experts(x, w1, w2, ids, w, quant=q)
         assert tuner.stats.shapes_tuned == tuned_before + 1
-    _assert_close(out, fused_experts_torch(x, w1, w2, ids, w, quant=q))
-    _assert_close(
+    assert_close_to_ref(out, fused_experts_torch(x, w1, w2, ids, w, quant=q))
+    assert_close_to_ref(
         fused_experts(x, w1, w2, ids, w, quant=q), fused_experts_torch(x, w1, w2, ids, w, quant=q)
     )
 
@@ -634,6 +559,7 @@ import json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from flashtune.ops.moe import direct_kernels as D
 from flashtune.ops.moe import kernels as K
 from flashtune.ops.moe.config import MoETactic
 
@@ -674,6 +600,17 @@ for q, t in json.loads(sys.argv[1]):
     a, w = PTRS[f"q{q}"]
     m = MoETactic.from_tactic(t)
     t1, t2 = m.gemm1, m.gemm2
+    if m.direct:  # the decode path without the alignment (direct_kernels.py)
+        cd = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=m.max_split, TOP_K=8, R_PAD=16)
+        p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "ids_ptr": "*i32", "lock_ptr": "*i32"}
+        p2 = {"c_ptr": "*bf16", "w_ptr": w, "out_ptr": "*bf16", "ids_ptr": "*i32",
+              "lock_ptr": "*i32"}
+        c1 = dict(cd, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k)
+        c2 = dict(cd, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k)
+        results.append([q, t,
+                        compile_one(D._moe_direct_gemm1_kernel, p1, c1, t1.num_warps, t1.num_stages),
+                        compile_one(D._moe_direct_gemm2_kernel, p2, c2, t2.num_warps, t2.num_stages)])
+        continue
     common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=m.max_split)
     p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
@@ -713,6 +650,14 @@ def test_kernels_compile_for_sm90_without_spills():
                 inter=inter, hidden=hidden,
             )  # fmt: skip
             cases.append((q, t.as_tactic()))
+        # The direct path's candidates at decode (the tuner's; none is a default yet).
+        cases += [
+            (q, t.as_tactic())
+            for t in cfg.candidates(
+                1, 8, 32, fp8_block=fp8_block, a_itemsize=a_size, w_itemsize=a_size
+            )  # fmt: skip
+            if t.direct
+        ]
     cases = list(dict.fromkeys(cases))  # the regimes share some defaults
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(

@@ -40,6 +40,7 @@ __all__ = [
     "candidates",
     "tactic_ok",
     "MAX_SPLIT",
+    "DIRECT_MAX_ROUTES",
 ]
 
 # The fp8 block-scale format's block (DeepSeek-V3's 128x128 weight blocks, 1x128
@@ -49,6 +50,10 @@ QUANT_BLOCK = 128
 # The most K parts a tile is cut into (the workspace holds one partial per program, so this
 # only bounds the sum each split tile's last part reads).
 MAX_SPLIT = 8
+
+# The most routes (T * K) a call on the direct decode path may have (direct_kernels.py: each
+# program numbers the local routes in registers, and GEMM2 keeps a partial per route).
+DIRECT_MAX_ROUTES = 64
 
 # One CTA's shared memory on Hopper (227 KB opt-in), the bound tactic_ok checks against.
 _SMEM_LIMIT = 227 * 1024
@@ -86,6 +91,10 @@ class MoETactic:
     # registers GEMM2 gains from many rows an upcast tile, GEMM1 (fp8 MMAs) loses to the
     # padding of large blocks: 128-row blocks with 64-row GEMM1 tiles take both sides.
     gemm1_sub: int = 1
+    # 1: the decode path without the alignment (direct.py): GEMM1 reads each route from
+    # topk_ids, GEMM2 sums a token's routes (no combine launch); block_m, swap_ab and
+    # gemm1_sub do not apply (one route a work item, weight tiles on the MMA's M side).
+    direct: int = 0
 
     @property
     def gemm1_rows(self) -> int:
@@ -103,7 +112,7 @@ class MoETactic:
         return self.swap_ab in (1, 2)
 
     def as_tactic(self) -> tuple[int, ...]:
-        return (
+        values = (
             self.block_m,
             *astuple(self.gemm1),
             *astuple(self.gemm2),
@@ -111,22 +120,27 @@ class MoETactic:
             self.max_split,
             self.gemm1_sub,
         )
+        # Fourteen ints off the direct path: the form caches written before it hold.
+        return (*values, self.direct) if self.direct else values
 
     @classmethod
     def from_tactic(cls, tactic: Tactic) -> MoETactic:
         if isinstance(tactic, cls):
             return tactic
         values: tuple[int, ...] = tuple(tactic)  # type: ignore[arg-type]
-        if len(values) not in (11, 12, 13, 14):
+        if len(values) not in (11, 12, 13, 14, 15):
             raise ValueError(
                 f"a MoE tactic is a MoETactic or 14 ints (block_m, 5 for GEMM1, 5 for "
                 f"GEMM2, swap_ab, max_split, gemm1_sub; older caches' 13, 12 or 11 leave "
-                f"out the last ones), got {tactic!r}"
+                f"out the last ones) and an optional direct flag, got {tactic!r}"
             )
         swap = values[11] if len(values) > 11 else 0
         split = values[12] if len(values) > 12 else 1
         sub = values[13] if len(values) > 13 else 1
-        return cls(values[0], StageTile(*values[1:6]), StageTile(*values[6:11]), swap, split, sub)
+        direct = values[14] if len(values) > 14 else 0
+        return cls(
+            values[0], StageTile(*values[1:6]), StageTile(*values[6:11]), swap, split, sub, direct
+        )
 
     def smem_bytes(self, a_itemsize: int, w_itemsize: int) -> int:
         """Shared memory of the larger stage's pipeline (GEMM1: A tile plus two B tiles)."""
@@ -302,7 +316,7 @@ def tactic_ok(
         return False
     if tactic.gemm1_sub not in (1, 2, 4) or tactic.gemm1_rows < 16:
         return False
-    if not 1 <= tactic.max_split <= MAX_SPLIT:
+    if not 1 <= tactic.max_split <= MAX_SPLIT or tactic.direct not in (0, 1):
         return False
     return tactic.smem_bytes(a_itemsize, w_itemsize) <= smem_limit
 
@@ -407,4 +421,21 @@ def candidates(
             w_itemsize=w_itemsize,
         )
     ]
-    return list(dict.fromkeys(out))
+    if m < 16 and num_tokens * top_k <= DIRECT_MAX_ROUTES:
+        # The decode path without the alignment and combine launches (direct.py).
+        out += [
+            MoETactic(
+                16, StageTile(bn1, 128, 1, 4, s1), StageTile(bn2, 128, 1, 4, s2), 1, split, direct=1
+            )  # fmt: skip
+            for bn1, s1, bn2, s2 in _DIRECT_TILES
+        ]
+    return [
+        t
+        for t in dict.fromkeys(out)
+        if tactic_ok(t, fp8_block=fp8_block, a_itemsize=a_itemsize, w_itemsize=w_itemsize)
+    ]
+
+
+# (GEMM1 block_n, stages, GEMM2 block_n, stages) of the direct path's candidates: each
+# program streams a [block_n, 128] weight tile a step (two for GEMM1: up and gate).
+_DIRECT_TILES = ((16, 4, 32, 4), (32, 4, 64, 4), (64, 4, 64, 4), (64, 4, 128, 3), (128, 3, 128, 3))

@@ -29,12 +29,14 @@ from flashtune.ops.call import field_index
 from flashtune.ops.gemm.launch import split_k_counters
 from flashtune.ops.moe.align import align_routes
 from flashtune.ops.moe.config import (
+    DIRECT_MAX_ROUTES,
     QUANT_BLOCK,
     MoETactic,
     candidates,
     default_tactic,
     tactic_ok,
 )
+from flashtune.ops.moe.direct import launch_direct, within_direct_limit
 from flashtune.ops.moe.kernels import (
     _moe_combine_kernel,
     _moe_gemm1_swiglu_kernel,
@@ -349,6 +351,12 @@ def resolve_tactic(
             f"tactic {t} cannot run here (tiles >= 16, BLOCK_K dividing 128 for fp8_block, "
             "shared memory within 227 KB)"
         )
+    routes = hidden_states.shape[0] * top_k
+    if t.direct and routes > DIRECT_MAX_ROUTES:
+        raise ValueError(
+            f"tactic {t} takes the direct decode path, which runs at most "
+            f"{DIRECT_MAX_ROUTES} routes (T * top_k); this call has {routes}"
+        )
     return t
 
 
@@ -381,25 +389,10 @@ def fused_experts_triton(
     t = resolve_tactic(tactic, hidden_states, gemm1_weights, top_k, quant)
     # The four launches (alignment, GEMM1, GEMM2, combine) chain with PDL where it is on.
     pdl = use_pdl(device, enable_pdl)
-    al = align_routes(topk_ids, E, local_expert_offset, t.block_m, pdl=pdl)
-    num_routes = topk_ids.numel()
-    P = al.num_blocks * t.block_m
-
     mode = quant.mode
     qcode = _QUANT_CODE[mode]
     # The interpreter's tl.dot is wrong on bf16 operands: upcast there (kernels.py).
     dot_f32 = device.type == "cpu"
-    # C in 16 bits: fp16 for fp16 inputs, bf16 otherwise (fp8 modes included; kernels.py
-    # says why C is not re-quantized to fp8).
-    c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
-    c = torch.empty(P, inter, dtype=c_dtype, device=device)
-    # GEMM2's per-route rows in bf16 (bf16's range for any input; the combine sums them in
-    # fp32): fp32 rows were the largest traffic at many tokens (DeepSeek-V3 EP8, T=4096,
-    # every route local: 940 MB written by GEMM2 and read by the combine, 233 us of combine;
-    # the output's error went from 2.9e-3 to 3.3e-3 of its norm, H200). fp32 under the
-    # interpreter, whose fp32-to-bf16 stores truncate (twice the GPU's rounding error).
-    o_dtype = torch.float32 if dot_f32 else torch.bfloat16
-    o = torch.empty(P, H, dtype=o_dtype, device=device)
     dummy = topk_weights  # any fp32 tensor: never read where a scale is absent
 
     if mode == "fp8_block":
@@ -426,6 +419,43 @@ def fused_experts_triton(
 
     def strides2(x: torch.Tensor) -> tuple[int, int]:
         return tuple(x.stride()) if x.dim() == 2 else (0, 0)  # type: ignore[return-value]
+
+    a_scale_strides = strides2(a_scale) if mode == "fp8_block" else (0, 0)
+    if t.direct:
+        return launch_direct(
+            hidden_states,
+            gemm1_weights,
+            gemm2_weights,
+            topk_ids,
+            topk_weights,
+            out,
+            t,
+            qcode=qcode,
+            local_expert_offset=local_expert_offset,
+            a_scale=a_scale,
+            a_scale_strides=a_scale_strides,
+            has_a_scale=has_a_scale,
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+            up_scale=up_s,
+            gate_scale=gate_s,
+            out_scale=out_s,
+            pdl=pdl,
+        )
+    al = align_routes(topk_ids, E, local_expert_offset, t.block_m, pdl=pdl)
+    num_routes = topk_ids.numel()
+    P = al.num_blocks * t.block_m
+    # C in 16 bits: fp16 for fp16 inputs, bf16 otherwise (fp8 modes included; kernels.py
+    # says why C is not re-quantized to fp8).
+    c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
+    c = torch.empty(P, inter, dtype=c_dtype, device=device)
+    # GEMM2's per-route rows in bf16 (bf16's range for any input; the combine sums them in
+    # fp32): fp32 rows were the largest traffic at many tokens (DeepSeek-V3 EP8, T=4096,
+    # every route local: 940 MB written by GEMM2 and read by the combine, 233 us of combine;
+    # the output's error went from 2.9e-3 to 3.3e-3 of its norm, H200). fp32 under the
+    # interpreter, whose fp32-to-bf16 stores truncate (twice the GPU's rounding error).
+    o_dtype = torch.float32 if dot_f32 else torch.bfloat16
+    o = torch.empty(P, H, dtype=o_dtype, device=device)
 
     g1, g2 = t.gemm1, t.gemm2
     a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
@@ -476,7 +506,7 @@ def fused_experts_triton(
         *hidden_states.stride(),
         *gemm1_weights.stride(),
         *c.stride(),
-        *(strides2(a_scale) if mode == "fp8_block" else (0, 0)),
+        *a_scale_strides,
         *strides3(w1_scale),
         QUANT=qcode,
         HAS_A_SCALE=has_a_scale,
@@ -620,6 +650,7 @@ def fused_experts(
                 local_expert_offset,
             )
             _, tactic = choose_one(EXPERTS_OP, EXPERTS_RUNNERS, EXPERTS_TUNING, inputs)
+            tactic = within_direct_limit(tactic, topk_ids.numel())
         return fused_experts_triton(
             hidden_states,
             gemm1_weights,

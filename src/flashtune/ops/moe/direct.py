@@ -1,0 +1,176 @@
+"""The fused-MoE decode path without the alignment: two launches (direct_kernels.py says how).
+
+`MoETactic.direct` picks it (the tuner's decode candidates; `DIRECT_MAX_ROUTES` bounds the
+routes a call may have). experts.fused_experts_triton resolves the quantization's scales
+and calls `launch_direct`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from flashtune import platform
+from flashtune.ops.gemm.launch import split_k_counters
+from flashtune.ops.moe.config import DIRECT_MAX_ROUTES, MoETactic
+from flashtune.ops.moe.direct_kernels import _moe_direct_gemm1_kernel, _moe_direct_gemm2_kernel
+from flashtune.ops.pdl import launch_options
+from flashtune.tune import DEFAULT_TACTIC, Tactic
+
+__all__ = ["launch_direct", "within_direct_limit"]
+
+# Programs an SM the persistent grids hold at most (each program's loads in flight hide
+# another's latency; the K split fills them when few routes are local).
+_PROGRAMS_PER_SM = 4
+# The interpreter runs a few programs, so that its tests walk the persistent loops.
+_INTERPRETER_PROGRAMS = 3
+
+
+def _programs(device: torch.device, work_bound: int, smem_bytes: int) -> int:
+    if device.type == "cpu":
+        return max(1, min(work_bound, _INTERPRETER_PROGRAMS))
+    limits = platform.device_limits(device)
+    per_sm = max(1, min(_PROGRAMS_PER_SM, limits.shared_memory_per_sm // max(1, smem_bytes)))
+    return max(1, min(work_bound, per_sm * limits.sm_count))
+
+
+def within_direct_limit(tactic: Tactic, routes: int) -> Tactic:
+    """The tuner's pick as it can run: a direct-path pick profiled at its bucket's T (a
+    power of two at most the call's T) takes the general path past DIRECT_MAX_ROUTES, with
+    the same tiles."""
+    if tactic == DEFAULT_TACTIC or routes <= DIRECT_MAX_ROUTES:
+        return tactic
+    t = MoETactic.from_tactic(tactic)
+    return replace(t, direct=0).as_tactic() if t.direct else tactic
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def launch_direct(
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out: torch.Tensor,
+    tactic: MoETactic,
+    *,
+    qcode: int,
+    local_expert_offset: int,
+    a_scale: torch.Tensor,
+    a_scale_strides: tuple[int, int],
+    has_a_scale: bool,
+    w1_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    up_scale: torch.Tensor,
+    gate_scale: torch.Tensor,
+    out_scale: torch.Tensor,
+    pdl: bool,
+) -> torch.Tensor:
+    """GEMM1 + SwiGLU and GEMM2 + combine straight from topk_ids into `out` [T, H]."""
+    T, H = hidden_states.shape
+    E, two_i, _ = gemm1_weights.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    routes = T * top_k
+    if routes > DIRECT_MAX_ROUTES:
+        raise ValueError(
+            f"the direct decode path takes at most {DIRECT_MAX_ROUTES} routes, got {routes}"
+        )
+    device = hidden_states.device
+    dot_f32 = device.type == "cpu"  # the interpreter's tl.dot is wrong on bf16 operands
+    g1, g2 = tactic.gemm1, tactic.gemm2
+    a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
+    c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
+    c = torch.empty(routes, inter, dtype=c_dtype, device=device)
+    tiles1 = routes * -(-inter // g1.block_n)
+    tiles2 = routes * -(-H // g2.block_n)
+    smem1 = (16 * a_size + 2 * g1.block_n * w_size) * g1.block_k * g1.num_stages
+    smem2 = (16 * 2 + g2.block_n * w_size) * g2.block_k * g2.num_stages
+    grid1 = _programs(device, tiles1 * tactic.max_split, smem1)
+    grid2 = _programs(device, tiles2 * tactic.max_split, smem2)
+    # K-part partials: one slot a program (a split has at most as many work items as
+    # programs); GEMM2 also stashes unsplit parts of tokens with several local routes.
+    ws1 = torch.empty(grid1 * 2 * g1.block_n, dtype=torch.float32, device=device)
+    ws2 = torch.empty(max(grid2, tiles2) * g2.block_n, dtype=torch.float32, device=device)
+    locks = split_k_counters(device, max(tiles1, T * -(-H // g2.block_n)))
+    r_pad = max(16, _next_pow2(routes))
+
+    def strides3(x: torch.Tensor) -> tuple[int, int, int]:
+        return tuple(x.stride()) if x.dim() == 3 else (0, 0, 0)  # type: ignore[return-value]
+
+    _moe_direct_gemm1_kernel[(grid1,)](
+        hidden_states,
+        gemm1_weights,
+        c,
+        topk_ids,
+        a_scale,
+        w1_scale,
+        up_scale,
+        gate_scale,
+        ws1,
+        locks,
+        routes,
+        E,
+        local_expert_offset,
+        H,
+        inter,
+        top_k,
+        *topk_ids.stride(),
+        *hidden_states.stride(),
+        *gemm1_weights.stride(),
+        *c.stride(),
+        *a_scale_strides,
+        *strides3(w1_scale),
+        QUANT=qcode,
+        HAS_A_SCALE=has_a_scale,
+        DOT_F32=dot_f32,
+        EVEN_K=H % g1.block_k == 0,
+        R_PAD=r_pad,
+        BLOCK_N=g1.block_n,
+        BLOCK_K=g1.block_k,
+        MAX_SPLIT=tactic.max_split,
+        USE_PDL=pdl,
+        num_warps=g1.num_warps,
+        num_stages=g1.num_stages,
+        **launch_options(pdl),
+    )
+    _moe_direct_gemm2_kernel[(grid2,)](
+        c,
+        gemm2_weights,
+        out,
+        topk_ids,
+        topk_weights,
+        w2_scale,
+        out_scale,
+        ws2,
+        locks,
+        routes,
+        E,
+        local_expert_offset,
+        T,
+        H,
+        inter,
+        top_k,
+        *topk_ids.stride(),
+        *topk_weights.stride(),
+        *c.stride(),
+        *gemm2_weights.stride(),
+        *out.stride(),
+        *strides3(w2_scale),
+        QUANT=qcode,
+        DOT_F32=dot_f32,
+        EVEN_K=inter % g2.block_k == 0,
+        R_PAD=r_pad,
+        BLOCK_N=g2.block_n,
+        BLOCK_K=g2.block_k,
+        MAX_SPLIT=tactic.max_split,
+        USE_PDL=pdl,
+        num_warps=g2.num_warps,
+        num_stages=g2.num_stages,
+        **launch_options(pdl),
+    )
+    return out

@@ -1,0 +1,339 @@
+"""Triton kernels of the fused-MoE decode path without the alignment (direct.py launches them).
+
+At decode a call has a handful of routes (T * K <= DIRECT_MAX_ROUTES): each is its own
+expert row, so the alignment launch (align.py) and the combine launch (kernels.py) of the
+general path are pure overhead beside streaming the touched experts' weights. Here two
+kernels do it all:
+- GEMM1 + SwiGLU: each program reads `topk_ids` itself and numbers the local routes in
+  route order (a prefix sum over at most DIRECT_MAX_ROUTES ids, in registers); work items
+  are (local route, N tile, K part), the row of C is the route's local number.
+- GEMM2 + combine: work items (local route, N tile of H, K part); each part scales its
+  partial by the route's weight, and the last part of a token's output tile to arrive sums
+  every part of that token's routes in route order (deterministic bits) and stores the
+  output row. Tokens with no local route get zeros.
+The number of local routes is known only on the device (expert parallelism: an EP-8 rank
+sees about one of eight), so the K split of the tiles is decided there (kernels._split_of),
+as in the general path's decode. One route a work item: the activation tile is 16 rows
+(tl.dot's minimum) of which row 0 is the route's token, and the weight tile takes the MMA's
+M side (swap-AB); the product's other 15 columns are zeros and summed away.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from flashtune.ops.moe.kernels import (
+    _arrive,
+    _mma,
+    _mma_scaled,
+    _part_of,
+    _pdl_end,
+    _pdl_start,
+    _split_of,
+)
+
+# The kernels are the package's own: direct.py launches them.
+__all__: list[str] = []
+
+# The activation tile's rows: tl.dot's minimum; row 0 holds the route's token.
+_ROWS: tl.constexpr = tl.constexpr(16)
+
+
+@triton.jit
+def _local_routes(ids_ptr, num_routes, num_experts, offset, stride_it, stride_ik, TOP_K,
+                  R_PAD: tl.constexpr):  # fmt: skip
+    """Every route's (index r = t * K + k, local expert, local flag, local number + 1): the
+    local routes numbered 1.. in route order, so a token's local routes are consecutive."""
+    r = tl.arange(0, R_PAD)
+    in_range = r < num_routes
+    t = r // TOP_K
+    ids = tl.load(ids_ptr + t * stride_it + (r - t * TOP_K) * stride_ik, mask=in_range, other=-1)
+    expert = ids.to(tl.int64) - offset
+    local = in_range & (expert >= 0) & (expert < num_experts)
+    number = tl.cumsum(local.to(tl.int32), axis=0)
+    return r, expert, local, number
+
+
+@triton.jit
+def _slot_route(slot, r, expert, local, number):
+    """(route, local expert) of the slot-th local route (0-based)."""
+    hit = local & (number == slot + 1)
+    return tl.sum(tl.where(hit, r, 0), axis=0), tl.sum(tl.where(hit, expert, 0), axis=0)
+
+
+@triton.jit
+def _row_tile(ptr, row, stride_row, offs_k, stride_k, k0, K, EVEN_K: tl.constexpr):
+    """A [16, BLOCK_K] tile whose row 0 is `row` of a matrix (from K offset k0) and whose
+    other rows are zeros (not read)."""
+    rows = tl.arange(0, _ROWS)
+    ptrs = ptr + row * stride_row + (k0 + offs_k)[None, :] * stride_k + rows[:, None] * 0
+    mask = rows[:, None] == 0
+    if not EVEN_K:
+        mask = mask & (offs_k[None, :] < K - k0)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _stash_vec(vec, ws_ptr, slot, BLOCK_N: tl.constexpr):
+    tl.store(ws_ptr + slot * BLOCK_N + tl.arange(0, BLOCK_N), vec)
+
+
+@triton.jit
+def _load_vec(ws_ptr, slot, BLOCK_N: tl.constexpr):
+    # .cg reads L2, which the other SMs' stores reached (L1 is not coherent with them).
+    return tl.load(ws_ptr + slot * BLOCK_N + tl.arange(0, BLOCK_N), cache_modifier=".cg")
+
+
+@triton.jit
+def _swiglu_store(up, gate, c_ptr, slot, offs_n, expert, a_scale_ptr, up_scale_ptr,
+                  gate_scale_ptr, INTER, stride_cm, stride_cn, QUANT: tl.constexpr,
+                  HAS_A_SCALE: tl.constexpr):  # fmt: skip
+    """GEMM1's epilogue: per-tensor scales, SwiGLU (silu on the gate half, times up), the
+    route's row of C."""
+    if QUANT == 2:
+        up = up * tl.load(up_scale_ptr + expert)
+        gate = gate * tl.load(gate_scale_ptr + expert)
+        if HAS_A_SCALE:
+            up = up * tl.load(a_scale_ptr)
+            gate = gate * tl.load(a_scale_ptr)
+    c = up * (gate * tl.sigmoid(gate))
+    c_ptrs = c_ptr + slot.to(tl.int64) * stride_cm + offs_n * stride_cn
+    tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=offs_n < INTER)
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_experts", "offset"])
+def _moe_direct_gemm1_kernel(
+    a_ptr,  # [T, H] activations (bf16/fp16/fp8)
+    w_ptr,  # [E, 2I, H] W13: rows [0, I) up, rows [I, 2I) gate
+    c_ptr,  # [T * K, I] intermediate, row = the route's local number
+    ids_ptr,  # [T, K] global expert ids (any integer type)
+    a_scale_ptr,  # QUANT 1: [H/128, T] fp32; QUANT 2 with HAS_A_SCALE: [1] fp32; else dummy
+    w_scale_ptr,  # QUANT 1: [E, 2I/128, H/128] fp32; else dummy
+    up_scale_ptr,  # QUANT 2: [E] fp32; else dummy
+    gate_scale_ptr,  # QUANT 2: [E] fp32; else dummy
+    ws_ptr,  # MAX_SPLIT > 1: [programs, 2, BLOCK_N] fp32 K-part partials; else dummy
+    lock_ptr,  # int32 arrival counters, zero between launches
+    num_routes,  # T * K
+    num_experts,  # local experts E
+    offset,  # the first local expert's global id
+    H,
+    INTER,
+    TOP_K: tl.constexpr,
+    stride_it,
+    stride_ik,
+    stride_at,
+    stride_ah,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_cm,
+    stride_cn,
+    stride_ask,
+    stride_ast,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    QUANT: tl.constexpr,
+    HAS_A_SCALE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    R_PAD: tl.constexpr,  # next power of two of num_routes
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MAX_SPLIT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    _pdl_start(USE_PDL)
+    r, expert_of, local, number = _local_routes(
+        ids_ptr, num_routes, num_experts, offset, stride_it, stride_ik, TOP_K, R_PAD
+    )
+    num_pid_n = tl.cdiv(INTER, BLOCK_N)
+    num_tiles = tl.sum(local.to(tl.int32), axis=0) * num_pid_n
+    split, steps = _split_of(num_tiles, tl.cdiv(H, BLOCK_K), MAX_SPLIT)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, _ROWS)
+    for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
+        tile, k_lo, k_hi = _part_of(work, split, steps, H, BLOCK_K)
+        slot = tile // num_pid_n
+        pid_n = tile - slot * num_pid_n
+        route, expert = _slot_route(slot, r, expert_of, local, number)
+        token = (route // TOP_K).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_nw = offs_n % INTER  # tail columns wrap: in-bounds loads, masked store
+        w_base = w_ptr + expert * stride_we
+        up_ptrs = w_base + offs_nw[:, None] * stride_wn + (k_lo + offs_k)[None, :] * stride_wk
+        gate_ptrs = up_ptrs + INTER * stride_wn
+        if QUANT == 1:
+            ws_up = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+            ws_gate = w_scale_ptr + expert * stride_wse + ((offs_nw + INTER) // 128) * stride_wsn
+        acc_up = tl.zeros((BLOCK_N, _ROWS), dtype=tl.float32)
+        acc_gate = tl.zeros((BLOCK_N, _ROWS), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            a = _row_tile(a_ptr, token, stride_at, offs_k, stride_ah, k0, H, EVEN_K)
+            if EVEN_K:
+                w_up = tl.load(up_ptrs)
+                w_gate = tl.load(gate_ptrs)
+            else:
+                k_ok = (offs_k < H - k0)[None, :]
+                w_up = tl.load(up_ptrs, mask=k_ok, other=0.0)
+                w_gate = tl.load(gate_ptrs, mask=k_ok, other=0.0)
+            if DOT_F32:
+                a = a.to(tl.float32)
+                w_up = w_up.to(tl.float32)
+                w_gate = w_gate.to(tl.float32)
+            else:
+                w_up = w_up.to(a.dtype)  # float32 weights meet 16-bit activations
+                w_gate = w_gate.to(a.dtype)
+            if QUANT == 1:
+                kb = k0 // 128
+                a_s = tl.load(a_scale_ptr + kb * stride_ask + token * stride_ast + rows * 0)
+                s_up = tl.load(ws_up + kb * stride_wsk)
+                s_gate = tl.load(ws_gate + kb * stride_wsk)
+                acc_up = _mma_scaled(acc_up, a, w_up, a_s, s_up, True)
+                acc_gate = _mma_scaled(acc_gate, a, w_gate, a_s, s_gate, True)
+            else:
+                acc_up = _mma(acc_up, a, w_up, True)
+                acc_gate = _mma(acc_gate, a, w_gate, True)
+            up_ptrs += BLOCK_K * stride_wk
+            gate_ptrs += BLOCK_K * stride_wk
+        # Column 0 is the route's product; the zero rows of the activation tile gave zeros.
+        up = tl.sum(acc_up, axis=1)
+        gate = tl.sum(acc_gate, axis=1)
+        # Each branch stores (a value assigned in a branch and used after it trips Triton
+        # 3.6's layout pass on these 1-D tiles: "operand does not dominate this use").
+        if MAX_SPLIT > 1 and split > 1:
+            _stash_vec(up, ws_ptr, 2 * work, BLOCK_N)
+            _stash_vec(gate, ws_ptr, 2 * work + 1, BLOCK_N)
+            if _arrive(lock_ptr, tile, split):
+                # The parts in part order: the same sum whichever arrives last.
+                up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for p in range(0, split):
+                    up += _load_vec(ws_ptr, 2 * (tile * split + p), BLOCK_N)
+                    gate += _load_vec(ws_ptr, 2 * (tile * split + p) + 1, BLOCK_N)
+                tl.store(lock_ptr + tile, 0)  # ready for the next launch
+                _swiglu_store(up, gate, c_ptr, slot, offs_n, expert, a_scale_ptr, up_scale_ptr,
+                              gate_scale_ptr, INTER, stride_cm, stride_cn, QUANT,
+                              HAS_A_SCALE)  # fmt: skip
+        else:
+            _swiglu_store(up, gate, c_ptr, slot, offs_n, expert, a_scale_ptr, up_scale_ptr,
+                          gate_scale_ptr, INTER, stride_cm, stride_cn, QUANT,
+                          HAS_A_SCALE)  # fmt: skip
+    _pdl_end(USE_PDL)
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_experts", "offset", "num_tokens"])
+def _moe_direct_gemm2_kernel(
+    c_ptr,  # [T * K, I] intermediate (16-bit), row = the route's local number
+    w_ptr,  # [E, H, I] W2
+    out_ptr,  # [T, H] output (bf16)
+    ids_ptr,  # [T, K] global expert ids
+    weights_ptr,  # [T, K] routing weights
+    w_scale_ptr,  # QUANT 1: [E, H/128, I/128] fp32; else dummy
+    out_scale_ptr,  # QUANT 2: [E] fp32; else dummy
+    ws_ptr,  # [max(programs, T * K * N tiles), BLOCK_N] fp32 partials
+    lock_ptr,  # int32 arrival counters (one per token and N tile), zero between launches
+    num_routes,
+    num_experts,
+    offset,
+    num_tokens,
+    H,
+    INTER,
+    TOP_K: tl.constexpr,
+    stride_it,
+    stride_ik,
+    stride_wt,
+    stride_wk2,
+    stride_cm,
+    stride_ck,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_ot,
+    stride_on,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    QUANT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    R_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MAX_SPLIT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    _pdl_start(USE_PDL)
+    r, expert_of, local, number = _local_routes(
+        ids_ptr, num_routes, num_experts, offset, stride_it, stride_ik, TOP_K, R_PAD
+    )
+    token_of = r // TOP_K
+    num_pid_n = tl.cdiv(H, BLOCK_N)
+    num_tiles = tl.sum(local.to(tl.int32), axis=0) * num_pid_n
+    split, steps = _split_of(num_tiles, tl.cdiv(INTER, BLOCK_K), MAX_SPLIT)
+    offs_k = tl.arange(0, BLOCK_K)
+    for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
+        tile, k_lo, k_hi = _part_of(work, split, steps, INTER, BLOCK_K)
+        slot = tile // num_pid_n
+        pid_n = tile - slot * num_pid_n
+        route, expert = _slot_route(slot, r, expert_of, local, number)
+        token = route // TOP_K
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_nw = offs_n % H
+        w_ptrs = (
+            w_ptr
+            + expert * stride_we
+            + offs_nw[:, None] * stride_wn
+            + (k_lo + offs_k)[None, :] * stride_wk
+        )
+        if QUANT == 1:
+            ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+        acc = tl.zeros((BLOCK_N, _ROWS), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            c = _row_tile(c_ptr, slot.to(tl.int64), stride_cm, offs_k, stride_ck, k0, INTER, EVEN_K)
+            if EVEN_K:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=(offs_k < INTER - k0)[None, :], other=0.0)
+            if DOT_F32:
+                c = c.to(tl.float32)
+            if QUANT == 1:
+                # The block scale goes into the upcast weight tile (kernels.py's GEMM2).
+                w = w.to(tl.float32) * tl.load(ws_ptrs + (k0 // 128) * stride_wsk)[:, None]
+            acc = _mma(acc, c, w.to(c.dtype), True)
+            w_ptrs += BLOCK_K * stride_wk
+        part = tl.sum(acc, axis=1)
+        if QUANT == 2:
+            part = part * tl.load(out_scale_ptr + expert)
+        k = route - token * TOP_K
+        part = part * tl.load(weights_ptr + token * stride_wt + k * stride_wk2).to(tl.float32)
+        # The token's output tile sums the parts of all its local routes.
+        of_token = local & (token_of == token)
+        routes_of_token = tl.sum(of_token.to(tl.int32), axis=0)
+        first_slot = tl.sum((local & (token_of < token)).to(tl.int32), axis=0)
+        parts = routes_of_token * split
+        out_tile = token * num_pid_n + pid_n
+        out_ptrs = out_ptr + token.to(tl.int64) * stride_ot + offs_n * stride_on
+        n_ok = offs_n < H
+        if parts > 1:  # each branch stores (GEMM1 says why)
+            _stash_vec(part, ws_ptr, work, BLOCK_N)
+            if _arrive(lock_ptr, out_tile, parts):
+                # Route order, then part order: the same sum whichever part arrives last.
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for q in range(0, parts):
+                    s = first_slot + q // split
+                    total += _load_vec(ws_ptr, (s * num_pid_n + pid_n) * split + q % split, BLOCK_N)
+                tl.store(lock_ptr + out_tile, 0)  # ready for the next launch
+                tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+        else:
+            tl.store(out_ptrs, part.to(out_ptr.dtype.element_ty), mask=n_ok)
+    # Tokens none of whose routes are local: zero rows.
+    for z in range(tl.program_id(0), num_tokens * num_pid_n, tl.num_programs(0)):
+        t = z // num_pid_n
+        if tl.sum((local & (token_of == t)).to(tl.int32), axis=0) == 0:
+            offs_n = (z - t * num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+            zeros = tl.zeros((BLOCK_N,), dtype=out_ptr.dtype.element_ty)
+            out_ptrs = out_ptr + t.to(tl.int64) * stride_ot + offs_n * stride_on
+            tl.store(out_ptrs, zeros, mask=offs_n < H)
+    _pdl_end(USE_PDL)
