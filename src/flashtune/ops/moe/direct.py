@@ -133,6 +133,7 @@ def launch_direct(
         BLOCK_N=g1.block_n,
         BLOCK_K=g1.block_k,
         MAX_SPLIT=tactic.max_split,
+        PARTS_PAD=_next_pow2(tactic.max_split),  # a tile's K parts
         USE_PDL=pdl,
         num_warps=g1.num_warps,
         num_stages=g1.num_stages,
@@ -168,6 +169,7 @@ def launch_direct(
         BLOCK_N=g2.block_n,
         BLOCK_K=g2.block_k,
         MAX_SPLIT=tactic.max_split,
+        PARTS_PAD=_next_pow2(top_k * tactic.max_split),  # a token's routes x K parts
         USE_PDL=pdl,
         num_warps=g2.num_warps,
         num_stages=g2.num_stages,
