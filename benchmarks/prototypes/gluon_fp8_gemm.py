@@ -241,11 +241,11 @@ def main() -> None:
             sa, sb = scales[0].clone(), scales[1].clone()
             out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 
-            def cublas(a, b, scales, out):
+            def cublas(a, b, scales, out, sa=sa, sb=sb):
                 return torch._scaled_mm(a, b.T, scale_a=sa, scale_b=sb,
                                         out_dtype=torch.bfloat16)  # fmt: skip
 
-            def default(a, b, scales, out):  # flashtune's Triton kernel at its default tile
+            def default(a, b, scales, out, sa=sa, sb=sb):  # flashtune's Triton default tile
                 inputs = L.Fp8Inputs(a[None], b[None], sa[None], sb[None], torch.bfloat16,
                                      mode="tensor", out=out[None])  # fmt: skip
                 return L.TritonFp8Runner().forward(inputs, -1)

@@ -254,11 +254,12 @@ def test_triton_runner_wide_k_steps_interpreter(tactic, tma):
     _close(C, expected, scale=expected.abs().max().item())
 
 
-def _one_entry_case(block: bool) -> tuple[L.Fp8Inputs, torch.Tensor]:
-    """One batch entry, M = 33 and N = 40 off the tiles, K = 208 (16-byte rows for the TMA
-    descriptors, a partial last K tile and scale block): the inputs and the expected product,
-    per-tensor or block scales."""
-    m, n, k = 33, 40, 208
+def _one_entry_case(
+    block: bool, m: int = 33, n: int = 40, k: int = 208
+) -> tuple[L.Fp8Inputs, torch.Tensor]:
+    """One batch entry, by default M = 33 and N = 40 off the tiles, K = 208 (16-byte rows for
+    the TMA descriptors, a partial last K tile and scale block): the inputs and the expected
+    product, per-tensor or block scales."""
     A, B_nk = _fp8((1, m, k)), _fp8((1, n, k))
     if block:
         sa, sb = _block_scales(m, k, 1, lead=(1,)), _block_scales(n, k, 128, lead=(1,))
@@ -304,7 +305,7 @@ def test_tail_split_candidates_where_the_last_wave_is_short():
     """M=4096, N=576 on 132 SMs: 160 tiles of 128x128 leave a 28-tile last wave, so the
     candidates split those tiles (K 7168: 56 K steps) in even parts; a shape whose tiles
     divide into the SMs, or one under a wave, gets no tail split."""
-    tails = [t for t in cfg.fp8_candidates(4096, 576, 7168, 132) if t.tail]
+    tails = [t for t in cfg.fp8_candidates(4096, 576, 7168, 132) if t.tail == cfg.TAIL_SPLIT]
     big = [t for t in tails if (t.block_m, t.block_n) == (128, 128)]
     # Even parts: no split leaves a part with nothing to do.
     assert big and all(t.split_k > 1 and -(-56 // -(-56 // t.split_k)) == t.split_k for t in big)
@@ -312,9 +313,9 @@ def test_tail_split_candidates_where_the_last_wave_is_short():
     assert not [
         t
         for t in cfg.fp8_candidates(4096, 4224, 4096, 132)
-        if t.tail and (t.block_m, t.block_n) == (128, 128)
+        if t.tail == cfg.TAIL_SPLIT and (t.block_m, t.block_n) == (128, 128)
     ]  # 32 x 33 = 8 x 132 tiles: no tail
-    assert not [t for t in cfg.fp8_candidates(1, 576, 7168, 132) if t.tail]
+    assert not [t for t in cfg.fp8_candidates(1, 576, 7168, 132) if t.tail == cfg.TAIL_SPLIT]
     # Seven ints without the flag (the cache's older form), eight with it; both parse back.
     t = big[0]
     assert len(t.as_tactic()) == 8 and cfg.Fp8Tactic.from_tactic(t.as_tactic()) == t
@@ -322,6 +323,169 @@ def test_tail_split_candidates_where_the_last_wave_is_short():
     assert len(plain.as_tactic()) == 7 and cfg.Fp8Tactic.from_tactic(plain.as_tactic()) == plain
     with pytest.raises(ValueError, match="7 ints"):
         cfg.Fp8Tactic.from_tactic((1, 2, 3))
+
+
+# Stream-K in the interpreter: 32x32x32 tiles on shapes off the tiles (1 x 72: 3 tiles of
+# 8 K steps; 37 x 200: 14 of 12; 130 x 96: 15 of 20). Programs (the interpreter's SM count
+# patched to 1, so the tactic's programs per SM is the count): 1 (whole tiles, no
+# workspace), 11 (not dividing the iterations: ranges start and end mid-tile) and 64 (more
+# than the tiles: a tile in 4 to 8 parts of one to five K steps).
+STREAM_K_SHAPES = [(1, 72, 256), (37, 200, 384), (130, 96, 640)]
+
+
+# The main suite runs the smallest shape in all four forms and the middle one in two (about
+# 8 s in the interpreter on 2 cores); the rest runs in the slow step.
+_STREAM_K_MAIN = {(37, 200, 384, False, True), (37, 200, 384, True, False)}
+STREAM_K_CASES = [
+    pytest.param(
+        *shape,
+        tma,
+        block,
+        id=f"{'block' if block else 'tensor'}-{'tma' if tma else 'pointers'}-{shape}",
+        marks=()
+        if shape == STREAM_K_SHAPES[0] or (*shape, tma, block) in _STREAM_K_MAIN
+        else pytest.mark.slow,
+    )
+    for shape in STREAM_K_SHAPES
+    for tma in (False, True)
+    for block in (False, True)
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("m,n,k,tma,block", STREAM_K_CASES)
+def test_stream_k_interpreter(m, n, k, tma, block, monkeypatch):
+    one = dataclasses.replace(platform.STAND_IN_LIMITS, sm_count=1)
+    monkeypatch.setattr(platform, "device_limits", lambda device=None: one)
+    inputs, expected = _one_entry_case(block, m, n, k)
+    runner = L.TritonFp8TmaRunner() if tma else L.TritonFp8Runner()
+    counters = L.split_k_counters(inputs.A.device, 1)
+    for programs in (1, 11, 64):
+        tactic = (32, 32, 32, 8, programs, 4, 2, cfg.STREAM_K)
+        C = runner.forward(inputs, tactic)
+        _close(C, expected, scale=expected.abs().max().item())
+        assert not torch.count_nonzero(counters), "the last arrivals reset their counters"
+    # Zero counters: the same call again gives the same bits.
+    assert torch.equal(runner.forward(inputs, tactic), C)
+
+
+def test_stream_k_tactics_and_candidates():
+    """The stream-K schedule is tail = 2 in the tactic's eighth int (split_k: programs per
+    SM); 7-int and tail-split tactics read as before. Candidates go to shapes whose output
+    tiles load the SMs unevenly, at most 4 a shape, one batch entry only."""
+    sk = cfg.Fp8Tactic(128, 256, 128, 8, 1, 8, 3, tail=cfg.STREAM_K)
+    assert sk.as_tactic() == (128, 256, 128, 8, 1, 8, 3, 2) and sk.stream_k
+    assert cfg.Fp8Tactic.from_tactic(sk.as_tactic()) == sk
+    old = cfg.Fp8Tactic.from_tactic((128, 128, 128, 8, 4, 8, 3, 1))
+    assert old.tail == cfg.TAIL_SPLIT and not old.stream_k
+    assert cfg.Fp8Tactic.from_tactic((64, 64, 128, 8, 2, 4, 5)).tail == 0
+    with pytest.raises(ValueError, match="tail must be"):
+        cfg.Fp8Tactic.from_tactic((128, 128, 128, 8, 1, 8, 3, 3))
+    # (iterations a program, programs launched): empty ranges are not launched.
+    assert cfg.stream_k_layout(15, 20, 11) == (28, 11)
+    assert cfg.stream_k_layout(3, 8, 64) == (1, 24)
+    assert cfg.stream_k_layout(96, 56, 132) == (41, 132)
+
+    def stream_k(M, N, K, **kw):
+        return [t for t in cfg.fp8_candidates(M, N, K, 132, **kw) if t.stream_k]
+
+    # 128x256 tiles at M=4096 x N=576: 96 tiles on 132 SMs (H200: 37.9 us against cuBLAS's
+    # 25.8); 64x64 at M=128 x N=4608: 144 tiles, a 12-tile second wave (17.5 against 12.8).
+    wide = stream_k(4096, 576, 7168, per_tensor=True)
+    assert cfg.Fp8Tactic(128, 256, 128, 8, 1, 8, 3, cfg.STREAM_K) in wide
+    medium = stream_k(128, 4608, 7168, per_tensor=True)
+    assert {(t.block_m, t.block_n, t.split_k) for t in medium} >= {(64, 64, 1), (64, 64, 2)}
+    for M, N, K in ((4096, 576, 7168), (128, 4608, 7168), (1, 576, 7168), (1024, 1536, 7168)):
+        for per_tensor in (False, True):
+            cands = stream_k(M, N, K, per_tensor=per_tensor)
+            assert 0 < len(cands) <= 4
+            # Block scales: at most 64 accumulator values a thread.
+            assert per_tensor or all(t.block_m * t.block_n <= 64 * 32 * t.num_warps for t in cands)
+            assert all(cfg.tactic_fits(t, 128, 227 * 1024, M, N, K) for t in cands)
+        assert not stream_k(M, N, K, batch=2)
+    # 12 x 11 = 132 tiles of 128x128: one even wave, no stream-K of that tile (of others,
+    # yes); past two waves (4096 x 4608: 4.4 waves of 128x256), none.
+    even = stream_k(1536, 1408, 4096, per_tensor=True)
+    assert even and all((t.block_m, t.block_n) != (128, 128) for t in even)
+    assert not stream_k(4096, 4608, 7168, per_tensor=True)
+    assert not stream_k(4096, 576, 64)  # one K step: no K range to share
+
+
+def test_stream_k_only_where_it_applies():
+    """The runners offer stream-K for one batch entry with per-tensor or block scales, and
+    the launcher refuses it elsewhere (no kernel runs: the error comes first)."""
+    A, B_nk, s = _fp8((1, 8, 256)), _fp8((1, 64, 256)), torch.ones(1)
+    plain = L.Fp8Inputs(A, B_nk, s, s, torch.float16)
+    for runner in (L.TritonFp8Runner(), L.TritonFp8TmaRunner()):
+        tactics = [cfg.Fp8Tactic.from_tactic(t) for t in runner.get_valid_tactics(plain, None)]
+        assert any(t.stream_k for t in tactics)
+    others = {
+        "two batch entries": plain._replace(A=_fp8((2, 8, 256)), B=_fp8((2, 64, 256))),
+        "row groups": plain._replace(mode="row_groups", rows=torch.zeros(8, dtype=torch.int32)),
+    }
+    tactic = (16, 64, 128, 8, 1, 4, 2, cfg.STREAM_K)
+    for why, inputs in others.items():
+        assert not L.stream_k_applies(inputs), why
+        tactics = L.TritonFp8Runner().get_valid_tactics(inputs, None)
+        assert tactics and not any(cfg.Fp8Tactic.from_tactic(t).stream_k for t in tactics), why
+        with pytest.raises(ValueError, match="stream-K takes one batch entry"):
+            L.TritonFp8Runner().forward(inputs, tactic)
+
+
+_STREAM_K_AOT = r"""
+import re, sys, torch
+sys.path.insert(0, sys.argv[1])
+from sass_decode import first_launch_sass
+from flashtune.ops.gemm.fp8 import launch as L
+from flashtune.ops.gemm.fp8.kernels import _fp8_gemm_streamk_kernel
+
+E4M3 = torch.float8_e4m3fn
+M, N, K = 4096, 576, 7168
+for block, tma, tactic in [(0, 0, (128, 256, 128, 8, 1, 8, 3, 2)),
+                           (0, 1, (128, 256, 128, 8, 1, 8, 3, 2)),
+                           (1, 1, (128, 128, 128, 8, 1, 8, 3, 2))]:
+    A, B = torch.empty(1, M, K, dtype=E4M3), torch.empty(1, N, K, dtype=E4M3)
+    if block:
+        sa, sb = torch.ones(1, M, K // 128), torch.ones(1, -(-N // 128), K // 128)
+    else:
+        sa = sb = torch.ones(1)
+    a = L.Fp8Inputs(A, B, sa, sb, torch.bfloat16, mode="block" if block else "tensor")
+    runner = L.TritonFp8TmaRunner() if tma else L.TritonFp8Runner()
+    sass = first_launch_sass(_fp8_gemm_streamk_kernel, lambda: runner.forward(a, tactic))
+    mma = sum("QGMMA" in line for line in sass.splitlines())
+    local = len(re.findall(r"(?:LDL|STL)", sass))
+    print(block, tma, sass.splitlines()[0], f"QGMMA {mma} LDL/STL {local}")
+"""
+
+
+@pytest.mark.slow
+def test_stream_k_compiles_for_sm90_without_spills():
+    """The stream-K kernel at the tile it was made for (128x256x128, 8 warps, 3 stages;
+    per-tensor scales, pointer and TMA loads) and at block scales' 128x128 with TMA loads
+    compiles for sm_90 (no GPU: scripts/sass_decode.py's capture of the launch) to fp8
+    wgmma without spills (a fixup that summed the whole [128, 256] tile beside the
+    accumulator spilled 848 bytes a thread: it sums 64 columns at a time)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _STREAM_K_AOT, str(scripts)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 3, proc.stdout
+    for line in lines:
+        assert "STACK:0 " in line and "LDL/STL 0" in line and "QGMMA 0 " not in line, line
 
 
 def test_tma_runner_offers_tactics_only_where_it_applies():
@@ -598,9 +762,10 @@ def test_tactic_space_and_candidates():
             cands = cfg.fp8_candidates(M, N, K, sms)
             assert cands and all(cfg.tactic_fits(t, 128, smem, M, N, K) for t in cands)
             assert cfg.fp8_default_tactic(M, N, K, sms) in cands
-            # Per-tensor scales: also 256-wide K steps, which block scales cannot take.
+            # Per-tensor scales: also 256-wide K steps, which block scales cannot take (and
+            # their own stream-K tiles: block scales keep to 128 x 128 and below).
             wide = cfg.fp8_candidates(M, N, K, sms, per_tensor=True)
-            assert set(cands) < set(wide)
+            assert {t for t in cands if not t.stream_k} < {t for t in wide if not t.stream_k}
             assert any(t.block_k == 256 for t in wide)
             assert all(cfg.tactic_fits(t, None, smem, M, N, K) for t in wide)
             assert not any(t.block_k == 256 for t in cands)
@@ -703,6 +868,32 @@ def test_every_small_m_tactic_cuda(m, n, k):
     assert tactics
     for tactic in [-1, *tactics]:
         _close(runner.forward(inputs, tactic), expected, scale=expected.float().abs().max().item())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,n,k", [(4096, 576, 7168), (128, 4608, 7168)])
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_stream_k_matches_scaled_mm_cuda(m, n, k, tma):
+    """The shapes stream-K is for (wave quantization: 96 tiles of 128x256, 144 of 64x64 on
+    132 SMs): every stream-K candidate against cuBLASLt, the same bits on a second call
+    whichever program arrives last, and the counters left at zero."""
+    A, B_nk = _fp8((1, m, k), device="cuda"), _fp8((1, n, k), device="cuda", scale=0.05)
+    sa, sb = torch.rand(1, device="cuda") + 0.5, torch.rand(1, device="cuda") + 0.5
+    expected = torch._scaled_mm(
+        A[0], B_nk[0].T, scale_a=sa[0], scale_b=sb[0], out_dtype=torch.bfloat16
+    )
+    inputs = L.Fp8Inputs(A, B_nk, sa, sb, torch.bfloat16)
+    runner = L.TritonFp8TmaRunner() if tma else L.TritonFp8Runner()
+    tactics = [
+        t for t in runner.get_valid_tactics(inputs, None) if len(t) == 8 and t[7] == cfg.STREAM_K
+    ]
+    assert tactics
+    counters = L.split_k_counters(A.device, 1)
+    for tactic in tactics:
+        C = runner.forward(inputs, tactic)[0]
+        _close(C, expected, scale=expected.float().abs().max().item())
+        assert torch.equal(runner.forward(inputs, tactic)[0], C), tactic
+        assert not torch.count_nonzero(counters), tactic
 
 
 @pytest.mark.cuda

@@ -20,6 +20,12 @@ One kernel serves every fp8 op of the package, chosen by compile-time flags:
   compute whole tiles, each later one a K part of a tail tile. One 128x128 tile a program
   on 132 SMs, M=4096 x N=576 has 160 tiles: two waves of 56 K steps where 1.2 would do;
   with the 28 tail tiles in 4 parts the SMs run 56 + 14 steps.
+- stream-K (its own kernel, `_fp8_gemm_streamk_kernel`, on one batch entry, per-tensor or
+  block scales, pointer or TMA loads): a persistent grid of about the SM count (or a
+  multiple) shares the tiles x K-steps iterations out in equal contiguous ranges, so every
+  SM does the same number of K steps whatever the tile count (4096 x 576 in 128x256 tiles
+  is 96 tiles on 132 SMs: 36 SMs idle in the one wave; docs/gemm-fp8.md has what it
+  measured).
 - TMA: A and B are 2-D tensor descriptors ([M, K] and [N, K], K contiguous, one batch entry,
   per-tensor or block scales): each K step's tiles arrive by the Hopper TMA engine, zero
   filled past M, N and K, instead of pointer loads (launch.py's TritonFp8TmaRunner).
@@ -115,6 +121,19 @@ def _k_loop(
     return acc
 
 
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of linear output tile `tile`. Group-M swizzle: GROUP_M row tiles walk
+    the N tiles together, so the B tiles they share stay in L2."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_n = (tile % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
 @triton.jit(do_not_specialize=["M", "SPLIT_K", "DP_TILES"])
 def _fp8_gemm_kernel(
     a_ptr,  # [batch, M, K] fp8
@@ -176,14 +195,7 @@ def _fp8_gemm_kernel(
         split = SPLIT_K
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Group-M swizzle: GROUP_M row tiles walk the N tiles together, so the B tiles they
-    # share stay in L2.
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -312,6 +324,197 @@ def _fp8_gemm_kernel(
             _store(
                 acc, c_base, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, BLOCK_SCALE
             )
+
+
+@triton.jit(do_not_specialize=["M", "ITERS"])
+def _fp8_gemm_streamk_kernel(
+    a_ptr,  # [M, K] fp8 through strides (TMA: a descriptor, block [BLOCK_M, BLOCK_K])
+    b_ptr,  # [N, K] fp8 through strides (TMA: a descriptor, block [BLOCK_N, BLOCK_K])
+    c_ptr,  # [M, N] bf16 / fp16
+    sa_ptr,  # per-tensor: [1] fp32; block: [M/GM, K/GK] through strides
+    sb_ptr,  # per-tensor: [1] fp32; block: [N/GN, K/GK] through strides
+    ws_ptr,  # [programs, 2, BLOCK_M, BLOCK_N] fp32 partials (a dummy if no range ends mid-tile)
+    lock_ptr,  # [tiles] int32 arrival counters, zero between launches
+    M,
+    N,
+    K,
+    ITERS,  # iterations (K steps of a tile) a program: cdiv(tiles * k_steps, programs)
+    stride_am,
+    stride_ak,
+    stride_bn,
+    stride_bk,
+    stride_bkb,  # B_KBLOCK > 0: the stride between K blocks of B
+    stride_cm,
+    stride_cn,
+    stride_sam,
+    stride_sak,
+    stride_sbn,
+    stride_sbk,
+    BLOCK_SCALE: tl.constexpr,
+    GM: tl.constexpr,
+    GN: tl.constexpr,
+    GK: tl.constexpr,
+    UPCAST: tl.constexpr,
+    B_KBLOCK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    TMA: tl.constexpr,
+    SUM_N: tl.constexpr,  # the columns the fixup sums at a time (divides BLOCK_N)
+):
+    """Stream-K: program p computes iterations [p * ITERS, (p + 1) * ITERS) of the tiles x
+    k_steps (tile-major) iteration space, one segment per tile it touches. A segment that
+    is a whole tile is stored; a part of a tile goes to one of the program's two workspace
+    slots (0: its range's first segment, which may start mid-tile; 1: its last, which may
+    end mid-tile; a segment that is both: 0), and the tile's last program to arrive at its
+    counter sums the parts in program order and stores. Nobody waits for anybody: no
+    deadlock, whatever runs when."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    start = pid * ITERS
+    stop = min(start + ITERS, num_pid_m * num_pid_n * k_steps)
+    offs_ws = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    it = start
+    # A range of ITERS iterations touches at most cdiv(ITERS, k_steps) + 1 tiles.
+    for _ in range(0, tl.cdiv(ITERS, k_steps) + 1):
+        if it < stop:
+            tile = it // k_steps
+            tile_start = tile * k_steps
+            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            # Whole K steps: each lies in one scale block, as in a split-K split.
+            acc = _k_loop(
+                a_ptr,
+                b_ptr,
+                sa_ptr,
+                sb_ptr,
+                offs_m % M,  # wrapped: loads in bounds and unmasked; the store is masked
+                offs_n % N,
+                pid_m * BLOCK_M,
+                pid_n * BLOCK_N,
+                K,
+                (it - tile_start) * BLOCK_K,
+                min(K, (min(stop, tile_start + k_steps) - tile_start) * BLOCK_K),
+                stride_am,
+                stride_ak,
+                stride_bn,
+                stride_bk,
+                stride_bkb,
+                stride_sam,
+                stride_sak,
+                stride_sbn,
+                stride_sbk,
+                BLOCK_SCALE,
+                GM,
+                GN,
+                GK,
+                UPCAST,
+                B_KBLOCK,
+                EVEN_K,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                TMA,
+            )
+            # The programs whose ranges share this tile.
+            p_first = tile_start // ITERS
+            p_last = (tile_start + k_steps - 1) // ITERS
+            if p_first == p_last:
+                _store(
+                    acc,
+                    c_ptr,
+                    sa_ptr,
+                    sb_ptr,
+                    offs_m,
+                    offs_n,
+                    M,
+                    N,
+                    stride_cm,
+                    stride_cn,
+                    BLOCK_SCALE,
+                )
+            else:
+                slot = tl.where(it == start, 0, 1)
+                tl.store(ws_ptr + (pid * 2 + slot) * (BLOCK_M * BLOCK_N) + offs_ws, acc)
+                # Every thread's part must be written before one thread releases the counter.
+                tl.debug_barrier()
+                arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                if arrived == p_last - p_first:
+                    tl.store(lock_ptr + tile, 0)  # ready for the next launch
+                    _streamk_sum_store(
+                        ws_ptr,
+                        c_ptr,
+                        sa_ptr,
+                        sb_ptr,
+                        offs_m,
+                        pid_n * BLOCK_N,
+                        p_first,
+                        p_last,
+                        tl.where(p_first * ITERS < tile_start, 1, 0),
+                        M,
+                        N,
+                        stride_cm,
+                        stride_cn,
+                        BLOCK_SCALE,
+                        BLOCK_M,
+                        BLOCK_N,
+                        SUM_N,
+                    )
+            it = tile_start + k_steps
+
+
+@triton.jit
+def _streamk_sum_store(
+    ws_ptr,  # [programs, 2, BLOCK_M, BLOCK_N] fp32 parts
+    c_ptr,
+    sa_ptr,
+    sb_ptr,
+    offs_m,  # [BLOCK_M] the tile's rows
+    n0,  # the tile's first column
+    p_first,  # the programs whose parts make the tile, in order
+    p_last,
+    first_slot,  # p_first's slot: 1 if its range began before the tile (its last segment)
+    M,
+    N,
+    stride_cm,
+    stride_cn,
+    BLOCK_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SUM_N: tl.constexpr,
+):
+    """C[tile] = the sum of its parts in program order (the same bits whichever program
+    arrives last), SUM_N columns at a time. Every part is read from the workspace, the
+    caller's own too (just written, in L2): a [128, 256] sum held beside the accumulator
+    and a loaded part spilled 848 bytes a thread on sm_90; in [128, 64] pieces, none."""
+    for c0 in range(0, BLOCK_N, SUM_N):
+        offs_c = c0 + tl.arange(0, SUM_N)
+        offs_ws = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + offs_c[None, :]
+        # .cg reads from L2: L1 is not coherent with the other SMs' stores.
+        first = ws_ptr + (p_first * 2 + first_slot) * (BLOCK_M * BLOCK_N)
+        total = tl.load(first + offs_ws, cache_modifier=".cg")
+        for p in range(p_first + 1, p_last + 1):
+            # Every later program's range begins in this tile: its first segment, slot 0.
+            part = ws_ptr + p * 2 * (BLOCK_M * BLOCK_N)
+            total += tl.load(part + offs_ws, cache_modifier=".cg")
+        _store(
+            total,
+            c_ptr,
+            sa_ptr,
+            sb_ptr,
+            offs_m,
+            n0 + offs_c,
+            M,
+            N,
+            stride_cm,
+            stride_cn,
+            BLOCK_SCALE,
+        )
 
 
 @triton.jit

@@ -22,14 +22,16 @@ from flashtune import platform
 from flashtune.ops.call import KernelOp, named
 from flashtune.ops.gemm.config import SmallMTactic
 from flashtune.ops.gemm.fp8.config import (
+    TAIL_SPLIT,
     Fp8Space,
     Fp8Tactic,
     fp8_candidates,
     fp8_default_tactic,
+    stream_k_layout,
     tactic_fits,
     tail_layout,
 )
-from flashtune.ops.gemm.fp8.kernels import _fp8_gemm_kernel
+from flashtune.ops.gemm.fp8.kernels import _fp8_gemm_kernel, _fp8_gemm_streamk_kernel
 from flashtune.ops.gemm.fp8.reference import expand_scale
 from flashtune.ops.gemm.launch import TritonSmallMRunner, split_k_counters
 from flashtune.tune import DEFAULT_TACTIC, DynamicDim, Tactic, TunableRunner, TuningConfig
@@ -46,6 +48,7 @@ __all__ = [
     "b_logical",
     "cublas_applies",
     "small_m_applies",
+    "stream_k_applies",
     "tma_applies",
     "run_fp8",
     "reference_fp8",
@@ -99,7 +102,8 @@ def b_logical(a: Fp8Inputs) -> torch.Tensor:
 
 def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -> torch.Tensor:
     """C = the fp8 product of `a` (see MODES) with tactic `t`; returns C [batch, M, N].
-    tma: A and B reach the kernel as TMA tensor descriptors (`tma_applies(a)` must hold)."""
+    tma: A and B reach the kernel as TMA tensor descriptors (`tma_applies(a)` must hold).
+    A stream-K tactic runs the stream-K kernel (`stream_k_applies(a)` must hold)."""
     A, B, sa, sb = a.A, a.B, a.A_scale, a.B_scale
     batch, M, K = A.shape
     N = b_nk(a)[0]
@@ -115,10 +119,12 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -
             raise ValueError(f"scale granularity along K must be a multiple of 16, got {gk}")
     sa_strides = sa.stride() if block else (0, 0, 0)
     sb_strides = sb.stride() if block else (0, 0, 0)
+    if t.stream_k and K > 0:  # K = 0: no iterations to share; the plain kernel writes zeros
+        return _launch_stream_k(a, C, t, block_k, sa_strides, sb_strides, tma)
     num_tiles = triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n)
     # A tail split (t.tail) splits only the last partial wave's tiles, on one batch entry;
     # elsewhere that tactic splits nothing.
-    tail = bool(t.tail) and t.split_k > 1 and batch == 1
+    tail = t.tail == TAIL_SPLIT and t.split_k > 1 and batch == 1
     split_k = 1 if t.tail and not tail else t.split_k
     whole = 0
     grid = (num_tiles, batch, split_k)
@@ -130,13 +136,7 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -
         locks = split_k_counters(A.device, batch * num_tiles)
     else:
         ws = locks = C  # never read: no tile splits
-    a_arg: Any = A
-    b_arg: Any = B
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        a_arg = TensorDescriptor(A[0], [M, K], [A.stride(1), 1], [t.block_m, block_k])
-        b_arg = TensorDescriptor(B[0], [N, K], [B.stride(1), 1], [t.block_n, block_k])
+    a_arg, b_arg = _operand_args(a, t, block_k, tma)
     _fp8_gemm_kernel[grid](
         a_arg,
         b_arg,
@@ -177,6 +177,91 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -
     return C
 
 
+def _operand_args(a: Fp8Inputs, t: Fp8Tactic, block_k: int, tma: bool) -> tuple[Any, Any]:
+    """A and B as the kernels take them: the tensors, or TMA descriptors of batch entry 0."""
+    if not tma:
+        return a.A, a.B
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    A, B = a.A[0], a.B[0]
+    (M, K), N = A.shape, B.shape[0]
+    return (
+        TensorDescriptor(A, [M, K], [A.stride(0), 1], [t.block_m, block_k]),
+        TensorDescriptor(B, [N, K], [B.stride(0), 1], [t.block_n, block_k]),
+    )
+
+
+def stream_k_applies(a: Fp8Inputs) -> bool:
+    """Whether a stream-K tactic takes the product: one batch entry (A and B), per-tensor or
+    block scales (not row groups or masked rows)."""
+    return a.mode in ("tensor", "block") and a.A.shape[0] == 1 and a.B.shape[0] == 1
+
+
+def _launch_stream_k(
+    a: Fp8Inputs,
+    C: torch.Tensor,
+    t: Fp8Tactic,
+    block_k: int,
+    sa_strides: tuple[int, ...],
+    sb_strides: tuple[int, ...],
+    tma: bool,
+) -> torch.Tensor:
+    """launch_fp8 for a stream-K tactic: t.split_k programs per SM (the device's SM count;
+    the stand-in's off CUDA, which tests patch to choose the program count)."""
+    if not stream_k_applies(a):
+        raise ValueError(
+            "fp8 stream-K takes one batch entry with per-tensor or block scales, got "
+            f"A {tuple(a.A.shape)}, B {tuple(a.B.shape)}, mode {a.mode!r}"
+        )
+    _, M, K = a.A.shape
+    N = b_nk(a)[0]
+    tiles = triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n)
+    k_steps = triton.cdiv(K, block_k)
+    sms = platform.device_limits(a.A.device).sm_count
+    iters, programs = stream_k_layout(tiles, k_steps, t.split_k * sms)
+    if iters % k_steps:  # some ranges start or end inside a tile: parts need a workspace
+        ws = torch.empty(
+            (programs, 2, t.block_m, t.block_n), dtype=torch.float32, device=a.A.device
+        )
+    else:
+        ws = C  # never read: every program computes whole tiles
+    a_arg, b_arg = _operand_args(a, t, block_k, tma)
+    _fp8_gemm_streamk_kernel[(programs,)](
+        a_arg,
+        b_arg,
+        C,
+        a.A_scale,
+        a.B_scale,
+        ws,
+        split_k_counters(a.A.device, tiles),
+        M,
+        N,
+        K,
+        iters,
+        *a.A.stride()[1:],
+        *_b_strides(a)[1:],
+        *C.stride()[1:],
+        *sa_strides[1:],
+        *sb_strides[1:],
+        BLOCK_SCALE=a.mode == "block",
+        GM=a.granularity[0],
+        GN=a.granularity[1],
+        GK=a.granularity[2],
+        UPCAST=a.A.dtype != a.B.dtype,
+        B_KBLOCK=a.b_kblock,
+        EVEN_K=K % block_k == 0,
+        BLOCK_M=t.block_m,
+        BLOCK_N=t.block_n,
+        BLOCK_K=block_k,
+        GROUP_M=t.group_m,
+        TMA=tma,
+        SUM_N=min(t.block_n, 64),
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )
+    return C
+
+
 def _b_strides(a: Fp8Inputs) -> tuple[int, int, int, int]:
     """(batch, n, k, k-block) strides of B; the k-block stride is used with b_kblock only."""
     if a.b_kblock:
@@ -200,7 +285,8 @@ def _alloc_out(a: Fp8Inputs) -> torch.Tensor:
 
 class TritonFp8Runner(TunableRunner):
     """The Triton fp8 GEMM (every mode). get_valid_tactics hands out a pruned list per shape;
-    exhaustive=True hands out all of Fp8Space that fits the device."""
+    exhaustive=True hands out all of Fp8Space that fits the device. Stream-K tactics only
+    for `stream_k_applies` products (one batch entry, per-tensor or block scales)."""
 
     def __init__(self, exhaustive: bool = False) -> None:
         self.exhaustive = exhaustive
@@ -217,7 +303,12 @@ class TritonFp8Runner(TunableRunner):
             if self.exhaustive
             else fp8_candidates(M, N, K, sms, batch, per_tensor=a.mode == "tensor")
         )
-        return [t.as_tactic() for t in space if tactic_fits(t, scale_k, smem, batch * M, N, K)]
+        stream_k_ok = stream_k_applies(a)
+        return [
+            t.as_tactic()
+            for t in space
+            if tactic_fits(t, scale_k, smem, batch * M, N, K) and (stream_k_ok or not t.stream_k)
+        ]
 
     def tactic_for(self, a: Fp8Inputs, tactic: Tactic) -> Fp8Tactic:
         """`tactic` as an Fp8Tactic; the default one (fp8_default_tactic) for -1."""
