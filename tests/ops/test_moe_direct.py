@@ -109,6 +109,10 @@ def test_direct_tactic_form_and_limits(device):
     general = direct_module.within_direct_limit(DIRECT.as_tactic(), cfg.DIRECT_MAX_ROUTES + 1)
     assert general == replace(DIRECT, direct=0).as_tactic()
     assert direct_module.within_direct_limit(DIRECT.as_tactic(), 8) == DIRECT.as_tactic()
+    # The default takes it where routes rarely share an expert (at most one a 4 experts).
+    assert cfg.default_tactic(1, 8, 32, fp8_block=True, a_itemsize=1, w_itemsize=1).direct
+    assert cfg.default_tactic(4, 8, 128).direct and not cfg.default_tactic(8, 8, 128).direct
+    assert not cfg.default_tactic(4, 8, 32, fp8_block=True, a_itemsize=1, w_itemsize=1).direct
     # The tuner tries the direct path at decode sizes only.
     decode = cfg.candidates(1, 8, 32, fp8_block=True, a_itemsize=1, w_itemsize=1)
     assert any(t.direct for t in decode) and any(not t.direct for t in decode)

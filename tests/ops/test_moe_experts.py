@@ -324,7 +324,8 @@ def test_runner_and_tuning_inputs(device):
     inputs = ExpertsInputs.of(x, w1, w2, ids, w, q, 1)
     assert inputs.quant == q
     tactics = runner.get_valid_tactics(inputs, None)
-    assert tactics and all(len(t) == 14 and t[2] <= 128 for t in tactics)  # BLOCK_K | 128
+    # 14 ints, 15 on the direct path; BLOCK_K divides 128
+    assert tactics and all(len(t) in (14, 15) and t[2] <= 128 for t in tactics)
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q, local_expert_offset=1)
     assert_close_to_ref(runner.forward(inputs, tactics[0]), ref)
     assert_close_to_ref(runner.forward(inputs), ref)
