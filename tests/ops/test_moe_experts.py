@@ -606,8 +606,8 @@ for q, t in json.loads(sys.argv[1]):
         p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "ids_ptr": "*i32", "lock_ptr": "*i32"}
         p2 = {"c_ptr": "*bf16", "w_ptr": w, "out_ptr": "*bf16", "ids_ptr": "*i32",
               "lock_ptr": "*i32"}
-        c1 = dict(cd, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k, PARTS_PAD=8)
-        c2 = dict(cd, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k, PARTS_PAD=64)
+        c1 = dict(cd, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k, PARTS_PAD=8, MIN_STEPS=1)
+        c2 = dict(cd, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k, PARTS_PAD=64, MIN_STEPS=1)
         results.append([q, t,
                         compile_one(D._moe_direct_gemm1_kernel, p1, c1, t1.num_warps, t1.num_stages),
                         compile_one(D._moe_direct_gemm2_kernel, p2, c2, t2.num_warps, t2.num_stages)])

@@ -23,6 +23,10 @@ __all__ = ["launch_direct", "within_direct_limit"]
 # Programs an SM the persistent grids hold at most (each program's loads in flight hide
 # another's latency; the K split fills them when few routes are local).
 _PROGRAMS_PER_SM = 4
+# K parts: as many as fill _FILL_PER_SM programs an SM, each of _MIN_PART_STEPS K steps at
+# least (direct_kernels._split_to_fill).
+_FILL_PER_SM = 1
+_MIN_PART_STEPS = 1
 # The interpreter runs a few programs, so that its tests walk the persistent loops.
 _INTERPRETER_PROGRAMS = 3
 
@@ -100,7 +104,7 @@ def launch_direct(
     r_pad = max(16, _next_pow2(routes))
     # K parts fill the SMs once (direct_kernels._split_to_fill); the interpreter's few
     # programs stand in for them, so that its tests split.
-    fill = 0 if device.type == "cpu" else platform.device_limits(device).sm_count
+    fill = 0 if device.type == "cpu" else _FILL_PER_SM * platform.device_limits(device).sm_count
 
     def strides3(x: torch.Tensor) -> tuple[int, int, int]:
         return tuple(x.stride()) if x.dim() == 3 else (0, 0, 0)  # type: ignore[return-value]
@@ -138,6 +142,7 @@ def launch_direct(
         BLOCK_K=g1.block_k,
         MAX_SPLIT=tactic.max_split,
         PARTS_PAD=_next_pow2(tactic.max_split),  # a tile's K parts
+        MIN_STEPS=_MIN_PART_STEPS,
         USE_PDL=pdl,
         num_warps=g1.num_warps,
         num_stages=g1.num_stages,
@@ -175,6 +180,7 @@ def launch_direct(
         BLOCK_K=g2.block_k,
         MAX_SPLIT=tactic.max_split,
         PARTS_PAD=_next_pow2(top_k * tactic.max_split),  # a token's routes x K parts
+        MIN_STEPS=_MIN_PART_STEPS,
         USE_PDL=pdl,
         num_warps=g2.num_warps,
         num_stages=g2.num_stages,

@@ -62,13 +62,14 @@ def _slot_route(slot, r, expert, local, number):
 
 
 @triton.jit
-def _split_to_fill(num_tiles, k_steps, fill, MAX_SPLIT: tl.constexpr):
+def _split_to_fill(num_tiles, k_steps, fill, MAX_SPLIT: tl.constexpr, MIN_STEPS: tl.constexpr):
     """(split, steps_per_part): a tile's K steps cut into parts only as far as the tiles
     fill `fill` programs once (the SMs): a split to fill every resident program made short
     parts whose fixups cost more than the idle slots (H200, Qwen3-30B fp8 at T=1, 96 GEMM1
     tiles: 8.6 us in parts of 4 steps, 6.6 unsplit), while one route's tiles on an EP rank
     (32 of GEMM1 for DeepSeek-V3) still need the parts."""
-    split = tl.maximum(tl.minimum(fill // tl.maximum(num_tiles, 1), MAX_SPLIT), 1)
+    split = tl.minimum(fill // tl.maximum(num_tiles, 1), MAX_SPLIT)
+    split = tl.maximum(tl.minimum(split, k_steps // MIN_STEPS), 1)
     steps = tl.cdiv(k_steps, split)
     return tl.cdiv(k_steps, steps), steps
 
@@ -161,6 +162,7 @@ def _moe_direct_gemm1_kernel(
     BLOCK_K: tl.constexpr,
     MAX_SPLIT: tl.constexpr,
     PARTS_PAD: tl.constexpr,  # a power of two >= the parts one sum reads
+    MIN_STEPS: tl.constexpr,  # the fewest K steps a part has
     USE_PDL: tl.constexpr = False,
 ):
     _pdl_start(USE_PDL)
@@ -169,7 +171,7 @@ def _moe_direct_gemm1_kernel(
     )
     num_pid_n = tl.cdiv(INTER, BLOCK_N)
     num_tiles = tl.sum(local.to(tl.int32), axis=0) * num_pid_n
-    split, steps = _split_to_fill(num_tiles, tl.cdiv(H, BLOCK_K), fill, MAX_SPLIT)
+    split, steps = _split_to_fill(num_tiles, tl.cdiv(H, BLOCK_K), fill, MAX_SPLIT, MIN_STEPS)
     offs_k = tl.arange(0, BLOCK_K)
     rows = tl.arange(0, _ROWS)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
@@ -280,6 +282,7 @@ def _moe_direct_gemm2_kernel(
     BLOCK_K: tl.constexpr,
     MAX_SPLIT: tl.constexpr,
     PARTS_PAD: tl.constexpr,  # a power of two >= the parts one sum reads
+    MIN_STEPS: tl.constexpr,  # the fewest K steps a part has
     USE_PDL: tl.constexpr = False,
 ):
     _pdl_start(USE_PDL)
@@ -289,7 +292,7 @@ def _moe_direct_gemm2_kernel(
     token_of = r // TOP_K
     num_pid_n = tl.cdiv(H, BLOCK_N)
     num_tiles = tl.sum(local.to(tl.int32), axis=0) * num_pid_n
-    split, steps = _split_to_fill(num_tiles, tl.cdiv(INTER, BLOCK_K), fill, MAX_SPLIT)
+    split, steps = _split_to_fill(num_tiles, tl.cdiv(INTER, BLOCK_K), fill, MAX_SPLIT, MIN_STEPS)
     offs_k = tl.arange(0, BLOCK_K)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
         tile, k_lo, k_hi = _part_of(work, split, steps, INTER, BLOCK_K)
