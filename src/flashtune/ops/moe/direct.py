@@ -96,15 +96,23 @@ def launch_direct(
     smem2 = (16 * 2 + g2.block_n * w_size) * g2.block_k * g2.num_stages
     grid1 = _programs(device, tiles1 * tactic.max_split, smem1)
     grid2 = _programs(device, tiles2 * tactic.max_split, smem2)
-    # K-part partials: one slot a program (a split has at most as many work items as
-    # programs); GEMM2 also stashes unsplit parts of tokens with several local routes.
-    ws1 = torch.empty(grid1 * 2 * g1.block_n, dtype=torch.float32, device=device)
-    ws2 = torch.empty(max(grid2, tiles2) * g2.block_n, dtype=torch.float32, device=device)
+    # K parts fill `fill` programs (direct_kernels._split_to_fill; the interpreter's few
+    # programs stand in for the SMs, so that its tests split).
+    fill = grid1 if device.type == "cpu" else _FILL_PER_SM * platform.device_limits(device).sm_count
+    fill2 = grid2 if device.type == "cpu" else fill
+    # K-part partials, one slot a work item: a split launch has at most min(tiles x
+    # max_split, fill) of them; GEMM2 also stashes the unsplit parts of tokens with several
+    # local routes (one a tile).
+    ws1 = torch.empty(
+        min(tiles1 * tactic.max_split, fill) * 2 * g1.block_n, dtype=torch.float32, device=device
+    )
+    ws2 = torch.empty(
+        max(tiles2, min(tiles2 * tactic.max_split, fill2)) * g2.block_n,
+        dtype=torch.float32,
+        device=device,
+    )
     locks = split_k_counters(device, max(tiles1, T * -(-H // g2.block_n)))
     r_pad = max(16, _next_pow2(routes))
-    # K parts fill the SMs once (direct_kernels._split_to_fill); the interpreter's few
-    # programs stand in for them, so that its tests split.
-    fill = 0 if device.type == "cpu" else _FILL_PER_SM * platform.device_limits(device).sm_count
 
     def strides3(x: torch.Tensor) -> tuple[int, int, int]:
         return tuple(x.stride()) if x.dim() == 3 else (0, 0, 0)  # type: ignore[return-value]
@@ -125,7 +133,7 @@ def launch_direct(
         local_expert_offset,
         H,
         inter,
-        fill if fill else grid1,
+        fill,
         top_k,
         *topk_ids.stride(),
         *hidden_states.stride(),
@@ -164,7 +172,7 @@ def launch_direct(
         T,
         H,
         inter,
-        fill if fill else grid2,
+        fill2,
         top_k,
         *topk_ids.stride(),
         *topk_weights.stride(),
