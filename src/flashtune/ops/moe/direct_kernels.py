@@ -94,10 +94,10 @@ def _stash_vec(vec, ws_ptr, slot, BLOCK_N: tl.constexpr):
 @triton.jit
 def _sum_slots(ws_ptr, slots, ok, BLOCK_N: tl.constexpr):
     """The partials in `slots` ([PARTS] slot numbers, `ok` the ones in use) summed: one 2-D
-    load (a loop over the parts waited for one L2 round trip each: Qwen3-30B fp8 at T=1,
-    GEMM2 summing 8 routes x 2 parts took 13.4 us, H200) and a fixed reduction tree, so the
-    same sum whichever part arrives last. .cg reads L2, which the other SMs' stores reached
-    (L1 is not coherent with them)."""
+    load instead of a load a part (H200, Qwen3-30B fp8 at T=1, GEMM2 summing 8 routes x 2
+    parts: 13.5 -> 12.7 us; the split itself, not the sum, was the cost: unsplit 9.1) and a
+    fixed reduction tree, so the same sum whichever part arrives last. .cg reads L2, which
+    the other SMs' stores reached (L1 is not coherent with them)."""
     ptrs = ws_ptr + slots[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     parts = tl.load(ptrs, mask=ok[:, None], other=0.0, cache_modifier=".cg")
     return tl.sum(parts, axis=0)
