@@ -18,6 +18,7 @@ from _moe_inputs import MODELS, assert_close_to_ref, draw_routes, make_inputs, n
 
 from flashtune.ops.moe import config as cfg
 from flashtune.ops.moe import direct as direct_module
+from flashtune.ops.moe import grid
 from flashtune.ops.moe.experts import (
     fused_experts,
     fused_experts_torch,
@@ -63,7 +64,7 @@ DIRECT_CASES = [
 @pytest.mark.parametrize("tactic,T,mode", DIRECT_CASES)
 def test_direct_matches_torch(tactic, T, mode, device, monkeypatch):
     need_kernels(device)
-    monkeypatch.setattr(direct_module, "_INTERPRETER_PROGRAMS", 40)
+    monkeypatch.setattr(grid, "INTERPRETER_PROGRAMS", 40)
     # fp8 block scales need H and I in 128-blocks; the unquantized mode takes odd sizes.
     H, I = (256, 128) if mode != "bf16" else (200, 96)  # noqa: E741
     E, K, off = 4, 3, 2
@@ -76,7 +77,7 @@ def test_direct_zero_rows_and_repeated_expert(device, monkeypatch):
     """Token 0 has no local route (an exact zero row), token 1 lists local expert 1 twice
     (both weights count), token 2 routes to all three local experts."""
     need_kernels(device)
-    monkeypatch.setattr(direct_module, "_INTERPRETER_PROGRAMS", 40)
+    monkeypatch.setattr(grid, "INTERPRETER_PROGRAMS", 40)
     x, w1, w2, q = make_inputs("fp8_per_tensor", 3, 256, 128, 3, device)
     off = 5
     ids = torch.tensor([[0, 1, 9], [6, 6, 2], [7, 5, 6]], dtype=torch.int32, device=device)

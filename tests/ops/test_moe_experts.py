@@ -26,6 +26,7 @@ from _moe_inputs import (
 
 from flashtune.ops.moe import config as cfg
 from flashtune.ops.moe import experts as experts_module
+from flashtune.ops.moe import grid
 from flashtune.ops.moe.align import align_routes, max_blocks
 from flashtune.ops.moe.experts import (
     EXPERTS_TUNING,
@@ -290,7 +291,7 @@ def test_split_k_parts_agree_and_repeat(T, tactic, mode, device, monkeypatch):
     interpreter gets 40 programs so that both GEMMs split; H 384 with 64-deep steps (6 steps,
     uneven parts) and odd H with 32-deep steps in the unquantized mode."""
     need_kernels(device)
-    monkeypatch.setattr(experts_module, "_INTERPRETER_PROGRAMS", 40)
+    monkeypatch.setattr(grid, "INTERPRETER_PROGRAMS", 40)
     H = 384 if mode != "bf16" else 200
     x, w1, w2, q = make_inputs(mode, T, H, 128, 4, device, torch.float16)
     ids, w = draw_routes(T, 2, 4, device)

@@ -85,6 +85,20 @@ def _split_k_fixup(
     return is_last, acc
 
 
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of linear output tile `tile`. Group-M swizzle: GROUP_M row tiles walk
+    the N tiles together, so the B tiles they share stay in L2 (the fp8 GEMM's and the
+    fused-MoE GEMMs' tile order too)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_n = (tile % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _gemm_tiled_kernel(
     a_ptr,  # [M, K]
@@ -118,14 +132,7 @@ def _gemm_tiled_kernel(
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Group-M swizzle: GROUP_M row-tiles walk the N tiles together, so the B tiles they
-    # share stay in L2.
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
 
     # Splits own whole K tiles, so only the last tile of K needs a mask against K, and
     # none when BLOCK_K divides K (EVEN_K: unmasked 16-byte loads).

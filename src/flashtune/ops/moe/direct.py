@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+import triton
 
 from flashtune import platform
 from flashtune.ops.gemm.launch import split_k_counters
+from flashtune.ops.moe import grid
 from flashtune.ops.moe.config import DIRECT_MAX_ROUTES, MoETactic
 from flashtune.ops.moe.direct_kernels import _moe_direct_gemm1_kernel, _moe_direct_gemm2_kernel
 from flashtune.ops.pdl import launch_options
@@ -20,23 +22,13 @@ from flashtune.tune import DEFAULT_TACTIC, Tactic
 
 __all__ = ["launch_direct", "within_direct_limit"]
 
-# Programs an SM the persistent grids hold at most (each program's loads in flight hide
-# another's latency; the K split fills them when few routes are local).
-_PROGRAMS_PER_SM = 4
 # K parts: as many as fill _FILL_PER_SM programs an SM, each of _MIN_PART_STEPS K steps at
-# least (direct_kernels._split_to_fill).
+# least (kernels._split_of). Not the whole resident grid, as the general path fills: that
+# made short parts whose fixups cost more than the idle slots (H200, Qwen3-30B fp8 at T=1,
+# 96 GEMM1 tiles: 8.6 us in parts of 4 steps, 6.6 unsplit), while one route's tiles on an
+# EP rank (32 of GEMM1 for DeepSeek-V3) still need the parts.
 _FILL_PER_SM = 1
 _MIN_PART_STEPS = 1
-# The interpreter runs a few programs, so that its tests walk the persistent loops.
-_INTERPRETER_PROGRAMS = 3
-
-
-def _programs(device: torch.device, work_bound: int, smem_bytes: int) -> int:
-    if device.type == "cpu":
-        return max(1, min(work_bound, _INTERPRETER_PROGRAMS))
-    limits = platform.device_limits(device)
-    per_sm = max(1, min(_PROGRAMS_PER_SM, limits.shared_memory_per_sm // max(1, smem_bytes)))
-    return max(1, min(work_bound, per_sm * limits.sm_count))
 
 
 def within_direct_limit(tactic: Tactic, routes: int) -> Tactic:
@@ -47,10 +39,6 @@ def within_direct_limit(tactic: Tactic, routes: int) -> Tactic:
         return tactic
     t = MoETactic.from_tactic(tactic)
     return replace(t, direct=0).as_tactic() if t.direct else tactic
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
 
 
 def launch_direct(
@@ -68,10 +56,13 @@ def launch_direct(
     a_scale_strides: tuple[int, int],
     has_a_scale: bool,
     w1_scale: torch.Tensor,
+    w1_scale_strides: tuple[int, int, int],
     w2_scale: torch.Tensor,
+    w2_scale_strides: tuple[int, int, int],
     up_scale: torch.Tensor,
     gate_scale: torch.Tensor,
     out_scale: torch.Tensor,
+    c_dtype: torch.dtype,
     pdl: bool,
 ) -> torch.Tensor:
     """GEMM1 + SwiGLU and GEMM2 + combine straight from topk_ids into `out` [T, H]."""
@@ -88,16 +79,15 @@ def launch_direct(
     dot_f32 = device.type == "cpu"  # the interpreter's tl.dot is wrong on bf16 operands
     g1, g2 = tactic.gemm1, tactic.gemm2
     a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
-    c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
     c = torch.empty(routes, inter, dtype=c_dtype, device=device)
     tiles1 = routes * -(-inter // g1.block_n)
     tiles2 = routes * -(-H // g2.block_n)
     smem1 = (16 * a_size + 2 * g1.block_n * w_size) * g1.block_k * g1.num_stages
     smem2 = (16 * 2 + g2.block_n * w_size) * g2.block_k * g2.num_stages
-    grid1 = _programs(device, tiles1 * tactic.max_split, smem1)
-    grid2 = _programs(device, tiles2 * tactic.max_split, smem2)
-    # K parts fill `fill` programs (direct_kernels._split_to_fill; the interpreter's few
-    # programs stand in for the SMs, so that its tests split).
+    grid1 = grid.persistent_programs(device, tiles1 * tactic.max_split, smem1)
+    grid2 = grid.persistent_programs(device, tiles2 * tactic.max_split, smem2)
+    # K parts fill `fill` programs (the interpreter's few programs stand in for the SMs, so
+    # that its tests split).
     fill = grid1 if device.type == "cpu" else _FILL_PER_SM * platform.device_limits(device).sm_count
     fill2 = grid2 if device.type == "cpu" else fill
     # K-part partials, one slot a work item: a split launch has at most min(tiles x
@@ -112,10 +102,7 @@ def launch_direct(
         device=device,
     )
     locks = split_k_counters(device, max(tiles1, T * -(-H // g2.block_n)))
-    r_pad = max(16, _next_pow2(routes))
-
-    def strides3(x: torch.Tensor) -> tuple[int, int, int]:
-        return tuple(x.stride()) if x.dim() == 3 else (0, 0, 0)  # type: ignore[return-value]
+    r_pad = max(16, triton.next_power_of_2(routes))
 
     _moe_direct_gemm1_kernel[(grid1,)](
         hidden_states,
@@ -140,7 +127,7 @@ def launch_direct(
         *gemm1_weights.stride(),
         *c.stride(),
         *a_scale_strides,
-        *strides3(w1_scale),
+        *w1_scale_strides,
         QUANT=qcode,
         HAS_A_SCALE=has_a_scale,
         DOT_F32=dot_f32,
@@ -149,7 +136,7 @@ def launch_direct(
         BLOCK_N=g1.block_n,
         BLOCK_K=g1.block_k,
         MAX_SPLIT=tactic.max_split,
-        PARTS_PAD=_next_pow2(tactic.max_split),  # a tile's K parts
+        PARTS_PAD=triton.next_power_of_2(tactic.max_split),  # a tile's K parts
         MIN_STEPS=_MIN_PART_STEPS,
         USE_PDL=pdl,
         num_warps=g1.num_warps,
@@ -179,7 +166,7 @@ def launch_direct(
         *c.stride(),
         *gemm2_weights.stride(),
         *out.stride(),
-        *strides3(w2_scale),
+        *w2_scale_strides,
         QUANT=qcode,
         DOT_F32=dot_f32,
         EVEN_K=inter % g2.block_k == 0,
@@ -187,7 +174,7 @@ def launch_direct(
         BLOCK_N=g2.block_n,
         BLOCK_K=g2.block_k,
         MAX_SPLIT=tactic.max_split,
-        PARTS_PAD=_next_pow2(top_k * tactic.max_split),  # a token's routes x K parts
+        PARTS_PAD=triton.next_power_of_2(top_k * tactic.max_split),  # a token's routes x K parts
         MIN_STEPS=_MIN_PART_STEPS,
         USE_PDL=pdl,
         num_warps=g2.num_warps,

@@ -12,7 +12,7 @@ kernels do it all:
   every part of that token's routes in route order (deterministic bits) and stores the
   output row. Tokens with no local route get zeros.
 The number of local routes is known only on the device (expert parallelism: an EP-8 rank
-sees about one of eight), so the K split of the tiles is decided there (`_split_to_fill`),
+sees about one of eight), so the K split of the tiles is decided there (kernels._split_of),
 as in the general path's decode. One route a work item: the activation tile is 16 rows
 (tl.dot's minimum) of which row 0 is the route's token, and the weight tile takes the MMA's
 M side (swap-AB); the product's other 15 columns are zeros and summed away.
@@ -30,6 +30,7 @@ from flashtune.ops.moe.kernels import (
     _part_of,
     _pdl_end,
     _pdl_start,
+    _split_of,
 )
 
 # The kernels are the package's own: direct.py launches them.
@@ -59,19 +60,6 @@ def _slot_route(slot, r, expert, local, number):
     """(route, local expert) of the slot-th local route (0-based)."""
     hit = local & (number == slot + 1)
     return tl.sum(tl.where(hit, r, 0), axis=0), tl.sum(tl.where(hit, expert, 0), axis=0)
-
-
-@triton.jit
-def _split_to_fill(num_tiles, k_steps, fill, MAX_SPLIT: tl.constexpr, MIN_STEPS: tl.constexpr):
-    """(split, steps_per_part): a tile's K steps cut into parts only as far as the tiles
-    fill `fill` programs once (the SMs): a split to fill every resident program made short
-    parts whose fixups cost more than the idle slots (H200, Qwen3-30B fp8 at T=1, 96 GEMM1
-    tiles: 8.6 us in parts of 4 steps, 6.6 unsplit), while one route's tiles on an EP rank
-    (32 of GEMM1 for DeepSeek-V3) still need the parts."""
-    split = tl.minimum(fill // tl.maximum(num_tiles, 1), MAX_SPLIT)
-    split = tl.maximum(tl.minimum(split, k_steps // MIN_STEPS), 1)
-    steps = tl.cdiv(k_steps, split)
-    return tl.cdiv(k_steps, steps), steps
 
 
 @triton.jit
@@ -171,7 +159,7 @@ def _moe_direct_gemm1_kernel(
     )
     num_pid_n = tl.cdiv(INTER, BLOCK_N)
     num_tiles = tl.sum(local.to(tl.int32), axis=0) * num_pid_n
-    split, steps = _split_to_fill(num_tiles, tl.cdiv(H, BLOCK_K), fill, MAX_SPLIT, MIN_STEPS)
+    split, steps = _split_of(num_tiles, tl.cdiv(H, BLOCK_K), fill, MAX_SPLIT, MIN_STEPS)
     offs_k = tl.arange(0, BLOCK_K)
     rows = tl.arange(0, _ROWS)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
@@ -292,7 +280,7 @@ def _moe_direct_gemm2_kernel(
     token_of = r // TOP_K
     num_pid_n = tl.cdiv(H, BLOCK_N)
     num_tiles = tl.sum(local.to(tl.int32), axis=0) * num_pid_n
-    split, steps = _split_to_fill(num_tiles, tl.cdiv(INTER, BLOCK_K), fill, MAX_SPLIT, MIN_STEPS)
+    split, steps = _split_of(num_tiles, tl.cdiv(INTER, BLOCK_K), fill, MAX_SPLIT, MIN_STEPS)
     offs_k = tl.arange(0, BLOCK_K)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
         tile, k_lo, k_hi = _part_of(work, split, steps, INTER, BLOCK_K)

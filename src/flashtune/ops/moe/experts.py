@@ -27,6 +27,7 @@ import torch
 from flashtune import platform
 from flashtune.ops.call import field_index
 from flashtune.ops.gemm.launch import split_k_counters
+from flashtune.ops.moe import grid
 from flashtune.ops.moe.align import align_routes
 from flashtune.ops.moe.config import (
     DIRECT_MAX_ROUTES,
@@ -387,7 +388,8 @@ def fused_experts_triton(
     if T == 0:
         return out
     t = resolve_tactic(tactic, hidden_states, gemm1_weights, top_k, quant)
-    # The four launches (alignment, GEMM1, GEMM2, combine) chain with PDL where it is on.
+    # The launches (alignment, GEMM1, GEMM2, combine; the direct path's two) chain with PDL
+    # where it is on.
     pdl = use_pdl(device, enable_pdl)
     mode = quant.mode
     qcode = _QUANT_CODE[mode]
@@ -421,6 +423,9 @@ def fused_experts_triton(
         return tuple(x.stride()) if x.dim() == 2 else (0, 0)  # type: ignore[return-value]
 
     a_scale_strides = strides2(a_scale) if mode == "fp8_block" else (0, 0)
+    # C in 16 bits: fp16 for fp16 inputs, bf16 otherwise (fp8 modes included; kernels.py
+    # says why C is not re-quantized to fp8).
+    c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
     if t.direct:
         return launch_direct(
             hidden_states,
@@ -436,18 +441,18 @@ def fused_experts_triton(
             a_scale_strides=a_scale_strides,
             has_a_scale=has_a_scale,
             w1_scale=w1_scale,
+            w1_scale_strides=strides3(w1_scale),
             w2_scale=w2_scale,
+            w2_scale_strides=strides3(w2_scale),
             up_scale=up_s,
             gate_scale=gate_s,
             out_scale=out_s,
+            c_dtype=c_dtype,
             pdl=pdl,
         )
     al = align_routes(topk_ids, E, local_expert_offset, t.block_m, pdl=pdl)
     num_routes = topk_ids.numel()
     P = al.num_blocks * t.block_m
-    # C in 16 bits: fp16 for fp16 inputs, bf16 otherwise (fp8 modes included; kernels.py
-    # says why C is not re-quantized to fp8).
-    c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
     c = torch.empty(P, inter, dtype=c_dtype, device=device)
     # GEMM2's per-route rows in bf16 (bf16's range for any input; the combine sums them in
     # fp32): fp32 rows were the largest traffic at many tokens (DeepSeek-V3 EP8, T=4096,
@@ -468,7 +473,7 @@ def fused_experts_triton(
     floor = 0
     if t.max_split > 1:
         floor = (
-            _INTERPRETER_PROGRAMS
+            grid.INTERPRETER_PROGRAMS
             if device.type == "cpu"
             else _SPLIT_PROGRAMS_PER_SM * platform.device_limits(device).sm_count
         )
@@ -476,8 +481,9 @@ def fused_experts_triton(
     host2 = al.num_blocks * _cdiv(H, g2.block_n)
     tiles1 = max(host1, min(floor, host1 * t.max_split))
     tiles2 = max(host2, min(floor, host2 * t.max_split))
-    grid1 = (_programs(tiles1, t, a_size, w_size, device),)
-    grid2 = (_programs(tiles2, t, a_size, w_size, device),)
+    smem = t.smem_bytes(a_size, w_size)
+    grid1 = (grid.persistent_programs(device, tiles1, smem),)
+    grid2 = (grid.persistent_programs(device, tiles2, smem),)
     if t.max_split > 1:
         ws1 = torch.empty(
             grid1[0] * 2 * t.gemm1_rows * g1.block_n, dtype=torch.float32, device=device
@@ -577,24 +583,6 @@ def fused_experts_triton(
 
 # Programs an SM a split launch's grid has at least (when the tiles allow that many parts).
 _SPLIT_PROGRAMS_PER_SM = 2
-# Persistent programs per SM at most: enough to hide a program's pipeline ramp behind
-# another's; shared memory may allow fewer (`_programs`).
-_MAX_PROGRAMS_PER_SM = 4
-# The interpreter runs a few programs, so that its tests walk the persistent loop.
-_INTERPRETER_PROGRAMS = 3
-
-
-def _programs(
-    max_tiles: int, tactic: MoETactic, a_size: int, w_size: int, device: torch.device
-) -> int:
-    """The persistent grid: as many programs as fit on the SMs at once (by shared memory,
-    up to _MAX_PROGRAMS_PER_SM each), never more than the host's bound on the tiles."""
-    if device.type == "cpu":
-        return max(1, min(max_tiles, _INTERPRETER_PROGRAMS))
-    limits = platform.device_limits(device)
-    per_sm = limits.shared_memory_per_sm // max(1, tactic.smem_bytes(a_size, w_size))
-    per_sm = max(1, min(_MAX_PROGRAMS_PER_SM, per_sm))
-    return max(1, min(max_tiles, per_sm * limits.sm_count))
 
 
 def _cdiv(a: int, b: int) -> int:

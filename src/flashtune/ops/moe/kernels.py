@@ -54,22 +54,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashtune.ops.gemm.kernels import _tile_coords
+
 # The kernels are the package's own: experts.py launches them.
 __all__: list[str] = []
-
-
-@triton.jit
-def _swizzle(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of a 1-D program id: GROUP_M M-blocks walk the N tiles together, so
-    the weight tiles they share (one expert's, when the blocks are the same expert's) are
-    read from L2."""
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
 
 
 @triton.jit
@@ -123,14 +111,16 @@ def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
-def _split_of(num_tiles, k_steps, MAX_SPLIT: tl.constexpr):
+def _split_of(num_tiles, k_steps, fill, MAX_SPLIT: tl.constexpr, MIN_STEPS: tl.constexpr = 1):
     """(split, steps_per_split) of a launch: with MAX_SPLIT > 1, the K steps of each tile are
-    cut into as many parts as idle programs allow (read on the device: at decode the tiles
-    of the few touched experts leave most of the persistent grid idle), each part at least
-    one step; with MAX_SPLIT 1, one part."""
+    cut into as many parts as `fill` programs allow for the tiles in use (read on the device:
+    at decode the tiles of the few touched experts leave most of the persistent grid idle),
+    each part at least MIN_STEPS steps (and one); with MAX_SPLIT 1, one part. The general
+    path fills its whole grid (tl.num_programs); the direct path (direct_kernels.py) only
+    the SMs once."""
     if MAX_SPLIT > 1:
-        split = tl.num_programs(0) // tl.maximum(num_tiles, 1)
-        split = tl.maximum(tl.minimum(split, MAX_SPLIT), 1)
+        split = tl.minimum(fill // tl.maximum(num_tiles, 1), MAX_SPLIT)
+        split = tl.maximum(tl.minimum(split, k_steps // MIN_STEPS), 1)
         steps = tl.cdiv(k_steps, split)
         split = tl.cdiv(k_steps, steps)
     else:
@@ -255,10 +245,10 @@ def _moe_gemm1_swiglu_kernel(
     num_pid_m = tl.load(used_blocks_ptr) * SUB
     num_pid_n = tl.cdiv(INTER, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    split, steps = _split_of(num_tiles, tl.cdiv(H, BLOCK_K), MAX_SPLIT)
+    split, steps = _split_of(num_tiles, tl.cdiv(H, BLOCK_K), tl.num_programs(0), MAX_SPLIT)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
         tile, k_lo, k_hi = _part_of(work, split, steps, H, BLOCK_K)
-        pid_m, pid_n = _swizzle(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         expert = tl.load(block_expert_ptr + pid_m // SUB).to(tl.int64)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -393,10 +383,10 @@ def _moe_gemm2_kernel(
     num_pid_m = tl.load(used_blocks_ptr)
     num_pid_n = tl.cdiv(H, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    split, steps = _split_of(num_tiles, tl.cdiv(INTER, BLOCK_K), MAX_SPLIT)
+    split, steps = _split_of(num_tiles, tl.cdiv(INTER, BLOCK_K), tl.num_programs(0), MAX_SPLIT)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
         tile, k_lo, k_hi = _part_of(work, split, steps, INTER, BLOCK_K)
-        pid_m, pid_n = _swizzle(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

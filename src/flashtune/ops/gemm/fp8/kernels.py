@@ -39,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashtune.ops.gemm.kernels import _split_k_fixup
+from flashtune.ops.gemm.kernels import _split_k_fixup, _tile_coords
 
 # The kernel is the package's own: launch.py launches it.
 __all__: list[str] = []
@@ -119,19 +119,6 @@ def _k_loop(
         else:
             acc = tl.dot(a, b, acc)
     return acc
-
-
-@triton.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of linear output tile `tile`. Group-M swizzle: GROUP_M row tiles walk
-    the N tiles together, so the B tiles they share stay in L2."""
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
-    pid_n = (tile % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
 
 
 @triton.jit(do_not_specialize=["M", "SPLIT_K", "DP_TILES"])
