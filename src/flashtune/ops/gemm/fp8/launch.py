@@ -104,13 +104,13 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -
     """C = the fp8 product of `a` (see MODES) with tactic `t`; returns C [batch, M, N].
     tma: A and B reach the kernel as TMA tensor descriptors (`tma_applies(a)` must hold).
     A stream-K tactic runs the stream-K kernel (`stream_k_applies(a)` must hold)."""
-    A, B, sa, sb = a.A, a.B, a.A_scale, a.B_scale
+    A, sa, sb = a.A, a.A_scale, a.B_scale
     batch, M, K = A.shape
     N = b_nk(a)[0]
     if batch == 0 or M == 0 or N == 0:
         return C
     block = a.mode != "tensor"
-    gm, gn, gk = a.granularity
+    gk = a.granularity[2]
     block_k = t.block_k
     if block and gk % block_k:
         # Each K step must lie in one scale block: the largest power of two dividing gk.
@@ -156,25 +156,34 @@ def launch_fp8(a: Fp8Inputs, C: torch.Tensor, t: Fp8Tactic, tma: bool = False) -
         *C.stride(),
         *sa_strides,
         *sb_strides,
-        BLOCK_SCALE=block,
-        GM=gm,
-        GN=gn,
-        GK=gk,
         ROW_GROUPS=a.mode == "row_groups",
         MASKED_M=a.mode == "masked",
-        UPCAST=A.dtype != B.dtype,
-        B_KBLOCK=a.b_kblock,
-        EVEN_K=K % block_k == 0,
-        BLOCK_M=t.block_m,
-        BLOCK_N=t.block_n,
-        BLOCK_K=block_k,
-        GROUP_M=t.group_m,
-        TMA=tma,
         TAIL=tail,
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
+        **_tile_options(a, t, block_k, tma),
     )
     return C
+
+
+def _tile_options(a: Fp8Inputs, t: Fp8Tactic, block_k: int, tma: bool) -> dict[str, Any]:
+    """The compile-time options both fp8 kernels take alike: scales, operand types and
+    layout, the tile, warps and stages."""
+    gm, gn, gk = a.granularity
+    return {
+        "BLOCK_SCALE": a.mode != "tensor",
+        "GM": gm,
+        "GN": gn,
+        "GK": gk,
+        "UPCAST": a.A.dtype != a.B.dtype,
+        "B_KBLOCK": a.b_kblock,
+        "EVEN_K": a.A.shape[2] % block_k == 0,
+        "BLOCK_M": t.block_m,
+        "BLOCK_N": t.block_n,
+        "BLOCK_K": block_k,
+        "GROUP_M": t.group_m,
+        "TMA": tma,
+        "num_warps": t.num_warps,
+        "num_stages": t.num_stages,
+    }
 
 
 def _operand_args(a: Fp8Inputs, t: Fp8Tactic, block_k: int, tma: bool) -> tuple[Any, Any]:
@@ -243,21 +252,8 @@ def _launch_stream_k(
         *C.stride()[1:],
         *sa_strides[1:],
         *sb_strides[1:],
-        BLOCK_SCALE=a.mode == "block",
-        GM=a.granularity[0],
-        GN=a.granularity[1],
-        GK=a.granularity[2],
-        UPCAST=a.A.dtype != a.B.dtype,
-        B_KBLOCK=a.b_kblock,
-        EVEN_K=K % block_k == 0,
-        BLOCK_M=t.block_m,
-        BLOCK_N=t.block_n,
-        BLOCK_K=block_k,
-        GROUP_M=t.group_m,
-        TMA=tma,
         SUM_N=min(t.block_n, 64),
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
+        **_tile_options(a, t, block_k, tma),
     )
     return C
 
