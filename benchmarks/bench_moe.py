@@ -337,7 +337,7 @@ def run_case(
             None,
         )
     if direct:  # the direct decode path's candidates (no alignment, no combine launch)
-        for i, t in enumerate(t for t in tactics_of() if len(t) == 15 and t[14]):
+        for i, t in enumerate(t for t in tactics_of() if cfg.MoETactic.from_tactic(t).direct):
             out = ours(t)(*ours_sets[0])
             results[f"flashtune_direct#{i}"] = (
                 timed(ours(t), ours_sets, calls),
