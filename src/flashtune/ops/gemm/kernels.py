@@ -86,7 +86,7 @@ def _split_k_fixup(
 
 
 @triton.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of linear output tile `tile`. Group-M swizzle: GROUP_M row tiles walk
     the N tiles together, so the B tiles they share stay in L2 (the fp8 GEMM's and the
     fused-MoE GEMMs' tile order too)."""
@@ -132,7 +132,7 @@ def _gemm_tiled_kernel(
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
 
     # Splits own whole K tiles, so only the last tile of K needs a mask against K, and
     # none when BLOCK_K divides K (EVEN_K: unmasked 16-byte loads).

@@ -54,7 +54,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashtune.ops.gemm.kernels import _tile_coords
+from flashtune.ops.gemm.kernels import tile_coords
 
 # The kernels are the package's own: experts.py launches them.
 __all__: list[str] = []
@@ -248,7 +248,7 @@ def _moe_gemm1_swiglu_kernel(
     split, steps = _split_of(num_tiles, tl.cdiv(H, BLOCK_K), tl.num_programs(0), MAX_SPLIT)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
         tile, k_lo, k_hi = _part_of(work, split, steps, H, BLOCK_K)
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         expert = tl.load(block_expert_ptr + pid_m // SUB).to(tl.int64)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -386,7 +386,7 @@ def _moe_gemm2_kernel(
     split, steps = _split_of(num_tiles, tl.cdiv(INTER, BLOCK_K), tl.num_programs(0), MAX_SPLIT)
     for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
         tile, k_lo, k_hi = _part_of(work, split, steps, INTER, BLOCK_K)
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashtune.ops.gemm.kernels import _split_k_fixup, _tile_coords
+from flashtune.ops.gemm.kernels import _split_k_fixup, tile_coords
 
 # The kernel is the package's own: launch.py launches it.
 __all__: list[str] = []
@@ -182,7 +182,7 @@ def _fp8_gemm_kernel(
         split = SPLIT_K
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -371,7 +371,7 @@ def _fp8_gemm_streamk_kernel(
         if it < stop:
             tile = it // k_steps
             tile_start = tile * k_steps
-            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
             offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             # Whole K steps: each lies in one scale block, as in a split-K split.
