@@ -604,12 +604,10 @@ for q, t in json.loads(sys.argv[1]):
     t1, t2 = m.gemm1, m.gemm2
     if m.direct:  # the decode path without the alignment (direct_kernels.py)
         cd = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=m.max_split, TOP_K=8, R_PAD=16)
-        p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "ids_ptr": "*i32", "lock_ptr": "*i32",
-              "w2_ptr": w}
+        p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "ids_ptr": "*i32", "lock_ptr": "*i32"}
         p2 = {"c_ptr": "*bf16", "w_ptr": w, "out_ptr": "*bf16", "ids_ptr": "*i32",
               "lock_ptr": "*i32"}
-        c1 = dict(cd, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k, PARTS_PAD=8,
-                  MIN_STEPS=1, PREFETCH=True)
+        c1 = dict(cd, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k, PARTS_PAD=8, MIN_STEPS=1)
         c2 = dict(cd, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k, PARTS_PAD=64, MIN_STEPS=1)
         results.append([q, t,
                         compile_one(D._moe_direct_gemm1_kernel, p1, c1, t1.num_warps, t1.num_stages),

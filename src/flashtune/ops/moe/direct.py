@@ -29,21 +29,6 @@ __all__ = ["launch_direct", "within_direct_limit"]
 # EP rank (32 of GEMM1 for DeepSeek-V3) still need the parts.
 _FILL_PER_SM = 1
 _MIN_PART_STEPS = 1
-# GEMM1 asks L2 for the touched experts' W2 while it streams W13 (direct_kernels.py,
-# sm_90's bulk prefetch), as far as they fit this share of L2.
-_PREFETCH_GEMM2 = True
-_PREFETCH_L2_SHARE = 0.5
-
-
-def _prefetch_ok(device: torch.device, w2: torch.Tensor) -> bool:
-    """sm_90 or later, each expert's W2 one contiguous run of 16-byte multiples."""
-    if not _PREFETCH_GEMM2 or device.type != "cuda":
-        return False
-    if torch.cuda.get_device_capability(device) < (9, 0):
-        return False
-    _, h, i = w2.shape
-    contiguous = w2.stride(2) == 1 and w2.stride(1) == i and w2.stride(0) >= h * i
-    return contiguous and (h * i * w2.element_size()) % 16 == 0 and w2.data_ptr() % 16 == 0
 
 
 def within_direct_limit(tactic: Tactic, routes: int) -> Tactic:
@@ -118,9 +103,6 @@ def launch_direct(
     )
     locks = split_k_counters(device, max(tiles1, T * -(-H // g2.block_n)))
     r_pad = max(16, triton.next_power_of_2(routes))
-    prefetch = _prefetch_ok(device, gemm2_weights)
-    w2_bytes = gemm2_weights.shape[1] * gemm2_weights.shape[2] * gemm2_weights.element_size()
-    l2_budget = int(_PREFETCH_L2_SHARE * platform.device_limits(device).l2_bytes)
 
     _moe_direct_gemm1_kernel[(grid1,)](
         hidden_states,
@@ -133,10 +115,6 @@ def launch_direct(
         gate_scale,
         ws1,
         locks,
-        gemm2_weights,
-        gemm2_weights.stride(0),
-        w2_bytes,
-        l2_budget,
         routes,
         E,
         local_expert_offset,
@@ -161,7 +139,6 @@ def launch_direct(
         PARTS_PAD=triton.next_power_of_2(tactic.max_split),  # a tile's K parts
         MIN_STEPS=_MIN_PART_STEPS,
         USE_PDL=pdl,
-        PREFETCH=prefetch,
         num_warps=g1.num_warps,
         num_stages=g1.num_stages,
         **launch_options(pdl),

@@ -74,51 +74,6 @@ def _row_tile(ptr, row, stride_row, offs_k, stride_k, k0, K, EVEN_K: tl.constexp
     return tl.load(ptrs, mask=mask, other=0.0)
 
 
-# Bytes one L2 prefetch instruction asks for (a multiple of 16, as cp.async.bulk needs).
-_PREFETCH_CHUNK: tl.constexpr = tl.constexpr(16384)
-# Prefetches a program issues at once: one a thread of a 4-warp program.
-_PREFETCH_LANES: tl.constexpr = tl.constexpr(128)
-
-
-@triton.jit
-def _prefetch_l2(addr, nbytes, ok):
-    """Ask L2 for `nbytes` at each byte address of `addr` where `ok` (sm_90's bulk prefetch:
-    no registers or shared memory, the program goes on at once)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $3, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r,r",
-        [addr, nbytes, ok.to(tl.int32)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
-def _prefetch_gemm2_weights(w2_ptr, stride_w2e, w2_bytes, l2_budget, num_local, expert_of, local,
-                            number):  # fmt: skip
-    """GEMM1's programs ask L2 for the local experts' W2 (GEMM2's weights, which do not
-    depend on GEMM1) while they stream W13, so the two weight streams share GEMM1's time and
-    GEMM2 reads L2. Only where the experts' W2 fit `l2_budget` (else they would evict each
-    other before GEMM2 reads them)."""
-    if num_local * w2_bytes <= l2_budget:
-        chunks_per_expert = tl.cdiv(w2_bytes, _PREFETCH_CHUNK)
-        total = num_local * chunks_per_expert
-        base = w2_ptr.to(tl.int64)
-        elem = w2_ptr.dtype.element_ty.primitive_bitwidth // 8
-        lanes = tl.arange(0, _PREFETCH_LANES)
-        step = tl.num_programs(0) * _PREFETCH_LANES
-        for c0 in range(tl.program_id(0) * _PREFETCH_LANES, total, step):
-            c = c0 + lanes
-            slot = c // chunks_per_expert
-            hit = local[None, :] & (number[None, :] == slot[:, None] + 1)
-            expert = tl.sum(tl.where(hit, expert_of[None, :], 0), axis=1)
-            offset = (c - slot * chunks_per_expert).to(tl.int64) * _PREFETCH_CHUNK
-            size = tl.minimum(w2_bytes - offset, _PREFETCH_CHUNK).to(tl.int32)
-            _prefetch_l2(base + expert * stride_w2e * elem + offset, size, c < total)
-
-
 @triton.jit
 def _stash_vec(vec, ws_ptr, slot, BLOCK_N: tl.constexpr):
     tl.store(ws_ptr + slot * BLOCK_N + tl.arange(0, BLOCK_N), vec)
@@ -165,10 +120,6 @@ def _moe_direct_gemm1_kernel(
     gate_scale_ptr,  # QUANT 2: [E] fp32; else dummy
     ws_ptr,  # MAX_SPLIT > 1: [programs, 2, BLOCK_N] fp32 K-part partials; else dummy
     lock_ptr,  # int32 arrival counters, zero between launches
-    w2_ptr,  # PREFETCH: [E, H, I] W2, each expert's rows contiguous; else dummy
-    stride_w2e,  # PREFETCH: W2's expert stride (elements)
-    w2_bytes,  # PREFETCH: bytes of one expert's W2
-    l2_budget,  # PREFETCH: the most W2 bytes to ask L2 for
     num_routes,  # T * K
     num_experts,  # local experts E
     offset,  # the first local expert's global id
@@ -201,18 +152,13 @@ def _moe_direct_gemm1_kernel(
     PARTS_PAD: tl.constexpr,  # a power of two >= the parts one sum reads
     MIN_STEPS: tl.constexpr,  # the fewest K steps a part has
     USE_PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,  # ask L2 for GEMM2's weights (sm_90's bulk prefetch)
 ):
-    _pdl_start(USE_PDL)  # topk_ids may be the previous kernel's output
+    _pdl_start(USE_PDL)
     r, expert_of, local, number = _local_routes(
         ids_ptr, num_routes, num_experts, offset, stride_it, stride_ik, TOP_K, R_PAD
     )
-    num_local = tl.sum(local.to(tl.int32), axis=0)
-    if PREFETCH:
-        _prefetch_gemm2_weights(w2_ptr, stride_w2e, w2_bytes, l2_budget, num_local, expert_of,
-                                local, number)  # fmt: skip
     num_pid_n = tl.cdiv(INTER, BLOCK_N)
-    num_tiles = num_local * num_pid_n
+    num_tiles = tl.sum(local.to(tl.int32), axis=0) * num_pid_n
     split, steps = _split_of(num_tiles, tl.cdiv(H, BLOCK_K), fill, MAX_SPLIT, MIN_STEPS)
     offs_k = tl.arange(0, BLOCK_K)
     rows = tl.arange(0, _ROWS)
