@@ -16,7 +16,11 @@ from flashtune import platform
 from flashtune.ops.gemm.launch import split_k_counters
 from flashtune.ops.moe import grid
 from flashtune.ops.moe.config import DIRECT_MAX_ROUTES, MoETactic
-from flashtune.ops.moe.direct_kernels import _moe_direct_gemm1_kernel, _moe_direct_gemm2_kernel
+from flashtune.ops.moe.direct_kernels import (
+    _moe_direct_gemm1_kernel,
+    _moe_direct_gemm2_by_token_kernel,
+    _moe_direct_gemm2_kernel,
+)
 from flashtune.ops.pdl import launch_options
 from flashtune.tune import DEFAULT_TACTIC, Tactic
 
@@ -29,6 +33,11 @@ __all__ = ["launch_direct", "within_direct_limit"]
 # EP rank (32 of GEMM1 for DeepSeek-V3) still need the parts.
 _FILL_PER_SM = 1
 _MIN_PART_STEPS = 1
+
+
+def _work_bound(tiles: int, tactic: MoETactic, fill: int) -> int:
+    """The most work items a launch of at most `tiles` tiles can have on the device."""
+    return min(tiles * tactic.max_split, max(tiles, fill))
 
 
 def within_direct_limit(tactic: Tactic, routes: int) -> Tactic:
@@ -81,15 +90,23 @@ def launch_direct(
     a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
     c = torch.empty(routes, inter, dtype=c_dtype, device=device)
     tiles1 = routes * -(-inter // g1.block_n)
-    tiles2 = routes * -(-H // g2.block_n)
+    by_token = tactic.direct == 2  # GEMM2's work items: (token, N tile), not (route, N tile)
+    tiles2 = (T if by_token else routes) * -(-H // g2.block_n)
     smem1 = (16 * a_size + 2 * g1.block_n * w_size) * g1.block_k * g1.num_stages
     smem2 = (16 * 2 + g2.block_n * w_size) * g2.block_k * g2.num_stages
-    grid1 = grid.persistent_programs(device, tiles1 * tactic.max_split, smem1)
-    grid2 = grid.persistent_programs(device, tiles2 * tactic.max_split, smem2)
-    # K parts fill `fill` programs (the interpreter's few programs stand in for the SMs, so
-    # that its tests split).
-    fill = grid1 if device.type == "cpu" else _FILL_PER_SM * platform.device_limits(device).sm_count
-    fill2 = grid2 if device.type == "cpu" else fill
+    if device.type == "cpu":
+        # The interpreter's few programs stand in for the SMs (fill), so that its tests split.
+        grid1 = grid.persistent_programs(device, tiles1 * tactic.max_split, smem1)
+        grid2 = grid.persistent_programs(device, tiles2 * tactic.max_split, smem2)
+        fill, fill2 = grid1, grid2
+    else:
+        # K parts fill `fill` programs: a launch has at most max(tiles, fill) work items
+        # (kernels._split_of splits only tiles fewer than the fill), so no more programs.
+        # Programs beyond the work were not free: H200, Qwen3-30B fp8 at T=1, GEMM1 (96
+        # tiles) 9.2 -> 6.9 us and GEMM2 (256) 11.7 -> 9.3 without the idle ones.
+        fill = fill2 = _FILL_PER_SM * platform.device_limits(device).sm_count
+        grid1 = grid.persistent_programs(device, _work_bound(tiles1, tactic, fill), smem1)
+        grid2 = grid.persistent_programs(device, _work_bound(tiles2, tactic, fill), smem2)
     # K-part partials, one slot a work item: a split launch has at most min(tiles x
     # max_split, fill) of them; GEMM2 also stashes the unsplit parts of tokens with several
     # local routes (one a tile).
@@ -143,7 +160,23 @@ def launch_direct(
         num_stages=g1.num_stages,
         **launch_options(pdl),
     )
-    _moe_direct_gemm2_kernel[(grid2,)](
+    if by_token:
+        kernel2, consts2 = (
+            _moe_direct_gemm2_by_token_kernel,
+            {
+                "KP": triton.next_power_of_2(top_k),
+                "PARTS_PAD": triton.next_power_of_2(tactic.max_split),  # a tile's parts
+            },
+        )
+    else:
+        kernel2, consts2 = (
+            _moe_direct_gemm2_kernel,
+            {
+                "PARTS_PAD": triton.next_power_of_2(top_k * tactic.max_split),  # routes x K parts
+                "MIN_STEPS": _MIN_PART_STEPS,
+            },
+        )
+    kernel2[(grid2,)](
         c,
         gemm2_weights,
         out,
@@ -174,11 +207,10 @@ def launch_direct(
         BLOCK_N=g2.block_n,
         BLOCK_K=g2.block_k,
         MAX_SPLIT=tactic.max_split,
-        PARTS_PAD=triton.next_power_of_2(top_k * tactic.max_split),  # a token's routes x K parts
-        MIN_STEPS=_MIN_PART_STEPS,
         USE_PDL=pdl,
         num_warps=g2.num_warps,
         num_stages=g2.num_stages,
+        **consts2,
         **launch_options(pdl),
     )
     return out

@@ -350,3 +350,148 @@ def _moe_direct_gemm2_kernel(
             out_ptrs = out_ptr + t.to(tl.int64) * stride_ot + offs_n * stride_on
             tl.store(out_ptrs, zeros, mask=offs_n < H)
     _pdl_end(USE_PDL)
+
+
+@triton.jit
+def _token_routes(token, r, expert_of, local, number, token_of, KP: tl.constexpr):
+    """A token's local routes as [KP] vectors (j-th local route of the token: its slot =
+    local number - 1, route index, local expert; `ok` where j < the token's count)."""
+    of_token = local & (token_of == token)
+    count = tl.sum(of_token.to(tl.int32), axis=0)
+    first = tl.sum((local & (token_of < token)).to(tl.int32), axis=0)
+    j = tl.arange(0, KP)
+    hit = local[None, :] & (number[None, :] == (first + j + 1)[:, None])
+    route = tl.sum(tl.where(hit, r[None, :], 0), axis=1)
+    expert = tl.sum(tl.where(hit, expert_of[None, :], 0), axis=1)
+    return first + j, route, expert, j < count, count
+
+
+@triton.jit
+def _pick(vec, j, KP: tl.constexpr):
+    """vec[j] of a [KP] vector (a reduction inside one warp)."""
+    return tl.sum(tl.where(tl.arange(0, KP) == j, vec, 0), axis=0)
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_experts", "offset", "num_tokens"])
+def _moe_direct_gemm2_by_token_kernel(
+    c_ptr,  # [T * K, I] intermediate (16-bit), row = the route's local number
+    w_ptr,  # [E, H, I] W2
+    out_ptr,  # [T, H] output (bf16)
+    ids_ptr,  # [T, K] global expert ids
+    weights_ptr,  # [T, K] routing weights
+    w_scale_ptr,  # QUANT 1: [E, H/128, I/128] fp32; else dummy
+    out_scale_ptr,  # QUANT 2: [E] fp32; else dummy
+    ws_ptr,  # MAX_SPLIT > 1: [programs, BLOCK_N] fp32 partials; else dummy
+    lock_ptr,  # int32 arrival counters (one per token and N tile), zero between launches
+    num_routes,
+    num_experts,
+    offset,
+    num_tokens,
+    H,
+    INTER,
+    fill,  # programs the tiles and their parts should fill (the SMs)
+    TOP_K: tl.constexpr,
+    stride_it,
+    stride_ik,
+    stride_wt,
+    stride_wk2,
+    stride_cm,
+    stride_ck,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_ot,
+    stride_on,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    QUANT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    R_PAD: tl.constexpr,
+    KP: tl.constexpr,  # next power of two of TOP_K
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MAX_SPLIT: tl.constexpr,
+    PARTS_PAD: tl.constexpr,  # a power of two >= MAX_SPLIT
+    USE_PDL: tl.constexpr = False,
+):
+    """GEMM2 + combine by output tile: work items (token, N tile of H, part); a part walks
+    its share of the token's (local route, K step) sequence in one loop, scaling each step's
+    product by the route's weight (and block / per-tensor scale), so a tile has no partials
+    to sum unless it is split (the route-major kernel above stashes one a route). Tokens
+    with no local route store zeros from the same loop. Parts sum in part order."""
+    _pdl_start(USE_PDL)
+    r, expert_of, local, number = _local_routes(
+        ids_ptr, num_routes, num_experts, offset, stride_it, stride_ik, TOP_K, R_PAD
+    )
+    token_of = r // TOP_K
+    num_pid_n = tl.cdiv(H, BLOCK_N)
+    k_steps = tl.cdiv(INTER, BLOCK_K)
+    num_tiles = num_tokens * num_pid_n
+    if MAX_SPLIT > 1:
+        split = tl.minimum(tl.maximum(fill // num_tiles, 1), MAX_SPLIT)
+    else:
+        split = 1
+    offs_k = tl.arange(0, BLOCK_K)
+    for work in range(tl.program_id(0), num_tiles * split, tl.num_programs(0)):
+        tile = work // split
+        part = work - tile * split
+        token = tile // num_pid_n
+        pid_n = tile - token * num_pid_n
+        slot_j, route_j, expert_j, ok_j, count = _token_routes(
+            token, r, expert_of, local, number, token_of, KP
+        )
+        # Each route's scale of its product: routing weight (x per-tensor output scale).
+        scale_j = tl.load(
+            weights_ptr + token * stride_wt + (route_j - token * TOP_K) * stride_wk2,
+            mask=ok_j,
+            other=0.0,
+        ).to(tl.float32)
+        if QUANT == 2:
+            scale_j *= tl.load(out_scale_ptr + expert_j, mask=ok_j, other=0.0)
+        total = count * k_steps
+        per = tl.cdiv(total, split)
+        lo = part * per
+        hi = tl.minimum(total, lo + per)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_nw = offs_n % H
+        acc = tl.zeros((BLOCK_N, _ROWS), dtype=tl.float32)
+        for i in range(lo, hi):
+            j = i // k_steps
+            k0 = (i - j * k_steps) * BLOCK_K
+            slot = _pick(slot_j, j, KP).to(tl.int64)
+            expert = _pick(expert_j, j, KP)
+            scale = _pick(scale_j, j, KP)
+            c = _row_tile(c_ptr, slot, stride_cm, offs_k, stride_ck, k0, INTER, EVEN_K)
+            w_ptrs = (
+                w_ptr
+                + expert * stride_we
+                + offs_nw[:, None] * stride_wn
+                + (k0 + offs_k)[None, :] * stride_wk
+            )
+            if EVEN_K:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=(offs_k < INTER - k0)[None, :], other=0.0)
+            if DOT_F32:
+                c = c.to(tl.float32)
+            if QUANT == 1:
+                ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+                s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk) * scale
+                acc += tl.dot(w.to(c.dtype), tl.trans(c)) * s[:, None]
+            else:
+                acc += tl.dot(w.to(c.dtype), tl.trans(c)) * scale
+        out_vec = tl.sum(acc, axis=1)
+        out_ptrs = out_ptr + token.to(tl.int64) * stride_ot + offs_n * stride_on
+        n_ok = offs_n < H
+        if MAX_SPLIT > 1 and split > 1:  # each branch stores (GEMM1 says why)
+            _stash_vec(out_vec, ws_ptr, work, BLOCK_N)
+            if _arrive(lock_ptr, tile, split):
+                p = tl.arange(0, PARTS_PAD)
+                out_vec = _sum_slots(ws_ptr, tile * split + p, p < split, BLOCK_N)
+                tl.store(lock_ptr + tile, 0)  # ready for the next launch
+                tl.store(out_ptrs, out_vec.to(out_ptr.dtype.element_ty), mask=n_ok)
+        else:
+            tl.store(out_ptrs, out_vec.to(out_ptr.dtype.element_ty), mask=n_ok)
+    _pdl_end(USE_PDL)
