@@ -16,11 +16,7 @@ from flashtune import platform
 from flashtune.ops.gemm.launch import split_k_counters
 from flashtune.ops.moe import grid
 from flashtune.ops.moe.config import DIRECT_MAX_ROUTES, MoETactic
-from flashtune.ops.moe.direct_kernels import (
-    _moe_direct_gemm1_kernel,
-    _moe_direct_gemm2_by_token_kernel,
-    _moe_direct_gemm2_kernel,
-)
+from flashtune.ops.moe.direct_kernels import _moe_direct_gemm1_kernel, _moe_direct_gemm2_kernel
 from flashtune.ops.pdl import launch_options
 from flashtune.tune import DEFAULT_TACTIC, Tactic
 
@@ -90,8 +86,7 @@ def launch_direct(
     a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
     c = torch.empty(routes, inter, dtype=c_dtype, device=device)
     tiles1 = routes * -(-inter // g1.block_n)
-    by_token = tactic.direct == 2  # GEMM2's work items: (token, N tile), not (route, N tile)
-    tiles2 = (T if by_token else routes) * -(-H // g2.block_n)
+    tiles2 = routes * -(-H // g2.block_n)
     smem1 = (16 * a_size + 2 * g1.block_n * w_size) * g1.block_k * g1.num_stages
     smem2 = (16 * 2 + g2.block_n * w_size) * g2.block_k * g2.num_stages
     if device.type == "cpu":
@@ -103,7 +98,8 @@ def launch_direct(
         # K parts fill `fill` programs: a launch has at most max(tiles, fill) work items
         # (kernels._split_of splits only tiles fewer than the fill), so no more programs.
         # Programs beyond the work were not free: H200, Qwen3-30B fp8 at T=1, GEMM1 (96
-        # tiles) 9.2 -> 6.9 us and GEMM2 (256) 11.7 -> 9.3 without the idle ones.
+        # tiles) 9.2 -> 8.0 us and GEMM2 (256) 11.7 -> 9.7 without the idle ones (CUDA
+        # graph of the call: 23.3 -> 19.2 us).
         fill = fill2 = _FILL_PER_SM * platform.device_limits(device).sm_count
         grid1 = grid.persistent_programs(device, _work_bound(tiles1, tactic, fill), smem1)
         grid2 = grid.persistent_programs(device, _work_bound(tiles2, tactic, fill), smem2)
@@ -160,23 +156,7 @@ def launch_direct(
         num_stages=g1.num_stages,
         **launch_options(pdl),
     )
-    if by_token:
-        kernel2, consts2 = (
-            _moe_direct_gemm2_by_token_kernel,
-            {
-                "KP": triton.next_power_of_2(top_k),
-                "PARTS_PAD": triton.next_power_of_2(tactic.max_split),  # a tile's parts
-            },
-        )
-    else:
-        kernel2, consts2 = (
-            _moe_direct_gemm2_kernel,
-            {
-                "PARTS_PAD": triton.next_power_of_2(top_k * tactic.max_split),  # routes x K parts
-                "MIN_STEPS": _MIN_PART_STEPS,
-            },
-        )
-    kernel2[(grid2,)](
+    _moe_direct_gemm2_kernel[(grid2,)](
         c,
         gemm2_weights,
         out,
@@ -207,10 +187,11 @@ def launch_direct(
         BLOCK_N=g2.block_n,
         BLOCK_K=g2.block_k,
         MAX_SPLIT=tactic.max_split,
+        PARTS_PAD=triton.next_power_of_2(top_k * tactic.max_split),  # a token's routes x K parts
+        MIN_STEPS=_MIN_PART_STEPS,
         USE_PDL=pdl,
         num_warps=g2.num_warps,
         num_stages=g2.num_stages,
-        **consts2,
         **launch_options(pdl),
     )
     return out
