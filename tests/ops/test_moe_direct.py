@@ -33,6 +33,9 @@ DIRECT = cfg.MoETactic(
 DIRECT_NO_SPLIT = cfg.MoETactic(
     16, cfg.StageTile(64, 32, 1, 4, 2), cfg.StageTile(32, 64, 1, 4, 2), 1, 1, 1, 1
 )
+# GEMM2 by output tile (direct=2): a tile's parts cut a token's (route, K step) sequence.
+BY_TOKEN = replace(DIRECT, direct=2)
+BY_TOKEN_NO_SPLIT = replace(DIRECT_NO_SPLIT, direct=2)
 
 
 def _run_twice(x, w1, w2, ids, w, q, off, tactic):
@@ -46,7 +49,7 @@ def _run_twice(x, w1, w2, ids, w, q, off, tactic):
 
 
 # Two cases in the main suite (about 8 s in the interpreter on 2 cores), the rest slow.
-_MAIN = {("split", 3, "fp8_block"), ("split", 1, "fp8_per_tensor")}
+_MAIN = {("split", 3, "fp8_block"), ("split", 1, "fp8_per_tensor"), ("token", 3, "fp8_per_tensor")}
 DIRECT_CASES = [
     pytest.param(
         tactic,
@@ -55,7 +58,12 @@ DIRECT_CASES = [
         id=f"{name}-{T}-{mode}",
         marks=() if (name, T, mode) in _MAIN else pytest.mark.slow,
     )
-    for name, tactic in (("split", DIRECT), ("whole", DIRECT_NO_SPLIT))
+    for name, tactic in (
+        ("split", DIRECT),
+        ("whole", DIRECT_NO_SPLIT),
+        ("token", BY_TOKEN),
+        ("token-whole", BY_TOKEN_NO_SPLIT),
+    )
     for T in (1, 3)
     for mode in ("bf16", "fp8_block", "fp8_per_tensor")
 ]
@@ -83,17 +91,29 @@ def test_direct_zero_rows_and_repeated_expert(device, monkeypatch):
     off = 5
     ids = torch.tensor([[0, 1, 9], [6, 6, 2], [7, 5, 6]], dtype=torch.int32, device=device)
     w = torch.rand(3, 3, device=device) + 0.1
-    out = _run_twice(x, w1, w2, ids, w, q, off, DIRECT)
-    assert (out[0] == 0).all()
+    for tactic in (DIRECT, BY_TOKEN):
+        out = _run_twice(x, w1, w2, ids, w, q, off, tactic)
+        assert (out[0] == 0).all()
 
 
 def test_direct_no_local_route_overwrites_out(device):
     need_kernels(device)
     x, w1, w2, q = make_inputs("bf16", 2, 128, 64, 2, device, torch.float16)
     ids = torch.tensor([[4, 5], [6, 7]], dtype=torch.int32, device=device)
-    out = torch.full((2, 128), 7.0, dtype=torch.bfloat16, device=device)
-    got = fused_experts(x, w1, w2, ids, torch.rand(2, 2, device=device), out=out, tactic=DIRECT)
-    assert got is out and (out == 0).all()
+    for tactic in (DIRECT, BY_TOKEN):
+        out = torch.full((2, 128), 7.0, dtype=torch.bfloat16, device=device)
+        got = fused_experts(x, w1, w2, ids, torch.rand(2, 2, device=device), out=out, tactic=tactic)
+        assert got is out and (out == 0).all()
+
+
+def test_by_token_past_its_top_k_takes_the_route_major_gemm2(device, monkeypatch):
+    """Top-k 9 (more than GEMM2 by output tile packs): the route-major GEMM2 runs instead,
+    GEMM1 leaving the route scale to it."""
+    need_kernels(device)
+    monkeypatch.setattr(grid, "INTERPRETER_PROGRAMS", 40)
+    x, w1, w2, q = make_inputs("bf16", 2, 128, 64, 12, device, torch.float16)
+    ids, w = draw_routes(2, 9, 12, device)
+    _run_twice(x, w1, w2, ids, w, q, 0, BY_TOKEN)
 
 
 def test_direct_tactic_form_and_limits(device):
@@ -105,7 +125,7 @@ def test_direct_tactic_form_and_limits(device):
     with pytest.raises(ValueError, match="direct decode path"):
         resolve_tactic(DIRECT, x, w1, 2, q)
     assert not cfg.tactic_ok(
-        cfg.MoETactic(16, direct=2), fp8_block=False, a_itemsize=2, w_itemsize=2
+        cfg.MoETactic(16, direct=3), fp8_block=False, a_itemsize=2, w_itemsize=2
     )
     # A pick tuned at a bucket's T runs past the limit on the general path, same tiles.
     general = direct_module.within_direct_limit(DIRECT.as_tactic(), cfg.DIRECT_MAX_ROUTES + 1)
@@ -139,6 +159,7 @@ def test_direct_real_shapes_cuda(model, T):
                                             a_itemsize=x.element_size(),
                                             w_itemsize=w1.element_size()) if c.direct][:3]:  # fmt: skip
             _run_twice(x, w1, w2, ids, w, q, off, t)
+            _run_twice(x, w1, w2, ids, w, q, off, replace(t, direct=2))
 
 
 @pytest.mark.cuda

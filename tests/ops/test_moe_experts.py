@@ -13,6 +13,8 @@ which costs it about 6e-3 where the GPU's error is near 2e-3.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from _moe_inputs import (
@@ -607,11 +609,16 @@ for q, t in json.loads(sys.argv[1]):
         p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "ids_ptr": "*i32", "lock_ptr": "*i32"}
         p2 = {"c_ptr": "*bf16", "w_ptr": w, "out_ptr": "*bf16", "ids_ptr": "*i32",
               "lock_ptr": "*i32"}
-        c1 = dict(cd, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k, PARTS_PAD=8, MIN_STEPS=1)
+        c1 = dict(cd, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k, PARTS_PAD=8,
+                  MIN_STEPS=1, SCALE_C=m.direct == 2)
         c2 = dict(cd, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k, PARTS_PAD=64, MIN_STEPS=1)
+        k2 = D._moe_direct_gemm2_kernel
+        if m.direct == 2:  # GEMM2 by output tile
+            k2 = D._moe_direct_gemm2_by_token_kernel
+            c2 = dict(cd, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k, PARTS_PAD=8, KP=8)
         results.append([q, t,
                         compile_one(D._moe_direct_gemm1_kernel, p1, c1, t1.num_warps, t1.num_stages),
-                        compile_one(D._moe_direct_gemm2_kernel, p2, c2, t2.num_warps, t2.num_stages)])
+                        compile_one(k2, p2, c2, t2.num_warps, t2.num_stages)])
         continue
     common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=m.max_split)
     p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
@@ -660,6 +667,7 @@ def test_kernels_compile_for_sm90_without_spills():
             )  # fmt: skip
             if t.direct
         ]
+        cases += [(q, replace(cfg._DIRECT, direct=2).as_tactic())]  # GEMM2 by output tile
     cases = list(dict.fromkeys(cases))  # the regimes share some defaults
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(

@@ -16,7 +16,12 @@ from flashtune import platform
 from flashtune.ops.gemm.launch import split_k_counters
 from flashtune.ops.moe import grid
 from flashtune.ops.moe.config import DIRECT_MAX_ROUTES, MoETactic
-from flashtune.ops.moe.direct_kernels import _moe_direct_gemm1_kernel, _moe_direct_gemm2_kernel
+from flashtune.ops.moe.direct_kernels import (
+    BY_TOKEN_MAX_TOP_K,
+    _moe_direct_gemm1_kernel,
+    _moe_direct_gemm2_by_token_kernel,
+    _moe_direct_gemm2_kernel,
+)
 from flashtune.ops.pdl import launch_options
 from flashtune.tune import DEFAULT_TACTIC, Tactic
 
@@ -86,7 +91,9 @@ def launch_direct(
     a_size, w_size = hidden_states.element_size(), gemm1_weights.element_size()
     c = torch.empty(routes, inter, dtype=c_dtype, device=device)
     tiles1 = routes * -(-inter // g1.block_n)
-    tiles2 = routes * -(-H // g2.block_n)
+    # GEMM2's work items: (token, N tile) by output tile, else (route, N tile).
+    by_token = tactic.direct == 2 and top_k <= BY_TOKEN_MAX_TOP_K
+    tiles2 = (T if by_token else routes) * -(-H // g2.block_n)
     smem1 = (16 * a_size + 2 * g1.block_n * w_size) * g1.block_k * g1.num_stages
     smem2 = (16 * 2 + g2.block_n * w_size) * g2.block_k * g2.num_stages
     if device.type == "cpu":
@@ -128,6 +135,8 @@ def launch_direct(
         gate_scale,
         ws1,
         locks,
+        topk_weights,
+        out_scale,
         routes,
         E,
         local_expert_offset,
@@ -141,6 +150,7 @@ def launch_direct(
         *c.stride(),
         *a_scale_strides,
         *w1_scale_strides,
+        *topk_weights.stride(),
         QUANT=qcode,
         HAS_A_SCALE=has_a_scale,
         DOT_F32=dot_f32,
@@ -152,10 +162,48 @@ def launch_direct(
         PARTS_PAD=triton.next_power_of_2(tactic.max_split),  # a tile's K parts
         MIN_STEPS=_MIN_PART_STEPS,
         USE_PDL=pdl,
+        SCALE_C=by_token,  # GEMM2 by output tile scales no route itself
         num_warps=g1.num_warps,
         num_stages=g1.num_stages,
         **launch_options(pdl),
     )
+    if by_token:
+        _moe_direct_gemm2_by_token_kernel[(grid2,)](
+            c,
+            gemm2_weights,
+            out,
+            topk_ids,
+            w2_scale,
+            ws2,
+            locks,
+            routes,
+            E,
+            local_expert_offset,
+            T,
+            H,
+            inter,
+            fill2,
+            top_k,
+            *topk_ids.stride(),
+            *c.stride(),
+            *gemm2_weights.stride(),
+            *out.stride(),
+            *w2_scale_strides,
+            QUANT=qcode,
+            DOT_F32=dot_f32,
+            EVEN_K=inter % g2.block_k == 0,
+            R_PAD=r_pad,
+            KP=triton.next_power_of_2(top_k),
+            BLOCK_N=g2.block_n,
+            BLOCK_K=g2.block_k,
+            MAX_SPLIT=tactic.max_split,
+            PARTS_PAD=triton.next_power_of_2(tactic.max_split),  # a tile's parts
+            USE_PDL=pdl,
+            num_warps=g2.num_warps,
+            num_stages=g2.num_stages,
+            **launch_options(pdl),
+        )
+        return out
     _moe_direct_gemm2_kernel[(grid2,)](
         c,
         gemm2_weights,
