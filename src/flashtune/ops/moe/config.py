@@ -435,6 +435,16 @@ def candidates(
             )  # fmt: skip
             for bn1, s1, bn2, s2 in _DIRECT_TILES
         ]
+        # GEMM2 by output tile (direct=2). H200, CUDA graphs: it wins where a tile's routes
+        # are few and its parts fill the SMs (DeepSeek-V3 EP8 with one local route, T=1:
+        # 30.6 -> 27.2 us; Qwen3-30B bf16 T 2-8: 5-9%) and loses where one token's many
+        # routes run in one program (DeepSeek-V3, 8 local routes at T=1: 115 -> 159 us).
+        out += [
+            MoETactic(
+                16, StageTile(bn1, 128, 1, 4, s1), StageTile(bn2, 128, 1, 4, s2), 1, split, direct=2
+            )  # fmt: skip
+            for bn1, s1, bn2, s2 in _DIRECT_TILES_BY_TOKEN
+        ]
     return [
         t
         for t in dict.fromkeys(out)
@@ -454,3 +464,4 @@ _DIRECT = MoETactic(16, StageTile(64, 128, 1, 4, 4), StageTile(64, 128, 1, 4, 4)
 # (GEMM1 block_n, stages, GEMM2 block_n, stages) of the direct path's candidates: each
 # program streams a [block_n, 128] weight tile a step (two for GEMM1: up and gate).
 _DIRECT_TILES = ((16, 4, 32, 4), (32, 4, 64, 4), (64, 4, 64, 4), (64, 4, 128, 3), (128, 3, 128, 3))
+_DIRECT_TILES_BY_TOKEN = ((64, 4, 64, 4), (64, 4, 128, 3))
