@@ -516,9 +516,17 @@ def test_tma_runner_runs_what_it_does_not_take_on_the_pointer_kernel():
     _close(C, expected, scale=expected.abs().max().item())
 
 
-# The decode kernel's tactics (block_m, block_n, block_k, split_k, warps, stages): FMA tiles
-# of 1 and 4 rows, a 16-row swap-AB dot, split K of 3 ending inside a tile (K = 200).
-SMALL_M_TACTICS = [-1, (1, 16, 64, 1, 4, 1), (4, 16, 64, 3, 4, 1), (16, 32, 64, 2, 4, 1)]
+# The decode kernel's tactics (block_m, block_n, block_k, split_k, warps, stages[,
+# stream_k]): FMA tiles of 1 and 4 rows, a 16-row swap-AB dot, split K of 3 ending inside a
+# tile (K = 200), and the stream-K schedule (its runs ending inside tiles) on 16 and 4 rows.
+SMALL_M_TACTICS = [
+    -1,
+    (1, 16, 64, 1, 4, 1),
+    (4, 16, 64, 3, 4, 1),
+    (16, 32, 64, 2, 4, 1),
+    (16, 32, 64, 1, 4, 1, 2),
+    (4, 16, 64, 1, 4, 1, 1),
+]
 
 
 # An FMA tile holds the whole M (the runner offers no other): those pairs only.
