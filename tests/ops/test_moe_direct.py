@@ -36,6 +36,9 @@ DIRECT_NO_SPLIT = cfg.MoETactic(
 # GEMM2 by output tile (direct=2): a tile's parts cut a token's (route, K step) sequence.
 BY_TOKEN = replace(DIRECT, direct=2)
 BY_TOKEN_NO_SPLIT = replace(DIRECT_NO_SPLIT, direct=2)
+# Both GEMMs in one launch (direct=3): GEMM2's items wait on their routes' rows of C.
+FUSED = replace(DIRECT, direct=3)
+FUSED_NO_SPLIT = replace(DIRECT_NO_SPLIT, direct=3)
 
 
 def _run_twice(x, w1, w2, ids, w, q, off, tactic):
@@ -44,12 +47,17 @@ def _run_twice(x, w1, w2, ids, w, q, off, tactic):
     assert_close_to_ref(out, ref)
     again = fused_experts(x, w1, w2, ids, w, quant=q, local_expert_offset=off, tactic=tactic)
     assert torch.equal(out, again)  # parts summed in route and part order
-    assert int(split_k_counters(x.device, 1)[:256].abs().sum()) == 0
+    assert int(split_k_counters(x.device, 1).abs().sum()) == 0  # every counter back at 0
     return out
 
 
 # Two cases in the main suite (about 8 s in the interpreter on 2 cores), the rest slow.
-_MAIN = {("split", 3, "fp8_block"), ("split", 1, "fp8_per_tensor"), ("token", 3, "fp8_per_tensor")}
+_MAIN = {
+    ("split", 3, "fp8_block"),
+    ("split", 1, "fp8_per_tensor"),
+    ("token", 3, "fp8_per_tensor"),
+    ("fused", 3, "fp8_block"),
+}
 DIRECT_CASES = [
     pytest.param(
         tactic,
@@ -63,6 +71,8 @@ DIRECT_CASES = [
         ("whole", DIRECT_NO_SPLIT),
         ("token", BY_TOKEN),
         ("token-whole", BY_TOKEN_NO_SPLIT),
+        ("fused", FUSED),
+        ("fused-whole", FUSED_NO_SPLIT),
     )
     for T in (1, 3)
     for mode in ("bf16", "fp8_block", "fp8_per_tensor")
@@ -91,7 +101,7 @@ def test_direct_zero_rows_and_repeated_expert(device, monkeypatch):
     off = 5
     ids = torch.tensor([[0, 1, 9], [6, 6, 2], [7, 5, 6]], dtype=torch.int32, device=device)
     w = torch.rand(3, 3, device=device) + 0.1
-    for tactic in (DIRECT, BY_TOKEN):
+    for tactic in (DIRECT, BY_TOKEN, FUSED):
         out = _run_twice(x, w1, w2, ids, w, q, off, tactic)
         assert (out[0] == 0).all()
 
@@ -100,7 +110,7 @@ def test_direct_no_local_route_overwrites_out(device):
     need_kernels(device)
     x, w1, w2, q = make_inputs("bf16", 2, 128, 64, 2, device, torch.float16)
     ids = torch.tensor([[4, 5], [6, 7]], dtype=torch.int32, device=device)
-    for tactic in (DIRECT, BY_TOKEN):
+    for tactic in (DIRECT, BY_TOKEN, FUSED):
         out = torch.full((2, 128), 7.0, dtype=torch.bfloat16, device=device)
         got = fused_experts(x, w1, w2, ids, torch.rand(2, 2, device=device), out=out, tactic=tactic)
         assert got is out and (out == 0).all()
@@ -125,7 +135,7 @@ def test_direct_tactic_form_and_limits(device):
     with pytest.raises(ValueError, match="direct decode path"):
         resolve_tactic(DIRECT, x, w1, 2, q)
     assert not cfg.tactic_ok(
-        cfg.MoETactic(16, direct=3), fp8_block=False, a_itemsize=2, w_itemsize=2
+        cfg.MoETactic(16, direct=4), fp8_block=False, a_itemsize=2, w_itemsize=2
     )
     # A pick tuned at a bucket's T runs past the limit on the general path, same tiles.
     general = direct_module.within_direct_limit(DIRECT.as_tactic(), cfg.DIRECT_MAX_ROUTES + 1)
@@ -160,21 +170,23 @@ def test_direct_real_shapes_cuda(model, T):
                                             w_itemsize=w1.element_size()) if c.direct][:3]:  # fmt: skip
             _run_twice(x, w1, w2, ids, w, q, off, t)
             _run_twice(x, w1, w2, ids, w, q, off, replace(t, direct=2))
+            _run_twice(x, w1, w2, ids, w, q, off, replace(t, direct=3))
 
 
 @pytest.mark.cuda
-def test_direct_cuda_graph_capture():
+@pytest.mark.parametrize("tactic", [DIRECT, FUSED], ids=["two-launches", "one-launch"])
+def test_direct_cuda_graph_capture(tactic):
     device = torch.device("cuda")
     mode, H, I, E, E_global, K = MODELS["deepseek-v3"]  # noqa: E741
     T = 2
     x, w1, w2, q = make_inputs(mode, T, H, I, E, device)
     ids, w = draw_routes(T, K, E_global, device, local=(0, E))
     out = torch.empty(T, H, dtype=torch.bfloat16, device=device)
-    fused_experts(x, w1, w2, ids, w, quant=q, out=out, tactic=DIRECT)  # compile first
+    fused_experts(x, w1, w2, ids, w, quant=q, out=out, tactic=tactic)  # compile first
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fused_experts(x, w1, w2, ids, w, quant=q, out=out, tactic=DIRECT)
+        fused_experts(x, w1, w2, ids, w, quant=q, out=out, tactic=tactic)
     ids.copy_(draw_routes(T, K, E_global, device, local=(0, E))[0])
     graph.replay()
     torch.cuda.synchronize()

@@ -569,7 +569,8 @@ from flashtune.ops.moe.config import MoETactic
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 # Arguments a real launch specializes to 1 (unit strides) and those left unaligned.
-ONES = {"stride_ah", "stride_wk", "stride_cn", "stride_ck", "stride_on", "stride_wsk", "stride_ast"}
+ONES = {"stride_ah", "stride_wk", "stride_cn", "stride_ck", "stride_on", "stride_wsk", "stride_ast",
+        "stride_w1k", "stride_w2k", "stride_w1sk", "stride_w2sk"}
 UNALIGNED = {"num_routes", "TOP_K", "num_experts", "offset", "num_rows", "num_blocks"}
 PTRS = {"q0": ("*bf16", "*bf16"), "q1": ("*fp8e4nv", "*fp8e4nv"), "q2": ("*fp8e4nv", "*fp8e4nv")}
 
@@ -604,6 +605,16 @@ for q, t in json.loads(sys.argv[1]):
     a, w = PTRS[f"q{q}"]
     m = MoETactic.from_tactic(t)
     t1, t2 = m.gemm1, m.gemm2
+    if m.direct == 3:  # both direct GEMMs in one launch
+        p = {"a_ptr": a, "w1_ptr": w, "w2_ptr": w, "c_ptr": "*bf16", "out_ptr": "*bf16",
+             "ids_ptr": "*i32", "lock1_ptr": "*i32", "lock2_ptr": "*i32", "ready_ptr": "*i32"}
+        c = dict(QUANT=q, HAS_A_SCALE=q == 1, DOT_F32=False, EVEN_K1=True, EVEN_K2=True,
+                 R_PAD=16, TOP_K=8, BLOCK_N1=t1.block_n, BLOCK_K1=t1.block_k,
+                 BLOCK_N2=t2.block_n, BLOCK_K2=t2.block_k, MAX_SPLIT=m.max_split, PARTS_PAD1=8,
+                 PARTS_PAD2=64, MIN_STEPS=1, MAX_ROUTES=64, USE_PDL=True)
+        spills = compile_one(D._moe_direct_fused_kernel, p, c, t1.num_warps, t1.num_stages)
+        results.append([q, t, spills, spills])
+        continue
     if m.direct:  # the decode path without the alignment (direct_kernels.py)
         cd = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=m.max_split, TOP_K=8, R_PAD=16)
         p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "ids_ptr": "*i32", "lock_ptr": "*i32"}
@@ -667,7 +678,7 @@ def test_kernels_compile_for_sm90_without_spills():
             )  # fmt: skip
             if t.direct
         ]
-        cases += [(q, replace(cfg._DIRECT, direct=2).as_tactic())]  # GEMM2 by output tile
+        cases += [(q, replace(cfg._DIRECT, direct=d).as_tactic()) for d in (2, 3)]
     cases = list(dict.fromkeys(cases))  # the regimes share some defaults
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(

@@ -95,7 +95,8 @@ class MoETactic:
     # topk_ids, GEMM2 sums a token's routes (no combine launch); block_m, swap_ab and
     # gemm1_sub do not apply (one route a work item, weight tiles on the MMA's M side).
     # 2: the same with GEMM2 by output tile (a work item walks a token's routes; top-k up
-    # to 8, else 1's GEMM2).
+    # to 8, else 1's GEMM2). 3: 1's two GEMMs in one persistent launch (GEMM2's items wait
+    # on their routes' rows of C).
     direct: int = 0
 
     @property
@@ -318,7 +319,7 @@ def tactic_ok(
         return False
     if tactic.gemm1_sub not in (1, 2, 4) or tactic.gemm1_rows < 16:
         return False
-    if not 1 <= tactic.max_split <= MAX_SPLIT or tactic.direct not in (0, 1, 2):
+    if not 1 <= tactic.max_split <= MAX_SPLIT or tactic.direct not in (0, 1, 2, 3):
         return False
     return tactic.smem_bytes(a_itemsize, w_itemsize) <= smem_limit
 

@@ -18,6 +18,7 @@ from flashtune.ops.moe import grid
 from flashtune.ops.moe.config import DIRECT_MAX_ROUTES, MoETactic
 from flashtune.ops.moe.direct_kernels import (
     BY_TOKEN_MAX_TOP_K,
+    _moe_direct_fused_kernel,
     _moe_direct_gemm1_kernel,
     _moe_direct_gemm2_by_token_kernel,
     _moe_direct_gemm2_kernel,
@@ -123,6 +124,16 @@ def launch_direct(
     )
     locks = split_k_counters(device, max(tiles1, T * -(-H // g2.block_n)))
     r_pad = max(16, triton.next_power_of_2(routes))
+    if tactic.direct == 3:
+        _launch_fused(
+            hidden_states, gemm1_weights, gemm2_weights, topk_ids, topk_weights, out, c,
+            tactic, qcode=qcode, local_expert_offset=local_expert_offset, a_scale=a_scale,
+            a_scale_strides=a_scale_strides, has_a_scale=has_a_scale, w1_scale=w1_scale,
+            w1_scale_strides=w1_scale_strides, w2_scale=w2_scale,
+            w2_scale_strides=w2_scale_strides, up_scale=up_scale, gate_scale=gate_scale,
+            out_scale=out_scale, pdl=pdl, r_pad=r_pad, smem=max(smem1, smem2),
+        )  # fmt: skip
+        return out
 
     _moe_direct_gemm1_kernel[(grid1,)](
         hidden_states,
@@ -243,3 +254,123 @@ def launch_direct(
         **launch_options(pdl),
     )
     return out
+
+
+def _launch_fused(
+    hidden_states: torch.Tensor,
+    gemm1_weights: torch.Tensor,
+    gemm2_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out: torch.Tensor,
+    c: torch.Tensor,
+    tactic: MoETactic,
+    *,
+    qcode: int,
+    local_expert_offset: int,
+    a_scale: torch.Tensor,
+    a_scale_strides: tuple[int, int],
+    has_a_scale: bool,
+    w1_scale: torch.Tensor,
+    w1_scale_strides: tuple[int, int, int],
+    w2_scale: torch.Tensor,
+    w2_scale_strides: tuple[int, int, int],
+    up_scale: torch.Tensor,
+    gate_scale: torch.Tensor,
+    out_scale: torch.Tensor,
+    pdl: bool,
+    r_pad: int,
+    smem: int,
+) -> None:
+    """Both GEMMs in one launch (direct_kernels._moe_direct_fused_kernel, tactic direct=3).
+    Its GEMM2 items wait on GEMM1's: every program must be resident at once, so the grid is
+    at most one program an SM (the interpreter, which runs programs one after another,
+    gets one program; its fill stays the test's program count, so that tiles still split)."""
+    device = hidden_states.device
+    T, H = hidden_states.shape
+    E, two_i, _ = gemm1_weights.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    routes = T * top_k
+    g1, g2 = tactic.gemm1, tactic.gemm2
+    tiles1 = routes * -(-inter // g1.block_n)
+    tiles2 = routes * -(-H // g2.block_n)
+    if device.type == "cpu":
+        fill = grid.persistent_programs(device, max(tiles1, tiles2) * tactic.max_split, smem)
+        programs = 1
+    else:
+        fill = _FILL_PER_SM * platform.device_limits(device).sm_count
+        work = max(_work_bound(tiles1, tactic, fill), _work_bound(tiles2, tactic, fill))
+        programs = min(grid.persistent_programs(device, work, smem), fill)
+    ws1 = torch.empty(
+        min(tiles1 * tactic.max_split, fill) * 2 * g1.block_n, dtype=torch.float32, device=device
+    )
+    ws2 = torch.empty(
+        max(tiles2, min(tiles2 * tactic.max_split, fill)) * g2.block_n,
+        dtype=torch.float32,
+        device=device,
+    )
+    # GEMM1's arrival counters, GEMM2's, then the routes' ready and read counters: the two
+    # phases run at once, so none may share.
+    out_tiles = T * -(-H // g2.block_n)
+    counters = split_k_counters(device, tiles1 + out_tiles + 2 * DIRECT_MAX_ROUTES)
+    lock1 = counters[:tiles1]
+    lock2 = counters[tiles1 : tiles1 + out_tiles]
+    ready = counters[tiles1 + out_tiles : tiles1 + out_tiles + 2 * DIRECT_MAX_ROUTES]
+    _moe_direct_fused_kernel[(programs,)](
+        hidden_states,
+        gemm1_weights,
+        c,
+        topk_ids,
+        a_scale,
+        w1_scale,
+        up_scale,
+        gate_scale,
+        ws1,
+        lock1,
+        gemm2_weights,
+        out,
+        topk_weights,
+        w2_scale,
+        out_scale,
+        ws2,
+        lock2,
+        ready,
+        routes,
+        E,
+        local_expert_offset,
+        T,
+        H,
+        inter,
+        fill,
+        top_k,
+        *topk_ids.stride(),
+        *hidden_states.stride(),
+        *gemm1_weights.stride(),
+        *c.stride(),
+        *a_scale_strides,
+        *w1_scale_strides,
+        *topk_weights.stride(),
+        *gemm2_weights.stride(),
+        *out.stride(),
+        *w2_scale_strides,
+        QUANT=qcode,
+        HAS_A_SCALE=has_a_scale,
+        DOT_F32=device.type == "cpu",
+        EVEN_K1=H % g1.block_k == 0,
+        EVEN_K2=inter % g2.block_k == 0,
+        R_PAD=r_pad,
+        BLOCK_N1=g1.block_n,
+        BLOCK_K1=g1.block_k,
+        BLOCK_N2=g2.block_n,
+        BLOCK_K2=g2.block_k,
+        MAX_SPLIT=tactic.max_split,
+        PARTS_PAD1=triton.next_power_of_2(tactic.max_split),
+        PARTS_PAD2=triton.next_power_of_2(top_k * tactic.max_split),
+        MIN_STEPS=_MIN_PART_STEPS,
+        MAX_ROUTES=DIRECT_MAX_ROUTES,
+        USE_PDL=pdl,
+        num_warps=max(g1.num_warps, g2.num_warps),
+        num_stages=max(g1.num_stages, g2.num_stages),
+        **launch_options(pdl),
+    )

@@ -121,6 +121,33 @@ def _swiglu_store(up, gate, c_ptr, slot, offs_n, expert, a_scale_ptr, up_scale_p
     tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=offs_n < INTER)
 
 
+@triton.jit
+def _signal_ready(ready_ptr, slot):
+    """One more C tile of local route `slot` is stored: a CTA barrier, then a release at GPU
+    scope (the tile's stores are visible to whoever acquires the count)."""
+    tl.debug_barrier()
+    tl.atomic_add(ready_ptr + slot, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_ready(ready_ptr, slot, target):
+    """Spin until local route `slot`'s row of C is whole (`target` tiles stored)."""
+    while tl.atomic_add(ready_ptr + slot, 0, sem="acquire", scope="gpu") < target:
+        pass
+
+
+@triton.jit
+def _consume(ready_ptr, slot, readers, MAX_ROUTES: tl.constexpr):
+    """This GEMM2 item is done with route `slot`'s row of C; the last of its `readers`
+    resets the slot's counters (ready at ready_ptr, read ones MAX_ROUTES further) for the
+    next launch."""
+    tl.debug_barrier()
+    done = tl.atomic_add(ready_ptr + MAX_ROUTES + slot, 1, sem="acq_rel", scope="gpu")
+    if done == readers - 1:
+        tl.store(ready_ptr + slot, 0)
+        tl.store(ready_ptr + MAX_ROUTES + slot, 0)
+
+
 @triton.jit(do_not_specialize=["num_routes", "num_experts", "offset"])
 def _moe_direct_gemm1_kernel(
     a_ptr,  # [T, H] activations (bf16/fp16/fp8)
@@ -170,6 +197,8 @@ def _moe_direct_gemm1_kernel(
     MIN_STEPS: tl.constexpr,  # the fewest K steps a part has
     USE_PDL: tl.constexpr = False,
     SCALE_C: tl.constexpr = False,  # fold the route's weight (x QUANT 2's output scale) into C
+    ready_ptr=None,  # READY: int32 [2 * MAX_ROUTES] counters (the fused launch)
+    READY: tl.constexpr = False,  # count each stored C tile on its route's counter
 ):
     _pdl_start(USE_PDL)
     r, expert_of, local, number = _local_routes(
@@ -244,10 +273,14 @@ def _moe_direct_gemm1_kernel(
                 _swiglu_store(up, gate, c_ptr, slot, offs_n, expert, a_scale_ptr, up_scale_ptr,
                               gate_scale_ptr, INTER, stride_cm, stride_cn, c_scale, QUANT,
                               HAS_A_SCALE)  # fmt: skip
+                if READY:
+                    _signal_ready(ready_ptr, slot)
         else:
             _swiglu_store(up, gate, c_ptr, slot, offs_n, expert, a_scale_ptr, up_scale_ptr,
                           gate_scale_ptr, INTER, stride_cm, stride_cn, c_scale, QUANT,
                           HAS_A_SCALE)  # fmt: skip
+            if READY:
+                _signal_ready(ready_ptr, slot)
     _pdl_end(USE_PDL)
 
 
@@ -294,6 +327,10 @@ def _moe_direct_gemm2_kernel(
     PARTS_PAD: tl.constexpr,  # a power of two >= the parts one sum reads
     MIN_STEPS: tl.constexpr,  # the fewest K steps a part has
     USE_PDL: tl.constexpr = False,
+    ready_ptr=None,  # READY: int32 [2 * MAX_ROUTES] counters (the fused launch)
+    ready_target=0,  # READY: the C tiles of a route's row
+    READY: tl.constexpr = False,  # wait for each route's row of C on its counter
+    MAX_ROUTES: tl.constexpr = 64,
 ):
     _pdl_start(USE_PDL)
     r, expert_of, local, number = _local_routes(
@@ -320,6 +357,8 @@ def _moe_direct_gemm2_kernel(
         )
         if QUANT == 1:
             ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+        if READY:
+            _wait_ready(ready_ptr, slot, ready_target)
         acc = tl.zeros((BLOCK_N, _ROWS), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             c = _row_tile(c_ptr, slot.to(tl.int64), stride_cm, offs_k, stride_ck, k0, INTER, EVEN_K)
@@ -339,6 +378,8 @@ def _moe_direct_gemm2_kernel(
             else:
                 acc = _mma(acc, c, w.to(c.dtype), True)
             w_ptrs += BLOCK_K * stride_wk
+        if READY:
+            _consume(ready_ptr, slot, num_pid_n * split, MAX_ROUTES)
         part = tl.sum(acc, axis=1) * _route_scale(
             weights_ptr, out_scale_ptr, route, expert, stride_wt, stride_wk2, TOP_K, QUANT
         )
@@ -504,3 +545,98 @@ def _moe_direct_gemm2_by_token_kernel(
         else:
             tl.store(out_ptrs, out_vec.to(out_ptr.dtype.element_ty), mask=n_ok)
     _pdl_end(USE_PDL)
+
+
+@triton.jit(do_not_specialize=["num_routes", "num_experts", "offset", "num_tokens"])
+def _moe_direct_fused_kernel(
+    a_ptr,
+    w1_ptr,
+    c_ptr,
+    ids_ptr,
+    a_scale_ptr,
+    w1_scale_ptr,
+    up_scale_ptr,
+    gate_scale_ptr,
+    ws1_ptr,
+    lock1_ptr,  # GEMM1's arrival counters
+    w2_ptr,
+    out_ptr,
+    weights_ptr,
+    w2_scale_ptr,
+    out_scale_ptr,
+    ws2_ptr,
+    lock2_ptr,  # GEMM2's arrival counters (apart from GEMM1's: both phases run at once)
+    ready_ptr,  # int32 [2 * MAX_ROUTES]: C tiles stored a route, GEMM2 items done with it
+    num_routes,
+    num_experts,
+    offset,
+    num_tokens,
+    H,
+    INTER,
+    fill,
+    TOP_K: tl.constexpr,
+    stride_it,
+    stride_ik,
+    stride_at,
+    stride_ah,
+    stride_w1e,
+    stride_w1n,
+    stride_w1k,
+    stride_cm,
+    stride_cn,
+    stride_ask,
+    stride_ast,
+    stride_w1se,
+    stride_w1sn,
+    stride_w1sk,
+    stride_wt,
+    stride_wk2,
+    stride_w2e,
+    stride_w2n,
+    stride_w2k,
+    stride_ot,
+    stride_on,
+    stride_w2se,
+    stride_w2sn,
+    stride_w2sk,
+    QUANT: tl.constexpr,
+    HAS_A_SCALE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    EVEN_K1: tl.constexpr,
+    EVEN_K2: tl.constexpr,
+    R_PAD: tl.constexpr,
+    BLOCK_N1: tl.constexpr,
+    BLOCK_K1: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
+    BLOCK_K2: tl.constexpr,
+    MAX_SPLIT: tl.constexpr,
+    PARTS_PAD1: tl.constexpr,
+    PARTS_PAD2: tl.constexpr,
+    MIN_STEPS: tl.constexpr,
+    MAX_ROUTES: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    """Both GEMMs of the direct path in one persistent launch: every program does its GEMM1
+    items (each stored C tile counted on its route's ready counter), then its GEMM2 items,
+    each waiting until its route's row of C is whole. No second launch, and GEMM2 finds the
+    routes GEMM1 already numbered. A waiting program must not keep a GEMM1 item off the GPU:
+    the host launches at most one program an SM (all resident), the interpreter one."""
+    _pdl_start(USE_PDL)
+    _moe_direct_gemm1_kernel(
+        a_ptr, w1_ptr, c_ptr, ids_ptr, a_scale_ptr, w1_scale_ptr, up_scale_ptr,
+        gate_scale_ptr, ws1_ptr, lock1_ptr, weights_ptr, out_scale_ptr, num_routes,
+        num_experts, offset, H, INTER, fill, TOP_K, stride_it, stride_ik, stride_at, stride_ah,
+        stride_w1e, stride_w1n, stride_w1k, stride_cm, stride_cn, stride_ask, stride_ast,
+        stride_w1se, stride_w1sn, stride_w1sk, stride_wt, stride_wk2, QUANT, HAS_A_SCALE,
+        DOT_F32, EVEN_K1, R_PAD, BLOCK_N1, BLOCK_K1, MAX_SPLIT, PARTS_PAD1, MIN_STEPS,
+        USE_PDL=False, ready_ptr=ready_ptr, READY=True,
+    )  # fmt: skip
+    _moe_direct_gemm2_kernel(
+        c_ptr, w2_ptr, out_ptr, ids_ptr, weights_ptr, w2_scale_ptr, out_scale_ptr, ws2_ptr,
+        lock2_ptr, num_routes, num_experts, offset, num_tokens, H, INTER, fill, TOP_K,
+        stride_it, stride_ik, stride_wt, stride_wk2, stride_cm, stride_cn, stride_w2e,
+        stride_w2n, stride_w2k, stride_ot, stride_on, stride_w2se, stride_w2sn, stride_w2sk,
+        QUANT, DOT_F32, EVEN_K2, R_PAD, BLOCK_N2, BLOCK_K2, MAX_SPLIT, PARTS_PAD2, MIN_STEPS,
+        USE_PDL=USE_PDL, ready_ptr=ready_ptr, ready_target=tl.cdiv(INTER, BLOCK_N1),
+        READY=True, MAX_ROUTES=MAX_ROUTES,
+    )  # fmt: skip
