@@ -3,9 +3,11 @@
 On CPU the two kernels run in the interpreter: every quantization mode, routes to other
 ranks' experts and tokens with no local route (exact zero rows), a token routed twice to one
 expert, K split into parts (the interpreter gets 40 programs), odd H and I, repeat runs
-giving the same bits and the counters left at zero. On the GPU (`-m cuda`) the real decode
-shapes (DeepSeek-V3 EP8 fp8 block, Qwen3-30B-A3B fp8 and bf16) at T 1 and 4, and a CUDA-graph
-capture that follows new routes.
+giving the same bits and every counter left at zero; each for the three GEMM2 forms: route-
+major (direct=1), by output tile (direct=2, with its top-k limit) and both GEMMs in one
+launch (direct=3, one interpreter program). On the GPU (`-m cuda`) the real decode shapes
+(DeepSeek-V3 EP8 fp8 block, Qwen3-30B-A3B fp8 and bf16) at T 1 and 4 in all three forms, and
+a CUDA-graph capture that follows new routes (two launches and one).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ def test_direct_no_local_route_overwrites_out(device):
         assert got is out and (out == 0).all()
 
 
+@pytest.mark.slow  # about 5 s in the interpreter
 def test_by_token_past_its_top_k_takes_the_route_major_gemm2(device, monkeypatch):
     """Top-k 9 (more than GEMM2 by output tile packs): the route-major GEMM2 runs instead,
     GEMM1 leaving the route scale to it."""
