@@ -97,6 +97,17 @@ def launch_direct(
     tiles2 = (T if by_token else routes) * -(-H // g2.block_n)
     smem1 = (16 * a_size + 2 * g1.block_n * w_size) * g1.block_k * g1.num_stages
     smem2 = (16 * 2 + g2.block_n * w_size) * g2.block_k * g2.num_stages
+    r_pad = max(16, triton.next_power_of_2(routes))
+    if tactic.direct == 3:
+        _launch_fused(
+            hidden_states, gemm1_weights, gemm2_weights, topk_ids, topk_weights, out, c,
+            tactic, qcode=qcode, local_expert_offset=local_expert_offset, a_scale=a_scale,
+            a_scale_strides=a_scale_strides, has_a_scale=has_a_scale, w1_scale=w1_scale,
+            w1_scale_strides=w1_scale_strides, w2_scale=w2_scale,
+            w2_scale_strides=w2_scale_strides, up_scale=up_scale, gate_scale=gate_scale,
+            out_scale=out_scale, pdl=pdl, r_pad=r_pad, smem=max(smem1, smem2),
+        )  # fmt: skip
+        return out
     if device.type == "cpu":
         # The interpreter's few programs stand in for the SMs (fill), so that its tests split.
         grid1 = grid.persistent_programs(device, tiles1 * tactic.max_split, smem1)
@@ -123,17 +134,6 @@ def launch_direct(
         device=device,
     )
     locks = split_k_counters(device, max(tiles1, T * -(-H // g2.block_n)))
-    r_pad = max(16, triton.next_power_of_2(routes))
-    if tactic.direct == 3:
-        _launch_fused(
-            hidden_states, gemm1_weights, gemm2_weights, topk_ids, topk_weights, out, c,
-            tactic, qcode=qcode, local_expert_offset=local_expert_offset, a_scale=a_scale,
-            a_scale_strides=a_scale_strides, has_a_scale=has_a_scale, w1_scale=w1_scale,
-            w1_scale_strides=w1_scale_strides, w2_scale=w2_scale,
-            w2_scale_strides=w2_scale_strides, up_scale=up_scale, gate_scale=gate_scale,
-            out_scale=out_scale, pdl=pdl, r_pad=r_pad, smem=max(smem1, smem2),
-        )  # fmt: skip
-        return out
 
     _moe_direct_gemm1_kernel[(grid1,)](
         hidden_states,
