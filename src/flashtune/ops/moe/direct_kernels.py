@@ -483,7 +483,7 @@ def _moe_direct_gemm2_by_token_kernel(
     k_steps = tl.cdiv(INTER, BLOCK_K)
     num_tiles = num_tokens * num_pid_n
     if MAX_SPLIT > 1:
-        split = tl.minimum(tl.maximum(fill // num_tiles, 1), MAX_SPLIT)
+        split = tl.minimum(tl.maximum(fill // tl.maximum(num_tiles, 1), 1), MAX_SPLIT)
     else:
         split = 1
     offs_k = tl.arange(0, BLOCK_K)
