@@ -20,6 +20,7 @@ from _moe_inputs import MODELS, assert_close_to_ref, draw_routes, make_inputs, n
 
 from flashtune.ops.moe import config as cfg
 from flashtune.ops.moe import direct as direct_module
+from flashtune.ops.moe import experts as experts_module
 from flashtune.ops.moe import grid
 from flashtune.ops.moe.experts import (
     fused_experts,
@@ -127,6 +128,19 @@ def test_by_token_past_its_top_k_takes_the_route_major_gemm2(device, monkeypatch
     x, w1, w2, q = make_inputs("bf16", 2, 128, 64, 12, device, torch.float16)
     ids, w = draw_routes(2, 9, 12, device)
     _run_twice(x, w1, w2, ids, w, q, 0, BY_TOKEN)
+
+
+@pytest.mark.slow  # about 8 s in the interpreter
+@pytest.mark.parametrize("tactic", [DIRECT, None], ids=["direct", "general"])
+def test_fp8_weights_with_fp16_c(tactic, device, monkeypatch):
+    """experts._FP8_C_DTYPE (the A/B switch): C in fp16 with fp8 weights, both paths."""
+    need_kernels(device)
+    monkeypatch.setattr(experts_module, "_FP8_C_DTYPE", torch.float16)
+    monkeypatch.setattr(grid, "INTERPRETER_PROGRAMS", 40)
+    x, w1, w2, q = make_inputs("fp8_per_tensor", 3, 256, 128, 4, device)
+    ids, w = draw_routes(3, 3, 6, device)
+    t = tactic if tactic is not None else cfg.MoETactic(16, max_split=2)
+    _run_twice(x, w1, w2, ids, w, q, 1, t)
 
 
 def test_direct_tactic_form_and_limits(device):

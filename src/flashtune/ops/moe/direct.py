@@ -37,6 +37,12 @@ _FILL_PER_SM = 1
 _MIN_PART_STEPS = 1
 
 
+# Programs an SM of the one-launch form (direct=3): 1 keeps every program resident whatever
+# its registers. 2 (an A/B switch, session 26's next step) needs two to fit an SM's
+# registers and shared memory, or GEMM2's waits would keep a GEMM1 item off the GPU.
+_FUSED_PROGRAMS_PER_SM = 1
+
+
 def _work_bound(tiles: int, tactic: MoETactic, fill: int) -> int:
     """The most work items a launch of at most `tiles` tiles can have on the device."""
     return min(tiles * tactic.max_split, max(tiles, fill))
@@ -301,7 +307,8 @@ def _launch_fused(
     else:
         fill = _FILL_PER_SM * platform.device_limits(device).sm_count
         work = max(_work_bound(tiles1, tactic, fill), _work_bound(tiles2, tactic, fill))
-        programs = min(grid.persistent_programs(device, work, smem), fill)
+        per_sm = _FUSED_PROGRAMS_PER_SM * platform.device_limits(device).sm_count
+        programs = min(grid.persistent_programs(device, work, smem), per_sm)
     ws1 = torch.empty(
         min(tiles1 * tactic.max_split, fill) * 2 * g1.block_n, dtype=torch.float32, device=device
     )

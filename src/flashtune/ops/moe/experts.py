@@ -68,6 +68,13 @@ __all__ = [
     "EXPERTS_OP",
 ]
 
+# C's dtype where the weights are fp8: GEMM2 upcasts each fp8 W2 tile to it. bf16 (the
+# default) takes several instructions a value pair (e4m3 -> f16 -> f32 -> bf16), fp16 one
+# (sm_90 SASS of the per-tensor GEMM2 at T=4096: 856 instructions instead of 952, the 96
+# conversions; session 26, not yet timed), at fp16's range (|C| past 65504 overflows, as with fp16
+# inputs today). A switch for that A/B (.gpujobs), not a default until measured.
+_FP8_C_DTYPE = torch.bfloat16
+
 QuantMode = Literal["bf16", "fp8_block", "fp8_per_tensor"]
 _FP8 = torch.float8_e4m3fn
 
@@ -424,8 +431,10 @@ def fused_experts_triton(
 
     a_scale_strides = strides2(a_scale) if mode == "fp8_block" else (0, 0)
     # C in 16 bits: fp16 for fp16 inputs, bf16 otherwise (fp8 modes included; kernels.py
-    # says why C is not re-quantized to fp8).
+    # says why C is not re-quantized to fp8); with fp8 weights _FP8_C_DTYPE.
     c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
+    if c_dtype == torch.bfloat16 and gemm2_weights.element_size() == 1:
+        c_dtype = _FP8_C_DTYPE
     if t.direct:
         return launch_direct(
             hidden_states,
