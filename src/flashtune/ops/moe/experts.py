@@ -68,12 +68,7 @@ __all__ = [
     "EXPERTS_OP",
 ]
 
-# C's dtype where the weights are fp8: GEMM2 upcasts each fp8 W2 tile to it. bf16 (the
-# default) takes several instructions a value pair (e4m3 -> f16 -> f32 -> bf16), fp16 one
-# (sm_90 SASS of the per-tensor GEMM2 at T=4096: 856 instructions instead of 952, the 96
-# conversions; session 26, not yet timed), at fp16's range (|C| past 65504 overflows, as with fp16
-# inputs today). A switch for that A/B (.gpujobs), not a default until measured.
-_FP8_C_DTYPE = torch.bfloat16
+_FP8_C_DTYPE = torch.bfloat16  # C's dtype with fp8 weights: an A/B switch (docs/moe-kernels)
 
 QuantMode = Literal["bf16", "fp8_block", "fp8_per_tensor"]
 _FP8 = torch.float8_e4m3fn
@@ -430,8 +425,8 @@ def fused_experts_triton(
         return tuple(x.stride()) if x.dim() == 2 else (0, 0)  # type: ignore[return-value]
 
     a_scale_strides = strides2(a_scale) if mode == "fp8_block" else (0, 0)
-    # C in 16 bits: fp16 for fp16 inputs, bf16 otherwise (fp8 modes included; kernels.py
-    # says why C is not re-quantized to fp8); with fp8 weights _FP8_C_DTYPE.
+    # C in 16 bits: fp16 for fp16 inputs, else bf16 (_FP8_C_DTYPE with fp8 weights; kernels.py
+    # says why C is not re-quantized to fp8).
     c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
     if c_dtype == torch.bfloat16 and gemm2_weights.element_size() == 1:
         c_dtype = _FP8_C_DTYPE
@@ -463,11 +458,9 @@ def fused_experts_triton(
     num_routes = topk_ids.numel()
     P = al.num_blocks * t.block_m
     c = torch.empty(P, inter, dtype=c_dtype, device=device)
-    # GEMM2's per-route rows in bf16 (bf16's range for any input; the combine sums them in
-    # fp32): fp32 rows were the largest traffic at many tokens (DeepSeek-V3 EP8, T=4096,
-    # every route local: 940 MB written by GEMM2 and read by the combine, 233 us of combine;
-    # the output's error went from 2.9e-3 to 3.3e-3 of its norm, H200). fp32 under the
-    # interpreter, whose fp32-to-bf16 stores truncate (twice the GPU's rounding error).
+    # GEMM2's per-route rows in bf16, summed in fp32 by the combine: fp32 rows were the most
+    # traffic at many tokens (H200, DeepSeek-V3 EP8 T=4096 all local: 940 MB, 233 us of
+    # combine; error 2.9e-3 -> 3.3e-3). fp32 in the interpreter (its bf16 stores truncate).
     o_dtype = torch.float32 if dot_f32 else torch.bfloat16
     o = torch.empty(P, H, dtype=o_dtype, device=device)
 
