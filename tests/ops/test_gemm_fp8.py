@@ -333,9 +333,9 @@ def test_tail_split_candidates_where_the_last_wave_is_short():
 STREAM_K_SHAPES = [(1, 72, 256), (37, 200, 384), (130, 96, 640)]
 
 
-# The main suite runs the smallest shape in all four forms and the middle one in two (about
-# 8 s in the interpreter on 2 cores); the rest runs in the slow step.
-_STREAM_K_MAIN = {(37, 200, 384, False, True), (37, 200, 384, True, False)}
+# The main suite runs the smallest shape in all four forms (its 11- and 64-program cases
+# start and end parts mid-tile); the rest runs in the slow step.
+_STREAM_K_MAIN: set[tuple[int, int, int, bool, bool]] = set()
 STREAM_K_CASES = [
     pytest.param(
         *shape,

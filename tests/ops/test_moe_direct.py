@@ -55,12 +55,7 @@ def _run_twice(x, w1, w2, ids, w, q, off, tactic):
 
 
 # Two cases in the main suite (about 8 s in the interpreter on 2 cores), the rest slow.
-_MAIN = {
-    ("split", 3, "fp8_block"),
-    ("split", 1, "fp8_per_tensor"),
-    ("token", 3, "fp8_per_tensor"),
-    ("fused", 3, "fp8_block"),
-}
+_MAIN = {("split", 3, "fp8_block"), ("token", 3, "fp8_per_tensor")}
 DIRECT_CASES = [
     pytest.param(
         tactic,

@@ -107,7 +107,7 @@ ALIGN_CASES = [
     (17, 3, 4, 2, 16),
     (9, 2, 6, 0, 32),
     (40, 8, 128, 0, 16),
-    (130, 8, 33, 5, 64),
+    pytest.param(130, 8, 33, 5, 64, marks=pytest.mark.slow),  # about 9 s in the interpreter
 ]
 
 
