@@ -75,6 +75,29 @@ def _row_tile(ptr, row, stride_row, offs_k, stride_k, k0, K, EVEN_K: tl.constexp
 
 
 @triton.jit
+def _w2_step(acc, c, w_ptrs, s_ptrs, k0, offs_k, INTER, stride_wsk, QUANT: tl.constexpr,
+             DOT_F32: tl.constexpr, EVEN_K: tl.constexpr):  # fmt: skip
+    """One K step of either GEMM2 (route-major or by output tile): the [BLOCK_N, BLOCK_K] W2
+    tile at `w_ptrs`, upcast to C's type, against a route's [16, BLOCK_K] tile `c` of C. With
+    fp8 block scales (QUANT 1; `s_ptrs` the tile rows' scales) the block scale multiplies the
+    step's [BLOCK_N, 16] product, not the upcast tile (kernels.py's GEMM2 scales the tile,
+    which at one route a work item is 8x the multiplies; the tile's upcast to bf16 bounded
+    GEMM2 at 2.1 TB/s, DeepSeek-V3 T=1, H200)."""
+    if EVEN_K:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=(offs_k < INTER - k0)[None, :], other=0.0)
+    if DOT_F32:
+        c = c.to(tl.float32)
+    if QUANT == 1:
+        s = tl.load(s_ptrs + (k0 // 128) * stride_wsk)
+        acc += tl.dot(w.to(c.dtype), tl.trans(c)) * s[:, None]
+    else:
+        acc = _mma(acc, c, w.to(c.dtype), True)
+    return acc
+
+
+@triton.jit
 def _stash_vec(vec, ws_ptr, slot, BLOCK_N: tl.constexpr):
     tl.store(ws_ptr + slot * BLOCK_N + tl.arange(0, BLOCK_N), vec)
 
@@ -355,28 +378,14 @@ def _moe_direct_gemm2_kernel(
             + offs_nw[:, None] * stride_wn
             + (k_lo + offs_k)[None, :] * stride_wk
         )
-        if QUANT == 1:
-            ws_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+        s_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn  # QUANT 1
         if READY:
             _wait_ready(ready_ptr, slot, ready_target)
         acc = tl.zeros((BLOCK_N, _ROWS), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             c = _row_tile(c_ptr, slot.to(tl.int64), stride_cm, offs_k, stride_ck, k0, INTER, EVEN_K)
-            if EVEN_K:
-                w = tl.load(w_ptrs)
-            else:
-                w = tl.load(w_ptrs, mask=(offs_k < INTER - k0)[None, :], other=0.0)
-            if DOT_F32:
-                c = c.to(tl.float32)
-            if QUANT == 1:
-                # The block scale multiplies this K step's [BLOCK_N, 16] product, not the
-                # [BLOCK_N, BLOCK_K] upcast tile (kernels.py's GEMM2 scales the tile, which
-                # at one route a work item is 8x the multiplies; the tile's upcast to bf16
-                # bounded GEMM2 at 2.1 TB/s, DeepSeek-V3 T=1, H200).
-                s = tl.load(ws_ptrs + (k0 // 128) * stride_wsk)
-                acc += tl.dot(w.to(c.dtype), tl.trans(c)) * s[:, None]
-            else:
-                acc = _mma(acc, c, w.to(c.dtype), True)
+            acc = _w2_step(acc, c, w_ptrs, s_ptrs, k0, offs_k, INTER, stride_wsk, QUANT, DOT_F32,
+                           EVEN_K)  # fmt: skip
             w_ptrs += BLOCK_K * stride_wk
         if READY:
             _consume(ready_ptr, slot, num_pid_n * split, MAX_ROUTES)
@@ -520,18 +529,9 @@ def _moe_direct_gemm2_by_token_kernel(
                 + offs_nw[:, None] * stride_wn
                 + (k0 + offs_k)[None, :] * stride_wk
             )
-            if EVEN_K:
-                w = tl.load(w_ptrs)
-            else:
-                w = tl.load(w_ptrs, mask=(offs_k < INTER - k0)[None, :], other=0.0)
-            if DOT_F32:
-                c = c.to(tl.float32)
-            if QUANT == 1:
-                s_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
-                s = tl.load(s_ptrs + (k0 // 128) * stride_wsk)
-                acc += tl.dot(w.to(c.dtype), tl.trans(c)) * s[:, None]
-            else:
-                acc = _mma(acc, c, w.to(c.dtype), True)
+            s_ptrs = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
+            acc = _w2_step(acc, c, w_ptrs, s_ptrs, k0, offs_k, INTER, stride_wsk, QUANT, DOT_F32,
+                           EVEN_K)  # fmt: skip
         out_vec = tl.sum(acc, axis=1)
         out_ptrs = out_ptr + token.to(tl.int64) * stride_ot + offs_n * stride_on
         n_ok = offs_n < H
