@@ -48,6 +48,22 @@ def _work_bound(tiles: int, tactic: MoETactic, fill: int) -> int:
     return min(tiles * tactic.max_split, max(tiles, fill))
 
 
+def _workspaces(
+    device: torch.device, tactic: MoETactic, tiles1: int, tiles2: int, fill1: int, fill2: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two GEMMs' fp32 K-part partials, one slot a work item: a split launch has at most
+    min(tiles x max_split, fill) of them (GEMM1's two vectors a slot: up and gate); GEMM2
+    also stashes the unsplit parts of tokens with several local routes (one a tile)."""
+    g1, g2, split = tactic.gemm1, tactic.gemm2, tactic.max_split
+    ws1 = torch.empty(
+        min(tiles1 * split, fill1) * 2 * g1.block_n, dtype=torch.float32, device=device
+    )
+    ws2 = torch.empty(
+        max(tiles2, min(tiles2 * split, fill2)) * g2.block_n, dtype=torch.float32, device=device
+    )
+    return ws1, ws2
+
+
 def within_direct_limit(tactic: Tactic, routes: int) -> Tactic:
     """The tuner's pick as it can run: a direct-path pick profiled at its bucket's T (a
     power of two at most the call's T) takes the general path past DIRECT_MAX_ROUTES, with
@@ -111,7 +127,8 @@ def launch_direct(
             a_scale_strides=a_scale_strides, has_a_scale=has_a_scale, w1_scale=w1_scale,
             w1_scale_strides=w1_scale_strides, w2_scale=w2_scale,
             w2_scale_strides=w2_scale_strides, up_scale=up_scale, gate_scale=gate_scale,
-            out_scale=out_scale, pdl=pdl, r_pad=r_pad, smem=max(smem1, smem2),
+            out_scale=out_scale, pdl=pdl, r_pad=r_pad, smem=max(smem1, smem2), tiles1=tiles1,
+            tiles2=tiles2,
         )  # fmt: skip
         return out
     if device.type == "cpu":
@@ -128,17 +145,7 @@ def launch_direct(
         fill = fill2 = _FILL_PER_SM * platform.device_limits(device).sm_count
         grid1 = grid.persistent_programs(device, _work_bound(tiles1, tactic, fill), smem1)
         grid2 = grid.persistent_programs(device, _work_bound(tiles2, tactic, fill), smem2)
-    # K-part partials, one slot a work item: a split launch has at most min(tiles x
-    # max_split, fill) of them; GEMM2 also stashes the unsplit parts of tokens with several
-    # local routes (one a tile).
-    ws1 = torch.empty(
-        min(tiles1 * tactic.max_split, fill) * 2 * g1.block_n, dtype=torch.float32, device=device
-    )
-    ws2 = torch.empty(
-        max(tiles2, min(tiles2 * tactic.max_split, fill2)) * g2.block_n,
-        dtype=torch.float32,
-        device=device,
-    )
+    ws1, ws2 = _workspaces(device, tactic, tiles1, tiles2, fill, fill2)
     locks = split_k_counters(device, max(tiles1, T * -(-H // g2.block_n)))
 
     _moe_direct_gemm1_kernel[(grid1,)](
@@ -287,6 +294,8 @@ def _launch_fused(
     pdl: bool,
     r_pad: int,
     smem: int,
+    tiles1: int,
+    tiles2: int,
 ) -> None:
     """Both GEMMs in one launch (direct_kernels._moe_direct_fused_kernel, tactic direct=3).
     Its GEMM2 items wait on GEMM1's: every program must be resident at once, so the grid is
@@ -299,24 +308,15 @@ def _launch_fused(
     top_k = topk_ids.shape[1]
     routes = T * top_k
     g1, g2 = tactic.gemm1, tactic.gemm2
-    tiles1 = routes * -(-inter // g1.block_n)
-    tiles2 = routes * -(-H // g2.block_n)
     if device.type == "cpu":
         fill = grid.persistent_programs(device, max(tiles1, tiles2) * tactic.max_split, smem)
         programs = 1
     else:
-        fill = _FILL_PER_SM * platform.device_limits(device).sm_count
+        sms = platform.device_limits(device).sm_count
+        fill = _FILL_PER_SM * sms
         work = max(_work_bound(tiles1, tactic, fill), _work_bound(tiles2, tactic, fill))
-        per_sm = _FUSED_PROGRAMS_PER_SM * platform.device_limits(device).sm_count
-        programs = min(grid.persistent_programs(device, work, smem), per_sm)
-    ws1 = torch.empty(
-        min(tiles1 * tactic.max_split, fill) * 2 * g1.block_n, dtype=torch.float32, device=device
-    )
-    ws2 = torch.empty(
-        max(tiles2, min(tiles2 * tactic.max_split, fill)) * g2.block_n,
-        dtype=torch.float32,
-        device=device,
-    )
+        programs = min(grid.persistent_programs(device, work, smem), _FUSED_PROGRAMS_PER_SM * sms)
+    ws1, ws2 = _workspaces(device, tactic, tiles1, tiles2, fill, fill)
     # GEMM1's arrival counters, GEMM2's, then the routes' ready and read counters: the two
     # phases run at once, so none may share.
     out_tiles = T * -(-H // g2.block_n)
