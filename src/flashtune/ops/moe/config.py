@@ -429,22 +429,17 @@ def candidates(
         )
     ]
     if m < 16 and num_tokens * top_k <= DIRECT_MAX_ROUTES:
-        # The decode path without the alignment and combine launches (direct.py).
-        out += [
-            MoETactic(
-                16, StageTile(bn1, 128, 1, 4, s1), StageTile(bn2, 128, 1, 4, s2), 1, split, direct=1
-            )  # fmt: skip
-            for bn1, s1, bn2, s2 in _DIRECT_TILES
-        ]
-        # GEMM2 by output tile (direct=2). H200, CUDA graphs: it wins where a tile's routes
-        # are few and its parts fill the SMs (DeepSeek-V3 EP8 with one local route, T=1:
-        # 30.6 -> 27.2 us; Qwen3-30B bf16 T 2-8: 5-9%) and loses where one token's many
+        # The decode path without the alignment and combine launches (direct.py), then with
+        # GEMM2 by output tile (direct=2). H200, CUDA graphs: the latter wins where a tile's
+        # routes are few and its parts fill the SMs (DeepSeek-V3 EP8 with one local route,
+        # T=1: 30.6 -> 27.2 us; Qwen3-30B bf16 T 2-8: 5-9%) and loses where one token's many
         # routes run in one program (DeepSeek-V3, 8 local routes at T=1: 115 -> 159 us).
         out += [
             MoETactic(
-                16, StageTile(bn1, 128, 1, 4, s1), StageTile(bn2, 128, 1, 4, s2), 1, split, direct=2
+                16, StageTile(bn1, 128, 1, 4, s1), StageTile(bn2, 128, 1, 4, s2), 1, split, direct=d
             )  # fmt: skip
-            for bn1, s1, bn2, s2 in _DIRECT_TILES_BY_TOKEN
+            for d, tiles in ((1, _DIRECT_TILES), (2, _DIRECT_TILES_BY_TOKEN))
+            for bn1, s1, bn2, s2 in tiles
         ]
     return [
         t
