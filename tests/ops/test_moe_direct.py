@@ -127,15 +127,45 @@ def test_by_token_past_its_top_k_takes_the_route_major_gemm2(device, monkeypatch
 
 @pytest.mark.slow  # about 8 s in the interpreter
 @pytest.mark.parametrize("tactic", [DIRECT, None], ids=["direct", "general"])
-def test_fp8_weights_with_fp16_c(tactic, device, monkeypatch):
-    """experts._FP8_C_DTYPE (the A/B switch): C in fp16 with fp8 weights, both paths."""
+def test_fp8_weights_with_bf16_c(tactic, device, monkeypatch):
+    """experts._FP8_C_DTYPE set back to bf16 (C's range past fp16's): both paths."""
     need_kernels(device)
-    monkeypatch.setattr(experts_module, "_FP8_C_DTYPE", torch.float16)
+    monkeypatch.setattr(experts_module, "_FP8_C_DTYPE", torch.bfloat16)
     monkeypatch.setattr(grid, "INTERPRETER_PROGRAMS", 40)
     x, w1, w2, q = make_inputs("fp8_per_tensor", 3, 256, 128, 4, device)
     ids, w = draw_routes(3, 3, 6, device)
     t = tactic if tactic is not None else cfg.MoETactic(16, max_split=2)
     _run_twice(x, w1, w2, ids, w, q, 1, t)
+
+
+@pytest.mark.slow  # about 8 s in the interpreter
+@pytest.mark.parametrize("tactic", [DIRECT, BY_TOKEN, None], ids=["direct", "token", "general"])
+def test_fp16_c_saturates_instead_of_inf(tactic, device, monkeypatch):
+    """fp8 weights keep C in fp16: an expert whose C passes 65504 gives its tokens finite rows
+    (C saturated, not inf, whose inf x 0 would be NaN), and the other tokens their exact rows."""
+    need_kernels(device)
+    monkeypatch.setattr(grid, "INTERPRETER_PROGRAMS", 40)
+    x, w1, w2, q = make_inputs("fp8_per_tensor", 4, 256, 128, 2, device)
+    up = q.output1_scales_scalar.clone()
+    gate = q.output1_scales_gate_scalar.clone()
+    up[1] *= 3e4  # expert 1's C is about 1e9 x C's unit scale
+    gate[1] *= 3e4
+    q = replace(q, output1_scales_scalar=up, output1_scales_gate_scalar=gate)
+    ids = torch.tensor([[0, 0], [0, 1], [1, 0], [0, 0]], dtype=torch.int32, device=device)
+    w = torch.rand(4, 2, device=device) + 0.1
+    ref = fused_experts_torch(x, w1, w2, ids, w, quant=q)
+    assert ref[1:3].abs().amax() > 1e5  # the case is the overflow, not its absence
+    t = tactic if tactic is not None else cfg.MoETactic(16, max_split=2)
+    out = fused_experts(x, w1, w2, ids, w, quant=q, tactic=t)
+    assert torch.isfinite(out.float()).all()
+    assert_close_to_ref(out[0::3], ref[0::3])
+
+
+def test_one_launch_grid_holds_only_programs_sure_to_be_resident():
+    # GEMM2 items wait on GEMM1 items: a program off the GPU would hang the launch.
+    assert direct_module._resident_per_sm(4) == 2  # 2 x 128 threads x 255 registers fit
+    assert direct_module._resident_per_sm(8) == 1
+    assert direct_module._resident_per_sm(16) == 1
 
 
 def test_direct_tactic_form_and_limits(device):

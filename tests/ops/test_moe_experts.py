@@ -573,6 +573,7 @@ ONES = {"stride_ah", "stride_wk", "stride_cn", "stride_ck", "stride_on", "stride
         "stride_w1k", "stride_w2k", "stride_w1sk", "stride_w2sk"}
 UNALIGNED = {"num_routes", "TOP_K", "num_experts", "offset", "num_rows", "num_blocks"}
 PTRS = {"q0": ("*bf16", "*bf16"), "q1": ("*fp8e4nv", "*fp8e4nv"), "q2": ("*fp8e4nv", "*fp8e4nv")}
+C_PTR = {"q0": "*bf16", "q1": "*fp16", "q2": "*fp16"}  # C's type (experts._FP8_C_DTYPE)
 
 def compile_one(fn, ptrs, consts, warps, stages):
     consts, sig, attrs = dict(consts), {}, {}
@@ -603,10 +604,11 @@ def compile_one(fn, ptrs, consts, warps, stages):
 results = []
 for q, t in json.loads(sys.argv[1]):
     a, w = PTRS[f"q{q}"]
+    cp = C_PTR[f"q{q}"]
     m = MoETactic.from_tactic(t)
     t1, t2 = m.gemm1, m.gemm2
     if m.direct == 3:  # both direct GEMMs in one launch
-        p = {"a_ptr": a, "w1_ptr": w, "w2_ptr": w, "c_ptr": "*bf16", "out_ptr": "*bf16",
+        p = {"a_ptr": a, "w1_ptr": w, "w2_ptr": w, "c_ptr": cp, "out_ptr": "*bf16",
              "ids_ptr": "*i32", "lock1_ptr": "*i32", "lock2_ptr": "*i32", "ready_ptr": "*i32"}
         c = dict(QUANT=q, HAS_A_SCALE=q == 1, DOT_F32=False, EVEN_K1=True, EVEN_K2=True,
                  R_PAD=16, TOP_K=8, BLOCK_N1=t1.block_n, BLOCK_K1=t1.block_k,
@@ -617,8 +619,8 @@ for q, t in json.loads(sys.argv[1]):
         continue
     if m.direct:  # the decode path without the alignment (direct_kernels.py)
         cd = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=m.max_split, TOP_K=8, R_PAD=16)
-        p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "ids_ptr": "*i32", "lock_ptr": "*i32"}
-        p2 = {"c_ptr": "*bf16", "w_ptr": w, "out_ptr": "*bf16", "ids_ptr": "*i32",
+        p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": cp, "ids_ptr": "*i32", "lock_ptr": "*i32"}
+        p2 = {"c_ptr": cp, "w_ptr": w, "out_ptr": "*bf16", "ids_ptr": "*i32",
               "lock_ptr": "*i32"}
         c1 = dict(cd, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k, PARTS_PAD=8,
                   MIN_STEPS=1, SCALE_C=m.direct == 2)
@@ -632,11 +634,11 @@ for q, t in json.loads(sys.argv[1]):
                         compile_one(k2, p2, c2, t2.num_warps, t2.num_stages)])
         continue
     common = dict(QUANT=q, DOT_F32=False, EVEN_K=True, MAX_SPLIT=m.max_split)
-    p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+    p1 = {"a_ptr": a, "w_ptr": w, "c_ptr": cp, "sorted_ids_ptr": "*i32",
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
     c1 = dict(common, HAS_A_SCALE=q == 1, BLOCK_N=t1.block_n, BLOCK_K=t1.block_k,
               GROUP_M=t1.group_m, SWAP_AB=m.swap1, BLOCK_M=m.gemm1_rows, SUB=m.gemm1_sub)
-    p2 = {"c_ptr": "*bf16", "w_ptr": w, "o_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+    p2 = {"c_ptr": cp, "w_ptr": w, "o_ptr": "*bf16", "sorted_ids_ptr": "*i32",
           "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32", "lock_ptr": "*i32"}
     c2 = dict(common, BLOCK_N=t2.block_n, BLOCK_K=t2.block_k, GROUP_M=t2.group_m,
               SWAP_AB=m.swap2, BLOCK_M=m.block_m)

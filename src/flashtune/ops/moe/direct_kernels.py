@@ -30,6 +30,7 @@ from flashtune.ops.moe.kernels import (
     _part_of,
     _pdl_end,
     _pdl_start,
+    _saturate_c,
     _split_of,
 )
 
@@ -139,7 +140,7 @@ def _swiglu_store(up, gate, c_ptr, slot, offs_n, expert, a_scale_ptr, up_scale_p
         if HAS_A_SCALE:
             up = up * tl.load(a_scale_ptr)
             gate = gate * tl.load(a_scale_ptr)
-    c = up * (gate * tl.sigmoid(gate)) * c_scale
+    c = _saturate_c(up * (gate * tl.sigmoid(gate)) * c_scale, c_ptr)
     c_ptrs = c_ptr + slot.to(tl.int64) * stride_cm + offs_n * stride_cn
     tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=offs_n < INTER)
 

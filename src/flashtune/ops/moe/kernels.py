@@ -79,6 +79,16 @@ def _pdl_end(USE_PDL: tl.constexpr):
 
 
 @triton.jit
+def _saturate_c(c, c_ptr):
+    """C at the edge of an fp16 store: +-65504 instead of inf past fp16's range (bf16's reaches
+    3e38), so a rare huge activation costs precision in one element rather than an inf, and
+    the NaN of inf x 0 in GEMM2, in a whole output row. A NaN stays a NaN."""
+    if c_ptr.dtype.element_ty == tl.float16:
+        c = tl.clamp(c, -65504.0, 65504.0, propagate_nan=tl.PropagateNan.ALL)
+    return c
+
+
+@triton.jit
 def _zeros_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     """An fp32 accumulator in the program's orientation: [N, M] when swapped."""
     if SWAP_AB:
@@ -335,7 +345,7 @@ def _moe_gemm1_swiglu_kernel(
                 acc_up = acc_up * a_scale
                 acc_gate = acc_gate * a_scale
         # SwiGLU as the Definitions write it: silu on the second half (gate), times the first.
-        c = acc_up * (acc_gate * tl.sigmoid(acc_gate))
+        c = _saturate_c(acc_up * (acc_gate * tl.sigmoid(acc_gate)), c_ptr)
         c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
         c_ok = row_ok[:, None] & (offs_n < INTER)[None, :] & finish
         tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=c_ok)
