@@ -46,8 +46,6 @@ from flashtune.ops.sampling.steps import (
     _enter_sampling,
     _exact_low,
     _first_state,
-    _pdl_done,
-    _pdl_wait,
     _pick,
     _row_bases,
     _row_params,
@@ -113,11 +111,9 @@ def sampling_kernel(
     NCHUNK: tl.constexpr,
     RESUME: tl.constexpr,
     PREFETCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
     """ROWS rows a program, every pass over the whole row. RESUME: the rows the split-row
     kernels left undecided go on from the state they wrote (the others are done)."""
-    _pdl_wait(USE_PDL)
     rows, valid, base = _row_bases(
         Probs, Indices, tl.program_id(0) * ROWS, B, stride, HAS_INDICES, ROWS
     )
@@ -205,7 +201,6 @@ def sampling_kernel(
         value = tl.where(rejected, next_value, value)
         todo = rejected & (value < high) & (rnd < _ROUNDS - 1)
     tl.store(Out + rows, token, mask=busy)
-    _pdl_done(USE_PDL)
 
 
 @triton.jit

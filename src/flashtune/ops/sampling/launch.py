@@ -18,7 +18,6 @@ import triton
 
 from flashtune import env, platform
 from flashtune.ops.call import FLOATS, KernelOp, check_tensor, field_index, inputs_of, named
-from flashtune.ops.pdl import launch_options, use_pdl
 from flashtune.ops.sampling import kernels, split_kernels
 from flashtune.ops.sampling.config import PIVOTS, SamplingTactic, chunk_count, default_tactic
 from flashtune.ops.sampling.reference import (
@@ -202,10 +201,6 @@ def _sampling_launch_args(
         "PREFETCH": cfg.prefetch,
         "num_warps": cfg.num_warps,
     }
-    # A split tactic is a chain of launches (the first pass, the rounds, the resume), each
-    # waiting on the one before: PDL overlaps each launch with its predecessor's tail.
-    pdl = use_pdl(probs.device, None)
-    flags.update(USE_PDL=pdl, **launch_options(pdl))
     return common, flags
 
 

@@ -30,8 +30,6 @@ from flashtune.ops.sampling.steps import (
     _candidate_thresholds,
     _enter_sampling,
     _first_state,
-    _pdl_done,
-    _pdl_wait,
     _pick,
     _pivots,
     _row_bases,
@@ -237,11 +235,9 @@ def split_first_kernel(
     BLOCK: tl.constexpr,
     NCHUNK: tl.constexpr,
     PREFETCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
     """sampling_kernel's first pass and first draw (top-k-first: the start of its search),
     ROWS rows shared by SPLIT programs: grid (SPLIT, cdiv(B, ROWS))."""
-    _pdl_wait(USE_PDL)
     s = tl.program_id(0)
     first_row = tl.program_id(1) * ROWS
     rows, valid, base = _row_bases(Probs, Indices, first_row, B, stride, HAS_INDICES, ROWS)
@@ -304,7 +300,6 @@ def split_first_kernel(
             f, i, valid, phase, low, high, value, limit, v, high, token, rnd, k, low_sums, NCHUNK
         )
         tl.store(Out + rows, token, mask=valid & (phase == _DONE))
-    _pdl_done(USE_PDL)
 
 
 @triton.jit
@@ -335,12 +330,10 @@ def split_round_kernel(
     BLOCK: tl.constexpr,
     NCHUNK: tl.constexpr,
     PREFETCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
     """One round of sampling_kernel's loop (top-k-first: of its search, while searching),
     ROWS rows shared by SPLIT programs: grid (SPLIT, cdiv(B, ROWS)). Where every row is done
     already, a program costs a load."""
-    _pdl_wait(USE_PDL)
     s = tl.program_id(0)
     first_row = tl.program_id(1) * ROWS
     rows, valid, base = _row_bases(Probs, Indices, first_row, B, stride, HAS_INDICES, ROWS)
@@ -448,4 +441,3 @@ def split_round_kernel(
                 NCHUNK,
             )
             tl.store(Out + rows, token, mask=busy & (phase == _DONE))
-    _pdl_done(USE_PDL)

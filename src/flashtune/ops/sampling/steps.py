@@ -309,20 +309,3 @@ def _row_bases(X, Indices, first, n_rows, stride, HAS_INDICES: tl.constexpr, R: 
     else:
         src = rows.to(tl.int64)
     return rows, valid, X + src * stride
-
-
-@triton.jit
-def _pdl_wait(USE_PDL: tl.constexpr):
-    """With programmatic dependent launch (ops/pdl.py): wait for the previous kernel of the
-    chain (the seed, the workspace's zeros, the last split round) before the first load."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def _pdl_done(USE_PDL: tl.constexpr):
-    """This program's stores are issued: the next launch of the chain may start once every
-    program got here (its programs wait for this kernel's writes). At the end rather than
-    the start, so its waiting programs do not take SM slots from this kernel's later ones."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
