@@ -497,18 +497,21 @@ def test_chunked_alignment_matches_torch_cuda(T, E, block_m):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("blocks", ["all", "every_other"])
-def test_fp8_block_w2_scales_below_fp16_range_cuda(blocks):
-    """GEMM2 dequantizes the W2 tile in fp16 where its block scales are fp16-normal and in
-    fp32 where they are not (kernels._dequant_w2): W2 blocks whose scales are 1e-4 x the
-    usual ones (~1e-6, subnormal in fp16), all of them (the output is then theirs alone)
-    or beside normal ones, on the general path in both GEMM2 orientations."""
+@pytest.mark.parametrize(
+    "blocks,factor", [("all", 1e-4), ("every_other", 1e-4), ("all", 40.0)]
+)  # fmt: skip
+def test_fp8_block_w2_scales_at_the_edges_of_fp16_cuda(blocks, factor):
+    """GEMM2 dequantizes the W2 tile in fp16, its block scales pre-scaled by 64
+    (kernels._dequant_w2): scales 1e-4 x the usual ones (~1e-6, subnormal in fp16 without
+    the pre-scale) in all blocks (the output is then theirs alone) or beside normal ones,
+    and 40 x (~0.6: a block's largest weight ~270, w x s x 64 ~ 1e4), on the general path
+    in both GEMM2 orientations."""
     device = torch.device("cuda")
     T, H, I, E, K = 40, 512, 256, 4, 4  # noqa: E741
     x, w1, w2, q = make_inputs("fp8_block", T, H, I, E, device)
-    tiny = q.gemm2_weights_scale.clone()
-    tiny[:, :: 1 if blocks == "all" else 2] *= 1e-4  # [E, H / 128, I / 128]: 128-row blocks
-    q = replace(q, gemm2_weights_scale=tiny)
+    scales = q.gemm2_weights_scale.clone()
+    scales[:, :: 1 if blocks == "all" else 2] *= factor  # [E, H / 128, I / 128]: row blocks
+    q = replace(q, gemm2_weights_scale=scales)
     ids, w = draw_routes(T, K, E, device)
     ref = fused_experts_torch(x, w1, w2, ids, w, quant=q)
     for tactic in (None, cfg.MoETactic(64), cfg.MoETactic(64, swap_ab=2)):

@@ -120,23 +120,21 @@ def _mma_scaled(acc, a, w, a_s, w_s, SWAP_AB: tl.constexpr):
     return acc
 
 
-# fp16's smallest normal number, rounded up: a scale at or above it keeps 11 bits in fp16.
-_FP16_NORMAL_MIN: tl.constexpr = tl.constexpr(6.2e-5)
+# GEMM2's fp16 dequantization multiplies the W2 block scales by this power of two, and its
+# accumulator by the inverse after the K loop (both exact): scales down to ~1e-6 stay fp16
+# normal numbers, and a weight block's largest value may reach ~1000 before w x s x 64
+# would pass fp16's 65504 (real blocks' are below 10).
+_W2_PRESCALE: tl.constexpr = tl.constexpr(64.0)
 
 
 @triton.jit
 def _dequant_w2(w, s, C_DTYPE: tl.constexpr):
     """The fp8 W2 tile [BLOCK_N, BLOCK_K] times its rows' block scales `s` [BLOCK_N]. For fp16
-    C in fp16 (e4m3 -> fp16 is one instruction for two values, the product another: GEMM2
-    3561 -> 3118 us at DeepSeek-V3 EP8 T=4096, H200, the same error), unless a scale is
-    below fp16's normal range (a block whose largest weight is under ~0.03), where the
-    fp32 product keeps its precision; else in fp32."""
+    C in fp16, times _W2_PRESCALE (e4m3 -> fp16 is one instruction for two values, the
+    product another, no branch: GEMM2 3561 -> 3118 us at DeepSeek-V3 EP8 T=4096, H200, the
+    same error; a branch to fp32 for small scales cost more than that); else in fp32."""
     if C_DTYPE == tl.float16:
-        if tl.min(s, axis=0) >= _FP16_NORMAL_MIN:
-            w16 = w.to(tl.float16) * s.to(tl.float16)[:, None]
-        else:
-            w16 = (w.to(tl.float32) * s[:, None]).to(tl.float16)
-        return w16
+        return w.to(tl.float16) * (s * _W2_PRESCALE).to(tl.float16)[:, None]
     else:
         return w.to(tl.float32) * s[:, None]
 
@@ -456,6 +454,8 @@ def _moe_gemm2_kernel(
             acc = _mma(acc, c, w, SWAP_AB)
             c_ptrs += BLOCK_K * stride_ck
             w_ptrs += BLOCK_K * stride_wk
+        if QUANT == 1 and not DOT_F32 and c_ptr.dtype.element_ty == tl.float16:
+            acc = acc * (1.0 / _W2_PRESCALE)  # _dequant_w2's pre-scale, undone
 
         finish = num_tiles >= 0  # a runtime True
         if MAX_SPLIT > 1:
