@@ -140,6 +140,18 @@ def _dequant_w2(w, s, C_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _mma_row_scaled(acc, a, w, row_s, SWAP_AB: tl.constexpr):
+    """acc + (a @ w^T) x row_s[m]: one K step's fp32 partial, scaled per activation row (the
+    weight tile's one block scale folded into row_s): one FMA an element, where
+    _mma_scaled's outer product of two scale vectors takes a multiply more."""
+    if SWAP_AB:
+        acc += tl.dot(w, tl.trans(a)) * row_s[None, :]
+    else:
+        acc += tl.dot(a, tl.trans(w)) * row_s[:, None]
+    return acc
+
+
+@triton.jit
 def _split_of(num_tiles, k_steps, fill, MAX_SPLIT: tl.constexpr, MIN_STEPS: tl.constexpr = 1):
     """(split, steps_per_split) of a launch: with MAX_SPLIT > 1, the K steps of each tile are
     cut into as many parts as `fill` programs allow for the tiles in use (read on the device:
@@ -302,6 +314,9 @@ def _moe_gemm1_swiglu_kernel(
             # Per-column weight scale rows: the up and gate columns of this tile.
             ws_up = w_scale_ptr + expert * stride_wse + (offs_nw // 128) * stride_wsn
             ws_gate = w_scale_ptr + expert * stride_wse + ((offs_nw + INTER) // 128) * stride_wsn
+            col0 = pid_n * BLOCK_N
+            ws_up_one = w_scale_ptr + expert * stride_wse + (col0 // 128) * stride_wsn
+            ws_gate_one = w_scale_ptr + expert * stride_wse + ((col0 + INTER) // 128) * stride_wsn
             as_ptrs = a_scale_ptr + token * stride_ast
 
         acc_up = _zeros_acc(BLOCK_M, BLOCK_N, SWAP_AB)
@@ -328,10 +343,19 @@ def _moe_gemm1_swiglu_kernel(
             if QUANT == 1:
                 kb = k0 // 128
                 a_s = tl.load(as_ptrs + kb * stride_ask)  # [BLOCK_M]
-                s_up = tl.load(ws_up + kb * stride_wsk)  # [BLOCK_N]
-                s_gate = tl.load(ws_gate + kb * stride_wsk)
-                acc_up = _mma_scaled(acc_up, a, w_up, a_s, s_up, SWAP_AB)
-                acc_gate = _mma_scaled(acc_gate, a, w_gate, a_s, s_gate, SWAP_AB)
+                if BLOCK_N <= 128:
+                    # I is a multiple of 128: the tile's up (and gate) columns share one
+                    # weight scale, folded into the rows' scales (H200, DeepSeek-V3 EP8
+                    # T=4096: GEMM1 3715 -> 3229 us, the same error; session 27).
+                    s_up = tl.load(ws_up_one + kb * stride_wsk)
+                    s_gate = tl.load(ws_gate_one + kb * stride_wsk)
+                    acc_up = _mma_row_scaled(acc_up, a, w_up, a_s * s_up, SWAP_AB)
+                    acc_gate = _mma_row_scaled(acc_gate, a, w_gate, a_s * s_gate, SWAP_AB)
+                else:
+                    s_up = tl.load(ws_up + kb * stride_wsk)  # [BLOCK_N]
+                    s_gate = tl.load(ws_gate + kb * stride_wsk)
+                    acc_up = _mma_scaled(acc_up, a, w_up, a_s, s_up, SWAP_AB)
+                    acc_gate = _mma_scaled(acc_gate, a, w_gate, a_s, s_gate, SWAP_AB)
             else:
                 acc_up = _mma(acc_up, a, w_up, SWAP_AB)
                 acc_gate = _mma(acc_gate, a, w_gate, SWAP_AB)
