@@ -33,14 +33,16 @@ where the upcast (block-scaled) W2 tile is then the MMA's register operand.
 
 Quantization (QUANT): 0 none (bf16/fp16 operands); 1 fp8 block scales: every K step is one
 128-wide scale block (BLOCK_K divides 128), so GEMM1's fp32 partial product of a step is
-scaled by a_scale[token, kb] x w_scale[e, n // 128, kb] before it is accumulated; 2 fp8 per-tensor:
-fp8 x fp8 products, per-expert scales applied in the epilogues. The intermediate C is
-stored in bf16 (16-bit, not re-quantized to fp8): FlashInfer's references keep C in fp32,
-and re-quantizing C to fp8 (1x128 group scales) costs 2.3e-2 of the output's norm (CPU
-emulation, H=2048, I=768), above the evaluator's 1e-2 bound for a bf16 output; bf16 C
-costs 1.7e-3. GEMM2 then multiplies bf16 C by the fp8 W2 tile upcast to bf16 in registers
-(weight streaming is the same; the MMA runs at bf16 rate), its 128x128 block scale
-folded into the upcast tile so the K steps chain on one accumulator.
+scaled by a_scale[token, kb] x w_scale[e, n // 128, kb] before it is accumulated (one
+weight scale a tile of up to 128 columns: _mma_row_scaled); 2 fp8 per-tensor: fp8 x fp8
+products, per-expert scales applied in the epilogues. The intermediate C is stored in 16
+bits, not re-quantized to fp8 (fp16 with fp8 weights, saturated at 65504: _saturate_c):
+FlashInfer's references keep C in fp32, and re-quantizing C to fp8 (1x128 group scales)
+costs 2.3e-2 of the output's norm (CPU emulation, H=2048, I=768), above the evaluator's
+1e-2 bound for a bf16 output; bf16 C costs 1.7e-3, fp16 less. GEMM2 then multiplies C by
+the fp8 W2 tile upcast to C's type in registers (weight streaming is the same; the MMA
+runs at 16-bit rate), its 128x128 block scale folded into the upcast tile (_dequant_w2)
+so the K steps chain on one accumulator.
 
 DOT_F32 (the Triton interpreter only): tl.dot on bf16 operands is wrong there, so the
 operands are upcast to fp32 first; every other step is the same code.
