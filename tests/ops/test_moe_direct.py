@@ -20,7 +20,6 @@ from _moe_inputs import MODELS, assert_close_to_ref, draw_routes, make_inputs, n
 
 from flashtune.ops.moe import config as cfg
 from flashtune.ops.moe import direct as direct_module
-from flashtune.ops.moe import experts as experts_module
 from flashtune.ops.moe import grid
 from flashtune.ops.moe.experts import (
     fused_experts,
@@ -128,9 +127,9 @@ def test_by_token_past_its_top_k_takes_the_route_major_gemm2(device, monkeypatch
 @pytest.mark.slow  # about 8 s in the interpreter
 @pytest.mark.parametrize("tactic", [DIRECT, None], ids=["direct", "general"])
 def test_fp8_weights_with_bf16_c(tactic, device, monkeypatch):
-    """experts._FP8_C_DTYPE set back to bf16 (C's range past fp16's): both paths."""
+    """FLASHTUNE_MOE_FP8_C_BF16=1: C back in bf16 (its range past fp16's), both paths."""
     need_kernels(device)
-    monkeypatch.setattr(experts_module, "_FP8_C_DTYPE", torch.bfloat16)
+    monkeypatch.setenv("FLASHTUNE_MOE_FP8_C_BF16", "1")
     monkeypatch.setattr(grid, "INTERPRETER_PROGRAMS", 40)
     x, w1, w2, q = make_inputs("fp8_per_tensor", 3, 256, 128, 4, device)
     ids, w = draw_routes(3, 3, 6, device)

@@ -24,7 +24,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from flashtune import platform
+from flashtune import env, platform
 from flashtune.ops.call import field_index
 from flashtune.ops.gemm.launch import split_k_counters
 from flashtune.ops.moe import grid
@@ -429,7 +429,7 @@ def fused_experts_triton(
     # says why C is not re-quantized to fp8).
     c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
     if c_dtype == torch.bfloat16 and gemm2_weights.element_size() == 1:
-        c_dtype = _FP8_C_DTYPE
+        c_dtype = torch.bfloat16 if env.MOE_FP8_C_BF16.get() else _FP8_C_DTYPE
     if t.direct:
         return launch_direct(
             hidden_states,
