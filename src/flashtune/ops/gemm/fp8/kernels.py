@@ -86,6 +86,10 @@ def _k_loop(
     if BLOCK_SCALE:
         sa_ptrs = sa_ptr + (offs_am // GM) * stride_sam
         sb_ptrs = sb_ptr + (offs_bn // GN) * stride_sbn
+        # Where BLOCK_N divides GN, the tile's stored columns lie in one scale block (its
+        # first column is a multiple of BLOCK_N; wrapped tail columns, below it, are not
+        # stored), the one of its largest column: a step's B scale is one number.
+        sb_one = sb_ptr + (tl.max(offs_bn, axis=0) // GN) * stride_sbn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_stop, BLOCK_K):
         if TMA:
@@ -114,8 +118,13 @@ def _k_loop(
         if BLOCK_SCALE:
             kb = k0 // GK
             sa = tl.load(sa_ptrs + kb * stride_sak)
-            sb = tl.load(sb_ptrs + kb * stride_sbk)
-            acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
+            if GN % BLOCK_N == 0:
+                # Folded into the rows' scales: one FMA an element, not an outer product's
+                # multiply and FMA (MoE's GEMM1, the same change: 13% on an H200).
+                acc += tl.dot(a, b) * (sa * tl.load(sb_one + kb * stride_sbk))[:, None]
+            else:
+                sb = tl.load(sb_ptrs + kb * stride_sbk)
+                acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
         else:
             acc = tl.dot(a, b, acc)
     return acc
