@@ -500,12 +500,13 @@ def test_chunked_alignment_matches_torch_cuda(T, E, block_m):
 @pytest.mark.parametrize(
     "blocks,factor", [("all", 1e-4), ("every_other", 1e-4), ("all", 40.0)]
 )  # fmt: skip
-def test_fp8_block_w2_scales_at_the_edges_of_fp16_cuda(blocks, factor):
-    """GEMM2 dequantizes the W2 tile in fp16, its block scales pre-scaled by 64
-    (kernels._dequant_w2): scales 1e-4 x the usual ones (~1e-6, subnormal in fp16 without
-    the pre-scale) in all blocks (the output is then theirs alone) or beside normal ones,
-    and 40 x (~0.6: a block's largest weight ~270, w x s x 64 ~ 1e4), on the general path
-    in both GEMM2 orientations."""
+def test_fp8_block_w2_scales_at_the_edges_of_fp16_cuda(blocks, factor, monkeypatch):
+    """With C in fp16 (FLASHTUNE_MOE_FP8_C_FP16=1) GEMM2 dequantizes the W2 tile in fp16, its
+    block scales pre-scaled by 64 (kernels._dequant_w2): scales 1e-4 x the usual ones
+    (~1e-6, subnormal in fp16 without the pre-scale) in all blocks (the output is then
+    theirs alone) or beside normal ones, and 40 x (~0.6: a block's largest weight ~270,
+    w x s x 64 ~ 1e4), on the general path in both GEMM2 orientations."""
+    monkeypatch.setenv("FLASHTUNE_MOE_FP8_C_FP16", "1")
     device = torch.device("cuda")
     T, H, I, E, K = 40, 512, 256, 4, 4  # noqa: E741
     x, w1, w2, q = make_inputs("fp8_block", T, H, I, E, device)
@@ -595,7 +596,7 @@ ONES = {"stride_ah", "stride_wk", "stride_cn", "stride_ck", "stride_on", "stride
         "stride_w1k", "stride_w2k", "stride_w1sk", "stride_w2sk"}
 UNALIGNED = {"num_routes", "TOP_K", "num_experts", "offset", "num_rows", "num_blocks"}
 PTRS = {"q0": ("*bf16", "*bf16"), "q1": ("*fp8e4nv", "*fp8e4nv"), "q2": ("*fp8e4nv", "*fp8e4nv")}
-C_PTR = {"q0": "*bf16", "q1": "*fp16", "q2": "*fp16"}  # C's type (experts._FP8_C_DTYPE)
+C_PTR = {"q0": "*bf16", "q1": "*bf16", "q2": "*bf16"}  # C's type (fp16: FLASHTUNE_MOE_FP8_C_FP16)
 
 def compile_one(fn, ptrs, consts, warps, stages):
     consts, sig, attrs = dict(consts), {}, {}

@@ -68,8 +68,6 @@ __all__ = [
     "EXPERTS_OP",
 ]
 
-_FP8_C_DTYPE = torch.float16  # C's with fp8 weights (saturated at 65504): docs/moe-kernels
-
 QuantMode = Literal["bf16", "fp8_block", "fp8_per_tensor"]
 _FP8 = torch.float8_e4m3fn
 
@@ -425,11 +423,11 @@ def fused_experts_triton(
         return tuple(x.stride()) if x.dim() == 2 else (0, 0)  # type: ignore[return-value]
 
     a_scale_strides = strides2(a_scale) if mode == "fp8_block" else (0, 0)
-    # C in 16 bits: fp16 for fp16 inputs, else bf16; _FP8_C_DTYPE with fp8 weights (kernels.py
-    # says why C is not re-quantized to fp8).
+    # C in 16 bits: fp16 for fp16 inputs, else bf16 (bf16's range), fp16 with fp8 weights on
+    # request (kernels.py says why C is not re-quantized to fp8).
     c_dtype = torch.float16 if hidden_states.dtype == torch.float16 else torch.bfloat16
-    if c_dtype == torch.bfloat16 and gemm2_weights.element_size() == 1:
-        c_dtype = torch.bfloat16 if env.MOE_FP8_C_BF16.get() else _FP8_C_DTYPE
+    if gemm2_weights.element_size() == 1 and env.MOE_FP8_C_FP16.get():
+        c_dtype = torch.float16  # docs/moe-kernels: faster, saturates at 65504
     if t.direct:
         return launch_direct(
             hidden_states,
