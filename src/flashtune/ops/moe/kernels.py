@@ -36,7 +36,8 @@ Quantization (QUANT): 0 none (bf16/fp16 operands); 1 fp8 block scales: every K s
 scaled by a_scale[token, kb] x w_scale[e, n // 128, kb] before it is accumulated (one
 weight scale a tile of up to 128 columns: _mma_row_scaled); 2 fp8 per-tensor: fp8 x fp8
 products, per-expert scales applied in the epilogues. The intermediate C is stored in 16
-bits, not re-quantized to fp8 (fp16 with fp8 weights, saturated at 65504: _saturate_c):
+bits, not re-quantized to fp8 (bf16; fp16 for fp16 inputs, and with fp8 weights where
+FLASHTUNE_MOE_FP8_C_FP16 asks, saturated at 65504: _saturate_c):
 FlashInfer's references keep C in fp32, and re-quantizing C to fp8 (1x128 group scales)
 costs 2.3e-2 of the output's norm (CPU emulation, H=2048, I=768), above the evaluator's
 1e-2 bound for a bf16 output; bf16 C costs 1.7e-3, fp16 less. GEMM2 then multiplies C by
