@@ -162,6 +162,13 @@ SAMPLING_SPLIT_DEFAULT = _setting(
     "to 0 for one program a row; the autotuner offers the split tactics either way.",
     _parse_bool,
 )
+PREFILL_GLUON = _setting(
+    "FLASHTUNE_PREFILL_GLUON",
+    lambda: True,
+    "Run batch prefill on Hopper (sm_90) with the Gluon FA3-style kernel "
+    "(ops/attention/prefill/hopper.py) where it applies; 0 keeps the Triton kernel.",
+    _parse_bool,
+)
 MOE_FP8_C_FP16 = _setting(
     "FLASHTUNE_MOE_FP8_C_FP16",
     lambda: False,

@@ -18,6 +18,7 @@ import torch
 
 from flashtune import platform
 from flashtune.ops.attention.page import check_kv_dtype
+from flashtune.ops.attention.prefill import hopper
 from flashtune.ops.attention.prefill.config import PREFILL_TACTICS, PrefillTactic
 from flashtune.ops.attention.prefill.kernels import prefill_kernel
 from flashtune.ops.attention.prefill.plan import PrefillPlan, default_tactic
@@ -38,6 +39,7 @@ __all__ = [
     "WorkItems",
     "heads_per_program",
     "TritonPrefillRunner",
+    "HopperPrefillRunner",
     "RUNNERS",
     "TUNING",
 ]
@@ -362,7 +364,34 @@ class TritonPrefillRunner(TunableRunner):
         return out
 
 
-RUNNERS: tuple[TunableRunner, ...] = (TritonPrefillRunner(),)
+class HopperPrefillRunner(TunableRunner):
+    """The Gluon FA3-style kernel for sm_90 (prefill/hopper.py): first, so that it is the
+    untuned default where it applies; elsewhere it offers no tactic and its default runs
+    the Triton kernel's. Tactics index hopper.HOPPER_TACTICS.
+
+    inputs: (q, k, v, out, lse_or_None, plan), as TritonPrefillRunner's."""
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        q, k, v, out, _, plan = inputs
+        if hopper.supported(q, k, v, out, plan) is not None:
+            return []
+        return list(range(len(hopper.HOPPER_TACTICS)))
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        q, k, v, out, lse, plan = inputs
+        if tactic == DEFAULT_TACTIC:
+            if hopper.supported(q, k, v, out, plan) is not None:
+                return _TRITON.forward(inputs, DEFAULT_TACTIC)
+            tactic = 0
+        work = plan.work_list(hopper.BLOCK_M, hopper.BLOCK_N)
+        if plan.paged:
+            k, v = _stage_pages(plan, k, v)
+        hopper.launch(q, k, v, out, lse, plan, work, hopper.HOPPER_TACTICS[int(tactic)])  # type: ignore[call-overload]
+        return out
+
+
+_TRITON = TritonPrefillRunner()
+RUNNERS: tuple[TunableRunner, ...] = (HopperPrefillRunner(), _TRITON)
 TUNING = TuningConfig(make_inputs=lambda inputs, profile: inputs)
 
 

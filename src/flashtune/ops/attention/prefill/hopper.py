@@ -1,0 +1,403 @@
+"""Prefill attention for Hopper (sm_90) in Gluon, in the shape of FlashAttention-3's forward.
+
+Triton 3.6 does not warp-specialize on sm_90 (prefill/config.py's notes), which held the
+Triton prefill kernel at about 470 TFLOP/s on an H200 against FlashInfer's FA3 backend's
+580. This kernel writes the specialization out in Gluon (`triton.experimental.gluon`):
+
+- a persistent program an SM walks (query tile of 128 rows, query head) work items: the
+  plan's work list (heaviest request first) times the heads, heads fastest so the query
+  heads of one KV head read its blocks from L2;
+- one producer warp (24 registers) issues TMA loads: each item's Q tile, then its K and V
+  blocks of 128 keys into a two-stage ring; K and V each have their own `ready` and
+  `empty` barriers (K frees after its score MMA, V after its output MMA, a block later),
+  and the ring's stage and phase count blocks across items, so the next item's loads
+  start under this item's last blocks and its epilogue;
+- two consumer warpgroups (240 registers each) own 64 rows of the tile each and run
+  FA3's intra-warpgroup overlap: block j's score MMA and block j-1's output MMA are issued
+  back to back, asynchronously, and block j's softmax runs on the CUDA cores while the
+  output MMA runs (P stays in registers as the output MMA's A operand).
+Masks apply only to blocks that cross the causal diagonal or the keys' end.
+
+Measured on an H200 (session 28, benchmarks/prototypes/gluon_prefill.py, causal, 32/8
+heads, d128, bf16, CUDA graphs): 1.11-1.22x the Triton kernel at 1k-8k tokens a request
+(579 TFLOP/s at one 8k request).
+
+Runs where the plan is plain attention (causal or not, no window, soft cap, RoPE, ALiBi or
+custom mask), head_dim 128, 16-bit q/k/v of one dtype, every row with at least one key,
+on sm_90 (wgmma is Hopper's; Blackwell has its own MMA), outside CUDA-graph mode
+(`supported` says why not). `FLASHTUNE_PREFILL_GLUON=0` turns it off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashtune import env, platform
+
+try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply not offered.
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HAVE_GLUON", "HopperTactic", "HOPPER_TACTICS", "supported"]
+
+BLOCK_M = 128  # query rows a work item (two warpgroups of 64)
+BLOCK_N = 128  # keys a block
+HEAD_DIM = 128
+_LOG2E = 1.4426950408889634
+
+
+class HopperTactic(tuple):
+    """(persistent, stages): a persistent grid of one program an SM, or one program an item."""
+
+    __slots__ = ()
+
+    def __new__(cls, persistent: bool, stages: int) -> HopperTactic:
+        return super().__new__(cls, (bool(persistent), int(stages)))
+
+    @property
+    def persistent(self) -> bool:
+        return bool(self[0])
+
+    @property
+    def stages(self) -> int:
+        return int(self[1])
+
+
+# The tuner's candidates; the first is tactic -1 (the fastest at 1k-8k tokens, H200).
+HOPPER_TACTICS = (HopperTactic(True, 2), HopperTactic(False, 2))
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+              plan: Any) -> str | None:  # fmt: skip
+    """None when the Gluon kernel can run this call, else why not (for logs and tests)."""
+    if not HAVE_GLUON:
+        return "this Triton has no Gluon"
+    if not env.PREFILL_GLUON.get():
+        return "FLASHTUNE_PREFILL_GLUON=0"
+    if q.device.type != "cuda" or platform.triton_interpret():
+        return "not a CUDA device"
+    if platform.compute_capability(q.device) != (9, 0):
+        return "not sm_90 (wgmma)"
+    if plan.graph_tactic is not None:
+        return "CUDA-graph mode keeps the Triton kernel"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return "q, k and v must share one 16-bit dtype"
+    if plan.head_dim != HEAD_DIM:
+        return f"head_dim {plan.head_dim} (only {HEAD_DIM})"
+    if plan.window_left >= 0 or plan.logits_soft_cap or plan.rope is not None or plan.alibi:
+        return "not plain attention"
+    if plan.mask_d is not None:
+        return "custom mask"
+    qo_lens = np.diff(plan.qo_indptr)
+    if (plan.kv_lens[qo_lens > 0] <= 0).any():
+        return "a request with queries and no keys"
+    if plan.causal and (plan.kv_lens < qo_lens).any():
+        return "a causal request with more queries than keys (rows with no key)"
+    if q.stride(2) != 1 or q.stride(1) != HEAD_DIM or out.stride(2) != 1:
+        return "q must be [tokens, heads, 128] with adjacent heads, out contiguous in head_dim"
+    if (q.stride(0) * q.element_size()) % 16 or q.data_ptr() % 16:
+        return "q rows not 16-byte aligned (TMA)"
+    if not plan.paged:
+        for t in (k, v):
+            if t.stride(2) != 1 or t.stride(1) != HEAD_DIM or (t.stride(0) * 2) % 16:
+                return "k / v must be [tokens, heads, 128] with 16-byte aligned rows (TMA)"
+            if t.data_ptr() % 16:
+                return "k / v not 16-byte aligned (TMA)"
+    return None
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _item(w, work_ptr, HQ: gl.constexpr, CAUSAL: gl.constexpr):
+        """Work item w of the plan's work list [items, 8] (request, first token, qo_start,
+        qo_len, kv_len, -, KV start in tokens, -) times the heads: its head and extents."""
+        tile = w // HQ
+        head = w % HQ
+        row = work_ptr + tile * 8
+        m0 = gl.load(row + 1)
+        q_start = gl.load(row + 2)
+        qo_len = gl.load(row + 3)
+        kv_len = gl.load(row + 4)
+        kv_start = gl.load(row + 6)
+        delta = kv_len - qo_len  # row i sees keys 0 .. i + delta (bottom-right aligned)
+        if CAUSAL:
+            n_blocks = gl.cdiv(gl.minimum(kv_len, m0 + 128 + delta), 128)
+            # The first block past the tile's first row's limit or the keys' end.
+            mask_from = gl.minimum((m0 + delta + 1) // 128, kv_len // 128)
+        else:
+            n_blocks = gl.cdiv(kv_len, 128)
+            mask_from = kv_len // 128
+        return head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from
+
+    @gluon.jit
+    def _softmax_block(s, j, m_i, l_i, rows, cols, delta, kv_len, qk_scale, mask_from,
+                       CAUSAL: gl.constexpr, p_layout: gl.constexpr,
+                       p_dtype: gl.constexpr):  # fmt: skip
+        """Online softmax of score block j: (P in the output MMA's A layout, m, l, alpha);
+        m and the scores in log2 units (qk_scale carries log2(e))."""
+        if j >= mask_from:
+            keys = j * 128 + cols
+            ok = keys[None, :] < kv_len
+            if CAUSAL:
+                ok = ok & (keys[None, :] <= rows[:, None] + delta)
+            s = gl.where(ok, s, -float("inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return gl.convert_layout(p.to(p_dtype), p_layout), m_new, l_i, alpha
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
+                  v_ready, k_empty, v_empty, work_ptr, n_items, HQ: gl.constexpr,
+                  GROUP: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+        STAGES: gl.constexpr = k_bufs.shape[0]
+        it = 0
+        item = 0
+        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
+                w, work_ptr, HQ, CAUSAL
+            )
+            kv_col = (head // GROUP) * 128
+            # A barrier's phase "1" counts as complete before its first completion: the
+            # first wait on each `empty` barrier passes.
+            mbarrier.wait(q_empty, (item & 1) ^ 1)
+            mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+            for c in gl.static_range(2):
+                tma.async_copy_global_to_shared(
+                    q_desc, [q_start + m0 + c * 64, head * 128], q_bar, q_smem.index(c)
+                )
+            for j in range(n_blocks):
+                s = (it + j) % STAGES
+                free = (((it + j) // STAGES) & 1) ^ 1
+                mbarrier.wait(k_empty.index(s), free)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(
+                    k_desc, [kv_start + j * 128, kv_col], k_ready.index(s), k_bufs.index(s)
+                )
+                mbarrier.wait(v_empty.index(s), free)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(
+                    v_desc, [kv_start + j * 128, kv_col], v_ready.index(s), v_bufs.index(s)
+                )
+            it += n_blocks
+            item += 1
+
+    @gluon.jit
+    def _consumer(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                  o_ptr, lse_ptr, work_ptr, n_items, qk_scale, stride_o, stride_oh,
+                  stride_lse, HALF: gl.constexpr, HQ: gl.constexpr, CAUSAL: gl.constexpr,
+                  RETURN_LSE: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+        """One warpgroup: rows HALF * 64 .. + 63 of every work item of the program."""
+        STAGES: gl.constexpr = k_bufs.shape[0]
+        dtype: gl.constexpr = q_smem.dtype
+        # 128 keys a block and head_dim 128: scores and output share one accumulator
+        # layout, so the softmax's row statistics need no conversion between them.
+        layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 128, 16]
+        )
+        rows_l: gl.constexpr = gl.SliceLayout(1, layout)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
+        q_buf = q_smem.index(HALF)
+        cols = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
+        zero = gl.zeros([64, 128], gl.float32, layout=layout)
+        it = 0
+        item = 0
+        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
+                w, work_ptr, HQ, CAUSAL
+            )
+            delta = kv_len - qo_len
+            rows = m0 + HALF * 64 + gl.arange(0, 64, layout=rows_l)
+            m_i = gl.full([64], -float("inf"), gl.float32, layout=rows_l)
+            l_i = gl.zeros([64], gl.float32, layout=rows_l)
+            acc = gl.zeros([64, 128], gl.float32, layout=layout)
+
+            mbarrier.wait(q_bar, item & 1)
+            st = it % STAGES
+            mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
+            s = warpgroup_mma(q_buf, k_bufs.index(st).permute((1, 0)), zero, use_acc=False,
+                              is_async=True)  # fmt: skip
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            mbarrier.arrive(k_empty.index(st), count=1)
+            p, m_i, l_i, alpha = _softmax_block(
+                s, 0, m_i, l_i, rows, cols, delta, kv_len, qk_scale, mask_from, CAUSAL,
+                p_layout, dtype,
+            )  # fmt: skip
+            for j in range(1, n_blocks):
+                st = (it + j) % STAGES
+                prev = (it + j - 1) % STAGES
+                mbarrier.wait(k_ready.index(st), ((it + j) // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
+                s = warpgroup_mma(q_buf, k_bufs.index(st).permute((1, 0)), zero,
+                                  use_acc=False, is_async=True)  # fmt: skip
+                acc = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
+                p_prev = p
+                # In order: with at most one outstanding, block j's scores (issued first)
+                # are done while block j-1's output MMA runs under this block's softmax.
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+                mbarrier.arrive(k_empty.index(st), count=1)
+                p, m_i, l_i, alpha = _softmax_block(
+                    s, j, m_i, l_i, rows, cols, delta, kv_len, qk_scale, mask_from, CAUSAL,
+                    p_layout, dtype,
+                )  # fmt: skip
+                acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
+                mbarrier.arrive(v_empty.index(prev), count=1)
+                acc = acc * alpha[:, None]
+            # Every score MMA of the item is done: the producer may load the next Q.
+            mbarrier.arrive(q_empty, count=1)
+            last = (it + n_blocks - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
+            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+            mbarrier.arrive(v_empty.index(last), count=1)
+
+            row_ok = rows < qo_len
+            out = (acc / l_i[:, None]).to(dtype)
+            d = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
+            ptrs = o_ptr + (q_start + rows)[:, None] * stride_o + head * stride_oh + d[None, :]
+            gl.store(ptrs, out, mask=row_ok[:, None])
+            if RETURN_LSE:
+                gl.store(lse_ptr + (q_start + rows) * stride_lse + head, m_i + gl.log2(l_i),
+                         mask=row_ok)  # fmt: skip
+            it += n_blocks
+            item += 1
+
+    @gluon.jit
+    def hopper_prefill_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, work_ptr, n_items,
+                              qk_scale, stride_o, stride_oh, stride_lse, HQ: gl.constexpr,
+                              GROUP: gl.constexpr, STAGES: gl.constexpr,
+                              CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                              num_warps: gl.constexpr):  # fmt: skip
+        """Two consumer warpgroups (num_warps = 4 each) and one producer warp."""
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
+                                           q_desc.layout)  # fmt: skip
+        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
+                                           k_desc.layout)  # fmt: skip
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
+                                           v_desc.layout)  # fmt: skip
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        mbarrier.init(q_empty, count=2)  # both consumers release it
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                             v_empty, o_ptr, lse_ptr, work_ptr, n_items, qk_scale, stride_o,
+                             stride_oh, stride_lse, 0, HQ, CAUSAL, RETURN_LSE, num_warps)),
+                (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                             v_empty, o_ptr, lse_ptr, work_ptr, n_items, qk_scale, stride_o,
+                             stride_oh, stride_lse, 1, HQ, CAUSAL, RETURN_LSE, num_warps)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
+                             k_ready, v_ready, k_empty, v_empty, work_ptr, n_items, HQ, GROUP,
+                             CAUSAL)),
+            ],
+            [4, 1],
+            [240, 24],
+        )  # fmt: skip
+
+    def _descriptor(t: torch.Tensor, rows: int) -> Any:
+        """TMA descriptor of [tokens, heads, 128] viewed as [tokens, heads * 128], boxes of
+        [rows, 128] (one head)."""
+        gl_dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+        layout = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], gl_dtype)
+        view = t.as_strided((t.shape[0], t.shape[1] * HEAD_DIM), (t.stride(0), 1))
+        return TensorDescriptor.from_tensor(view, [rows, HEAD_DIM], layout)
+
+
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    plan: Any,
+    work: torch.Tensor,
+    tactic: HopperTactic,
+) -> None:
+    """Run the kernel over `work` (plan.work_list(BLOCK_M, BLOCK_N)); k/v ragged [T, Hkv,
+    128] (a paged cache staged by the caller), `supported` checked by the caller."""
+    n_items = work.shape[0] * plan.num_qo_heads
+    if n_items == 0:
+        return
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    grid = (min(n_items, sms),) if tactic.persistent else (n_items,)
+    hopper_prefill_kernel[grid](
+        _descriptor(q, 64), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), out,
+        lse if lse is not None else out, work, n_items, plan.sm_scale * _LOG2E,
+        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
+        HQ=plan.num_qo_heads, GROUP=plan.group_size, STAGES=tactic.stages,
+        CAUSAL=plan.causal, RETURN_LSE=lse is not None, num_warps=4,
+    )  # fmt: skip
+
+
+def compile_report(causal: bool = True, return_lse: bool = True) -> dict[str, Any]:
+    """Compile the kernel for sm_90a without a GPU (Gluon, then Triton's bundled ptxas -v):
+    {"wgmma": count in the PTX, "ptxas": ptxas's report}. Needs TRITON_INTERPRET unset at
+    import (the interpreter replaces the kernel with its own function)."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    q = torch.empty(256, 32, HEAD_DIM, dtype=torch.bfloat16)
+    k = torch.empty(256, 8, HEAD_DIM, dtype=torch.bfloat16)
+    sig = {
+        "q_desc": mangle_type(_descriptor(q, 64)),
+        "k_desc": mangle_type(_descriptor(k, BLOCK_N)),
+        "v_desc": mangle_type(_descriptor(k, BLOCK_N)),
+        "o_ptr": "*bf16",
+        "lse_ptr": "*fp32",
+        "work_ptr": "*i32",
+        "n_items": "i32",
+        "qk_scale": "fp32",
+        "stride_o": "i32",
+        "stride_oh": "i32",
+        "stride_lse": "i32",
+    }
+    consts: dict[str, Any] = dict(HQ=32, GROUP=4, STAGES=2, CAUSAL=causal)
+    consts.update(RETURN_LSE=return_lse, num_warps=4)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    src = GluonASTSource(hopper_prefill_kernel, sig, constexprs=consts)
+    kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = kern.asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        rep = subprocess.run(
+            [ptxas, "-v", "--gpu-name=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    return {"wgmma": ptx.count("wgmma.mma_async"), "ptxas": rep.stderr, "rc": rep.returncode}

@@ -1,0 +1,193 @@
+"""The Gluon prefill kernel for Hopper (ops/attention/prefill/hopper.py).
+
+On the CPU: when it declines a call (and why), and an ahead-of-time compile for sm_90a (no
+GPU needed) that keeps the kernel building without spills. On an sm_90 GPU (`cuda`): the
+wrappers' output and LSE against the float64 reference over ragged and paged batches of odd
+lengths, both tactics, fp16 and bf16, and a CUDA-graph replay."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashtune.ops.attention.page import split_kv_cache
+from flashtune.ops.attention.prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    hopper,
+)
+from flashtune.ops.attention.prefill.launch import HopperPrefillRunner
+from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
+from flashtune.ops.attention.variant import AttentionVariant
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _indptr(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + lens).cumsum(0).int()
+
+
+def _ragged_plan(qo_lens, kv_lens, hq, hkv, d, device, causal=True, **kw):
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
+    w.plan(_indptr(qo_lens), _indptr(kv_lens), hq, hkv, d, causal=causal, **kw)
+    return w
+
+
+def test_declines_off_hopper_and_says_why(monkeypatch):
+    w = _ragged_plan([5], [9], 8, 2, 128, torch.device("cpu"))
+    q = torch.randn(5, 8, 128)
+    k = torch.randn(9, 2, 128)
+    assert hopper.supported(q, k, k, q, w._plan) == "not a CUDA device"
+    monkeypatch.setenv("FLASHTUNE_PREFILL_GLUON", "0")
+    assert hopper.supported(q, k, k, q, w._plan) == "FLASHTUNE_PREFILL_GLUON=0"
+    # Where it declines it offers the tuner nothing.
+    inputs = (q, k, k, torch.empty_like(q), None, w._plan)
+    assert HopperPrefillRunner().get_valid_tactics(inputs, None) == []
+
+
+def test_hopper_kernel_compiles_for_sm90_without_spills():
+    """An ahead-of-time compile (Gluon, ptxas -v; in a fresh process without the
+    interpreter): the two consumer warpgroups at 240 registers and the producer at 24 must
+    fit without spilling."""
+    if not hopper.HAVE_GLUON:
+        pytest.skip("Triton without Gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import json; from flashtune.ops.attention.prefill import hopper; "
+        "print(json.dumps([hopper.compile_report(c, l) for c, l in ((True, True), (False, False))]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rep in json.loads(proc.stdout.splitlines()[-1]):
+        # Per warpgroup and block: 8 score and 8 output wgmma (m64 n128 k16), in the first
+        # block, the loop and the last output MMA; two consumer copies.
+        assert rep["wgmma"] == 64
+        assert rep["rc"] == 0, rep["ptxas"][-2000:]
+        assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], rep["ptxas"]
+
+
+# ---- sm_90 GPU -------------------------------------------------------------------------------
+
+
+def _need_hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon prefill kernel is for sm_90")
+
+
+def _check(out, lse, ref_out, ref_lse, dtype):
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.float().cpu(), ref_out.float().cpu(), atol=tol, rtol=tol)
+    if lse is not None:
+        torch.testing.assert_close(lse.cpu(), ref_lse.float().cpu(), atol=tol, rtol=tol)
+
+
+# Odd lengths, an empty request, one-token queries, a cached prefix (kv > qo), a request
+# of exactly one tile and one of many.
+QO = [300, 0, 1, 77, 513, 128, 1]
+KV = [300, 64, 900, 1000, 513, 128, 1]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("tactic", [0, 1])
+def test_cuda_ragged(dtype, group, causal, tactic):
+    _need_hopper()
+    hkv, d = 2, 128
+    dev = torch.device("cuda")
+    w = _ragged_plan(QO, KV, hkv * group, hkv, d, dev, causal=causal, q_data_type=dtype)
+    q = torch.randn(sum(QO), hkv * group, d, dtype=dtype, device=dev)
+    k = torch.randn(sum(KV), hkv, d, dtype=dtype, device=dev)
+    v = torch.randn(sum(KV), hkv, d, dtype=dtype, device=dev)
+    out, lse = torch.empty_like(q), torch.empty(sum(QO), hkv * group, device=dev)
+    inputs = (q, k, v, out, lse, w._plan)
+    assert hopper.supported(q, k, v, out, w._plan) is None
+    HopperPrefillRunner().forward(inputs, tactic)
+    ref = batch_prefill_ragged_ref(
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        _indptr(QO),
+        _indptr(KV),
+        AttentionVariant(sm_scale=1 / math.sqrt(d), causal=causal),
+        compute_dtype=torch.float64,
+    )
+    _check(out, lse, *ref, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_cuda_paged_through_the_wrapper(page_size):
+    """The wrapper's default (untuned) choice is this kernel; pages shuffled, partial last
+    pages, a non-default sm_scale."""
+    _need_hopper()
+    dev, dtype, hq, hkv, d = torch.device("cuda"), torch.bfloat16, 8, 2, 128
+    pages = [math.ceil(n / page_size) for n in KV]
+    perm = torch.randperm(sum(pages) + 3).int()[: sum(pages)]
+    last = torch.tensor(
+        [n - (p - 1) * page_size if p else 1 for n, p in zip(KV, pages, strict=True)],
+        dtype=torch.int32,
+    )
+    cache = torch.randn(sum(pages) + 3, 2, page_size, hkv, d, dtype=dtype, device=dev)
+    q = torch.randn(sum(QO), hq, d, dtype=dtype, device=dev)
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=dev))
+    w.plan(_indptr(QO), _indptr(pages), perm, last, hq, hkv, d, page_size, causal=True,
+           sm_scale=0.07, q_data_type=dtype)  # fmt: skip
+    k, v = split_kv_cache(cache, "NHD")
+    assert hopper.supported(q, k, v, q, w._plan) is None
+    out, lse = w.run(q, cache, return_lse=True)
+    ref = batch_prefill_paged_ref(
+        q, k, v, _indptr(QO), _indptr(pages), perm, last,
+        AttentionVariant(sm_scale=0.07, causal=True), compute_dtype=torch.float64,
+    )  # fmt: skip
+    _check(out, lse, *ref, dtype)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay():
+    """Captured in a CUDA graph and replayed on new inputs in the same buffers."""
+    _need_hopper()
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    qo, kv = [700, 5], [900, 5]
+    w = _ragged_plan(qo, kv, 16, 2, 128, dev, q_data_type=dtype)
+    q = torch.randn(sum(qo), 16, 128, dtype=dtype, device=dev)
+    k = torch.randn(sum(kv), 2, 128, dtype=dtype, device=dev)
+    v = torch.randn(sum(kv), 2, 128, dtype=dtype, device=dev)
+    out = torch.empty_like(q)
+    w.run(q, k, v, out=out)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, k, v, out=out)
+    for t in (q, k, v):
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    ref, _ = batch_prefill_ragged_ref(
+        q.cpu(), k.cpu(), v.cpu(), _indptr(qo), _indptr(kv),
+        AttentionVariant(sm_scale=1 / math.sqrt(128), causal=True), compute_dtype=torch.float64,
+    )  # fmt: skip
+    _check(out, None, ref, None, dtype)
+
+
+@pytest.mark.cuda
+def test_cuda_declines_what_it_cannot_run():
+    _need_hopper()
+    dev = torch.device("cuda")
+    q = torch.randn(10, 8, 128, dtype=torch.bfloat16, device=dev)
+    k = torch.randn(12, 2, 128, dtype=torch.bfloat16, device=dev)
+    # Causal with more queries than keys leaves rows with no key: the Triton kernel's job.
+    w = _ragged_plan([10], [4], 8, 2, 128, dev)
+    assert "more queries than keys" in hopper.supported(q, k[:4], k[:4], q, w._plan)
+    w = _ragged_plan([10], [12], 8, 2, 128, dev, window_left=3)
+    assert hopper.supported(q, k, k, q, w._plan) == "not plain attention"
+    q64 = torch.randn(10, 8, 64, dtype=torch.bfloat16, device=dev)
+    w = _ragged_plan([10], [12], 8, 2, 64, dev)
+    assert "head_dim 64" in hopper.supported(q64, k[..., :64], k[..., :64], q64, w._plan)
