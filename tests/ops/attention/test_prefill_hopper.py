@@ -99,7 +99,9 @@ KV = [300, 64, 900, 1000, 513, 128, 1]
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("tactic", [0, 1])
+@pytest.mark.parametrize(
+    "tactic", [*hopper.HOPPER_TACTICS, hopper.HopperTactic(True, 2, True, True)], ids=str
+)
 def test_cuda_ragged(dtype, group, causal, tactic):
     _need_hopper()
     hkv, d = 2, 128
@@ -109,9 +111,9 @@ def test_cuda_ragged(dtype, group, causal, tactic):
     k = torch.randn(sum(KV), hkv, d, dtype=dtype, device=dev)
     v = torch.randn(sum(KV), hkv, d, dtype=dtype, device=dev)
     out, lse = torch.empty_like(q), torch.empty(sum(QO), hkv * group, device=dev)
-    inputs = (q, k, v, out, lse, w._plan)
     assert hopper.supported(q, k, v, out, w._plan) is None
-    HopperPrefillRunner().forward(inputs, tactic)
+    work = w._plan.work_list(hopper.BLOCK_M, hopper.BLOCK_N)
+    hopper.launch(q, k, v, out, lse, w._plan, work, tactic)
     ref = batch_prefill_ragged_ref(
         q.cpu(),
         k.cpu(),
@@ -145,6 +147,9 @@ def test_cuda_paged_through_the_wrapper(page_size):
     k, v = split_kv_cache(cache, "NHD")
     assert hopper.supported(q, k, v, q, w._plan) is None
     out, lse = w.run(q, cache, return_lse=True)
+    # The untuned choice is this runner's default, which is this kernel here.
+    runner_out = HopperPrefillRunner().forward((q, k, v, torch.empty_like(q), None, w._plan), -1)
+    torch.testing.assert_close(runner_out, out, atol=0, rtol=0)
     ref = batch_prefill_paged_ref(
         q, k, v, _indptr(QO), _indptr(pages), perm, last,
         AttentionVariant(sm_scale=0.07, causal=True), compute_dtype=torch.float64,

@@ -18,9 +18,9 @@ Triton prefill kernel at about 470 TFLOP/s on an H200 against FlashInfer's FA3 b
   output MMA runs (P stays in registers as the output MMA's A operand).
 Masks apply only to blocks that cross the causal diagonal or the keys' end.
 
-Measured on an H200 (session 28, benchmarks/prototypes/gluon_prefill.py, causal, 32/8
-heads, d128, bf16, CUDA graphs): 1.11-1.22x the Triton kernel at 1k-8k tokens a request
-(579 TFLOP/s at one 8k request).
+Measured on an H200 (session 28, causal, 32/8 heads, d128, bf16, CUDA graphs): 1.15-1.27x
+the Triton kernel at 1k-8k tokens a request (573 TFLOP/s at one 8k request); docs/attention.md
+has the rows against FlashInfer 0.7.2's FA3.
 
 Runs where the plan is plain attention (causal or not, no window, soft cap, RoPE, ALiBi or
 custom mask), head_dim 128, 16-bit q/k/v of one dtype, every row with at least one key,
@@ -61,12 +61,19 @@ _LOG2E = 1.4426950408889634
 
 
 class HopperTactic(tuple):
-    """(persistent, stages): a persistent grid of one program an SM, or one program an item."""
+    """(persistent, stages, pingpong, rescale_early): a persistent grid of one program an SM
+    or one program an item; the K / V ring's stages; the consumers taking turns at the
+    tensor cores (FA3's inter-warpgroup schedule); the output rescaled between the score
+    and output MMAs' issue (FA3's order) instead of after the output MMA's wait."""
 
     __slots__ = ()
 
-    def __new__(cls, persistent: bool, stages: int) -> HopperTactic:
-        return super().__new__(cls, (bool(persistent), int(stages)))
+    def __new__(
+        cls, persistent: bool, stages: int, pingpong: bool = False, rescale_early: bool = False
+    ) -> HopperTactic:
+        return super().__new__(
+            cls, (bool(persistent), int(stages), bool(pingpong), bool(rescale_early))
+        )
 
     @property
     def persistent(self) -> bool:
@@ -76,9 +83,24 @@ class HopperTactic(tuple):
     def stages(self) -> int:
         return int(self[1])
 
+    @property
+    def pingpong(self) -> bool:
+        return bool(self[2])
 
-# The tuner's candidates; the first is tactic -1 (the fastest at 1k-8k tokens, H200).
-HOPPER_TACTICS = (HopperTactic(True, 2), HopperTactic(False, 2))
+    @property
+    def rescale_early(self) -> bool:
+        return bool(self[3])
+
+
+# The tuner's candidates; the first is tactic -1. Session 28, H200, ragged causal, 32/8
+# heads, bf16, 1k-8k tokens a request: FA3's rescale order 0-1% faster than the rescale
+# after the wait; one program an item is faster at one 8k request (947 against 959 us),
+# slower at 16 x 1k (411 against 343); the turns of PINGPONG lost 1-4% (a manual tactic).
+HOPPER_TACTICS = (
+    HopperTactic(True, 2, rescale_early=True),
+    HopperTactic(True, 2),
+    HopperTactic(False, 2, rescale_early=True),
+)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -199,11 +221,30 @@ if HAVE_GLUON:
             item += 1
 
     @gluon.jit
+    def _take_turn(turn_wait, k, PINGPONG: gl.constexpr, FIRST: gl.constexpr):
+        """Before a consumer's k-th MMA issue: wait until the other consumer has issued its
+        (k-1)-th (FIRST) or its k-th: strict alternation."""
+        if PINGPONG:
+            if FIRST:
+                # A fresh barrier's phase "1" counts as complete: the first turn is free.
+                mbarrier.wait(turn_wait, (k & 1) ^ 1)
+            else:
+                mbarrier.wait(turn_wait, k & 1)
+
+    @gluon.jit
+    def _pass_turn(turn_signal, PINGPONG: gl.constexpr):
+        if PINGPONG:
+            mbarrier.arrive(turn_signal, count=1)
+
+    @gluon.jit
     def _consumer(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  o_ptr, lse_ptr, work_ptr, n_items, qk_scale, stride_o, stride_oh,
-                  stride_lse, HALF: gl.constexpr, HQ: gl.constexpr, CAUSAL: gl.constexpr,
-                  RETURN_LSE: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-        """One warpgroup: rows HALF * 64 .. + 63 of every work item of the program."""
+                  turn_wait, turn_signal, o_ptr, lse_ptr, work_ptr, n_items, qk_scale, stride_o,
+                  stride_oh, stride_lse, HALF: gl.constexpr, HQ: gl.constexpr,
+                  CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PINGPONG: gl.constexpr,
+                  RESCALE_EARLY: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+        """One warpgroup: rows HALF * 64 .. + 63 of every work item of the program. With
+        PINGPONG the two take turns issuing their MMAs (`turn_wait` / `turn_signal`; HALF 0
+        first), so that one's softmax runs while the other's MMAs hold the tensor cores."""
         STAGES: gl.constexpr = k_bufs.shape[0]
         dtype: gl.constexpr = q_smem.dtype
         # 128 keys a block and head_dim 128: scores and output share one accumulator
@@ -218,6 +259,7 @@ if HAVE_GLUON:
         zero = gl.zeros([64, 128], gl.float32, layout=layout)
         it = 0
         item = 0
+        ev = 0  # MMA issue events so far (the turns of PINGPONG)
         for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
             head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
                 w, work_ptr, HQ, CAUSAL
@@ -231,8 +273,11 @@ if HAVE_GLUON:
             mbarrier.wait(q_bar, item & 1)
             st = it % STAGES
             mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
+            _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
             s = warpgroup_mma(q_buf, k_bufs.index(st).permute((1, 0)), zero, use_acc=False,
                               is_async=True)  # fmt: skip
+            _pass_turn(turn_signal, PINGPONG)
+            ev += 1
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             mbarrier.arrive(k_empty.index(st), count=1)
             p, m_i, l_i, alpha = _softmax_block(
@@ -244,9 +289,15 @@ if HAVE_GLUON:
                 prev = (it + j - 1) % STAGES
                 mbarrier.wait(k_ready.index(st), ((it + j) // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
+                _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
                 s = warpgroup_mma(q_buf, k_bufs.index(st).permute((1, 0)), zero,
                                   use_acc=False, is_async=True)  # fmt: skip
+                if RESCALE_EARLY:
+                    # Block j-1's alpha, under block j's score MMA.
+                    acc = acc * alpha[:, None]
                 acc = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
+                _pass_turn(turn_signal, PINGPONG)
+                ev += 1
                 p_prev = p
                 # In order: with at most one outstanding, block j's scores (issued first)
                 # are done while block j-1's output MMA runs under this block's softmax.
@@ -258,12 +309,18 @@ if HAVE_GLUON:
                 )  # fmt: skip
                 acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
                 mbarrier.arrive(v_empty.index(prev), count=1)
-                acc = acc * alpha[:, None]
+                if not RESCALE_EARLY:
+                    acc = acc * alpha[:, None]
             # Every score MMA of the item is done: the producer may load the next Q.
             mbarrier.arrive(q_empty, count=1)
             last = (it + n_blocks - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+            if RESCALE_EARLY:
+                acc = acc * alpha[:, None]
+            _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
             acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
+            _pass_turn(turn_signal, PINGPONG)
+            ev += 1
             acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
             mbarrier.arrive(v_empty.index(last), count=1)
 
@@ -283,7 +340,9 @@ if HAVE_GLUON:
                               qk_scale, stride_o, stride_oh, stride_lse, HQ: gl.constexpr,
                               GROUP: gl.constexpr, STAGES: gl.constexpr,
                               CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                              num_warps: gl.constexpr):  # fmt: skip
+                              PINGPONG: gl.constexpr = False,
+                              RESCALE_EARLY: gl.constexpr = False,
+                              num_warps: gl.constexpr = 4):  # fmt: skip
         """Two consumer warpgroups (num_warps = 4 each) and one producer warp."""
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
                                            q_desc.layout)  # fmt: skip
@@ -293,12 +352,15 @@ if HAVE_GLUON:
                                            v_desc.layout)  # fmt: skip
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         mbarrier.init(q_empty, count=2)  # both consumers release it
+        mbarrier.init(turns.index(0), count=1)
+        mbarrier.init(turns.index(1), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
@@ -307,11 +369,13 @@ if HAVE_GLUON:
         gl.warp_specialize(
             [
                 (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                             v_empty, o_ptr, lse_ptr, work_ptr, n_items, qk_scale, stride_o,
-                             stride_oh, stride_lse, 0, HQ, CAUSAL, RETURN_LSE, num_warps)),
+                             v_empty, turns.index(0), turns.index(1), o_ptr, lse_ptr, work_ptr,
+                             n_items, qk_scale, stride_o, stride_oh, stride_lse, 0, HQ, CAUSAL,
+                             RETURN_LSE, PINGPONG, RESCALE_EARLY, num_warps)),
                 (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                             v_empty, o_ptr, lse_ptr, work_ptr, n_items, qk_scale, stride_o,
-                             stride_oh, stride_lse, 1, HQ, CAUSAL, RETURN_LSE, num_warps)),
+                             v_empty, turns.index(1), turns.index(0), o_ptr, lse_ptr, work_ptr,
+                             n_items, qk_scale, stride_o, stride_oh, stride_lse, 1, HQ, CAUSAL,
+                             RETURN_LSE, PINGPONG, RESCALE_EARLY, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
                              k_ready, v_ready, k_empty, v_empty, work_ptr, n_items, HQ, GROUP,
                              CAUSAL)),
@@ -351,7 +415,8 @@ def launch(
         lse if lse is not None else out, work, n_items, plan.sm_scale * _LOG2E,
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
         HQ=plan.num_qo_heads, GROUP=plan.group_size, STAGES=tactic.stages,
-        CAUSAL=plan.causal, RETURN_LSE=lse is not None, num_warps=4,
+        CAUSAL=plan.causal, RETURN_LSE=lse is not None, PINGPONG=tactic.pingpong,
+        RESCALE_EARLY=tactic.rescale_early, num_warps=4,
     )  # fmt: skip
 
 
