@@ -196,3 +196,29 @@ def test_cuda_declines_what_it_cannot_run():
     q64 = torch.randn(10, 8, 64, dtype=torch.bfloat16, device=dev)
     w = _ragged_plan([10], [12], 8, 2, 64, dev)
     assert "head_dim 64" in hopper.supported(q64, k[..., :64], k[..., :64], q64, w._plan)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("qo_lens", "programs"), [([1024] * 4, 132), ([700, 5, 3000], 7)])
+def test_snake_schedule_deals_every_item_once_and_evenly(qo_lens, programs, causal):
+    w = _ragged_plan(qo_lens, qo_lens, 8, 2, 128, torch.device("cpu"), causal=causal)
+    rows = w._plan.work_rows(hopper.BLOCK_M, hopper.BLOCK_N)
+    heads = 8
+    table = hopper.snake_schedule(rows, heads, programs, causal)
+    offsets, items = table[: programs + 1], table[programs + 1 :]
+    assert offsets[0] == 0 and offsets[-1] == len(items) == len(rows) * heads
+    assert sorted(items.tolist()) == list(range(len(rows) * heads))
+    # Per-program cost (key blocks + 1) against a round-robin deal of the same order.
+    t0, qo, kv = rows[:, 1], rows[:, 3], rows[:, 4]
+    hi = [min(b, a + 128 + b - c) if causal else b for a, b, c in zip(t0, kv, qo, strict=True)]
+    cost = [-(-h // 128) + 1 for h in hi]
+    snake = [
+        sum(cost[i // heads] for i in items[offsets[p] : offsets[p + 1]]) for p in range(programs)
+    ]
+    dealt = sorted(range(len(items)), key=lambda i: -cost[i // heads])
+    robin = [
+        sum(cost[dealt[j] // heads] for j in range(p, len(dealt), programs))
+        for p in range(programs)
+    ]
+    assert max(snake) <= max(robin)
+    assert max(snake) - min(snake) <= max(cost) + 1

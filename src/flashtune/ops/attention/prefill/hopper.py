@@ -69,11 +69,15 @@ class HopperTactic(tuple):
     __slots__ = ()
 
     def __new__(
-        cls, persistent: bool, stages: int, pingpong: bool = False, rescale_early: bool = False
+        cls,
+        persistent: bool,
+        stages: int,
+        pingpong: bool = False,
+        rescale_early: bool = False,
+        scheduled: bool = False,
     ) -> HopperTactic:
-        return super().__new__(
-            cls, (bool(persistent), int(stages), bool(pingpong), bool(rescale_early))
-        )
+        fields = (bool(persistent), int(stages), bool(pingpong), bool(rescale_early))
+        return super().__new__(cls, (*fields, bool(scheduled) and bool(persistent)))
 
     @property
     def persistent(self) -> bool:
@@ -90,6 +94,12 @@ class HopperTactic(tuple):
     @property
     def rescale_early(self) -> bool:
         return bool(self[3])
+
+    @property
+    def scheduled(self) -> bool:
+        """Persistent programs walk a host schedule (`snake_schedule`), not every
+        num_programs-th item."""
+        return bool(self[4])
 
 
 # The tuner's candidates; the first is tactic -1. Session 28, H200, ragged causal, 32/8
@@ -167,6 +177,29 @@ if HAVE_GLUON:
         return head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from
 
     @gluon.jit
+    def _walk(sched_ptr, n_items, SCHEDULED: gl.constexpr):
+        """(first, end, step) of this program's walk: its slice of the host's schedule
+        (SCHEDULED) or every num_programs-th item."""
+        pid = gl.program_id(0)
+        if SCHEDULED:
+            first = gl.load(sched_ptr + pid)
+            end = gl.load(sched_ptr + pid + 1)
+            step = 1
+        else:
+            first = pid
+            end = n_items
+            step = gl.num_programs(0)
+        return first, end, step
+
+    @gluon.jit
+    def _item_at(idx, sched_ptr, SCHEDULED: gl.constexpr):
+        if SCHEDULED:
+            # The item ids follow the num_programs + 1 offsets.
+            return gl.load(sched_ptr + gl.num_programs(0) + 1 + idx)
+        else:
+            return idx
+
+    @gluon.jit
     def _softmax_block(s, j, m_i, l_i, rows, cols, delta, kv_len, qk_scale, mask_from,
                        CAUSAL: gl.constexpr, p_layout: gl.constexpr,
                        p_dtype: gl.constexpr):  # fmt: skip
@@ -186,12 +219,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
-                  v_ready, k_empty, v_empty, work_ptr, n_items, HQ: gl.constexpr,
+                  v_ready, k_empty, v_empty, work_ptr, sched_ptr, n_items,
+                  SCHEDULED: gl.constexpr, HQ: gl.constexpr,
                   GROUP: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
         STAGES: gl.constexpr = k_bufs.shape[0]
         it = 0
         item = 0
-        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        first, end, step = _walk(sched_ptr, n_items, SCHEDULED)
+        for idx in range(first, end, step):
+            w = _item_at(idx, sched_ptr, SCHEDULED)
             head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
                 w, work_ptr, HQ, CAUSAL
             )
@@ -238,7 +274,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _consumer(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn_wait, turn_signal, o_ptr, lse_ptr, work_ptr, n_items, qk_scale, stride_o,
+                  turn_wait, turn_signal, o_ptr, lse_ptr, work_ptr, sched_ptr, n_items,
+                  SCHEDULED: gl.constexpr, qk_scale, stride_o,
                   stride_oh, stride_lse, HALF: gl.constexpr, HQ: gl.constexpr,
                   CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PINGPONG: gl.constexpr,
                   RESCALE_EARLY: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
@@ -260,7 +297,9 @@ if HAVE_GLUON:
         it = 0
         item = 0
         ev = 0  # MMA issue events so far (the turns of PINGPONG)
-        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        first, end, step = _walk(sched_ptr, n_items, SCHEDULED)
+        for idx in range(first, end, step):
+            w = _item_at(idx, sched_ptr, SCHEDULED)
             head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
                 w, work_ptr, HQ, CAUSAL
             )
@@ -336,10 +375,12 @@ if HAVE_GLUON:
             item += 1
 
     @gluon.jit
-    def hopper_prefill_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, work_ptr, n_items,
+    def hopper_prefill_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, work_ptr, sched_ptr,
+                              n_items,
                               qk_scale, stride_o, stride_oh, stride_lse, HQ: gl.constexpr,
                               GROUP: gl.constexpr, STAGES: gl.constexpr,
                               CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                              SCHEDULED: gl.constexpr = False,
                               PINGPONG: gl.constexpr = False,
                               RESCALE_EARLY: gl.constexpr = False,
                               num_warps: gl.constexpr = 4):  # fmt: skip
@@ -370,14 +411,15 @@ if HAVE_GLUON:
             [
                 (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
                              v_empty, turns.index(0), turns.index(1), o_ptr, lse_ptr, work_ptr,
-                             n_items, qk_scale, stride_o, stride_oh, stride_lse, 0, HQ, CAUSAL,
+                             sched_ptr, n_items, SCHEDULED, qk_scale, stride_o, stride_oh, stride_lse, 0, HQ, CAUSAL,
                              RETURN_LSE, PINGPONG, RESCALE_EARLY, num_warps)),
                 (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
                              v_empty, turns.index(1), turns.index(0), o_ptr, lse_ptr, work_ptr,
-                             n_items, qk_scale, stride_o, stride_oh, stride_lse, 1, HQ, CAUSAL,
+                             sched_ptr, n_items, SCHEDULED, qk_scale, stride_o, stride_oh, stride_lse, 1, HQ, CAUSAL,
                              RETURN_LSE, PINGPONG, RESCALE_EARLY, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
-                             k_ready, v_ready, k_empty, v_empty, work_ptr, n_items, HQ, GROUP,
+                             k_ready, v_ready, k_empty, v_empty, work_ptr, sched_ptr, n_items,
+                             SCHEDULED, HQ, GROUP,
                              CAUSAL)),
             ],
             [4, 1],
@@ -410,14 +452,42 @@ def launch(
         return
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     grid = (min(n_items, sms),) if tactic.persistent else (n_items,)
+    sched = work
+    if tactic.scheduled:
+        key = (plan.num_qo_heads, grid[0], "hopper-snake")
+        if key not in plan.works:
+            rows = plan.work_rows(BLOCK_M, BLOCK_N)
+            table = snake_schedule(rows, plan.num_qo_heads, grid[0], plan.causal)
+            plan.works[key] = torch.from_numpy(table).to(q.device)
+        sched = plan.works[key]
     hopper_prefill_kernel[grid](
         _descriptor(q, 64), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), out,
-        lse if lse is not None else out, work, n_items, plan.sm_scale * _LOG2E,
+        lse if lse is not None else out, work, sched, n_items, plan.sm_scale * _LOG2E,
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
         HQ=plan.num_qo_heads, GROUP=plan.group_size, STAGES=tactic.stages,
         CAUSAL=plan.causal, RETURN_LSE=lse is not None, PINGPONG=tactic.pingpong,
-        RESCALE_EARLY=tactic.rescale_early, num_warps=4,
+        RESCALE_EARLY=tactic.rescale_early, SCHEDULED=tactic.scheduled, num_warps=4,
     )  # fmt: skip
+
+
+def snake_schedule(rows: np.ndarray, heads: int, programs: int, causal: bool) -> np.ndarray:
+    """A persistent grid's walk: [programs + 1 offsets, then the item ids] int32, item =
+    tile * heads + head over the work rows (plan.work_rows(BLOCK_M, BLOCK_N)). Items are
+    dealt heaviest first (cost: key blocks + 1) in rounds of `programs`, the direction
+    alternating each round (a snake), so each program's total stays near the mean where a
+    round-robin deal gives the first programs the heaviest item of every round; a round
+    hands one tile's heads to neighbouring programs, which share its K / V in L2."""
+    t0, qo_len, kv_len = rows[:, 1].astype(np.int64), rows[:, 3], rows[:, 4]
+    hi = np.minimum(kv_len, t0 + BLOCK_M + kv_len - qo_len) if causal else kv_len
+    cost = -(-hi // BLOCK_N) + 1
+    tiles = np.argsort(-cost, kind="stable")
+    items = (tiles[:, None] * heads + np.arange(heads)[None, :]).reshape(-1)
+    i = np.arange(items.size)
+    rnd, pos = i // programs, i % programs
+    prog = np.where(rnd % 2 == 0, pos, programs - 1 - pos)
+    mine = np.argsort(prog, kind="stable")  # a program's items in round order
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(prog, minlength=programs))])
+    return np.concatenate([offsets, items[mine]]).astype(np.int32)
 
 
 def compile_report(causal: bool = True, return_lse: bool = True) -> dict[str, Any]:
@@ -442,6 +512,7 @@ def compile_report(causal: bool = True, return_lse: bool = True) -> dict[str, An
         "o_ptr": "*bf16",
         "lse_ptr": "*fp32",
         "work_ptr": "*i32",
+        "sched_ptr": "*i32",
         "n_items": "i32",
         "qk_scale": "fp32",
         "stride_o": "i32",
@@ -449,7 +520,7 @@ def compile_report(causal: bool = True, return_lse: bool = True) -> dict[str, An
         "stride_lse": "i32",
     }
     consts: dict[str, Any] = dict(HQ=32, GROUP=4, STAGES=2, CAUSAL=causal)
-    consts.update(RETURN_LSE=return_lse, num_warps=4)
+    consts.update(RETURN_LSE=return_lse, SCHEDULED=True, RESCALE_EARLY=True, num_warps=4)
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = GluonASTSource(hopper_prefill_kernel, sig, constexprs=consts)
     kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

@@ -132,6 +132,10 @@ class PrefillPlan:
     def total_q(self) -> int:
         return int(self.qo_indptr[-1])
 
+    def work_rows(self, tokens_per_tile: int, block_n: int) -> np.ndarray:
+        """The rows of `work_list` on the host (computed again, not cached)."""
+        return _work_rows(self, tokens_per_tile, block_n)
+
     def work_list(self, tokens_per_tile: int, block_n: int) -> torch.Tensor:
         """[num_items, 8] int32, heaviest first, cached per tile shape: (request, first
         token, qo_start, qo_len, kv_len, KV offset in pages, KV offset in tokens, 0)."""
