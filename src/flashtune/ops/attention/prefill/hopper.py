@@ -106,11 +106,23 @@ class HopperTactic(tuple):
 # heads, bf16, 1k-8k tokens a request: FA3's rescale order 0-1% faster than the rescale
 # after the wait; one program an item is faster at one 8k request (947 against 959 us),
 # slower at 16 x 1k (411 against 343); the turns of PINGPONG lost 1-4% (a manual tactic).
+# A host schedule (`snake_schedule`) helped where programs get few items (4 x 1k: 101 ->
+# 92 us, 1 x 1k: 29.6 -> 27.1) and cost 4-14% where they get many (16 x 1k: 333 -> 381).
 HOPPER_TACTICS = (
     HopperTactic(True, 2, rescale_early=True),
     HopperTactic(True, 2),
     HopperTactic(False, 2, rescale_early=True),
+    HopperTactic(True, 2, rescale_early=True, scheduled=True),
 )
+# Below this many items a program, tactic -1 walks the host schedule.
+SCHEDULE_BELOW_ITEMS_PER_PROGRAM = 10
+
+
+def default_tactic(num_tiles: int, num_qo_heads: int, device: torch.device) -> int:
+    """Tactic -1's index in HOPPER_TACTICS for a plan of `num_tiles` query tiles."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    few = num_tiles * num_qo_heads < SCHEDULE_BELOW_ITEMS_PER_PROGRAM * sms
+    return 3 if few else 0
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

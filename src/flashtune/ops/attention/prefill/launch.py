@@ -379,11 +379,11 @@ class HopperPrefillRunner(TunableRunner):
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         q, k, v, out, lse, plan = inputs
-        if tactic == DEFAULT_TACTIC:
-            if hopper.supported(q, k, v, out, plan) is not None:
-                return _TRITON.forward(inputs, DEFAULT_TACTIC)
-            tactic = 0
+        if tactic == DEFAULT_TACTIC and hopper.supported(q, k, v, out, plan) is not None:
+            return _TRITON.forward(inputs, DEFAULT_TACTIC)
         work = plan.work_list(hopper.BLOCK_M, hopper.BLOCK_N)
+        if tactic == DEFAULT_TACTIC:
+            tactic = hopper.default_tactic(work.shape[0], plan.num_qo_heads, q.device)
         if plan.paged:
             k, v = _stage_pages(plan, k, v)
         hopper.launch(q, k, v, out, lse, plan, work, hopper.HOPPER_TACTICS[int(tactic)])  # type: ignore[call-overload]
