@@ -25,7 +25,7 @@ Tuning notes (H200, FlashInfer 0.2.14 = its FA3 backend in the same run; causal,
   3.6's Hopper warp-specialization pass with an assertion at 4 warps, as it does on a plain
   matmul loop, and leaves the SASS unchanged at 8 warps: no producer warp, no register
   reallocation.) Session 28 wrote that pipeline in Gluon for sm_90 (prefill/hopper.py, the
-  default there where it applies): ragged 0.955x FA3 over 12 shapes, paged 1.119x. Paged is
+  default there where it applies): ragged 0.978x FA3 over 12 shapes, paged 1.149x. Paged is
   faster than
   FlashInfer's paged kernel (which gathers pages with cp.async) at b1 L1024/L2048, b4 L8192.
 """

@@ -19,8 +19,8 @@ Triton prefill kernel at about 470 TFLOP/s on an H200 against FlashInfer's FA3 b
 Masks apply only to blocks that cross the causal diagonal or the keys' end.
 
 Measured on an H200 (session 28, causal, 32/8 heads, d128, bf16, CUDA graphs): 1.15-1.27x
-the Triton kernel at 1k-8k tokens a request (573 TFLOP/s at one 8k request); docs/attention.md
-has the rows against FlashInfer 0.7.2's FA3.
+the Triton kernel at 1k-8k tokens a request (563-584 TFLOP/s at 4k-8k); against FlashInfer
+0.7.2's FA3 paged 1.149x and ragged 0.978x geomean over 12 shapes (docs/attention.md).
 
 Runs where the plan is plain attention (causal or not, no window, soft cap, RoPE, ALiBi or
 custom mask), head_dim 128, 16-bit q/k/v of one dtype, every row with at least one key,
