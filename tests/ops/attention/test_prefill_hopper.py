@@ -115,9 +115,9 @@ def test_cuda_ragged(dtype, group, causal, tactic):
     work = w._plan.work_list(hopper.BLOCK_M, hopper.BLOCK_N)
     hopper.launch(q, k, v, out, lse, w._plan, work, tactic)
     ref = batch_prefill_ragged_ref(
-        q.cpu(),
-        k.cpu(),
-        v.cpu(),
+        q,
+        k,
+        v,
         _indptr(QO),
         _indptr(KV),
         AttentionVariant(sm_scale=1 / math.sqrt(d), causal=causal),
@@ -176,7 +176,7 @@ def test_cuda_graph_replay():
         t.copy_(torch.randn_like(t))
     graph.replay()
     ref, _ = batch_prefill_ragged_ref(
-        q.cpu(), k.cpu(), v.cpu(), _indptr(qo), _indptr(kv),
+        q, k, v, _indptr(qo), _indptr(kv),
         AttentionVariant(sm_scale=1 / math.sqrt(128), causal=True), compute_dtype=torch.float64,
     )  # fmt: skip
     _check(out, None, ref, None, dtype)
