@@ -126,7 +126,7 @@ def default_tactic(num_tiles: int, num_qo_heads: int, device: torch.device) -> i
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-              plan: Any) -> str | None:  # fmt: skip
+              plan: Any, lse: torch.Tensor | None = None) -> str | None:  # fmt: skip
     """None when the Gluon kernel can run this call, else why not (for logs and tests)."""
     if not HAVE_GLUON:
         return "this Triton has no Gluon"
@@ -153,6 +153,8 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tens
         return "a causal request with more queries than keys (rows with no key)"
     if q.stride(2) != 1 or q.stride(1) != HEAD_DIM or out.stride(2) != 1:
         return "q must be [tokens, heads, 128] with adjacent heads, out contiguous in head_dim"
+    if lse is not None and lse.stride(1) != 1:
+        return "lse must be contiguous in its heads"
     if (q.stride(0) * q.element_size()) % 16 or q.data_ptr() % 16:
         return "q rows not 16-byte aligned (TMA)"
     if not plan.paged:

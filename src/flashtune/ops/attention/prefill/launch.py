@@ -372,14 +372,16 @@ class HopperPrefillRunner(TunableRunner):
     inputs: (q, k, v, out, lse_or_None, plan), as TritonPrefillRunner's."""
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
-        q, k, v, out, _, plan = inputs
-        if hopper.supported(q, k, v, out, plan) is not None:
+        q, k, v, out, lse, plan = inputs
+        if hopper.supported(q, k, v, out, plan, lse) is not None:
             return []
         return list(range(len(hopper.HOPPER_TACTICS)))
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         q, k, v, out, lse, plan = inputs
-        if tactic == DEFAULT_TACTIC and hopper.supported(q, k, v, out, plan) is not None:
+        if hopper.supported(q, k, v, out, plan, lse) is not None:
+            # Also for a tuned tactic: a memoized pick is keyed on shapes, and a later call of
+            # the same shapes may not qualify (its strides, an lse view).
             return _TRITON.forward(inputs, DEFAULT_TACTIC)
         work = plan.work_list(hopper.BLOCK_M, hopper.BLOCK_N)
         if tactic == DEFAULT_TACTIC:
