@@ -60,16 +60,19 @@ def test_hopper_kernel_compiles_for_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "import json; from flashtune.ops.attention.prefill import hopper; "
-        "print(json.dumps([hopper.compile_report(c, l) for c, l in ((True, True), (False, False))]))"
+        "print(json.dumps([hopper.compile_report(c, l, d) for c, l, d in "
+        "((True, True, 128), (False, False, 128), (True, True, 64), (True, False, 256))]))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for rep in json.loads(proc.stdout.splitlines()[-1]):
-        # Per warpgroup and block: 8 score and 8 output wgmma (m64 n128 k16), in the first
-        # block, the loop and the last output MMA; two consumer copies.
-        assert rep["wgmma"] == 64
+    reports = json.loads(proc.stdout.splitlines()[-1])
+    # wgmma instructions (m64, k16): per consumer, the score MMA (head_dim / 16 of them) in
+    # the first block and the loop, the output MMA (keys / 16) in the loop and the last
+    # block; two consumer copies. head_dim 128: 128 keys; 64: 128 keys; 256: 64 keys.
+    for rep, d, keys in zip(reports, (128, 128, 64, 256), (128, 128, 128, 64), strict=True):
+        assert rep["wgmma"] == 2 * 2 * (d // 16 + keys // 16), (d, rep["wgmma"])
         assert rep["rc"] == 0, rep["ptxas"][-2000:]
         assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], rep["ptxas"]
 
@@ -112,7 +115,7 @@ def test_cuda_ragged(dtype, group, causal, tactic):
     v = torch.randn(sum(KV), hkv, d, dtype=dtype, device=dev)
     out, lse = torch.empty_like(q), torch.empty(sum(QO), hkv * group, device=dev)
     assert hopper.supported(q, k, v, out, w._plan) is None
-    work = w._plan.work_list(hopper.BLOCK_M, hopper.BLOCK_N)
+    work = w._plan.work_list(hopper.BLOCK_M, hopper.block_n(d))
     hopper.launch(q, k, v, out, lse, w._plan, work, tactic)
     ref = batch_prefill_ragged_ref(
         q,
@@ -124,6 +127,30 @@ def test_cuda_ragged(dtype, group, causal, tactic):
         compute_dtype=torch.float64,
     )
     _check(out, lse, *ref, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_other_head_dims(head_dim, causal):
+    """head_dim 64 (128-key blocks) and 256 (64-key blocks), launched directly: `supported`
+    admits them once this has passed on a GPU and they are timed (hopper.HEAD_DIMS)."""
+    _need_hopper()
+    dev, dtype, hkv, group = torch.device("cuda"), torch.bfloat16, 2, 4
+    w = _ragged_plan(QO, KV, hkv * group, hkv, head_dim, dev, causal=causal, q_data_type=dtype)
+    q = torch.randn(sum(QO), hkv * group, head_dim, dtype=dtype, device=dev)
+    k = torch.randn(sum(KV), hkv, head_dim, dtype=dtype, device=dev)
+    v = torch.randn(sum(KV), hkv, head_dim, dtype=dtype, device=dev)
+    out, lse = torch.empty_like(q), torch.empty(sum(QO), hkv * group, device=dev)
+    for tactic in hopper.HOPPER_TACTICS:
+        work = w._plan.work_list(hopper.BLOCK_M, hopper.block_n(head_dim))
+        hopper.launch(q, k, v, out, lse, w._plan, work, tactic)
+        ref = batch_prefill_ragged_ref(
+            q, k, v, _indptr(QO), _indptr(KV),
+            AttentionVariant(sm_scale=1 / math.sqrt(head_dim), causal=causal),
+            compute_dtype=torch.float64,
+        )  # fmt: skip
+        _check(out, lse, *ref, dtype)
 
 
 @pytest.mark.cuda
@@ -196,13 +223,19 @@ def test_cuda_declines_what_it_cannot_run():
     q64 = torch.randn(10, 8, 64, dtype=torch.bfloat16, device=dev)
     w = _ragged_plan([10], [12], 8, 2, 64, dev)
     assert "head_dim 64" in hopper.supported(q64, k[..., :64], k[..., :64], q64, w._plan)
+    with pytest.raises(ValueError, match="head_dim 96"):
+        w96 = _ragged_plan([10], [12], 8, 2, 96, dev)
+        q96 = torch.randn(10, 8, 96, dtype=torch.bfloat16, device=dev)
+        hopper.launch(
+            q96, k[..., :96], k[..., :96], q96, None, w96._plan, None, hopper.HOPPER_TACTICS[0]
+        )
 
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize(("qo_lens", "programs"), [([1024] * 4, 132), ([700, 5, 3000], 7)])
 def test_snake_schedule_deals_every_item_once_and_evenly(qo_lens, programs, causal):
     w = _ragged_plan(qo_lens, qo_lens, 8, 2, 128, torch.device("cpu"), causal=causal)
-    rows = w._plan.work_rows(hopper.BLOCK_M, hopper.BLOCK_N)
+    rows = w._plan.work_rows(hopper.BLOCK_M, 128)
     heads = 8
     table = hopper.snake_schedule(rows, heads, programs, causal)
     offsets, items = table[: programs + 1], table[programs + 1 :]

@@ -23,7 +23,8 @@ the Triton kernel at 1k-8k tokens a request (563-584 TFLOP/s at 4k-8k); against 
 0.7.2's FA3 paged 1.149x and ragged 0.978x geomean over 12 shapes (docs/attention.md).
 
 Runs where the plan is plain attention (causal or not, no window, soft cap, RoPE, ALiBi or
-custom mask), head_dim 128, 16-bit q/k/v of one dtype, every row with at least one key,
+custom mask), head_dim 128 (the kernel also compiles for 64 and 256: `HEAD_DIMS` admits
+them once a GPU has run them), 16-bit q/k/v of one dtype, every row with at least one key,
 on sm_90 (wgmma is Hopper's; Blackwell has its own MMA), outside CUDA-graph mode
 (`supported` says why not). `FLASHTUNE_PREFILL_GLUON=0` turns it off.
 """
@@ -52,11 +53,29 @@ try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply not off
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HAVE_GLUON", "HopperTactic", "HOPPER_TACTICS", "supported"]
+__all__ = [
+    "BLOCK_M",
+    "HAVE_GLUON",
+    "HEAD_DIMS",
+    "HopperTactic",
+    "HOPPER_TACTICS",
+    "block_n",
+    "supported",
+]
 
 BLOCK_M = 128  # query rows a work item (two warpgroups of 64)
-BLOCK_N = 128  # keys a block
-HEAD_DIM = 128
+# The head dims the kernel compiles for, and those `supported` admits: a head dim joins the
+# second once a GPU has run its tests and timed it (64 and 256 are written, not yet run).
+KERNEL_HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (128,)
+
+
+def block_n(head_dim: int) -> int:
+    """Keys a block: 64 at head_dim 256 (the output accumulator takes 128 registers a
+    thread there), else 128."""
+    return 64 if head_dim == 256 else 128
+
+
 _LOG2E = 1.4426950408889634
 
 
@@ -140,8 +159,8 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tens
         return "CUDA-graph mode keeps the Triton kernel"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return "q, k and v must share one 16-bit dtype"
-    if plan.head_dim != HEAD_DIM:
-        return f"head_dim {plan.head_dim} (only {HEAD_DIM})"
+    if plan.head_dim not in HEAD_DIMS:
+        return f"head_dim {plan.head_dim} (only {', '.join(map(str, HEAD_DIMS))} so far)"
     if plan.window_left >= 0 or plan.logits_soft_cap or plan.rope is not None or plan.alibi:
         return "not plain attention"
     if plan.mask_d is not None:
@@ -151,16 +170,17 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tens
         return "a request with queries and no keys"
     if plan.causal and (plan.kv_lens < qo_lens).any():
         return "a causal request with more queries than keys (rows with no key)"
-    if q.stride(2) != 1 or q.stride(1) != HEAD_DIM or out.stride(2) != 1:
-        return "q must be [tokens, heads, 128] with adjacent heads, out contiguous in head_dim"
+    d = plan.head_dim
+    if q.stride(2) != 1 or q.stride(1) != d or out.stride(2) != 1:
+        return "q must be [tokens, heads, head_dim] with adjacent heads, out contiguous in head_dim"
     if lse is not None and lse.stride(1) != 1:
         return "lse must be contiguous in its heads"
     if (q.stride(0) * q.element_size()) % 16 or q.data_ptr() % 16:
         return "q rows not 16-byte aligned (TMA)"
     if not plan.paged:
         for t in (k, v):
-            if t.stride(2) != 1 or t.stride(1) != HEAD_DIM or (t.stride(0) * 2) % 16:
-                return "k / v must be [tokens, heads, 128] with 16-byte aligned rows (TMA)"
+            if t.stride(2) != 1 or t.stride(1) != d or (t.stride(0) * 2) % 16:
+                return "k / v must be [tokens, heads, head_dim] with 16-byte aligned rows (TMA)"
             if t.data_ptr() % 16:
                 return "k / v not 16-byte aligned (TMA)"
     return None
@@ -169,7 +189,14 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tens
 if HAVE_GLUON:
 
     @gluon.jit
-    def _item(w, work_ptr, HQ: gl.constexpr, CAUSAL: gl.constexpr):
+    def _item(
+        w,
+        work_ptr,
+        HQ: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+    ):
         """Work item w of the plan's work list [items, 8] (request, first token, qo_start,
         qo_len, kv_len, -, KV start in tokens, -) times the heads: its head and extents."""
         tile = w // HQ
@@ -182,12 +209,12 @@ if HAVE_GLUON:
         kv_start = gl.load(row + 6)
         delta = kv_len - qo_len  # row i sees keys 0 .. i + delta (bottom-right aligned)
         if CAUSAL:
-            n_blocks = gl.cdiv(gl.minimum(kv_len, m0 + 128 + delta), 128)
+            n_blocks = gl.cdiv(gl.minimum(kv_len, m0 + BLOCK_M + delta), BLOCK_N)
             # The first block past the tile's first row's limit or the keys' end.
-            mask_from = gl.minimum((m0 + delta + 1) // 128, kv_len // 128)
+            mask_from = gl.minimum((m0 + delta + 1) // BLOCK_N, kv_len // BLOCK_N)
         else:
-            n_blocks = gl.cdiv(kv_len, 128)
-            mask_from = kv_len // 128
+            n_blocks = gl.cdiv(kv_len, BLOCK_N)
+            mask_from = kv_len // BLOCK_N
         return head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from
 
     @gluon.jit
@@ -216,11 +243,11 @@ if HAVE_GLUON:
     @gluon.jit
     def _softmax_block(s, j, m_i, l_i, rows, cols, delta, kv_len, qk_scale, mask_from,
                        CAUSAL: gl.constexpr, p_layout: gl.constexpr,
-                       p_dtype: gl.constexpr):  # fmt: skip
+                       p_dtype: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
         """Online softmax of score block j: (P in the output MMA's A layout, m, l, alpha);
         m and the scores in log2 units (qk_scale carries log2(e))."""
         if j >= mask_from:
-            keys = j * 128 + cols
+            keys = j * BLOCK_N + cols
             ok = keys[None, :] < kv_len
             if CAUSAL:
                 ok = ok & (keys[None, :] <= rows[:, None] + delta)
@@ -237,22 +264,25 @@ if HAVE_GLUON:
                   SCHEDULED: gl.constexpr, HQ: gl.constexpr,
                   GROUP: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
         STAGES: gl.constexpr = k_bufs.shape[0]
+        SUB_M: gl.constexpr = q_desc.block_type.shape[0]
+        D: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
         it = 0
         item = 0
         first, end, step = _walk(sched_ptr, n_items, SCHEDULED)
         for idx in range(first, end, step):
             w = _item_at(idx, sched_ptr, SCHEDULED)
             head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
-                w, work_ptr, HQ, CAUSAL
+                w, work_ptr, HQ, CAUSAL, 2 * SUB_M, BLOCK_N
             )
-            kv_col = (head // GROUP) * 128
+            kv_col = (head // GROUP) * D
             # A barrier's phase "1" counts as complete before its first completion: the
             # first wait on each `empty` barrier passes.
             mbarrier.wait(q_empty, (item & 1) ^ 1)
             mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
             for c in gl.static_range(2):
                 tma.async_copy_global_to_shared(
-                    q_desc, [q_start + m0 + c * 64, head * 128], q_bar, q_smem.index(c)
+                    q_desc, [q_start + m0 + c * SUB_M, head * D], q_bar, q_smem.index(c)
                 )
             for j in range(n_blocks):
                 s = (it + j) % STAGES
@@ -260,12 +290,12 @@ if HAVE_GLUON:
                 mbarrier.wait(k_empty.index(s), free)
                 mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(
-                    k_desc, [kv_start + j * 128, kv_col], k_ready.index(s), k_bufs.index(s)
+                    k_desc, [kv_start + j * BLOCK_N, kv_col], k_ready.index(s), k_bufs.index(s)
                 )
                 mbarrier.wait(v_empty.index(s), free)
                 mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(
-                    v_desc, [kv_start + j * 128, kv_col], v_ready.index(s), v_bufs.index(s)
+                    v_desc, [kv_start + j * BLOCK_N, kv_col], v_ready.index(s), v_bufs.index(s)
                 )
             it += n_blocks
             item += 1
@@ -297,17 +327,25 @@ if HAVE_GLUON:
         PINGPONG the two take turns issuing their MMAs (`turn_wait` / `turn_signal`; HALF 0
         first), so that one's softmax runs while the other's MMAs hold the tensor cores."""
         STAGES: gl.constexpr = k_bufs.shape[0]
+        SUB_M: gl.constexpr = q_smem.shape[1]
+        D: gl.constexpr = q_smem.shape[2]
+        BLOCK_N: gl.constexpr = k_bufs.shape[1]
         dtype: gl.constexpr = q_smem.dtype
-        # 128 keys a block and head_dim 128: scores and output share one accumulator
-        # layout, so the softmax's row statistics need no conversion between them.
-        layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 128, 16]
+        # The scores' and the output's accumulator layouts: one and the same where
+        # BLOCK_N == D (head_dim 128), so that the row statistics' conversions between them
+        # vanish there.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
         )
-        rows_l: gl.constexpr = gl.SliceLayout(1, layout)
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, 16]
+        )
+        rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+        o_rows_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         q_buf = q_smem.index(HALF)
-        cols = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
-        zero = gl.zeros([64, 128], gl.float32, layout=layout)
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
         it = 0
         item = 0
         ev = 0  # MMA issue events so far (the turns of PINGPONG)
@@ -315,13 +353,13 @@ if HAVE_GLUON:
         for idx in range(first, end, step):
             w = _item_at(idx, sched_ptr, SCHEDULED)
             head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
-                w, work_ptr, HQ, CAUSAL
+                w, work_ptr, HQ, CAUSAL, 2 * SUB_M, BLOCK_N
             )
             delta = kv_len - qo_len
-            rows = m0 + HALF * 64 + gl.arange(0, 64, layout=rows_l)
-            m_i = gl.full([64], -float("inf"), gl.float32, layout=rows_l)
-            l_i = gl.zeros([64], gl.float32, layout=rows_l)
-            acc = gl.zeros([64, 128], gl.float32, layout=layout)
+            rows = m0 + HALF * SUB_M + gl.arange(0, SUB_M, layout=rows_l)
+            m_i = gl.full([SUB_M], -float("inf"), gl.float32, layout=rows_l)
+            l_i = gl.zeros([SUB_M], gl.float32, layout=rows_l)
+            acc = gl.zeros([SUB_M, D], gl.float32, layout=o_layout)
 
             mbarrier.wait(q_bar, item & 1)
             st = it % STAGES
@@ -335,7 +373,7 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index(st), count=1)
             p, m_i, l_i, alpha = _softmax_block(
                 s, 0, m_i, l_i, rows, cols, delta, kv_len, qk_scale, mask_from, CAUSAL,
-                p_layout, dtype,
+                p_layout, dtype, BLOCK_N,
             )  # fmt: skip
             for j in range(1, n_blocks):
                 st = (it + j) % STAGES
@@ -347,7 +385,7 @@ if HAVE_GLUON:
                                   use_acc=False, is_async=True)  # fmt: skip
                 if RESCALE_EARLY:
                     # Block j-1's alpha, under block j's score MMA.
-                    acc = acc * alpha[:, None]
+                    acc = acc * gl.convert_layout(alpha, o_rows_l)[:, None]
                 acc = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
                 _pass_turn(turn_signal, PINGPONG)
                 ev += 1
@@ -358,18 +396,18 @@ if HAVE_GLUON:
                 mbarrier.arrive(k_empty.index(st), count=1)
                 p, m_i, l_i, alpha = _softmax_block(
                     s, j, m_i, l_i, rows, cols, delta, kv_len, qk_scale, mask_from, CAUSAL,
-                    p_layout, dtype,
+                    p_layout, dtype, BLOCK_N,
                 )  # fmt: skip
                 acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 if not RESCALE_EARLY:
-                    acc = acc * alpha[:, None]
+                    acc = acc * gl.convert_layout(alpha, o_rows_l)[:, None]
             # Every score MMA of the item is done: the producer may load the next Q.
             mbarrier.arrive(q_empty, count=1)
             last = (it + n_blocks - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
             if RESCALE_EARLY:
-                acc = acc * alpha[:, None]
+                acc = acc * gl.convert_layout(alpha, o_rows_l)[:, None]
             _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
             acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
             _pass_turn(turn_signal, PINGPONG)
@@ -378,10 +416,11 @@ if HAVE_GLUON:
             mbarrier.arrive(v_empty.index(last), count=1)
 
             row_ok = rows < qo_len
-            out = (acc / l_i[:, None]).to(dtype)
-            d = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
-            ptrs = o_ptr + (q_start + rows)[:, None] * stride_o + head * stride_oh + d[None, :]
-            gl.store(ptrs, out, mask=row_ok[:, None])
+            o_rows = gl.convert_layout(rows, o_rows_l)
+            out = (acc / gl.convert_layout(l_i, o_rows_l)[:, None]).to(dtype)
+            d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+            ptrs = o_ptr + (q_start + o_rows)[:, None] * stride_o + head * stride_oh + d[None, :]
+            gl.store(ptrs, out, mask=(o_rows < qo_len)[:, None])
             if RETURN_LSE:
                 gl.store(lse_ptr + (q_start + rows) * stride_lse + head, m_i + gl.log2(l_i),
                          mask=row_ok)  # fmt: skip
@@ -444,9 +483,10 @@ if HAVE_GLUON:
         """TMA descriptor of [tokens, heads, 128] viewed as [tokens, heads * 128], boxes of
         [rows, 128] (one head)."""
         gl_dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-        layout = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], gl_dtype)
-        view = t.as_strided((t.shape[0], t.shape[1] * HEAD_DIM), (t.stride(0), 1))
-        return TensorDescriptor.from_tensor(view, [rows, HEAD_DIM], layout)
+        d = t.shape[-1]
+        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype)
+        view = t.as_strided((t.shape[0], t.shape[1] * d), (t.stride(0), 1))
+        return TensorDescriptor.from_tensor(view, [rows, d], layout)
 
 
 def launch(
@@ -459,8 +499,12 @@ def launch(
     work: torch.Tensor,
     tactic: HopperTactic,
 ) -> None:
-    """Run the kernel over `work` (plan.work_list(BLOCK_M, BLOCK_N)); k/v ragged [T, Hkv,
-    128] (a paged cache staged by the caller), `supported` checked by the caller."""
+    """Run the kernel over `work` (plan.work_list(BLOCK_M, block_n(head_dim))); k/v ragged
+    [T, Hkv, head_dim] (a paged cache staged by the caller); `supported` checked by the
+    caller (the tests call it directly for head dims not yet admitted)."""
+    if plan.head_dim not in KERNEL_HEAD_DIMS:
+        raise ValueError(f"head_dim {plan.head_dim}: the kernel has {KERNEL_HEAD_DIMS}")
+    bn = block_n(plan.head_dim)
     n_items = work.shape[0] * plan.num_qo_heads
     if n_items == 0:
         return
@@ -470,12 +514,12 @@ def launch(
     if tactic.scheduled:
         key = (plan.num_qo_heads, grid[0], "hopper-snake")
         if key not in plan.works:
-            rows = plan.work_rows(BLOCK_M, BLOCK_N)
-            table = snake_schedule(rows, plan.num_qo_heads, grid[0], plan.causal)
+            rows = plan.work_rows(BLOCK_M, bn)
+            table = snake_schedule(rows, plan.num_qo_heads, grid[0], plan.causal, bn)
             plan.works[key] = torch.from_numpy(table).to(q.device)
         sched = plan.works[key]
     hopper_prefill_kernel[grid](
-        _descriptor(q, 64), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), out,
+        _descriptor(q, BLOCK_M // 2), _descriptor(k, bn), _descriptor(v, bn), out,
         lse if lse is not None else out, work, sched, n_items, plan.sm_scale * _LOG2E,
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
         HQ=plan.num_qo_heads, GROUP=plan.group_size, STAGES=tactic.stages,
@@ -484,16 +528,18 @@ def launch(
     )  # fmt: skip
 
 
-def snake_schedule(rows: np.ndarray, heads: int, programs: int, causal: bool) -> np.ndarray:
+def snake_schedule(
+    rows: np.ndarray, heads: int, programs: int, causal: bool, block_n: int = 128
+) -> np.ndarray:
     """A persistent grid's walk: [programs + 1 offsets, then the item ids] int32, item =
-    tile * heads + head over the work rows (plan.work_rows(BLOCK_M, BLOCK_N)). Items are
+    tile * heads + head over the work rows (plan.work_rows(BLOCK_M, block_n)). Items are
     dealt heaviest first (cost: key blocks + 1) in rounds of `programs`, the direction
     alternating each round (a snake), so each program's total stays near the mean where a
     round-robin deal gives the first programs the heaviest item of every round; a round
     hands one tile's heads to neighbouring programs, which share its K / V in L2."""
     t0, qo_len, kv_len = rows[:, 1].astype(np.int64), rows[:, 3], rows[:, 4]
     hi = np.minimum(kv_len, t0 + BLOCK_M + kv_len - qo_len) if causal else kv_len
-    cost = -(-hi // BLOCK_N) + 1
+    cost = -(-hi // block_n) + 1
     tiles = np.argsort(-cost, kind="stable")
     items = (tiles[:, None] * heads + np.arange(heads)[None, :]).reshape(-1)
     i = np.arange(items.size)
@@ -504,7 +550,9 @@ def snake_schedule(rows: np.ndarray, heads: int, programs: int, causal: bool) ->
     return np.concatenate([offsets, items[mine]]).astype(np.int32)
 
 
-def compile_report(causal: bool = True, return_lse: bool = True) -> dict[str, Any]:
+def compile_report(
+    causal: bool = True, return_lse: bool = True, head_dim: int = 128
+) -> dict[str, Any]:
     """Compile the kernel for sm_90a without a GPU (Gluon, then Triton's bundled ptxas -v):
     {"wgmma": count in the PTX, "ptxas": ptxas's report}. Needs TRITON_INTERPRET unset at
     import (the interpreter replaces the kernel with its own function)."""
@@ -517,12 +565,12 @@ def compile_report(causal: bool = True, return_lse: bool = True) -> dict[str, An
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    q = torch.empty(256, 32, HEAD_DIM, dtype=torch.bfloat16)
-    k = torch.empty(256, 8, HEAD_DIM, dtype=torch.bfloat16)
+    q = torch.empty(256, 32, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(256, 8, head_dim, dtype=torch.bfloat16)
     sig = {
-        "q_desc": mangle_type(_descriptor(q, 64)),
-        "k_desc": mangle_type(_descriptor(k, BLOCK_N)),
-        "v_desc": mangle_type(_descriptor(k, BLOCK_N)),
+        "q_desc": mangle_type(_descriptor(q, BLOCK_M // 2)),
+        "k_desc": mangle_type(_descriptor(k, block_n(head_dim))),
+        "v_desc": mangle_type(_descriptor(k, block_n(head_dim))),
         "o_ptr": "*bf16",
         "lse_ptr": "*fp32",
         "work_ptr": "*i32",
