@@ -821,7 +821,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="stop starting shapes after this many seconds; summaries still printed and written",
     )
+    ap.add_argument(
+        "--prefill-head-dim",
+        type=int,
+        choices=(64, 128, 256),
+        default=128,
+        help="head_dim of the prefill family's inputs (default 128; the rows name it)",
+    )
     opts = ap.parse_args(argv)
+    if opts.prefill_head_dim != 128:
+        import bench_prefill
+
+        # The prefill family reads bench_prefill's shape constants when it runs.
+        bench_prefill.D = opts.prefill_head_dim
     fi = load_peer()
     if not torch.cuda.is_available():
         sys.exit("bench_fi072.py: needs a CUDA GPU")

@@ -156,3 +156,18 @@ def test_shape_grids(fi072):
         assert all(t * 2 * d * 2 > 2**20 for d, t in fi072.act_shapes(quick))
         assert fi072.norm_shapes(quick) and fi072.act_shapes(quick)
     assert (2048, 256) not in fi072.norm_shapes(False)  # exactly 1 MiB: left out
+
+
+def test_prefill_head_dim_flag_sets_the_prefill_shapes(fi072, monkeypatch):
+    import bench_prefill
+
+    monkeypatch.setattr(bench_prefill, "D", bench_prefill.D)  # restored after the test
+
+    def no_peer():
+        raise SystemExit(2)
+
+    monkeypatch.setattr(fi072, "load_peer", no_peer)
+    with pytest.raises(SystemExit):
+        fi072.main(["--only", "prefill", "--prefill-head-dim", "256"])
+    assert bench_prefill.D == 256
+    assert bench_prefill.causal_flops([4]) == 4.0 * bench_prefill.HQ * 256 * 10
