@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from test_prefill import _indptr, _paged_batch
 
 from flashtune.ops.attention.page import split_kv_cache
 from flashtune.ops.attention.prefill import (
@@ -27,10 +28,6 @@ from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_pre
 from flashtune.ops.attention.variant import AttentionVariant
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-def _indptr(lens: list[int]) -> torch.Tensor:
-    return torch.tensor([0] + lens).cumsum(0).int()
 
 
 def _ragged_plan(qo_lens, kv_lens, hq, hkv, d, device, causal=True, **kw):
@@ -160,16 +157,10 @@ def test_cuda_paged_through_the_wrapper(page_size):
     pages, a non-default sm_scale."""
     _need_hopper()
     dev, dtype, hq, hkv, d = torch.device("cuda"), torch.bfloat16, 8, 2, 128
-    pages = [math.ceil(n / page_size) for n in KV]
-    perm = torch.randperm(sum(pages) + 3).int()[: sum(pages)]
-    last = torch.tensor(
-        [n - (p - 1) * page_size if p else 1 for n, p in zip(KV, pages, strict=True)],
-        dtype=torch.int32,
-    )
-    cache = torch.randn(sum(pages) + 3, 2, page_size, hkv, d, dtype=dtype, device=dev)
+    kv_indptr, perm, last, cache = _paged_batch(QO, KV, hkv, d, page_size, "NHD", dtype, dev)
     q = torch.randn(sum(QO), hq, d, dtype=dtype, device=dev)
     w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=dev))
-    w.plan(_indptr(QO), _indptr(pages), perm, last, hq, hkv, d, page_size, causal=True,
+    w.plan(_indptr(QO), kv_indptr, perm, last, hq, hkv, d, page_size, causal=True,
            sm_scale=0.07, q_data_type=dtype)  # fmt: skip
     k, v = split_kv_cache(cache, "NHD")
     assert hopper.supported(q, k, v, q, w._plan) is None
@@ -178,7 +169,7 @@ def test_cuda_paged_through_the_wrapper(page_size):
     runner_out = HopperPrefillRunner().forward((q, k, v, torch.empty_like(q), None, w._plan), -1)
     torch.testing.assert_close(runner_out, out, atol=0, rtol=0)
     ref = batch_prefill_paged_ref(
-        q, k, v, _indptr(QO), _indptr(pages), perm, last,
+        q, k, v, _indptr(QO), kv_indptr, perm, last,
         AttentionVariant(sm_scale=0.07, causal=True), compute_dtype=torch.float64,
     )  # fmt: skip
     _check(out, lse, *ref, dtype)

@@ -31,7 +31,7 @@ on sm_90 (wgmma is Hopper's; Blackwell has its own MMA), outside CUDA-graph mode
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -79,46 +79,23 @@ def block_n(head_dim: int) -> int:
 _LOG2E = 1.4426950408889634
 
 
-class HopperTactic(tuple):
-    """(persistent, stages, pingpong, rescale_early): a persistent grid of one program an SM
-    or one program an item; the K / V ring's stages; the consumers taking turns at the
-    tensor cores (FA3's inter-warpgroup schedule); the output rescaled between the score
-    and output MMAs' issue (FA3's order) instead of after the output MMA's wait."""
+class HopperTactic(NamedTuple):
+    """A persistent grid of one program an SM, or one program an item; the K / V ring's
+    stages; the consumers taking turns at the tensor cores (FA3's inter-warpgroup
+    schedule); the output rescaled between the score and output MMAs' issue (FA3's order)
+    instead of after the output MMA's wait; persistent programs walking a host schedule
+    (`snake_schedule`) instead of every num_programs-th item (`walks_schedule`)."""
 
-    __slots__ = ()
-
-    def __new__(
-        cls,
-        persistent: bool,
-        stages: int,
-        pingpong: bool = False,
-        rescale_early: bool = False,
-        scheduled: bool = False,
-    ) -> HopperTactic:
-        fields = (bool(persistent), int(stages), bool(pingpong), bool(rescale_early))
-        return super().__new__(cls, (*fields, bool(scheduled) and bool(persistent)))
+    persistent: bool
+    stages: int
+    pingpong: bool = False
+    rescale_early: bool = False
+    scheduled: bool = False
 
     @property
-    def persistent(self) -> bool:
-        return bool(self[0])
-
-    @property
-    def stages(self) -> int:
-        return int(self[1])
-
-    @property
-    def pingpong(self) -> bool:
-        return bool(self[2])
-
-    @property
-    def rescale_early(self) -> bool:
-        return bool(self[3])
-
-    @property
-    def scheduled(self) -> bool:
-        """Persistent programs walk a host schedule (`snake_schedule`), not every
-        num_programs-th item."""
-        return bool(self[4])
+    def walks_schedule(self) -> bool:
+        """A schedule is a persistent grid's: one program an item has nothing to walk."""
+        return self.scheduled and self.persistent
 
 
 # The tuner's candidates; the first is tactic -1. Session 28, H200, ragged causal, 32/8
@@ -127,11 +104,13 @@ class HopperTactic(tuple):
 # slower at 16 x 1k (411 against 343); the turns of PINGPONG lost 1-4% (a manual tactic).
 # A host schedule (`snake_schedule`) helped where programs get few items (4 x 1k: 101 ->
 # 92 us, 1 x 1k: 29.6 -> 27.1) and cost 4-14% where they get many (16 x 1k: 333 -> 381).
+_ROUND_ROBIN = HopperTactic(True, 2, rescale_early=True)
+_SCHEDULED = HopperTactic(True, 2, rescale_early=True, scheduled=True)
 HOPPER_TACTICS = (
-    HopperTactic(True, 2, rescale_early=True),
+    _ROUND_ROBIN,
     HopperTactic(True, 2),
     HopperTactic(False, 2, rescale_early=True),
-    HopperTactic(True, 2, rescale_early=True, scheduled=True),
+    _SCHEDULED,
 )
 # Below this many items a program, tactic -1 walks the host schedule.
 SCHEDULE_BELOW_ITEMS_PER_PROGRAM = 10
@@ -141,7 +120,7 @@ def default_tactic(num_tiles: int, num_qo_heads: int, device: torch.device) -> i
     """Tactic -1's index in HOPPER_TACTICS for a plan of `num_tiles` query tiles."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     few = num_tiles * num_qo_heads < SCHEDULE_BELOW_ITEMS_PER_PROGRAM * sms
-    return 3 if few else 0
+    return HOPPER_TACTICS.index(_SCHEDULED if few else _ROUND_ROBIN)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -511,7 +490,7 @@ def launch(
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     grid = (min(n_items, sms),) if tactic.persistent else (n_items,)
     sched = work
-    if tactic.scheduled:
+    if tactic.walks_schedule:
         key = (plan.num_qo_heads, grid[0], "hopper-snake")
         if key not in plan.works:
             rows = plan.work_rows(BLOCK_M, bn)
@@ -524,7 +503,7 @@ def launch(
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
         HQ=plan.num_qo_heads, GROUP=plan.group_size, STAGES=tactic.stages,
         CAUSAL=plan.causal, RETURN_LSE=lse is not None, PINGPONG=tactic.pingpong,
-        RESCALE_EARLY=tactic.rescale_early, SCHEDULED=tactic.scheduled, num_warps=4,
+        RESCALE_EARLY=tactic.rescale_early, SCHEDULED=tactic.walks_schedule, num_warps=4,
     )  # fmt: skip
 
 
