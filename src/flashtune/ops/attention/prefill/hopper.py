@@ -79,7 +79,7 @@ def block_n(head_dim: int) -> int:
 _LOG2E = 1.4426950408889634
 
 
-def q_stages(head_dim: int, tactic: "HopperTactic") -> int:
+def q_stages(head_dim: int, tactic: HopperTactic) -> int:
     """Q buffers a consumer: two where the items are chained (the next item's Q loads
     during this one), but at head_dim 256 (2 x 32 KB more would not fit beside the K / V
     ring)."""
