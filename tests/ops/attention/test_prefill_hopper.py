@@ -216,6 +216,15 @@ def test_cuda_declines_what_it_cannot_run():
     assert "16-bit" in hopper.supported(q32, k.float(), k.float(), q32, w._plan)
 
 
+@pytest.mark.parametrize(
+    ("head_dim", "kv_lens", "triton"),
+    [(64, [1024, 2048], True), (64, [300, 5000], False), (128, [1024], False), (256, [64], False)],
+)
+def test_default_keeps_triton_for_short_head_dim_64(head_dim, kv_lens, triton):
+    w = _ragged_plan(kv_lens, kv_lens, 8, 2, head_dim, torch.device("cpu"))
+    assert hopper.default_prefers_triton(w._plan) is triton
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize(("qo_lens", "programs"), [([1024] * 4, 132), ([700, 5, 3000], 7)])
 def test_snake_schedule_deals_every_item_once_and_evenly(qo_lens, programs, causal):

@@ -383,6 +383,8 @@ class HopperPrefillRunner(TunableRunner):
             # Also for a tuned tactic: a memoized pick is keyed on shapes, and a later call of
             # the same shapes may not qualify (its strides, an lse view).
             return _TRITON.forward(inputs, DEFAULT_TACTIC)
+        if tactic == DEFAULT_TACTIC and hopper.default_prefers_triton(plan):
+            return _TRITON.forward(inputs, DEFAULT_TACTIC)
         work = plan.work_list(hopper.BLOCK_M, hopper.block_n(plan.head_dim))
         if tactic == DEFAULT_TACTIC:
             tactic = hopper.default_tactic(work.shape[0], plan.num_qo_heads, q.device)
