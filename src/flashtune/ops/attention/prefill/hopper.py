@@ -80,6 +80,13 @@ def block_n(head_dim: int) -> int:
 _LOG2E = 1.4426950408889634
 
 
+def q_stages(head_dim: int, tactic: HopperTactic) -> int:
+    """Q buffers a consumer: two where the items are chained (the next item's Q loads
+    during this one), but at head_dim 256 (2 x 32 KB more would not fit beside the K / V
+    ring)."""
+    return 2 if tactic.chained and head_dim <= 128 else 1
+
+
 class HopperTactic(NamedTuple):
     """A persistent grid of one program an SM, or one program an item; the K / V ring's
     stages; the consumers taking turns at the tensor cores (FA3's inter-warpgroup
@@ -92,6 +99,7 @@ class HopperTactic(NamedTuple):
     pingpong: bool = False
     rescale_early: bool = False
     scheduled: bool = False
+    chained: bool = False
 
     @property
     def walks_schedule(self) -> bool:
@@ -105,12 +113,14 @@ class HopperTactic(NamedTuple):
 # slower at 16 x 1k (411 against 343); the turns of PINGPONG lost 1-4% (a manual tactic).
 # A host schedule (`snake_schedule`) helped where programs get few items (4 x 1k: 101 ->
 # 92 us, 1 x 1k: 29.6 -> 27.1) and cost 4-14% where they get many (16 x 1k: 333 -> 381).
-_ROUND_ROBIN = HopperTactic(True, 2, rescale_early=True)
-_SCHEDULED = HopperTactic(True, 2, rescale_early=True, scheduled=True)
+_ROUND_ROBIN = HopperTactic(True, 2, rescale_early=True, chained=True)
+_SCHEDULED = HopperTactic(True, 2, rescale_early=True, scheduled=True, chained=True)
 HOPPER_TACTICS = (
     _ROUND_ROBIN,
+    HopperTactic(True, 2, rescale_early=True),
     HopperTactic(True, 2),
     HopperTactic(False, 2, rescale_early=True),
+    HopperTactic(True, 2, rescale_early=True, scheduled=True),
     _SCHEDULED,
 )
 # head_dim 64 where requests are short: the Triton kernel is faster (session 29, H200, ragged
@@ -256,6 +266,7 @@ if HAVE_GLUON:
                   SCHEDULED: gl.constexpr, HQ: gl.constexpr,
                   GROUP: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
         STAGES: gl.constexpr = k_bufs.shape[0]
+        QSTAGES: gl.constexpr = q_smem.shape[0] // 2
         SUB_M: gl.constexpr = q_desc.block_type.shape[0]
         D: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -270,12 +281,14 @@ if HAVE_GLUON:
             kv_col = (head // GROUP) * D
             # A barrier's phase "1" counts as complete before its first completion: the
             # first wait on each `empty` barrier passes.
-            mbarrier.wait(q_empty, (item & 1) ^ 1)
-            mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+            qs = item % QSTAGES
+            mbarrier.wait(q_empty.index(qs), ((item // QSTAGES) & 1) ^ 1)
+            mbarrier.expect(q_bar.index(qs), 2 * q_desc.block_type.nbytes)
             for c in gl.static_range(2):
                 tma.async_copy_global_to_shared(
-                    q_desc, [q_start + m0 + c * SUB_M, head * D], q_bar, q_smem.index(c)
-                )
+                    q_desc, [q_start + m0 + c * SUB_M, head * D], q_bar.index(qs),
+                    q_smem.index(qs * 2 + c),
+                )  # fmt: skip
             for j in range(n_blocks):
                 s = (it + j) % STAGES
                 free = (((it + j) // STAGES) & 1) ^ 1
@@ -366,6 +379,140 @@ if HAVE_GLUON:
                      mask=rows < qo_len)  # fmt: skip
 
     @gluon.jit
+    def _consumer_chained(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
+                          v_empty, turn_wait, turn_signal, o_ptr, lse_ptr, work_ptr,
+                          sched_ptr, n_items, SCHEDULED: gl.constexpr, qk_scale, stride_o,
+                          stride_oh, stride_lse, HALF: gl.constexpr, HQ: gl.constexpr,
+                          CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                          PINGPONG: gl.constexpr, RESCALE_EARLY: gl.constexpr,
+                          num_warps: gl.constexpr):  # fmt: skip
+        """`_consumer` with the items chained: the next item's first score MMA is issued
+        right behind this item's last output MMA, so that the tensor cores see no gap
+        between them; the next item's first softmax and this item's epilogue follow, after
+        both MMAs (the epilogue beside an in-flight accumulator does not fit in the
+        registers: ptxas then serializes every wgmma of the kernel, C7511). Q is double-buffered where shared memory allows
+        (q_smem [2 * QSTAGES, 64, D]): the next item's Q loads during this one. A
+        program's walk is never empty (the grid is at most the items; the schedule deals
+        every program one in its first round)."""
+        STAGES: gl.constexpr = k_bufs.shape[0]
+        QSTAGES: gl.constexpr = q_smem.shape[0] // 2
+        SUB_M: gl.constexpr = q_smem.shape[1]
+        D: gl.constexpr = q_smem.shape[2]
+        BLOCK_N: gl.constexpr = k_bufs.shape[1]
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, 16]
+        )
+        rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+        o_rows_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
+        first, end, step = _walk(sched_ptr, n_items, SCHEDULED)
+
+        # The first item's block 0.
+        head, m0, q_start, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
+            _item_at(first, sched_ptr, SCHEDULED), work_ptr, HQ, CAUSAL, 2 * SUB_M, BLOCK_N
+        )
+        rows = m0 + HALF * SUB_M + gl.arange(0, SUB_M, layout=rows_l)
+        q_buf = q_smem.index(HALF)
+        q_at = HALF  # the q_smem buffer of the item in hand
+        mbarrier.wait(q_bar.index(0), 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        _take_turn(turn_wait, 0, PINGPONG, HALF == 0)
+        s = warpgroup_mma(q_buf, k_bufs.index(0).permute((1, 0)), zero, use_acc=False,
+                          is_async=True)  # fmt: skip
+        _pass_turn(turn_signal, PINGPONG)
+        ev = 1
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        m_i = gl.full([SUB_M], -float("inf"), gl.float32, layout=rows_l)
+        l_i = gl.zeros([SUB_M], gl.float32, layout=rows_l)
+        p, m_i, l_i, alpha = _softmax_block(
+            s, 0, m_i, l_i, rows, cols, kv_len - qo_len, kv_len, qk_scale, mask_from, CAUSAL,
+            p_layout, dtype, BLOCK_N,
+        )  # fmt: skip
+        acc = gl.zeros([SUB_M, D], gl.float32, layout=o_layout)
+        it = 0
+        item = 0
+        for idx in range(first + step, end, step):
+            acc, p, m_i, l_i, alpha, ev = _rest_blocks(
+                q_smem.index(q_at), k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turn_wait,
+                turn_signal, acc, p, m_i, l_i, alpha, it, ev, n_blocks, rows, cols,
+                kv_len - qo_len, kv_len, qk_scale, mask_from, zero, HALF, CAUSAL, PINGPONG,
+                RESCALE_EARLY, o_rows_l, p_layout,
+            )  # fmt: skip
+            # Every score MMA of the item is done: its Q buffer may take a later item's.
+            mbarrier.arrive(q_empty.index(item % QSTAGES), count=1)
+            last = (it + n_blocks - 1) % STAGES
+            last_phase = ((it + n_blocks - 1) // STAGES) & 1
+            it += n_blocks
+            item += 1
+            # The next item's block 0, its score MMA issued with this item's last output MMA.
+            nhead, nm0, nq_start, nqo_len, nkv_start, nkv_len, n_nblocks, nmask_from = _item(
+                _item_at(idx, sched_ptr, SCHEDULED), work_ptr, HQ, CAUSAL, 2 * SUB_M, BLOCK_N
+            )
+            nrows = nm0 + HALF * SUB_M + gl.arange(0, SUB_M, layout=rows_l)
+            nq_at = (item % QSTAGES) * 2 + HALF
+            st = it % STAGES
+            mbarrier.wait(q_bar.index(item % QSTAGES), (item // QSTAGES) & 1)
+            mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
+            mbarrier.wait(v_ready.index(last), last_phase)
+            _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
+            if RESCALE_EARLY:
+                acc = acc * gl.convert_layout(alpha, o_rows_l)[:, None]
+            acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
+            s = warpgroup_mma(q_smem.index(nq_at), k_bufs.index(st).permute((1, 0)), zero,
+                              use_acc=False, is_async=True)  # fmt: skip
+            _pass_turn(turn_signal, PINGPONG)
+            ev += 1
+            acc, p, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, s))
+            mbarrier.arrive(v_empty.index(last), count=1)
+            mbarrier.arrive(k_empty.index(st), count=1)
+            nm_i = gl.full([SUB_M], -float("inf"), gl.float32, layout=rows_l)
+            nl_i = gl.zeros([SUB_M], gl.float32, layout=rows_l)
+            p, nm_i, nl_i, alpha = _softmax_block(
+                s, 0, nm_i, nl_i, nrows, cols, nkv_len - nqo_len, nkv_len, qk_scale,
+                nmask_from, CAUSAL, p_layout, dtype, BLOCK_N,
+            )  # fmt: skip
+            _epilogue(acc, m_i, l_i, rows, q_start, qo_len, head, o_ptr, lse_ptr, stride_o,
+                      stride_oh, stride_lse, RETURN_LSE, o_layout, dtype)  # fmt: skip
+            acc = gl.zeros([SUB_M, D], gl.float32, layout=o_layout)
+            head = nhead
+            q_start = nq_start
+            qo_len = nqo_len
+            kv_len = nkv_len
+            n_blocks = n_nblocks
+            mask_from = nmask_from
+            rows = nrows
+            m_i = nm_i
+            l_i = nl_i
+            q_at = nq_at
+
+        # The last item's remaining blocks and epilogue.
+        acc, p, m_i, l_i, alpha, ev = _rest_blocks(
+            q_smem.index(q_at), k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turn_wait, turn_signal,
+            acc, p, m_i, l_i, alpha, it, ev, n_blocks, rows, cols, kv_len - qo_len, kv_len,
+            qk_scale, mask_from, zero, HALF, CAUSAL, PINGPONG, RESCALE_EARLY, o_rows_l,
+            p_layout,
+        )  # fmt: skip
+        mbarrier.arrive(q_empty.index(item % QSTAGES), count=1)
+        last = (it + n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+        if RESCALE_EARLY:
+            acc = acc * gl.convert_layout(alpha, o_rows_l)[:, None]
+        _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
+        acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
+        _pass_turn(turn_signal, PINGPONG)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+        mbarrier.arrive(v_empty.index(last), count=1)
+        _epilogue(acc, m_i, l_i, rows, q_start, qo_len, head, o_ptr, lse_ptr, stride_o,
+                  stride_oh, stride_lse, RETURN_LSE, o_layout, dtype)  # fmt: skip
+
+    @gluon.jit
     def _consumer(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                   turn_wait, turn_signal, o_ptr, lse_ptr, work_ptr, sched_ptr, n_items,
                   SCHEDULED: gl.constexpr, qk_scale, stride_o,
@@ -410,7 +557,7 @@ if HAVE_GLUON:
             l_i = gl.zeros([SUB_M], gl.float32, layout=rows_l)
             acc = gl.zeros([SUB_M, D], gl.float32, layout=o_layout)
 
-            mbarrier.wait(q_bar, item & 1)
+            mbarrier.wait(q_bar.index(0), item & 1)
             st = it % STAGES
             mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
             _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
@@ -431,7 +578,7 @@ if HAVE_GLUON:
                 o_rows_l, p_layout,
             )  # fmt: skip
             # Every score MMA of the item is done: the producer may load the next Q.
-            mbarrier.arrive(q_empty, count=1)
+            mbarrier.arrive(q_empty.index(0), count=1)
             last = (it + n_blocks - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
             if RESCALE_EARLY:
@@ -456,23 +603,26 @@ if HAVE_GLUON:
                               SCHEDULED: gl.constexpr = False,
                               PINGPONG: gl.constexpr = False,
                               RESCALE_EARLY: gl.constexpr = False,
+                              CHAINED: gl.constexpr = False, QSTAGES: gl.constexpr = 1,
                               num_warps: gl.constexpr = 4):  # fmt: skip
-        """Two consumer warpgroups (num_warps = 4 each) and one producer warp."""
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
+        """Two consumer warpgroups (num_warps = 4 each) and one producer warp. Q has
+        QSTAGES buffers a consumer (2 only with CHAINED)."""
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * QSTAGES] + q_desc.block_type.shape,
                                            q_desc.layout)  # fmt: skip
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
                                            k_desc.layout)  # fmt: skip
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
                                            v_desc.layout)  # fmt: skip
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [QSTAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [QSTAGES, 1], mbarrier.MBarrierLayout())
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        mbarrier.init(q_empty, count=2)  # both consumers release it
+        for i in gl.static_range(QSTAGES):
+            mbarrier.init(q_bar.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)  # both consumers release it
         mbarrier.init(turns.index(0), count=1)
         mbarrier.init(turns.index(1), count=1)
         for i in gl.static_range(STAGES):
@@ -480,24 +630,48 @@ if HAVE_GLUON:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
-        gl.warp_specialize(
-            [
-                (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                             v_empty, turns.index(0), turns.index(1), o_ptr, lse_ptr, work_ptr,
-                             sched_ptr, n_items, SCHEDULED, qk_scale, stride_o, stride_oh, stride_lse, 0, HQ, CAUSAL,
-                             RETURN_LSE, PINGPONG, RESCALE_EARLY, num_warps)),
-                (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty,
-                             v_empty, turns.index(1), turns.index(0), o_ptr, lse_ptr, work_ptr,
-                             sched_ptr, n_items, SCHEDULED, qk_scale, stride_o, stride_oh, stride_lse, 1, HQ, CAUSAL,
-                             RETURN_LSE, PINGPONG, RESCALE_EARLY, num_warps)),
-                (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
-                             k_ready, v_ready, k_empty, v_empty, work_ptr, sched_ptr, n_items,
-                             SCHEDULED, HQ, GROUP,
-                             CAUSAL)),
-            ],
-            [4, 1],
-            [240, 24],
-        )  # fmt: skip
+        if CHAINED:
+            gl.warp_specialize(
+                [
+                    (_consumer_chained, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
+                                         v_ready, k_empty, v_empty, turns.index(0),
+                                         turns.index(1), o_ptr, lse_ptr, work_ptr, sched_ptr,
+                                         n_items, SCHEDULED, qk_scale, stride_o, stride_oh,
+                                         stride_lse, 0, HQ, CAUSAL, RETURN_LSE, PINGPONG,
+                                         RESCALE_EARLY, num_warps)),
+                    (_consumer_chained, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
+                                         v_ready, k_empty, v_empty, turns.index(1),
+                                         turns.index(0), o_ptr, lse_ptr, work_ptr, sched_ptr,
+                                         n_items, SCHEDULED, qk_scale, stride_o, stride_oh,
+                                         stride_lse, 1, HQ, CAUSAL, RETURN_LSE, PINGPONG,
+                                         RESCALE_EARLY, num_warps)),
+                    (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
+                                 k_ready, v_ready, k_empty, v_empty, work_ptr, sched_ptr,
+                                 n_items, SCHEDULED, HQ, GROUP, CAUSAL)),
+                ],
+                [4, 1],
+                [240, 24],
+            )  # fmt: skip
+        else:
+            gl.warp_specialize(
+                [
+                    (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready,
+                                 k_empty, v_empty, turns.index(0), turns.index(1), o_ptr,
+                                 lse_ptr, work_ptr, sched_ptr, n_items, SCHEDULED, qk_scale,
+                                 stride_o, stride_oh, stride_lse, 0, HQ, CAUSAL, RETURN_LSE,
+                                 PINGPONG, RESCALE_EARLY, num_warps)),
+                    (_consumer, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready,
+                                 k_empty, v_empty, turns.index(1), turns.index(0), o_ptr,
+                                 lse_ptr, work_ptr, sched_ptr, n_items, SCHEDULED, qk_scale,
+                                 stride_o, stride_oh, stride_lse, 1, HQ, CAUSAL, RETURN_LSE,
+                                 PINGPONG, RESCALE_EARLY, num_warps)),
+                    (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
+                                 k_ready, v_ready, k_empty, v_empty, work_ptr, sched_ptr,
+                                 n_items, SCHEDULED, HQ, GROUP, CAUSAL)),
+                ],
+                [4, 1],
+                [240, 24],
+            )  # fmt: skip
 
     def _descriptor(t: torch.Tensor, rows: int) -> Any:
         """TMA descriptor of [tokens, heads, 128] viewed as [tokens, heads * 128], boxes of
@@ -544,7 +718,8 @@ def launch(
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
         HQ=plan.num_qo_heads, GROUP=plan.group_size, STAGES=tactic.stages,
         CAUSAL=plan.causal, RETURN_LSE=lse is not None, PINGPONG=tactic.pingpong,
-        RESCALE_EARLY=tactic.rescale_early, SCHEDULED=tactic.walks_schedule, num_warps=4,
+        RESCALE_EARLY=tactic.rescale_early, SCHEDULED=tactic.walks_schedule,
+        CHAINED=tactic.chained, QSTAGES=q_stages(plan.head_dim, tactic), num_warps=4,
     )  # fmt: skip
 
 
@@ -571,7 +746,7 @@ def snake_schedule(
 
 
 def compile_report(
-    causal: bool = True, return_lse: bool = True, head_dim: int = 128
+    causal: bool = True, return_lse: bool = True, head_dim: int = 128, chained: bool = False
 ) -> dict[str, Any]:
     """Compile the kernel for sm_90a without a GPU (Gluon, then Triton's bundled ptxas -v):
     {"wgmma": count in the PTX, "ptxas": ptxas's report}. Needs TRITON_INTERPRET unset at
@@ -603,6 +778,7 @@ def compile_report(
     }
     consts: dict[str, Any] = dict(HQ=32, GROUP=4, STAGES=2, CAUSAL=causal)
     consts.update(RETURN_LSE=return_lse, SCHEDULED=True, RESCALE_EARLY=True, num_warps=4)
+    consts.update(CHAINED=chained, QSTAGES=2 if chained and head_dim <= 128 else 1)
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = GluonASTSource(hopper_prefill_kernel, sig, constexprs=consts)
     kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
