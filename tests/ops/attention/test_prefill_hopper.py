@@ -57,8 +57,9 @@ def test_hopper_kernel_compiles_for_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "import json; from flashtune.ops.attention.prefill import hopper; "
-        "print(json.dumps([hopper.compile_report(c, l, d) for c, l, d in "
-        "((True, True, 128), (False, False, 128), (True, True, 64), (True, False, 256))]))"
+        "print(json.dumps([hopper.compile_report(c, l, d, ch) for c, l, d, ch in "
+        "((True, True, 128, False), (False, False, 128, False), (True, True, 64, False), "
+        "(True, False, 256, False), (True, True, 128, True), (True, False, 256, True))]))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
@@ -67,13 +68,18 @@ def test_hopper_kernel_compiles_for_sm90_without_spills():
     reports = json.loads(proc.stdout.splitlines()[-1])
     # wgmma instructions (m64, k16): per consumer, the score MMA (head_dim / 16 of them) in
     # the first block and the loop, the output MMA (keys / 16) in the loop and the last
-    # block; two consumer copies. head_dim 128: 128 keys; 64: 128 keys; 256: 64 keys.
-    for rep, d, keys in zip(reports, (128, 128, 64, 256), (128, 128, 128, 64), strict=True):
-        assert rep["wgmma"] == 2 * 2 * (d // 16 + keys // 16), (d, rep["wgmma"])
+    # block; two consumer copies. head_dim 128: 128 keys; 64: 128 keys; 256: 64 keys. The
+    # chained consumer has each twice more (the first item's block 0, the block loop of
+    # every item but the last and of the last, the boundary, the last output MMA).
+    dims = (128, 128, 64, 256, 128, 256)
+    keys = (128, 128, 128, 64, 128, 64)
+    chained = (False,) * 4 + (True,) * 2
+    for rep, d, n, ch in zip(reports, dims, keys, chained, strict=True):
+        assert rep["wgmma"] == (4 if ch else 2) * 2 * (d // 16 + n // 16), (d, rep["wgmma"])
         assert rep["rc"] == 0, rep["ptxas"][-2000:]
-        assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], rep["ptxas"]
-        # C7511: ptxas found too few registers for the wgmma pipeline and made every wgmma
-        # wait for the one before (it cost a tried variant 17-30%, with no spill reported).
+        if not ch:
+            # The chained consumer spills at the item boundary (not in the block loop).
+            assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], rep["ptxas"]
         assert "C7511" not in rep["ptxas"] and "serialized" not in rep["ptxas"], rep["ptxas"]
 
 
@@ -217,6 +223,27 @@ def test_cuda_declines_what_it_cannot_run():
     q32 = q.float()
     w = _ragged_plan([10], [12], 8, 2, 128, dev, q_data_type=torch.float32)
     assert "16-bit" in hopper.supported(q32, k.float(), k.float(), q32, w._plan)
+
+
+@pytest.mark.parametrize(
+    ("batch", "seq", "expected"),
+    [
+        (4, 1024, "scheduled, chained"),  # 7.8 items a program of 4.5 blocks
+        (1, 4096, "scheduled"),  # 7.8 items of 16.5 blocks
+        (4, 2048, "scheduled, chained"),  # 15.5 items of 8.5 blocks
+        (1, 8192, "round-robin"),  # 15.5 items of 32.5 blocks
+        (16, 1024, "round-robin"),  # 31 items
+    ],
+)
+def test_default_tactic_follows_the_measured_table(batch, seq, expected):
+    """Tactic -1 from a plan's items per program and key blocks per item (132 SMs, causal,
+    32 heads, 128-row tiles): the A/B table above hopper.pick_tactic."""
+    w = _ragged_plan([seq] * batch, [seq] * batch, 32, 8, 128, torch.device("cpu"))
+    blocks = hopper.item_blocks(w._plan.work_rows(hopper.BLOCK_M, 128), True, 128)
+    t = hopper.pick_tactic(blocks.size * 32 / 132, float(blocks.mean()))
+    got = ("scheduled" if t.walks_schedule else "round-robin") + (", chained" if t.chained else "")
+    assert got == expected
+    assert t in hopper.HOPPER_TACTICS
 
 
 @pytest.mark.parametrize(

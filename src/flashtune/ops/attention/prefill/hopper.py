@@ -16,7 +16,11 @@ Triton prefill kernel at about 470 TFLOP/s on an H200 against FlashInfer's FA3 b
   FA3's intra-warpgroup overlap: block j's score MMA and block j-1's output MMA are issued
   back to back, asynchronously, and block j's softmax runs on the CUDA cores while the
   output MMA runs (P stays in registers as the output MMA's A operand).
-Masks apply only to blocks that cross the causal diagonal or the keys' end.
+Masks apply only to blocks that cross the causal diagonal or the keys' end. With `chained`
+tactics the next item's first score MMA is issued right behind this item's last output
+MMA (`_consumer_chained`, Q double-buffered): it pays where items are short (tactic -1's
+table in hopper_schedule.py). Host-side choices (tactics, tactic -1, the host schedule)
+live in `hopper_schedule.py`.
 
 Measured on an H200 (session 28, causal, 32/8 heads, d128, bf16, CUDA graphs): 1.15-1.27x
 the Triton kernel at 1k-8k tokens a request (563-584 TFLOP/s at 4k-8k); against FlashInfer
@@ -30,12 +34,26 @@ on sm_90 (wgmma is Hopper's; Blackwell has its own MMA), outside CUDA-graph mode
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
 from flashtune import env, platform
+from flashtune.ops.attention.prefill.hopper_schedule import (
+    BLOCK_M,
+    HEAD_DIMS,
+    HOPPER_TACTICS,
+    KERNEL_HEAD_DIMS,
+    HopperTactic,
+    block_n,
+    default_prefers_triton,
+    default_tactic,
+    item_blocks,
+    pick_tactic,
+    q_stages,
+    snake_schedule,
+)
 
 try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply not offered.
     from triton.experimental import gluon
@@ -56,94 +74,21 @@ __all__ = [
     "BLOCK_M",
     "HAVE_GLUON",
     "HEAD_DIMS",
-    "HopperTactic",
     "HOPPER_TACTICS",
+    "KERNEL_HEAD_DIMS",
+    "HopperTactic",
     "block_n",
+    "compile_report",
     "default_prefers_triton",
+    "default_tactic",
+    "item_blocks",
+    "launch",
+    "pick_tactic",
+    "snake_schedule",
     "supported",
 ]
 
-BLOCK_M = 128  # query rows a work item (two warpgroups of 64)
-# The head dims the kernel compiles for, and those `supported` admits: a head dim joins the
-# second once a GPU has run its tests and timed it against the Triton kernel (all three ran
-# and passed on an H200 in session 29).
-KERNEL_HEAD_DIMS = (64, 128, 256)
-HEAD_DIMS = KERNEL_HEAD_DIMS
-
-
-def block_n(head_dim: int) -> int:
-    """Keys a block: 64 at head_dim 256 (the output accumulator takes 128 registers a
-    thread there), else 128."""
-    return 64 if head_dim == 256 else 128
-
-
 _LOG2E = 1.4426950408889634
-
-
-def q_stages(head_dim: int, tactic: HopperTactic) -> int:
-    """Q buffers a consumer: two where the items are chained (the next item's Q loads
-    during this one), but at head_dim 256 (2 x 32 KB more would not fit beside the K / V
-    ring)."""
-    return 2 if tactic.chained and head_dim <= 128 else 1
-
-
-class HopperTactic(NamedTuple):
-    """A persistent grid of one program an SM, or one program an item; the K / V ring's
-    stages; the consumers taking turns at the tensor cores (FA3's inter-warpgroup
-    schedule); the output rescaled between the score and output MMAs' issue (FA3's order)
-    instead of after the output MMA's wait; persistent programs walking a host schedule
-    (`snake_schedule`) instead of every num_programs-th item (`walks_schedule`)."""
-
-    persistent: bool
-    stages: int
-    pingpong: bool = False
-    rescale_early: bool = False
-    scheduled: bool = False
-    chained: bool = False
-
-    @property
-    def walks_schedule(self) -> bool:
-        """A schedule is a persistent grid's: one program an item has nothing to walk."""
-        return self.scheduled and self.persistent
-
-
-# The tuner's candidates; the first is tactic -1. Session 28, H200, ragged causal, 32/8
-# heads, bf16, 1k-8k tokens a request: FA3's rescale order 0-1% faster than the rescale
-# after the wait; one program an item is faster at one 8k request (947 against 959 us),
-# slower at 16 x 1k (411 against 343); the turns of PINGPONG lost 1-4% (a manual tactic).
-# A host schedule (`snake_schedule`) helped where programs get few items (4 x 1k: 101 ->
-# 92 us, 1 x 1k: 29.6 -> 27.1) and cost 4-14% where they get many (16 x 1k: 333 -> 381).
-_ROUND_ROBIN = HopperTactic(True, 2, rescale_early=True, chained=True)
-_SCHEDULED = HopperTactic(True, 2, rescale_early=True, scheduled=True, chained=True)
-HOPPER_TACTICS = (
-    _ROUND_ROBIN,
-    HopperTactic(True, 2, rescale_early=True),
-    HopperTactic(True, 2),
-    HopperTactic(False, 2, rescale_early=True),
-    HopperTactic(True, 2, rescale_early=True, scheduled=True),
-    _SCHEDULED,
-)
-# head_dim 64 where requests are short: the Triton kernel is faster (session 29, H200, ragged
-# causal 32/8 heads: Gluon 0.88-0.94x Triton at 1k-2k tokens a request, 1.01-1.09x at
-# 4k-8k; the score MMA is half as long as at 128 and the softmax, which is not, dominates).
-# Tactic -1 keeps the Triton kernel below this many keys in the longest request.
-GLUON_D64_FROM_KV = 4096
-
-
-def default_prefers_triton(plan: Any) -> bool:
-    """Whether tactic -1 runs the Triton kernel on a plan the Gluon kernel supports."""
-    return plan.head_dim == 64 and int(np.max(plan.kv_lens, initial=0)) < GLUON_D64_FROM_KV
-
-
-# Below this many items a program, tactic -1 walks the host schedule.
-SCHEDULE_BELOW_ITEMS_PER_PROGRAM = 10
-
-
-def default_tactic(num_tiles: int, num_qo_heads: int, device: torch.device) -> int:
-    """Tactic -1's index in HOPPER_TACTICS for a plan of `num_tiles` query tiles."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    few = num_tiles * num_qo_heads < SCHEDULE_BELOW_ITEMS_PER_PROGRAM * sms
-    return HOPPER_TACTICS.index(_SCHEDULED if few else _ROUND_ROBIN)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -721,28 +666,6 @@ def launch(
         RESCALE_EARLY=tactic.rescale_early, SCHEDULED=tactic.walks_schedule,
         CHAINED=tactic.chained, QSTAGES=q_stages(plan.head_dim, tactic), num_warps=4,
     )  # fmt: skip
-
-
-def snake_schedule(
-    rows: np.ndarray, heads: int, programs: int, causal: bool, block_n: int = 128
-) -> np.ndarray:
-    """A persistent grid's walk: [programs + 1 offsets, then the item ids] int32, item =
-    tile * heads + head over the work rows (plan.work_rows(BLOCK_M, block_n)). Items are
-    dealt heaviest first (cost: key blocks + 1) in rounds of `programs`, the direction
-    alternating each round (a snake), so each program's total stays near the mean where a
-    round-robin deal gives the first programs the heaviest item of every round; a round
-    hands one tile's heads to neighbouring programs, which share its K / V in L2."""
-    t0, qo_len, kv_len = rows[:, 1].astype(np.int64), rows[:, 3], rows[:, 4]
-    hi = np.minimum(kv_len, t0 + BLOCK_M + kv_len - qo_len) if causal else kv_len
-    cost = -(-hi // block_n) + 1
-    tiles = np.argsort(-cost, kind="stable")
-    items = (tiles[:, None] * heads + np.arange(heads)[None, :]).reshape(-1)
-    i = np.arange(items.size)
-    rnd, pos = i // programs, i % programs
-    prog = np.where(rnd % 2 == 0, pos, programs - 1 - pos)
-    mine = np.argsort(prog, kind="stable")  # a program's items in round order
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(prog, minlength=programs))])
-    return np.concatenate([offsets, items[mine]]).astype(np.int32)
 
 
 def compile_report(

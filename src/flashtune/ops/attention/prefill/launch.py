@@ -387,7 +387,7 @@ class HopperPrefillRunner(TunableRunner):
             return _TRITON.forward(inputs, DEFAULT_TACTIC)
         work = plan.work_list(hopper.BLOCK_M, hopper.block_n(plan.head_dim))
         if tactic == DEFAULT_TACTIC:
-            tactic = hopper.default_tactic(work.shape[0], plan.num_qo_heads, q.device)
+            tactic = hopper.default_tactic(plan, q.device)
         if plan.paged:
             k, v = _stage_pages(plan, k, v)
         hopper.launch(q, k, v, out, lse, plan, work, hopper.HOPPER_TACTICS[int(tactic)])  # type: ignore[call-overload]

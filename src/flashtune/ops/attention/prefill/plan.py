@@ -104,6 +104,7 @@ class PrefillPlan:
     # as ragged KV; request b's tokens start at kv_indptr[b] * page_size there (work list).
     workspace: torch.Tensor | None = None
     default_tactic: PrefillTactic | None = None  # tactic -1 for this plan, picked once
+    hopper_tactic: int | None = None  # the Gluon kernel's tactic -1 (hopper.default_tactic)
     # CUDA-graph mode (prefill/graph.py): the one tactic run launches, the autotuner skipped;
     # its work list lives in the wrapper's fixed buffer, padded to a fixed number of items.
     graph_tactic: PrefillTactic | None = None
