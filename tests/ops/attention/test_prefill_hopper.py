@@ -7,11 +7,7 @@ lengths, both tactics, fp16 and bf16, and a CUDA-graph replay."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -26,6 +22,7 @@ from flashtune.ops.attention.prefill import (
 from flashtune.ops.attention.prefill.launch import HopperPrefillRunner
 from flashtune.ops.attention.reference import batch_prefill_paged_ref, batch_prefill_ragged_ref
 from flashtune.ops.attention.variant import AttentionVariant
+from flashtune.ops.gluon_sm90 import compile_in_subprocess
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -54,18 +51,12 @@ def test_hopper_kernel_compiles_for_sm90_without_spills():
     fit without spilling."""
     if not hopper.HAVE_GLUON:
         pytest.skip("Triton without Gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = (
-        "import json; from flashtune.ops.attention.prefill import hopper; "
-        "print(json.dumps([hopper.compile_report(c, l, d, ch) for c, l, d, ch in "
+    reports = compile_in_subprocess(
+        "[__import__('flashtune.ops.attention.prefill.hopper', fromlist=['x'])"
+        ".compile_report(c, l, d, ch) for c, l, d, ch in "
         "((True, True, 128, False), (False, False, 128, False), (True, True, 64, False), "
-        "(True, False, 256, False), (True, True, 128, True), (True, False, 256, True))]))"
+        "(True, False, 256, False), (True, True, 128, True), (True, False, 256, True))]"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = json.loads(proc.stdout.splitlines()[-1])
     # wgmma instructions (m64, k16): per consumer, the score MMA (head_dim / 16 of them) in
     # the first block and the loop, the output MMA (keys / 16) in the loop and the last
     # block; two consumer copies. head_dim 128: 128 keys; 64: 128 keys; 256: 64 keys. The

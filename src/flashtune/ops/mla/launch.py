@@ -13,6 +13,7 @@ import torch
 
 from flashtune import env, platform
 from flashtune.ops.attention.merge import ArrivalCounters, merge_partials
+from flashtune.ops.mla import hopper
 from flashtune.ops.mla.config import (
     DEFAULT_LAUNCH,
     MLALaunch,
@@ -277,7 +278,51 @@ class MLAPagedRunner(TunableRunner):
         return out
 
 
-RUNNERS: tuple[TunableRunner, ...] = (MLAPagedRunner(),)
+class MLAHopperPrefillRunner(TunableRunner):
+    """The Gluon prefill for sm_90 (mla/hopper.py) on multi-token plans it qualifies for
+    (`hopper.supported`, a 16-bit cache, outside CUDA-graph mode); else the Triton kernel's
+    default. In RUNNERS (first, so that it is the untuned default) only once
+    `hopper.ADMITTED` says its cuda tests have passed on a GPU and it has been timed."""
+
+    @staticmethod
+    def qualifies(inputs: Sequence[Any]) -> bool:
+        q_nope, _, ckv, _, plan, out, lse = inputs[:7]
+        scales = inputs[7] if len(inputs) > 7 else KVScales()
+        if plan.total_qo <= plan.batch or plan.always_merge or scales.mode != SCALE_NONE:
+            return False  # decode, CUDA-graph mode, an fp8 cache
+        if not (out.is_contiguous() and lse.is_contiguous()):
+            return False
+        t = plan.tables
+        qo_lens = t.qo_indptr[1:] - t.qo_indptr[:-1]
+        return hopper.supported(q_nope, ckv, qo_lens, t.kv_len, plan.params.causal) is None
+
+    def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
+        return [0] if self.qualifies(inputs) else []
+
+    def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
+        if not self.qualifies(inputs):
+            return _TRITON.forward(inputs, DEFAULT_TACTIC)
+        q_nope, q_pe, ckv_cache, kpe_cache, plan, out, lse = inputs[:7]
+        t = plan.tables
+        if plan.hopper_work is None:
+            work = hopper.work_items(
+                t.qo_indptr, t.kv_len, plan.params.num_heads, plan.params.causal
+            )
+            plan.hopper_work = torch.from_numpy(work).to(q_nope.device)
+        ckv = hopper.stage(ckv_cache, t.kv_indptr, plan.kv_indices, t.kv_len)
+        kpe = hopper.stage(kpe_cache, t.kv_indptr, plan.kv_indices, t.kv_len)
+        n = plan.total_qo
+        hopper.launch(
+            q_nope[:n], q_pe[:n], ckv, kpe, out[:n], lse[:n], plan.hopper_work,
+            plan.params.sm_scale, plan.params.causal,
+        )  # fmt: skip
+        return out
+
+
+_TRITON = MLAPagedRunner()
+RUNNERS: tuple[TunableRunner, ...] = (
+    (MLAHopperPrefillRunner(), _TRITON) if hopper.ADMITTED else (_TRITON,)
+)
 # key_dtypes: an fp8 cache's best tactic is not bf16's at the same shapes.
 TUNING = TuningConfig(cold_l2=True, use_cuda_graph=True, key_dtypes=True)
 

@@ -54,21 +54,16 @@ from flashtune.ops.attention.prefill.hopper_schedule import (
     q_stages,
     snake_schedule,
 )
-
-try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply not offered.
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    HAVE_GLUON = True
-except ImportError:  # pragma: no cover - depends on the installed Triton
-    HAVE_GLUON = False
+from flashtune.ops.gluon_sm90 import (
+    HAVE_GLUON,
+    TensorDescriptor,
+    gl,
+    gluon,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 __all__ = [
     "BLOCK_M",
@@ -674,14 +669,9 @@ def compile_report(
     """Compile the kernel for sm_90a without a GPU (Gluon, then Triton's bundled ptxas -v):
     {"wgmma": count in the PTX, "ptxas": ptxas's report}. Needs TRITON_INTERPRET unset at
     import (the interpreter replaces the kernel with its own function)."""
-    import os
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
+
+    from flashtune.ops.gluon_sm90 import compile_sm90
 
     q = torch.empty(256, 32, head_dim, dtype=torch.bfloat16)
     k = torch.empty(256, 8, head_dim, dtype=torch.bfloat16)
@@ -702,19 +692,4 @@ def compile_report(
     consts: dict[str, Any] = dict(HQ=32, GROUP=4, STAGES=2, CAUSAL=causal)
     consts.update(RETURN_LSE=return_lse, SCHEDULED=True, RESCALE_EARLY=True, num_warps=4)
     consts.update(CHAINED=chained, QSTAGES=2 if chained and head_dim <= 128 else 1)
-    sig.update(dict.fromkeys(consts, "constexpr"))
-    src = GluonASTSource(hopper_prefill_kernel, sig, constexprs=consts)
-    kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    ptx = kern.asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        rep = subprocess.run(
-            [ptxas, "-v", "--gpu-name=sm_90a", path, "-o", os.path.join(tmp, "k.cubin")],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    return {"wgmma": ptx.count("wgmma.mma_async"), "ptxas": rep.stderr, "rc": rep.returncode}
+    return compile_sm90(hopper_prefill_kernel, sig, consts)

@@ -1,0 +1,192 @@
+"""The Gluon MLA prefill for sm_90 (ops/mla/hopper.py): its work list and staging on the CPU,
+a compile for sm_90a on the CPU (no spills, no serialized wgmma, shared memory within the
+limit), and on a Hopper GPU the kernel against the reference over odd lengths, a cached
+prefix, an empty request, page sizes 1 and 64, 16 and 128 heads, causal or not, with LSE."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_mla import DC, DP, SCALE, _cumsum, _inputs, _table
+
+from flashtune.ops.gluon_sm90 import compile_in_subprocess
+from flashtune.ops.mla import BatchMLAPagedAttentionWrapper, hopper, mla_paged_ref
+
+SM90_SHARED_LIMIT = 232448  # bytes of dynamic shared memory a block may have on sm_90
+
+
+def _work_by_brute_force(qo_lens, kv_lens, heads, causal):
+    """(row offset, key blocks) of every 64-row tile of every request, from the definition."""
+    out = []
+    for qo, kv in zip(qo_lens, kv_lens, strict=True):
+        for m0 in range(0, qo * heads, hopper.BLOCK_M):
+            rows = range(m0, min(m0 + hopper.BLOCK_M, qo * heads))
+            last_key = max((r // heads + kv - qo if causal else kv - 1) for r in rows)
+            out.append((m0, -(-(last_key + 1) // hopper.BLOCK_N)))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads", [16, 128, 3])
+def test_work_items_cover_every_row_once(causal, heads):
+    qo_lens, kv_lens = [5, 0, 1, 33, 64], [9, 7, 1, 100, 64]
+    work = hopper.work_items(_cumsum(qo_lens).numpy(), np.array(kv_lens), heads, causal)
+    got = sorted((int(w[1]), int(w[5])) for w in work)
+    assert got == _work_by_brute_force(qo_lens, kv_lens, heads, causal)
+    assert (np.diff(work[:, 5]) <= 0).all()  # heaviest first
+    # Each item names its request's first query row and its keys' place in the staged cache.
+    kv_starts = np.concatenate([[0], np.cumsum(kv_lens)[:-1]])
+    q_starts = _cumsum(qo_lens).numpy()[:-1]
+    for w in work:
+        b = [i for i in range(len(qo_lens)) if qo_lens[i] == w[2] and kv_starts[i] == w[3]]
+        assert b and w[0] == q_starts[b[0]] * heads and w[4] == kv_lens[b[0]]
+
+
+@pytest.mark.parametrize("page_size", [1, 64, 5])
+def test_stage_gathers_each_request_in_order(page_size):
+    kv_lens = [7, 0, 130]
+    kv_indptr, kv_indices, _, _, num_pages = _table(kv_lens, page_size, torch.device("cpu"))
+    cache = torch.randn(num_pages, page_size, DP)
+    flat = hopper.stage(cache, kv_indptr.numpy(), kv_indices, np.array(kv_lens))
+    assert flat.shape == (sum(kv_lens), DP)
+    row = 0
+    for b, n in enumerate(kv_lens):
+        pages = kv_indices[kv_indptr[b] : kv_indptr[b + 1]].long()
+        expect = cache[pages].reshape(-1, DP)[:n]
+        torch.testing.assert_close(flat[row : row + n], expect, rtol=0, atol=0)
+        row += n
+
+
+def test_declines_off_hopper_and_says_why():
+    q = torch.randn(4, 16, DC)
+    assert hopper.supported(q, q[:, 0], np.array([4]), np.array([4]), True) in (
+        "not a CUDA device",
+        "this Triton has no Gluon",
+    )
+
+
+def test_compiles_for_sm90_without_spills():
+    """Compiled for sm_90a with Triton's bundled ptxas: no spill, no C7511 (ptxas making
+    every wgmma wait for the one before, for want of registers), shared memory within the
+    limit, and the wgmma count of the design: the score product once (256 / 16 * 2 latent
+    k-steps + 64 / 16 rotary ones = 36) and each warpgroup's output product (64 keys / 16)."""
+    if not hopper.HAVE_GLUON:
+        pytest.skip("Triton without Gluon")
+    reports = compile_in_subprocess(
+        "[__import__('flashtune.ops.mla.hopper', fromlist=['x']).compile_report(c, l, h) "
+        "for c, l, h in ((True, True, 16), (False, False, 128))]"
+    )
+    for rep in reports:
+        assert rep["rc"] == 0, rep["ptxas"][-2000:]
+        assert rep["wgmma"] == 36 + 4 + 4
+        assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], rep["ptxas"]
+        assert "C7511" not in rep["ptxas"], rep["ptxas"]
+        assert rep["shared"] <= SM90_SHARED_LIMIT
+
+
+# ---- sm_90 GPU -------------------------------------------------------------------------------
+
+
+def _need_hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon MLA prefill kernel is for sm_90")
+
+
+# A cached prefix (kv > qo), an empty request, one query token, a request of exactly one
+# 64-key block, odd lengths across block and tile edges.
+CASES = [([37, 0, 1, 64, 200], [300, 50, 1, 64, 713]), ([129], [129])]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_matches_reference(case, page_size, heads, causal):
+    _need_hopper()
+    dev = torch.device("cuda")
+    qo_lens, kv_lens = case
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table(kv_lens, page_size, dev)
+    dtype = torch.bfloat16
+    q_nope, q_pe, ckv_cache, kpe_cache = _inputs(
+        sum(qo_lens), num_pages, page_size, heads, dtype, dtype, dev
+    )
+    qo_indptr = _cumsum(qo_lens)
+    assert hopper.supported(q_nope, ckv_cache, np.array(qo_lens), np.array(kv_lens), causal) is None
+    ckv = hopper.stage(ckv_cache, kv_indptr.cpu().numpy(), kv_indices, np.array(kv_lens))
+    kpe = hopper.stage(kpe_cache, kv_indptr.cpu().numpy(), kv_indices, np.array(kv_lens))
+    work = hopper.work_items(qo_indptr.numpy(), np.array(kv_lens), heads, causal)
+    out = torch.full_like(q_nope, float("nan"))
+    lse = torch.full(q_nope.shape[:2], float("nan"), dtype=torch.float32, device=dev)
+    hopper.launch(
+        q_nope, q_pe, ckv, kpe, out, lse, torch.from_numpy(work).to(dev), SCALE, causal
+    )  # fmt: skip
+    ref_out, ref_lse = mla_paged_ref(
+        q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, SCALE,
+        qo_indptr=qo_indptr.to(dev), kv_len_arr=kv_len, causal=causal,
+    )  # fmt: skip
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.cuda
+def test_cuda_declines_rows_without_keys():
+    _need_hopper()
+    q = torch.randn(10, 16, DC, dtype=torch.bfloat16, device="cuda")
+    why = hopper.supported(q, q[:, 0], np.array([10]), np.array([4]), True)
+    assert "more queries than keys" in why
+    assert "16-bit" in hopper.supported(
+        q.float(), q[:, 0].float(), np.array([1]), np.array([1]), True
+    )
+
+
+def test_runner_stays_out_until_admitted_and_declines_on_cpu():
+    """The wrapper's runners include the Gluon one only once hopper.ADMITTED; on the CPU it
+    offers nothing (its forward would run the Triton kernel's default)."""
+    from flashtune.ops.mla.launch import RUNNERS, MLAHopperPrefillRunner
+
+    assert any(isinstance(r, MLAHopperPrefillRunner) for r in RUNNERS) is hopper.ADMITTED
+    q = torch.randn(4, 16, DC)
+    w = BatchMLAPagedAttentionWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table([9], 1, torch.device("cpu"))
+    w.plan(_cumsum([4]), kv_indptr, kv_indices, kv_len, 16, DC, DP, 1, True, SCALE,
+           torch.float16, torch.float16)  # fmt: skip
+    plan = w._planner.plan
+    lse = torch.empty(4, 16)
+    inputs = (q, q[..., :DP], q[:, 0], q[:, 0, :DP], plan, q.clone(), lse)
+    assert MLAHopperPrefillRunner().get_valid_tactics(inputs, None) == []
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_cuda_runner_through_the_wrapper_plan(page_size):
+    """The runner on a wrapper's plan (the path the wrapper takes once admitted): staging,
+    the work list kept on the plan, and the result against the reference, twice."""
+    _need_hopper()
+    from flashtune.ops.mla.launch import MLAHopperPrefillRunner
+
+    dev = torch.device("cuda")
+    qo_lens, kv_lens, heads = [37, 0, 200], [300, 50, 713], 16
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table(kv_lens, page_size, dev)
+    dtype = torch.bfloat16
+    q_nope, q_pe, ckv, kpe = _inputs(sum(qo_lens), num_pages, page_size, heads, dtype, dtype, dev)
+    qo_indptr = _cumsum(qo_lens).to(dev)
+    w = BatchMLAPagedAttentionWrapper(torch.empty(1 << 24, dtype=torch.uint8, device=dev))
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_len, heads, DC, DP, page_size, True, SCALE,
+           dtype, dtype)  # fmt: skip
+    plan = w._planner.plan
+    ref_out, ref_lse = mla_paged_ref(
+        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,
+        qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=True,
+    )  # fmt: skip
+    runner = MLAHopperPrefillRunner()
+    for _ in range(2):
+        out = torch.full_like(q_nope, float("nan"))
+        lse = torch.full(q_nope.shape[:2], float("nan"), device=dev)
+        inputs = (q_nope, q_pe, ckv, kpe, plan, out, lse)
+        assert runner.get_valid_tactics(inputs, None) == [0]
+        runner.forward(inputs)
+        torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
+        torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
+    assert plan.hopper_work is not None
