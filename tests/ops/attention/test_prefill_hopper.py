@@ -235,6 +235,8 @@ def test_default_tactic_follows_the_measured_table(batch, seq, expected):
     got = ("scheduled" if t.walks_schedule else "round-robin") + (", chained" if t.chained else "")
     assert got == expected
     assert t in hopper.HOPPER_TACTICS
+    # Chaining was measured at head_dim 128 only.
+    assert not hopper.pick_tactic(blocks.size * 32 / 132, float(blocks.mean()), 256).chained
 
 
 @pytest.mark.parametrize(

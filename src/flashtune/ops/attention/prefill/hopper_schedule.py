@@ -113,10 +113,13 @@ CHAIN_BELOW_ITEMS_PER_PROGRAM = 20
 CHAIN_BELOW_BLOCKS_PER_ITEM = 16
 
 
-def pick_tactic(items_per_program: float, blocks_per_item: float) -> HopperTactic:
+def pick_tactic(
+    items_per_program: float, blocks_per_item: float, head_dim: int = 128
+) -> HopperTactic:
     """Tactic -1 for a plan whose persistent programs get `items_per_program` work items of
-    `blocks_per_item` key blocks on average (the table above)."""
-    short = blocks_per_item < CHAIN_BELOW_BLOCKS_PER_ITEM
+    `blocks_per_item` key blocks on average (the table above). Chained items only at
+    head_dim 128, the one measured (the tuner times them at 64 and 256)."""
+    short = blocks_per_item < CHAIN_BELOW_BLOCKS_PER_ITEM and head_dim == 128
     if items_per_program < SCHEDULE_BELOW_ITEMS_PER_PROGRAM:
         return _SCHEDULED_CHAINED if short else _SCHEDULED
     if items_per_program < CHAIN_BELOW_ITEMS_PER_PROGRAM and short:
@@ -138,7 +141,7 @@ def default_tactic(plan: Any, device: torch.device) -> int:
         bn = block_n(plan.head_dim)
         blocks = item_blocks(plan.work_rows(BLOCK_M, bn), plan.causal, bn)
         mean = float(blocks.mean()) if blocks.size else 0.0
-        tactic = pick_tactic(blocks.size * plan.num_qo_heads / sms, mean)
+        tactic = pick_tactic(blocks.size * plan.num_qo_heads / sms, mean, plan.head_dim)
         plan.hopper_tactic = HOPPER_TACTICS.index(tactic)
     return plan.hopper_tactic
 
