@@ -24,7 +24,10 @@ The paged cache is gathered into contiguous rows first (`stage`), so every block
 box per part. Shared memory at the defaults: Q 72 KB, ring 2 x 72 KB, P 8 KB, row vectors:
 about 225 KB of sm_90's 227.
 
-State: written and compiled for sm_90a without spills (tests/ops/test_mla_hopper.py), its
+`launch(overlap=True)` issues block j + 1's score MMA before block j's softmax in warpgroup
+0, so that the tensor cores run it under the softmax (a few bytes of spill).
+
+State: written and compiled for sm_90a, no spills without `overlap` (tests/ops/test_mla_hopper.py), its
 `cuda` tests not yet run on a GPU. `ADMITTED` keeps it out of the MLA wrapper's path until
 they have passed and it is timed against the Triton kernel and FlashInfer.
 """
@@ -215,11 +218,42 @@ if HAVE_GLUON:
         gl.store(ptrs, out, mask=(o_rows < qo_len * H)[:, None])
 
     @gluon.jit
+    def _softmax_pv(s, j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols, qk_scale,
+                    ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL: gl.constexpr,
+                    o_rows_l: gl.constexpr):  # fmt: skip
+        """Warpgroup 0's part of key block j after its scores: mask, online softmax, P and
+        the rescale factors handed to warpgroup 1, output columns 0-255. Returns (o, m, l,
+        P handovers so far)."""
+        if j >= mask_from:
+            keys = j * 64 + cols
+            ok = keys[None, :] < kv_len
+            if CAUSAL:
+                ok = ok & (keys[None, :] <= limit[:, None])
+            s = gl.where(ok, s, -float("inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        # Warpgroup 1's output MMA of the previous block has read P.
+        mbarrier.wait(p_empty, (pev & 1) ^ 1)
+        p_smem.store(p.to(p_smem.dtype))
+        a_smem.store(alpha)
+        fence_async_shared()
+        mbarrier.arrive(p_full, count=1)
+        o = o * gl.convert_layout(alpha, o_rows_l)[:, None]
+        o = warpgroup_mma(p_smem, ckv_bufs.index(st * 2), o, is_async=True)
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+        mbarrier.arrive(kv_empty.index(st), count=1)
+        return o, m_new, l_i, pev + 1
+
+    @gluon.jit
     def _softmax_wg(qn_smem, qp_smem, ckv_bufs, kpe_bufs, p_smem, a_smem, l_smem, q_ready,
                     q_empty, kv_ready, kv_empty, p_full, p_empty, o_ptr, lse_ptr, work_ptr,
                     n_items, qk_scale, H: gl.constexpr, CAUSAL: gl.constexpr,
-                    RETURN_LSE: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-        """Warpgroup 0: the scores, the softmax, P for both, output columns 0-255."""
+                    RETURN_LSE: gl.constexpr, OVERLAP: gl.constexpr,
+                    num_warps: gl.constexpr):  # fmt: skip
+        """Warpgroup 0: the scores, the softmax, P for both, output columns 0-255. With
+        OVERLAP the next block's score MMA runs under this block's softmax."""
         STAGES: gl.constexpr = kpe_bufs.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 64, 16]
@@ -244,35 +278,42 @@ if HAVE_GLUON:
             l_i = gl.zeros([64], gl.float32, layout=rows_l)
             o = gl.zeros([64, 256], gl.float32, layout=o_layout)
             mbarrier.wait(q_ready, item & 1)
-            for j in range(n_blocks):
-                st = (it + j) % STAGES
-                mbarrier.wait(kv_ready.index(st), ((it + j) // STAGES) & 1)
+            if OVERLAP:
+                # Block j + 1's score MMA is issued before block j's softmax and runs under it.
+                st = it % STAGES
+                mbarrier.wait(kv_ready.index(st), (it // STAGES) & 1)
                 s = _scores(qn_smem, qp_smem, ckv_bufs, kpe_bufs, st, zero)
+                for j in range(n_blocks - 1):
+                    st = (it + j) % STAGES
+                    nst = (it + j + 1) % STAGES
+                    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                    mbarrier.wait(kv_ready.index(nst), ((it + j + 1) // STAGES) & 1)
+                    s_next = _scores(qn_smem, qp_smem, ckv_bufs, kpe_bufs, nst, zero)
+                    o, m_i, l_i, pev = _softmax_pv(
+                        s, j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols, qk_scale,
+                        ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL, o_rows_l,
+                    )  # fmt: skip
+                    s = s_next
+                j = n_blocks - 1
+                st = (it + j) % STAGES
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-                if j == n_blocks - 1:
-                    mbarrier.arrive(q_empty, count=1)  # every score MMA of the item done
-                if j >= mask_from:
-                    keys = j * 64 + cols
-                    ok = keys[None, :] < kv_len
-                    if CAUSAL:
-                        ok = ok & (keys[None, :] <= limit[:, None])
-                    s = gl.where(ok, s, -float("inf"))
-                m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-                alpha = gl.exp2(m_i - m_new)
-                p = gl.exp2(s * qk_scale - m_new[:, None])
-                l_i = l_i * alpha + gl.sum(p, 1)
-                m_i = m_new
-                # Warpgroup 1's output MMA of the previous block has read P.
-                mbarrier.wait(p_empty, (pev & 1) ^ 1)
-                p_smem.store(p.to(p_smem.dtype))
-                a_smem.store(alpha)
-                fence_async_shared()
-                mbarrier.arrive(p_full, count=1)
-                pev += 1
-                o = o * gl.convert_layout(alpha, o_rows_l)[:, None]
-                o = warpgroup_mma(p_smem, ckv_bufs.index(st * 2), o, is_async=True)
-                o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
-                mbarrier.arrive(kv_empty.index(st), count=1)
+                mbarrier.arrive(q_empty, count=1)  # every score MMA of the item done
+                o, m_i, l_i, pev = _softmax_pv(
+                    s, j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols, qk_scale,
+                    ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL, o_rows_l,
+                )  # fmt: skip
+            else:
+                for j in range(n_blocks):
+                    st = (it + j) % STAGES
+                    mbarrier.wait(kv_ready.index(st), ((it + j) // STAGES) & 1)
+                    s = _scores(qn_smem, qp_smem, ckv_bufs, kpe_bufs, st, zero)
+                    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                    if j == n_blocks - 1:
+                        mbarrier.arrive(q_empty, count=1)  # every score MMA of the item done
+                    o, m_i, l_i, pev = _softmax_pv(
+                        s, j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols, qk_scale,
+                        ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL, o_rows_l,
+                    )  # fmt: skip
             # The row sums for warpgroup 1's epilogue, once it has read the last P.
             mbarrier.wait(p_empty, (pev & 1) ^ 1)
             l_smem.store(l_i)
@@ -324,6 +365,7 @@ if HAVE_GLUON:
     def mla_prefill_kernel(qn_desc, qp_desc, ckv_desc, kpe_desc, o_ptr, lse_ptr, work_ptr,
                            n_items, qk_scale, H: gl.constexpr, STAGES: gl.constexpr,
                            CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                           OVERLAP: gl.constexpr = False,
                            num_warps: gl.constexpr = 4):  # fmt: skip
         """Two 4-warp warpgroups (scores and softmax + columns 0-255; columns 256-511) and
         one producer warp."""
@@ -359,7 +401,7 @@ if HAVE_GLUON:
                 (_softmax_wg, (qn_smem, qp_smem, ckv_bufs, kpe_bufs, p_smem, a_smem, l_smem,
                                q_ready, q_empty, kv_ready, kv_empty, p_full, p_empty, o_ptr,
                                lse_ptr, work_ptr, n_items, qk_scale, H, CAUSAL, RETURN_LSE,
-                               num_warps)),
+                               OVERLAP, num_warps)),
                 (_output_wg, (ckv_bufs, kpe_bufs, p_smem, a_smem, l_smem, kv_ready, kv_empty,
                               p_full, p_empty, o_ptr, work_ptr, n_items, H, CAUSAL,
                               num_warps)),
@@ -389,6 +431,7 @@ def launch(
     sm_scale: float,
     causal: bool,
     stages: int = 2,
+    overlap: bool = False,
 ) -> None:
     """Run the kernel: q_nope [T, H, 512], q_pe [T, H, 64], ckv [K, 512] and kpe [K, 64]
     contiguous (a paged cache staged by `stage`), out [T, H, 512] contiguous, lse [T, H]
@@ -409,11 +452,14 @@ def launch(
         _descriptor(ckv, BLOCK_N, HALF),
         _descriptor(kpe, BLOCK_N, D_KPE),
         out, lse if lse is not None else out, work, n_items, sm_scale * _LOG2E,
-        H=h, STAGES=stages, CAUSAL=causal, RETURN_LSE=lse is not None, num_warps=4,
+        H=h, STAGES=stages, CAUSAL=causal, RETURN_LSE=lse is not None, OVERLAP=overlap,
+        num_warps=4,
     )  # fmt: skip
 
 
-def compile_report(causal: bool = True, return_lse: bool = True, heads: int = 16) -> dict[str, Any]:
+def compile_report(
+    causal: bool = True, return_lse: bool = True, heads: int = 16, overlap: bool = False
+) -> dict[str, Any]:
     """Compile the kernel for sm_90a without a GPU: flashtune.ops.gluon_sm90's report
     (wgmma count, ptxas -v, shared memory bytes). Needs TRITON_INTERPRET unset at import."""
     from triton.runtime.jit import mangle_type
@@ -436,5 +482,5 @@ def compile_report(causal: bool = True, return_lse: bool = True, heads: int = 16
         "qk_scale": "fp32",
     }
     consts: dict[str, Any] = dict(H=heads, STAGES=2, CAUSAL=causal, RETURN_LSE=return_lse)
-    consts["num_warps"] = 4
+    consts.update(OVERLAP=overlap, num_warps=4)
     return compile_sm90(mla_prefill_kernel, sig, consts)
