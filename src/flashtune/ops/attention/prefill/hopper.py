@@ -130,6 +130,8 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tens
 if HAVE_GLUON:
     from flashtune.ops.attention.prefill.hopper_device import (
         _epilogue,
+        _finish_item,
+        _first_scores,
         _item,
         _item_at,
         _pass_turn,
@@ -152,8 +154,9 @@ if HAVE_GLUON:
         right behind this item's last output MMA, so that the tensor cores see no gap
         between them; the next item's first softmax and this item's epilogue follow, after
         both MMAs (the epilogue beside an in-flight accumulator does not fit in the
-        registers: ptxas then serializes every wgmma of the kernel, C7511). Q is double-buffered where shared memory allows
-        (q_smem [2 * QSTAGES, 64, D]): the next item's Q loads during this one. A
+        registers: ptxas then serializes every wgmma of the kernel, C7511). Q is
+        double-buffered where shared memory allows (q_smem [2 * QSTAGES, 64, D]): the next
+        item's Q loads during this one. A
         program's walk is never empty (the grid is at most the items; the schedule deals
         every program one in its first round)."""
         STAGES: gl.constexpr = k_bufs.shape[0]
@@ -180,17 +183,10 @@ if HAVE_GLUON:
             _item_at(first, sched_ptr, SCHEDULED), work_ptr, HQ, CAUSAL, 2 * SUB_M, BLOCK_N
         )
         rows = m0 + HALF * SUB_M + gl.arange(0, SUB_M, layout=rows_l)
-        q_buf = q_smem.index(HALF)
         q_at = HALF  # the q_smem buffer of the item in hand
         mbarrier.wait(q_bar.index(0), 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        _take_turn(turn_wait, 0, PINGPONG, HALF == 0)
-        s = warpgroup_mma(q_buf, k_bufs.index(0).permute((1, 0)), zero, use_acc=False,
-                          is_async=True)  # fmt: skip
-        _pass_turn(turn_signal, PINGPONG)
-        ev = 1
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        s, ev = _first_scores(q_smem.index(q_at), k_bufs, k_ready, k_empty, 0, 0, zero,
+                              turn_wait, turn_signal, HALF, PINGPONG)  # fmt: skip
         m_i = gl.full([SUB_M], -float("inf"), gl.float32, layout=rows_l)
         l_i = gl.zeros([SUB_M], gl.float32, layout=rows_l)
         p, m_i, l_i, alpha = _softmax_block(
@@ -262,17 +258,10 @@ if HAVE_GLUON:
             p_layout,
         )  # fmt: skip
         mbarrier.arrive(q_empty.index(item % QSTAGES), count=1)
-        last = (it + n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
-        if RESCALE_EARLY:
-            acc = acc * gl.convert_layout(alpha, o_rows_l)[:, None]
-        _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
-        acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
-        _pass_turn(turn_signal, PINGPONG)
-        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-        mbarrier.arrive(v_empty.index(last), count=1)
-        _epilogue(acc, m_i, l_i, rows, q_start, qo_len, head, o_ptr, lse_ptr, stride_o,
-                  stride_oh, stride_lse, RETURN_LSE, o_layout, dtype)  # fmt: skip
+        _finish_item(acc, p, m_i, l_i, alpha, it, n_blocks, ev, v_bufs, v_ready, v_empty,
+                     turn_wait, turn_signal, rows, q_start, qo_len, head, o_ptr, lse_ptr,
+                     stride_o, stride_oh, stride_lse, HALF, PINGPONG, RESCALE_EARLY,
+                     RETURN_LSE, o_layout, dtype)  # fmt: skip
 
     @gluon.jit
     def _consumer(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
@@ -284,7 +273,6 @@ if HAVE_GLUON:
         """One warpgroup: rows HALF * 64 .. + 63 of every work item of the program. With
         PINGPONG the two take turns issuing their MMAs (`turn_wait` / `turn_signal`; HALF 0
         first), so that one's softmax runs while the other's MMAs hold the tensor cores."""
-        STAGES: gl.constexpr = k_bufs.shape[0]
         SUB_M: gl.constexpr = q_smem.shape[1]
         D: gl.constexpr = q_smem.shape[2]
         BLOCK_N: gl.constexpr = k_bufs.shape[1]
@@ -320,15 +308,8 @@ if HAVE_GLUON:
             acc = gl.zeros([SUB_M, D], gl.float32, layout=o_layout)
 
             mbarrier.wait(q_bar.index(0), item & 1)
-            st = it % STAGES
-            mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
-            _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
-            s = warpgroup_mma(q_buf, k_bufs.index(st).permute((1, 0)), zero, use_acc=False,
-                              is_async=True)  # fmt: skip
-            _pass_turn(turn_signal, PINGPONG)
-            ev += 1
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            mbarrier.arrive(k_empty.index(st), count=1)
+            s, ev = _first_scores(q_buf, k_bufs, k_ready, k_empty, it, ev, zero, turn_wait,
+                                  turn_signal, HALF, PINGPONG)  # fmt: skip
             p, m_i, l_i, alpha = _softmax_block(
                 s, 0, m_i, l_i, rows, cols, delta, kv_len, qk_scale, mask_from, CAUSAL,
                 p_layout, dtype, BLOCK_N,
@@ -341,18 +322,10 @@ if HAVE_GLUON:
             )  # fmt: skip
             # Every score MMA of the item is done: the producer may load the next Q.
             mbarrier.arrive(q_empty.index(0), count=1)
-            last = (it + n_blocks - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
-            if RESCALE_EARLY:
-                acc = acc * gl.convert_layout(alpha, o_rows_l)[:, None]
-            _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
-            acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
-            _pass_turn(turn_signal, PINGPONG)
-            ev += 1
-            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-            mbarrier.arrive(v_empty.index(last), count=1)
-            _epilogue(acc, m_i, l_i, rows, q_start, qo_len, head, o_ptr, lse_ptr, stride_o,
-                      stride_oh, stride_lse, RETURN_LSE, o_layout, dtype)  # fmt: skip
+            ev = _finish_item(acc, p, m_i, l_i, alpha, it, n_blocks, ev, v_bufs, v_ready,
+                              v_empty, turn_wait, turn_signal, rows, q_start, qo_len, head,
+                              o_ptr, lse_ptr, stride_o, stride_oh, stride_lse, HALF, PINGPONG,
+                              RESCALE_EARLY, RETURN_LSE, o_layout, dtype)  # fmt: skip
             it += n_blocks
             item += 1
 

@@ -205,3 +205,42 @@ if HAVE_GLUON:
         if RETURN_LSE:
             gl.store(lse_ptr + (q_start + rows) * stride_lse + head, m_i + gl.log2(l_i),
                      mask=rows < qo_len)  # fmt: skip
+
+    @gluon.jit
+    def _first_scores(q_buf, k_bufs, k_ready, k_empty, it, ev, zero, turn_wait, turn_signal,
+                      HALF: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+        """Block 0's scores of an item whose first key block is the ring's `it`-th, issued
+        and waited (nothing to overlap them with). Returns (scores, MMA issue events)."""
+        STAGES: gl.constexpr = k_bufs.shape[0]
+        st = it % STAGES
+        mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
+        _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
+        s = warpgroup_mma(q_buf, k_bufs.index(st).permute((1, 0)), zero, use_acc=False,
+                          is_async=True)  # fmt: skip
+        _pass_turn(turn_signal, PINGPONG)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(k_empty.index(st), count=1)
+        return s, ev + 1
+
+    @gluon.jit
+    def _finish_item(acc, p, m_i, l_i, alpha, it, n_blocks, ev, v_bufs, v_ready, v_empty,
+                     turn_wait, turn_signal, rows, q_start, qo_len, head, o_ptr, lse_ptr,
+                     stride_o, stride_oh, stride_lse, HALF: gl.constexpr,
+                     PINGPONG: gl.constexpr, RESCALE_EARLY: gl.constexpr,
+                     RETURN_LSE: gl.constexpr, o_layout: gl.constexpr,
+                     dtype: gl.constexpr):  # fmt: skip
+        """An item's last output MMA (its key blocks are the ring's `it`-th on) and its
+        epilogue. Returns the MMA issue events."""
+        STAGES: gl.constexpr = v_bufs.shape[0]
+        last = (it + n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+        if RESCALE_EARLY:
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        _take_turn(turn_wait, ev, PINGPONG, HALF == 0)
+        acc = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
+        _pass_turn(turn_signal, PINGPONG)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+        mbarrier.arrive(v_empty.index(last), count=1)
+        _epilogue(acc, m_i, l_i, rows, q_start, qo_len, head, o_ptr, lse_ptr, stride_o,
+                  stride_oh, stride_lse, RETURN_LSE, o_layout, dtype)  # fmt: skip
+        return ev + 1
