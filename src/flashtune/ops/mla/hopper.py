@@ -60,6 +60,7 @@ __all__ = [
     "compile_report",
     "launch",
     "stage",
+    "staged_rows",
     "supported",
     "work_items",
 ]
@@ -122,21 +123,27 @@ def work_items(qo_indptr: np.ndarray, kv_lens: np.ndarray, num_heads: int,
     return out[order].astype(np.int32)
 
 
+def staged_rows(kv_indptr: np.ndarray, kv_indices: torch.Tensor, kv_lens: np.ndarray,
+                page_size: int) -> torch.Tensor:  # fmt: skip
+    """The rows of a paged cache viewed as [pages * page_size, D] that `stage` gathers:
+    request b's tokens in order, from its pages kv_indices[kv_indptr[b] : kv_indptr[b + 1]].
+    Depends on the page table only (a plan keeps it for both caches)."""
+    lens = torch.as_tensor(np.asarray(kv_lens, dtype=np.int64), device=kv_indices.device)
+    first_page = torch.as_tensor(np.asarray(kv_indptr[:-1], dtype=np.int64), device=lens.device)
+    req = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens)
+    starts = torch.cumsum(lens, 0) - lens
+    tok = torch.arange(req.numel(), device=lens.device) - starts[req]  # position in request
+    page = kv_indices.long()[first_page[req] + tok // page_size]
+    return page * page_size + tok % page_size
+
+
 def stage(cache: torch.Tensor, kv_indptr: np.ndarray, kv_indices: torch.Tensor,
-          kv_lens: np.ndarray) -> torch.Tensor:  # fmt: skip
+          kv_lens: np.ndarray, rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """A paged cache [pages, page_size, D] gathered into [sum(kv_lens), D]: request b's
-    tokens in order, from its pages kv_indices[kv_indptr[b] : kv_indptr[b + 1]]."""
-    page_size = cache.shape[1]
-    pages = kv_indices.long()
-    idx = []
-    for b, n in enumerate(np.asarray(kv_lens, dtype=np.int64)):
-        p = pages[int(kv_indptr[b]) : int(kv_indptr[b + 1])]
-        tok = (p[:, None] * page_size + torch.arange(page_size, device=p.device)).reshape(-1)
-        idx.append(tok[: int(n)])
-    flat = cache.reshape(-1, cache.shape[-1])
-    if not idx:
-        return flat[:0]
-    return flat.index_select(0, torch.cat(idx))
+    tokens in order (`staged_rows`, computed here unless given)."""
+    if rows is None:
+        rows = staged_rows(kv_indptr, kv_indices, kv_lens, cache.shape[1])
+    return cache.reshape(-1, cache.shape[-1]).index_select(0, rows)
 
 
 if HAVE_GLUON:

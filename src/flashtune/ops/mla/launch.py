@@ -309,8 +309,11 @@ class MLAHopperPrefillRunner(TunableRunner):
                 t.qo_indptr, t.kv_len, plan.params.num_heads, plan.params.causal
             )
             plan.hopper_work = torch.from_numpy(work).to(q_nope.device)
-        ckv = hopper.stage(ckv_cache, t.kv_indptr, plan.kv_indices, t.kv_len)
-        kpe = hopper.stage(kpe_cache, t.kv_indptr, plan.kv_indices, t.kv_len)
+        if plan.hopper_rows is None:
+            page_size = plan.params.page_size
+            plan.hopper_rows = hopper.staged_rows(t.kv_indptr, plan.kv_indices, t.kv_len, page_size)
+        ckv = hopper.stage(ckv_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
+        kpe = hopper.stage(kpe_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
         n = plan.total_qo
         hopper.launch(
             q_nope[:n], q_pe[:n], ckv, kpe, out[:n], lse[:n], plan.hopper_work,

@@ -212,8 +212,10 @@ class MLAPlan:
     # [grid_ctas, block_m] fp32, the planner's (a captured graph keeps their addresses).
     p_scratch: torch.Tensor | None = None
     a_scratch: torch.Tensor | None = None
-    # The Gluon sm_90 prefill's work list (mla/hopper.work_items), built at its first run.
+    # The Gluon sm_90 prefill's work list and the cache rows it stages (mla/hopper.work_items,
+    # mla/hopper.staged_rows), built at its first run.
     hopper_work: torch.Tensor | None = None
+    hopper_rows: torch.Tensor | None = None
 
 
 # The widest KV tile (MLATactic.block_n) MLATactic.p_scratch's buffers hold.
