@@ -297,7 +297,9 @@ class MLAHopperPrefillRunner(TunableRunner):
         return hopper.supported(q_nope, ckv, qo_lens, t.kv_len, plan.params.causal) is None
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
-        return [0] if self.qualifies(inputs) else []
+        # 0: one score MMA at a time; 1: `overlap` (block j + 1's score MMA under block j's
+        # softmax). -1, the untuned default, is 0.
+        return [0, 1] if self.qualifies(inputs) else []
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
         if not self.qualifies(inputs):
@@ -317,7 +319,7 @@ class MLAHopperPrefillRunner(TunableRunner):
         n = plan.total_qo
         hopper.launch(
             q_nope[:n], q_pe[:n], ckv, kpe, out[:n], lse[:n], plan.hopper_work,
-            plan.params.sm_scale, plan.params.causal,
+            plan.params.sm_scale, plan.params.causal, overlap=tactic == 1,
         )  # fmt: skip
         return out
 
