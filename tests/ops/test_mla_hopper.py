@@ -169,7 +169,8 @@ def test_runner_stays_out_until_admitted_and_declines_on_cpu():
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_cuda_runner_through_the_wrapper_plan(page_size):
     """The runner on a wrapper's plan (the path the wrapper takes once admitted): staging,
-    the work list kept on the plan, and the result against the reference, twice."""
+    the work list kept on the plan, and the result against the reference at the default
+    tactic and at each the tuner may pick (0 plain, 1 overlap)."""
     _need_hopper()
     from flashtune.ops.mla.launch import MLAHopperPrefillRunner
 
@@ -188,12 +189,12 @@ def test_cuda_runner_through_the_wrapper_plan(page_size):
         qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=True,
     )  # fmt: skip
     runner = MLAHopperPrefillRunner()
-    for _ in range(2):
+    for tactic in (-1, 0, 1):
         out = torch.full_like(q_nope, float("nan"))
         lse = torch.full(q_nope.shape[:2], float("nan"), device=dev)
         inputs = (q_nope, q_pe, ckv, kpe, plan, out, lse)
-        assert runner.get_valid_tactics(inputs, None) == [0]
-        runner.forward(inputs)
+        assert runner.get_valid_tactics(inputs, None) == [0, 1]
+        runner.forward(inputs, tactic)
         torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
         torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
     assert plan.hopper_work is not None
