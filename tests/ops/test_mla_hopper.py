@@ -6,6 +6,8 @@ or not, with LSE."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -148,9 +150,9 @@ def test_cuda_declines_rows_without_keys():
     )
 
 
-def test_runner_stays_out_until_admitted_and_declines_on_cpu():
-    """The wrapper's runners include the Gluon one only once hopper.ADMITTED; on the CPU it
-    offers nothing (its forward would run the Triton kernel's default)."""
+def test_runner_in_the_path_once_admitted_and_declines_on_cpu():
+    """The wrapper's runners include the Gluon one exactly when hopper.ADMITTED; on the CPU
+    it offers nothing (its forward would run the Triton kernel's default)."""
     from flashtune.ops.mla.launch import RUNNERS, MLAHopperPrefillRunner
 
     assert any(isinstance(r, MLAHopperPrefillRunner) for r in RUNNERS) is hopper.ADMITTED
@@ -163,6 +165,76 @@ def test_runner_stays_out_until_admitted_and_declines_on_cpu():
     lse = torch.empty(4, 16)
     inputs = (q, q[..., :DP], q[:, 0], q[:, 0, :DP], plan, q.clone(), lse)
     assert MLAHopperPrefillRunner().get_valid_tactics(inputs, None) == []
+
+
+@pytest.mark.parametrize(
+    ("qo_lens", "kv_lens", "sms", "gluon"),
+    [
+        ([2] * 8, [500] * 8, 132, False),  # MTP: 8 half-empty items for 132 SMs
+        ([300, 200], [900, 200], 132, False),  # 125 items
+        ([300, 300], [900, 300], 132, True),  # 150 items
+        ([300, 200], [900, 200], 100, True),  # the same 125 items on a smaller GPU
+    ],
+)
+def test_default_tactic_takes_gluon_only_where_the_items_fill_the_gpu(
+    monkeypatch, qo_lens, kv_lens, sms, gluon
+):
+    """Tactic -1 runs the Gluon kernel where its work list has an item for every SM and the
+    Triton kernel's default elsewhere; tactics 0 and 1 always run the Gluon kernel. (On the
+    CPU, with the device checks and both kernels replaced by recorders.)"""
+    from flashtune.ops.mla import launch as mla_launch
+
+    calls: list[str] = []
+    monkeypatch.setattr(
+        mla_launch.MLAHopperPrefillRunner, "qualifies", staticmethod(lambda _: True)
+    )
+    monkeypatch.setattr(
+        mla_launch._TRITON, "forward", lambda inputs, tactic: calls.append("triton")
+    )
+    monkeypatch.setattr(hopper, "launch", lambda *a, **k: calls.append(f"gluon{int(k['overlap'])}"))
+    limits = dataclasses.replace(mla_launch.platform.STAND_IN_LIMITS, sm_count=sms)
+    monkeypatch.setattr(mla_launch.platform, "device_limits", lambda device: limits)
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table(kv_lens, 1, torch.device("cpu"))
+    w = BatchMLAPagedAttentionWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(_cumsum(qo_lens), kv_indptr, kv_indices, kv_len, 16, DC, DP, 1, True, SCALE,
+           torch.float16, torch.float16)  # fmt: skip
+    plan = w._planner.plan
+    q_nope, q_pe, ckv, kpe = _inputs(sum(qo_lens), num_pages, 1, 16, torch.float16,
+                                     torch.float16, torch.device("cpu"))  # fmt: skip
+    lse = torch.empty(q_nope.shape[:2])
+    runner = mla_launch.MLAHopperPrefillRunner()
+    for tactic in (-1, 0, 1):
+        runner.forward((q_nope, q_pe, ckv, kpe, plan, torch.empty_like(q_nope), lse), tactic)
+    assert calls == ["gluon0" if gluon else "triton", "gluon0", "gluon1"]
+
+
+@pytest.mark.cuda
+def test_cuda_wrapper_default_runs_gluon_on_a_prefill(monkeypatch):
+    """Untuned, the wrapper's own run takes the Gluon kernel at a prefill shape that fills
+    the GPU, and matches the reference."""
+    _need_hopper()
+    dev = torch.device("cuda")
+    qo_lens, kv_lens, heads = [1000, 37, 700], [1500, 37, 2011], 16
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table(kv_lens, 64, dev)
+    dtype = torch.bfloat16
+    q_nope, q_pe, ckv, kpe = _inputs(sum(qo_lens), num_pages, 64, heads, dtype, dtype, dev)
+    qo_indptr = _cumsum(qo_lens).to(dev)
+    launched = []
+    real_launch = hopper.launch
+    monkeypatch.setattr(
+        hopper, "launch", lambda *a, **k: launched.append(1) or real_launch(*a, **k)
+    )
+    w = BatchMLAPagedAttentionWrapper(torch.empty(1 << 24, dtype=torch.uint8, device=dev))
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_len, heads, DC, DP, 64, True, SCALE,
+           dtype, dtype)  # fmt: skip
+    out, lse = w.run(q_nope, q_pe, ckv, kpe, return_lse=True)
+    assert launched, "the wrapper's default did not take the Gluon kernel"
+    ref_out, ref_lse = mla_paged_ref(
+        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,
+        qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=True,
+    )  # fmt: skip
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.cuda

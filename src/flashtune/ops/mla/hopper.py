@@ -27,9 +27,13 @@ about 225 KB of sm_90's 227.
 `launch(overlap=True)` issues block j + 1's score MMA before block j's softmax in warpgroup
 0, so that the tensor cores run it under the softmax (a few bytes of spill).
 
-State: written and compiled for sm_90a, no spills without `overlap` (tests/ops/test_mla_hopper.py), its
-`cuda` tests not yet run on a GPU. `ADMITTED` keeps it out of the MLA wrapper's path until
-they have passed and it is timed against the Triton kernel and FlashInfer.
+State: its cuda tests pass on an H200 (tests/ops/test_mla_hopper.py) and it is admitted to the
+MLA wrapper's path (`ADMITTED`). Measured there against FlashInfer 0.2.14's MLA wrapper (FA3),
+same inputs, CUDA graphs (benchmarks/results/mla.jsonl): 0.90-0.96x at prefill shapes of
+1k-4k query tokens, where the Triton kernel is 0.33-0.36x; `overlap` is 20-35% slower than
+without. At a few query tokens a request (MTP) a tile is one request's rows over its whole
+prefix with no split of the keys: 0.1-0.2x. So the untuned default (`default_uses_gluon`)
+takes it only where its work list fills the GPU.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ __all__ = [
     "BLOCK_N",
     "HAVE_GLUON",
     "compile_report",
+    "default_uses_gluon",
     "launch",
     "stage",
     "staged_rows",
@@ -67,7 +72,7 @@ __all__ = [
 
 # Whether the MLA wrapper may run this kernel: False until its cuda tests have passed on a
 # GPU and it has been timed (then `supported` decides per call).
-ADMITTED = False
+ADMITTED = True
 BLOCK_M = 64  # query rows (token x head pairs) a work item
 BLOCK_N = 64  # keys a block
 D_CKV = 512
@@ -94,6 +99,14 @@ def supported(q_nope: torch.Tensor, ckv: torch.Tensor, qo_lens: np.ndarray,
     if causal and (kv_lens < qo_lens).any():
         return "a causal request with more queries than keys (rows with no key)"
     return None
+
+
+def default_uses_gluon(work: np.ndarray | torch.Tensor, num_sms: int) -> bool:
+    """Tactic -1's choice between this kernel and the Triton one: this kernel has no split of
+    the keys, so a work list of fewer items than SMs leaves SMs idle while each walks a whole
+    prefix (0.1-0.2x at MTP shapes); with at least one item an SM it is 2.6-2.9x the Triton
+    kernel at every prefill shape measured."""
+    return int(work.shape[0]) >= num_sms
 
 
 def work_items(qo_indptr: np.ndarray, kv_lens: np.ndarray, num_heads: int,

@@ -281,8 +281,9 @@ class MLAPagedRunner(TunableRunner):
 class MLAHopperPrefillRunner(TunableRunner):
     """The Gluon prefill for sm_90 (mla/hopper.py) on multi-token plans it qualifies for
     (`hopper.supported`, a 16-bit cache, outside CUDA-graph mode); else the Triton kernel's
-    default. In RUNNERS (first, so that it is the untuned default) only once
-    `hopper.ADMITTED` says its cuda tests have passed on a GPU and it has been timed."""
+    default. First in RUNNERS (the untuned default) once `hopper.ADMITTED`; at tactic -1 it
+    runs only where `hopper.default_uses_gluon` (enough work items to fill the GPU), else
+    the Triton kernel's default."""
 
     @staticmethod
     def qualifies(inputs: Sequence[Any]) -> bool:
@@ -298,7 +299,7 @@ class MLAHopperPrefillRunner(TunableRunner):
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         # 0: one score MMA at a time; 1: `overlap` (block j + 1's score MMA under block j's
-        # softmax). -1, the untuned default, is 0.
+        # softmax). -1, the untuned default, is 0 where `default_uses_gluon`, else Triton.
         return [0, 1] if self.qualifies(inputs) else []
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
@@ -311,6 +312,10 @@ class MLAHopperPrefillRunner(TunableRunner):
                 t.qo_indptr, t.kv_len, plan.params.num_heads, plan.params.causal
             )
             plan.hopper_work = torch.from_numpy(work).to(q_nope.device)
+        if tactic == DEFAULT_TACTIC:
+            sms = platform.device_limits(q_nope.device).sm_count
+            if not hopper.default_uses_gluon(plan.hopper_work, sms):
+                return _TRITON.forward(inputs, DEFAULT_TACTIC)
         if plan.hopper_rows is None:
             page_size = plan.params.page_size
             plan.hopper_rows = hopper.staged_rows(t.kv_indptr, plan.kv_indices, t.kv_len, page_size)
