@@ -30,15 +30,26 @@ try:  # Gluon ships with Triton >= 3.5.
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     HAVE_GLUON = True
+
+    @gluon.constexpr_function
+    def coalesced_rows_layout(width: Any) -> Any:
+        """A [rows, width] register layout for storing a 16-bit tile to global memory: 8
+        contiguous elements (16 bytes) a thread, a warp across whole rows, 4 warps (one
+        warpgroup) down the rows. width: a power of two from 8 to 256."""
+        width = gl._unwrap_if_constexpr(width)
+        per_row = width // 8  # threads across a row
+        return gl.BlockedLayout([1, 8], [32 // per_row, per_row], [4, 1], [1, 0])
+
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
     # Names the kernel modules import; unused there unless HAVE_GLUON.
     gluon = gl = mbarrier = tma = TensorDescriptor = None
-    fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+    fence_async_shared = warpgroup_mma = warpgroup_mma_wait = coalesced_rows_layout = None
 
 __all__ = [
     "HAVE_GLUON",
     "TensorDescriptor",
+    "coalesced_rows_layout",
     "compile_in_subprocess",
     "compile_sm90",
     "fence_async_shared",

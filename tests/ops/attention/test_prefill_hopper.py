@@ -68,9 +68,9 @@ def test_hopper_kernel_compiles_for_sm90_without_spills():
     for rep, d, n, ch in zip(reports, dims, keys, chained, strict=True):
         assert rep["wgmma"] == (4 if ch else 2) * 2 * (d // 16 + n // 16), (d, rep["wgmma"])
         assert rep["rc"] == 0, rep["ptxas"][-2000:]
-        if not ch:
-            # The chained consumer spills at the item boundary (not in the block loop).
-            assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], rep["ptxas"]
+        # No spill, the chained consumer included since the epilogue stores from a coalesced
+        # layout (it spilled 560 B at the item boundary storing from the MMA's layout).
+        assert "0 bytes spill stores, 0 bytes spill loads" in rep["ptxas"], rep["ptxas"]
         assert "C7511" not in rep["ptxas"] and "serialized" not in rep["ptxas"], rep["ptxas"]
 
 

