@@ -167,6 +167,26 @@ def test_runner_in_the_path_once_admitted_and_declines_on_cpu():
     assert MLAHopperPrefillRunner().get_valid_tactics(inputs, None) == []
 
 
+def test_runner_leaves_a_strided_query_to_the_triton_kernel(monkeypatch):
+    """q_nope / q_pe sliced out of one fused query tensor (strided rows) do not qualify: the
+    kernel reads q through flat row views. (On the CPU, with the device check passed.)"""
+    from flashtune.ops.mla.launch import MLAHopperPrefillRunner
+
+    monkeypatch.setattr(hopper, "supported", lambda *a: None)
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table([9], 1, torch.device("cpu"))
+    w = BatchMLAPagedAttentionWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(_cumsum([4]), kv_indptr, kv_indices, kv_len, 16, DC, DP, 1, True, SCALE,
+           torch.float16, torch.float16)  # fmt: skip
+    plan = w._planner.plan
+    fused = torch.randn(4, 16, DC + DP, dtype=torch.float16)
+    q_nope, q_pe = fused[..., :DC], fused[..., DC:]
+    ckv, kpe = torch.randn(num_pages, 1, DC), torch.randn(num_pages, 1, DP)
+    out, lse = torch.empty(4, 16, DC), torch.empty(4, 16)
+    runner = MLAHopperPrefillRunner()
+    assert not runner.qualifies((q_nope, q_pe, ckv, kpe, plan, out, lse))
+    assert runner.qualifies((q_nope.contiguous(), q_pe.contiguous(), ckv, kpe, plan, out, lse))
+
+
 @pytest.mark.parametrize(
     ("qo_lens", "kv_lens", "sms", "gluon"),
     [

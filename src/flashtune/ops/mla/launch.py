@@ -287,11 +287,14 @@ class MLAHopperPrefillRunner(TunableRunner):
 
     @staticmethod
     def qualifies(inputs: Sequence[Any]) -> bool:
-        q_nope, _, ckv, _, plan, out, lse = inputs[:7]
+        q_nope, q_pe, ckv, _, plan, out, lse = inputs[:7]
         scales = inputs[7] if len(inputs) > 7 else KVScales()
         if plan.total_qo <= plan.batch or plan.always_merge or scales.mode != SCALE_NONE:
             return False  # decode, CUDA-graph mode, an fp8 cache
-        if not (out.is_contiguous() and lse.is_contiguous()):
+        # The kernel reads q and writes out/lse through flat row views (TMA descriptors);
+        # a strided query (a slice of a fused q tensor) stays on the Triton kernel.
+        tensors = (q_nope, q_pe, out, lse)
+        if not all(x.is_contiguous() for x in tensors):
             return False
         t = plan.tables
         qo_lens = t.qo_indptr[1:] - t.qo_indptr[:-1]
