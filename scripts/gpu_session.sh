@@ -4,6 +4,7 @@
 #   bash scripts/gpu_session.sh bundled                  # `flashtune run` on the bundled dataset
 #   bash scripts/gpu_session.sh sampling dropin e2e      # issue 16, 14 and 19 measurements
 #   bash scripts/gpu_session.sh decode-variants dropin-full   # issue 14 and 18
+#   bash scripts/gpu_session.sh gluon-tests mla-prefill       # the sm_90 Gluon kernels: tests, MLA bench
 # Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
 # DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit) and DROPIN_WORKERS
 # (test processes a file, 4), DROPIN_K (a pytest -k expression for dropin-full), E2E_ARGS,
@@ -42,14 +43,31 @@ python3 -c "import torch, triton, pydantic, flashtune; print('torch', torch.__ve
 for stage in "$@"; do
   start=$(date +%s)
   case "$stage" in
-    tests)
+    tests)  # the Gluon kernels' tests apart (stage gluon-tests): cold, they take ~270 s alone
       timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops tests/test_timing.py \
-        tests/bench tests/capture tests/tune >"$OUT/cuda_tests.log" 2>&1
+        tests/bench tests/capture tests/tune --ignore=tests/ops/attention/test_prefill_hopper.py \
+        --ignore=tests/ops/test_mla_hopper.py >"$OUT/cuda_tests.log" 2>&1
       tail -n 25 "$OUT/cuda_tests.log" ;;
     bench-tests)
       timeout 400 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 200 tests/bench tests/test_timing.py \
         >"$OUT/bench_tests.log" 2>&1
       tail -n 40 "$OUT/bench_tests.log" ;;
+    gluon-tests)  # the Gluon sm_90 kernels' cuda tests (GQA prefill, MLA prefill), split over
+      # GLUON_WORKERS (4) pytest processes on the one GPU: each test compiles its own variant, so
+      # one process takes ~270 s cold where four take ~100 s.
+      gdir=$(mktemp -d)
+      python3 -m pytest -q -m cuda --co -p no:cacheprovider tests/ops/attention/test_prefill_hopper.py \
+        tests/ops/test_mla_hopper.py 2>/dev/null | grep "::" >"$gdir/ids"
+      split -n "r/${GLUON_WORKERS:-4}" "$gdir/ids" "$gdir/part_"
+      for part in "$gdir"/part_*; do
+        (tr '\n' '\0' <"$part" | xargs -0 timeout 280 python3 -m pytest -q -m cuda -p no:cacheprovider \
+          --timeout 250 -rf >"$part.log" 2>&1; echo "exit $?" >>"$part.log") &
+      done
+      wait
+      cat "$gdir"/part_*.log >"$OUT/gluon_tests.log"
+      grep -E "passed|failed|error|^exit|^FAILED" "$OUT/gluon_tests.log" | tail -n 20 ;;
+    mla-prefill)  # issue 34: MLA prefill and MTP (Triton, the Gluon runner's tactics) vs FlashInfer 0.2.14
+      timeout 240 python3 benchmarks/bench_mla.py --only prefill mtp 2>&1 | tee "$OUT/mla.log" | tail -n 30 ;;
     attn-tests)
       timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops/attention \
         >"$OUT/cuda_tests.log" 2>&1
