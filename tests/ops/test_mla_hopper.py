@@ -231,7 +231,7 @@ def test_default_tactic_takes_gluon_only_where_the_items_fill_the_gpu(
 @pytest.mark.cuda
 def test_cuda_wrapper_default_runs_gluon_on_a_prefill(monkeypatch):
     """Untuned, the wrapper's own run takes the Gluon kernel at a prefill shape that fills
-    the GPU, and matches the reference."""
+    the GPU, captured in a CUDA graph at its first call, and matches the reference."""
     _need_hopper()
     dev = torch.device("cuda")
     qo_lens, kv_lens, heads = [1000, 37, 700], [1500, 37, 2011], 16
@@ -247,7 +247,16 @@ def test_cuda_wrapper_default_runs_gluon_on_a_prefill(monkeypatch):
     w = BatchMLAPagedAttentionWrapper(torch.empty(1 << 24, dtype=torch.uint8, device=dev))
     w.plan(qo_indptr, kv_indptr, kv_indices, kv_len, heads, DC, DP, 64, True, SCALE,
            dtype, dtype)  # fmt: skip
-    out, lse = w.run(q_nope, q_pe, ckv, kpe, return_lse=True)
+    # plan() made the kernel's tables (a run needs no host-to-device copy), so the first run
+    # can be captured in a CUDA graph.
+    assert w._planner.plan.hopper_work is not None and w._planner.plan.hopper_rows is not None
+    out = torch.full_like(q_nope, float("nan"))
+    lse = torch.full(q_nope.shape[:2], float("nan"), device=dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q_nope, q_pe, ckv, kpe, out=out, lse=lse)
+    graph.replay()
+    torch.cuda.synchronize()
     assert launched, "the wrapper's default did not take the Gluon kernel"
     ref_out, ref_lse = mla_paged_ref(
         q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,

@@ -64,6 +64,7 @@ __all__ = [
     "compile_report",
     "default_uses_gluon",
     "launch",
+    "plan_tables",
     "stage",
     "staged_rows",
     "supported",
@@ -99,6 +100,23 @@ def supported(q_nope: torch.Tensor, ckv: torch.Tensor, qo_lens: np.ndarray,
     if causal and (kv_lens < qo_lens).any():
         return "a causal request with more queries than keys (rows with no key)"
     return None
+
+
+def plan_tables(qo_indptr: np.ndarray, kv_indptr: np.ndarray, kv_indices: torch.Tensor,
+                kv_lens: np.ndarray, num_heads: int, page_size: int, causal: bool,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+    """The work list (on `device`) and staged cache rows a multi-token plan on an sm_90 GPU
+    gives this kernel, made at plan time so that a run stays capturable in a CUDA graph
+    (no host-to-device copy in it); None where the kernel cannot run (not admitted, no
+    Gluon, not sm_90, no more query tokens than requests)."""
+    if not (ADMITTED and HAVE_GLUON) or device.type != "cuda" or platform.triton_interpret():
+        return None
+    if platform.compute_capability(device) != (9, 0):
+        return None
+    if int(qo_indptr[-1]) <= len(qo_indptr) - 1:
+        return None  # decode: one query token a request
+    work = torch.from_numpy(work_items(qo_indptr, kv_lens, num_heads, causal)).to(device)
+    return work, staged_rows(kv_indptr, kv_indices, kv_lens, page_size)
 
 
 def default_uses_gluon(work: np.ndarray | torch.Tensor, num_sms: int) -> bool:

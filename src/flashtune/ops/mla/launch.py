@@ -310,6 +310,11 @@ class MLAHopperPrefillRunner(TunableRunner):
             return _TRITON.forward(inputs, DEFAULT_TACTIC)
         q_nope, q_pe, ckv_cache, kpe_cache, plan, out, lse = inputs[:7]
         t = plan.tables
+        capturing = q_nope.is_cuda and torch.cuda.is_current_stream_capturing()
+        if plan.hopper_work is None and capturing:
+            # A plan made off sm_90 (hopper.plan_tables made none): building the tables now
+            # would copy from the host inside the capture.
+            return _TRITON.forward(inputs, DEFAULT_TACTIC)
         if plan.hopper_work is None:
             work = hopper.work_items(
                 t.qo_indptr, t.kv_len, plan.params.num_heads, plan.params.causal

@@ -35,6 +35,7 @@ from flashtune.ops.attention.scheduler import (
     plan_work,
 )
 from flashtune.ops.attention.staging import host_staging
+from flashtune.ops.mla import hopper
 from flashtune.ops.mla.config import (
     DEFAULT_LAUNCH,
     WORK_COST,
@@ -213,7 +214,8 @@ class MLAPlan:
     p_scratch: torch.Tensor | None = None
     a_scratch: torch.Tensor | None = None
     # The Gluon sm_90 prefill's work list and the cache rows it stages (mla/hopper.work_items,
-    # mla/hopper.staged_rows), built at its first run.
+    # mla/hopper.staged_rows), built by plan() on an sm_90 GPU (hopper.plan_tables), else at
+    # the Gluon runner's first run.
     hopper_work: torch.Tensor | None = None
     hopper_rows: torch.Tensor | None = None
 
@@ -463,6 +465,13 @@ class MLAPlanner:
             counters=self._counters.at_least(layout.max_partial * h * 2),
             **self._scratch_for(layout.max_ctas, block_m, params.q_dtype),
         )
+        if not self.use_cuda_graph:
+            gluon = hopper.plan_tables(
+                tables.qo_indptr, tables.kv_indptr, dev_indices, tables.kv_len, h,
+                params.page_size, params.causal, dev_indices.device,
+            )  # fmt: skip
+            if gluon is not None:
+                plan.hopper_work, plan.hopper_rows = gluon
         self.plan = plan
         return plan
 
