@@ -104,19 +104,23 @@ def supported(q_nope: torch.Tensor, ckv: torch.Tensor, qo_lens: np.ndarray,
 
 def plan_tables(qo_indptr: np.ndarray, kv_indptr: np.ndarray, kv_indices: torch.Tensor,
                 kv_lens: np.ndarray, num_heads: int, page_size: int, causal: bool,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
-    """The work list (on `device`) and staged cache rows a multi-token plan on an sm_90 GPU
-    gives this kernel, made at plan time so that a run stays capturable in a CUDA graph
-    (no host-to-device copy in it); None where the kernel cannot run (not admitted, no
-    Gluon, not sm_90, no more query tokens than requests)."""
+                device: torch.device, sm_count: int) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+    """The work list (on `device`) and staged cache rows of a multi-token plan on an sm_90
+    GPU whose untuned default is this kernel (`default_uses_gluon`), made at plan time so
+    that a run copies nothing from the host and can be captured in a CUDA graph; None
+    elsewhere (not admitted, no Gluon, not sm_90, decode, too few items: a tuned pick of
+    this kernel there builds them at its first run, outside a capture)."""
     if not (ADMITTED and HAVE_GLUON) or device.type != "cuda" or platform.triton_interpret():
         return None
     if platform.compute_capability(device) != (9, 0):
         return None
     if int(qo_indptr[-1]) <= len(qo_indptr) - 1:
         return None  # decode: one query token a request
-    work = torch.from_numpy(work_items(qo_indptr, kv_lens, num_heads, causal)).to(device)
-    return work, staged_rows(kv_indptr, kv_indices, kv_lens, page_size)
+    work = work_items(qo_indptr, kv_lens, num_heads, causal)
+    if not default_uses_gluon(work, sm_count):
+        return None
+    rows = staged_rows(kv_indptr, kv_indices, kv_lens, page_size)
+    return torch.from_numpy(work).to(device), rows
 
 
 def default_uses_gluon(work: np.ndarray | torch.Tensor, num_sms: int) -> bool:

@@ -469,6 +469,7 @@ class MLAPlanner:
             gluon = hopper.plan_tables(
                 tables.qo_indptr, tables.kv_indptr, dev_indices, tables.kv_len, h,
                 params.page_size, params.causal, dev_indices.device,
+                platform.device_limits(dev_indices.device).sm_count,
             )  # fmt: skip
             if gluon is not None:
                 plan.hopper_work, plan.hopper_rows = gluon
