@@ -5,6 +5,7 @@
 #   bash scripts/gpu_session.sh sampling dropin e2e      # issue 16, 14 and 19 measurements
 #   bash scripts/gpu_session.sh decode-variants dropin-full   # issue 14 and 18
 #   bash scripts/gpu_session.sh gluon-tests mla-prefill       # the sm_90 Gluon kernels: tests, MLA bench
+#   bash scripts/gpu_session.sh ncu-gluon                     # Nsight Compute on them and their peers
 # Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
 # DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit) and DROPIN_WORKERS
 # (test processes a file, 4), DROPIN_K (a pytest -k expression for dropin-full), E2E_ARGS,
@@ -68,6 +69,12 @@ for stage in "$@"; do
       grep -E "passed|failed|error|^exit|^FAILED" "$OUT/gluon_tests.log" | tail -n 20 ;;
     mla-prefill)  # issue 34: MLA prefill and MTP (Triton, the Gluon runner's tactics) vs FlashInfer 0.2.14
       timeout 240 python3 benchmarks/bench_mla.py --only prefill mtp 2>&1 | tee "$OUT/mla.log" | tail -n 30 ;;
+    ncu-gluon)  # issue 34/37: Nsight Compute on one call of each Gluon kernel and its peer
+      # (benchmarks/profile_gluon.py; ncu reads the counters on Firecracker machines, KINDS.md)
+      timeout 420 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats python3 benchmarks/profile_gluon.py ${NCU_ARGS:-} >"$OUT/ncu_gluon.txt" 2>&1
+      grep -E "^  [a-zA-Z_].*\(|Duration|Throughput|Pipe|Stall|Warp Cycles|Issued|us \(warm" "$OUT/ncu_gluon.txt" | head -n 80 ;;
     attn-tests)
       timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider --timeout 120 tests/ops/attention \
         >"$OUT/cuda_tests.log" 2>&1
