@@ -26,7 +26,7 @@ from common import RowWriter, copy_bandwidth_gbs  # noqa: E402
 
 from flashtune.ops.mla import BatchMLAPagedAttentionWrapper, MLALaunch  # noqa: E402
 from flashtune.ops.mla.config import MLATactic  # noqa: E402
-from flashtune.ops.mla.launch import MLAHopperPrefillRunner  # noqa: E402
+from flashtune.ops.mla.launch import SPLIT_TACTIC, MLAHopperPrefillRunner  # noqa: E402
 from flashtune.timing import measure  # noqa: E402
 
 H, DC, DP = 16, 512, 64
@@ -117,22 +117,26 @@ class Bench:
         if peer is not None:
             line += f"  flashinfer {peer * 1e3:8.1f} us  speedup {peer / ours:5.2f}x"
         print(line, flush=True)
-        if qo_len > 1 and not fp8:
+        if not fp8:
             self.gluon(part, shape, w, args, peer)
 
     def gluon(self, part, shape, w, args, peer) -> None:
-        """The Gluon sm_90 prefill runner (mla/hopper.py) at each of its tactics, called the
-        way the wrapper calls it (staging included), whether or not it is admitted to the
-        wrapper's path; checked against the wrapper's output first."""
+        """The Gluon sm_90 runner (mla/hopper.py) at each of its tactics (0, 1 on
+        multi-token plans; 2, split-KV, also at decode), called the way the wrapper calls it
+        (staging and the merge included), whether or not it is admitted to the wrapper's
+        path or the tuner's space; checked against the wrapper's output first."""
         q_nope = args[0]
         plan = w._planner.plan
         out = torch.empty_like(q_nope)
         lse = torch.empty(q_nope.shape[:2], dtype=torch.float32, device=q_nope.device)
         runner = MLAHopperPrefillRunner()
-        if not runner.qualifies([*args, plan, out, lse]):
+        inputs = [*args, plan, out, lse]
+        tactics = [0, 1] if runner.qualifies(inputs) else []
+        tactics += [SPLIT_TACTIC] if runner._split_ok(inputs) else []
+        if not tactics:
             return
         expect = w.run(*args).float()
-        for tactic in runner.get_valid_tactics([*args, plan, out, lse], None):
+        for tactic in tactics:
             try:
                 o = runner.forward([*args, plan, out, lse], tactic).float()
                 err = (o - expect).abs().max().item()
@@ -143,7 +147,7 @@ class Bench:
             except Exception as exc:
                 print(f"  gluon tactic {tactic} failed: {type(exc).__name__}: {str(exc)[:300]}")
                 continue
-            label = "flashtune_gluon" + ("_overlap" if tactic == 1 else "")
+            label = "flashtune_gluon" + {0: "", 1: "_overlap", SPLIT_TACTIC: "_split"}[tactic]
             self.writer.write(f"mla_{part}", shape, label, ms, max_abs_diff=err)
             vs = f"  vs flashinfer {peer / ms:5.2f}x" if peer is not None else ""
             print(f"  {label:24s} {ms * 1e3:8.1f} us  max|diff| {err:.3g}{vs}", flush=True)

@@ -9,7 +9,7 @@
 # Stages read optional settings from the environment: SAMPLING_ARGS (bench_sampling.py), DROPIN_ARGS
 # DROPIN_DEADLINE (seconds for the whole drop-in run, below the call's limit) and DROPIN_WORKERS
 # (test processes a file, 4), DROPIN_K (a pytest -k expression for dropin-full), E2E_ARGS,
-# GDN_ARGS (bench_gdn.py), MAMBA_ARGS (bench_mamba.py), FI072_BENCH_ARGS and FI072_BENCH_TIMEOUT
+# MLA_ARGS (bench_mla.py), GDN_ARGS (bench_gdn.py), MAMBA_ARGS (bench_mamba.py), FI072_BENCH_ARGS and FI072_BENCH_TIMEOUT
 # (stage fi072-bench: bench_fi072.py's arguments, and its seconds).
 # Needs the ignored folder .peer/ (made by scripts/fetch_gpu_deps.sh) carried along: FlashInfer's source archive (the peer) and
 # wheels of what the GPU image lacks (pydantic). Logs and result rows go to $OUT (at most 8
@@ -68,7 +68,7 @@ for stage in "$@"; do
       cat "$gdir"/part_*.log >"$OUT/gluon_tests.log"
       grep -E "passed|failed|error|^exit|^FAILED" "$OUT/gluon_tests.log" | tail -n 20 ;;
     mla-prefill)  # issue 34: MLA prefill and MTP (Triton, the Gluon runner's tactics) vs FlashInfer 0.2.14
-      timeout 240 python3 benchmarks/bench_mla.py --only prefill mtp 2>&1 | tee "$OUT/mla.log" | tail -n 30 ;;
+      timeout 400 python3 benchmarks/bench_mla.py ${MLA_ARGS:---only prefill mtp} 2>&1 | tee "$OUT/mla.log" | tail -n 30 ;;
     ncu-gluon)  # issue 34/37: Nsight Compute on one call of each Gluon kernel and its peer
       # (benchmarks/profile_gluon.py; ncu reads the counters on Firecracker machines, KINDS.md)
       timeout 420 ncu --clock-control none --profile-from-start off --section SpeedOfLight \

@@ -70,18 +70,20 @@ def test_declines_off_hopper_and_says_why():
 
 
 def test_compiles_for_sm90_without_spills():
-    """Compiled for sm_90a with Triton's bundled ptxas: no spill, no C7511 (ptxas making
+    """Compiled for sm_90a with Triton's bundled ptxas (also the split-KV build): no spill,
+    no C7511 (ptxas making
     every wgmma wait for the one before, for want of registers), shared memory within the
     limit, and the wgmma count of the design: the score product once (256 / 16 * 2 latent
     k-steps + 64 / 16 rotary ones = 36) and each warpgroup's output product (64 keys / 16)."""
     if not hopper.HAVE_GLUON:
         pytest.skip("Triton without Gluon")
     reports = compile_in_subprocess(
-        "[__import__('flashtune.ops.mla.hopper', fromlist=['x']).compile_report(c, l, h, o) "
-        "for c, l, h, o in ((True, True, 16, False), (False, False, 128, False), "
-        "(True, True, 16, True))]"
+        "[__import__('flashtune.ops.mla.hopper', fromlist=['x']).compile_report(c, l, h, o, s) "
+        "for c, l, h, o, s in ((True, True, 16, False, False), (False, False, 128, False, False), "
+        "(True, True, 16, True, False), (True, True, 16, False, True))]"
     )
-    for rep, overlap in zip(reports, (False, False, True), strict=True):
+    # The last: the SPLIT build (chunks of a tile's keys to partial rows, hopper_split.py).
+    for rep, overlap in zip(reports, (False, False, True, False), strict=True):
         assert rep["rc"] == 0, rep["ptxas"][-2000:]
         # OVERLAP issues the score MMA once before the block loop and once in it, and has
         # the loop's last block peeled (its output MMA twice).
@@ -261,6 +263,44 @@ def test_cuda_wrapper_default_runs_gluon_on_a_prefill(monkeypatch):
     ref_out, ref_lse = mla_paged_ref(
         q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,
         qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=True,
+    )  # fmt: skip
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("qo_lens", "kv_lens"),
+    [
+        ([1] * 5, [700, 1, 64, 1000, 129]),
+        ([2, 4, 3], [4000, 129, 64]),
+        ([37, 0, 200], [300, 50, 713]),
+    ],
+)
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_split_tactic_matches_reference(qo_lens, kv_lens, heads, causal):
+    """The runner's split-KV tactic (SPLIT build + merge; hopper_split.py) at decode, MTP and
+    prefill plans, against the reference, and the work list it kept on the plan split."""
+    _need_hopper()
+    from flashtune.ops.mla.launch import SPLIT_TACTIC, MLAHopperPrefillRunner
+
+    dev = torch.device("cuda")
+    kv_indptr, kv_indices, kv_len, _, num_pages = _table(kv_lens, 64, dev)
+    dtype = torch.bfloat16
+    q_nope, q_pe, ckv, kpe = _inputs(sum(qo_lens), num_pages, 64, heads, dtype, dtype, dev)
+    qo_indptr = _cumsum(qo_lens).to(dev)
+    w = BatchMLAPagedAttentionWrapper(torch.empty(1 << 27, dtype=torch.uint8, device=dev))
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_len, heads, DC, DP, 64, causal, SCALE,
+           dtype, dtype)  # fmt: skip
+    plan = w._planner.plan
+    out = torch.full_like(q_nope, float("nan"))
+    lse = torch.full(q_nope.shape[:2], float("nan"), device=dev)
+    MLAHopperPrefillRunner().forward((q_nope, q_pe, ckv, kpe, plan, out, lse), SPLIT_TACTIC)
+    assert plan.hopper_split is not None and (plan.hopper_split[0][:, 7] >= 0).any()
+    ref_out, ref_lse = mla_paged_ref(
+        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,
+        qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=causal,
     )  # fmt: skip
     torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
     torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)

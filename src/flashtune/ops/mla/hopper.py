@@ -58,6 +58,7 @@ from flashtune.ops.gluon_sm90 import (
 
 __all__ = [
     "ADMITTED",
+    "SPLIT_ADMITTED",
     "BLOCK_M",
     "BLOCK_N",
     "HAVE_GLUON",
@@ -74,6 +75,10 @@ __all__ = [
 # Whether the MLA wrapper may run this kernel: False until its cuda tests have passed on a
 # GPU and it has been timed (then `supported` decides per call).
 ADMITTED = True
+# Whether the tuner may time the split-KV form (`launch(partial=...)`, mla/hopper_split.py,
+# the runner's tactic 2): False until its cuda tests have passed on a GPU (written in
+# session 30 after the GPU time; compiled for sm_90a without spills).
+SPLIT_ADMITTED = False
 BLOCK_M = 64  # query rows (token x head pairs) a work item
 BLOCK_N = 64  # keys a block
 D_CKV = 512
@@ -184,9 +189,11 @@ def stage(cache: torch.Tensor, kv_indptr: np.ndarray, kv_indices: torch.Tensor,
 if HAVE_GLUON:
 
     @gluon.jit
-    def _item(w, work_ptr, H: gl.constexpr, CAUSAL: gl.constexpr):
-        """Work item w: (q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from); rows
-        m0 .. m0 + 63 of the request are tokens (m0 + r) // H."""
+    def _item(w, work_ptr, H: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
+        """Work item w: (q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from, kb0,
+        prow); rows m0 .. m0 + 63 of the request are tokens (m0 + r) // H; its key blocks
+        are kb0 .. kb0 + n_blocks - 1 of the request's; prow >= 0: a chunk of a split tile,
+        written as partial rows prow + r (hopper_split.py)."""
         row = work_ptr + w * 8
         q_row0 = gl.load(row)
         m0 = gl.load(row + 1)
@@ -194,24 +201,30 @@ if HAVE_GLUON:
         kv_start = gl.load(row + 3)
         kv_len = gl.load(row + 4)
         n_blocks = gl.load(row + 5)
+        if SPLIT:
+            kb0 = gl.load(row + 6)
+            prow = gl.load(row + 7)
+        else:  # constants: the unsplit build's code does not change
+            kb0 = 0
+            prow = -1
         if CAUSAL:
             # The first block with a key past the tile's first token's limit, or the keys' end.
             first_tok = m0 // H
             mask_from = gl.minimum((first_tok + kv_len - qo_len + 1) // 64, kv_len // 64)
         else:
             mask_from = kv_len // 64
-        return q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from
+        return q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from, kb0, prow
 
     @gluon.jit
     def _producer(qn_desc, qp_desc, ckv_desc, kpe_desc, qn_smem, qp_smem, ckv_bufs, kpe_bufs,
                   q_ready, q_empty, kv_ready, kv_empty, work_ptr, n_items,
-                  H: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+                  H: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
         STAGES: gl.constexpr = kpe_bufs.shape[0]
         it = 0
         item = 0
         for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
-                w, work_ptr, H, CAUSAL
+            q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from, kb0, prow = _item(
+                w, work_ptr, H, CAUSAL, SPLIT
             )
             # A barrier's phase "1" counts as complete before its first completion.
             mbarrier.wait(q_empty, (item & 1) ^ 1)
@@ -228,7 +241,7 @@ if HAVE_GLUON:
                     kv_ready.index(s),
                     2 * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes,
                 )
-                key = kv_start + j * 64
+                key = kv_start + (kb0 + j) * 64
                 for c in gl.static_range(2):
                     tma.async_copy_global_to_shared(
                         ckv_desc, [key, c * 256], kv_ready.index(s), ckv_bufs.index(s * 2 + c)
@@ -260,9 +273,39 @@ if HAVE_GLUON:
         gl.store(ptrs, out, mask=(o_rows < qo_len * H)[:, None])
 
     @gluon.jit
+    def _store_partial_half(o, l_i, rows, prow0, qo_len, po_ptr, COL0: gl.constexpr,
+                            H: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
+        """A split tile's chunk: columns COL0 .. COL0 + 255 of o / l in float32 at partial
+        rows prow0 + rows (0 where the chunk had no key for a row), for the merge."""
+        o_rows_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+        o_rows = gl.convert_layout(rows, o_rows_l)
+        l_o = gl.convert_layout(l_i, o_rows_l)
+        out = gl.where(l_o[:, None] > 0, o / l_o[:, None], 0.0)
+        cols = COL0 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_layout))
+        ptrs = po_ptr + (prow0 + o_rows).to(gl.int64)[:, None] * 512 + cols[None, :]
+        gl.store(ptrs, out, mask=(o_rows < qo_len * H)[:, None])
+
+    @gluon.jit
+    def _store_rows_half(o, m_i, l_i, rows, q_row0, prow, m0, qo_len, o_ptr, lse_ptr, po_ptr,
+                         plse_ptr, COL0: gl.constexpr, H: gl.constexpr,
+                         WITH_LSE: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
+        """The SPLIT build's epilogue of half the columns: a whole tile's rows to out (and
+        lse), a chunk's (prow >= 0) to the partial rows; WITH_LSE: this half writes the
+        lse (warpgroup 0: the partial lse always, the final one when asked)."""
+        if prow >= 0:
+            _store_partial_half(o, l_i, rows, prow - m0, qo_len, po_ptr, COL0, H, o_layout)
+            if WITH_LSE or COL0 == 0:
+                lse_part = gl.where(l_i > 0, m_i + gl.log2(l_i), -float("inf"))
+                gl.store(plse_ptr + prow - m0 + rows, lse_part, mask=rows < qo_len * H)
+        else:
+            _store_half(o, l_i, rows, q_row0, qo_len, o_ptr, COL0, H, o_layout)
+            if WITH_LSE:
+                gl.store(lse_ptr + q_row0 + rows, m_i + gl.log2(l_i), mask=rows < qo_len * H)
+
+    @gluon.jit
     def _softmax_pv(s, j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols, qk_scale,
                     ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL: gl.constexpr,
-                    o_rows_l: gl.constexpr):  # fmt: skip
+                    o_rows_l: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
         """Warpgroup 0's part of key block j after its scores: mask, online softmax, P and
         the rescale factors handed to warpgroup 1, output columns 0-255. Returns (o, m, l,
         P handovers so far)."""
@@ -273,8 +316,15 @@ if HAVE_GLUON:
                 ok = ok & (keys[None, :] <= limit[:, None])
             s = gl.where(ok, s, -float("inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
+        if SPLIT:
+            # A chunk can begin past a row's last key (causal): its blocks are all masked
+            # for that row, and -inf - -inf must not make NaN of alpha and P.
+            m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s * qk_scale - m_use[:, None])
+        else:
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * qk_scale - m_new[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
         # Warpgroup 1's output MMA of the previous block has read P.
         mbarrier.wait(p_empty, (pev & 1) ^ 1)
@@ -290,10 +340,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _softmax_wg(qn_smem, qp_smem, ckv_bufs, kpe_bufs, p_smem, a_smem, l_smem, q_ready,
-                    q_empty, kv_ready, kv_empty, p_full, p_empty, o_ptr, lse_ptr, work_ptr,
-                    n_items, qk_scale, H: gl.constexpr, CAUSAL: gl.constexpr,
-                    RETURN_LSE: gl.constexpr, OVERLAP: gl.constexpr,
-                    num_warps: gl.constexpr):  # fmt: skip
+                    q_empty, kv_ready, kv_empty, p_full, p_empty, o_ptr, lse_ptr, po_ptr,
+                    plse_ptr, work_ptr, n_items, qk_scale, H: gl.constexpr,
+                    CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, OVERLAP: gl.constexpr,
+                    SPLIT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
         """Warpgroup 0: the scores, the softmax, P for both, output columns 0-255. With
         OVERLAP the next block's score MMA runs under this block's softmax."""
         STAGES: gl.constexpr = kpe_bufs.shape[0]
@@ -311,8 +361,8 @@ if HAVE_GLUON:
         item = 0
         pev = 0  # P handovers so far (p_full / p_empty phases)
         for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
-                w, work_ptr, H, CAUSAL
+            q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from, kb0, prow = _item(
+                w, work_ptr, H, CAUSAL, SPLIT
             )
             rows = m0 + gl.arange(0, 64, layout=rows_l)
             limit = rows // H + kv_len - qo_len  # the last key each row sees (causal)
@@ -332,8 +382,9 @@ if HAVE_GLUON:
                     mbarrier.wait(kv_ready.index(nst), ((it + j + 1) // STAGES) & 1)
                     s_next = _scores(qn_smem, qp_smem, ckv_bufs, kpe_bufs, nst, zero)
                     o, m_i, l_i, pev = _softmax_pv(
-                        s, j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols, qk_scale,
-                        ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL, o_rows_l,
+                        s, kb0 + j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols,
+                        qk_scale, ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL,
+                        o_rows_l, SPLIT,
                     )  # fmt: skip
                     s = s_next
                 j = n_blocks - 1
@@ -341,8 +392,9 @@ if HAVE_GLUON:
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
                 mbarrier.arrive(q_empty, count=1)  # every score MMA of the item done
                 o, m_i, l_i, pev = _softmax_pv(
-                    s, j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols, qk_scale,
-                    ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL, o_rows_l,
+                    s, kb0 + j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols,
+                    qk_scale, ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL,
+                    o_rows_l, SPLIT,
                 )  # fmt: skip
             else:
                 for j in range(n_blocks):
@@ -353,23 +405,30 @@ if HAVE_GLUON:
                     if j == n_blocks - 1:
                         mbarrier.arrive(q_empty, count=1)  # every score MMA of the item done
                     o, m_i, l_i, pev = _softmax_pv(
-                        s, j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols, qk_scale,
-                        ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL, o_rows_l,
+                        s, kb0 + j, st, o, m_i, l_i, pev, mask_from, kv_len, limit, cols,
+                        qk_scale, ckv_bufs, p_smem, a_smem, kv_empty, p_full, p_empty, CAUSAL,
+                        o_rows_l, SPLIT,
                     )  # fmt: skip
             # The row sums for warpgroup 1's epilogue, once it has read the last P.
             mbarrier.wait(p_empty, (pev & 1) ^ 1)
             l_smem.store(l_i)
             mbarrier.arrive(p_full, count=1)
             pev += 1
-            _store_half(o, l_i, rows, q_row0, qo_len, o_ptr, 0, H, o_layout)
-            if RETURN_LSE:
-                gl.store(lse_ptr + q_row0 + rows, m_i + gl.log2(l_i), mask=rows < qo_len * H)
+            if SPLIT:
+                _store_rows_half(o, m_i, l_i, rows, q_row0, prow, m0, qo_len, o_ptr, lse_ptr,
+                                 po_ptr, plse_ptr, 0, H, RETURN_LSE, o_layout)  # fmt: skip
+            else:
+                _store_half(o, l_i, rows, q_row0, qo_len, o_ptr, 0, H, o_layout)
+                if RETURN_LSE:
+                    gl.store(lse_ptr + q_row0 + rows, m_i + gl.log2(l_i),
+                             mask=rows < qo_len * H)  # fmt: skip
             it += n_blocks
             item += 1
 
     @gluon.jit
     def _output_wg(ckv_bufs, kpe_bufs, p_smem, a_smem, l_smem, kv_ready, kv_empty, p_full,
-                   p_empty, o_ptr, work_ptr, n_items, H: gl.constexpr, CAUSAL: gl.constexpr,
+                   p_empty, o_ptr, po_ptr, work_ptr, n_items, H: gl.constexpr,
+                   CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                    num_warps: gl.constexpr):  # fmt: skip
         """Warpgroup 1: output columns 256-511 from warpgroup 0's P."""
         STAGES: gl.constexpr = kpe_bufs.shape[0]
@@ -380,8 +439,8 @@ if HAVE_GLUON:
         it = 0
         pev = 0
         for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from = _item(
-                w, work_ptr, H, CAUSAL
+            q_row0, m0, qo_len, kv_start, kv_len, n_blocks, mask_from, kb0, prow = _item(
+                w, work_ptr, H, CAUSAL, SPLIT
             )
             o = gl.zeros([64, 256], gl.float32, layout=o_layout)
             for j in range(n_blocks):
@@ -400,14 +459,19 @@ if HAVE_GLUON:
             mbarrier.arrive(p_empty, count=1)
             pev += 1
             rows = m0 + gl.arange(0, 64, layout=o_rows_l)
-            _store_half(o, l_i, rows, q_row0, qo_len, o_ptr, 256, H, o_layout)
+            if SPLIT:
+                _store_rows_half(o, l_i, l_i, rows, q_row0, prow, m0, qo_len, o_ptr, o_ptr,
+                                 po_ptr, po_ptr, 256, H, False, o_layout)  # fmt: skip
+            else:
+                _store_half(o, l_i, rows, q_row0, qo_len, o_ptr, 256, H, o_layout)
             it += n_blocks
 
     @gluon.jit
-    def mla_prefill_kernel(qn_desc, qp_desc, ckv_desc, kpe_desc, o_ptr, lse_ptr, work_ptr,
-                           n_items, qk_scale, H: gl.constexpr, STAGES: gl.constexpr,
-                           CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                           OVERLAP: gl.constexpr = False,
+    def mla_prefill_kernel(qn_desc, qp_desc, ckv_desc, kpe_desc, o_ptr, lse_ptr, po_ptr,
+                           plse_ptr, work_ptr, n_items, qk_scale, H: gl.constexpr,
+                           STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                           RETURN_LSE: gl.constexpr, OVERLAP: gl.constexpr = False,
+                           SPLIT: gl.constexpr = False,
                            num_warps: gl.constexpr = 4):  # fmt: skip
         """Two 4-warp warpgroups (scores and softmax + columns 0-255; columns 256-511) and
         one producer warp."""
@@ -442,14 +506,14 @@ if HAVE_GLUON:
             [
                 (_softmax_wg, (qn_smem, qp_smem, ckv_bufs, kpe_bufs, p_smem, a_smem, l_smem,
                                q_ready, q_empty, kv_ready, kv_empty, p_full, p_empty, o_ptr,
-                               lse_ptr, work_ptr, n_items, qk_scale, H, CAUSAL, RETURN_LSE,
-                               OVERLAP, num_warps)),
+                               lse_ptr, po_ptr, plse_ptr, work_ptr, n_items, qk_scale, H,
+                               CAUSAL, RETURN_LSE, OVERLAP, SPLIT, num_warps)),
                 (_output_wg, (ckv_bufs, kpe_bufs, p_smem, a_smem, l_smem, kv_ready, kv_empty,
-                              p_full, p_empty, o_ptr, work_ptr, n_items, H, CAUSAL,
-                              num_warps)),
+                              p_full, p_empty, o_ptr, po_ptr, work_ptr, n_items, H, CAUSAL,
+                              SPLIT, num_warps)),
                 (_producer, (qn_desc, qp_desc, ckv_desc, kpe_desc, qn_smem, qp_smem, ckv_bufs,
                              kpe_bufs, q_ready, q_empty, kv_ready, kv_empty, work_ptr,
-                             n_items, H, CAUSAL)),
+                             n_items, H, CAUSAL, SPLIT)),
             ],
             [4, 1],
             [240, 24],
@@ -474,10 +538,13 @@ def launch(
     causal: bool,
     stages: int = 2,
     overlap: bool = False,
+    partial: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Run the kernel: q_nope [T, H, 512], q_pe [T, H, 64], ckv [K, 512] and kpe [K, 64]
     contiguous (a paged cache staged by `stage`), out [T, H, 512] contiguous, lse [T, H]
-    float32 contiguous or None, work from `work_items` on the device."""
+    float32 contiguous or None, work from `work_items` on the device. partial: the float32
+    (o [P, H, 512], lse [P, H]) a work list from `hopper_split.split_work` writes its
+    chunks' rows to (the SPLIT build); the caller then merges them (`merge_partials`)."""
     t, h = q_nope.shape[0], q_nope.shape[1]
     for name, x in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv", ckv), ("kpe", kpe), ("out", out)):
         if not x.is_contiguous():
@@ -488,19 +555,24 @@ def launch(
     if n_items == 0 or t == 0:
         return
     sms = torch.cuda.get_device_properties(q_nope.device).multi_processor_count
+    po, plse = partial if partial is not None else (out, lse if lse is not None else out)
     mla_prefill_kernel[(min(n_items, sms),)](
         _descriptor(q_nope.view(t * h, D_CKV), BLOCK_M, HALF),
         _descriptor(q_pe.view(t * h, D_KPE), BLOCK_M, D_KPE),
         _descriptor(ckv, BLOCK_N, HALF),
         _descriptor(kpe, BLOCK_N, D_KPE),
-        out, lse if lse is not None else out, work, n_items, sm_scale * _LOG2E,
+        out, lse if lse is not None else out, po, plse, work, n_items, sm_scale * _LOG2E,
         H=h, STAGES=stages, CAUSAL=causal, RETURN_LSE=lse is not None, OVERLAP=overlap,
-        num_warps=4,
+        SPLIT=partial is not None, num_warps=4,
     )  # fmt: skip
 
 
 def compile_report(
-    causal: bool = True, return_lse: bool = True, heads: int = 16, overlap: bool = False
+    causal: bool = True,
+    return_lse: bool = True,
+    heads: int = 16,
+    overlap: bool = False,
+    split: bool = False,
 ) -> dict[str, Any]:
     """Compile the kernel for sm_90a without a GPU: flashtune.ops.gluon_sm90's report
     (wgmma count, ptxas -v, shared memory bytes). Needs TRITON_INTERPRET unset at import."""
@@ -519,10 +591,12 @@ def compile_report(
         "kpe_desc": mangle_type(_descriptor(kp, BLOCK_N, D_KPE)),
         "o_ptr": "*bf16",
         "lse_ptr": "*fp32",
+        "po_ptr": "*fp32" if split else "*bf16",
+        "plse_ptr": "*fp32",
         "work_ptr": "*i32",
         "n_items": "i32",
         "qk_scale": "fp32",
     }
     consts: dict[str, Any] = dict(H=heads, STAGES=2, CAUSAL=causal, RETURN_LSE=return_lse)
-    consts.update(OVERLAP=overlap, num_warps=4)
+    consts.update(OVERLAP=overlap, SPLIT=split, num_warps=4)
     return compile_sm90(mla_prefill_kernel, sig, consts)

@@ -13,7 +13,7 @@ import torch
 
 from flashtune import env, platform
 from flashtune.ops.attention.merge import ArrivalCounters, merge_partials
-from flashtune.ops.mla import hopper
+from flashtune.ops.mla import hopper, hopper_split
 from flashtune.ops.mla.config import (
     DEFAULT_LAUNCH,
     MLALaunch,
@@ -278,6 +278,10 @@ class MLAPagedRunner(TunableRunner):
         return out
 
 
+# MLAHopperPrefillRunner's split-KV tactic (mla/hopper_split.py).
+SPLIT_TACTIC = 2
+
+
 class MLAHopperPrefillRunner(TunableRunner):
     """The Gluon prefill for sm_90 (mla/hopper.py) on multi-token plans it qualifies for
     (`hopper.supported`, a 16-bit cache, outside CUDA-graph mode); else the Triton kernel's
@@ -286,11 +290,15 @@ class MLAHopperPrefillRunner(TunableRunner):
     the Triton kernel's default."""
 
     @staticmethod
-    def qualifies(inputs: Sequence[Any]) -> bool:
+    def qualifies(inputs: Sequence[Any], decode: bool = False) -> bool:
+        """Whether the kernel can run these inputs: multi-token plans, and with `decode`
+        (the split-KV form) one-token ones too."""
         q_nope, q_pe, ckv, _, plan, out, lse = inputs[:7]
         scales = inputs[7] if len(inputs) > 7 else KVScales()
-        if plan.total_qo <= plan.batch or plan.always_merge or scales.mode != SCALE_NONE:
-            return False  # decode, CUDA-graph mode, an fp8 cache
+        if (plan.total_qo <= plan.batch and not decode) or plan.total_qo == 0:
+            return False  # decode (without the split form)
+        if plan.always_merge or scales.mode != SCALE_NONE:
+            return False  # CUDA-graph mode, an fp8 cache
         # The kernel reads q and writes out/lse through flat row views (TMA descriptors);
         # a strided query (a slice of a fused q tensor) stays on the Triton kernel.
         tensors = (q_nope, q_pe, out, lse)
@@ -302,11 +310,22 @@ class MLAHopperPrefillRunner(TunableRunner):
 
     def get_valid_tactics(self, inputs: Sequence[Any], profile: Any) -> list[Tactic]:
         # 0: one score MMA at a time; 1: `overlap` (block j + 1's score MMA under block j's
-        # softmax). -1, the untuned default, is 0 where `default_uses_gluon`, else Triton.
-        return [0, 1] if self.qualifies(inputs) else []
+        # softmax); 2: split-KV (mla/hopper_split.py), once hopper.SPLIT_ADMITTED. -1, the
+        # untuned default, is 0 where `default_uses_gluon`, else Triton.
+        tactics: list[Tactic] = [0, 1] if self.qualifies(inputs) else []
+        if hopper.SPLIT_ADMITTED and self._split_ok(inputs):
+            tactics.append(SPLIT_TACTIC)
+        return tactics
+
+    @classmethod
+    def _split_ok(cls, inputs: Sequence[Any]) -> bool:
+        plan = inputs[4]
+        return cls.qualifies(inputs, decode=True) and hopper_split.can_split(plan.params.num_heads)
 
     def forward(self, inputs: Sequence[Any], tactic: Tactic = DEFAULT_TACTIC) -> Any:
-        if not self.qualifies(inputs):
+        if tactic == SPLIT_TACTIC and self._split_ok(inputs):
+            return self._forward_split(inputs)
+        if not self.qualifies(inputs) or tactic == SPLIT_TACTIC:
             return _TRITON.forward(inputs, DEFAULT_TACTIC)
         q_nope, q_pe, ckv_cache, kpe_cache, plan, out, lse = inputs[:7]
         t = plan.tables
@@ -334,6 +353,39 @@ class MLAHopperPrefillRunner(TunableRunner):
             q_nope[:n], q_pe[:n], ckv, kpe, out[:n], lse[:n], plan.hopper_work,
             plan.params.sm_scale, plan.params.causal, overlap=tactic == 1,
         )  # fmt: skip
+        return out
+
+    @staticmethod
+    def _forward_split(inputs: Sequence[Any]) -> Any:
+        """The split-KV form: chunks of about two items an SM, written to the plan's
+        partial rows, then merged. Falls back to the Triton kernel where the plan's partial
+        buffers cannot hold the chunks, or inside a capture before its first run."""
+        q_nope, q_pe, ckv_cache, kpe_cache, plan, out, lse = inputs[:7]
+        t, dev = plan.tables, q_nope.device
+        sms = platform.device_limits(dev).sm_count
+        if plan.hopper_split is None:
+            if q_nope.is_cuda and torch.cuda.is_current_stream_capturing():
+                return _TRITON.forward(inputs, DEFAULT_TACTIC)
+            h = plan.params.num_heads
+            work = hopper.work_items(t.qo_indptr, t.kv_len, h, plan.params.causal)
+            chunk = hopper_split.chunk_blocks_for(work, sms)
+            work, merge, slots = hopper_split.split_work(work, t.qo_indptr, h, chunk)
+            if slots > plan.partial_o.shape[0]:
+                return _TRITON.forward(inputs, DEFAULT_TACTIC)  # the workspace is too small
+            plan.hopper_split = (torch.from_numpy(work).to(dev), torch.from_numpy(merge).to(dev))
+        if plan.hopper_rows is None:
+            page_size = plan.params.page_size
+            plan.hopper_rows = hopper.staged_rows(t.kv_indptr, plan.kv_indices, t.kv_len, page_size)
+        work_dev, merge_dev = plan.hopper_split
+        ckv = hopper.stage(ckv_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
+        kpe = hopper.stage(kpe_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
+        n = plan.total_qo
+        hopper.launch(
+            q_nope[:n], q_pe[:n], ckv, kpe, out[:n], lse[:n], work_dev,
+            plan.params.sm_scale, plan.params.causal,
+            partial=(plan.partial_o, plan.partial_lse),
+        )  # fmt: skip
+        merge_partials(plan.partial_o, plan.partial_lse, merge_dev, out[:n], lse[:n], sms)
         return out
 
 

@@ -218,6 +218,9 @@ class MLAPlan:
     # the Gluon runner's first run.
     hopper_work: torch.Tensor | None = None
     hopper_rows: torch.Tensor | None = None
+    # Its split-KV form (mla/hopper_split.py): (work list, merge_info) on the device, built at
+    # the first run that asks for it.
+    hopper_split: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 # The widest KV tile (MLATactic.block_n) MLATactic.p_scratch's buffers hold.
