@@ -102,6 +102,19 @@ def _need_hopper():
         pytest.skip("the Gluon MLA prefill kernel is for sm_90")
 
 
+def _check(out, lse, inputs, table, qo_indptr, causal):
+    """out and lse against mla_paged_ref of inputs (q_nope, q_pe, ckv, kpe) over table
+    (kv_indptr, kv_indices, kv_len), at the tolerances of a bf16 kernel."""
+    q_nope, q_pe, ckv, kpe = inputs
+    kv_indptr, kv_indices, kv_len = table
+    ref_out, ref_lse = mla_paged_ref(
+        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,
+        qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=causal,
+    )  # fmt: skip
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
+
+
 # A cached prefix (kv > qo), an empty request, one query token, a request of exactly one
 # 64-key block, odd lengths across block and tile edges.
 CASES = [([37, 0, 1, 64, 200], [300, 50, 1, 64, 713]), ([129], [129])]
@@ -133,12 +146,14 @@ def test_cuda_matches_reference(case, page_size, heads, causal, overlap):
         q_nope, q_pe, ckv, kpe, out, lse, torch.from_numpy(work).to(dev), SCALE, causal,
         overlap=overlap,
     )  # fmt: skip
-    ref_out, ref_lse = mla_paged_ref(
-        q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, SCALE,
-        qo_indptr=qo_indptr.to(dev), kv_len_arr=kv_len, causal=causal,
-    )  # fmt: skip
-    torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
-    torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
+    _check(
+        out,
+        lse,
+        (q_nope, q_pe, ckv_cache, kpe_cache),
+        (kv_indptr, kv_indices, kv_len),
+        qo_indptr.to(dev),
+        causal,
+    )
 
 
 @pytest.mark.cuda
@@ -260,12 +275,7 @@ def test_cuda_wrapper_default_runs_gluon_on_a_prefill(monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     assert launched, "the wrapper's default did not take the Gluon kernel"
-    ref_out, ref_lse = mla_paged_ref(
-        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,
-        qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=True,
-    )  # fmt: skip
-    torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
-    torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
+    _check(out, lse, (q_nope, q_pe, ckv, kpe), (kv_indptr, kv_indices, kv_len), qo_indptr, True)
 
 
 @pytest.mark.cuda
@@ -298,12 +308,7 @@ def test_cuda_split_tactic_matches_reference(qo_lens, kv_lens, heads, causal):
     lse = torch.full(q_nope.shape[:2], float("nan"), device=dev)
     MLAHopperPrefillRunner().forward((q_nope, q_pe, ckv, kpe, plan, out, lse), SPLIT_TACTIC)
     assert plan.hopper_split is not None and (plan.hopper_split[0][:, 7] >= 0).any()
-    ref_out, ref_lse = mla_paged_ref(
-        q_nope, q_pe, ckv, kpe, kv_indptr, kv_indices, SCALE,
-        qo_indptr=qo_indptr, kv_len_arr=kv_len, causal=causal,
-    )  # fmt: skip
-    torch.testing.assert_close(out.float(), ref_out.float(), atol=1.6e-2, rtol=1.6e-2)
-    torch.testing.assert_close(lse, ref_lse.float(), atol=1e-3, rtol=1e-3)
+    _check(out, lse, (q_nope, q_pe, ckv, kpe), (kv_indptr, kv_indices, kv_len), qo_indptr, causal)
 
 
 @pytest.mark.cuda

@@ -278,6 +278,19 @@ class MLAPagedRunner(TunableRunner):
         return out
 
 
+def _staged(plan: MLAPlan, ckv_cache: torch.Tensor,
+            kpe_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The paged caches gathered contiguously for the Gluon kernel (`hopper.stage`), the
+    row index made once a plan (at plan() on sm_90, else here) and shared by both."""
+    t = plan.tables
+    if plan.hopper_rows is None:
+        page_size = plan.params.page_size
+        plan.hopper_rows = hopper.staged_rows(t.kv_indptr, plan.kv_indices, t.kv_len, page_size)
+    ckv = hopper.stage(ckv_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
+    kpe = hopper.stage(kpe_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
+    return ckv, kpe
+
+
 # MLAHopperPrefillRunner's split-KV tactic (mla/hopper_split.py).
 SPLIT_TACTIC = 2
 
@@ -343,11 +356,7 @@ class MLAHopperPrefillRunner(TunableRunner):
             sms = platform.device_limits(q_nope.device).sm_count
             if not hopper.default_uses_gluon(plan.hopper_work, sms):
                 return _TRITON.forward(inputs, DEFAULT_TACTIC)
-        if plan.hopper_rows is None:
-            page_size = plan.params.page_size
-            plan.hopper_rows = hopper.staged_rows(t.kv_indptr, plan.kv_indices, t.kv_len, page_size)
-        ckv = hopper.stage(ckv_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
-        kpe = hopper.stage(kpe_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
+        ckv, kpe = _staged(plan, ckv_cache, kpe_cache)
         n = plan.total_qo
         hopper.launch(
             q_nope[:n], q_pe[:n], ckv, kpe, out[:n], lse[:n], plan.hopper_work,
@@ -373,12 +382,8 @@ class MLAHopperPrefillRunner(TunableRunner):
             if slots > plan.partial_o.shape[0]:
                 return _TRITON.forward(inputs, DEFAULT_TACTIC)  # the workspace is too small
             plan.hopper_split = (torch.from_numpy(work).to(dev), torch.from_numpy(merge).to(dev))
-        if plan.hopper_rows is None:
-            page_size = plan.params.page_size
-            plan.hopper_rows = hopper.staged_rows(t.kv_indptr, plan.kv_indices, t.kv_len, page_size)
         work_dev, merge_dev = plan.hopper_split
-        ckv = hopper.stage(ckv_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
-        kpe = hopper.stage(kpe_cache, t.kv_indptr, plan.kv_indices, t.kv_len, plan.hopper_rows)
+        ckv, kpe = _staged(plan, ckv_cache, kpe_cache)
         n = plan.total_qo
         hopper.launch(
             q_nope[:n], q_pe[:n], ckv, kpe, out[:n], lse[:n], work_dev,
