@@ -78,7 +78,8 @@ def _kv_bytes(batch, kv_len, kv_dtype=DT):
 
 
 class Bench:
-    def __init__(self, writer: RowWriter, fi) -> None:
+    def __init__(self, writer: RowWriter, fi, gluon: bool = True) -> None:
+        self.with_gluon = gluon
         self.writer = writer
         self.fi = fi
         self.ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -117,7 +118,7 @@ class Bench:
         if peer is not None:
             line += f"  flashinfer {peer * 1e3:8.1f} us  speedup {peer / ours:5.2f}x"
         print(line, flush=True)
-        if not fp8:
+        if not fp8 and self.with_gluon:
             self.gluon(part, shape, w, args, peer)
 
     def gluon(self, part, shape, w, args, peer) -> None:
@@ -239,9 +240,12 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=["decode", "mtp", "prefill", "fp8"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--full-sweep", action="store_true", help="every tactic in the sweep")
+    parser.add_argument(
+        "--no-gluon", action="store_true", help="leave out the Gluon sm_90 runner's tactics"
+    )
     args = parser.parse_args()
     fi = _flashinfer()
-    bench = Bench(RowWriter("mla"), fi)
+    bench = Bench(RowWriter("mla"), fi, gluon=not args.no_gluon)
     batches = (1, 16, 64, 128) if not args.quick else (1, 64)
     lens = (1024, 4096, 16384) if not args.quick else (4096,)
     for part in args.only:

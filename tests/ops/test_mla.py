@@ -262,6 +262,52 @@ def test_fp8_cache(groups):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize(
+    "page_size,block_n,in_page",
+    [(64, 32, True), (32, 32, True), (16, 32, False), (1, 32, False)],
+)
+def test_tiles_inside_one_page(page_size, block_n, in_page):
+    # Where block_n divides the page size and the chunks' starts, a tile's rows are one
+    # page's consecutive slots (kernels.mla_item's TILE_IN_PAGE: one page id a tile): odd
+    # lengths ending mid-page and mid-tile, an empty request, a forced split, fp8 with
+    # per-group scales (their rows addressed the same way).
+    from flashtune.ops.mla.launch import tile_in_page
+
+    kv_lens = [70, 0, 33, 129]
+    num_pages = sum(-(-n // page_size) for n in kv_lens) + 3
+    kwargs = {
+        "ckv_scale_arr": torch.rand(num_pages, page_size, DC // 128) + 0.25,
+        "kpe_scale": 0.7,
+    }
+    tactic = MLATactic(block_n, 4, 2)
+    w, out, lse, (ref_out, ref_lse) = _run_wrapper(
+        [1, 1, 2, 3], kv_lens, page_size, True, torch.float16, CPU, split=64,
+        kv_dtype=torch.float8_e4m3fn, run_kwargs=kwargs, launch=MLALaunch(tactic=tactic),
+    )  # fmt: skip
+    plan = w._planner.plan
+    assert plan.host.has_split and tile_in_page(plan, tactic) is in_page
+    _check(out, lse, ref_out, ref_lse, torch.float16, tol=4e-3, lse_tol=4e-3)
+
+
+@pytest.mark.parametrize("fixed_split", [None, 17, 100, 250])
+def test_work_items_start_on_the_plans_kv_alignment(fixed_split):
+    # TILE_IN_PAGE trusts plan.kv_align: every item's first KV position is a multiple of it,
+    # whatever chunk size the plan picked or was forced to.
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    kv_lens = torch.randint(0, 3000, (37,), generator=gen).tolist()
+    qo_lens = torch.randint(1, 4, (37,), generator=gen).tolist()
+    kv_indptr, kv_indices, kv_len, _, _ = _table(kv_lens, 64, CPU)
+    w = BatchMLAPagedAttentionWrapper(torch.empty(1 << 27, dtype=torch.uint8))
+    w.plan(_cumsum(qo_lens), kv_indptr, kv_indices, kv_len, 16, DC, DP, 64, True, SCALE,
+           torch.float16, torch.float16, fixed_split_size=fixed_split,
+           launch=MLALaunch(sm_count=132))  # fmt: skip
+    plan = w._planner.plan
+    starts = plan.work[: plan.host.num_work, 4]
+    assert plan.kv_align >= 16 and plan.host.num_work > 0
+    assert bool((starts % plan.kv_align == 0).all()), starts[starts % plan.kv_align != 0]
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_plan_free_decode(page_size):
     kv_lens = [37, 0, 300, 5]

@@ -43,6 +43,15 @@ def _cache_rows(ptr, page, slot, stride_page, stride_slot, cols, t_ok):
 
 
 @triton.jit
+def _tile_rows(ptr, page, slot0, stride_page, stride_slot, tile_off, t_ok):
+    """`_cache_rows` of a tile inside one page (TILE_IN_PAGE): a scalar base, page and first
+    slot, plus `tile_off` (row x stride_slot + column), the same for every tile: no per-row
+    page index, and the per-element offsets are computed once, before the KV loop."""
+    base = ptr + (page.to(tl.int64) * stride_page + slot0.to(tl.int64) * stride_slot)
+    return tl.load(base + tile_off, mask=t_ok[:, None], other=0.0)
+
+
+@triton.jit
 def mla_item(
     q_nope_ptr,  # [total_q, H, D_CKV]
     q_pe_ptr,  # [total_q, H, D_KPE]
@@ -94,6 +103,7 @@ def mla_item(
     P_SCRATCH: tl.constexpr = False,  # probabilities reach the output MMA through memory
     p_scratch_ptr=None,  # P_SCRATCH: this program's [BLOCK_M, BLOCK_N] tile in q's dtype
     a_scratch_ptr=None,  # P_SCRATCH: this program's [BLOCK_M] fp32 rescale factors
+    TILE_IN_PAGE: tl.constexpr = False,  # every KV tile lies in one page (`tile_in_page`)
 ):
     """One work item: a tile of packed rows of one request against KV [kv_start, kv_end).
 
@@ -110,7 +120,13 @@ def mla_item(
     tile, the score MMA (576 deep) done twice at N = 32. Here the q_pe product is added
     after scaling (not accumulated into the q_nope one), and P and the rescale factors reach
     the output MMA through a per-program scratch tile in global memory (L1/L2), between
-    CTA barriers."""
+    CTA barriers.
+
+    TILE_IN_PAGE: the caller guarantees BLOCK_N divides PAGE_SIZE and kv_start, so a tile's
+    rows are consecutive slots of one page: one page id a tile (a scalar load) and a scalar
+    base added to offsets computed before the loop, instead of a page id, a slot and a
+    64-bit address for each row of each tile (the cost of the page-size-1 layout, paid at
+    every page size)."""
     DV: tl.constexpr = D_CKV // DV_SPLIT
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -148,24 +164,49 @@ def mla_item(
     acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
     # Page ids are loaded one block ahead (loop-carried), so a block's cache loads need not
     # wait for its index load (as in the GQA decode kernel).
-    t_next = kv_start + offs_n
-    page_next = tl.load(
-        kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_hi, other=0
-    )
-    for start in range(kv_start, kv_hi, BLOCK_N):
-        t = start + offs_n
-        t_ok = t < kv_hi
-        page = page_next.to(tl.int64)
-        t_next = t + BLOCK_N
+    if TILE_IN_PAGE:
+        # the page id of a tile is a scalar, loaded one tile ahead
+        page_next = tl.load(
+            kv_indices_ptr + page_base + kv_start // PAGE_SIZE, mask=kv_start < kv_hi, other=0
+        )
+        c_off = offs_n[:, None] * stride_ct + offs_c[None, :]
+        if D_KPE > 0:
+            k_off = offs_n[:, None] * stride_kt + tl.arange(0, D_KPE)[None, :]
+        if DV_SPLIT > 1:
+            v_off = offs_n[:, None] * stride_ct + offs_v[None, :]
+    else:
+        t_next = kv_start + offs_n
         page_next = tl.load(
             kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_hi, other=0
         )
-        slot = (t % PAGE_SIZE).to(tl.int64)
-        c = _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_c, t_ok)
+    for start in range(kv_start, kv_hi, BLOCK_N):
+        t = start + offs_n
+        t_ok = t < kv_hi
+        if TILE_IN_PAGE:
+            page = page_next
+            page_next = tl.load(
+                kv_indices_ptr + page_base + (start + BLOCK_N) // PAGE_SIZE,
+                mask=start + BLOCK_N < kv_hi,
+                other=0,
+            )
+            slot0 = start % PAGE_SIZE
+            c = _tile_rows(ckv_ptr, page, slot0, stride_cp, stride_ct, c_off, t_ok)
+        else:
+            page = page_next.to(tl.int64)
+            t_next = t + BLOCK_N
+            page_next = tl.load(
+                kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_hi, other=0
+            )
+            slot = (t % PAGE_SIZE).to(tl.int64)
+            c = _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_c, t_ok)
         if SCALE_MODE == 2:
             GROUPS: tl.constexpr = D_CKV // 128
             offs_g = tl.arange(0, GROUPS)
-            sc = _cache_rows(scale_ptr, page, slot, stride_sp, stride_st, offs_g, t_ok)
+            if TILE_IN_PAGE:
+                s_off = offs_n[:, None] * stride_st + offs_g[None, :]
+                sc = _tile_rows(scale_ptr, page, slot0, stride_sp, stride_st, s_off, t_ok)
+            else:
+                sc = _cache_rows(scale_ptr, page, slot, stride_sp, stride_st, offs_g, t_ok)
             c3 = tl.reshape(c.to(tl.float32), (BLOCK_N, GROUPS, 128)) * sc[:, :, None]
             c = tl.reshape(c3, (BLOCK_N, D_CKV)).to(q_dtype)
         else:
@@ -186,7 +227,10 @@ def mla_item(
         if P_SCRATCH:
             s = s * qk_scale
         if D_KPE > 0:
-            kp = _cache_rows(kpe_ptr, page, slot, stride_kp, stride_kt, offs_k, t_ok)
+            if TILE_IN_PAGE:
+                kp = _tile_rows(kpe_ptr, page, slot0, stride_kp, stride_kt, k_off, t_ok)
+            else:
+                kp = _cache_rows(kpe_ptr, page, slot, stride_kp, stride_kt, offs_k, t_ok)
             kp = as_q_dtype(kp, q_dtype)
             if RELOAD_Q:
                 qp = tl.load(
@@ -217,9 +261,11 @@ def mla_item(
         else:
             # This program's columns of the same rows (no scales: DV_SPLIT > 1 takes
             # SCALE_MODE 0 or 1, whose ckv scale applies to the output).
-            cv = as_q_dtype(
-                _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_v, t_ok), q_dtype
-            )
+            if TILE_IN_PAGE:
+                cv = _tile_rows(ckv_ptr, page, slot0, stride_cp, stride_ct, v_off, t_ok)
+            else:
+                cv = _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_v, t_ok)
+            cv = as_q_dtype(cv, q_dtype)
         if P_SCRATCH:
             tile = offs_m[:, None] * BLOCK_N + offs_n[None, :]
             tl.store(p_scratch_ptr + tile, prob.to(q_dtype))
@@ -302,6 +348,7 @@ def mla_paged_kernel(
     P_SCRATCH: tl.constexpr = False,  # mla_item's: P through a scratch tile a program
     p_scratch_ptr=None,  # P_SCRATCH: [grid programs, BLOCK_M * BLOCK_N] in q's dtype
     a_scratch_ptr=None,  # P_SCRATCH: [grid programs, BLOCK_M] fp32
+    TILE_IN_PAGE: tl.constexpr = False,  # mla_item's: every KV tile inside one page
 ):
     cta = tl.program_id(0)
     part = tl.program_id(1)
@@ -364,6 +411,7 @@ def mla_paged_kernel(
             P_SCRATCH,
             p_scratch_ptr,
             a_scratch_ptr,
+            TILE_IN_PAGE,
         )
 
 

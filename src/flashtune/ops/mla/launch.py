@@ -44,6 +44,7 @@ __all__ = [
     "PlanlessOptions",
     "run_plan",
     "launch_kernels",
+    "tile_in_page",
     "launch_planless",
     "tuning_name",
     "MLAPagedRunner",
@@ -169,6 +170,14 @@ def run_plan(
     return lse_buf
 
 
+def tile_in_page(plan: MLAPlan, tactic: MLATactic) -> bool:
+    """Whether each KV tile of `tactic` lies in one page of `plan`'s cache: block_n divides
+    the page size and every work item's first KV position (plan.kv_align). The kernel then
+    loads one page id a tile and adds a scalar base to offsets computed before its loop
+    (kernels.mla_item's TILE_IN_PAGE)."""
+    return plan.params.page_size % tactic.block_n == 0 and plan.kv_align % tactic.block_n == 0
+
+
 def launch_kernels(
     plan: MLAPlan,
     inputs: MLAInputs,
@@ -221,6 +230,7 @@ def launch_kernels(
         num_stages=tactic.num_stages,
         **({"RELOAD_Q": True} if tactic.reload_q else {}),
         **({"DV_SPLIT": tactic.dv_split} if tactic.dv_split > 1 else {}),
+        **({"TILE_IN_PAGE": True} if tile_in_page(plan, tactic) else {}),
         **(
             ArrivalCounters.launch_args(plan.merge_info, plan.counters)
             if tactic.fused_merge

@@ -206,6 +206,11 @@ class MLAPlan:
     tables: MLATables
     default_tactic: MLATactic  # what sized the grid and the chunks (tactic -1)
     launch: MLALaunch | None = None
+    # Every work item's kv_start is a multiple of this (the scheduler's chunk_align: chunk
+    # steps are rounded up to it). A tactic whose block_n divides it and the page size has
+    # each KV tile inside one page (kernels.mla_item's TILE_IN_PAGE). Fixed for a graph
+    # wrapper, whose default tactic is.
+    kv_align: int = 16
     # Arrival counters of the fused merge (MLATactic.fused_merge): one per (partial row,
     # head, output part), zero between launches (the kernel resets what it counts).
     counters: torch.Tensor | None = None
@@ -403,6 +408,7 @@ class MLAPlanner:
                 params.head_dim_ckv,
             )
         fixed_split = split.fixed_split_size
+        kv_align = max(tactic.block_n, 16)
         host = plan_work(
             sub_qo,
             sub_kv,
@@ -413,7 +419,7 @@ class MLAPlanner:
             rules=SplitRules(
                 split_kv=not split.disable_split_kv,
                 kv_chunk_size=fixed_split if fixed_split is not None and fixed_split > 0 else None,
-                chunk_align=max(tactic.block_n, 16),
+                chunk_align=kv_align,
                 min_chunk=min_chunk(num_tiles, sm_count),
                 max_work=layout.max_work if self.use_cuda_graph else None,
                 max_partial_rows=layout.max_partial,
@@ -465,6 +471,7 @@ class MLAPlanner:
             tables=tables,
             default_tactic=tactic,
             launch=launch,
+            kv_align=kv_align,
             counters=self._counters.at_least(layout.max_partial * h * 2),
             **self._scratch_for(layout.max_ctas, block_m, params.q_dtype),
         )
