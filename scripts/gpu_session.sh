@@ -67,6 +67,8 @@ for stage in "$@"; do
       wait
       cat "$gdir"/part_*.log >"$OUT/gluon_tests.log"
       grep -E "passed|failed|error|^exit|^FAILED" "$OUT/gluon_tests.log" | tail -n 20 ;;
+    script)  # a one-off experiment in this environment: SCRIPT names a bash file (e.g. under the ignored .gpujobs/)
+      timeout "${SCRIPT_TIMEOUT:-500}" bash "${SCRIPT:?set SCRIPT}" 2>&1 | tee "$OUT/script.log" | tail -n 60 ;;
     mla-prefill)  # issue 34: MLA prefill and MTP (Triton, the Gluon runner's tactics) vs FlashInfer 0.2.14
       timeout 400 python3 benchmarks/bench_mla.py ${MLA_ARGS:---only prefill mtp} 2>&1 | tee "$OUT/mla.log" | tail -n 30 ;;
     ncu-gluon)  # issue 34/37: Nsight Compute on one call of each Gluon kernel and its peer
