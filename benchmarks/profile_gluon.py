@@ -11,7 +11,9 @@ kernels and nothing else. Cases:
   causal, through flashtune's wrapper (the Gluon kernel, and its staging copies) and
   FlashInfer's (`backend="auto"`, FA3 on Hopper) where it imports;
 - gqa: ragged causal prefill, 1 request of 8192 tokens, 32 / 8 heads, d128, through
-  flashtune's wrapper and FlashInfer's FA3.
+  flashtune's wrapper and FlashInfer's FA3;
+- mla-decode: MLA decode (16 heads, page 64) at b64 x 1k and b16 x 4k, the Triton kernel
+  and its merge, and FlashInfer's.
 Without ncu it prints each call's time (CUDA events, warm): a check that the cases run.
 """
 
@@ -67,7 +69,29 @@ def gqa_calls(fi: Any) -> list[tuple[str, Callable[[], Any]]]:
     return calls
 
 
-CASES = {"mla": mla_calls, "gqa": gqa_calls}
+def mla_decode_calls(fi: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """MLA decode at 16 heads, page 64, where flashtune trails FlashInfer on H200 (bench_mla
+    decode): 64 requests over 1024 tokens and 16 over 4096 (the Triton kernel, the merge)."""
+    from bench_mla import _case, _plan
+
+    from flashtune.ops.mla import BatchMLAPagedAttentionWrapper
+
+    calls = []
+    for batch, kv_len in ((64, 1024), (16, 4096)):
+        table, args = _case(batch, kv_len, 1, 64)
+        ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        w = _plan(BatchMLAPagedAttentionWrapper(ws), table, 64, True)
+        calls.append((f"flashtune mla decode b{batch}x{kv_len}", lambda w=w, a=args: w.run(*a)))
+        if fi is not None:
+            fws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+            fw = _plan(fi.mla.BatchMLAPagedAttentionWrapper(fws, backend="auto"), table, 64, True)
+            calls.append(
+                (f"flashinfer mla decode b{batch}x{kv_len}", lambda f=fw, a=args: f.run(*a))
+            )
+    return calls
+
+
+CASES = {"mla": mla_calls, "gqa": gqa_calls, "mla-decode": mla_decode_calls}
 
 
 def main() -> None:
