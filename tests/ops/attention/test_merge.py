@@ -108,7 +108,8 @@ def test_merge_bad_input(device):
 @pytest.mark.parametrize("sm_count,d", [(2, 64), (132, 64), (132, 96)])
 def test_merge_partials_head_dim_split(sm_count, d, device):
     """The split-KV merge, with head_dim split over CTAs (few rows) or not, and one or
-    several steps of partials (32 per step); rows with count 0 are left untouched."""
+    several steps of partials (merge_tiles: 4 or 32 a step); rows with count 0 are left
+    untouched."""
     from flashtune.ops.attention.merge import merge_partials
 
     h, counts = 3, [3, 0, 1, 37]

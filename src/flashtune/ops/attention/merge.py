@@ -26,6 +26,7 @@ __all__ = [
     "merge_state_in_place",
     "merge_states",
     "merge_partials",
+    "merge_tiles",
     "merge_state_ref",
     "merge_states_ref",
 ]
@@ -427,21 +428,15 @@ def merge_partials(
     out: [T, H, D] (last dim contiguous); lse: [T, H] fp32 contiguous.
     sm_count: the SMs to fill (None: the device's, `platform.device_limits`).
 
-    The tile sizes do not follow the batch, so that a new batch never compiles a new
-    variant: BLOCK_S, the partials loaded per step, is 32 for every plan (what the CUDA-graph
-    decode always used; more partials take a few steps); BLOCK_D has two values, the whole
-    head_dim or, with fewer (row, head) pairs than SMs, 32-wide slices.
+    Tiles: `merge_tiles`.
     """
     t, h, d = out.shape
     if t == 0 or h == 0:
         return
     if sm_count is None:
         sm_count = platform.device_limits(out.device).sm_count
-    block_d_full = triton.next_power_of_2(d)
-    # Fewer (row, head) pairs than SMs: split head_dim so the partials of a row are read by
-    # several CTAs in one step (batch 1 at 32 heads, d128: 32 pairs -> 128 CTAs of 32 dims).
-    block_d = min(block_d_full, 32) if t * h < sm_count else block_d_full
-    _merge_partials_kernel[(t, h, block_d_full // block_d)](
+    block_s, block_d, num_warps = merge_tiles(t, h, d, sm_count)
+    _merge_partials_kernel[(t, h, triton.cdiv(d, block_d))](
         partial_o,
         partial_lse,
         merge_info,
@@ -452,8 +447,30 @@ def merge_partials(
         out.stride(1),
         HEAD_DIM=d,
         BLOCK_D=block_d,
-        BLOCK_S=32,
+        BLOCK_S=block_s,
+        num_warps=num_warps,
     )
+
+
+def merge_tiles(t: int, h: int, d: int, sm_count: int) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_D, num_warps) of `merge_partials` for t rows of h heads of head_dim d.
+
+    One program merges one (row, head) pair, or a slice of its head_dim:
+    - At least as many pairs as SMs (decode at batch >= 8 or so, split into a few chunks):
+      the whole head_dim, 4 partials a step, 2 warps. Small programs, one memory chain each.
+    - Fewer pairs than SMs (batch 1-4, split finely: tens of partials a row): 32-wide
+      slices of head_dim so that more programs load at once, 32 partials a step, 4 warps.
+    Measured on an H200 (200 back-to-back calls in a CUDA graph, partials warm in L2 as
+    the attention kernel leaves them; .gpujobs merge sweep, 2026-12-01), against the former
+    rule (32 partials a step everywhere, 4 warps): MLA decode, 16 heads x 512, 2 partials a
+    row: t 64 6.5 -> 2.6 us, t 128 11.4 -> 3.3, t 256 20.9 -> 5.0; 128 heads, t 64:
+    39.9 -> 9.9; GQA decode, 32 heads x 128: t 32 x 4 partials 5.2 -> 2.7, t 256 27.9 ->
+    9.1. The tiles follow the batch only across these two choices: a new batch compiles at
+    most one more variant."""
+    full = triton.next_power_of_2(d)
+    if t * h < sm_count:
+        return 32, min(full, 32), 4
+    return 4, full, 2
 
 
 def _launch_merge_two(v_a, s_a, v_b, s_b, v_out, s_out, mask) -> None:
