@@ -89,7 +89,11 @@ def test_sigint_flushes_and_chains_to_previous_handler(tmp_path: Path) -> None:
 
 
 def test_sigint_default_raises_keyboard_interrupt_after_flush(tmp_path: Path) -> None:
+    # Python's own SIGINT handler, set explicitly: a child of a background job (`cmd &` in a
+    # non-interactive shell) starts with SIGINT ignored, and Python then installs none, so
+    # the signal would do nothing and the child sleep out the test's timeout.
     body = (
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "try:\n"
         + textwrap.indent(BODY_CAPTURE.format(root=str(tmp_path)), "    ")
         + "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n"

@@ -76,8 +76,13 @@ __all__ = [
 # GPU and it has been timed (then `supported` decides per call).
 ADMITTED = True
 # Whether the tuner may time the split-KV form (`launch(partial=...)`, mla/hopper_split.py,
-# the runner's tactic 2): False until its cuda tests have passed on a GPU (written in
-# session 30 after the GPU time; compiled for sm_90a without spills).
+# the runner's tactic 2). Its cuda tests pass (H200, 2026-12-01: all 12 cases, decode, MTP
+# and prefill plans), but it loses everywhere it was timed (bench_mla, the same run against
+# FlashInfer 0.2.14 and the Triton kernel): decode at 16 heads 0.20-0.44x FlashInfer at
+# batch >= 16 (64-row tiles hold 16 useful rows and stage the cache first) where Triton is
+# 0.8-1.0x; MTP b1 0.80-0.85x where Triton is 0.84-1.18x; prefill 0.85-0.92x where the
+# unsplit Gluon form is 0.91-0.97x. Kept out of the tuner's space (each tactic timed costs
+# every new shape a compile and a profile) until a change makes it win somewhere.
 SPLIT_ADMITTED = False
 BLOCK_M = 64  # query rows (token x head pairs) a work item
 BLOCK_N = 64  # keys a block
