@@ -461,8 +461,8 @@ def merge_tiles(t: int, h: int, d: int, sm_count: int) -> tuple[int, int, int]:
     - Fewer pairs than SMs (batch 1-4, split finely: tens of partials a row): 32-wide
       slices of head_dim so that more programs load at once, 32 partials a step, 4 warps.
     Measured on an H200 (200 back-to-back calls in a CUDA graph, partials warm in L2 as
-    the attention kernel leaves them; .gpujobs merge sweep, 2026-12-01), against the former
-    rule (32 partials a step everywhere, 4 warps): MLA decode, 16 heads x 512, 2 partials a
+    the attention kernel leaves them; benchmarks/bench_merge.py, 2026-12-01), against the
+    former rule (32 partials a step everywhere, 4 warps): MLA decode, 16 heads x 512, 2 partials a
     row: t 64 6.5 -> 2.6 us, t 128 11.4 -> 3.3, t 256 20.9 -> 5.0; 128 heads, t 64:
     39.9 -> 9.9; GQA decode, 32 heads x 128: t 32 x 4 partials 5.2 -> 2.7, t 256 27.9 ->
     9.1. The tiles follow the batch only across these two choices: a new batch compiles at
