@@ -32,6 +32,7 @@ __all__ = [
     "smem_bytes",
     "ctas_per_sm",
     "REGISTERS_PER_SM",
+    "chunk_align",
     "min_chunk",
     "latency_regime",
     "next_pow2",
@@ -270,6 +271,12 @@ def latency_regime(num_tiles: int, sm_count: int) -> bool:
     """Few query tiles for the SMs (batch 1-8 decode at 16 heads on 132 SMs): a program's
     chain of dependent tile loads, not bandwidth, sets the time; split KV finely."""
     return num_tiles * 16 <= sm_count
+
+
+def chunk_align(tactic: MLATactic) -> int:
+    """The multiple every KV chunk starts on, planned or plan-free, when `tactic` sized the
+    chunks: its tile, at least 16 tokens (the scheduler rounds chunk steps up to it)."""
+    return max(tactic.block_n, 16)
 
 
 def min_chunk(num_tiles: int, sm_count: int) -> int:

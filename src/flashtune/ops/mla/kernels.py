@@ -35,20 +35,20 @@ SCALE_GROUPS = 2
 
 
 @triton.jit
-def _cache_rows(ptr, page, slot, stride_page, stride_slot, cols, t_ok):
-    """The `cols` of the cache rows at (page, slot) of a KV tile, [BLOCK_N, len(cols)].
-    Masked rows read as 0: a page's unused slots may hold anything (NaN included)."""
-    rows = ptr + page[:, None] * stride_page + slot[:, None] * stride_slot
-    return tl.load(rows + cols[None, :], mask=t_ok[:, None], other=0.0)
+def _cache_rows(ptr, page, slot, stride_page, stride_slot, off, t_ok, TILE_IN_PAGE: tl.constexpr):
+    """The cache rows of a KV tile at (page, slot), [BLOCK_N, columns]. Masked rows read as
+    0: a page's unused slots may hold anything (NaN included).
 
-
-@triton.jit
-def _tile_rows(ptr, page, slot0, stride_page, stride_slot, tile_off, t_ok):
-    """`_cache_rows` of a tile inside one page (TILE_IN_PAGE): a scalar base, page and first
-    slot, plus `tile_off` (row x stride_slot + column), the same for every tile: no per-row
-    page index, and the per-element offsets are computed once, before the KV loop."""
-    base = ptr + (page.to(tl.int64) * stride_page + slot0.to(tl.int64) * stride_slot)
-    return tl.load(base + tile_off, mask=t_ok[:, None], other=0.0)
+    TILE_IN_PAGE: page and slot are scalars (the tile's page, its first slot) and `off` the
+    tile's offsets (row x stride_slot + column), computed once before the KV loop: one
+    scalar base a tile. Else page and slot are [BLOCK_N] (each row's) and `off` the columns."""
+    if TILE_IN_PAGE:
+        base = ptr + (page.to(tl.int64) * stride_page + slot.to(tl.int64) * stride_slot)
+        tile = tl.load(base + off, mask=t_ok[:, None], other=0.0)
+    else:
+        rows = ptr + page[:, None] * stride_page + slot[:, None] * stride_slot
+        tile = tl.load(rows + off[None, :], mask=t_ok[:, None], other=0.0)
+    return tile
 
 
 @triton.jit
@@ -179,6 +179,11 @@ def mla_item(
         page_next = tl.load(
             kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_hi, other=0
         )
+        c_off = offs_c
+        if D_KPE > 0:
+            k_off = offs_k
+        if DV_SPLIT > 1:
+            v_off = offs_v
     for start in range(kv_start, kv_hi, BLOCK_N):
         t = start + offs_n
         t_ok = t < kv_hi
@@ -189,8 +194,7 @@ def mla_item(
                 mask=start + BLOCK_N < kv_hi,
                 other=0,
             )
-            slot0 = start % PAGE_SIZE
-            c = _tile_rows(ckv_ptr, page, slot0, stride_cp, stride_ct, c_off, t_ok)
+            slot = start % PAGE_SIZE
         else:
             page = page_next.to(tl.int64)
             t_next = t + BLOCK_N
@@ -198,15 +202,15 @@ def mla_item(
                 kv_indices_ptr + page_base + t_next // PAGE_SIZE, mask=t_next < kv_hi, other=0
             )
             slot = (t % PAGE_SIZE).to(tl.int64)
-            c = _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_c, t_ok)
+        c = _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, c_off, t_ok, TILE_IN_PAGE)
         if SCALE_MODE == 2:
             GROUPS: tl.constexpr = D_CKV // 128
             offs_g = tl.arange(0, GROUPS)
             if TILE_IN_PAGE:
                 s_off = offs_n[:, None] * stride_st + offs_g[None, :]
-                sc = _tile_rows(scale_ptr, page, slot0, stride_sp, stride_st, s_off, t_ok)
             else:
-                sc = _cache_rows(scale_ptr, page, slot, stride_sp, stride_st, offs_g, t_ok)
+                s_off = offs_g
+            sc = _cache_rows(scale_ptr, page, slot, stride_sp, stride_st, s_off, t_ok, TILE_IN_PAGE)
             c3 = tl.reshape(c.to(tl.float32), (BLOCK_N, GROUPS, 128)) * sc[:, :, None]
             c = tl.reshape(c3, (BLOCK_N, D_CKV)).to(q_dtype)
         else:
@@ -227,10 +231,7 @@ def mla_item(
         if P_SCRATCH:
             s = s * qk_scale
         if D_KPE > 0:
-            if TILE_IN_PAGE:
-                kp = _tile_rows(kpe_ptr, page, slot0, stride_kp, stride_kt, k_off, t_ok)
-            else:
-                kp = _cache_rows(kpe_ptr, page, slot, stride_kp, stride_kt, offs_k, t_ok)
+            kp = _cache_rows(kpe_ptr, page, slot, stride_kp, stride_kt, k_off, t_ok, TILE_IN_PAGE)
             kp = as_q_dtype(kp, q_dtype)
             if RELOAD_Q:
                 qp = tl.load(
@@ -261,10 +262,7 @@ def mla_item(
         else:
             # This program's columns of the same rows (no scales: DV_SPLIT > 1 takes
             # SCALE_MODE 0 or 1, whose ckv scale applies to the output).
-            if TILE_IN_PAGE:
-                cv = _tile_rows(ckv_ptr, page, slot0, stride_cp, stride_ct, v_off, t_ok)
-            else:
-                cv = _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, offs_v, t_ok)
+            cv = _cache_rows(ckv_ptr, page, slot, stride_cp, stride_ct, v_off, t_ok, TILE_IN_PAGE)
             cv = as_q_dtype(cv, q_dtype)
         if P_SCRATCH:
             tile = offs_m[:, None] * BLOCK_N + offs_n[None, :]

@@ -19,6 +19,7 @@ from flashtune.ops.mla.config import (
     MLALaunch,
     MLATactic,
     block_m_for,
+    chunk_align,
     ctas_per_sm,
     default_tactic,
     min_chunk,
@@ -500,7 +501,7 @@ def launch_planless(
             table.kv_indices.numel() * page_size,
             tiles,
             sm_count * per_sm,
-            max(tactic.block_n, 16),
+            chunk_align(tactic),
             min_chunk(batch * tiles, sm_count),
         )
         # One fp32 allocation for the partial outputs and LSEs (row j belongs to program j).

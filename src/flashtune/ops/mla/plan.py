@@ -42,6 +42,7 @@ from flashtune.ops.mla.config import (
     MLALaunch,
     MLATactic,
     block_m_for,
+    chunk_align,
     ctas_per_sm,
     default_tactic,
     min_chunk,
@@ -206,11 +207,6 @@ class MLAPlan:
     tables: MLATables
     default_tactic: MLATactic  # what sized the grid and the chunks (tactic -1)
     launch: MLALaunch | None = None
-    # Every work item's kv_start is a multiple of this (the scheduler's chunk_align: chunk
-    # steps are rounded up to it). A tactic whose block_n divides it and the page size has
-    # each KV tile inside one page (kernels.mla_item's TILE_IN_PAGE). Fixed for a graph
-    # wrapper, whose default tactic is.
-    kv_align: int = 16
     # Arrival counters of the fused merge (MLATactic.fused_merge): one per (partial row,
     # head, output part), zero between launches (the kernel resets what it counts).
     counters: torch.Tensor | None = None
@@ -226,6 +222,14 @@ class MLAPlan:
     # Its split-KV form (mla/hopper_split.py): (work list, merge_info) on the device, built at
     # the first run that asks for it.
     hopper_split: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def kv_align(self) -> int:
+        """Every work item's kv_start is a multiple of this (`config.chunk_align` of the
+        default tactic, which sized the chunks). A tactic whose block_n divides it and the
+        page size has each KV tile inside one page (kernels.mla_item's TILE_IN_PAGE). Fixed
+        for a graph wrapper, whose default tactic is."""
+        return chunk_align(self.default_tactic)
 
 
 # The widest KV tile (MLATactic.block_n) MLATactic.p_scratch's buffers hold.
@@ -408,7 +412,6 @@ class MLAPlanner:
                 params.head_dim_ckv,
             )
         fixed_split = split.fixed_split_size
-        kv_align = max(tactic.block_n, 16)
         host = plan_work(
             sub_qo,
             sub_kv,
@@ -419,7 +422,7 @@ class MLAPlanner:
             rules=SplitRules(
                 split_kv=not split.disable_split_kv,
                 kv_chunk_size=fixed_split if fixed_split is not None and fixed_split > 0 else None,
-                chunk_align=kv_align,
+                chunk_align=chunk_align(tactic),
                 min_chunk=min_chunk(num_tiles, sm_count),
                 max_work=layout.max_work if self.use_cuda_graph else None,
                 max_partial_rows=layout.max_partial,
@@ -471,7 +474,6 @@ class MLAPlanner:
             tables=tables,
             default_tactic=tactic,
             launch=launch,
-            kv_align=kv_align,
             counters=self._counters.at_least(layout.max_partial * h * 2),
             **self._scratch_for(layout.max_ctas, block_m, params.q_dtype),
         )
