@@ -27,7 +27,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RowWriter  # noqa: E402
 
-from flashtune.ops.attention.merge import _merge_partials_kernel, merge_tiles  # noqa: E402
+from flashtune.ops.attention.merge import merge_partials, merge_tiles  # noqa: E402
 
 SHAPES = [  # (t, h, d, partials a row)
     (64, 16, 512, 2),
@@ -56,13 +56,7 @@ def _case(t: int, h: int, d: int, n: int) -> tuple[torch.Tensor, ...]:
 
 
 def _launch(args: tuple[torch.Tensor, ...], tiles: tuple[int, int, int]) -> None:
-    po, plse, info, out, lse = args
-    t, h, d = out.shape
-    block_s, block_d, warps = tiles
-    _merge_partials_kernel[(t, h, triton.cdiv(d, block_d))](
-        po, plse, info, out, lse, h, out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s, num_warps=warps,
-    )  # fmt: skip
+    merge_partials(*args, tiles=tiles)
 
 
 def _back_to_back_us(fn: Callable[[], None]) -> float:

@@ -420,6 +420,7 @@ def merge_partials(
     out: torch.Tensor,
     lse: torch.Tensor,
     sm_count: int | None = None,
+    tiles: tuple[int, int, int] | None = None,
 ) -> None:
     """Combine split-KV partial results into `out`/`lse` rows (internal, used by plan/run).
 
@@ -428,14 +429,17 @@ def merge_partials(
     out: [T, H, D] (last dim contiguous); lse: [T, H] fp32 contiguous.
     sm_count: the SMs to fill (None: the device's, `platform.device_limits`).
 
-    Tiles: `merge_tiles`.
+    tiles: (BLOCK_S, BLOCK_D, num_warps), None: `merge_tiles` (benchmarks/bench_merge.py
+    times others).
     """
     t, h, d = out.shape
     if t == 0 or h == 0:
         return
-    if sm_count is None:
-        sm_count = platform.device_limits(out.device).sm_count
-    block_s, block_d, num_warps = merge_tiles(t, h, d, sm_count)
+    if tiles is None:
+        if sm_count is None:
+            sm_count = platform.device_limits(out.device).sm_count
+        tiles = merge_tiles(t, h, d, sm_count)
+    block_s, block_d, num_warps = tiles
     _merge_partials_kernel[(t, h, triton.cdiv(d, block_d))](
         partial_o,
         partial_lse,
