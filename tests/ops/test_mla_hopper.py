@@ -307,12 +307,15 @@ def test_cuda_split_tactic_matches_reference(qo_lens, kv_lens, heads, causal):
     out = torch.full_like(q_nope, float("nan"))
     lse = torch.full(q_nope.shape[:2], float("nan"), device=dev)
     MLAHopperPrefillRunner().forward((q_nope, q_pe, ckv, kpe, plan, out, lse), SPLIT_TACTIC)
-    assert plan.hopper_split is not None and plan.hopper_work is not None
-    # Split where the unsplit list fills under two waves of the SMs (hopper_split's rule);
-    # a 128-head prefill has enough items as it is.
+    assert plan.hopper_split is not None
+    # Split exactly where hopper_split's rule cuts a tile: more key blocks than the chunk
+    # sized for about two items an SM (a 128-head prefill has items enough: none is cut).
+    from flashtune.ops.mla import hopper_split
+
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    split = bool((plan.hopper_split[0][:, 7] >= 0).any())
-    assert split or plan.hopper_work.shape[0] >= 2 * sms, (split, plan.hopper_work.shape)
+    work = hopper.work_items(_cumsum(qo_lens).numpy(), np.array(kv_lens), heads, causal)
+    cut = bool((work[:, 5] > hopper_split.chunk_blocks_for(work, sms)).any())
+    assert bool((plan.hopper_split[0][:, 7] >= 0).any()) == cut
     _check(out, lse, (q_nope, q_pe, ckv, kpe), (kv_indptr, kv_indices, kv_len), qo_indptr, causal)
 
 
