@@ -40,20 +40,28 @@ def _flashinfer() -> Any:
         return None
 
 
-def mla_calls(fi: Any) -> list[tuple[str, Callable[[], Any]]]:
+def _mla_pair(
+    fi: Any, name: str, batch: int, kv_len: int, qo_len: int
+) -> list[tuple[str, Callable[[], Any]]]:
+    """flashtune's MLA wrapper and FlashInfer's (`backend="auto"`, where it imports) planned
+    on the same causal batch (page 64): bench_mla's inputs."""
     from bench_mla import _case, _plan
 
     from flashtune.ops.mla import BatchMLAPagedAttentionWrapper
 
-    table, args = _case(4, 4096, 1024, 64)
+    table, args = _case(batch, kv_len, qo_len, 64)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     w = _plan(BatchMLAPagedAttentionWrapper(ws), table, 64, True)
-    calls = [("flashtune mla prefill", lambda: w.run(*args))]
+    calls = [(f"flashtune {name}", lambda: w.run(*args))]
     if fi is not None:
         fws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
         fw = _plan(fi.mla.BatchMLAPagedAttentionWrapper(fws, backend="auto"), table, 64, True)
-        calls.append(("flashinfer mla prefill", lambda: fw.run(*args)))
+        calls.append((f"flashinfer {name}", lambda: fw.run(*args)))
     return calls
+
+
+def mla_calls(fi: Any) -> list[tuple[str, Callable[[], Any]]]:
+    return _mla_pair(fi, "mla prefill", 4, 4096, 1024)
 
 
 def gqa_calls(fi: Any) -> list[tuple[str, Callable[[], Any]]]:
@@ -72,23 +80,11 @@ def gqa_calls(fi: Any) -> list[tuple[str, Callable[[], Any]]]:
 def mla_decode_calls(fi: Any) -> list[tuple[str, Callable[[], Any]]]:
     """MLA decode at 16 heads, page 64, where flashtune trails FlashInfer on H200 (bench_mla
     decode): 64 requests over 1024 tokens and 16 over 4096 (the Triton kernel, the merge)."""
-    from bench_mla import _case, _plan
-
-    from flashtune.ops.mla import BatchMLAPagedAttentionWrapper
-
-    calls = []
-    for batch, kv_len in ((64, 1024), (16, 4096)):
-        table, args = _case(batch, kv_len, 1, 64)
-        ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-        w = _plan(BatchMLAPagedAttentionWrapper(ws), table, 64, True)
-        calls.append((f"flashtune mla decode b{batch}x{kv_len}", lambda w=w, a=args: w.run(*a)))
-        if fi is not None:
-            fws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-            fw = _plan(fi.mla.BatchMLAPagedAttentionWrapper(fws, backend="auto"), table, 64, True)
-            calls.append(
-                (f"flashinfer mla decode b{batch}x{kv_len}", lambda f=fw, a=args: f.run(*a))
-            )
-    return calls
+    return [
+        call
+        for batch, kv_len in ((64, 1024), (16, 4096))
+        for call in _mla_pair(fi, f"mla decode b{batch}x{kv_len}", batch, kv_len, 1)
+    ]
 
 
 CASES = {"mla": mla_calls, "gqa": gqa_calls, "mla-decode": mla_decode_calls}
